@@ -1,0 +1,59 @@
+// Package cgroups places a task's processes in a control group of their own,
+// applies the task's memory and CPU limits, reads usage back, and kills every
+// process of the group. It supports cgroup v1 (one hierarchy per controller,
+// as on hybrid hosts) and the cgroup v2 unified hierarchy.
+package cgroups
+
+// Limits are the resources a task asked for. Zero means "no limit".
+type Limits struct {
+	// MemoryBytes is the hard memory limit (v1 memory.limit_in_bytes,
+	// v2 memory.max). Crossing it triggers the OOM killer for the group.
+	MemoryBytes int64
+	// MemoryReservationBytes is the soft limit (v1
+	// memory.soft_limit_in_bytes, v2 memory.low). Used when Nomad passes
+	// memory_max: MemoryBytes is memory_max and this is memory.
+	MemoryReservationBytes int64
+	// CPUShares is the relative CPU weight (v1 cpu.shares; v2 cpu.weight
+	// converted from shares).
+	CPUShares int64
+	// CPUQuota and CPUPeriod, in microseconds, cap CPU time (v1
+	// cpu.cfs_quota_us/cpu.cfs_period_us, v2 cpu.max).
+	CPUQuota  int64
+	CPUPeriod int64
+	// CpusetCpus pins the group to these CPUs ("0-1,3").
+	CpusetCpus string
+	// CpusetCgroupPath is a cpuset group Nomad made for the task (Nomad's
+	// LinuxResources.CpusetCgroupPath). When set, the task joins it too;
+	// it is Nomad's, so it is never created or removed here.
+	CpusetCgroupPath string
+}
+
+// Stats is one sample of a group's usage.
+type Stats struct {
+	CPUUserNanos     uint64
+	CPUSystemNanos   uint64
+	CPUTotalNanos    uint64
+	ThrottledPeriods uint64
+	ThrottledNanos   uint64
+
+	MemoryRSS      uint64
+	MemoryCache    uint64
+	MemorySwap     uint64
+	MemoryUsage    uint64
+	MemoryMaxUsage uint64
+	// Measured lists which of the fields above the hierarchy reports, in
+	// Nomad's spelling ("RSS", "Cache", "Swap", "Usage", "Max Usage",
+	// "System Mode", "User Mode", "Throttled Periods", "Throttled Time").
+	MemoryMeasured []string
+	CPUMeasured    []string
+}
+
+// State is what a Group needs to be found again after the driver restarts.
+// It is stored inside the task's driver state, so keep it small.
+type State struct {
+	// Version is 1 or 2.
+	Version int `json:"version"`
+	// Paths maps a controller name (v1) or "unified" (v2) to the group's
+	// absolute directory.
+	Paths map[string]string `json:"paths"`
+}

@@ -1,0 +1,111 @@
+// Package executor runs one task's process so that it outlives the driver:
+// a small supervisor (this binary re-executed) starts the task in a mount
+// namespace of its own, in its own control group, with the capabilities and
+// user asked for, waits for it, and writes its exit status to the task's
+// state directory. The driver finds the supervisor again by PID after a
+// restart and reads the status when the task ends.
+package executor
+
+import (
+	"io"
+	"time"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/cgroups"
+)
+
+// Propagation modes of a Mount, in Nomad's spelling.
+const (
+	PropagationPrivate       = "private"
+	PropagationHostToTask    = "host-to-task"
+	PropagationBidirectional = "bidirectional"
+)
+
+// Mount is a host path bound into the task's mount namespace.
+type Mount struct {
+	// Source is the absolute host path (a directory, file or device node).
+	Source string `json:"source"`
+	// Target is the absolute path inside the task. It is created when
+	// missing (a directory, or an empty file when Source is not one).
+	Target   string `json:"target"`
+	ReadOnly bool   `json:"read_only"`
+	// Propagation is one of the Propagation* constants; empty means
+	// PropagationPrivate. Bidirectional requires a privileged task.
+	Propagation string `json:"propagation"`
+}
+
+// Spec describes the task process. It is written as JSON into StateDir and
+// read by the supervisor, so it must not hold anything that cannot be
+// stored there (the task's environment may hold secrets: StateDir is 0700).
+type Spec struct {
+	TaskID string `json:"task_id"`
+	// StateDir is a directory private to this task (0700), created by the
+	// caller. The supervisor keeps its spec, log and exit status there.
+	StateDir string `json:"state_dir"`
+
+	Command string   `json:"command"`
+	Args    []string `json:"args"`
+	// Env is KEY=VALUE pairs, exactly the task's environment.
+	Env []string `json:"env"`
+	// Dir is the working directory.
+	Dir string `json:"dir"`
+	// User is a user name or numeric uid ("" means root), optionally
+	// "user:group".
+	User string `json:"user"`
+
+	// StdoutPath and StderrPath are Nomad's log FIFOs (or plain files).
+	StdoutPath string `json:"stdout_path"`
+	StderrPath string `json:"stderr_path"`
+
+	// Privileged keeps every capability; otherwise the task keeps only
+	// DefaultCapabilities (plus Capabilities, when set, in place of them).
+	Privileged   bool     `json:"privileged"`
+	Capabilities []string `json:"capabilities,omitempty"`
+
+	Mounts []Mount `json:"mounts,omitempty"`
+
+	Limits cgroups.Limits `json:"limits"`
+	// CgroupParent is the group all tasks of this driver go under, e.g.
+	// "nomad-csi"; the task's group is CgroupParent/TaskID.
+	CgroupParent string `json:"cgroup_parent"`
+	// OOMScoreAdj is written to the task's oom_score_adj when non-zero.
+	OOMScoreAdj int `json:"oom_score_adj,omitempty"`
+}
+
+// ExitStatus is how the task ended.
+type ExitStatus struct {
+	ExitCode  int       `json:"exit_code"`
+	Signal    int       `json:"signal"`
+	OOMKilled bool      `json:"oom_killed"`
+	Err       string    `json:"err,omitempty"`
+	ExitedAt  time.Time `json:"exited_at"`
+}
+
+// State is what Recover needs to take a running task back. It is stored in
+// Nomad's TaskState for the task.
+type State struct {
+	SupervisorPID int `json:"supervisor_pid"`
+	// SupervisorStart is the supervisor's start time in clock ticks since
+	// boot (field 22 of /proc/PID/stat): it tells a live supervisor from a
+	// reused PID.
+	SupervisorStart uint64        `json:"supervisor_start"`
+	TaskPID         int           `json:"task_pid"`
+	TaskStart       uint64        `json:"task_start"`
+	StateDir        string        `json:"state_dir"`
+	Cgroup          cgroups.State `json:"cgroup"`
+	StartedAt       time.Time     `json:"started_at"`
+}
+
+// TerminalSize is a TTY size for Exec.
+type TerminalSize struct {
+	Height, Width int
+}
+
+// ExecOptions is a command to run inside a running task (nomad alloc exec).
+type ExecOptions struct {
+	Command []string
+	Tty     bool
+	Stdin   io.Reader
+	Stdout  io.Writer
+	Stderr  io.Writer
+	Resize  <-chan TerminalSize
+}
