@@ -41,6 +41,11 @@ type Stats struct {
 	MemorySwap     uint64
 	MemoryUsage    uint64
 	MemoryMaxUsage uint64
+
+	// CPUTotalNanos and MemoryUsage are always read (Stats fails without
+	// them); the other fields are only meaningful when their name is in
+	// the Measured lists.
+	//
 	// Measured lists which of the fields above the hierarchy reports, in
 	// Nomad's spelling ("RSS", "Cache", "Swap", "Usage", "Max Usage",
 	// "System Mode", "User Mode", "Throttled Periods", "Throttled Time").
@@ -56,4 +61,7 @@ type State struct {
 	// Paths maps a controller name (v1) or "unified" (v2) to the group's
 	// absolute directory.
 	Paths map[string]string `json:"paths"`
+	// CpusetCgroupPath is Limits.CpusetCgroupPath, kept so that Join still
+	// joins Nomad's cpuset group after Load. It is never removed.
+	CpusetCgroupPath string `json:"cpuset_cgroup_path,omitempty"`
 }

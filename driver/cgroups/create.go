@@ -1,0 +1,445 @@
+package cgroups
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+// Defaults written when a limit is zero, so that Create on an existing group
+// always leaves exactly the limits it was given.
+const (
+	defaultShares    = 1024
+	defaultWeight    = 100
+	defaultCPUPeriod = 100000
+	minShares        = 2
+	maxShares        = 262144
+)
+
+// Available reports whether tasks can be placed in cgroups here: nil, or an
+// error of one sentence saying what is missing (e.g. "the memory cgroup
+// controller is not mounted at /sys/fs/cgroup/memory"). The driver's
+// fingerprint uses it.
+func Available() error {
+	h, err := hostHierarchy()
+	if err != nil {
+		return err
+	}
+	return h.available()
+}
+
+// Create makes the group parent/name and applies l to it.
+//
+// On cgroup v1 the group is made in the memory, cpu, cpuacct, pids and
+// freezer hierarchies, and in cpuset when l.CpusetCpus is set and
+// l.CpusetCgroupPath is not (a process is in one cpuset group per hierarchy,
+// and when Nomad made one for the task, that one wins, as in Nomad's own
+// executor). On cgroup v2 it is one directory under the unified root, with
+// cpu, memory (pids when offered, cpuset when pinned) enabled in the
+// cgroup.subtree_control of every directory above it.
+//
+// parent is relative to the hierarchy root ("" for the root itself) and is
+// made when missing; it is never removed. Create is idempotent for the same
+// name, and every limit is written (zero writes the kernel default), so the
+// group ends with exactly l. On error, the directories this call made are
+// removed again (controllers it enabled in a parent stay enabled).
+//
+// Memory: l.MemoryBytes also caps swap: v1 sets memory.memsw.limit_in_bytes
+// to the same value when the kernel has swap accounting, and v2 writes
+// memory.swap.max "0" when memory is limited ("max" otherwise), as Nomad
+// does for its own tasks.
+func Create(parent, name string, l Limits) (*Group, error) {
+	h, err := hostHierarchy()
+	if err != nil {
+		return nil, err
+	}
+	return h.create(parent, name, l)
+}
+
+// Load finds a group again from its State, e.g. after the driver restarts.
+// It fails when one of its directories is gone.
+func Load(st State) (*Group, error) {
+	key := unifiedKey
+	switch st.Version {
+	case 1:
+		key = "memory"
+	case 2:
+	default:
+		return nil, fmt.Errorf("failed to load cgroup: version %d is not 1 or 2", st.Version)
+	}
+	if st.Paths[key] == "" {
+		return nil, fmt.Errorf("failed to load cgroup: state has no %s path", key)
+	}
+	if st.Version == 2 && len(st.Paths) != 1 {
+		return nil, fmt.Errorf("failed to load cgroup: a v2 state has only the %q path, got %d paths", unifiedKey, len(st.Paths))
+	}
+	g := &Group{version: st.Version, paths: make(map[string]string, len(st.Paths)), cpusetPath: st.CpusetCgroupPath}
+	for k, p := range st.Paths {
+		if !filepath.IsAbs(p) || filepath.Clean(p) != p {
+			return nil, fmt.Errorf("failed to load cgroup: %s path %q is not a clean absolute path", k, p)
+		}
+		// Every cgroup directory has cgroup.procs; this also keeps a bad
+		// state from making Destroy remove some other directory.
+		if _, err := os.Stat(filepath.Join(p, "cgroup.procs")); err != nil {
+			return nil, fmt.Errorf("failed to load cgroup %s: %w", p, err)
+		}
+		g.paths[k] = p
+	}
+	return g, nil
+}
+
+func validName(what, s string, allowEmpty, allowSlash bool) error {
+	if s == "" {
+		if allowEmpty {
+			return nil
+		}
+		return fmt.Errorf("cgroup %s must not be empty", what)
+	}
+	if strings.HasPrefix(s, "/") || filepath.Clean(s) != s {
+		return fmt.Errorf("cgroup %s %q must be a clean relative path", what, s)
+	}
+	for _, part := range strings.Split(s, "/") {
+		if part == "." || part == ".." {
+			return fmt.Errorf("cgroup %s %q must not contain %q", what, s, part)
+		}
+	}
+	if !allowSlash && strings.Contains(s, "/") {
+		return fmt.Errorf("cgroup %s %q must not contain a slash", what, s)
+	}
+	return nil
+}
+
+func validLimits(l Limits) error {
+	for _, f := range []struct {
+		name string
+		v    int64
+	}{
+		{"MemoryBytes", l.MemoryBytes},
+		{"MemoryReservationBytes", l.MemoryReservationBytes},
+		{"CPUShares", l.CPUShares},
+		{"CPUQuota", l.CPUQuota},
+		{"CPUPeriod", l.CPUPeriod},
+	} {
+		if f.v < 0 {
+			return fmt.Errorf("cgroup limit %s must not be negative, got %d", f.name, f.v)
+		}
+	}
+	if l.MemoryBytes > 0 && l.MemoryReservationBytes > l.MemoryBytes {
+		return fmt.Errorf("cgroup limit MemoryReservationBytes (%d) must not be above MemoryBytes (%d)", l.MemoryReservationBytes, l.MemoryBytes)
+	}
+	if strings.ContainsAny(l.CpusetCpus, " \n") {
+		return fmt.Errorf("cgroup limit CpusetCpus %q must be a CPU list like \"0-1,3\"", l.CpusetCpus)
+	}
+	return nil
+}
+
+// creation records what one Create made, to undo it on error.
+type creation struct {
+	made []string
+}
+
+func (c *creation) undo() {
+	for i := len(c.made) - 1; i >= 0; i-- {
+		_ = os.Remove(c.made[i])
+	}
+}
+
+// mkdirs makes base/rel one component at a time and calls each for every
+// directory along the way (made or not), parent first; each gets the
+// directory, its parent and whether this call made it.
+func (h *hierarchy) mkdirs(c *creation, base, rel string, each func(dir, parent string, made bool) error) error {
+	dir := base
+	for _, part := range strings.Split(rel, "/") {
+		if part == "" {
+			continue
+		}
+		parent := dir
+		dir = filepath.Join(dir, part)
+		made := false
+		if err := os.Mkdir(dir, 0o755); err == nil {
+			made = true
+			c.made = append(c.made, dir)
+			if h.newDir != nil {
+				if err := h.newDir(dir); err != nil {
+					return err
+				}
+			}
+		} else if !errors.Is(err, os.ErrExist) {
+			return fmt.Errorf("failed to create cgroup %s: %w", dir, err)
+		}
+		if each != nil {
+			if err := each(dir, parent, made); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (h *hierarchy) create(parent, name string, l Limits) (g *Group, err error) {
+	if err := validName("parent", parent, true, true); err != nil {
+		return nil, err
+	}
+	if err := validName("name", name, false, false); err != nil {
+		return nil, err
+	}
+	if err := validLimits(l); err != nil {
+		return nil, err
+	}
+	rel := filepath.Join(parent, name)
+	c := &creation{}
+	defer func() {
+		if err != nil {
+			c.undo()
+		}
+	}()
+	if h.version == 2 {
+		return h.createV2(c, rel, l)
+	}
+	return h.createV1(c, rel, l)
+}
+
+func (h *hierarchy) createV1(c *creation, rel string, l Limits) (*Group, error) {
+	controllers := append([]string(nil), v1Controllers...)
+	ownCpuset := l.CpusetCpus != "" && l.CpusetCgroupPath == ""
+	if ownCpuset {
+		controllers = append(controllers, "cpuset")
+	}
+	mounts := make(map[string]string, len(controllers))
+	for _, ctrl := range controllers {
+		m, err := h.v1Mount(ctrl)
+		if err != nil {
+			return nil, err
+		}
+		mounts[ctrl] = m
+	}
+	g := &Group{version: 1, paths: make(map[string]string), cpusetPath: h.v1CpusetPath(l.CpusetCgroupPath)}
+	for _, ctrl := range controllers {
+		var each func(dir, parent string, made bool) error
+		if ctrl == "cpuset" {
+			leaf := filepath.Join(mounts[ctrl], rel)
+			each = func(dir, parent string, made bool) error {
+				// A new v1 cpuset group has no CPUs and no memory
+				// nodes, and nothing can join it until both are set.
+				if dir == leaf {
+					return copyFile(parent, dir, "cpuset.mems")
+				}
+				if made {
+					if err := copyFile(parent, dir, "cpuset.cpus"); err != nil {
+						return err
+					}
+					return copyFile(parent, dir, "cpuset.mems")
+				}
+				return nil
+			}
+		}
+		if err := h.mkdirs(c, mounts[ctrl], rel, each); err != nil {
+			return nil, err
+		}
+		g.paths[ctrl] = filepath.Join(mounts[ctrl], rel)
+	}
+	if err := g.applyV1(l); err != nil {
+		return nil, err
+	}
+	return g, nil
+}
+
+// v1CpusetPath makes Nomad's cpuset path absolute: it is absolute already
+// in Nomad, but a relative one is taken as relative to the cpuset mount.
+func (h *hierarchy) v1CpusetPath(p string) string {
+	if p == "" || filepath.IsAbs(p) {
+		return p
+	}
+	return filepath.Join(h.root, "cpuset", p)
+}
+
+func copyFile(from, to, file string) error {
+	v, err := readString(filepath.Join(from, file))
+	if err != nil {
+		return err
+	}
+	return writeFile(filepath.Join(to, file), v)
+}
+
+func (g *Group) applyV1(l Limits) error {
+	mem := g.paths["memory"]
+	limit := "-1"
+	if l.MemoryBytes > 0 {
+		limit = strconv.FormatInt(l.MemoryBytes, 10)
+	}
+	if err := setV1Memory(mem, limit); err != nil {
+		return err
+	}
+	soft := "-1"
+	if l.MemoryReservationBytes > 0 {
+		soft = strconv.FormatInt(l.MemoryReservationBytes, 10)
+	}
+	if err := writeFile(filepath.Join(mem, "memory.soft_limit_in_bytes"), soft); err != nil {
+		return err
+	}
+
+	cpu := g.paths["cpu"]
+	shares := int64(defaultShares)
+	if l.CPUShares > 0 {
+		shares = min(max(l.CPUShares, minShares), maxShares)
+	}
+	period := int64(defaultCPUPeriod)
+	if l.CPUPeriod > 0 {
+		period = l.CPUPeriod
+	}
+	quota := int64(-1)
+	if l.CPUQuota > 0 {
+		quota = l.CPUQuota
+	}
+	for _, w := range []struct {
+		file string
+		v    int64
+	}{
+		{"cpu.shares", shares},
+		{"cpu.cfs_period_us", period},
+		{"cpu.cfs_quota_us", quota},
+	} {
+		if err := writeFile(filepath.Join(cpu, w.file), strconv.FormatInt(w.v, 10)); err != nil {
+			return err
+		}
+	}
+	if dir, ok := g.paths["cpuset"]; ok {
+		if err := writeFile(filepath.Join(dir, "cpuset.cpus"), l.CpusetCpus); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// setV1Memory sets memory.limit_in_bytes and, when the kernel accounts swap,
+// memory.memsw.limit_in_bytes to the same value, so swap cannot be used to
+// go past the limit. The kernel keeps memsw >= limit at every step, so when
+// the first write is refused, memsw is written first.
+func setV1Memory(dir, limit string) error {
+	lim := filepath.Join(dir, "memory.limit_in_bytes")
+	sw := filepath.Join(dir, "memory.memsw.limit_in_bytes")
+	if !exists(sw) {
+		return writeFile(lim, limit)
+	}
+	if err := writeFile(lim, limit); err != nil {
+		if err2 := writeFile(sw, limit); err2 != nil {
+			return errors.Join(err, err2)
+		}
+		return writeFile(lim, limit)
+	}
+	return writeFile(sw, limit)
+}
+
+func (h *hierarchy) createV2(c *creation, rel string, l Limits) (*Group, error) {
+	want := append([]string(nil), v2Controllers...)
+	have, err := readFields(filepath.Join(h.root, "cgroup.controllers"))
+	if err != nil {
+		return nil, err
+	}
+	if have["pids"] {
+		want = append(want, "pids")
+	}
+	if l.CpusetCpus != "" {
+		want = append(want, "cpuset")
+	}
+	for _, ctrl := range want {
+		if !have[ctrl] {
+			return nil, fmt.Errorf("the %s controller is not available in the cgroup v2 hierarchy at %s", ctrl, h.root)
+		}
+	}
+	// Enable the controllers in every directory above the group, from the
+	// root down, making the missing ones on the way.
+	if err := enableV2(h.root, want); err != nil {
+		return nil, err
+	}
+	leaf := filepath.Join(h.root, rel)
+	err = h.mkdirs(c, h.root, rel, func(dir, _ string, _ bool) error {
+		if dir == leaf {
+			return nil
+		}
+		return enableV2(dir, want)
+	})
+	if err != nil {
+		return nil, err
+	}
+	g := &Group{version: 2, paths: map[string]string{unifiedKey: leaf}}
+	if err := g.applyV2(l); err != nil {
+		return nil, err
+	}
+	return g, nil
+}
+
+// enableV2 enables the controllers in dir's cgroup.subtree_control that are
+// not enabled yet.
+func enableV2(dir string, controllers []string) error {
+	path := filepath.Join(dir, "cgroup.subtree_control")
+	on, err := readFields(path)
+	if err != nil {
+		return err
+	}
+	var add []string
+	for _, c := range controllers {
+		if !on[c] {
+			add = append(add, "+"+c)
+		}
+	}
+	if len(add) == 0 {
+		return nil
+	}
+	sort.Strings(add)
+	if err := writeFile(path, strings.Join(add, " ")); err != nil {
+		// EBUSY here means dir has processes of its own (the "no internal
+		// processes" rule): the parent must be a group without tasks.
+		return fmt.Errorf("failed to enable cgroup controllers in %s (it must have no processes of its own): %w", dir, err)
+	}
+	return nil
+}
+
+// cpuWeight converts v1 cpu.shares [2, 262144] to v2 cpu.weight [1, 10000]
+// the way runc does.
+func cpuWeight(shares int64) int64 {
+	if shares == 0 {
+		return defaultWeight
+	}
+	w := 1 + ((shares-2)*9999)/262142
+	return min(max(w, 1), 10000)
+}
+
+func (g *Group) applyV2(l Limits) error {
+	dir := g.paths[unifiedKey]
+	memMax, swapMax := "max", "max"
+	if l.MemoryBytes > 0 {
+		memMax, swapMax = strconv.FormatInt(l.MemoryBytes, 10), "0"
+	}
+	period := int64(defaultCPUPeriod)
+	if l.CPUPeriod > 0 {
+		period = l.CPUPeriod
+	}
+	quota := "max"
+	if l.CPUQuota > 0 {
+		quota = strconv.FormatInt(l.CPUQuota, 10)
+	}
+	writes := []struct{ file, v string }{
+		{"memory.max", memMax},
+		{"memory.low", strconv.FormatInt(l.MemoryReservationBytes, 10)},
+		{"cpu.weight", strconv.FormatInt(cpuWeight(l.CPUShares), 10)},
+		{"cpu.max", quota + " " + strconv.FormatInt(period, 10)},
+	}
+	// memory.swap.max is missing when the kernel does not account swap.
+	if exists(filepath.Join(dir, "memory.swap.max")) {
+		writes = append(writes, struct{ file, v string }{"memory.swap.max", swapMax})
+	}
+	if l.CpusetCpus != "" {
+		writes = append(writes, struct{ file, v string }{"cpuset.cpus", l.CpusetCpus})
+	}
+	for _, w := range writes {
+		if err := writeFile(filepath.Join(dir, w.file), w.v); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,441 @@
+package cgroups
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Timeouts, variables so that tests can shorten them.
+var (
+	// killTimeout bounds Kill.
+	killTimeout = 10 * time.Second
+	// destroyTimeout bounds the EBUSY retries of Destroy.
+	destroyTimeout = 5 * time.Second
+	// freezeTimeout bounds one wait for a v1 or v2 freeze to complete.
+	freezeTimeout = time.Second
+)
+
+// userHZ is the unit of cpuacct.stat. The kernel reports USER_HZ to user
+// space, which is 100 on every architecture Linux supports.
+const userHZ = 100
+
+// Group is a task's control group, in one or more hierarchies.
+type Group struct {
+	version int
+	// paths maps a v1 controller, or "unified", to the group's directory.
+	paths map[string]string
+	// cpusetPath is Nomad's v1 cpuset group for the task, joined but never
+	// made or removed.
+	cpusetPath string
+}
+
+// State returns what Load needs to find the group again.
+func (g *Group) State() State {
+	paths := make(map[string]string, len(g.paths))
+	for k, v := range g.paths {
+		paths[k] = v
+	}
+	return State{Version: g.version, Paths: paths, CpusetCgroupPath: g.cpusetPath}
+}
+
+// dirs returns the group's directories, each once (v1 controllers may be
+// mounted together), in a stable order.
+func (g *Group) dirs() []string {
+	var out []string
+	for _, p := range g.paths {
+		out = append(out, p)
+	}
+	sort.Strings(out)
+	return slices.Compact(out)
+}
+
+// Join moves pid (0 for the calling process) into the group in every
+// hierarchy, and on v1 into Nomad's cpuset group when Limits.CpusetCgroupPath
+// was set. On v2 a process is in exactly one group, so Nomad's cpuset group
+// is not joined there; use Limits.CpusetCpus to pin the task instead.
+// When a write fails the process may be in some hierarchies only.
+func (g *Group) Join(pid int) error {
+	if pid < 0 {
+		return fmt.Errorf("failed to join cgroup: invalid pid %d", pid)
+	}
+	if pid == 0 {
+		pid = os.Getpid()
+	}
+	dirs := g.dirs()
+	if g.version == 1 && g.cpusetPath != "" {
+		dirs = append(dirs, g.cpusetPath)
+	}
+	for _, dir := range dirs {
+		if err := writeFile(filepath.Join(dir, "cgroup.procs"), strconv.Itoa(pid)); err != nil {
+			return fmt.Errorf("failed to move pid %d into cgroup %s: %w", pid, dir, err)
+		}
+	}
+	return nil
+}
+
+// Pids returns the processes in the group, in any of its hierarchies,
+// sorted.
+func (g *Group) Pids() ([]int, error) {
+	var out []int
+	for _, dir := range g.dirs() {
+		pids, err := readPids(dir)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, pids...)
+	}
+	sort.Ints(out)
+	return slices.Compact(out), nil
+}
+
+// Kill sends SIGKILL to every process in the group until it is empty, for
+// at most killTimeout. On v2 it uses cgroup.kill when the kernel has it
+// (5.14+); otherwise, and on v1, it freezes the group, kills every process,
+// thaws it, and repeats, so that no process can fork its way out. It
+// refuses to kill a group that holds the calling process.
+func (g *Group) Kill() error {
+	deadline := time.Now().Add(killTimeout)
+	self := os.Getpid()
+	useKillFile := false
+	var freeze func(bool) error
+	if g.version == 2 {
+		dir := g.paths[unifiedKey]
+		useKillFile = exists(filepath.Join(dir, "cgroup.kill"))
+		freeze = func(on bool) error { return freezeV2(dir, on) }
+	} else if dir, ok := g.paths["freezer"]; ok {
+		freeze = func(on bool) error { return freezeV1(dir, on) }
+	}
+	wait := time.Millisecond
+	for {
+		pids, err := g.Pids()
+		if err != nil {
+			return fmt.Errorf("failed to kill cgroup: %w", err)
+		}
+		if len(pids) == 0 {
+			return nil
+		}
+		if slices.Contains(pids, self) {
+			return fmt.Errorf("failed to kill cgroup %s: it holds the calling process %d", g.dirs()[0], self)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("failed to kill cgroup %s: %d processes left after %s (pids %v)", g.dirs()[0], len(pids), killTimeout, pids)
+		}
+		switch {
+		case useKillFile:
+			if err := writeFile(filepath.Join(g.paths[unifiedKey], "cgroup.kill"), "1"); err != nil {
+				return fmt.Errorf("failed to kill cgroup: %w", err)
+			}
+		case freeze != nil:
+			// A freeze that does not complete in time (e.g. a task in
+			// uninterruptible sleep) still stops most of the group;
+			// kill anyway and try again next round.
+			ferr := freeze(true)
+			if ferr != nil && isNotExist(ferr) {
+				return fmt.Errorf("failed to kill cgroup: %w", ferr)
+			}
+			err := g.signalAll()
+			if terr := freeze(false); terr != nil && !isNotExist(terr) {
+				return fmt.Errorf("failed to kill cgroup: %w", terr)
+			}
+			if err != nil {
+				return fmt.Errorf("failed to kill cgroup: %w", err)
+			}
+		default:
+			if err := g.signalAll(); err != nil {
+				return fmt.Errorf("failed to kill cgroup: %w", err)
+			}
+		}
+		time.Sleep(wait)
+		wait = min(2*wait, 100*time.Millisecond)
+	}
+}
+
+// signalAll sends SIGKILL to every process listed in the group now.
+func (g *Group) signalAll() error {
+	pids, err := g.Pids()
+	if err != nil {
+		return err
+	}
+	self := os.Getpid()
+	for _, pid := range pids {
+		if pid == self {
+			continue
+		}
+		if err := unix.Kill(pid, unix.SIGKILL); err != nil && !errors.Is(err, unix.ESRCH) {
+			return fmt.Errorf("failed to send SIGKILL to pid %d: %w", pid, err)
+		}
+	}
+	return nil
+}
+
+// freezeV1 freezes (on) or thaws the v1 freezer group dir and, when
+// freezing, waits up to freezeTimeout for freezer.state to read FROZEN.
+func freezeV1(dir string, on bool) error {
+	path := filepath.Join(dir, "freezer.state")
+	want := "THAWED"
+	if on {
+		want = "FROZEN"
+	}
+	deadline := time.Now().Add(freezeTimeout)
+	for {
+		if err := writeFile(path, want); err != nil {
+			return err
+		}
+		if !on {
+			return nil
+		}
+		s, err := readString(path)
+		if err != nil {
+			return err
+		}
+		if s == want {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("cgroup %s did not freeze within %s: state is %s", dir, freezeTimeout, s)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// freezeV2 freezes (on) or thaws the v2 group dir through cgroup.freeze
+// and, when freezing, waits up to freezeTimeout for cgroup.events to say
+// "frozen 1".
+func freezeV2(dir string, on bool) error {
+	v := "0"
+	if on {
+		v = "1"
+	}
+	if err := writeFile(filepath.Join(dir, "cgroup.freeze"), v); err != nil {
+		return err
+	}
+	if !on {
+		return nil
+	}
+	deadline := time.Now().Add(freezeTimeout)
+	for {
+		ev, err := readKeyed(filepath.Join(dir, "cgroup.events"))
+		if err != nil {
+			return err
+		}
+		if ev["frozen"] == 1 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("cgroup %s did not freeze within %s", dir, freezeTimeout)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// Stats reads the group's CPU and memory usage.
+//
+// v1: cpuacct.usage, cpuacct.stat (USER_HZ converted to nanoseconds), the
+// throttling counters of cpu.stat, memory.stat (total_rss, total_cache,
+// total_swap), memory.usage_in_bytes and memory.max_usage_in_bytes.
+// v2: cpu.stat (usage_usec, user_usec, system_usec, nr_throttled,
+// throttled_usec), memory.current, memory.peak (kernel 5.19+), memory.stat
+// (anon, file) and memory.swap.current.
+//
+// CPUTotalNanos and MemoryUsage must be readable; a missing optional file
+// or key only leaves its name out of the Measured lists.
+func (g *Group) Stats() (*Stats, error) {
+	if g.version == 2 {
+		return g.statsV2()
+	}
+	return g.statsV1()
+}
+
+// optional treats a missing file as "not measured".
+func optional[T any](v T, err error) (T, bool, error) {
+	if err != nil {
+		var zero T
+		if isNotExist(err) {
+			return zero, false, nil
+		}
+		return zero, false, err
+	}
+	return v, true, nil
+}
+
+func (g *Group) statsV1() (*Stats, error) {
+	s := &Stats{}
+	acct, mem, cpu := g.paths["cpuacct"], g.paths["memory"], g.paths["cpu"]
+	var err error
+	if s.CPUTotalNanos, err = readUint(filepath.Join(acct, "cpuacct.usage")); err != nil {
+		return nil, err
+	}
+	times, ok, err := optional(readKeyed(filepath.Join(acct, "cpuacct.stat")))
+	if err != nil {
+		return nil, err
+	}
+	if ok {
+		const nsPerTick = uint64(time.Second) / userHZ
+		if v, ok := times["user"]; ok {
+			s.CPUUserNanos = v * nsPerTick
+			s.CPUMeasured = append(s.CPUMeasured, "User Mode")
+		}
+		if v, ok := times["system"]; ok {
+			s.CPUSystemNanos = v * nsPerTick
+			s.CPUMeasured = append(s.CPUMeasured, "System Mode")
+		}
+	}
+	cs, ok, err := optional(readKeyed(filepath.Join(cpu, "cpu.stat")))
+	if err != nil {
+		return nil, err
+	}
+	if ok {
+		if v, ok := cs["nr_throttled"]; ok {
+			s.ThrottledPeriods = v
+			s.CPUMeasured = append(s.CPUMeasured, "Throttled Periods")
+		}
+		if v, ok := cs["throttled_time"]; ok {
+			s.ThrottledNanos = v
+			s.CPUMeasured = append(s.CPUMeasured, "Throttled Time")
+		}
+	}
+
+	ms, ok, err := optional(readKeyed(filepath.Join(mem, "memory.stat")))
+	if err != nil {
+		return nil, err
+	}
+	if ok {
+		for _, f := range []struct {
+			key, name string
+			dst       *uint64
+		}{
+			{"total_rss", "RSS", &s.MemoryRSS},
+			{"total_cache", "Cache", &s.MemoryCache},
+			{"total_swap", "Swap", &s.MemorySwap},
+		} {
+			if v, ok := ms[f.key]; ok {
+				*f.dst = v
+				s.MemoryMeasured = append(s.MemoryMeasured, f.name)
+			}
+		}
+	}
+	if s.MemoryUsage, err = readUint(filepath.Join(mem, "memory.usage_in_bytes")); err != nil {
+		return nil, err
+	}
+	s.MemoryMeasured = append(s.MemoryMeasured, "Usage")
+	v, ok, err := optional(readUint(filepath.Join(mem, "memory.max_usage_in_bytes")))
+	if err != nil {
+		return nil, err
+	}
+	if ok {
+		s.MemoryMaxUsage = v
+		s.MemoryMeasured = append(s.MemoryMeasured, "Max Usage")
+	}
+	return s, nil
+}
+
+func (g *Group) statsV2() (*Stats, error) {
+	s := &Stats{}
+	dir := g.paths[unifiedKey]
+	cs, err := readKeyed(filepath.Join(dir, "cpu.stat"))
+	if err != nil {
+		return nil, err
+	}
+	usage, ok := cs["usage_usec"]
+	if !ok {
+		return nil, fmt.Errorf("failed to read %s: no usage_usec", filepath.Join(dir, "cpu.stat"))
+	}
+	s.CPUTotalNanos = usage * 1000
+	for _, f := range []struct {
+		key, name string
+		dst       *uint64
+		scale     uint64
+	}{
+		{"user_usec", "User Mode", &s.CPUUserNanos, 1000},
+		{"system_usec", "System Mode", &s.CPUSystemNanos, 1000},
+		{"nr_throttled", "Throttled Periods", &s.ThrottledPeriods, 1},
+		{"throttled_usec", "Throttled Time", &s.ThrottledNanos, 1000},
+	} {
+		if v, ok := cs[f.key]; ok {
+			*f.dst = v * f.scale
+			s.CPUMeasured = append(s.CPUMeasured, f.name)
+		}
+	}
+
+	ms, ok, err := optional(readKeyed(filepath.Join(dir, "memory.stat")))
+	if err != nil {
+		return nil, err
+	}
+	if ok {
+		if v, ok := ms["anon"]; ok {
+			s.MemoryRSS = v
+			s.MemoryMeasured = append(s.MemoryMeasured, "RSS")
+		}
+		if v, ok := ms["file"]; ok {
+			s.MemoryCache = v
+			s.MemoryMeasured = append(s.MemoryMeasured, "Cache")
+		}
+	}
+	v, ok, err := optional(readUint(filepath.Join(dir, "memory.swap.current")))
+	if err != nil {
+		return nil, err
+	}
+	if ok {
+		s.MemorySwap = v
+		s.MemoryMeasured = append(s.MemoryMeasured, "Swap")
+	}
+	if s.MemoryUsage, err = readUint(filepath.Join(dir, "memory.current")); err != nil {
+		return nil, err
+	}
+	s.MemoryMeasured = append(s.MemoryMeasured, "Usage")
+	v, ok, err = optional(readUint(filepath.Join(dir, "memory.peak")))
+	if err != nil {
+		return nil, err
+	}
+	if ok {
+		s.MemoryMaxUsage = v
+		s.MemoryMeasured = append(s.MemoryMeasured, "Max Usage")
+	}
+	return s, nil
+}
+
+// OOMKilled reports whether the kernel's OOM killer killed a process of the
+// group: "oom_kill" above zero in memory.oom_control (v1, kernel 4.13+) or
+// memory.events (v2). A kernel without the counter reports false.
+func (g *Group) OOMKilled() (bool, error) {
+	path := filepath.Join(g.paths["memory"], "memory.oom_control")
+	if g.version == 2 {
+		path = filepath.Join(g.paths[unifiedKey], "memory.events")
+	}
+	kv, err := readKeyed(path)
+	if err != nil {
+		return false, err
+	}
+	return kv["oom_kill"] > 0, nil
+}
+
+// Destroy removes the group's directories (never the parent, nor Nomad's
+// cpuset group), retrying for up to destroyTimeout while the kernel says
+// they are busy. A directory already gone counts as removed.
+func (g *Group) Destroy() error {
+	var errs []error
+	deadline := time.Now().Add(destroyTimeout)
+	for _, dir := range g.dirs() {
+		for {
+			err := unix.Rmdir(dir)
+			if err == nil || errors.Is(err, unix.ENOENT) {
+				break
+			}
+			if errors.Is(err, unix.EBUSY) && time.Now().Before(deadline) {
+				time.Sleep(10 * time.Millisecond)
+				continue
+			}
+			errs = append(errs, fmt.Errorf("failed to remove cgroup %s: %w", dir, err))
+			break
+		}
+	}
+	return errors.Join(errs...)
+}
