@@ -1,13 +1,23 @@
+// Command nomad-driver-csi is a Nomad task driver plugin. Nomad starts it
+// from its plugin_dir; the same binary also serves as each task's
+// supervisor, re-executed by the driver.
 package main
 
 import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/nomad/plugins"
-	"golang.org/x/sys/unix"
-	_ "github.com/creack/pty"
-	_ "github.com/shoenig/test/must"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver"
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor"
 )
 
-var _ = unix.Getpid
-
-func main() { plugins.Serve(func(l hclog.Logger) interface{} { return nil }) }
+func main() {
+	// The driver re-executes this binary as a task's supervisor and init
+	// stage; those never return from here.
+	if executor.RunReexec() {
+		return
+	}
+	plugins.Serve(func(logger hclog.Logger) interface{} {
+		return driver.NewPlugin(logger)
+	})
+}

@@ -1,0 +1,618 @@
+// Package driver is the Nomad task driver `csi`: it speaks Nomad's
+// DriverPlugin RPCs and runs each task through the executor so that tasks
+// outlive the driver process.
+package driver
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/nomad/drivers/shared/eventer"
+	"github.com/hashicorp/nomad/plugins/base"
+	"github.com/hashicorp/nomad/plugins/drivers"
+	"github.com/hashicorp/nomad/plugins/shared/hclspec"
+	"golang.org/x/sys/unix"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/cgroups"
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor"
+)
+
+// fingerprintPeriod is how often the driver re-checks the host when nothing
+// else prompts it.
+const fingerprintPeriod = 30 * time.Second
+
+// destroyWait bounds how long a forced DestroyTask waits for the task's
+// processes to be gone.
+const destroyWait = 30 * time.Second
+
+var (
+	_ drivers.DriverPlugin            = (*Driver)(nil)
+	_ drivers.ExecTaskStreamingDriver = (*Driver)(nil)
+)
+
+// Driver is the `csi` task driver.
+type Driver struct {
+	logger  hclog.Logger
+	eventer *eventer.Eventer
+	tasks   *taskStore
+
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	mu         sync.RWMutex
+	config     *Config
+	mhzPerCore float64
+
+	// start and recover run a task's process; they are the executor's in
+	// production and fakes in unit tests.
+	start   func(hclog.Logger, *executor.Spec) (taskProcess, error)
+	recover func(hclog.Logger, executor.State) (taskProcess, error)
+	// host answers the fingerprint's questions about this machine.
+	host hostProbe
+}
+
+// NewPlugin returns the driver, ready for Nomad's SetConfig.
+func NewPlugin(logger hclog.Logger) *Driver {
+	logger = logger.Named(PluginName)
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Driver{
+		logger:  logger,
+		eventer: eventer.NewEventer(ctx, logger),
+		tasks:   newTaskStore(),
+		ctx:     ctx,
+		cancel:  cancel,
+		start:   startExecutor,
+		recover: recoverExecutor,
+		host:    realHost{},
+	}
+}
+
+func startExecutor(l hclog.Logger, s *executor.Spec) (taskProcess, error) {
+	p, err := executor.Start(l, s)
+	if err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+func recoverExecutor(l hclog.Logger, st executor.State) (taskProcess, error) {
+	p, err := executor.Recover(l, st)
+	if err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// PluginInfo describes the plugin to Nomad.
+func (d *Driver) PluginInfo() (*base.PluginInfoResponse, error) { return pluginInfo, nil }
+
+// ConfigSchema is the schema of `plugin "csi" { config { ... } }`.
+func (d *Driver) ConfigSchema() (*hclspec.Spec, error) { return configSpec, nil }
+
+// SetConfig takes the agent's configuration for the plugin.
+func (d *Driver) SetConfig(c *base.Config) error {
+	var cfg Config
+	if c != nil && len(c.PluginConfig) != 0 {
+		if err := base.MsgPackDecode(c.PluginConfig, &cfg); err != nil {
+			return fmt.Errorf("failed to decode the csi plugin config: %w", err)
+		}
+	} else {
+		cfg = Config{Enabled: true, RootDir: DefaultRootDir, CgroupParent: DefaultCgroupParent}
+	}
+	cfg.RootDir = filepath.Clean(cfg.RootDir)
+	if err := cfg.validate(); err != nil {
+		return fmt.Errorf("invalid csi plugin config: %w", err)
+	}
+	if cfg.Enabled {
+		if err := os.MkdirAll(cfg.tasksDir(), 0o700); err != nil {
+			return fmt.Errorf("invalid csi plugin config: root_dir %q is not usable: %w", cfg.RootDir, err)
+		}
+	}
+
+	var mhz float64
+	if c != nil && c.AgentConfig != nil && c.AgentConfig.Driver != nil && c.AgentConfig.Driver.Topology != nil {
+		topo := c.AgentConfig.Driver.Topology
+		if n := topo.NumCores(); n > 0 {
+			mhz = float64(topo.TotalCompute()) / float64(n)
+		}
+	}
+
+	d.mu.Lock()
+	d.config = &cfg
+	d.mhzPerCore = mhz
+	d.mu.Unlock()
+	d.logger.Debug("configured", "root_dir", cfg.RootDir, "allow_privileged", cfg.AllowPrivileged, "enabled", cfg.Enabled)
+	return nil
+}
+
+func (d *Driver) currentConfig() *Config {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	return d.config
+}
+
+func (c *Config) tasksDir() string { return filepath.Join(c.RootDir, "tasks") }
+
+// taskStateDir is the directory private to one task. Nomad's task IDs hold
+// slashes, so the directory is named by a hash of the ID.
+func (c *Config) taskStateDir(taskID string) string {
+	return filepath.Join(c.tasksDir(), shortID(taskID))
+}
+
+func shortID(taskID string) string {
+	sum := sha256.Sum256([]byte(taskID))
+	return hex.EncodeToString(sum[:8])
+}
+
+// TaskConfigSchema is the schema of a task's `config` block.
+func (d *Driver) TaskConfigSchema() (*hclspec.Spec, error) { return taskConfigSpec, nil }
+
+// Capabilities tells Nomad what the driver can do.
+func (d *Driver) Capabilities() (*drivers.Capabilities, error) { return capabilities, nil }
+
+// Fingerprint sends the driver's health at once, then periodically.
+func (d *Driver) Fingerprint(ctx context.Context) (<-chan *drivers.Fingerprint, error) {
+	ch := make(chan *drivers.Fingerprint)
+	go d.fingerprintLoop(ctx, ch)
+	return ch, nil
+}
+
+func (d *Driver) fingerprintLoop(ctx context.Context, ch chan<- *drivers.Fingerprint) {
+	defer close(ch)
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-d.ctx.Done():
+			return
+		case <-timer.C:
+			timer.Reset(fingerprintPeriod)
+		}
+		select {
+		case ch <- d.buildFingerprint():
+		case <-ctx.Done():
+			return
+		case <-d.ctx.Done():
+			return
+		}
+	}
+}
+
+// StartTask starts a task and returns the handle Nomad stores for recovery.
+func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drivers.DriverNetwork, error) {
+	if _, ok := d.tasks.Get(cfg.ID); ok {
+		return nil, nil, fmt.Errorf("task with ID %q is already started", cfg.ID)
+	}
+	conf := d.currentConfig()
+	if conf == nil || !conf.Enabled {
+		return nil, nil, errors.New("the csi driver is disabled on this node: set enabled = true in the agent's plugin \"csi\" config")
+	}
+
+	var tc TaskConfig
+	if err := cfg.DecodeDriverConfig(&tc); err != nil {
+		return nil, nil, fmt.Errorf("failed to decode task config: %w", err)
+	}
+	if err := tc.validate(conf); err != nil {
+		return nil, nil, fmt.Errorf("invalid task config: %w", err)
+	}
+
+	logger := d.logger.With("alloc_id", cfg.AllocID, "task_name", cfg.Name, "task_id", cfg.ID)
+
+	spec, err := d.buildSpec(conf, cfg, &tc)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := os.MkdirAll(spec.StateDir, 0o700); err != nil {
+		return nil, nil, fmt.Errorf("failed to create task state directory %q: %w", spec.StateDir, err)
+	}
+
+	started := time.Now()
+	p, err := d.start(logger, spec)
+	if err != nil {
+		_ = os.RemoveAll(spec.StateDir)
+		return nil, nil, fmt.Errorf("failed to start task: %w", err)
+	}
+
+	handle := drivers.NewTaskHandle(taskHandleVersion)
+	handle.Config = cfg
+	handle.State = drivers.TaskStateRunning
+	if err := handle.SetDriverState(&TaskState{Process: p.State(), StartedAt: started}); err != nil {
+		_ = p.Kill()
+		_, _ = p.Wait(context.Background())
+		_ = p.Destroy()
+		return nil, nil, fmt.Errorf("failed to encode task state: %w", err)
+	}
+
+	d.tasks.Set(cfg.ID, newTaskHandle(logger, cfg, p, started))
+	logger.Info("task started", "pid", p.Pid())
+	return handle, nil, nil
+}
+
+// buildSpec turns Nomad's task config into what the executor runs.
+func (d *Driver) buildSpec(conf *Config, cfg *drivers.TaskConfig, tc *TaskConfig) (*executor.Spec, error) {
+	env := make([]string, 0, len(cfg.Env)+len(cfg.DeviceEnv))
+	for k, v := range cfg.Env {
+		env = append(env, k+"="+v)
+	}
+	for k, v := range cfg.DeviceEnv {
+		if _, ok := cfg.Env[k]; !ok {
+			env = append(env, k+"="+v)
+		}
+	}
+	sort.Strings(env)
+
+	dir := tc.WorkDir
+	if dir == "" && cfg.AllocDir != "" {
+		dir = cfg.TaskDir().Dir
+	}
+	if dir == "" {
+		dir = "/"
+	}
+
+	mounts, err := taskMounts(cfg, tc)
+	if err != nil {
+		return nil, err
+	}
+
+	spec := &executor.Spec{
+		TaskID:       cfg.ID,
+		StateDir:     conf.taskStateDir(cfg.ID),
+		Command:      tc.Command,
+		Args:         tc.Args,
+		Env:          env,
+		Dir:          dir,
+		User:         cfg.User,
+		StdoutPath:   cfg.StdoutPath,
+		StderrPath:   cfg.StderrPath,
+		Privileged:   tc.Privileged,
+		Mounts:       mounts,
+		Limits:       taskLimits(cfg),
+		CgroupParent: conf.CgroupParent,
+	}
+	if cfg.Resources != nil && cfg.Resources.LinuxResources != nil {
+		spec.OOMScoreAdj = int(cfg.Resources.LinuxResources.OOMScoreAdj)
+	}
+	return spec, nil
+}
+
+// taskMounts turns the mounts and devices Nomad asks for into the
+// executor's bind mounts.
+func taskMounts(cfg *drivers.TaskConfig, tc *TaskConfig) ([]executor.Mount, error) {
+	var out []executor.Mount
+	seen := map[string]bool{}
+	for _, m := range cfg.Mounts {
+		if m == nil {
+			continue
+		}
+		if !filepath.IsAbs(m.TaskPath) {
+			return nil, fmt.Errorf("mount %q: the task path must be absolute", m.TaskPath)
+		}
+		if !filepath.IsAbs(m.HostPath) {
+			return nil, fmt.Errorf("mount %q: the host path %q must be absolute", m.TaskPath, m.HostPath)
+		}
+		prop := m.PropagationMode
+		switch prop {
+		case "", executor.PropagationPrivate:
+			prop = executor.PropagationPrivate
+		case executor.PropagationHostToTask:
+		case executor.PropagationBidirectional:
+			if !tc.Privileged {
+				return nil, fmt.Errorf("mount %q: propagation_mode \"bidirectional\" needs privileged = true in the task config, because mounts the task makes there appear on the host", m.TaskPath)
+			}
+		default:
+			return nil, fmt.Errorf("mount %q: propagation_mode %q is not one of \"private\", \"host-to-task\" or \"bidirectional\"", m.TaskPath, prop)
+		}
+		target := filepath.Clean(m.TaskPath)
+		if seen[target] {
+			return nil, fmt.Errorf("mount %q: two mounts have the same task path", target)
+		}
+		seen[target] = true
+		out = append(out, executor.Mount{
+			Source:      filepath.Clean(m.HostPath),
+			Target:      target,
+			ReadOnly:    m.Readonly,
+			Propagation: prop,
+		})
+	}
+	for _, dev := range cfg.Devices {
+		if dev == nil {
+			continue
+		}
+		if !filepath.IsAbs(dev.TaskPath) || !filepath.IsAbs(dev.HostPath) {
+			return nil, fmt.Errorf("device %q: host and task paths must be absolute", dev.TaskPath)
+		}
+		target := filepath.Clean(dev.TaskPath)
+		if seen[target] {
+			return nil, fmt.Errorf("device %q: the task path is already used by a mount", target)
+		}
+		seen[target] = true
+		out = append(out, executor.Mount{
+			Source:      filepath.Clean(dev.HostPath),
+			Target:      target,
+			ReadOnly:    dev.Permissions != "" && !containsRune(dev.Permissions, 'w'),
+			Propagation: executor.PropagationPrivate,
+		})
+	}
+	return out, nil
+}
+
+func containsRune(s string, r rune) bool {
+	for _, c := range s {
+		if c == r {
+			return true
+		}
+	}
+	return false
+}
+
+// taskLimits turns the task's `resources` into cgroup limits.
+func taskLimits(cfg *drivers.TaskConfig) cgroups.Limits {
+	var l cgroups.Limits
+	if cfg.Resources == nil {
+		return l
+	}
+	if lr := cfg.Resources.LinuxResources; lr != nil {
+		l.MemoryBytes = lr.MemoryLimitBytes
+		l.CPUShares = lr.CPUShares
+		l.CPUQuota = lr.CPUQuota
+		l.CPUPeriod = lr.CPUPeriod
+		l.CpusetCpus = lr.CpusetCpus
+		l.CpusetCgroupPath = lr.CpusetCgroupPath
+	}
+	if nr := cfg.Resources.NomadResources; nr != nil {
+		const mib = 1024 * 1024
+		if nr.Memory.MemoryMaxMB > 0 && nr.Memory.MemoryMaxMB > nr.Memory.MemoryMB {
+			// memory_max: memory is the soft target, memory_max the hard cap.
+			l.MemoryBytes = nr.Memory.MemoryMaxMB * mib
+			l.MemoryReservationBytes = nr.Memory.MemoryMB * mib
+		} else if l.MemoryBytes == 0 && nr.Memory.MemoryMB > 0 {
+			l.MemoryBytes = nr.Memory.MemoryMB * mib
+		}
+	}
+	return l
+}
+
+// RecoverTask takes back a task after the driver restarted.
+func (d *Driver) RecoverTask(handle *drivers.TaskHandle) error {
+	if handle == nil {
+		return errors.New("failed to recover task: handle is nil")
+	}
+	if handle.Config == nil {
+		return errors.New("failed to recover task: handle has no task config")
+	}
+	if _, ok := d.tasks.Get(handle.Config.ID); ok {
+		return nil
+	}
+	var st TaskState
+	if err := handle.GetDriverState(&st); err != nil {
+		return fmt.Errorf("failed to decode task state for task %q: %w", handle.Config.ID, err)
+	}
+	logger := d.logger.With("alloc_id", handle.Config.AllocID, "task_name", handle.Config.Name, "task_id", handle.Config.ID)
+	p, err := d.recover(logger, st.Process)
+	if err != nil {
+		return fmt.Errorf("failed to recover task %q: %w", handle.Config.ID, err)
+	}
+	d.tasks.Set(handle.Config.ID, newTaskHandle(logger, handle.Config, p, st.StartedAt))
+	logger.Info("task recovered", "pid", p.Pid())
+	return nil
+}
+
+// WaitTask returns a channel that receives the task's exit result once.
+func (d *Driver) WaitTask(ctx context.Context, taskID string) (<-chan *drivers.ExitResult, error) {
+	h, ok := d.tasks.Get(taskID)
+	if !ok {
+		return nil, drivers.ErrTaskNotFound
+	}
+	ch := make(chan *drivers.ExitResult, 1)
+	go func() {
+		defer close(ch)
+		select {
+		case <-h.done:
+			ch <- h.exitResult()
+		case <-ctx.Done():
+		case <-d.ctx.Done():
+		}
+	}()
+	return ch, nil
+}
+
+// StopTask sends the task its kill signal and kills it after timeout.
+func (d *Driver) StopTask(taskID string, timeout time.Duration, signal string) error {
+	h, ok := d.tasks.Get(taskID)
+	if !ok {
+		return drivers.ErrTaskNotFound
+	}
+	if h.exited() {
+		return nil
+	}
+	if signal == "" {
+		signal = "SIGINT"
+	}
+	sig, err := parseSignal(signal)
+	if err != nil {
+		return err
+	}
+	if err := h.process.Shutdown(sig, timeout); err != nil {
+		return fmt.Errorf("failed to stop task: %w", err)
+	}
+	return nil
+}
+
+// DestroyTask forgets a task, killing it first when force is set.
+func (d *Driver) DestroyTask(taskID string, force bool) error {
+	h, ok := d.tasks.Get(taskID)
+	if !ok {
+		return drivers.ErrTaskNotFound
+	}
+	if !h.exited() {
+		if !force {
+			return errors.New("cannot destroy a running task: stop it first or destroy with force")
+		}
+		if err := h.process.Kill(); err != nil {
+			h.logger.Warn("failed to kill task", "error", err)
+		}
+		select {
+		case <-h.done:
+		case <-time.After(destroyWait):
+			return fmt.Errorf("task %q did not exit within %s of being killed", taskID, destroyWait)
+		}
+	}
+	if err := h.process.Destroy(); err != nil {
+		return fmt.Errorf("failed to clean up task %q: %w", taskID, err)
+	}
+	d.tasks.Delete(taskID)
+	return nil
+}
+
+// InspectTask reports the task's status.
+func (d *Driver) InspectTask(taskID string) (*drivers.TaskStatus, error) {
+	h, ok := d.tasks.Get(taskID)
+	if !ok {
+		return nil, drivers.ErrTaskNotFound
+	}
+	return h.status(), nil
+}
+
+// TaskEvents streams task events to Nomad.
+func (d *Driver) TaskEvents(ctx context.Context) (<-chan *drivers.TaskEvent, error) {
+	return d.eventer.TaskEvents(ctx)
+}
+
+// emitEvent sends an event that `nomad alloc status` shows for the task.
+func (d *Driver) emitEvent(cfg *drivers.TaskConfig, msg string, annotations map[string]string) {
+	err := d.eventer.EmitEvent(&drivers.TaskEvent{
+		TaskID:      cfg.ID,
+		TaskName:    cfg.Name,
+		AllocID:     cfg.AllocID,
+		Timestamp:   time.Now(),
+		Message:     msg,
+		Annotations: annotations,
+	})
+	if err != nil {
+		d.logger.Warn("failed to emit task event", "task_id", cfg.ID, "error", err)
+	}
+}
+
+// SignalTask sends a signal to the task's main process.
+func (d *Driver) SignalTask(taskID string, signal string) error {
+	h, ok := d.tasks.Get(taskID)
+	if !ok {
+		return drivers.ErrTaskNotFound
+	}
+	sig, err := parseSignal(signal)
+	if err != nil {
+		return err
+	}
+	return h.process.Signal(sig)
+}
+
+// ExecTask runs a command in the task and collects its output (script checks).
+func (d *Driver) ExecTask(taskID string, cmd []string, timeout time.Duration) (*drivers.ExecTaskResult, error) {
+	h, ok := d.tasks.Get(taskID)
+	if !ok {
+		return nil, drivers.ErrTaskNotFound
+	}
+	if len(cmd) == 0 {
+		return nil, errors.New("exec: command must not be empty")
+	}
+	ctx := d.ctx
+	if timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, timeout)
+		defer cancel()
+	}
+	var stdout, stderr bytes.Buffer
+	code, err := h.process.Exec(ctx, executor.ExecOptions{
+		Command: cmd,
+		Stdin:   bytes.NewReader(nil),
+		Stdout:  &stdout,
+		Stderr:  &stderr,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("exec in task failed: %w", err)
+	}
+	return &drivers.ExecTaskResult{
+		Stdout:     stdout.Bytes(),
+		Stderr:     stderr.Bytes(),
+		ExitResult: &drivers.ExitResult{ExitCode: code},
+	}, nil
+}
+
+// ExecTaskStreaming runs a command in the task with streamed I/O (nomad alloc exec).
+func (d *Driver) ExecTaskStreaming(ctx context.Context, taskID string, opts *drivers.ExecOptions) (*drivers.ExitResult, error) {
+	h, ok := d.tasks.Get(taskID)
+	if !ok {
+		return nil, drivers.ErrTaskNotFound
+	}
+	if len(opts.Command) == 0 {
+		return nil, errors.New("exec: command must not be empty")
+	}
+	var resize chan executor.TerminalSize
+	if opts.ResizeCh != nil {
+		resize = make(chan executor.TerminalSize, 1)
+		go func() {
+			defer close(resize)
+			for {
+				select {
+				case s, ok := <-opts.ResizeCh:
+					if !ok {
+						return
+					}
+					select {
+					case resize <- executor.TerminalSize{Height: s.Height, Width: s.Width}:
+					case <-ctx.Done():
+						return
+					}
+				case <-ctx.Done():
+					return
+				}
+			}
+		}()
+	}
+	eo := executor.ExecOptions{Command: opts.Command, Tty: opts.Tty, Resize: resize}
+	if opts.Stdin != nil {
+		eo.Stdin = opts.Stdin
+	}
+	if opts.Stdout != nil {
+		eo.Stdout = opts.Stdout
+	}
+	if opts.Stderr != nil {
+		eo.Stderr = opts.Stderr
+	}
+	code, err := h.process.Exec(ctx, eo)
+	if err != nil {
+		return nil, err
+	}
+	return &drivers.ExitResult{ExitCode: code}, nil
+}
+
+// parseSignal turns "SIGTERM" (or "TERM") into a signal.
+func parseSignal(name string) (syscall.Signal, error) {
+	if name == "" {
+		return 0, errors.New("signal must not be empty")
+	}
+	s := unix.SignalNum(name)
+	if s == 0 {
+		s = unix.SignalNum("SIG" + name)
+	}
+	if s == 0 {
+		return 0, fmt.Errorf("unknown signal %q: use a name such as \"SIGTERM\"", name)
+	}
+	return s, nil
+}
+
+// Shutdown stops the driver's background work. Tasks keep running.
+func (d *Driver) Shutdown() { d.cancel() }

@@ -1,0 +1,518 @@
+package driver
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/nomad/nomad/structs"
+	"github.com/hashicorp/nomad/plugins/base"
+	"github.com/hashicorp/nomad/plugins/drivers"
+	"github.com/shoenig/test/must"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/cgroups"
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor"
+)
+
+// fakeProcess is a task process that exits when told to.
+type fakeProcess struct {
+	pid   int
+	state executor.State
+
+	mu        sync.Mutex
+	exitCh    chan struct{}
+	status    *executor.ExitStatus
+	signals   []syscall.Signal
+	shutdowns []time.Duration
+	killed    int
+	destroyed int
+	// ignore makes Shutdown's signal not end the task: only the kill after
+	// the grace period does.
+	ignore bool
+}
+
+func newFakeProcess(pid int) *fakeProcess {
+	return &fakeProcess{pid: pid, exitCh: make(chan struct{}), state: executor.State{SupervisorPID: pid + 1, TaskPID: pid}}
+}
+
+func (p *fakeProcess) exit(st executor.ExitStatus) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.status != nil {
+		return
+	}
+	p.status = &st
+	close(p.exitCh)
+}
+
+func (p *fakeProcess) Pid() int              { return p.pid }
+func (p *fakeProcess) State() executor.State { return p.state }
+func (p *fakeProcess) Wait(ctx context.Context) (*executor.ExitStatus, error) {
+	select {
+	case <-p.exitCh:
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		st := *p.status
+		return &st, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+func (p *fakeProcess) Signal(sig syscall.Signal) error {
+	p.mu.Lock()
+	p.signals = append(p.signals, sig)
+	p.mu.Unlock()
+	return nil
+}
+func (p *fakeProcess) Shutdown(sig syscall.Signal, grace time.Duration) error {
+	p.mu.Lock()
+	p.signals = append(p.signals, sig)
+	p.shutdowns = append(p.shutdowns, grace)
+	ignore := p.ignore
+	p.mu.Unlock()
+	if ignore {
+		p.exit(executor.ExitStatus{ExitCode: 137, Signal: int(syscall.SIGKILL)})
+	} else {
+		p.exit(executor.ExitStatus{ExitCode: 128 + int(sig), Signal: int(sig)})
+	}
+	return nil
+}
+func (p *fakeProcess) Kill() error {
+	p.mu.Lock()
+	p.killed++
+	p.mu.Unlock()
+	p.exit(executor.ExitStatus{ExitCode: 137, Signal: int(syscall.SIGKILL)})
+	return nil
+}
+func (p *fakeProcess) Stats() (*cgroups.Stats, error) {
+	return &cgroups.Stats{CPUTotalNanos: 5e8, MemoryRSS: 1 << 20, MemoryMeasured: []string{"RSS"}}, nil
+}
+func (p *fakeProcess) Exec(ctx context.Context, opts executor.ExecOptions) (int, error) {
+	_, _ = opts.Stdout.Write([]byte(strings.Join(opts.Command, " ")))
+	return 7, nil
+}
+func (p *fakeProcess) Destroy() error {
+	p.mu.Lock()
+	p.destroyed++
+	p.mu.Unlock()
+	return nil
+}
+
+type fakeHost struct {
+	root      bool
+	mountNS   error
+	cgroupErr error
+	writeErr  error
+}
+
+func (h fakeHost) IsRoot() bool              { return h.root }
+func (h fakeHost) MountNamespaces() error    { return h.mountNS }
+func (h fakeHost) Cgroups() error            { return h.cgroupErr }
+func (h fakeHost) Writable(dir string) error { return h.writeErr }
+
+// testDriver is a driver whose processes are fakes, configured with cfg.
+type testDriver struct {
+	*Driver
+	mu      sync.Mutex
+	started []*executor.Spec
+	procs   []*fakeProcess
+}
+
+func newTestDriver(t *testing.T, cfg Config) *testDriver {
+	t.Helper()
+	d := NewPlugin(hclog.NewNullLogger())
+	t.Cleanup(d.Shutdown)
+	td := &testDriver{Driver: d}
+	d.host = fakeHost{root: true}
+	d.start = func(_ hclog.Logger, s *executor.Spec) (taskProcess, error) {
+		td.mu.Lock()
+		defer td.mu.Unlock()
+		p := newFakeProcess(1000 + len(td.procs))
+		td.started = append(td.started, s)
+		td.procs = append(td.procs, p)
+		return p, nil
+	}
+	d.recover = func(_ hclog.Logger, st executor.State) (taskProcess, error) {
+		p := newFakeProcess(st.TaskPID)
+		td.mu.Lock()
+		td.procs = append(td.procs, p)
+		td.mu.Unlock()
+		return p, nil
+	}
+	if cfg.RootDir == "" {
+		cfg.RootDir = t.TempDir()
+	}
+	if cfg.CgroupParent == "" {
+		cfg.CgroupParent = DefaultCgroupParent
+	}
+	must.NoError(t, setConfig(d, cfg))
+	return td
+}
+
+func setConfig(d *Driver, cfg Config) error {
+	var buf []byte
+	if err := base.MsgPackEncode(&buf, &cfg); err != nil {
+		return err
+	}
+	return d.SetConfig(&base.Config{PluginConfig: buf})
+}
+
+func taskConfig(t *testing.T, tc TaskConfig) *drivers.TaskConfig {
+	t.Helper()
+	cfg := &drivers.TaskConfig{
+		ID:      "alloc-1/web/abc",
+		Name:    "web",
+		AllocID: "alloc-1",
+		Env:     map[string]string{"B": "2", "A": "1"},
+		Resources: &drivers.Resources{
+			NomadResources: &structs.AllocatedTaskResources{
+				Memory: structs.AllocatedMemoryResources{MemoryMB: 64},
+			},
+			LinuxResources: &drivers.LinuxResources{CPUShares: 100, MemoryLimitBytes: 64 << 20},
+		},
+	}
+	must.NoError(t, cfg.EncodeConcreteDriverConfig(&tc))
+	return cfg
+}
+
+func TestConfig_validate(t *testing.T) {
+	cases := []struct {
+		name string
+		cfg  Config
+		want string
+	}{
+		{"ok", Config{RootDir: "/var/lib/x", CgroupParent: "nomad-csi"}, ""},
+		{"relative root", Config{RootDir: "var/lib/x", CgroupParent: "nomad-csi"}, "root_dir must be an absolute path"},
+		{"slash root", Config{RootDir: "/", CgroupParent: "nomad-csi"}, "root_dir must not be \"/\""},
+		{"absolute cgroup", Config{RootDir: "/x", CgroupParent: "/nomad"}, "cgroup_parent must be a relative cgroup name"},
+		{"escaping cgroup", Config{RootDir: "/x", CgroupParent: "../x"}, "cgroup_parent must be a relative cgroup name"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.cfg.validate()
+			if tc.want == "" {
+				must.NoError(t, err)
+				return
+			}
+			must.ErrorContains(t, err, tc.want)
+		})
+	}
+}
+
+func TestTaskConfig_validate(t *testing.T) {
+	allowed := &Config{AllowPrivileged: true}
+	denied := &Config{}
+	cases := []struct {
+		name string
+		tc   TaskConfig
+		cfg  *Config
+		want string
+	}{
+		{"ok", TaskConfig{Command: "/bin/true"}, denied, ""},
+		{"empty command", TaskConfig{Command: "  "}, denied, "command must not be empty"},
+		{"relative work_dir", TaskConfig{Command: "x", WorkDir: "tmp"}, denied, "work_dir must be an absolute path"},
+		{"privileged denied", TaskConfig{Command: "x", Privileged: true}, denied, "allow_privileged = true"},
+		{"privileged allowed", TaskConfig{Command: "x", Privileged: true}, allowed, ""},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			err := c.tc.validate(c.cfg)
+			if c.want == "" {
+				must.NoError(t, err)
+				return
+			}
+			must.ErrorContains(t, err, c.want)
+		})
+	}
+}
+
+func TestSetConfig_badRootDirNamesKey(t *testing.T) {
+	d := NewPlugin(hclog.NewNullLogger())
+	defer d.Shutdown()
+	err := setConfig(d, Config{Enabled: true, RootDir: "relative/dir", CgroupParent: "nomad-csi"})
+	must.ErrorContains(t, err, "root_dir")
+}
+
+func TestStartTask_specFromNomad(t *testing.T) {
+	d := newTestDriver(t, Config{Enabled: true})
+	cfg := taskConfig(t, TaskConfig{Command: "/bin/sh", Args: []string{"-c", "true"}})
+	cfg.User = "nobody"
+	cfg.StdoutPath, cfg.StderrPath = "/tmp/out", "/tmp/err"
+	cfg.Mounts = []*drivers.MountConfig{{TaskPath: "/data", HostPath: "/srv/data", Readonly: true, PropagationMode: "host-to-task"}}
+
+	handle, _, err := d.StartTask(cfg)
+	must.NoError(t, err)
+	must.Eq(t, drivers.TaskStateRunning, handle.State)
+
+	var st TaskState
+	must.NoError(t, handle.GetDriverState(&st))
+	must.Eq(t, 1000, st.Process.TaskPID)
+
+	spec := d.started[0]
+	must.Eq(t, "/bin/sh", spec.Command)
+	must.Eq(t, []string{"-c", "true"}, spec.Args)
+	must.Eq(t, []string{"A=1", "B=2"}, spec.Env)
+	must.Eq(t, "nobody", spec.User)
+	must.Eq(t, "/tmp/out", spec.StdoutPath)
+	must.False(t, spec.Privileged)
+	must.Eq(t, int64(64<<20), spec.Limits.MemoryBytes)
+	must.Eq(t, int64(100), spec.Limits.CPUShares)
+	must.Eq(t, []executor.Mount{{Source: "/srv/data", Target: "/data", ReadOnly: true, Propagation: "host-to-task"}}, spec.Mounts)
+	must.StrHasPrefix(t, d.currentConfig().tasksDir(), spec.StateDir)
+
+	_, _, err = d.StartTask(cfg)
+	must.ErrorContains(t, err, "already started")
+}
+
+func TestStartTask_refusesBadInput(t *testing.T) {
+	cases := []struct {
+		name   string
+		tc     TaskConfig
+		mounts []*drivers.MountConfig
+		want   string
+	}{
+		{"privileged not allowed", TaskConfig{Command: "/bin/true", Privileged: true}, nil, "privileged = true is not allowed"},
+		{"bidirectional unprivileged", TaskConfig{Command: "/bin/true"},
+			[]*drivers.MountConfig{{TaskPath: "/csi", HostPath: "/h", PropagationMode: "bidirectional"}},
+			"needs privileged = true"},
+		{"unknown propagation", TaskConfig{Command: "/bin/true"},
+			[]*drivers.MountConfig{{TaskPath: "/csi", HostPath: "/h", PropagationMode: "sideways"}},
+			"propagation_mode \"sideways\""},
+		{"relative task path", TaskConfig{Command: "/bin/true"},
+			[]*drivers.MountConfig{{TaskPath: "csi", HostPath: "/h"}}, "must be absolute"},
+		{"same task path twice", TaskConfig{Command: "/bin/true"},
+			[]*drivers.MountConfig{{TaskPath: "/a", HostPath: "/h"}, {TaskPath: "/a/", HostPath: "/i"}}, "same task path"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			d := newTestDriver(t, Config{Enabled: true})
+			cfg := taskConfig(t, c.tc)
+			cfg.Mounts = c.mounts
+			_, _, err := d.StartTask(cfg)
+			must.ErrorContains(t, err, c.want)
+			must.SliceEmpty(t, d.started)
+			_, ok := d.tasks.Get(cfg.ID)
+			must.False(t, ok)
+		})
+	}
+}
+
+func TestStartTask_disabled(t *testing.T) {
+	d := newTestDriver(t, Config{Enabled: false})
+	_, _, err := d.StartTask(taskConfig(t, TaskConfig{Command: "/bin/true"}))
+	must.ErrorContains(t, err, "enabled = true")
+}
+
+func TestStartTask_startErrorCleansStateDir(t *testing.T) {
+	d := newTestDriver(t, Config{Enabled: true})
+	var stateDir string
+	d.start = func(_ hclog.Logger, s *executor.Spec) (taskProcess, error) {
+		stateDir = s.StateDir
+		return nil, errors.New(`command "nope" not found in PATH`)
+	}
+	_, _, err := d.StartTask(taskConfig(t, TaskConfig{Command: "nope"}))
+	must.ErrorContains(t, err, `command "nope" not found`)
+	must.NotEq(t, "", stateDir)
+	must.DirNotExists(t, stateDir)
+}
+
+func TestWaitStopDestroy(t *testing.T) {
+	d := newTestDriver(t, Config{Enabled: true})
+	cfg := taskConfig(t, TaskConfig{Command: "/bin/sleep", Args: []string{"100"}})
+	_, _, err := d.StartTask(cfg)
+	must.NoError(t, err)
+	p := d.procs[0]
+
+	// A running task cannot be destroyed without force.
+	must.ErrorContains(t, d.DestroyTask(cfg.ID, false), "cannot destroy a running task")
+
+	ch, err := d.WaitTask(context.Background(), cfg.ID)
+	must.NoError(t, err)
+
+	must.NoError(t, d.StopTask(cfg.ID, 3*time.Second, "SIGUSR1"))
+	must.Eq(t, []syscall.Signal{syscall.SIGUSR1}, p.signals)
+	must.Eq(t, []time.Duration{3 * time.Second}, p.shutdowns)
+
+	select {
+	case res := <-ch:
+		must.Eq(t, int(syscall.SIGUSR1), res.Signal)
+		must.Eq(t, 128+int(syscall.SIGUSR1), res.ExitCode)
+	case <-time.After(5 * time.Second):
+		t.Fatal("WaitTask did not report the exit")
+	}
+
+	status, err := d.InspectTask(cfg.ID)
+	must.NoError(t, err)
+	must.Eq(t, drivers.TaskStateExited, status.State)
+	must.Eq(t, "1000", status.DriverAttributes["pid"])
+
+	// Stopping an exited task is a no-op.
+	must.NoError(t, d.StopTask(cfg.ID, time.Second, "SIGTERM"))
+
+	must.NoError(t, d.DestroyTask(cfg.ID, false))
+	must.Eq(t, 1, p.destroyed)
+	_, err = d.InspectTask(cfg.ID)
+	must.ErrorIs(t, err, drivers.ErrTaskNotFound)
+}
+
+func TestStopTask_defaultsToSIGINTAndRejectsUnknownSignal(t *testing.T) {
+	d := newTestDriver(t, Config{Enabled: true})
+	cfg := taskConfig(t, TaskConfig{Command: "/bin/sleep"})
+	_, _, err := d.StartTask(cfg)
+	must.NoError(t, err)
+	must.ErrorContains(t, d.StopTask(cfg.ID, time.Second, "SIGWHATEVER"), "unknown signal")
+	must.NoError(t, d.StopTask(cfg.ID, time.Second, ""))
+	must.Eq(t, []syscall.Signal{syscall.SIGINT}, d.procs[0].signals)
+}
+
+func TestDestroyTask_forceKills(t *testing.T) {
+	d := newTestDriver(t, Config{Enabled: true})
+	cfg := taskConfig(t, TaskConfig{Command: "/bin/sleep"})
+	_, _, err := d.StartTask(cfg)
+	must.NoError(t, err)
+	must.NoError(t, d.DestroyTask(cfg.ID, true))
+	must.Eq(t, 1, d.procs[0].killed)
+	must.Eq(t, 1, d.procs[0].destroyed)
+}
+
+func TestRecoverTask(t *testing.T) {
+	d := newTestDriver(t, Config{Enabled: true})
+	cfg := taskConfig(t, TaskConfig{Command: "/bin/sleep"})
+	handle, _, err := d.StartTask(cfg)
+	must.NoError(t, err)
+
+	// Known task: no-op.
+	must.NoError(t, d.RecoverTask(handle))
+	must.Len(t, 1, d.procs)
+
+	// A fresh driver (after a restart) takes the task back from its state.
+	d2 := newTestDriver(t, Config{Enabled: true})
+	must.NoError(t, d2.RecoverTask(handle))
+	must.Len(t, 1, d2.procs)
+	must.Eq(t, 1000, d2.procs[0].Pid())
+	status, err := d2.InspectTask(cfg.ID)
+	must.NoError(t, err)
+	must.Eq(t, drivers.TaskStateRunning, status.State)
+
+	// A process that cannot be found again is an error Nomad acts on.
+	d3 := newTestDriver(t, Config{Enabled: true})
+	d3.recover = func(hclog.Logger, executor.State) (taskProcess, error) { return nil, executor.ErrGone }
+	err = d3.RecoverTask(handle)
+	must.ErrorIs(t, err, executor.ErrGone)
+
+	must.ErrorContains(t, d3.RecoverTask(nil), "handle is nil")
+}
+
+func TestExecTask(t *testing.T) {
+	d := newTestDriver(t, Config{Enabled: true})
+	cfg := taskConfig(t, TaskConfig{Command: "/bin/sleep"})
+	_, _, err := d.StartTask(cfg)
+	must.NoError(t, err)
+	res, err := d.ExecTask(cfg.ID, []string{"echo", "hi"}, time.Second)
+	must.NoError(t, err)
+	must.Eq(t, "echo hi", string(res.Stdout))
+	must.Eq(t, 7, res.ExitResult.ExitCode)
+
+	_, err = d.ExecTask(cfg.ID, nil, time.Second)
+	must.ErrorContains(t, err, "command must not be empty")
+	_, err = d.ExecTask("nope", []string{"x"}, time.Second)
+	must.ErrorIs(t, err, drivers.ErrTaskNotFound)
+}
+
+func TestTaskStats(t *testing.T) {
+	d := newTestDriver(t, Config{Enabled: true})
+	cfg := taskConfig(t, TaskConfig{Command: "/bin/sleep"})
+	_, _, err := d.StartTask(cfg)
+	must.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ch, err := d.TaskStats(ctx, cfg.ID, 10*time.Millisecond)
+	must.NoError(t, err)
+	usage := <-ch
+	must.Eq(t, uint64(1<<20), usage.ResourceUsage.MemoryStats.RSS)
+	must.Eq(t, []string{"RSS"}, usage.ResourceUsage.MemoryStats.Measured)
+}
+
+func TestCPUCalc(t *testing.T) {
+	c := &cpuCalc{mhzPerCore: 2000}
+	t0 := time.Unix(100, 0)
+	first := c.usage(&cgroups.Stats{CPUTotalNanos: 1e9}, t0)
+	must.Eq(t, 0.0, first.ResourceUsage.CpuStats.Percent)
+	// Half a core for one second.
+	second := c.usage(&cgroups.Stats{CPUTotalNanos: 1.5e9, CPUUserNanos: 5e8}, t0.Add(time.Second))
+	must.Eq(t, 50.0, second.ResourceUsage.CpuStats.Percent)
+	must.Eq(t, 50.0, second.ResourceUsage.CpuStats.UserMode)
+	must.Eq(t, 1000.0, second.ResourceUsage.CpuStats.TotalTicks)
+}
+
+func TestTaskLimits_memoryMax(t *testing.T) {
+	cfg := &drivers.TaskConfig{Resources: &drivers.Resources{
+		NomadResources: &structs.AllocatedTaskResources{
+			Memory: structs.AllocatedMemoryResources{MemoryMB: 100, MemoryMaxMB: 300},
+		},
+		LinuxResources: &drivers.LinuxResources{MemoryLimitBytes: 100 << 20},
+	}}
+	l := taskLimits(cfg)
+	must.Eq(t, int64(300<<20), l.MemoryBytes)
+	must.Eq(t, int64(100<<20), l.MemoryReservationBytes)
+}
+
+func TestBuildFingerprint(t *testing.T) {
+	cases := []struct {
+		name    string
+		enabled bool
+		host    fakeHost
+		health  drivers.HealthState
+		desc    string
+	}{
+		{"healthy", true, fakeHost{root: true}, drivers.HealthStateHealthy, drivers.DriverHealthy},
+		{"disabled", false, fakeHost{root: true}, drivers.HealthStateUndetected, "enabled = true"},
+		{"not root", true, fakeHost{}, drivers.HealthStateUndetected, "must run as root"},
+		{"no mount ns", true, fakeHost{root: true, mountNS: errors.New("no mount namespaces")}, drivers.HealthStateUndetected, "no mount namespaces"},
+		{"no cgroups", true, fakeHost{root: true, cgroupErr: errors.New("the memory cgroup controller is not mounted")}, drivers.HealthStateUnhealthy, "memory cgroup controller"},
+		{"root dir", true, fakeHost{root: true, writeErr: errors.New("read-only file system")}, drivers.HealthStateUnhealthy, "root_dir"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			d := newTestDriver(t, Config{Enabled: c.enabled})
+			d.host = c.host
+			fp := d.buildFingerprint()
+			must.Eq(t, c.health, fp.Health)
+			must.StrContains(t, fp.HealthDescription, c.desc)
+			if c.health == drivers.HealthStateHealthy {
+				v, ok := fp.Attributes["driver.csi.version"].GetString()
+				must.True(t, ok)
+				must.Eq(t, Version, v)
+			}
+		})
+	}
+}
+
+func TestFingerprint_sendsAtOnce(t *testing.T) {
+	d := newTestDriver(t, Config{Enabled: true})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ch, err := d.Fingerprint(ctx)
+	must.NoError(t, err)
+	select {
+	case fp := <-ch:
+		must.Eq(t, drivers.HealthStateHealthy, fp.Health)
+	case <-time.After(2 * time.Second):
+		t.Fatal("no fingerprint within 2s")
+	}
+}
+
+func TestParseSignal(t *testing.T) {
+	for in, want := range map[string]syscall.Signal{"SIGTERM": syscall.SIGTERM, "TERM": syscall.SIGTERM, "SIGUSR1": syscall.SIGUSR1, "SIGKILL": syscall.SIGKILL} {
+		got, err := parseSignal(in)
+		must.NoError(t, err)
+		must.Eq(t, want, got)
+	}
+	_, err := parseSignal("SIGNOPE")
+	must.ErrorContains(t, err, "unknown signal")
+}

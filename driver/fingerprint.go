@@ -1,0 +1,94 @@
+package driver
+
+import (
+	"errors"
+	"fmt"
+	"os"
+
+	"github.com/hashicorp/nomad/plugins/drivers"
+	pstructs "github.com/hashicorp/nomad/plugins/shared/structs"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/cgroups"
+)
+
+// hostProbe answers the fingerprint's questions about this machine, so that
+// the health logic can be tested without changing the machine.
+type hostProbe interface {
+	// IsRoot reports whether the driver runs as root.
+	IsRoot() bool
+	// MountNamespaces is nil when tasks can get mount namespaces.
+	MountNamespaces() error
+	// Cgroups is nil when tasks can be placed in control groups.
+	Cgroups() error
+	// Writable is nil when dir can hold the driver's state.
+	Writable(dir string) error
+}
+
+type realHost struct{}
+
+func (realHost) IsRoot() bool { return os.Geteuid() == 0 }
+
+func (realHost) MountNamespaces() error {
+	if _, err := os.Stat("/proc/self/ns/mnt"); err != nil {
+		return errors.New("the kernel does not offer mount namespaces (/proc/self/ns/mnt is missing)")
+	}
+	return nil
+}
+
+func (realHost) Cgroups() error { return cgroups.Available() }
+
+func (realHost) Writable(dir string) error {
+	f, err := os.CreateTemp(dir, ".probe-*")
+	if err != nil {
+		return err
+	}
+	name := f.Name()
+	_ = f.Close()
+	return os.Remove(name)
+}
+
+// buildFingerprint checks that the driver can do its job here and says what
+// is missing, in one sentence, when it cannot.
+func (d *Driver) buildFingerprint() *drivers.Fingerprint {
+	fp := &drivers.Fingerprint{
+		Attributes: map[string]*pstructs.Attribute{},
+		Health:     drivers.HealthStateHealthy,
+	}
+	conf := d.currentConfig()
+	switch {
+	case conf == nil:
+		fp.Health = drivers.HealthStateUndetected
+		fp.HealthDescription = "the csi driver has not been configured yet"
+		return fp
+	case !conf.Enabled:
+		fp.Health = drivers.HealthStateUndetected
+		fp.HealthDescription = "the csi driver is disabled: set enabled = true in the agent's plugin \"csi\" config"
+		return fp
+	case !d.host.IsRoot():
+		fp.Health = drivers.HealthStateUndetected
+		fp.HealthDescription = "the csi driver must run as root: run the Nomad client as root"
+		return fp
+	}
+	if err := d.host.MountNamespaces(); err != nil {
+		fp.Health = drivers.HealthStateUndetected
+		fp.HealthDescription = err.Error()
+		return fp
+	}
+
+	fp.Attributes["driver.csi"] = pstructs.NewBoolAttribute(true)
+	fp.Attributes["driver.csi.version"] = pstructs.NewStringAttribute(Version)
+	fp.Attributes["driver.csi.allow_privileged"] = pstructs.NewBoolAttribute(conf.AllowPrivileged)
+
+	if err := d.host.Cgroups(); err != nil {
+		fp.Health = drivers.HealthStateUnhealthy
+		fp.HealthDescription = fmt.Sprintf("cannot limit task resources: %v", err)
+		return fp
+	}
+	if err := d.host.Writable(conf.tasksDir()); err != nil {
+		fp.Health = drivers.HealthStateUnhealthy
+		fp.HealthDescription = fmt.Sprintf("root_dir %q is not writable: %v", conf.RootDir, err)
+		return fp
+	}
+	fp.HealthDescription = drivers.DriverHealthy
+	return fp
+}

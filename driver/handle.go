@@ -1,0 +1,170 @@
+package driver
+
+import (
+	"context"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/nomad/plugins/drivers"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/cgroups"
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor"
+)
+
+// taskProcess is what the driver needs of a task's process.
+// *executor.Process is the real one; tests use a fake.
+type taskProcess interface {
+	Pid() int
+	State() executor.State
+	Wait(ctx context.Context) (*executor.ExitStatus, error)
+	Signal(sig syscall.Signal) error
+	Shutdown(sig syscall.Signal, grace time.Duration) error
+	Kill() error
+	Stats() (*cgroups.Stats, error)
+	Exec(ctx context.Context, opts executor.ExecOptions) (int, error)
+	Destroy() error
+}
+
+// TaskState is what the driver stores with Nomad for each task, so that it
+// can take the task back after a restart. It holds only what recovery needs.
+type TaskState struct {
+	Process   executor.State `json:"process"`
+	StartedAt time.Time      `json:"started_at"`
+}
+
+// taskHandle is the driver's view of one task.
+type taskHandle struct {
+	logger  hclog.Logger
+	config  *drivers.TaskConfig
+	process taskProcess
+
+	startedAt time.Time
+
+	// done is closed when the task has exited and exit is set.
+	done chan struct{}
+
+	mu          sync.RWMutex
+	state       drivers.TaskState
+	completedAt time.Time
+	exit        *drivers.ExitResult
+}
+
+func newTaskHandle(logger hclog.Logger, cfg *drivers.TaskConfig, p taskProcess, startedAt time.Time) *taskHandle {
+	h := &taskHandle{
+		logger:    logger,
+		config:    cfg,
+		process:   p,
+		startedAt: startedAt,
+		done:      make(chan struct{}),
+		state:     drivers.TaskStateRunning,
+	}
+	go h.watch()
+	return h
+}
+
+// watch waits for the process to end and records how it ended.
+func (h *taskHandle) watch() {
+	status, err := h.process.Wait(context.Background())
+	result := &drivers.ExitResult{}
+	completed := time.Now()
+	switch {
+	case err != nil:
+		result.Err = err
+		result.ExitCode = -1
+	default:
+		result.ExitCode = status.ExitCode
+		result.Signal = status.Signal
+		result.OOMKilled = status.OOMKilled
+		if status.Err != "" {
+			result.Err = errorString(status.Err)
+		}
+		if !status.ExitedAt.IsZero() {
+			completed = status.ExitedAt
+		}
+	}
+	h.mu.Lock()
+	h.state = drivers.TaskStateExited
+	h.exit = result
+	h.completedAt = completed
+	h.mu.Unlock()
+	h.logger.Debug("task exited", "exit_code", result.ExitCode, "signal", result.Signal, "oom_killed", result.OOMKilled)
+	close(h.done)
+}
+
+func (h *taskHandle) exited() bool {
+	select {
+	case <-h.done:
+		return true
+	default:
+		return false
+	}
+}
+
+func (h *taskHandle) exitResult() *drivers.ExitResult {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	if h.exit == nil {
+		return nil
+	}
+	return h.exit.Copy()
+}
+
+func (h *taskHandle) status() *drivers.TaskStatus {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	st := &drivers.TaskStatus{
+		ID:          h.config.ID,
+		Name:        h.config.Name,
+		State:       h.state,
+		StartedAt:   h.startedAt,
+		CompletedAt: h.completedAt,
+		DriverAttributes: map[string]string{
+			"pid": strconv.Itoa(h.process.Pid()),
+		},
+	}
+	if h.exit != nil {
+		st.ExitResult = h.exit.Copy()
+	}
+	return st
+}
+
+// errorString is an error whose text was recorded by the supervisor.
+type errorString string
+
+func (e errorString) Error() string { return string(e) }
+
+// taskStore holds the handles of the tasks this driver knows.
+type taskStore struct {
+	mu    sync.RWMutex
+	tasks map[string]*taskHandle
+}
+
+func newTaskStore() *taskStore { return &taskStore{tasks: map[string]*taskHandle{}} }
+
+func (s *taskStore) Set(id string, h *taskHandle) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.tasks[id] = h
+}
+
+func (s *taskStore) Get(id string) (*taskHandle, bool) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	h, ok := s.tasks[id]
+	return h, ok
+}
+
+func (s *taskStore) Delete(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.tasks, id)
+}
+
+func (s *taskStore) Len() int {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return len(s.tasks)
+}
