@@ -1,0 +1,252 @@
+package mounter
+
+import (
+	"fmt"
+	"path/filepath"
+	"sync"
+)
+
+// Kinds of FakeAction.
+const (
+	ActionMount           = "mount"
+	ActionBindMount       = "bind"
+	ActionRemountReadOnly = "remount-ro"
+	ActionUnmount         = "unmount"
+	ActionSetPropagation  = "propagation"
+	ActionEnsureTarget    = "ensure-target"
+)
+
+// FakeAction is one call recorded by Fake.
+type FakeAction struct {
+	Kind   string
+	Source string
+	Target string
+	FSType string
+	Flags  uintptr
+	// Data is the mount data with sensitive options masked.
+	Data      string
+	ReadOnly  bool
+	Recursive bool
+	// Mode is the propagation mode of an ActionSetPropagation.
+	Mode  string
+	IsDir bool
+}
+
+// Fake is an in-memory Interface. It records every call in Actions and
+// keeps a mount table in MountPoints (paths are cleaned but symlinks are
+// not resolved, and IsMountPoint never reports a missing path). A call whose target has an entry in the matching
+// *Errs map fails with that error and changes nothing.
+type Fake struct {
+	mu sync.Mutex
+
+	MountPoints []MountPoint
+	Actions     []FakeAction
+	// Targets are the paths EnsureTarget made, mapped to isDir.
+	Targets map[string]bool
+
+	MountErrs        map[string]error
+	UnmountErrs      map[string]error
+	PropagationErrs  map[string]error
+	EnsureTargetErrs map[string]error
+	RemountErrs      map[string]error
+	ListErr          error
+	nextID           int
+}
+
+var _ Interface = (*Fake)(nil)
+
+// NewFake returns a Fake holding the given mount table.
+func NewFake(mounts ...MountPoint) *Fake {
+	f := &Fake{MountPoints: append([]MountPoint(nil), mounts...), Targets: map[string]bool{}, nextID: 1000}
+	for _, mp := range mounts {
+		if mp.ID >= f.nextID {
+			f.nextID = mp.ID + 1
+		}
+	}
+	return f
+}
+
+// GetActions returns a copy of the recorded actions.
+func (f *Fake) GetActions() []FakeAction {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]FakeAction(nil), f.Actions...)
+}
+
+// ResetActions forgets the recorded actions.
+func (f *Fake) ResetActions() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.Actions = nil
+}
+
+func (f *Fake) record(a FakeAction) { f.Actions = append(f.Actions, a) }
+
+func (f *Fake) add(mp MountPoint) {
+	if f.nextID == 0 {
+		f.nextID = 1000
+	}
+	mp.ID = f.nextID
+	f.nextID++
+	f.MountPoints = append(f.MountPoints, mp)
+}
+
+func (f *Fake) Mount(source, target, fstype string, flags uintptr, data string) error {
+	masked := ""
+	if data != "" {
+		masked = maskedOption
+	}
+	return f.mount(source, target, fstype, flags, masked)
+}
+
+func (f *Fake) MountSensitive(source, target, fstype string, flags uintptr, options, sensitiveOptions []string) error {
+	return f.mount(source, target, fstype, flags, SanitizeOptions(options, sensitiveOptions))
+}
+
+func (f *Fake) mount(source, target, fstype string, flags uintptr, logData string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.record(FakeAction{Kind: ActionMount, Source: source, Target: target, FSType: fstype, Flags: flags, Data: logData})
+	if err := f.MountErrs[target]; err != nil {
+		return err
+	}
+	f.add(MountPoint{Root: "/", Path: filepath.Clean(target), FSType: fstype, Source: source, Options: []string{"rw"}})
+	return nil
+}
+
+func (f *Fake) BindMount(source, target string, readOnly, recursive bool) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.record(FakeAction{Kind: ActionBindMount, Source: source, Target: target, ReadOnly: readOnly, Recursive: recursive})
+	if err := f.MountErrs[target]; err != nil {
+		return err
+	}
+	opts := []string{"rw"}
+	if readOnly {
+		opts = []string{"ro"}
+	}
+	mp := MountPoint{Root: source, Path: filepath.Clean(target), FSType: "none", Source: source, Options: opts}
+	// A bind of a shared mount joins its peer group.
+	if src, ok := FindMount(f.MountPoints, filepath.Clean(source)); ok && src.Shared {
+		mp.Shared, mp.PeerGroup = true, src.PeerGroup
+	}
+	f.add(mp)
+	return nil
+}
+
+func (f *Fake) RemountReadOnly(target string, recursive bool) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.record(FakeAction{Kind: ActionRemountReadOnly, Target: target, Recursive: recursive})
+	if err := f.RemountErrs[target]; err != nil {
+		return err
+	}
+	target = filepath.Clean(target)
+	for i := range f.MountPoints {
+		mp := &f.MountPoints[i]
+		if mp.Path == target || (recursive && PathWithin(mp.Path, target)) {
+			mp.Options = replaceOption(mp.Options, "rw", "ro")
+		}
+	}
+	return nil
+}
+
+func replaceOption(opts []string, from, to string) []string {
+	out := make([]string, 0, len(opts))
+	for _, o := range opts {
+		if o == from {
+			o = to
+		}
+		out = append(out, o)
+	}
+	return out
+}
+
+func (f *Fake) Unmount(target string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.record(FakeAction{Kind: ActionUnmount, Target: target})
+	if err := f.UnmountErrs[target]; err != nil {
+		return err
+	}
+	target = filepath.Clean(target)
+	for i := len(f.MountPoints) - 1; i >= 0; i-- {
+		if f.MountPoints[i].Path == target {
+			f.MountPoints = append(f.MountPoints[:i], f.MountPoints[i+1:]...)
+			return nil
+		}
+	}
+	return nil
+}
+
+func (f *Fake) SetPropagation(target, mode string, recursive bool) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.record(FakeAction{Kind: ActionSetPropagation, Target: target, Mode: mode, Recursive: recursive})
+	if _, err := PropagationFlags(mode, recursive); err != nil {
+		return err
+	}
+	if err := f.PropagationErrs[target]; err != nil {
+		return err
+	}
+	target = filepath.Clean(target)
+	found := false
+	for i := range f.MountPoints {
+		mp := &f.MountPoints[i]
+		if mp.Path != target && !(recursive && PathWithin(mp.Path, target)) {
+			continue
+		}
+		found = found || mp.Path == target
+		switch mode {
+		case PropagationPrivate:
+			mp.Shared, mp.PeerGroup, mp.Slave, mp.Master = false, 0, false, 0
+		case PropagationSlave:
+			if mp.Shared {
+				mp.Slave, mp.Master = true, mp.PeerGroup
+			}
+			mp.Shared, mp.PeerGroup = false, 0
+		case PropagationShared:
+			if !mp.Shared {
+				mp.Shared, mp.PeerGroup = true, f.nextID
+				f.nextID++
+			}
+		}
+	}
+	if !found {
+		return fmt.Errorf("failed to make %q %s: not a mount point", target, mode)
+	}
+	return nil
+}
+
+func (f *Fake) List() ([]MountPoint, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.ListErr != nil {
+		return nil, f.ListErr
+	}
+	return append([]MountPoint(nil), f.MountPoints...), nil
+}
+
+func (f *Fake) IsMountPoint(path string) (bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.ListErr != nil {
+		return false, f.ListErr
+	}
+	path = filepath.Clean(path)
+	return isMountPoint(f.MountPoints, path), nil
+}
+
+func (f *Fake) EnsureTarget(target string, isDir bool) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.record(FakeAction{Kind: ActionEnsureTarget, Target: target, IsDir: isDir})
+	if err := f.EnsureTargetErrs[target]; err != nil {
+		return err
+	}
+	if f.Targets == nil {
+		f.Targets = map[string]bool{}
+	}
+	f.Targets[filepath.Clean(target)] = isDir
+	return nil
+}

@@ -1,0 +1,355 @@
+// Package mounter is the only package of the driver that calls mount(2),
+// umount(2) or reads mountinfo. Interface is implemented for real by New
+// and in memory by Fake, so that code deciding what to mount can be tested
+// without root.
+package mounter
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"golang.org/x/sys/unix"
+)
+
+// Propagation modes accepted by SetPropagation.
+const (
+	PropagationPrivate = "private"
+	PropagationSlave   = "slave"
+	PropagationShared  = "shared"
+)
+
+// maskedOption replaces a sensitive mount option in logs and errors.
+const maskedOption = "<masked>"
+
+// Interface mounts and unmounts in the calling process's mount namespace.
+// Paths should be absolute.
+type Interface interface {
+	// Mount calls mount(2). data is never logged nor put in errors; use
+	// MountSensitive when some options are secret and others are not.
+	Mount(source, target, fstype string, flags uintptr, data string) error
+	// MountSensitive mounts with options joined by commas into mount(2)'s
+	// data; sensitiveOptions are passed too but appear as "<masked>" in
+	// logs and errors.
+	MountSensitive(source, target, fstype string, flags uintptr, options, sensitiveOptions []string) error
+	// BindMount binds source onto target (with its submounts when
+	// recursive). When readOnly, the new mount is then remounted read-only
+	// keeping source's nosuid, nodev, noexec and atime flags; recursive
+	// read-only binds make every submount read-only too. On error nothing
+	// stays mounted at target.
+	BindMount(source, target string, readOnly, recursive bool) error
+	// RemountReadOnly makes the mount at target (and its submounts when
+	// recursive) read-only, keeping its other per-mount flags. It changes
+	// only this namespace's view: per-mount flags do not propagate.
+	RemountReadOnly(target string, recursive bool) error
+	// Unmount unmounts target. A target that is missing or not a mount
+	// point is success. EBUSY is retried for about a second and then
+	// returned: Unmount never detaches lazily, because a lazily detached
+	// mount still holds its device and hides the leak.
+	Unmount(target string) error
+	// SetPropagation sets target's propagation to one of the Propagation*
+	// modes, for its submounts too when recursive.
+	SetPropagation(target, mode string, recursive bool) error
+	// List returns this process's mount table.
+	List() ([]MountPoint, error)
+	// IsMountPoint reports whether path (symlinks resolved) is the mount
+	// point of some mount in the table. A missing path is an error
+	// matching fs.ErrNotExist.
+	IsMountPoint(path string) (bool, error)
+	// EnsureTarget creates target as a directory (with parents) or as an
+	// empty file in an existing or created parent, unless it exists with
+	// the right type.
+	EnsureTarget(target string, isDir bool) error
+}
+
+// SanitizeOptions joins options for logging, with every sensitive option
+// replaced by "<masked>".
+func SanitizeOptions(options, sensitiveOptions []string) string {
+	out := make([]string, 0, len(options)+len(sensitiveOptions))
+	out = append(out, options...)
+	for range sensitiveOptions {
+		out = append(out, maskedOption)
+	}
+	return strings.Join(out, ",")
+}
+
+// FindMount returns the mount that path lives on: the last (topmost) mount
+// whose Path is path or a parent directory of it. path must be clean and
+// absolute, with symlinks resolved.
+func FindMount(mounts []MountPoint, path string) (MountPoint, bool) {
+	var (
+		best  MountPoint
+		found bool
+	)
+	for _, mp := range mounts {
+		if !PathWithin(path, mp.Path) {
+			continue
+		}
+		// Longer mount paths win; among equal ones the later line is the
+		// one on top.
+		if !found || len(mp.Path) >= len(best.Path) {
+			best, found = mp, true
+		}
+	}
+	return best, found
+}
+
+// PathWithin reports whether path is dir or below it. Both must be clean.
+func PathWithin(path, dir string) bool {
+	if dir == "/" || path == dir {
+		return true
+	}
+	return strings.HasPrefix(path, dir+"/")
+}
+
+type mounter struct {
+	logger        hclog.Logger
+	mountInfoPath string
+}
+
+var _ Interface = (*mounter)(nil)
+
+// New returns the real implementation, logging nothing.
+func New() Interface { return NewWithLogger(hclog.NewNullLogger()) }
+
+// NewWithLogger returns the real implementation, logging every mount change
+// at debug level (without mount data).
+func NewWithLogger(logger hclog.Logger) Interface {
+	return &mounter{logger: logger.Named("mounter"), mountInfoPath: "/proc/thread-self/mountinfo"}
+}
+
+func (m *mounter) Mount(source, target, fstype string, flags uintptr, data string) error {
+	masked := ""
+	if data != "" {
+		masked = maskedOption
+	}
+	return m.mount(source, target, fstype, flags, data, masked)
+}
+
+func (m *mounter) MountSensitive(source, target, fstype string, flags uintptr, options, sensitiveOptions []string) error {
+	all := append(append([]string{}, options...), sensitiveOptions...)
+	return m.mount(source, target, fstype, flags, strings.Join(all, ","), SanitizeOptions(options, sensitiveOptions))
+}
+
+func (m *mounter) mount(source, target, fstype string, flags uintptr, data, logData string) error {
+	m.logger.Debug("mounting", "source", source, "target", target, "fstype", fstype, "flags", flags, "options", logData)
+	if err := unix.Mount(source, target, fstype, flags, data); err != nil {
+		return fmt.Errorf("failed to mount %q on %q (type %q, flags %#x, options %q): %w",
+			source, target, fstype, flags, logData, err)
+	}
+	return nil
+}
+
+func (m *mounter) BindMount(source, target string, readOnly, recursive bool) error {
+	flags := uintptr(unix.MS_BIND)
+	if recursive {
+		flags |= unix.MS_REC
+	}
+	m.logger.Debug("bind mounting", "source", source, "target", target, "read_only", readOnly, "recursive", recursive)
+	if err := unix.Mount(source, target, "", flags, ""); err != nil {
+		return fmt.Errorf("failed to bind mount %q on %q: %w", source, target, err)
+	}
+	if !readOnly {
+		return nil
+	}
+	if err := m.RemountReadOnly(target, recursive); err != nil {
+		// Take the writable bind away again rather than leave it.
+		if uerr := unix.Unmount(target, unix.MNT_DETACH); uerr != nil {
+			m.logger.Warn("failed to undo bind mount", "target", target, "error", uerr)
+		}
+		return err
+	}
+	return nil
+}
+
+func (m *mounter) RemountReadOnly(target string, recursive bool) error {
+	if recursive {
+		attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY}
+		err := unix.MountSetattr(unix.AT_FDCWD, target, unix.AT_RECURSIVE|unix.AT_NO_AUTOMOUNT, &attr)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, unix.ENOSYS) {
+			return fmt.Errorf("failed to make %q read-only recursively: %w", target, err)
+		}
+		// Kernel older than 5.12: remount each mount in turn.
+		mounts, lerr := m.List()
+		if lerr != nil {
+			return lerr
+		}
+		real, rerr := filepath.EvalSymlinks(target)
+		if rerr != nil {
+			return fmt.Errorf("failed to resolve %q: %w", target, rerr)
+		}
+		for _, mp := range mounts {
+			if PathWithin(mp.Path, real) {
+				if err := remountReadOnly(mp.Path); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}
+	return remountReadOnly(target)
+}
+
+// remountReadOnly remounts one bind mount read-only. The flags that a
+// remount would otherwise clear are read back with statfs and kept.
+func remountReadOnly(target string) error {
+	var st unix.Statfs_t
+	if err := unix.Statfs(target, &st); err != nil {
+		return fmt.Errorf("failed to read mount flags of %q: %w", target, err)
+	}
+	flags := uintptr(unix.MS_BIND | unix.MS_REMOUNT | unix.MS_RDONLY)
+	keep := []struct {
+		st, ms uintptr
+	}{
+		{unix.ST_NOSUID, unix.MS_NOSUID},
+		{unix.ST_NODEV, unix.MS_NODEV},
+		{unix.ST_NOEXEC, unix.MS_NOEXEC},
+		{unix.ST_NOATIME, unix.MS_NOATIME},
+		{unix.ST_NODIRATIME, unix.MS_NODIRATIME},
+		{unix.ST_RELATIME, unix.MS_RELATIME},
+	}
+	for _, k := range keep {
+		if uintptr(st.Flags)&k.st != 0 {
+			flags |= k.ms
+		}
+	}
+	if err := unix.Mount("", target, "", flags, ""); err != nil {
+		return fmt.Errorf("failed to remount %q read-only: %w", target, err)
+	}
+	return nil
+}
+
+func (m *mounter) Unmount(target string) error {
+	const attempts = 10
+	for i := 0; ; i++ {
+		err := unix.Unmount(target, 0)
+		switch {
+		case err == nil:
+			m.logger.Debug("unmounted", "target", target)
+			return nil
+		case errors.Is(err, unix.EINVAL), errors.Is(err, unix.ENOENT):
+			// Not a mount point, or nothing there: already done.
+			return nil
+		case errors.Is(err, unix.EBUSY) && i < attempts-1:
+			time.Sleep(100 * time.Millisecond)
+		default:
+			return fmt.Errorf("failed to unmount %q: %w", target, err)
+		}
+	}
+}
+
+// PropagationFlags returns the mount(2) flags for a Propagation* mode.
+func PropagationFlags(mode string, recursive bool) (uintptr, error) {
+	var flags uintptr
+	switch mode {
+	case PropagationPrivate:
+		flags = unix.MS_PRIVATE
+	case PropagationSlave:
+		flags = unix.MS_SLAVE
+	case PropagationShared:
+		flags = unix.MS_SHARED
+	default:
+		return 0, fmt.Errorf("unknown propagation mode %q: want %q, %q or %q",
+			mode, PropagationPrivate, PropagationSlave, PropagationShared)
+	}
+	if recursive {
+		flags |= unix.MS_REC
+	}
+	return flags, nil
+}
+
+func (m *mounter) SetPropagation(target, mode string, recursive bool) error {
+	flags, err := PropagationFlags(mode, recursive)
+	if err != nil {
+		return err
+	}
+	m.logger.Trace("setting propagation", "target", target, "mode", mode, "recursive", recursive)
+	if err := unix.Mount("", target, "", flags, ""); err != nil {
+		return fmt.Errorf("failed to make %q %s: %w", target, mode, err)
+	}
+	return nil
+}
+
+func (m *mounter) List() ([]MountPoint, error) {
+	f, err := os.Open(m.mountInfoPath)
+	if err != nil {
+		return nil, fmt.Errorf("failed to open %q: %w", m.mountInfoPath, err)
+	}
+	defer f.Close()
+	return ParseMountInfo(f)
+}
+
+func (m *mounter) IsMountPoint(path string) (bool, error) {
+	real, err := resolve(path)
+	if err != nil {
+		return false, err
+	}
+	mounts, err := m.List()
+	if err != nil {
+		return false, err
+	}
+	return isMountPoint(mounts, real), nil
+}
+
+func isMountPoint(mounts []MountPoint, path string) bool {
+	for _, mp := range mounts {
+		if mp.Path == path {
+			return true
+		}
+	}
+	return false
+}
+
+// resolve makes path absolute and clean with symlinks resolved.
+func resolve(path string) (string, error) {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return "", fmt.Errorf("failed to make %q absolute: %w", path, err)
+	}
+	real, err := filepath.EvalSymlinks(abs)
+	if err != nil {
+		return "", fmt.Errorf("failed to resolve %q: %w", path, err)
+	}
+	return real, nil
+}
+
+func (m *mounter) EnsureTarget(target string, isDir bool) error {
+	return ensureTarget(target, isDir)
+}
+
+func ensureTarget(target string, isDir bool) error {
+	fi, err := os.Stat(target)
+	switch {
+	case err == nil:
+		if fi.IsDir() != isDir {
+			if isDir {
+				return fmt.Errorf("mount target %q exists and is not a directory", target)
+			}
+			return fmt.Errorf("mount target %q exists and is a directory, want a file", target)
+		}
+		return nil
+	case !errors.Is(err, os.ErrNotExist):
+		return fmt.Errorf("failed to check mount target %q: %w", target, err)
+	}
+	if isDir {
+		if err := os.MkdirAll(target, 0o755); err != nil {
+			return fmt.Errorf("failed to create mount target %q: %w", target, err)
+		}
+		return nil
+	}
+	if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {
+		return fmt.Errorf("failed to create parent of mount target %q: %w", target, err)
+	}
+	f, err := os.OpenFile(target, os.O_CREATE|os.O_RDONLY|unix.O_CLOEXEC, 0o644)
+	if err != nil {
+		return fmt.Errorf("failed to create mount target %q: %w", target, err)
+	}
+	return f.Close()
+}
