@@ -144,7 +144,7 @@ type creation struct {
 
 func (c *creation) undo() {
 	for i := len(c.made) - 1; i >= 0; i-- {
-		_ = os.Remove(c.made[i])
+		_ = rmdir(c.made[i])
 	}
 }
 

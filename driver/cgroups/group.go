@@ -23,6 +23,11 @@ var (
 	freezeTimeout = time.Second
 )
 
+// rmdir removes a cgroup directory; the kernel allows it while the
+// directory still shows its files. Tests replace it to emulate that on a
+// fake tree.
+var rmdir = unix.Rmdir
+
 // userHZ is the unit of cpuacct.stat. The kernel reports USER_HZ to user
 // space, which is 100 on every architecture Linux supports.
 const userHZ = 100
@@ -425,7 +430,7 @@ func (g *Group) Destroy() error {
 	deadline := time.Now().Add(destroyTimeout)
 	for _, dir := range g.dirs() {
 		for {
-			err := unix.Rmdir(dir)
+			err := rmdir(dir)
 			if err == nil || errors.Is(err, unix.ENOENT) {
 				break
 			}
