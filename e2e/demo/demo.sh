@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# The demo behind `make demo`: a Nomad dev agent on 127.0.0.1 with the csi
+# driver, the example job run through it, and what happened, printed.
+# Everything it starts is stopped and everything it mounts is unmounted on
+# the way out, even when a step fails.
+set -euo pipefail
+
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+nomad="$repo/build/nomad"
+driver="$repo/build/plugins/nomad-driver-csi"
+[ -x "$nomad" ] || { echo "build/nomad is missing: run make nomad" >&2; exit 1; }
+[ -x "$driver" ] || { echo "build/plugins/nomad-driver-csi is missing: run make dev" >&2; exit 1; }
+[ "$(id -u)" = 0 ] || { echo "the demo runs a Nomad client, which needs root" >&2; exit 1; }
+
+work=$(mktemp -d /tmp/ncsi-demo.XXXX)
+agent_pid=""
+
+say() { printf '\n\033[1m==> %s\033[0m\n' "$*"; }
+
+cleanup() {
+  set +e
+  if [ -n "$agent_pid" ] && kill -0 "$agent_pid" 2>/dev/null; then
+    "$nomad" job stop -purge hello >/dev/null 2>&1
+    kill -INT "$agent_pid"
+    for _ in $(seq 1 50); do kill -0 "$agent_pid" 2>/dev/null || break; sleep 0.2; done
+    kill -KILL "$agent_pid" 2>/dev/null
+  fi
+  # Unmount whatever was left under the demo's directory, deepest first.
+  awk -v w="$work" '$5 ~ "^"w {print $5}' /proc/self/mountinfo | sort -r | while read -r m; do
+    umount -l "$m" 2>/dev/null
+  done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+http=$(free_port); rpc=$(free_port); serf=$(free_port)
+export NOMAD_ADDR="http://127.0.0.1:$http"
+
+mkdir -p "$work/plugins" "$work/data" "$work/root"
+cp "$driver" "$work/plugins/"
+cat >"$work/agent.hcl" <<EOF
+disable_update_check = true
+ports {
+  http = $http
+  rpc  = $rpc
+  serf = $serf
+}
+client {
+  options {
+    "fingerprint.denylist" = "env_aws,env_gce,env_azure,env_digitalocean"
+  }
+}
+plugin "csi" {
+  config {
+    allow_privileged = true
+    root_dir         = "$work/root"
+  }
+}
+EOF
+
+say "Starting a Nomad dev agent on 127.0.0.1:$http with the csi driver"
+"$nomad" agent -dev -bind=127.0.0.1 -plugin-dir="$work/plugins" -data-dir="$work/data" \
+  -config="$work/agent.hcl" >"$work/agent.log" 2>&1 &
+agent_pid=$!
+
+for _ in $(seq 1 100); do
+  if "$nomad" node status -self -verbose 2>/dev/null | grep -q 'driver.csi.version'; then break; fi
+  kill -0 "$agent_pid" 2>/dev/null || { tail -n 30 "$work/agent.log"; exit 1; }
+  sleep 0.3
+done
+
+say "The node's csi driver"
+"$nomad" node status -self -verbose | grep -E '^csi|driver\.csi' || true
+
+say "Running examples/jobs/hello.nomad.hcl (driver = \"csi\")"
+"$nomad" job run -detach "$repo/examples/jobs/hello.nomad.hcl"
+alloc=""
+for _ in $(seq 1 100); do
+  alloc=$("$nomad" job allocs -t '{{range .}}{{if eq .ClientStatus "complete" "failed"}}{{.ID}}{{end}}{{end}}' hello 2>/dev/null || true)
+  [ -n "$alloc" ] && break
+  sleep 0.3
+done
+[ -n "$alloc" ] || { echo "the job did not finish in 30s"; "$nomad" job status hello; exit 1; }
+
+say "nomad alloc status"
+"$nomad" alloc status "$alloc" | sed -n '/^Recent Events/,$p'
+
+say "nomad alloc logs"
+"$nomad" alloc logs "$alloc" hello
+
+say "Done; stopping the agent and cleaning up"
