@@ -21,6 +21,9 @@ var (
 	destroyTimeout = 5 * time.Second
 	// freezeTimeout bounds one wait for a v1 or v2 freeze to complete.
 	freezeTimeout = time.Second
+	// useCgroupKill lets tests take the freezer path on a v2 kernel that
+	// has cgroup.kill.
+	useCgroupKill = true
 )
 
 // rmdir removes a cgroup directory; the kernel allows it while the
@@ -87,15 +90,25 @@ func (g *Group) Join(pid int) error {
 }
 
 // Pids returns the processes in the group, in any of its hierarchies,
-// sorted.
+// sorted. A hierarchy whose directory is gone is skipped; when all are
+// gone the error wraps fs.ErrNotExist.
 func (g *Group) Pids() ([]int, error) {
 	var out []int
-	for _, dir := range g.dirs() {
+	var gone error
+	dirs := g.dirs()
+	for _, dir := range dirs {
 		pids, err := readPids(dir)
+		if isNotExist(err) {
+			gone = err
+			continue
+		}
 		if err != nil {
 			return nil, err
 		}
 		out = append(out, pids...)
+	}
+	if gone != nil && len(out) == 0 && !slices.ContainsFunc(dirs, func(d string) bool { return exists(d) }) {
+		return nil, gone
 	}
 	sort.Ints(out)
 	return slices.Compact(out), nil
@@ -113,7 +126,7 @@ func (g *Group) Kill() error {
 	var freeze func(bool) error
 	if g.version == 2 {
 		dir := g.paths[unifiedKey]
-		useKillFile = exists(filepath.Join(dir, "cgroup.kill"))
+		useKillFile = useCgroupKill && exists(filepath.Join(dir, "cgroup.kill"))
 		freeze = func(on bool) error { return freezeV2(dir, on) }
 	} else if dir, ok := g.paths["freezer"]; ok {
 		freeze = func(on bool) error { return freezeV1(dir, on) }
@@ -121,6 +134,9 @@ func (g *Group) Kill() error {
 	wait := time.Millisecond
 	for {
 		pids, err := g.Pids()
+		if isNotExist(err) {
+			return nil // the group is gone, and its processes with it
+		}
 		if err != nil {
 			return fmt.Errorf("failed to kill cgroup: %w", err)
 		}

@@ -1,21 +1,58 @@
 package cgroups
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/shoenig/test/must"
+	"github.com/shoenig/test/wait"
+	"golang.org/x/sys/unix"
 )
 
-// hostGroup creates a group on the real machine under a parent unique to
-// the test, or skips the test when that is not possible here. Cleanup kills
-// and destroys the group and removes the parent.
-func hostGroup(t *testing.T, l Limits) *Group {
+// joinSelfEnv makes the test binary a helper that loads the group in the
+// variable's JSON State, joins it with Join(0), and prints its
+// /proc/self/cgroup.
+const joinSelfEnv = "CGROUPS_TEST_JOIN_SELF"
+
+func TestMain(m *testing.M) {
+	if st := os.Getenv(joinSelfEnv); st != "" {
+		os.Exit(joinSelf(st))
+	}
+	os.Exit(m.Run())
+}
+
+func joinSelf(state string) int {
+	var st State
+	if err := json.Unmarshal([]byte(state), &st); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	g, err := Load(st)
+	if err == nil {
+		err = g.Join(0)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	b, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	os.Stdout.Write(b)
+	return 0
+}
+
+// needHost skips a test that needs root and usable cgroups.
+func needHost(t *testing.T) *hierarchy {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to create cgroups")
@@ -23,14 +60,40 @@ func hostGroup(t *testing.T, l Limits) *Group {
 	if err := Available(); err != nil {
 		t.Skipf("cgroups are not available here: %v", err)
 	}
-	parent := fmt.Sprintf("nomad-driver-csi-test-%d-%d", os.Getpid(), time.Now().UnixNano())
+	h, err := hostHierarchy()
+	must.NoError(t, err)
+	return h
+}
+
+func waitFor(f func() bool) *wait.Constraint {
+	return wait.InitialSuccess(wait.BoolFunc(f), wait.Timeout(5*time.Second), wait.Gap(10*time.Millisecond))
+}
+
+func uniqueParent() string {
+	return fmt.Sprintf("nomad-driver-csi-test-%d-%d", os.Getpid(), time.Now().UnixNano())
+}
+
+// gone checks that none of the paths exists.
+func gone(t *testing.T, paths ...string) {
+	t.Helper()
+	for _, p := range paths {
+		_, err := os.Stat(p)
+		must.True(t, os.IsNotExist(err), must.Sprintf("%s still exists", p))
+	}
+}
+
+// hostGroup creates a group on the real machine under a parent unique to
+// the test, or skips the test when that is not possible here. Cleanup kills
+// and destroys the group and removes the parent.
+func hostGroup(t *testing.T, l Limits) *Group {
+	t.Helper()
+	h := needHost(t)
+	parent := uniqueParent()
 	g, err := Create(parent, "task", l)
 	must.NoError(t, err)
 	t.Cleanup(func() {
-		_ = g.Kill()
+		must.NoError(t, g.Kill())
 		must.NoError(t, g.Destroy())
-		h, err := hostHierarchy()
-		must.NoError(t, err)
 		removeParent(t, h, parent)
 	})
 	return g
@@ -39,13 +102,15 @@ func hostGroup(t *testing.T, l Limits) *Group {
 // removeParent removes the parent directory a test made in every hierarchy.
 func removeParent(t *testing.T, h *hierarchy, parent string) {
 	t.Helper()
-	if h.version == 2 {
-		must.NoError(t, os.Remove(filepath.Join(h.root, parent)))
-		return
+	dirs := []string{filepath.Join(h.root, parent)}
+	if h.version == 1 {
+		dirs = nil
+		for _, c := range append(v1Controllers, "cpuset") {
+			dirs = append(dirs, filepath.Join(h.root, c, parent))
+		}
 	}
-	for _, c := range append(v1Controllers, "cpuset") {
-		err := os.Remove(filepath.Join(h.root, c, parent))
-		if err != nil && !os.IsNotExist(err) {
+	for _, dir := range dirs {
+		if err := os.Remove(dir); err != nil && !os.IsNotExist(err) {
 			t.Errorf("failed to remove test parent: %v", err)
 		}
 	}
@@ -139,14 +204,14 @@ func TestHost_Lifecycle(t *testing.T) {
 	must.SliceEmpty(t, pids)
 
 	must.NoError(t, g.Destroy())
-	for _, dir := range g.State().Paths {
-		_, err := os.Stat(dir)
-		must.True(t, os.IsNotExist(err), must.Sprintf("%s still exists", dir))
-	}
+	gone(t, g.dirs()...)
 	_, err = Load(g.State())
-	must.Error(t, err)
-	// Destroying again is fine.
+	must.ErrorIs(t, err, os.ErrNotExist)
+	// Destroying or killing again is fine.
 	must.NoError(t, g.Destroy())
+	must.NoError(t, g.Kill())
+	_, err = g.Pids()
+	must.ErrorIs(t, err, os.ErrNotExist)
 }
 
 func TestHost_OOM(t *testing.T) {
@@ -179,4 +244,199 @@ func TestHost_KillForkBomb(t *testing.T) {
 	pids, err = g.Pids()
 	must.NoError(t, err)
 	must.SliceEmpty(t, pids)
+}
+
+func TestHost_Available(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: Available reports unwritable hierarchies otherwise")
+	}
+	h, err := hostHierarchy()
+	must.NoError(t, err)
+	err = Available()
+	t.Logf("cgroup v%d at %s: Available() = %v", h.version, h.root, err)
+	if h.version == 1 {
+		if _, merr := h.v1Mount("memory"); merr == nil {
+			must.NoError(t, err)
+		}
+	}
+}
+
+// A killed child that its parent has not reaped yet is a zombie: it is not
+// in the group any more, so Kill must not wait for it.
+func TestHost_KillUnreaped(t *testing.T) {
+	g := hostGroup(t, Limits{})
+	var cmds []*exec.Cmd
+	for range 3 {
+		cmd := exec.Command("sleep", "60")
+		must.NoError(t, cmd.Start())
+		cmds = append(cmds, cmd)
+		must.NoError(t, g.Join(cmd.Process.Pid))
+	}
+	t.Cleanup(func() {
+		for _, cmd := range cmds {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+	})
+	start := time.Now()
+	must.NoError(t, g.Kill())
+	must.Less(t, 2*time.Second, time.Since(start))
+	for _, cmd := range cmds {
+		err := cmd.Wait()
+		must.ErrorContains(t, err, "killed")
+	}
+}
+
+func TestHost_Cpuset(t *testing.T) {
+	g := hostGroup(t, Limits{CpusetCpus: "0"})
+	cmd, run := startIn(t, g, "exec sleep 60")
+	run()
+	must.Wait(t, waitFor(func() bool {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", cmd.Process.Pid))
+		return err == nil && strings.Contains(string(b), "Cpus_allowed_list:\t0\n")
+	}))
+}
+
+// Nomad's own cpuset group (v1): the task joins it and no cpuset group of
+// ours is made; Destroy leaves Nomad's alone.
+func TestHost_NomadCpusetV1(t *testing.T) {
+	h := needHost(t)
+	if h.version != 1 {
+		t.Skip("Nomad's cpuset group is joined on cgroup v1 only")
+	}
+	mount, err := h.v1Mount("cpuset")
+	if err != nil {
+		t.Skipf("no cpuset hierarchy: %v", err)
+	}
+	nomad := filepath.Join(mount, uniqueParent()+"-nomad")
+	must.NoError(t, os.Mkdir(nomad, 0o755))
+	t.Cleanup(func() { must.NoError(t, rmdir(nomad)) })
+	must.NoError(t, copyFile(mount, nomad, "cpuset.cpus"))
+	must.NoError(t, copyFile(mount, nomad, "cpuset.mems"))
+
+	g := hostGroup(t, Limits{CpusetCpus: "0", CpusetCgroupPath: nomad})
+	must.MapNotContainsKey(t, g.paths, "cpuset")
+	cmd := exec.Command("sleep", "60")
+	must.NoError(t, cmd.Start())
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	must.NoError(t, g.Join(cmd.Process.Pid))
+	pids, err := readPids(nomad)
+	must.NoError(t, err)
+	must.Eq(t, []int{cmd.Process.Pid}, pids)
+	must.NoError(t, g.Kill())
+	must.NoError(t, g.Destroy())
+	must.DirExists(t, nomad)
+}
+
+// Join(0) moves the calling process: a helper process loads the group from
+// its JSON state and joins itself.
+func TestHost_JoinSelf(t *testing.T) {
+	g := hostGroup(t, Limits{})
+	st, err := json.Marshal(g.State())
+	must.NoError(t, err)
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), joinSelfEnv+"="+string(st))
+	out, err := cmd.CombinedOutput()
+	must.NoError(t, err, must.Sprintf("%s", out))
+	h, err := hostHierarchy()
+	must.NoError(t, err)
+	for _, dir := range g.dirs() {
+		rel := strings.TrimPrefix(dir, h.root)
+		if h.version == 1 {
+			// "/memory/p/task" is listed as "memory:/p/task".
+			ctrl, path, _ := strings.Cut(strings.TrimPrefix(rel, "/"), "/")
+			rel = ctrl + ":/" + path
+		}
+		must.StrContains(t, string(out), rel)
+	}
+}
+
+// Create on an existing group sets the new limits in any order, which on v1
+// takes memsw and the memory limit in the right order.
+func TestHost_Recreate(t *testing.T) {
+	h := needHost(t)
+	parent := uniqueParent()
+	t.Cleanup(func() { removeParent(t, h, parent) })
+	var g *Group
+	for _, mem := range []int64{64 << 20, 32 << 20, 128 << 20, 0} {
+		var err error
+		g, err = Create(parent, "task", Limits{MemoryBytes: mem, MemoryReservationBytes: mem / 2})
+		must.NoError(t, err, must.Sprintf("memory %d", mem))
+		file := filepath.Join(g.paths["memory"], "memory.limit_in_bytes")
+		want := fmt.Sprint(mem)
+		if h.version == 2 {
+			file = filepath.Join(g.paths[unifiedKey], "memory.max")
+		}
+		got, err := readString(file)
+		must.NoError(t, err)
+		if mem == 0 {
+			must.True(t, got == "max" || len(got) > 15, must.Sprintf("unlimited reads %s", got))
+			continue
+		}
+		must.Eq(t, want, got)
+	}
+	must.NoError(t, g.Destroy())
+}
+
+// A limit the kernel refuses leaves nothing behind, not even the parent
+// Create made.
+func TestHost_CreateUndo(t *testing.T) {
+	h := needHost(t)
+	parent := uniqueParent()
+	t.Cleanup(func() { removeParent(t, h, parent) })
+	_, err := Create(parent, "task", Limits{CPUQuota: 500}) // the kernel wants >= 1000
+	must.ErrorContains(t, err, "500")
+	dirs := []string{filepath.Join(h.root, parent)}
+	if h.version == 1 {
+		dirs = nil
+		for _, c := range v1Controllers {
+			dirs = append(dirs, filepath.Join(h.root, c, parent))
+		}
+	}
+	gone(t, dirs...)
+}
+
+// The v2 kill and freeze paths need only the cgroup v2 core, so they run on
+// a hybrid host too, in the controller-less unified mount.
+func TestHost_V2Kill(t *testing.T) {
+	h := needHost(t)
+	var g *Group
+	if h.version == 2 {
+		g = hostGroup(t, Limits{})
+	} else {
+		unified := filepath.Join(h.root, "unified")
+		if m, err := statfsMagic(unified); err != nil || m != unix.CGROUP2_SUPER_MAGIC {
+			t.Skipf("no cgroup v2 mount at %s", unified)
+		}
+		dir := filepath.Join(unified, uniqueParent())
+		must.NoError(t, os.Mkdir(dir, 0o755))
+		t.Cleanup(func() { must.NoError(t, rmdir(dir)) })
+		var err error
+		g, err = Load(State{Version: 2, Paths: map[string]string{unifiedKey: dir}})
+		must.NoError(t, err)
+		t.Cleanup(func() { _ = g.Kill() })
+	}
+	for _, withKillFile := range []bool{true, false} {
+		t.Run(fmt.Sprintf("cgroup.kill=%v", withKillFile), func(t *testing.T) {
+			useCgroupKill = withKillFile
+			t.Cleanup(func() { useCgroupKill = true })
+			_, run := startIn(t, g, `f() { sleep 0.01; f & f & wait; }; f`)
+			run()
+			must.Wait(t, waitFor(func() bool {
+				pids, err := g.Pids()
+				return err == nil && len(pids) > 10
+			}))
+			must.NoError(t, g.Kill())
+			pids, err := g.Pids()
+			must.NoError(t, err)
+			must.SliceEmpty(t, pids)
+			// Thawed again.
+			ev, err := readKeyed(filepath.Join(g.paths[unifiedKey], "cgroup.events"))
+			must.NoError(t, err)
+			must.Eq(t, 0, ev["frozen"])
+		})
+	}
 }
