@@ -26,6 +26,7 @@ import (
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/cgroups"
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor"
+	"github.com/nomad-driver-csi/nomad-driver-csi/mounter"
 )
 
 // fingerprintPeriod is how often the driver re-checks the host when nothing
@@ -60,6 +61,10 @@ type Driver struct {
 	recover func(hclog.Logger, executor.State) (taskProcess, error)
 	// host answers the fingerprint's questions about this machine.
 	host hostProbe
+	// mounter makes the host side of bidirectional mounts; shared tracks
+	// them (created by SetConfig, once root_dir is known).
+	mounter mounter.Interface
+	shared  *sharedSources
 }
 
 // NewPlugin returns the driver, ready for Nomad's SetConfig.
@@ -75,6 +80,7 @@ func NewPlugin(logger hclog.Logger) *Driver {
 		start:   startExecutor,
 		recover: recoverExecutor,
 		host:    realHost{},
+		mounter: mounter.NewWithLogger(logger),
 	}
 }
 
@@ -131,6 +137,9 @@ func (d *Driver) SetConfig(c *base.Config) error {
 	d.mu.Lock()
 	d.config = &cfg
 	d.mhzPerCore = mhz
+	if d.shared == nil || d.shared.stateFile != cfg.sharedMountsFile() {
+		d.shared = newSharedSources(d.logger, d.mounter, cfg.sharedMountsFile())
+	}
 	d.mu.Unlock()
 	d.logger.Debug("configured", "root_dir", cfg.RootDir, "allow_privileged", cfg.AllowPrivileged, "enabled", cfg.Enabled)
 	return nil
@@ -143,6 +152,15 @@ func (d *Driver) currentConfig() *Config {
 }
 
 func (c *Config) tasksDir() string { return filepath.Join(c.RootDir, "tasks") }
+
+// sharedMountsFile records the self-bind mounts the driver made.
+func (c *Config) sharedMountsFile() string { return filepath.Join(c.RootDir, "shared-mounts.json") }
+
+func (d *Driver) sharedSources() *sharedSources {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	return d.shared
+}
 
 // taskStateDir is the directory private to one task. Nomad's task IDs hold
 // slashes, so the directory is named by a hash of the ID.
@@ -215,7 +233,12 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 	if err != nil {
 		return nil, nil, err
 	}
+	shared := bidirectionalSources(spec.Mounts)
+	if err := d.sharedSources().acquire(shared); err != nil {
+		return nil, nil, fmt.Errorf("failed to prepare mounts: %w", err)
+	}
 	if err := os.MkdirAll(spec.StateDir, 0o700); err != nil {
+		d.sharedSources().release(shared)
 		return nil, nil, fmt.Errorf("failed to create task state directory %q: %w", spec.StateDir, err)
 	}
 
@@ -223,6 +246,7 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 	p, err := d.start(logger, spec)
 	if err != nil {
 		_ = os.RemoveAll(spec.StateDir)
+		d.sharedSources().release(shared)
 		return nil, nil, fmt.Errorf("failed to start task: %w", err)
 	}
 
@@ -233,10 +257,13 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 		_ = p.Kill()
 		_, _ = p.Wait(context.Background())
 		_ = p.Destroy()
+		d.sharedSources().release(shared)
 		return nil, nil, fmt.Errorf("failed to encode task state: %w", err)
 	}
 
-	d.tasks.Set(cfg.ID, newTaskHandle(logger, cfg, p, started))
+	h := newTaskHandle(logger, cfg, p, started)
+	h.sharedSources = shared
+	d.tasks.Set(cfg.ID, h)
 	logger.Info("task started", "pid", p.Pid())
 	return handle, nil, nil
 }
@@ -385,6 +412,18 @@ func taskLimits(cfg *drivers.TaskConfig) cgroups.Limits {
 	return l
 }
 
+// recoveredSharedSources lists the bidirectional sources of a task started
+// by an earlier driver process, from the mounts Nomad stored with it.
+func recoveredSharedSources(cfg *drivers.TaskConfig) []string {
+	var out []string
+	for _, m := range cfg.Mounts {
+		if m != nil && m.PropagationMode == executor.PropagationBidirectional {
+			out = append(out, filepath.Clean(m.HostPath))
+		}
+	}
+	return out
+}
+
 // RecoverTask takes back a task after the driver restarted.
 func (d *Driver) RecoverTask(handle *drivers.TaskHandle) error {
 	if handle == nil {
@@ -405,7 +444,10 @@ func (d *Driver) RecoverTask(handle *drivers.TaskHandle) error {
 	if err != nil {
 		return fmt.Errorf("failed to recover task %q: %w", handle.Config.ID, err)
 	}
-	d.tasks.Set(handle.Config.ID, newTaskHandle(logger, handle.Config, p, st.StartedAt))
+	h := newTaskHandle(logger, handle.Config, p, st.StartedAt)
+	h.sharedSources = recoveredSharedSources(handle.Config)
+	d.sharedSources().adopt(h.sharedSources)
+	d.tasks.Set(handle.Config.ID, h)
 	logger.Info("task recovered", "pid", p.Pid())
 	return nil
 }
@@ -473,6 +515,7 @@ func (d *Driver) DestroyTask(taskID string, force bool) error {
 	if err := h.process.Destroy(); err != nil {
 		return fmt.Errorf("failed to clean up task %q: %w", taskID, err)
 	}
+	d.sharedSources().release(h.sharedSources)
 	d.tasks.Delete(taskID)
 	return nil
 }

@@ -42,6 +42,9 @@ type taskHandle struct {
 	process taskProcess
 
 	startedAt time.Time
+	// sharedSources are the host paths this task holds as shared mount
+	// points for its bidirectional mounts.
+	sharedSources []string
 
 	// done is closed when the task has exited and exit is set.
 	done chan struct{}
