@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -63,19 +64,26 @@ func Create(parent, name string, l Limits) (*Group, error) {
 // Load finds a group again from its State, e.g. after the driver restarts.
 // It fails when one of its directories is gone.
 func Load(st State) (*Group, error) {
-	key := unifiedKey
+	var required, allowed []string
 	switch st.Version {
 	case 1:
-		key = "memory"
+		required = v1Controllers
+		allowed = append([]string{"cpuset"}, v1Controllers...)
 	case 2:
+		required = []string{unifiedKey}
+		allowed = required
 	default:
 		return nil, fmt.Errorf("failed to load cgroup: version %d is not 1 or 2", st.Version)
 	}
-	if st.Paths[key] == "" {
-		return nil, fmt.Errorf("failed to load cgroup: state has no %s path", key)
+	for _, k := range required {
+		if st.Paths[k] == "" {
+			return nil, fmt.Errorf("failed to load cgroup: state has no %s path", k)
+		}
 	}
-	if st.Version == 2 && len(st.Paths) != 1 {
-		return nil, fmt.Errorf("failed to load cgroup: a v2 state has only the %q path, got %d paths", unifiedKey, len(st.Paths))
+	for k := range st.Paths {
+		if !slices.Contains(allowed, k) {
+			return nil, fmt.Errorf("failed to load cgroup: unexpected %q path in a v%d state", k, st.Version)
+		}
 	}
 	g := &Group{version: st.Version, paths: make(map[string]string, len(st.Paths)), cpusetPath: st.CpusetCgroupPath}
 	for k, p := range st.Paths {

@@ -767,7 +767,7 @@ func TestLoad(t *testing.T) {
 	must.NoError(t, err)
 
 	gone := g.State()
-	gone.Paths = map[string]string{"memory": filepath.Join(h.root, "memory", "p", "other")}
+	gone.Paths = with(good.Paths, "memory", filepath.Join(h.root, "memory", "p", "other"))
 
 	cases := []struct {
 		name string
@@ -778,7 +778,9 @@ func TestLoad(t *testing.T) {
 		{name: "v2", st: g2.State()},
 		{name: "bad version", st: State{Version: 3, Paths: good.Paths}, err: "version 3 is not 1 or 2"},
 		{name: "no memory path", st: State{Version: 1, Paths: map[string]string{"cpu": good.Paths["cpu"]}}, err: "no memory path"},
-		{name: "v2 with v1 paths", st: State{Version: 2, Paths: map[string]string{"unified": good.Paths["cpu"], "memory": good.Paths["memory"]}}, err: "only the"},
+		{name: "no freezer path", st: State{Version: 1, Paths: without(good.Paths, "freezer")}, err: "no freezer path"},
+		{name: "v2 with v1 paths", st: State{Version: 2, Paths: map[string]string{"unified": good.Paths["cpu"], "memory": good.Paths["memory"]}}, err: `unexpected "memory" path in a v2 state`},
+		{name: "v1 with unified path", st: State{Version: 1, Paths: with(good.Paths, "unified", good.Paths["cpu"])}, err: `unexpected "unified" path`},
 		{name: "relative", st: State{Version: 2, Paths: map[string]string{"unified": "p/t"}}, err: "not a clean absolute path"},
 		{name: "gone", st: gone, err: "no such file"},
 		{name: "not a cgroup", st: State{Version: 2, Paths: map[string]string{"unified": t.TempDir()}}, err: "cgroup.procs"},
@@ -972,4 +974,81 @@ func TestDestroy_Fake(t *testing.T) {
 			}
 		})
 	}
+}
+
+func with(m map[string]string, k, v string) map[string]string {
+	out := make(map[string]string, len(m)+1)
+	for k, v := range m {
+		out[k] = v
+	}
+	out[k] = v
+	return out
+}
+
+func without(m map[string]string, k string) map[string]string {
+	out := with(m, k, "")
+	delete(out, k)
+	return out
+}
+
+// On many v1 hosts cpu and cpuacct share one hierarchy, mounted at
+// cpu,cpuacct with cpu and cpuacct as symlinks to it.
+func TestCreate_V1CoMounted(t *testing.T) {
+	h := fakeV1(t, []string{"memory", "pids", "freezer", "cpu,cpuacct"})
+	both := filepath.Join(h.root, "cpu,cpuacct")
+	writeFiles(t, both, fakeV1Files["cpuacct"])
+	for _, link := range []string{"cpu", "cpuacct"} {
+		must.NoError(t, os.Symlink("cpu,cpuacct", filepath.Join(h.root, link)))
+	}
+	magic := h.magic
+	h.magic = func(p string) (int64, error) {
+		if r, err := filepath.EvalSymlinks(p); err == nil {
+			p = r
+		}
+		return magic(p)
+	}
+	newDir := h.newDir
+	h.newDir = func(dir string) error {
+		if err := newDir(dir); err != nil {
+			return err
+		}
+		if r, err := filepath.EvalSymlinks(dir); err == nil && strings.HasPrefix(r, both+"/") {
+			writeFiles(t, dir, fakeV1Files["cpu"])
+			writeFiles(t, dir, fakeV1Files["cpuacct"])
+		}
+		return nil
+	}
+
+	g, err := h.create("p", "t", Limits{CPUShares: 100})
+	must.NoError(t, err)
+	must.Eq(t, "100", readFake(t, filepath.Join(both, "p", "t", "cpu.shares")))
+	must.NoError(t, g.Join(5))
+	pids, err := g.Pids()
+	must.NoError(t, err)
+	must.Eq(t, []int{5}, pids)
+	_, err = g.Stats()
+	must.NoError(t, err)
+	for _, dir := range g.dirs() {
+		writeFiles(t, dir, map[string]string{"cgroup.procs": ""}) // pid 5 left
+	}
+	must.NoError(t, g.Destroy())
+	gone(t, filepath.Join(both, "p", "t"), filepath.Join(h.root, "memory", "p", "t"))
+}
+
+func TestPids_PartlyGone(t *testing.T) {
+	g, err := fakeV1(t, allV1).create("p", "t", Limits{})
+	must.NoError(t, err)
+	writeFiles(t, g.paths["memory"], map[string]string{"cgroup.procs": "8\n"})
+	must.NoError(t, os.RemoveAll(g.paths["cpu"]))
+	pids, err := g.Pids()
+	must.NoError(t, err)
+	must.Eq(t, []int{8}, pids)
+
+	for _, dir := range g.dirs() {
+		must.NoError(t, os.RemoveAll(dir))
+	}
+	_, err = g.Pids()
+	must.ErrorIs(t, err, os.ErrNotExist)
+	// Nothing left to kill.
+	must.NoError(t, g.Kill())
 }

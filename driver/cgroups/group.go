@@ -65,6 +65,14 @@ func (g *Group) dirs() []string {
 	return slices.Compact(out)
 }
 
+// name is the group's first directory, for messages.
+func (g *Group) name() string {
+	if dirs := g.dirs(); len(dirs) > 0 {
+		return dirs[0]
+	}
+	return "(none)"
+}
+
 // Join moves pid (0 for the calling process) into the group in every
 // hierarchy, and on v1 into Nomad's cpuset group when Limits.CpusetCgroupPath
 // was set. On v2 a process is in exactly one group, so Nomad's cpuset group
@@ -144,10 +152,10 @@ func (g *Group) Kill() error {
 			return nil
 		}
 		if slices.Contains(pids, self) {
-			return fmt.Errorf("failed to kill cgroup %s: it holds the calling process %d", g.dirs()[0], self)
+			return fmt.Errorf("failed to kill cgroup %s: it holds the calling process %d", g.name(), self)
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("failed to kill cgroup %s: %d processes left after %s (pids %v)", g.dirs()[0], len(pids), killTimeout, pids)
+			return fmt.Errorf("failed to kill cgroup %s: %d processes left after %s (pids %v)", g.name(), len(pids), killTimeout, pids)
 		}
 		switch {
 		case useKillFile:
