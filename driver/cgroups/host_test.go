@@ -440,3 +440,22 @@ func TestHost_V2Kill(t *testing.T) {
 		})
 	}
 }
+
+// A CPU-bound task under a 10% quota shows CPU time, throttling and memory
+// in Stats.
+func TestHost_StatsBusy(t *testing.T) {
+	g := hostGroup(t, Limits{CPUQuota: 10000, CPUPeriod: 100000, MemoryBytes: 256 << 20})
+	cmd, run := startIn(t, g, `i=0; while [ $i -lt 100000 ]; do i=$((i+1)); done`)
+	run()
+	must.NoError(t, cmd.Wait())
+	st, err := g.Stats()
+	must.NoError(t, err)
+	t.Logf("stats: %+v", *st)
+	must.Positive(t, st.CPUTotalNanos)
+	must.Positive(t, st.CPUUserNanos+st.CPUSystemNanos)
+	must.Positive(t, st.ThrottledPeriods)
+	must.Positive(t, st.ThrottledNanos)
+	must.Eq(t, []string{"User Mode", "System Mode", "Throttled Periods", "Throttled Time"}, st.CPUMeasured)
+	must.SliceContainsSubset(t, st.MemoryMeasured, []string{"RSS", "Cache", "Usage", "Max Usage"})
+	must.Positive(t, st.MemoryMaxUsage)
+}
