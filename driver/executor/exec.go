@@ -1,0 +1,190 @@
+package executor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"syscall"
+	"time"
+
+	"github.com/creack/pty"
+	"golang.org/x/sys/unix"
+)
+
+// execOutputDrain bounds how long Exec waits for the last output of a
+// command that has exited (a background child may hold the pipe open).
+var execOutputDrain = 2 * time.Second
+
+// Exec runs opts.Command inside the running task: in its mount namespace
+// and cgroup, as its user with its capabilities, with its environment and
+// working directory. It returns the command's exit code (128+N when killed
+// by signal N). Cancelling ctx kills the command.
+func (p *Process) Exec(ctx context.Context, opts ExecOptions) (int, error) {
+	if len(opts.Command) == 0 {
+		return 0, errors.New("failed to exec in task: command must not be empty")
+	}
+	if p.exited() {
+		return 0, fmt.Errorf("failed to exec in task pid %d: the task is not running", p.state.TaskPID)
+	}
+	var spec Spec
+	if err := readJSON(filepath.Join(p.state.StateDir, specFile), &spec); err != nil {
+		return 0, fmt.Errorf("failed to exec in task pid %d: %w", p.state.TaskPID, err)
+	}
+	spec.Command, spec.Args, spec.Mounts = opts.Command[0], opts.Command[1:], nil
+	cfg := &stageConfig{Spec: spec}
+	if p.state.Cgroup.Version != 0 {
+		cg := p.state.Cgroup
+		cfg.Cgroup = &cg
+	}
+
+	// A dup of the task's pidfd, so that Destroy cannot close it under us.
+	p.mu.Lock()
+	nsFD := -1
+	if p.taskFD >= 0 {
+		nsFD, _ = unix.FcntlInt(uintptr(p.taskFD), unix.F_DUPFD_CLOEXEC, 0)
+	}
+	p.mu.Unlock()
+	if nsFD < 0 {
+		return 0, fmt.Errorf("failed to exec in task pid %d: the task is not running", p.state.TaskPID)
+	}
+	defer unix.Close(nsFD)
+
+	cmd := &exec.Cmd{
+		Path:      "/proc/self/exe",
+		Args:      []string{os.Args[0], stageExec},
+		Env:       []string{},
+		WaitDelay: execOutputDrain,
+	}
+	var (
+		ptmx     *os.File
+		stdinW   *os.File
+		copyDone = make(chan struct{})
+	)
+	if opts.Tty {
+		var tty *os.File
+		var err error
+		if ptmx, tty, err = pty.Open(); err != nil {
+			return 0, fmt.Errorf("failed to exec in task pid %d: failed to open a pty: %w", p.state.TaskPID, err)
+		}
+		defer ptmx.Close()
+		defer tty.Close()
+		cmd.Stdin, cmd.Stdout, cmd.Stderr = tty, tty, tty
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
+	} else {
+		cmd.Stdout, cmd.Stderr = opts.Stdout, opts.Stderr
+		if opts.Stdin != nil {
+			// A pipe of our own: os/exec would wait for an interactive
+			// stdin to end before Wait returns.
+			r, w, err := os.Pipe()
+			if err != nil {
+				return 0, fmt.Errorf("failed to exec in task pid %d: %w", p.state.TaskPID, err)
+			}
+			defer r.Close()
+			cmd.Stdin, stdinW = r, w
+		}
+	}
+
+	// setns(2) changes only the calling thread: start the stage from a
+	// thread of its own that joins the task's mount namespace. The thread
+	// is never unlocked, so the runtime throws it away afterwards.
+	started := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		if err := unix.Unshare(unix.CLONE_FS); err != nil {
+			started <- fmt.Errorf("failed to unshare the filesystem context: %w", err)
+			return
+		}
+		if err := unix.Setns(nsFD, unix.CLONE_NEWNS); err != nil {
+			started <- fmt.Errorf("failed to join the task's mount namespace: %w", err)
+			return
+		}
+		started <- startStage(cmd, &cmd.ExtraFiles, cfg)
+	}()
+	if err := <-started; err != nil {
+		if stdinW != nil {
+			_ = stdinW.Close()
+		}
+		return 0, fmt.Errorf("failed to exec in task pid %d: %w", p.state.TaskPID, err)
+	}
+
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		select {
+		case <-ctx.Done():
+			_ = cmd.Process.Kill()
+		case <-stop:
+		}
+	}()
+
+	if opts.Tty {
+		if f, ok := cmd.Stdin.(*os.File); ok {
+			_ = f.Close() // the child has its own copy
+		}
+		if opts.Stdin != nil {
+			go func() { _, _ = io.Copy(ptmx, opts.Stdin) }()
+		}
+		go func() {
+			if opts.Stdout != nil {
+				_, _ = io.Copy(opts.Stdout, ptmx)
+			} else {
+				_, _ = io.Copy(io.Discard, ptmx)
+			}
+			close(copyDone)
+		}()
+		if opts.Resize != nil {
+			go func() {
+				for {
+					select {
+					case sz, ok := <-opts.Resize:
+						if !ok {
+							return
+						}
+						ws := &pty.Winsize{Rows: uint16(sz.Height), Cols: uint16(sz.Width)}
+						if err := pty.Setsize(ptmx, ws); err != nil {
+							p.logger.Debug("failed to resize exec tty", "error", err)
+						}
+					case <-stop:
+						return
+					}
+				}
+			}()
+		}
+	} else {
+		close(copyDone)
+		if stdinW != nil {
+			go func() {
+				_, _ = io.Copy(stdinW, opts.Stdin)
+				_ = stdinW.Close()
+			}()
+		}
+	}
+
+	werr := cmd.Wait()
+	if stdinW != nil {
+		_ = stdinW.Close()
+	}
+	select {
+	case <-copyDone:
+	case <-time.After(execOutputDrain):
+	}
+
+	code := 0
+	if cmd.ProcessState != nil {
+		if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			code = 128 + int(ws.Signal())
+		} else {
+			code = cmd.ProcessState.ExitCode()
+		}
+	}
+	var exitErr *exec.ExitError
+	if werr != nil && !errors.As(werr, &exitErr) && !errors.Is(werr, exec.ErrWaitDelay) {
+		return code, fmt.Errorf("failed to exec in task pid %d: %w", p.state.TaskPID, werr)
+	}
+	return code, nil
+}

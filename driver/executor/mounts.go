@@ -1,0 +1,188 @@
+package executor
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/mounter"
+)
+
+// validateMounts checks the mounts of a spec in the caller's (the host's)
+// mount namespace: absolute paths, known propagation, an existing source,
+// and for bidirectional propagation a privileged task and a source that is
+// a shared mount point of its own.
+func validateMounts(m mounter.Interface, spec *Spec) error {
+	var table []mounter.MountPoint
+	for _, mnt := range spec.Mounts {
+		if !filepath.IsAbs(mnt.Source) {
+			return fmt.Errorf("mount %q: source must be an absolute path", mnt.Source)
+		}
+		if !filepath.IsAbs(mnt.Target) {
+			return fmt.Errorf("mount %q: target %q must be an absolute path", mnt.Source, mnt.Target)
+		}
+		if _, err := os.Stat(mnt.Source); err != nil {
+			return fmt.Errorf("mount %q: %w", mnt.Source, err)
+		}
+		switch mnt.Propagation {
+		case "", PropagationPrivate, PropagationHostToTask:
+			continue
+		case PropagationBidirectional:
+		default:
+			return fmt.Errorf("mount %q: unknown propagation %q: want %q, %q or %q", mnt.Source, mnt.Propagation,
+				PropagationPrivate, PropagationHostToTask, PropagationBidirectional)
+		}
+		if !spec.Privileged {
+			return fmt.Errorf("mount %q: bidirectional propagation needs a privileged task", mnt.Source)
+		}
+		if table == nil {
+			var err error
+			if table, err = m.List(); err != nil {
+				return fmt.Errorf("failed to check mount %q: %w", mnt.Source, err)
+			}
+		}
+		src, err := filepath.EvalSymlinks(mnt.Source)
+		if err != nil {
+			return fmt.Errorf("mount %q: %w", mnt.Source, err)
+		}
+		mp, ok := mounter.FindMount(table, src)
+		if !ok || !mp.Shared {
+			return fmt.Errorf("mount %q: bidirectional propagation needs %q on a shared mount on the host", mnt.Source, src)
+		}
+		if mp.Path != src {
+			return fmt.Errorf("mount %q: bidirectional propagation needs %q to be a shared mount point of its own on the host (it is inside %q; bind it onto itself and make it shared)",
+				mnt.Source, src, mp.Path)
+		}
+	}
+	return nil
+}
+
+// setupMounts runs in the task's fresh mount namespace (a copy of the
+// host's, where the copies of shared mounts are still peers of the host's).
+//
+//  1. Every shared mount that is not a bidirectional source, nor inside one,
+//     becomes a slave, one mount at a time (never "rslave /", which would
+//     cut the bidirectional sources off the host too). From then on, new
+//     mounts in the task do not reach the host, and host mounts still
+//     reach the task.
+//  2. Each Mount is bound onto its target (recursively). A bind of a shared
+//     source joins the source's peer group; the bind itself does not leak
+//     because the target's parent is now a slave. Then private mounts become
+//     rprivate, host-to-task mounts rslave, and bidirectional ones stay
+//     shared peers of the host. A target equal to its source that is
+//     already a mount point is not bound again: only its propagation (and
+//     read-only flag) is set.
+//
+// Any error ends the init stage; the namespace, and every mount in it, dies
+// with it, so nothing reaches the host.
+func setupMounts(m mounter.Interface, mounts []Mount) error {
+	if len(mounts) == 0 {
+		return nil
+	}
+	var bidi []string
+	for _, mnt := range mounts {
+		if mnt.Propagation != PropagationBidirectional {
+			continue
+		}
+		src, err := filepath.EvalSymlinks(mnt.Source)
+		if err != nil {
+			return fmt.Errorf("mount %q: %w", mnt.Source, err)
+		}
+		bidi = append(bidi, src)
+	}
+
+	table, err := m.List()
+	if err != nil {
+		return err
+	}
+	// Deepest first, so that a parent's change never races a child's.
+	sort.SliceStable(table, func(i, j int) bool {
+		return strings.Count(table[i].Path, "/") > strings.Count(table[j].Path, "/")
+	})
+	for _, mp := range table {
+		if !mp.Shared || withinAny(mp.Path, bidi) {
+			continue
+		}
+		if err := m.SetPropagation(mp.Path, mounter.PropagationSlave, false); err != nil {
+			if errors.Is(err, os.ErrNotExist) {
+				// Overmounted or deleted: unreachable by path from the task.
+				continue
+			}
+			return err
+		}
+	}
+
+	// Parents before children, so that a target inside another mount's
+	// target lands on top of it.
+	ordered := append([]Mount(nil), mounts...)
+	sort.SliceStable(ordered, func(i, j int) bool {
+		return strings.Count(filepath.Clean(ordered[i].Target), "/") < strings.Count(filepath.Clean(ordered[j].Target), "/")
+	})
+	for _, mnt := range ordered {
+		if err := bindOne(m, mnt); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func bindOne(m mounter.Interface, mnt Mount) error {
+	source, target := filepath.Clean(mnt.Source), filepath.Clean(mnt.Target)
+	if source != target {
+		fi, err := os.Stat(source)
+		if err != nil {
+			return fmt.Errorf("mount %q: %w", mnt.Source, err)
+		}
+		if err := m.EnsureTarget(target, fi.IsDir()); err != nil {
+			return fmt.Errorf("mount %q: %w", mnt.Source, err)
+		}
+		if err := m.BindMount(source, target, mnt.ReadOnly, true); err != nil {
+			return fmt.Errorf("mount %q: %w", mnt.Source, err)
+		}
+	} else {
+		isMount, err := m.IsMountPoint(target)
+		if err != nil {
+			return fmt.Errorf("mount %q: %w", mnt.Source, err)
+		}
+		switch {
+		case !isMount:
+			// Propagation is a property of a mount: make one. Its parent
+			// is a slave by now, so the self-bind stays in the task.
+			if err := m.BindMount(source, target, mnt.ReadOnly, true); err != nil {
+				return fmt.Errorf("mount %q: %w", mnt.Source, err)
+			}
+		case mnt.ReadOnly:
+			if err := m.RemountReadOnly(target, true); err != nil {
+				return fmt.Errorf("mount %q: %w", mnt.Source, err)
+			}
+		}
+	}
+
+	var err error
+	switch mnt.Propagation {
+	case "", PropagationPrivate:
+		err = m.SetPropagation(target, mounter.PropagationPrivate, true)
+	case PropagationHostToTask:
+		err = m.SetPropagation(target, mounter.PropagationSlave, true)
+	case PropagationBidirectional:
+		// Stays a peer of the host's source.
+	default:
+		err = fmt.Errorf("unknown propagation %q", mnt.Propagation)
+	}
+	if err != nil {
+		return fmt.Errorf("mount %q: %w", mnt.Source, err)
+	}
+	return nil
+}
+
+func withinAny(path string, dirs []string) bool {
+	for _, d := range dirs {
+		if mounter.PathWithin(path, d) {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,472 @@
+package executor
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"golang.org/x/sys/unix"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/cgroups"
+	"github.com/nomad-driver-csi/nomad-driver-csi/mounter"
+)
+
+// ErrGone is returned by Recover when the supervisor is gone and recorded no
+// exit status: the task's fate is unknown (and whatever was left of it in
+// its cgroup has been killed).
+var ErrGone = errors.New("task supervisor is gone without recording an exit status")
+
+// Timeouts, variables so that tests can shorten them.
+var (
+	// startTimeout bounds how long Start waits for the supervisor's report
+	// (mounts, cgroup, user look-up and exec).
+	startTimeout = 2 * time.Minute
+	// killWaitTimeout bounds how long Shutdown waits after killing.
+	killWaitTimeout = 30 * time.Second
+)
+
+// Process is a task started by Start or taken back by Recover. Its methods
+// are safe for concurrent use.
+type Process struct {
+	logger hclog.Logger
+	state  State
+
+	// group is nil when the cgroup could not be loaded on Recover.
+	group *cgroups.Group
+	// supFD and taskFD are pidfds of the supervisor and of the task's main
+	// process, -1 when unknown or gone.
+	supFD, taskFD int
+	// reaped is closed once this process has reaped the supervisor it
+	// started; nil for a recovered one (not our child).
+	reaped chan struct{}
+
+	done   chan struct{}
+	status *ExitStatus
+
+	mu        sync.Mutex
+	destroyed bool
+}
+
+// Start starts the task described by spec under a new supervisor and
+// returns once its command was exec'd. Before Start, the caller must
+// create spec.StateDir (0700) and make every bidirectional mount source a
+// shared mount point of its own on the host. On error, no process and no
+// cgroup are left (files in StateDir may be).
+func Start(logger hclog.Logger, spec *Spec) (*Process, error) {
+	logger = logger.Named("executor").With("task_id", spec.TaskID)
+	if err := validateSpec(spec); err != nil {
+		return nil, fmt.Errorf("failed to start task: %w", err)
+	}
+	if err := writeJSONAtomic(filepath.Join(spec.StateDir, specFile), spec, 0o600); err != nil {
+		return nil, fmt.Errorf("failed to start task: %w", err)
+	}
+	logPath := filepath.Join(spec.StateDir, supervisorLogFile)
+	logFile, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("failed to start task: failed to open %q: %w", logPath, err)
+	}
+	defer logFile.Close()
+	reportR, reportW, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("failed to start task: failed to make a pipe: %w", err)
+	}
+	defer reportR.Close()
+
+	cmd := &exec.Cmd{
+		Path:        "/proc/self/exe",
+		Args:        []string{os.Args[0], stageSupervisor, spec.StateDir},
+		Env:         supervisorEnv(),
+		Stdin:       nil, // /dev/null
+		Stdout:      logFile,
+		Stderr:      logFile,
+		ExtraFiles:  []*os.File{reportW},
+		SysProcAttr: &syscall.SysProcAttr{Setsid: true},
+	}
+	err = cmd.Start()
+	_ = reportW.Close()
+	if err != nil {
+		return nil, fmt.Errorf("failed to start task: failed to start the supervisor: %w", err)
+	}
+	reaped := make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		close(reaped)
+	}()
+	logger.Debug("supervisor started", "supervisor_pid", cmd.Process.Pid)
+
+	rep, err := readReport(reportR, startTimeout)
+	if err != nil {
+		_ = cmd.Process.Kill()
+		<-reaped
+		return nil, fmt.Errorf("failed to start task: %w%s", err, logTail(logPath))
+	}
+	if rep.Error != "" {
+		<-reaped
+		return nil, fmt.Errorf("failed to start task: %s", rep.Error)
+	}
+
+	p := &Process{
+		logger: logger,
+		supFD:  -1,
+		taskFD: -1,
+		reaped: reaped,
+		done:   make(chan struct{}),
+		state: State{
+			SupervisorPID: cmd.Process.Pid,
+			TaskPID:       rep.TaskPID,
+			TaskStart:     rep.TaskStart,
+			StateDir:      spec.StateDir,
+			Cgroup:        rep.Cgroup,
+			StartedAt:     time.Now().UTC(),
+		},
+	}
+	// Our child cannot be reused before we reap it: its start time and a
+	// pidfd are safe to take now.
+	if p.state.SupervisorStart, err = procStartTime(cmd.Process.Pid); err != nil {
+		logger.Warn("failed to read the supervisor's start time", "error", err)
+	}
+	if fd, err := unix.PidfdOpen(cmd.Process.Pid, 0); err == nil {
+		p.supFD = fd
+	} else {
+		logger.Warn("failed to open a pidfd for the supervisor", "supervisor_pid", cmd.Process.Pid, "error", err)
+	}
+	p.taskFD = openVerifiedPidfd(rep.TaskPID, rep.TaskStart)
+	if p.group, err = cgroups.Load(rep.Cgroup); err != nil {
+		logger.Warn("failed to load the task's cgroup", "error", err)
+	}
+	logger.Info("task started", "pid", rep.TaskPID, "supervisor_pid", cmd.Process.Pid)
+	go p.watch()
+	return p, nil
+}
+
+// Recover takes back a task from its State after the driver restarted. A
+// supervisor that already finished leaves a Process whose Wait returns the
+// recorded status at once. When the supervisor is gone without a record,
+// Recover kills what is left in the task's cgroup and returns ErrGone.
+func Recover(logger hclog.Logger, st State) (*Process, error) {
+	logger = logger.Named("executor")
+	p := &Process{
+		logger: logger,
+		state:  st,
+		supFD:  openVerifiedPidfd(st.SupervisorPID, st.SupervisorStart),
+		taskFD: -1,
+		done:   make(chan struct{}),
+	}
+	group, gerr := cgroups.Load(st.Cgroup)
+	if gerr == nil {
+		p.group = group
+	}
+
+	if p.supFD < 0 {
+		status, err := readExitStatus(st.StateDir)
+		if err != nil {
+			if group != nil {
+				if kerr := group.Kill(); kerr != nil {
+					logger.Warn("failed to kill the rest of a lost task", "error", kerr)
+				}
+			}
+			return nil, fmt.Errorf("failed to recover task with supervisor pid %d: %w (%v)", st.SupervisorPID, ErrGone, err)
+		}
+		p.status = status
+		close(p.done)
+		return p, nil
+	}
+
+	if gerr != nil {
+		logger.Warn("failed to load the task's cgroup", "error", gerr)
+	}
+	p.taskFD = openVerifiedPidfd(st.TaskPID, st.TaskStart)
+	go p.watch()
+	return p, nil
+}
+
+// openVerifiedPidfd opens a pidfd for pid and checks, after opening it, that
+// pid is still the process that started at start; -1 otherwise.
+func openVerifiedPidfd(pid int, start uint64) int {
+	if pid <= 0 {
+		return -1
+	}
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return -1
+	}
+	got, err := procStartTime(pid)
+	if err != nil || got != start {
+		_ = unix.Close(fd)
+		return -1
+	}
+	return fd
+}
+
+func validateSpec(spec *Spec) error {
+	switch {
+	case spec.TaskID == "":
+		return errors.New("task_id must not be empty")
+	case spec.Command == "":
+		return errors.New("command must not be empty")
+	case !filepath.IsAbs(spec.StateDir):
+		return fmt.Errorf("state_dir %q must be an absolute path", spec.StateDir)
+	}
+	if fi, err := os.Stat(spec.StateDir); err != nil {
+		return fmt.Errorf("state_dir %q: %w", spec.StateDir, err)
+	} else if !fi.IsDir() {
+		return fmt.Errorf("state_dir %q is not a directory", spec.StateDir)
+	}
+	if spec.Dir != "" && !filepath.IsAbs(spec.Dir) {
+		return fmt.Errorf("dir %q must be an absolute path", spec.Dir)
+	}
+	if spec.Capabilities != nil {
+		if _, err := ParseCapabilities(spec.Capabilities); err != nil {
+			return err
+		}
+	}
+	return validateMounts(mounter.New(), spec)
+}
+
+// supervisorEnv is the supervisor's environment: only what a Go program
+// may want, never the task's (which is in the spec file).
+func supervisorEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if strings.HasPrefix(kv, "PATH=") || strings.HasPrefix(kv, "GO") || strings.HasPrefix(kv, "TMPDIR=") {
+			env = append(env, kv)
+		}
+	}
+	return env
+}
+
+// readReport reads the supervisor's one report line, for at most timeout.
+func readReport(r *os.File, timeout time.Duration) (*readyReport, error) {
+	type result struct {
+		line []byte
+		err  error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		line, err := bufio.NewReader(r).ReadBytes('\n')
+		ch <- result{line, err}
+	}()
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	var res result
+	select {
+	case res = <-ch:
+	case <-timer.C:
+		return nil, fmt.Errorf("supervisor did not report within %s", timeout)
+	}
+	if len(res.line) == 0 {
+		return nil, fmt.Errorf("supervisor exited before reporting: %w", res.err)
+	}
+	var rep readyReport
+	if err := json.Unmarshal(res.line, &rep); err != nil {
+		return nil, fmt.Errorf("failed to decode the supervisor's report %q: %w", res.line, err)
+	}
+	return &rep, nil
+}
+
+// logTail returns the end of the supervisor log, for an error message.
+func logTail(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil || len(b) == 0 {
+		return ""
+	}
+	const max = 2048
+	if len(b) > max {
+		b = b[len(b)-max:]
+	}
+	return fmt.Sprintf(" (supervisor log: %s)", strings.TrimSpace(string(b)))
+}
+
+func readExitStatus(stateDir string) (*ExitStatus, error) {
+	var st ExitStatus
+	if err := readJSON(filepath.Join(stateDir, exitFile), &st); err != nil {
+		return nil, err
+	}
+	return &st, nil
+}
+
+// watch waits for the supervisor to exit and records the task's status.
+func (p *Process) watch() {
+	if p.supFD >= 0 {
+		fds := []unix.PollFd{{Fd: int32(p.supFD), Events: unix.POLLIN}}
+		for {
+			_, err := unix.Poll(fds, -1)
+			if err == nil {
+				break
+			}
+			if !errors.Is(err, unix.EINTR) {
+				p.logger.Error("failed to wait for the supervisor", "error", err)
+				break
+			}
+		}
+	}
+	if p.reaped != nil {
+		<-p.reaped
+	}
+	status, err := readExitStatus(p.state.StateDir)
+	if err != nil {
+		p.logger.Error("supervisor exited without recording the task's exit status", "error", err)
+		status = &ExitStatus{
+			ExitCode: -1,
+			Err:      fmt.Sprintf("task supervisor (pid %d) exited without recording the task's exit status: %v", p.state.SupervisorPID, err),
+			ExitedAt: time.Now().UTC(),
+		}
+		if kerr := p.killGroup(); kerr != nil {
+			p.logger.Error("failed to kill the rest of the task", "error", kerr)
+		}
+	}
+	p.status = status
+	close(p.done)
+}
+
+// State returns what Recover needs.
+func (p *Process) State() State { return p.state }
+
+// Pid returns the host PID of the task's main process.
+func (p *Process) Pid() int { return p.state.TaskPID }
+
+// Wait returns how the task ended, once it has. Every caller gets the same
+// status; ctx ends only this wait.
+func (p *Process) Wait(ctx context.Context) (*ExitStatus, error) {
+	select {
+	case <-p.done:
+		s := *p.status
+		return &s, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+func (p *Process) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// Signal sends sig to the task's main process. A task that already exited
+// is not an error.
+func (p *Process) Signal(sig syscall.Signal) error {
+	if p.exited() {
+		return nil
+	}
+	err := p.signalTask(sig)
+	if err != nil && !errors.Is(err, unix.ESRCH) {
+		return fmt.Errorf("failed to send %s to task pid %d: %w", sig, p.state.TaskPID, err)
+	}
+	return nil
+}
+
+// Shutdown sends sig to the task, waits up to grace for it to exit, then
+// kills the whole task. It returns once the task has exited.
+func (p *Process) Shutdown(sig syscall.Signal, grace time.Duration) error {
+	if err := p.Signal(sig); err != nil {
+		return err
+	}
+	timer := time.NewTimer(grace)
+	defer timer.Stop()
+	select {
+	case <-p.done:
+		return nil
+	case <-timer.C:
+	}
+	p.logger.Debug("task did not exit in time, killing it", "signal", sig.String(), "grace", grace)
+	if err := p.Kill(); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), killWaitTimeout)
+	defer cancel()
+	if _, err := p.Wait(ctx); err != nil {
+		return fmt.Errorf("task pid %d did not exit after SIGKILL: %w", p.state.TaskPID, err)
+	}
+	return nil
+}
+
+// Kill sends SIGKILL to every process of the task's cgroup.
+func (p *Process) Kill() error {
+	if err := p.signalTask(unix.SIGKILL); err != nil && !errors.Is(err, unix.ESRCH) {
+		p.logger.Warn("failed to kill the task's main process", "pid", p.state.TaskPID, "error", err)
+	}
+	return p.killGroup()
+}
+
+// signalTask signals the task's main process through its pidfd, so that a
+// reused PID is never hit. A task already gone is ESRCH.
+func (p *Process) signalTask(sig syscall.Signal) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.taskFD < 0 {
+		return unix.ESRCH
+	}
+	return unix.PidfdSendSignal(p.taskFD, sig, nil, 0)
+}
+
+func (p *Process) killGroup() error {
+	if p.group == nil {
+		return nil
+	}
+	if err := p.group.Kill(); err != nil {
+		return fmt.Errorf("failed to kill task pid %d: %w", p.state.TaskPID, err)
+	}
+	return nil
+}
+
+// Stats samples the task's cgroup.
+func (p *Process) Stats() (*cgroups.Stats, error) {
+	if p.group == nil {
+		return nil, fmt.Errorf("failed to read stats of task pid %d: its cgroup is not loaded", p.state.TaskPID)
+	}
+	return p.group.Stats()
+}
+
+// Destroy removes the task's cgroup and state directory, once the task has
+// exited. It is idempotent.
+func (p *Process) Destroy() error {
+	if !p.exited() {
+		return fmt.Errorf("failed to destroy task pid %d: it is still running", p.state.TaskPID)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.destroyed {
+		return nil
+	}
+	group := p.group
+	if group == nil {
+		if g, err := cgroups.Load(p.state.Cgroup); err == nil {
+			group = g
+		}
+	}
+	if group != nil {
+		if err := group.Kill(); err != nil {
+			return fmt.Errorf("failed to destroy task pid %d: %w", p.state.TaskPID, err)
+		}
+		if err := group.Destroy(); err != nil {
+			return fmt.Errorf("failed to destroy task pid %d: %w", p.state.TaskPID, err)
+		}
+	}
+	if p.state.StateDir != "" {
+		if err := os.RemoveAll(p.state.StateDir); err != nil {
+			return fmt.Errorf("failed to remove state dir %q: %w", p.state.StateDir, err)
+		}
+	}
+	for _, fd := range []*int{&p.supFD, &p.taskFD} {
+		if *fd >= 0 {
+			_ = unix.Close(*fd)
+			*fd = -1
+		}
+	}
+	p.destroyed = true
+	return nil
+}

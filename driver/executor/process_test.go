@@ -1,0 +1,416 @@
+package executor
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/shoenig/test/must"
+	"golang.org/x/sys/unix"
+)
+
+func TestStart_ExitCodeAndOutput_Root(t *testing.T) {
+	requireTaskRoot(t)
+	tt := newTestSpec(t, "/bin/sh", "-c", "echo hi; echo oops >&2; exit 3")
+	p := startTest(t, tt)
+	must.Positive(t, p.Pid())
+
+	st := waitExit(t, p)
+	must.Eq(t, 3, st.ExitCode)
+	must.Eq(t, 0, st.Signal)
+	must.False(t, st.OOMKilled)
+	must.Eq(t, "", st.Err)
+	must.Eq(t, "hi\n", readFile(t, tt.stdout))
+	must.Eq(t, "oops\n", readFile(t, tt.stderr))
+
+	// Every caller sees the same status.
+	st2 := waitExit(t, p)
+	must.Eq(t, st, st2)
+
+	// The spec holds the env: it must not be readable by others, and the
+	// supervisor log must not show it.
+	fi, err := os.Stat(filepath.Join(tt.spec.StateDir, specFile))
+	must.NoError(t, err)
+	must.Eq(t, os.FileMode(0o600), fi.Mode().Perm())
+	must.StrNotContains(t, readFile(t, filepath.Join(tt.spec.StateDir, supervisorLogFile)), "hunter2")
+
+	must.True(t, cgroupExists(tt.spec.CgroupParent, tt.spec.TaskID))
+	must.NoError(t, p.Destroy())
+	must.NoError(t, p.Destroy()) // idempotent
+	must.False(t, cgroupExists(tt.spec.CgroupParent, tt.spec.TaskID))
+	_, err = os.Stat(tt.spec.StateDir)
+	must.True(t, os.IsNotExist(err))
+}
+
+func TestStart_RelativeCommandUsesTaskPath_Root(t *testing.T) {
+	requireTaskRoot(t)
+	tt := newTestSpec(t, "env")
+	p := startTest(t, tt)
+	st := waitExit(t, p)
+	must.Eq(t, 0, st.ExitCode)
+	out := readFile(t, tt.stdout)
+	// Exactly the task's env, and the working directory is Dir.
+	must.Eq(t, strings.Join(tt.spec.Env, "\n")+"\n", out)
+}
+
+func TestProcess_Signals_Root(t *testing.T) {
+	requireTaskRoot(t)
+
+	t.Run("signal kills", func(t *testing.T) {
+		tt := newTestSpec(t, "sleep", "100")
+		p := startTest(t, tt)
+		must.NoError(t, p.Signal(syscall.SIGUSR1))
+		st := waitExit(t, p)
+		must.Eq(t, int(syscall.SIGUSR1), st.Signal)
+		must.Eq(t, 128+int(syscall.SIGUSR1), st.ExitCode)
+		// Signalling an exited task is not an error.
+		must.NoError(t, p.Signal(syscall.SIGTERM))
+	})
+
+	t.Run("shutdown kills after grace", func(t *testing.T) {
+		tt := newTestSpec(t, "/bin/sh", "-c", `trap "" TERM; echo ready; while :; do sleep 0.05; done`)
+		p := startTest(t, tt)
+		waitFor(t, "trap to be set", func() bool { return readFile(t, tt.stdout) == "ready\n" })
+		begin := time.Now()
+		must.NoError(t, p.Shutdown(syscall.SIGTERM, 500*time.Millisecond))
+		took := time.Since(begin)
+		must.GreaterEq(t, 500*time.Millisecond, took)
+		must.Less(t, 10*time.Second, took)
+		st := waitExit(t, p)
+		must.Eq(t, int(syscall.SIGKILL), st.Signal)
+	})
+
+	t.Run("shutdown returns early when the task obeys", func(t *testing.T) {
+		tt := newTestSpec(t, "sleep", "100")
+		p := startTest(t, tt)
+		begin := time.Now()
+		must.NoError(t, p.Shutdown(syscall.SIGTERM, 20*time.Second))
+		must.Less(t, 5*time.Second, time.Since(begin))
+		must.Eq(t, int(syscall.SIGTERM), waitExit(t, p).Signal)
+	})
+
+	t.Run("kill takes the whole cgroup", func(t *testing.T) {
+		tt := newTestSpec(t, "/bin/sh", "-c", `sleep 100 & sleep 100 & echo started; wait`)
+		p := startTest(t, tt)
+		waitFor(t, "children", func() bool { return readFile(t, tt.stdout) == "started\n" })
+		must.NoError(t, p.Kill())
+		st := waitExit(t, p)
+		must.Eq(t, int(syscall.SIGKILL), st.Signal)
+		must.Eq(t, 0, len(processesMentioning(tt.spec.TaskID)))
+	})
+
+	t.Run("wait honours its context", func(t *testing.T) {
+		tt := newTestSpec(t, "sleep", "100")
+		p := startTest(t, tt)
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		defer cancel()
+		_, err := p.Wait(ctx)
+		must.ErrorIs(t, err, context.DeadlineExceeded)
+		must.NoError(t, p.Signal(0))
+		must.ErrorContains(t, p.Destroy(), "still running")
+	})
+}
+
+func TestRecover_FreshProcessValue_Root(t *testing.T) {
+	requireTaskRoot(t)
+	tt := newTestSpec(t, "/bin/sh", "-c", "sleep 0.5; exit 7")
+	p := startTest(t, tt)
+	st := p.State()
+	must.Eq(t, p.Pid(), st.TaskPID)
+	must.Positive(t, st.SupervisorStart)
+	must.Positive(t, st.TaskStart)
+
+	// A round trip through JSON, as in Nomad's TaskState.
+	b, err := json.Marshal(st)
+	must.NoError(t, err)
+	var decoded State
+	must.NoError(t, json.Unmarshal(b, &decoded))
+
+	p2, err := Recover(hclog.NewNullLogger(), decoded)
+	must.NoError(t, err)
+	must.Eq(t, p.Pid(), p2.Pid())
+	must.Eq(t, 7, waitExit(t, p2).ExitCode)
+
+	// After the supervisor finished, Recover reads the recorded status.
+	waitExit(t, p)
+	p3, err := Recover(hclog.NewNullLogger(), decoded)
+	must.NoError(t, err)
+	must.Eq(t, 7, waitExit(t, p3).ExitCode)
+
+	// A reused PID (wrong start time) and no record: gone.
+	must.NoError(t, os.Remove(filepath.Join(st.StateDir, exitFile)))
+	bad := decoded
+	bad.SupervisorStart++
+	_, err = Recover(hclog.NewNullLogger(), bad)
+	must.ErrorIs(t, err, ErrGone)
+}
+
+// TestRecover_OutlivesDriver_Root starts the task from a child process that
+// plays the driver, SIGKILLs that child, and takes the task back here.
+func TestRecover_OutlivesDriver_Root(t *testing.T) {
+	requireTaskRoot(t)
+	tt := newTestSpec(t, "/bin/sh", "-c", `echo up; while [ ! -e release ]; do sleep 0.05; done; exit 42`)
+	specPath := filepath.Join(t.TempDir(), "spec.json")
+	must.NoError(t, writeJSONAtomic(specPath, tt.spec, 0o600))
+
+	driver := exec.Command("/proc/self/exe", "-test.run=^$")
+	driver.Env = append(os.Environ(), envStartHelper+"="+specPath)
+	var stderr bytes.Buffer
+	driver.Stderr = &stderr
+	out, err := driver.StdoutPipe()
+	must.NoError(t, err)
+	must.NoError(t, driver.Start())
+	t.Cleanup(func() { _ = driver.Process.Kill(); _ = driver.Wait() })
+
+	line, err := bufio.NewReader(out).ReadBytes('\n')
+	must.NoError(t, err, must.Sprintf("helper stderr: %s", stderr.String()))
+	var st State
+	must.NoError(t, json.Unmarshal(line, &st))
+
+	// The driver dies hard.
+	must.NoError(t, driver.Process.Signal(syscall.SIGKILL))
+	_ = driver.Wait()
+
+	// The task lives on with the same PID.
+	must.NoError(t, unix.Kill(st.TaskPID, 0))
+	start, err := procStartTime(st.TaskPID)
+	must.NoError(t, err)
+	must.Eq(t, st.TaskStart, start)
+
+	p, err := Recover(hclog.NewNullLogger(), st)
+	must.NoError(t, err)
+	t.Cleanup(func() { _ = p.Kill(); _ = p.Destroy() })
+	must.Eq(t, st.TaskPID, p.Pid())
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	_, err = p.Wait(ctx)
+	cancel()
+	must.ErrorIs(t, err, context.DeadlineExceeded)
+
+	must.NoError(t, os.WriteFile(filepath.Join(tt.spec.Dir, "release"), nil, 0o600))
+	must.Eq(t, 42, waitExit(t, p).ExitCode)
+	must.NoError(t, p.Destroy())
+}
+
+func TestRecover_SupervisorKilled_Root(t *testing.T) {
+	requireTaskRoot(t)
+	tt := newTestSpec(t, "sleep", "100")
+	p := startTest(t, tt)
+	must.NoError(t, unix.Kill(p.State().SupervisorPID, syscall.SIGKILL))
+	st := waitExit(t, p)
+	must.StrContains(t, st.Err, "without recording")
+	// The task went with its cgroup.
+	waitFor(t, "task to die", func() bool { return unix.Kill(p.Pid(), 0) != nil })
+
+	_, err := Recover(hclog.NewNullLogger(), p.State())
+	must.ErrorIs(t, err, ErrGone)
+}
+
+func TestStart_Errors_Root(t *testing.T) {
+	requireTaskRoot(t)
+	cases := []struct {
+		name   string
+		modify func(s *Spec)
+		err    string
+	}{
+		{"command not found", func(s *Spec) { s.Command = "definitely-not-a-command" },
+			`failed to start task: command "definitely-not-a-command" not found in PATH`},
+		{"absolute command missing", func(s *Spec) { s.Command = "/nonexistent/cmd" },
+			`command "/nonexistent/cmd"`},
+		{"bad user", func(s *Spec) { s.User = "no-such-user-xyz" }, `user "no-such-user-xyz" not found`},
+		{"bad group", func(s *Spec) { s.User = "nobody:no-such-group-xyz" }, `group "no-such-group-xyz" not found`},
+		{"bad capability", func(s *Spec) { s.Capabilities = []string{"CAP_CHOWN", "CAP_FLY"} }, `unknown capability "CAP_FLY"`},
+		{"bad dir", func(s *Spec) { s.Dir = "/nonexistent/dir" }, `working directory "/nonexistent/dir"`},
+		{"missing mount source", func(s *Spec) {
+			s.Mounts = []Mount{{Source: "/nonexistent/src", Target: "/tmp/x"}}
+		}, `mount "/nonexistent/src"`},
+		{"bidirectional on a private mount", func(s *Spec) {
+			s.Privileged = true
+			s.Mounts = []Mount{{Source: s.StateDir, Target: filepath.Join(s.Dir, "t"), Propagation: PropagationBidirectional}}
+		}, "bidirectional propagation needs"},
+		{"bidirectional unprivileged", func(s *Spec) {
+			s.Mounts = []Mount{{Source: s.StateDir, Target: filepath.Join(s.Dir, "t"), Propagation: PropagationBidirectional}}
+		}, "needs a privileged task"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			tt := newTestSpec(t, "true")
+			tc.modify(tt.spec)
+			p, err := Start(hclog.NewNullLogger(), tt.spec)
+			must.Nil(t, p)
+			must.ErrorContains(t, err, tc.err)
+			must.False(t, cgroupExists(tt.spec.CgroupParent, tt.spec.TaskID))
+			must.Eq(t, 0, len(processesMentioning(tt.spec.StateDir)))
+		})
+	}
+}
+
+func TestStart_CapabilitiesAndUser_Root(t *testing.T) {
+	requireTaskRoot(t)
+	last, err := lastCap()
+	must.NoError(t, err)
+	all := uint64(1)<<(last+1) - 1
+
+	cases := []struct {
+		name   string
+		modify func(s *Spec)
+		check  func(t *testing.T, capEff uint64, uid string)
+	}{
+		{"default", func(s *Spec) {}, func(t *testing.T, c uint64, uid string) {
+			must.Eq(t, "0", uid)
+			must.Zero(t, c&(1<<unix.CAP_SYS_ADMIN))
+			must.Zero(t, c&(1<<unix.CAP_NET_RAW))
+			must.NonZero(t, c&(1<<unix.CAP_CHOWN))
+			must.NonZero(t, c&(1<<unix.CAP_NET_BIND_SERVICE))
+		}},
+		{"privileged", func(s *Spec) { s.Privileged = true }, func(t *testing.T, c uint64, uid string) {
+			must.Eq(t, all, c)
+		}},
+		{"custom set", func(s *Spec) { s.Capabilities = []string{"sys_admin", "CAP_NET_RAW"} },
+			func(t *testing.T, c uint64, uid string) {
+				must.Eq(t, uint64(1<<unix.CAP_SYS_ADMIN|1<<unix.CAP_NET_RAW), c)
+			}},
+		{"nobody", func(s *Spec) { s.User = "nobody" }, func(t *testing.T, c uint64, uid string) {
+			must.Eq(t, "65534", uid)
+			must.Zero(t, c)
+		}},
+		{"numeric uid and group", func(s *Spec) { s.User = "1234:nogroup" }, func(t *testing.T, c uint64, uid string) {
+			must.Eq(t, "1234", uid)
+			must.Zero(t, c)
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			tt := newTestSpec(t, "/bin/sh", "-c", "id -u; cat /proc/self/status")
+			tc.modify(tt.spec)
+			p := startTest(t, tt)
+			must.Eq(t, 0, waitExit(t, p).ExitCode, must.Sprintf("stderr: %s", readFile(t, tt.stderr)))
+			out := readFile(t, tt.stdout)
+			uid, status, _ := strings.Cut(out, "\n")
+			tc.check(t, capEff(t, status), uid)
+		})
+	}
+}
+
+func TestStart_OOMScoreAdjAndCgroup_Root(t *testing.T) {
+	requireTaskRoot(t)
+	tt := newTestSpec(t, "/bin/sh", "-c", "cat /proc/self/oom_score_adj; cat /proc/self/cgroup")
+	tt.spec.OOMScoreAdj = 500
+	p := startTest(t, tt)
+	must.Eq(t, 0, waitExit(t, p).ExitCode)
+	out := readFile(t, tt.stdout)
+	must.StrHasPrefix(t, "500\n", out)
+	must.StrContains(t, out, tt.spec.CgroupParent+"/"+tt.spec.TaskID)
+}
+
+func TestStart_OOMKilled_Root(t *testing.T) {
+	requireTaskRoot(t)
+	tt := newTestSpec(t, "/bin/sh", "-c", `x=a; while :; do x="$x$x"; done`)
+	tt.spec.Limits.MemoryBytes = 32 << 20
+	p := startTest(t, tt)
+	st := waitExit(t, p)
+	must.True(t, st.OOMKilled, must.Sprintf("status %+v", st))
+	must.Eq(t, int(syscall.SIGKILL), st.Signal)
+}
+
+func TestParseStatStartTime(t *testing.T) {
+	cases := []struct {
+		stat string
+		want uint64
+		err  bool
+	}{
+		{"1 (init) S 0 1 1 0 -1 4194560 1 2 3 4 5 6 7 8 20 0 1 0 42 1000 10", 42, false},
+		{"7 (a b) c)) R 1 7 7 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 99 1 1", 99, false},
+		{"7 (short) R 1", 0, true},
+		{"garbage", 0, true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.stat, func(t *testing.T) {
+			got, err := parseStatStartTime(tc.stat)
+			if tc.err {
+				must.Error(t, err)
+				return
+			}
+			must.NoError(t, err)
+			must.Eq(t, tc.want, got)
+		})
+	}
+	self, err := procStartTime(os.Getpid())
+	must.NoError(t, err)
+	must.Positive(t, self)
+}
+
+func TestParseCapabilities(t *testing.T) {
+	cases := []struct {
+		in   []string
+		want []int
+		err  string
+	}{
+		{[]string{"CAP_SYS_ADMIN", "sys_admin", "Net_Raw"}, []int{unix.CAP_SYS_ADMIN, unix.CAP_NET_RAW}, ""},
+		{[]string{}, []int{}, ""},
+		{[]string{"cap_bogus"}, nil, `unknown capability "cap_bogus"`},
+	}
+	for _, tc := range cases {
+		t.Run(fmt.Sprint(tc.in), func(t *testing.T) {
+			got, err := ParseCapabilities(tc.in)
+			if tc.err != "" {
+				must.EqError(t, err, tc.err)
+				return
+			}
+			must.NoError(t, err)
+			must.Eq(t, tc.want, got)
+		})
+	}
+	_, err := ParseCapabilities(DefaultCapabilities)
+	must.NoError(t, err)
+}
+
+func TestLookPath(t *testing.T) {
+	dir := t.TempDir()
+	exe := filepath.Join(dir, "tool")
+	must.NoError(t, os.WriteFile(exe, []byte("#!/bin/sh\n"), 0o755))
+	must.NoError(t, os.WriteFile(filepath.Join(dir, "data"), nil, 0o644))
+	cases := []struct {
+		cmd  string
+		env  []string
+		want string
+		err  string
+	}{
+		{"tool", []string{"PATH=/nonexistent:" + dir}, exe, ""},
+		{exe, nil, exe, ""},
+		{"tool", []string{"PATH=/nonexistent"}, "", `command "tool" not found in PATH`},
+		{"sh", nil, "/usr/local/sbin/sh", "skip"},
+		{filepath.Join(dir, "missing"), nil, "", "no such file"},
+		{"", nil, "", "command is empty"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.cmd, func(t *testing.T) {
+			got, err := lookPath(tc.cmd, tc.env)
+			switch tc.err {
+			case "skip":
+				must.NoError(t, err)
+				must.StrHasSuffix(t, "/sh", got)
+			case "":
+				must.NoError(t, err)
+				must.Eq(t, tc.want, got)
+			default:
+				must.ErrorContains(t, err, tc.err)
+			}
+		})
+	}
+	if os.Geteuid() != 0 {
+		_, err := lookPath(filepath.Join(dir, "data"), nil)
+		must.ErrorContains(t, err, "not executable")
+	}
+	_ = strconv.Itoa
+}

@@ -1,0 +1,278 @@
+package executor
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/cgroups"
+	"github.com/nomad-driver-csi/nomad-driver-csi/mounter"
+)
+
+// Internal subcommands of this binary (os.Args[1]).
+const (
+	stageSupervisor = "__nomad-driver-csi-supervisor"
+	stageInit       = "__nomad-driver-csi-init"
+	stageExec       = "__nomad-driver-csi-exec"
+)
+
+// File descriptors of the init and exec stages (ExtraFiles 0 and 1).
+const (
+	stageConfigFD = 3 // read: one stageConfig as JSON
+	stageErrorFD  = 4 // write: an error message, or EOF at exec (CLOEXEC)
+)
+
+// defaultPath is searched when the task's environment has no PATH.
+const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+// stageConfig is what the init and exec stages are told over their config
+// pipe.
+type stageConfig struct {
+	Spec Spec `json:"spec"`
+	// Mounts tells the stage to set up Spec.Mounts (the init stage, in a
+	// fresh mount namespace). The exec stage is already in the task's.
+	Mounts bool           `json:"mounts"`
+	Cgroup *cgroups.State `json:"cgroup,omitempty"`
+}
+
+// RunReexec runs an internal stage when os.Args names one, and then exits
+// the process; otherwise it returns false at once. main (and TestMain of
+// tests that start tasks) must call it before anything else.
+func RunReexec() bool {
+	if len(os.Args) < 2 {
+		return false
+	}
+	switch os.Args[1] {
+	case stageSupervisor:
+		os.Exit(runSupervisor(os.Args[2:]))
+	case stageInit, stageExec:
+		runTaskStage()
+	}
+	return false
+}
+
+// runTaskStage is the init stage (in the task's new mount namespace) or the
+// exec stage (already in the task's mount namespace): it prepares the
+// process as the task and execs the command. It never returns.
+func runTaskStage() {
+	// capset(2) is per thread: set it and exec from the same thread.
+	runtime.LockOSThread()
+
+	errPipe := os.NewFile(stageErrorFD, "error-pipe")
+	fail := func(err error) {
+		_, _ = io.WriteString(errPipe, err.Error())
+		os.Exit(1)
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			fail(fmt.Errorf("task stage panicked: %v", r))
+		}
+	}()
+	if errPipe == nil {
+		os.Exit(2)
+	}
+	unix.CloseOnExec(stageErrorFD)
+
+	cfgPipe := os.NewFile(stageConfigFD, "config-pipe")
+	var cfg stageConfig
+	err := json.NewDecoder(cfgPipe).Decode(&cfg)
+	_ = cfgPipe.Close()
+	if err != nil {
+		fail(fmt.Errorf("failed to read the task stage config: %w", err))
+	}
+	fail(prepareAndExec(&cfg))
+}
+
+// prepareAndExec returns only on error.
+func prepareAndExec(cfg *stageConfig) error {
+	spec := &cfg.Spec
+	if cfg.Mounts {
+		if err := setupMounts(mounter.New(), spec.Mounts); err != nil {
+			return err
+		}
+	}
+	if cfg.Cgroup != nil {
+		g, err := cgroups.Load(*cfg.Cgroup)
+		if err != nil {
+			return err
+		}
+		if err := g.Join(0); err != nil {
+			return err
+		}
+	}
+	if spec.OOMScoreAdj != 0 {
+		if err := os.WriteFile("/proc/self/oom_score_adj", []byte(strconv.Itoa(spec.OOMScoreAdj)), 0); err != nil {
+			return fmt.Errorf("failed to set oom_score_adj to %d: %w", spec.OOMScoreAdj, err)
+		}
+	}
+	cred, err := resolveUser(spec.User)
+	if err != nil {
+		return err
+	}
+	last, err := lastCap()
+	if err != nil {
+		return err
+	}
+	keep, err := keptCaps(spec.Privileged, spec.Capabilities, last)
+	if err != nil {
+		return err
+	}
+	if err := dropBoundingSet(keep, last); err != nil {
+		return err
+	}
+	groups := make([]int, 0, len(cred.Groups))
+	for _, g := range cred.Groups {
+		groups = append(groups, int(g))
+	}
+	// The syscall package applies these to every thread of the process.
+	if err := syscall.Setgroups(groups); err != nil {
+		return fmt.Errorf("failed to set supplementary groups %v: %w", groups, err)
+	}
+	if err := syscall.Setresgid(int(cred.GID), int(cred.GID), int(cred.GID)); err != nil {
+		return fmt.Errorf("failed to set gid %d: %w", cred.GID, err)
+	}
+	if err := syscall.Setresuid(int(cred.UID), int(cred.UID), int(cred.UID)); err != nil {
+		return fmt.Errorf("failed to set uid %d: %w", cred.UID, err)
+	}
+	// A root task keeps exactly the allowed set; a task of another user
+	// lost its permitted and effective sets with setuid, and its
+	// inheritable set must not hand any back through file capabilities.
+	threadCaps := keep
+	if cred.UID != 0 {
+		threadCaps = 0
+	}
+	if err := setThreadCaps(threadCaps); err != nil {
+		return err
+	}
+	if spec.Dir != "" {
+		if err := os.Chdir(spec.Dir); err != nil {
+			return fmt.Errorf("failed to change to working directory %q: %w", spec.Dir, err)
+		}
+	}
+	path, err := lookPath(spec.Command, spec.Env)
+	if err != nil {
+		return err
+	}
+	argv := append([]string{spec.Command}, spec.Args...)
+	env := spec.Env
+	if env == nil {
+		env = []string{}
+	}
+	err = syscall.Exec(path, argv, env)
+	return fmt.Errorf("failed to execute %q: %w", path, err)
+}
+
+// lookPath finds command like a shell would, with the PATH of the task's
+// environment. Executability is checked for the current (task) user.
+func lookPath(command string, env []string) (string, error) {
+	if command == "" {
+		return "", errors.New("command is empty")
+	}
+	if strings.Contains(command, "/") {
+		if err := checkExecutable(command); err != nil {
+			return "", fmt.Errorf("command %q: %w", command, err)
+		}
+		return command, nil
+	}
+	pathVar, found := defaultPath, false
+	for i := len(env) - 1; i >= 0; i-- {
+		if v, ok := strings.CutPrefix(env[i], "PATH="); ok {
+			pathVar, found = v, true
+			break
+		}
+	}
+	_ = found
+	var firstErr error
+	for _, dir := range filepath.SplitList(pathVar) {
+		if dir == "" {
+			dir = "."
+		}
+		p := filepath.Join(dir, command)
+		err := checkExecutable(p)
+		if err == nil {
+			return p, nil
+		}
+		if firstErr == nil && !errors.Is(err, os.ErrNotExist) {
+			firstErr = fmt.Errorf("command %q: %q: %w", command, p, err)
+		}
+	}
+	if firstErr != nil {
+		return "", firstErr
+	}
+	return "", fmt.Errorf("command %q not found in PATH", command)
+}
+
+func checkExecutable(path string) error {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return err
+	}
+	if fi.IsDir() {
+		return errors.New("is a directory")
+	}
+	if err := unix.Faccessat(unix.AT_FDCWD, path, unix.X_OK, 0); err != nil {
+		return fmt.Errorf("not executable: %w", err)
+	}
+	return nil
+}
+
+// startStage starts the init or exec stage with cmd (whose Path, Args and
+// stdio are set by the caller), sends it cfg, and waits until it has
+// exec'd the task's command. On a stage error the stage has exited: it is
+// reaped and the error returned.
+func startStage(cmd interface {
+	Start() error
+	Wait() error
+}, extra *[]*os.File, cfg *stageConfig) error {
+	cfgR, cfgW, err := os.Pipe()
+	if err != nil {
+		return fmt.Errorf("failed to make a pipe: %w", err)
+	}
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		_ = cfgR.Close()
+		_ = cfgW.Close()
+		return fmt.Errorf("failed to make a pipe: %w", err)
+	}
+	*extra = []*os.File{cfgR, errW}
+	err = cmd.Start()
+	_ = cfgR.Close()
+	_ = errW.Close()
+	if err != nil {
+		_ = cfgW.Close()
+		_ = errR.Close()
+		return fmt.Errorf("failed to start the task stage: %w", err)
+	}
+	defer errR.Close()
+
+	// The pipe buffer may be smaller than the config (a large env): write
+	// while the stage reads.
+	werr := make(chan error, 1)
+	go func() {
+		err := json.NewEncoder(cfgW).Encode(cfg)
+		_ = cfgW.Close()
+		werr <- err
+	}()
+	msg, rerr := io.ReadAll(errR)
+	if err := <-werr; err != nil && len(msg) == 0 {
+		_ = cmd.Wait()
+		return fmt.Errorf("failed to send the task stage its config: %w", err)
+	}
+	if rerr != nil {
+		return fmt.Errorf("failed to read the task stage's answer: %w", rerr)
+	}
+	if len(msg) > 0 {
+		_ = cmd.Wait()
+		return errors.New(string(msg))
+	}
+	return nil
+}

@@ -1,0 +1,208 @@
+package executor
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"golang.org/x/sys/unix"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/cgroups"
+)
+
+// Files in Spec.StateDir.
+const (
+	specFile          = "spec.json"
+	exitFile          = "exit.json"
+	supervisorLogFile = "supervisor.log"
+)
+
+// supervisorReportFD is where the supervisor writes its one readyReport
+// (ExtraFiles 0 of the supervisor).
+const supervisorReportFD = 3
+
+// readyReport is the supervisor's one line to Start: the task is running,
+// or why it could not be started.
+type readyReport struct {
+	TaskPID   int           `json:"task_pid,omitempty"`
+	TaskStart uint64        `json:"task_start,omitempty"`
+	Cgroup    cgroups.State `json:"cgroup"`
+	Error     string        `json:"error,omitempty"`
+}
+
+// runSupervisor is the supervisor stage: args are [StateDir]. It returns the
+// supervisor's exit code.
+func runSupervisor(args []string) int {
+	logger := hclog.New(&hclog.LoggerOptions{
+		Name:   "csi.supervisor",
+		Level:  hclog.Debug,
+		Output: os.Stderr,
+	})
+	if len(args) != 1 {
+		logger.Error("supervisor needs the state directory as its only argument", "args", args)
+		return 2
+	}
+	stateDir := args[0]
+
+	// The task is stopped by signalling it, never the supervisor; these
+	// are caught and dropped (not SIG_IGN, which the task would inherit).
+	sigs := make(chan os.Signal, 8)
+	signal.Notify(sigs, unix.SIGINT, unix.SIGTERM, unix.SIGHUP, unix.SIGPIPE)
+	go func() {
+		for s := range sigs {
+			logger.Debug("ignoring signal", "signal", s.String())
+		}
+	}()
+
+	report := os.NewFile(supervisorReportFD, "report-pipe")
+	if report == nil {
+		logger.Error("supervisor started without its report pipe")
+		return 2
+	}
+	unix.CloseOnExec(supervisorReportFD)
+	sendReport := func(r readyReport) {
+		b, _ := json.Marshal(r)
+		if _, err := report.Write(append(b, '\n')); err != nil {
+			logger.Warn("failed to report to the driver", "error", err)
+		}
+		// Never written again: a dead driver cannot hurt us through it.
+		_ = report.Close()
+	}
+
+	var spec Spec
+	if err := readJSON(filepath.Join(stateDir, specFile), &spec); err != nil {
+		sendReport(readyReport{Error: fmt.Sprintf("failed to read the task spec: %v", err)})
+		return 1
+	}
+	logger = logger.With("task_id", spec.TaskID)
+
+	cmd, group, err := startTask(&spec)
+	if err != nil {
+		logger.Error("failed to start task", "error", err)
+		sendReport(readyReport{Error: err.Error()})
+		return 1
+	}
+	start, err := procStartTime(cmd.Process.Pid)
+	if err != nil {
+		// The task already exited (and is a zombie we have not reaped, so
+		// this is unexpected): report it anyway, Wait will tell.
+		logger.Warn("failed to read the task's start time", "pid", cmd.Process.Pid, "error", err)
+	}
+	logger.Info("task started", "pid", cmd.Process.Pid)
+	sendReport(readyReport{TaskPID: cmd.Process.Pid, TaskStart: start, Cgroup: group.State()})
+
+	status := waitTask(logger, cmd, group)
+	if err := writeJSONAtomic(filepath.Join(stateDir, exitFile), status, 0o600); err != nil {
+		logger.Error("failed to record the exit status", "error", err)
+		return 1
+	}
+	logger.Info("task exited", "exit_code", status.ExitCode, "signal", status.Signal, "oom_killed", status.OOMKilled)
+	return 0
+}
+
+// startTask makes the task's cgroup and starts the init stage, which sets
+// the task up and execs its command. It returns once the command runs. On
+// error nothing is left: no process and no cgroup.
+//
+// The supervisor, not Start, makes the cgroup, so that everything the task
+// owns is made and removed by the one process that outlives the driver.
+func startTask(spec *Spec) (*exec.Cmd, *cgroups.Group, error) {
+	stdout, err := openLog(spec.StdoutPath)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer stdout.Close()
+	stderr, err := openLog(spec.StderrPath)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer stderr.Close()
+
+	group, err := cgroups.Create(spec.CgroupParent, spec.TaskID, spec.Limits)
+	if err != nil {
+		return nil, nil, fmt.Errorf("failed to create the task's cgroup: %w", err)
+	}
+	cgState := group.State()
+
+	cmd := &exec.Cmd{
+		Path:   "/proc/self/exe",
+		Args:   []string{os.Args[0], stageInit},
+		Env:    []string{},
+		Stdin:  nil, // /dev/null
+		Stdout: stdout,
+		Stderr: stderr,
+		SysProcAttr: &syscall.SysProcAttr{
+			Cloneflags: unix.CLONE_NEWNS,
+		},
+	}
+	cfg := &stageConfig{Spec: *spec, Mounts: true, Cgroup: &cgState}
+	if err := startStage(cmd, &cmd.ExtraFiles, cfg); err != nil {
+		// The init stage has exited; anything it forked dies with the
+		// group.
+		_ = group.Kill()
+		if derr := group.Destroy(); derr != nil {
+			err = errors.Join(err, derr)
+		}
+		return nil, nil, err
+	}
+	return cmd, group, nil
+}
+
+// openLog opens one of Nomad's log FIFOs (or a file) for writing. A FIFO
+// nobody reads is an error rather than a hang.
+func openLog(path string) (*os.File, error) {
+	if path == "" {
+		return os.OpenFile(os.DevNull, os.O_WRONLY, 0)
+	}
+	fd, err := unix.Open(path, unix.O_WRONLY|unix.O_APPEND|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		if errors.Is(err, unix.ENXIO) {
+			return nil, fmt.Errorf("failed to open log %q: no reader on the fifo", path)
+		}
+		return nil, fmt.Errorf("failed to open log %q: %w", path, err)
+	}
+	if err := unix.SetNonblock(fd, false); err != nil {
+		_ = unix.Close(fd)
+		return nil, fmt.Errorf("failed to open log %q: %w", path, err)
+	}
+	return os.NewFile(uintptr(fd), path), nil
+}
+
+// waitTask waits for the task's main process, then kills what is left of
+// its group, and says how it ended.
+func waitTask(logger hclog.Logger, cmd *exec.Cmd, group *cgroups.Group) *ExitStatus {
+	status := &ExitStatus{}
+	state, err := cmd.Process.Wait()
+	status.ExitedAt = time.Now().UTC()
+	if err != nil {
+		status.ExitCode = -1
+		status.Err = fmt.Sprintf("failed to wait for the task: %v", err)
+	} else if ws, ok := state.Sys().(syscall.WaitStatus); ok {
+		switch {
+		case ws.Signaled():
+			status.Signal = int(ws.Signal())
+			status.ExitCode = 128 + status.Signal
+		default:
+			status.ExitCode = ws.ExitStatus()
+		}
+	}
+	oom, err := group.OOMKilled()
+	if err != nil {
+		logger.Warn("failed to check for an OOM kill", "error", err)
+	}
+	status.OOMKilled = oom
+	if err := group.Kill(); err != nil {
+		logger.Error("failed to kill the rest of the task's cgroup", "error", err)
+		if status.Err == "" {
+			status.Err = fmt.Sprintf("failed to kill the rest of the task: %v", err)
+		}
+	}
+	return status
+}
