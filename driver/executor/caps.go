@@ -148,6 +148,13 @@ func setThreadCaps(keep capSet) error {
 		return fmt.Errorf("failed to clear ambient capabilities: %w", err)
 	}
 	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	// A capability this process does not hold cannot be granted (a
+	// privileged task gets everything the host lets us have).
+	var cur [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &cur[0]); err != nil {
+		return fmt.Errorf("failed to read capabilities: %w", err)
+	}
+	keep &= capSet(cur[0].Permitted) | capSet(cur[1].Permitted)<<32
 	lo, hi := uint32(keep), uint32(keep>>32)
 	data := [2]unix.CapUserData{
 		{Effective: lo, Permitted: lo, Inheritable: lo},
