@@ -1,0 +1,292 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"errors"
+	"os"
+	"os/exec"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/shoenig/test/must"
+	"golang.org/x/sys/unix"
+)
+
+const (
+	startTimeout = 60 * time.Second
+	endTimeout   = 60 * time.Second
+)
+
+// terminated returns the task's last "Terminated" event.
+func terminated(t *testing.T, al *Allocation, task string) TaskEvent {
+	t.Helper()
+	var ev *TaskEvent
+	for _, e := range al.Events(task) {
+		if e.Type == "Terminated" {
+			e := e
+			ev = &e
+		}
+	}
+	if ev == nil {
+		t.Fatalf("no Terminated event:\n%s", al.Describe())
+	}
+	return *ev
+}
+
+// eventsText joins everything the task's events say.
+func eventsText(al *Allocation, task string) string {
+	var parts []string
+	for _, e := range al.Events(task) {
+		parts = append(parts, e.Text())
+	}
+	return strings.Join(parts, "\n")
+}
+
+// 1. The driver is detected and healthy and reports its version.
+func TestFingerprint(t *testing.T) {
+	requireCSI(t)
+	t.Parallel()
+	a := shared(t)
+
+	node := a.Node(t)
+	d := node.Drivers[DriverName]
+	must.NotNil(t, d, must.Sprintf("node drivers: %v", node.Drivers))
+	must.True(t, d.Detected, must.Sprintf("csi not detected: %s", d.HealthDescription))
+	must.True(t, d.Healthy, must.Sprintf("csi not healthy: %s", d.HealthDescription))
+
+	version := d.Attributes["driver.csi.version"]
+	if version == "" {
+		version = node.Attributes["driver.csi.version"]
+	}
+	must.NotEq(t, "", version, must.Sprintf("no driver.csi.version; driver attributes: %v", d.Attributes))
+	must.Eq(t, "1", node.Attributes["driver.csi"], must.Sprint("node attribute driver.csi"))
+	t.Logf("driver.csi.version=%s health=%q", version, d.HealthDescription)
+}
+
+// 2. A batch task's output is readable with "nomad alloc logs" and its exit
+// code is what Nomad reports.
+func TestBatchLogsAndExitCode(t *testing.T) {
+	t.Parallel()
+	a := shared(t)
+
+	for _, tc := range []struct {
+		code   int
+		status string
+	}{
+		{0, StatusComplete},
+		{7, StatusFailed},
+	} {
+		t.Run("exit_"+strconv.Itoa(tc.code), func(t *testing.T) {
+			t.Parallel()
+			job := a.RunJob(t, "exit", vars("ExitCode", strconv.Itoa(tc.code)))
+			al := a.WaitAlloc(t, job.ID, startTimeout, tc.status)
+
+			must.StrContains(t, a.AllocLogs(t, al.ID, "t", false), "hello-from-task")
+			must.StrContains(t, a.AllocLogs(t, al.ID, "t", true), "hello-on-stderr")
+
+			ev := terminated(t, al, "t")
+			must.Eq(t, tc.code, ev.ExitCode, must.Sprint(al.Describe()))
+			must.StrContains(t, ev.DisplayMessage, "Exit Code: "+strconv.Itoa(tc.code))
+			must.Eq(t, tc.code != 0, al.Task("t").Failed, must.Sprint(al.Describe()))
+		})
+	}
+}
+
+// 3. "nomad job stop" delivers kill_signal; a task that ignores it is
+// killed after kill_timeout.
+func TestStopSignal(t *testing.T) {
+	t.Parallel()
+	a := shared(t)
+
+	t.Run("trapped", func(t *testing.T) {
+		t.Parallel()
+		job := a.RunJob(t, "signal_trap", vars())
+		al := a.WaitAlloc(t, job.ID, startTimeout, StatusRunning)
+		a.WaitLogs(t, al.ID, "t", "ready", 20*time.Second)
+
+		start := time.Now()
+		a.StopJob(t, job.ID)
+		al = a.WaitAllocID(t, al.ID, endTimeout, StatusComplete, StatusFailed)
+		elapsed := time.Since(start)
+
+		must.StrContains(t, a.AllocLogs(t, al.ID, "t", false), "caught-usr1")
+		ev := terminated(t, al, "t")
+		must.Eq(t, 0, ev.ExitCode, must.Sprint(al.Describe()))
+		must.Eq(t, 0, ev.Signal, must.Sprint(al.Describe()))
+		// kill_timeout is 20s: ending well before it means the trap ran,
+		// not a SIGKILL.
+		must.Less(t, 15*time.Second, elapsed, must.Sprintf("stop took %v:\n%s", elapsed, al.Describe()))
+		t.Logf("stopped by SIGUSR1 in %v: %s", elapsed.Round(time.Millisecond), ev.DisplayMessage)
+	})
+
+	t.Run("ignored", func(t *testing.T) {
+		t.Parallel()
+		job := a.RunJob(t, "signal_ignore", vars())
+		al := a.WaitAlloc(t, job.ID, startTimeout, StatusRunning)
+		a.WaitLogs(t, al.ID, "t", "ready", 20*time.Second)
+
+		start := time.Now()
+		a.StopJob(t, job.ID)
+		al = a.WaitAllocID(t, al.ID, endTimeout, StatusComplete, StatusFailed)
+		elapsed := time.Since(start)
+
+		ev := terminated(t, al, "t")
+		killed := ev.Signal == int(unix.SIGKILL) || ev.ExitCode == 128+int(unix.SIGKILL)
+		must.True(t, killed, must.Sprintf("want a SIGKILL exit, got %q:\n%s", ev.DisplayMessage, al.Describe()))
+		// kill_timeout is 3s: the kill must not come before it.
+		must.Greater(t, 2500*time.Millisecond, elapsed, must.Sprintf("stop took only %v:\n%s", elapsed, al.Describe()))
+		must.Less(t, 20*time.Second, elapsed, must.Sprintf("stop took %v:\n%s", elapsed, al.Describe()))
+		t.Logf("killed after kill_timeout in %v: %s", elapsed.Round(time.Millisecond), ev.DisplayMessage)
+	})
+}
+
+var startedPID = regexp.MustCompile(`started pid=(\d+)`)
+
+// 4. The agent restarts while a task runs: same process, still alive,
+// recovered, and stoppable afterwards with its exit code reported.
+func TestAgentRestartRecoversTask(t *testing.T) {
+	t.Parallel()
+	a := StartAgent(t, AgentOptions{Persistent: true, Drivers: []string{testDriver}})
+
+	job := a.RunJob(t, "restart", vars())
+	al := a.WaitAlloc(t, job.ID, startTimeout, StatusRunning)
+	logs := a.WaitLogs(t, al.ID, "t", "tick 1", 20*time.Second)
+	m := startedPID.FindStringSubmatch(logs)
+	must.SliceLen(t, 2, m, must.Sprintf("no pid in the log:\n%s", logs))
+	taskPID, _ := strconv.Atoi(m[1])
+
+	shPID := taskShellPID(t, al.ID, "t")
+	if taskPID != shPID {
+		t.Logf("the task sees itself as pid %d, the host as pid %d (a PID namespace)", taskPID, shPID)
+	}
+	startedAt := al.Task("t").StartedAt
+	ticksBefore := strings.Count(logs, "tick ")
+
+	must.NoError(t, a.Restart())
+	t.Logf("agent restarted, pid=%d", a.PID())
+
+	// Give the restored task runner time to recover the task (and to kill
+	// it, were recovery broken) before looking.
+	time.Sleep(3 * time.Second)
+	al = a.WaitAllocID(t, al.ID, 30*time.Second, StatusRunning)
+	ts := al.Task("t")
+	must.Eq(t, "running", ts.State, must.Sprint(al.Describe()))
+	must.Eq(t, uint64(0), ts.Restarts, must.Sprint(al.Describe()))
+	must.True(t, ts.StartedAt.Equal(startedAt), must.Sprintf("task restarted: started %v, then %v", startedAt, ts.StartedAt))
+
+	must.NoError(t, unix.Kill(shPID, 0), must.Sprintf("task process %d is gone after the restart", shPID))
+	must.Eq(t, shPID, taskShellPID(t, al.ID, "t"), must.Sprint("the task's process changed across the restart"))
+
+	// Still one start, and the log keeps flowing after the restart.
+	logs = a.WaitLogs(t, al.ID, "t", "tick "+strconv.Itoa(ticksBefore+3), 20*time.Second)
+	must.Eq(t, 1, strings.Count(logs, "started pid="), must.Sprintf("the task started again:\n%s", logs))
+
+	a.StopJob(t, job.ID)
+	al = a.WaitAllocID(t, al.ID, endTimeout, StatusComplete, StatusFailed)
+	ev := terminated(t, al, "t")
+	must.Eq(t, 3, ev.ExitCode, must.Sprint(al.Describe()))
+	must.StrContains(t, a.AllocLogs(t, al.ID, "t", false), "got-term")
+	must.Error(t, unix.Kill(shPID, 0), must.Sprintf("task process %d still alive after stop", shPID))
+}
+
+// taskShellPID finds the host PID of the task's /bin/sh.
+func taskShellPID(t *testing.T, allocID, task string) int {
+	t.Helper()
+	var found []int
+	for _, pid := range TaskPIDs(allocID, task) {
+		p, err := ReadProc(pid)
+		if err == nil && p.Comm == "sh" {
+			found = append(found, pid)
+		}
+	}
+	must.SliceLen(t, 1, found, must.Sprintf("want one sh process of task %s in allocation %s, got %v (all: %v)", task, allocID, found, TaskPIDs(allocID, task)))
+	return found[0]
+}
+
+// 5. "nomad alloc exec" runs inside the task's mount namespace.
+func TestAllocExec(t *testing.T) {
+	t.Parallel()
+	a := shared(t)
+
+	job := a.RunJob(t, "exec", vars())
+	al := a.WaitAlloc(t, job.ID, startTimeout, StatusRunning)
+	logs := a.WaitLogs(t, al.ID, "t", "mntns=", 20*time.Second)
+	taskNS := strings.TrimSpace(strings.SplitN(strings.SplitN(logs, "mntns=", 2)[1], "\n", 2)[0])
+
+	out, err := a.AllocExec(al.ID, "t", "readlink", "/proc/self/ns/mnt")
+	must.NoError(t, err, must.Sprintf("nomad alloc exec: %s", out))
+	execNS := strings.TrimSpace(out)
+	must.Eq(t, taskNS, execNS, must.Sprint("alloc exec ran outside the task's mount namespace"))
+
+	hostNS, err := os.Readlink("/proc/self/ns/mnt")
+	must.NoError(t, err)
+	if testDriver == DriverName {
+		must.NotEq(t, hostNS, taskNS, must.Sprint("the task shares the host's mount namespace"))
+	}
+
+	// The command's exit code comes back through the CLI.
+	out, err = a.AllocExec(al.ID, "t", "/bin/sh", "-c", "echo in-task; exit 5")
+	must.StrContains(t, out, "in-task")
+	var exitErr *exec.ExitError
+	must.True(t, errors.As(err, &exitErr), must.Sprintf("want exit status 5 from alloc exec, got %v: %s", err, out))
+	must.Eq(t, 5, exitErr.ExitCode(), must.Sprintf("alloc exec output: %s", out))
+	t.Logf("task mnt ns %s, exec mnt ns %s, host mnt ns %s", taskNS, execNS, hostNS)
+}
+
+// 6. A task that allocates past its memory limit is OOM killed and Nomad
+// says so.
+func TestMemoryLimitOOMKilled(t *testing.T) {
+	t.Parallel()
+	a := shared(t)
+
+	job := a.RunJob(t, "oom", vars())
+	al := a.WaitAlloc(t, job.ID, startTimeout, StatusFailed)
+	ev := terminated(t, al, "t")
+	logs := a.AllocLogs(t, al.ID, "t", false)
+	must.StrNotContains(t, logs, "survived", must.Sprint("the task got past its memory limit"))
+	oom := ev.Details["oom_killed"] == "true" || strings.Contains(ev.DisplayMessage+ev.Message, "OOM")
+	must.True(t, oom, must.Sprintf("Nomad does not say the task was OOM killed:\n%s", al.Describe()))
+	t.Logf("terminated: %s", ev.Text())
+}
+
+// 7. Bad task configuration fails with an error naming the field.
+func TestBadTaskConfig(t *testing.T) {
+	requireCSI(t)
+	t.Parallel()
+	a := shared(t)
+
+	for _, tc := range []struct {
+		job   string
+		names []string
+	}{
+		{"bad_unknown_key", []string{"no_such_setting"}},
+		{"bad_missing_command", []string{"command"}},
+		{"bad_privileged", []string{"privileged", "allow_privileged"}},
+	} {
+		t.Run(tc.job, func(t *testing.T) {
+			t.Parallel()
+			job, out, err := a.SubmitJob(t, tc.job, vars())
+			var said, where string
+			if err != nil {
+				said, where = out, "at submit"
+			} else {
+				al := a.WaitAlloc(t, job.ID, startTimeout, StatusFailed)
+				said, where = eventsText(al, "t"), "in the task events"
+				must.StrNotContains(t, a.AllocLogs(t, al.ID, "t", false), "should-not-run")
+			}
+			for _, name := range tc.names {
+				must.StrContains(t, said, name, must.Sprintf("%s the error does not name %q:\n%s", where, name, said))
+			}
+			t.Logf("rejected %s: %s", where, lastLine(said))
+		})
+	}
+}
+
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return lines[len(lines)-1]
+}
