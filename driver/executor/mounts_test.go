@@ -1,0 +1,227 @@
+package executor
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/shoenig/test/must"
+	"golang.org/x/sys/unix"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/mounter"
+)
+
+func TestSetupMounts_SlavesAllButBidirectional_Fake(t *testing.T) {
+	dir, err := filepath.EvalSymlinks(t.TempDir())
+	must.NoError(t, err)
+	bidi := filepath.Join(dir, "bidi")
+	priv := filepath.Join(dir, "priv")
+	h2t := filepath.Join(dir, "h2t")
+	for _, d := range []string{bidi, priv, h2t} {
+		must.NoError(t, os.Mkdir(d, 0o755))
+	}
+	file := filepath.Join(dir, "file")
+	must.NoError(t, os.WriteFile(file, nil, 0o644))
+
+	f := mounter.NewFake(
+		mounter.MountPoint{ID: 1, Path: "/", Shared: true, PeerGroup: 1},
+		mounter.MountPoint{ID: 2, Path: "/proc"},
+		mounter.MountPoint{ID: 3, Path: bidi, Shared: true, PeerGroup: 3},
+		mounter.MountPoint{ID: 4, Path: bidi + "/sub", Shared: true, PeerGroup: 4},
+		mounter.MountPoint{ID: 5, Path: priv, Shared: true, PeerGroup: 5},
+	)
+	mounts := []Mount{
+		{Source: priv, Target: "/task/priv", ReadOnly: true},
+		{Source: h2t, Target: "/task/h2t", Propagation: PropagationHostToTask},
+		{Source: bidi, Target: "/task/bidi", Propagation: PropagationBidirectional},
+		{Source: file, Target: "/task/file"},
+		{Source: bidi, Target: bidi, Propagation: PropagationBidirectional, ReadOnly: true},
+	}
+	must.NoError(t, setupMounts(f, mounts))
+
+	var got []string
+	for _, a := range f.GetActions() {
+		switch a.Kind {
+		case mounter.ActionSetPropagation:
+			got = append(got, a.Kind+" "+a.Target+" "+a.Mode+" "+boolWord(a.Recursive, "rec"))
+		case mounter.ActionBindMount:
+			got = append(got, a.Kind+" "+a.Source+" "+a.Target+" "+boolWord(a.ReadOnly, "ro"))
+		case mounter.ActionEnsureTarget:
+			got = append(got, a.Kind+" "+a.Target+" "+boolWord(a.IsDir, "dir"))
+		case mounter.ActionRemountReadOnly:
+			got = append(got, a.Kind+" "+a.Target)
+		}
+	}
+	want := []string{
+		// Step 1: shared mounts outside the bidirectional source become
+		// slaves, one by one (deepest first); /proc is private already.
+		"propagation " + priv + " slave -",
+		"propagation / slave -",
+		// Step 2, parents first.
+		"ensure-target /task/priv dir",
+		"bind " + priv + " /task/priv ro",
+		"propagation /task/priv private rec",
+		"ensure-target /task/h2t dir",
+		"bind " + h2t + " /task/h2t -",
+		"propagation /task/h2t slave rec",
+		"ensure-target /task/bidi dir",
+		"bind " + bidi + " /task/bidi -",
+		"ensure-target /task/file -",
+		"bind " + file + " /task/file -",
+		"propagation /task/file private rec",
+		// A target equal to its source (and a mount point already) only
+		// gets its read-only flag.
+		"remount-ro " + bidi,
+	}
+	must.Eq(t, want, got)
+
+	// The bidirectional bind joined the source's peer group.
+	table, err := f.List()
+	must.NoError(t, err)
+	mp, ok := mounter.FindMount(table, "/task/bidi")
+	must.True(t, ok)
+	must.True(t, mp.Shared)
+	must.Eq(t, 3, mp.PeerGroup)
+}
+
+func TestSetupMounts_ErrorStops_Fake(t *testing.T) {
+	dir := t.TempDir()
+	f := mounter.NewFake(mounter.MountPoint{ID: 1, Path: "/"})
+	f.MountErrs = map[string]error{"/task/a": unix.EPERM}
+	err := setupMounts(f, []Mount{{Source: dir, Target: "/task/a"}, {Source: dir, Target: "/task/b/c"}})
+	must.ErrorIs(t, err, unix.EPERM)
+	must.StrContains(t, err.Error(), dir)
+	for _, a := range f.GetActions() {
+		must.NotEq(t, "/task/b/c", a.Target)
+	}
+}
+
+func boolWord(b bool, word string) string {
+	if b {
+		return word
+	}
+	return "-"
+}
+
+// sharedSelfBind bind-mounts dir onto itself and makes it shared, as the
+// driver does for bidirectional sources. Cleanup unmounts it (and anything
+// left on it).
+func sharedSelfBind(t *testing.T, dir string) {
+	t.Helper()
+	m := mounter.New()
+	t.Cleanup(func() { detachAll(dir) })
+	must.NoError(t, m.BindMount(dir, dir, false, false))
+	must.NoError(t, m.SetPropagation(dir, mounter.PropagationShared, false))
+}
+
+// detachAll lazily unmounts everything at or below dir in this namespace.
+func detachAll(dir string) {
+	table, err := mounter.New().List()
+	if err != nil {
+		return
+	}
+	for i := len(table) - 1; i >= 0; i-- {
+		if mounter.PathWithin(table[i].Path, dir) {
+			_ = unix.Unmount(table[i].Path, unix.MNT_DETACH)
+		}
+	}
+}
+
+func isMountPoint(t *testing.T, path string) bool {
+	t.Helper()
+	ok, err := mounter.New().IsMountPoint(path)
+	if err != nil {
+		return false
+	}
+	return ok
+}
+
+// propagationFixture makes a base directory that is itself a shared mount
+// (as "/" is on a systemd host, so that step 1 of setupMounts matters), a
+// shared source inside it, and a target path inside it.
+func propagationFixture(t *testing.T) (base, source, target string) {
+	t.Helper()
+	base, err := filepath.EvalSymlinks(t.TempDir())
+	must.NoError(t, err)
+	sharedSelfBind(t, base)
+	source = filepath.Join(base, "source")
+	must.NoError(t, os.Mkdir(source, 0o755))
+	must.NoError(t, os.Mkdir(filepath.Join(source, "sub"), 0o755))
+	sharedSelfBind(t, source)
+	target = filepath.Join(base, "target")
+	return base, source, target
+}
+
+func TestMounts_Bidirectional_Root(t *testing.T) {
+	requireTaskRoot(t)
+	_, source, target := propagationFixture(t)
+
+	tt := newTestSpec(t, "/bin/sh", "-c",
+		`mount -t tmpfs task-tmpfs "$T/sub" && echo hello > "$T/sub/marker" && echo mounted && exec sleep 100`)
+	tt.spec.Privileged = true
+	tt.spec.Env = append(tt.spec.Env, "T="+target)
+	tt.spec.Mounts = []Mount{{Source: source, Target: target, Propagation: PropagationBidirectional}}
+	p := startTest(t, tt)
+
+	waitFor(t, "the task to mount", func() bool { return readFile(t, tt.stdout) == "mounted\n" })
+	// The task's mount reached the host through the shared source...
+	must.True(t, isMountPoint(t, filepath.Join(source, "sub")))
+	must.Eq(t, "hello\n", readFile(t, filepath.Join(source, "sub", "marker")))
+	// ...but the task's bind of the source onto the target did not.
+	must.False(t, isMountPoint(t, target))
+
+	must.NoError(t, p.Kill())
+	waitExit(t, p)
+}
+
+func TestMounts_HostToTask_Root(t *testing.T) {
+	requireTaskRoot(t)
+	_, source, target := propagationFixture(t)
+
+	tt := newTestSpec(t, "/bin/sh", "-c", `
+while [ ! -e "$T/sub/host-marker" ]; do sleep 0.05; done
+mkdir -p "$T/own" && mount -t tmpfs task-tmpfs "$T/own" && echo mounted
+exec sleep 100`)
+	tt.spec.Privileged = true // to be allowed to mount in the task
+	tt.spec.Env = append(tt.spec.Env, "T="+target)
+	tt.spec.Mounts = []Mount{{Source: source, Target: target, Propagation: PropagationHostToTask}}
+	p := startTest(t, tt)
+
+	// A host mount made after the start reaches the task.
+	sub := filepath.Join(source, "sub")
+	must.NoError(t, mounter.New().Mount("host-tmpfs", sub, "tmpfs", 0, "size=1m"))
+	must.NoError(t, os.WriteFile(filepath.Join(sub, "host-marker"), nil, 0o644))
+	waitFor(t, "the task to see the host mount and mount", func() bool {
+		return readFile(t, tt.stdout) == "mounted\n"
+	})
+	// The task's own mount stays in the task.
+	must.False(t, isMountPoint(t, filepath.Join(source, "own")))
+	must.False(t, isMountPoint(t, filepath.Join(target, "own")))
+	must.False(t, isMountPoint(t, target))
+
+	must.NoError(t, p.Kill())
+	waitExit(t, p)
+}
+
+func TestMounts_PrivateReadOnly_Root(t *testing.T) {
+	requireTaskRoot(t)
+	_, source, target := propagationFixture(t)
+	must.NoError(t, os.WriteFile(filepath.Join(source, "f"), []byte("data\n"), 0o644))
+
+	tt := newTestSpec(t, "/bin/sh", "-c", `cat "$T/f"; if touch "$T/new" 2>/dev/null; then echo writable; else echo readonly; fi; grep " $T " /proc/self/mountinfo`)
+	tt.spec.Env = append(tt.spec.Env, "T="+target)
+	tt.spec.Mounts = []Mount{{Source: source, Target: target, ReadOnly: true}}
+	p := startTest(t, tt)
+	must.Eq(t, 0, waitExit(t, p).ExitCode, must.Sprintf("stderr: %s", readFile(t, tt.stderr)))
+
+	out := readFile(t, tt.stdout)
+	lines := strings.SplitN(out, "\n", 3)
+	must.Eq(t, "data", lines[0])
+	must.Eq(t, "readonly", lines[1])
+	mps, err := mounter.ParseMountInfo(strings.NewReader(lines[2]))
+	must.NoError(t, err)
+	must.Len(t, 1, mps)
+	must.Eq(t, "private", mps[0].Propagation())
+	must.False(t, isMountPoint(t, target))
+}
