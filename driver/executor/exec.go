@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"sync"
 	"syscall"
 	"time"
 
@@ -113,7 +114,11 @@ func (p *Process) Exec(ctx context.Context, opts ExecOptions) (int, error) {
 	}
 
 	stop := make(chan struct{})
-	defer close(stop)
+	stopOnce := sync.OnceFunc(func() { close(stop) })
+	defer stopOnce()
+	// resizing must end before the deferred ptmx.Close.
+	var resizing sync.WaitGroup
+	defer resizing.Wait()
 	go func() {
 		select {
 		case <-ctx.Done():
@@ -138,7 +143,9 @@ func (p *Process) Exec(ctx context.Context, opts ExecOptions) (int, error) {
 			close(copyDone)
 		}()
 		if opts.Resize != nil {
+			resizing.Add(1)
 			go func() {
+				defer resizing.Done()
 				for {
 					select {
 					case sz, ok := <-opts.Resize:
@@ -166,6 +173,7 @@ func (p *Process) Exec(ctx context.Context, opts ExecOptions) (int, error) {
 	}
 
 	werr := cmd.Wait()
+	stopOnce()
 	if stdinW != nil {
 		_ = stdinW.Close()
 	}

@@ -2,14 +2,12 @@ package executor
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -110,6 +108,20 @@ func TestProcess_Signals_Root(t *testing.T) {
 		must.Eq(t, 0, len(processesMentioning(tt.spec.TaskID)))
 	})
 
+	t.Run("supervisor ignores termination signals", func(t *testing.T) {
+		tt := newTestSpec(t, "sleep", "100")
+		p := startTest(t, tt)
+		sup := p.State().SupervisorPID
+		for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGPIPE} {
+			must.NoError(t, unix.Kill(sup, sig))
+		}
+		time.Sleep(100 * time.Millisecond)
+		must.NoError(t, unix.Kill(sup, 0))
+		must.NoError(t, unix.Kill(p.Pid(), 0))
+		must.NoError(t, p.Signal(syscall.SIGTERM))
+		must.Eq(t, int(syscall.SIGTERM), waitExit(t, p).Signal)
+	})
+
 	t.Run("wait honours its context", func(t *testing.T) {
 		tt := newTestSpec(t, "sleep", "100")
 		p := startTest(t, tt)
@@ -166,15 +178,18 @@ func TestRecover_OutlivesDriver_Root(t *testing.T) {
 
 	driver := exec.Command("/proc/self/exe", "-test.run=^$")
 	driver.Env = append(os.Environ(), envStartHelper+"="+specPath)
-	var stderr bytes.Buffer
-	driver.Stderr = &stderr
+	stderrPath := filepath.Join(t.TempDir(), "helper-stderr")
+	stderr, err := os.Create(stderrPath)
+	must.NoError(t, err)
+	defer stderr.Close()
+	driver.Stderr = stderr
 	out, err := driver.StdoutPipe()
 	must.NoError(t, err)
 	must.NoError(t, driver.Start())
 	t.Cleanup(func() { _ = driver.Process.Kill(); _ = driver.Wait() })
 
 	line, err := bufio.NewReader(out).ReadBytes('\n')
-	must.NoError(t, err, must.Sprintf("helper stderr: %s", stderr.String()))
+	must.NoError(t, err, must.Func(func() string { return "helper stderr: " + readFile(t, stderrPath) }))
 	var st State
 	must.NoError(t, json.Unmarshal(line, &st))
 
@@ -418,5 +433,4 @@ func TestLookPath(t *testing.T) {
 		_, err := lookPath(filepath.Join(dir, "data"), nil)
 		must.ErrorContains(t, err, "not executable")
 	}
-	_ = strconv.Itoa
 }

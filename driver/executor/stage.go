@@ -183,14 +183,13 @@ func lookPath(command string, env []string) (string, error) {
 		}
 		return command, nil
 	}
-	pathVar, found := defaultPath, false
+	pathVar := defaultPath
 	for i := len(env) - 1; i >= 0; i-- {
 		if v, ok := strings.CutPrefix(env[i], "PATH="); ok {
-			pathVar, found = v, true
+			pathVar = v
 			break
 		}
 	}
-	_ = found
 	var firstErr error
 	for _, dir := range filepath.SplitList(pathVar) {
 		if dir == "" {
