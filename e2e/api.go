@@ -1,0 +1,468 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"text/template"
+	"time"
+)
+
+// DriverInfo is a node's view of one driver.
+type DriverInfo struct {
+	Attributes        map[string]string
+	Detected          bool
+	Healthy           bool
+	HealthDescription string
+}
+
+// NodeStub is an entry of /v1/nodes.
+type NodeStub struct {
+	ID              string
+	Name            string
+	Status          string
+	StatusUpdatedAt int64
+	Drivers         map[string]*DriverInfo
+}
+
+// Node is /v1/node/<id>.
+type Node struct {
+	ID         string
+	Name       string
+	Status     string
+	Attributes map[string]string
+	Drivers    map[string]*DriverInfo
+}
+
+// TaskEvent is one event of a task.
+type TaskEvent struct {
+	Type            string
+	Time            int64
+	DisplayMessage  string
+	Details         map[string]string
+	ExitCode        int
+	Signal          int
+	Message         string
+	DriverError     string
+	KillError       string
+	SetupError      string
+	ValidationError string
+	DriverMessage   string
+	RestartReason   string
+}
+
+// Text is everything an operator could read about the event.
+func (e TaskEvent) Text() string {
+	parts := []string{e.Type, e.DisplayMessage, e.Message, e.DriverError, e.KillError,
+		e.SetupError, e.ValidationError, e.DriverMessage, e.RestartReason}
+	keys := make([]string, 0, len(e.Details))
+	for k := range e.Details {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		parts = append(parts, k+"="+e.Details[k])
+	}
+	var nonEmpty []string
+	for _, p := range parts {
+		if p != "" {
+			nonEmpty = append(nonEmpty, p)
+		}
+	}
+	return strings.Join(nonEmpty, " | ")
+}
+
+// TaskState is a task's state inside an allocation.
+type TaskState struct {
+	State      string
+	Failed     bool
+	Restarts   uint64
+	StartedAt  time.Time
+	FinishedAt time.Time
+	Events     []TaskEvent
+}
+
+// AllocStub is an entry of /v1/job/<id>/allocations.
+type AllocStub struct {
+	ID            string
+	Name          string
+	JobID         string
+	TaskGroup     string
+	ClientStatus  string
+	DesiredStatus string
+	CreateIndex   uint64
+	TaskStates    map[string]*TaskState
+}
+
+// Allocation is /v1/allocation/<id>.
+type Allocation struct {
+	ID                 string
+	Name               string
+	JobID              string
+	NodeID             string
+	ClientStatus       string
+	ClientDescription  string
+	DesiredStatus      string
+	DesiredDescription string
+	TaskStates         map[string]*TaskState
+}
+
+// Events returns the events of one task ("" for the only task).
+func (al *Allocation) Events(task string) []TaskEvent {
+	if ts := al.Task(task); ts != nil {
+		return ts.Events
+	}
+	return nil
+}
+
+// Task returns one task's state ("" for the only task).
+func (al *Allocation) Task(task string) *TaskState {
+	if task == "" && len(al.TaskStates) == 1 {
+		for _, ts := range al.TaskStates {
+			return ts
+		}
+	}
+	return al.TaskStates[task]
+}
+
+// Describe renders the allocation's status and events for failure messages.
+func (al *Allocation) Describe() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "alloc %s (%s): client_status=%s %s desired=%s\n", al.ID, al.Name, al.ClientStatus, al.ClientDescription, al.DesiredStatus)
+	names := make([]string, 0, len(al.TaskStates))
+	for n := range al.TaskStates {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		ts := al.TaskStates[n]
+		fmt.Fprintf(&b, "  task %s: state=%s failed=%v restarts=%d\n", n, ts.State, ts.Failed, ts.Restarts)
+		for _, e := range ts.Events {
+			fmt.Fprintf(&b, "    %s  %s\n", time.Unix(0, e.Time).Format("15:04:05.000"), e.Text())
+		}
+	}
+	return b.String()
+}
+
+// GetJSON decodes the answer to GET path.
+func (a *Agent) GetJSON(path string, out any) error {
+	return a.do(http.MethodGet, path, nil, out)
+}
+
+// PutJSON sends body as JSON with PUT/POST and decodes the answer.
+func (a *Agent) PutJSON(method, path string, body, out any) error {
+	return a.do(method, path, body, out)
+}
+
+func (a *Agent) do(method, path string, body, out any) error {
+	var r io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return err
+		}
+		r = bytes.NewReader(b)
+	}
+	req, err := http.NewRequest(method, a.Addr+path, r)
+	if err != nil {
+		return err
+	}
+	resp, err := a.http.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode/100 != 2 {
+		return fmt.Errorf("%s %s: %s: %s", method, path, resp.Status, strings.TrimSpace(string(b)))
+	}
+	if out == nil {
+		return nil
+	}
+	if err := json.Unmarshal(b, out); err != nil {
+		return fmt.Errorf("%s %s: failed to decode the answer: %w", method, path, err)
+	}
+	return nil
+}
+
+// Node returns the agent's node.
+func (a *Agent) Node(t testing.TB) *Node {
+	t.Helper()
+	var n Node
+	if err := a.GetJSON("/v1/node/"+a.NodeID, &n); err != nil {
+		t.Fatalf("failed to read node %s: %v", a.NodeID, err)
+	}
+	return &n
+}
+
+// JobAllocations lists a job's allocations, newest first.
+func (a *Agent) JobAllocations(jobID string) ([]AllocStub, error) {
+	var allocs []AllocStub
+	if err := a.GetJSON("/v1/job/"+url.PathEscape(jobID)+"/allocations", &allocs); err != nil {
+		return nil, err
+	}
+	sort.Slice(allocs, func(i, j int) bool { return allocs[i].CreateIndex > allocs[j].CreateIndex })
+	return allocs, nil
+}
+
+// Allocation reads one allocation.
+func (a *Agent) Allocation(t testing.TB, allocID string) *Allocation {
+	t.Helper()
+	al, err := a.allocation(allocID)
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	return al
+}
+
+func (a *Agent) allocation(allocID string) (*Allocation, error) {
+	var al Allocation
+	if err := a.GetJSON("/v1/allocation/"+allocID, &al); err != nil {
+		return nil, fmt.Errorf("failed to read allocation %s: %w", allocID, err)
+	}
+	return &al, nil
+}
+
+// ---- jobs ----
+
+// Job is a job the harness submitted.
+type Job struct {
+	ID   string
+	File string // the rendered job file
+}
+
+// JobData is what a job template sees.
+type JobData struct {
+	JobID string
+	Vars  map[string]string
+}
+
+// RenderJob renders e2e/jobs/<name>.hcl with a new unique job ID and
+// returns the job and the path of the rendered file. Vars["Driver"]
+// defaults to "csi".
+func (a *Agent) RenderJob(name string, vars map[string]string) (Job, error) {
+	src := filepath.Join(a.Root, "e2e", "jobs", name+".hcl")
+	text, err := os.ReadFile(src)
+	if err != nil {
+		return Job{}, err
+	}
+	tmpl, err := template.New(name).Option("missingkey=error").Parse(string(text))
+	if err != nil {
+		return Job{}, fmt.Errorf("failed to parse job template %s: %w", src, err)
+	}
+	id := fmt.Sprintf("%s-%s", name, strconv.FormatInt(time.Now().UnixNano()%1e12, 36))
+	data := JobData{JobID: id, Vars: map[string]string{"Driver": DriverName}}
+	for k, v := range vars {
+		data.Vars[k] = v
+	}
+	var buf bytes.Buffer
+	if err := tmpl.Execute(&buf, data); err != nil {
+		return Job{}, fmt.Errorf("failed to render job template %s: %w", src, err)
+	}
+	file := filepath.Join(a.Dir, "jobs", id+".hcl")
+	if err := os.WriteFile(file, buf.Bytes(), 0o600); err != nil {
+		return Job{}, err
+	}
+	return Job{ID: id, File: file}, nil
+}
+
+// SubmitJob renders and runs a job with "nomad job run -detach" and
+// returns the CLI's output and error without failing the test; the job is
+// stopped and purged on Close.
+func (a *Agent) SubmitJob(t testing.TB, name string, vars map[string]string) (Job, string, error) {
+	t.Helper()
+	job, err := a.RenderJob(name, vars)
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	a.mu.Lock()
+	a.jobs = append(a.jobs, job.ID)
+	a.mu.Unlock()
+	out, err := a.Nomad("job", "run", "-detach", job.File)
+	return job, out, err
+}
+
+// RunJob is SubmitJob that fails the test when the submission fails.
+func (a *Agent) RunJob(t testing.TB, name string, vars map[string]string) Job {
+	t.Helper()
+	job, out, err := a.SubmitJob(t, name, vars)
+	if err != nil {
+		t.Fatalf("nomad job run %s failed: %v\n%s", job.File, err, out)
+	}
+	return job
+}
+
+// StopJob stops a job with "nomad job stop" (without purging it, so its
+// allocations stay readable).
+func (a *Agent) StopJob(t testing.TB, jobID string) {
+	t.Helper()
+	if out, err := a.Nomad("job", "stop", "-detach", jobID); err != nil {
+		t.Fatalf("nomad job stop %s failed: %v\n%s", jobID, err, out)
+	}
+}
+
+// Nomad runs the nomad CLI against the agent and returns its combined
+// output.
+func (a *Agent) Nomad(args ...string) (string, error) {
+	return a.NomadContext(context.Background(), args...)
+}
+
+// NomadContext is Nomad with a context; a call never runs longer than two
+// minutes.
+func (a *Agent) NomadContext(ctx context.Context, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, NomadBinary(a.Root), args...)
+	cmd.Env = append(cleanEnv(), "NOMAD_ADDR="+a.Addr, "NOMAD_CLI_NO_COLOR=1")
+	cmd.Stdin = nil
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// WaitAlloc waits for the job's newest allocation to reach one of the
+// wanted client statuses and returns it. It fails the test at once when
+// the allocation reaches a terminal status it did not want.
+func (a *Agent) WaitAlloc(t testing.TB, jobID string, timeout time.Duration, want ...string) *Allocation {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	var last *Allocation
+	for time.Now().Before(deadline) {
+		allocs, err := a.JobAllocations(jobID)
+		if err == nil && len(allocs) > 0 {
+			al, err := a.allocation(allocs[0].ID)
+			if err == nil {
+				last = al
+				if wanted(al.ClientStatus, want) {
+					return al
+				}
+				if IsTerminal(al.ClientStatus) {
+					t.Fatalf("allocation of job %s is %s, wanted %v:\n%s", jobID, al.ClientStatus, want, al.Describe())
+				}
+			}
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if last == nil {
+		t.Fatalf("job %s has no allocation after %v", jobID, timeout)
+	}
+	t.Fatalf("allocation of job %s did not become %v within %v:\n%s", jobID, want, timeout, last.Describe())
+	return nil
+}
+
+// WaitAllocID waits for one allocation to reach a wanted client status.
+func (a *Agent) WaitAllocID(t testing.TB, allocID string, timeout time.Duration, want ...string) *Allocation {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	var last *Allocation
+	for time.Now().Before(deadline) {
+		al, err := a.allocation(allocID)
+		if err == nil {
+			last = al
+			if wanted(al.ClientStatus, want) {
+				return al
+			}
+			if IsTerminal(al.ClientStatus) {
+				t.Fatalf("allocation %s is %s, wanted %v:\n%s", allocID, al.ClientStatus, want, al.Describe())
+			}
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if last == nil {
+		t.Fatalf("allocation %s could not be read within %v", allocID, timeout)
+	}
+	t.Fatalf("allocation %s did not become %v within %v:\n%s", allocID, want, timeout, last.Describe())
+	return nil
+}
+
+func wanted(s string, want []string) bool {
+	for _, w := range want {
+		if s == w {
+			return true
+		}
+	}
+	return false
+}
+
+// WaitEvent waits for a task event of the given type and returns it.
+func (a *Agent) WaitEvent(t testing.TB, allocID, task, eventType string, timeout time.Duration) TaskEvent {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	var last *Allocation
+	for time.Now().Before(deadline) {
+		al, err := a.allocation(allocID)
+		if err == nil {
+			last = al
+			for _, e := range al.Events(task) {
+				if e.Type == eventType {
+					return e
+				}
+			}
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	desc := "(allocation unreadable)"
+	if last != nil {
+		desc = last.Describe()
+	}
+	t.Fatalf("no %q event for task %q of allocation %s within %v:\n%s", eventType, task, allocID, timeout, desc)
+	return TaskEvent{}
+}
+
+// AllocLogs reads a task's stdout (or stderr) with "nomad alloc logs".
+func (a *Agent) AllocLogs(t testing.TB, allocID, task string, stderr bool) string {
+	t.Helper()
+	args := []string{"alloc", "logs"}
+	if stderr {
+		args = append(args, "-stderr")
+	}
+	args = append(args, allocID, task)
+	out, err := a.Nomad(args...)
+	if err != nil {
+		t.Fatalf("nomad alloc logs %s %s failed: %v\n%s", allocID, task, err, out)
+	}
+	return out
+}
+
+// WaitLogs waits until a task's stdout contains substr and returns it.
+func (a *Agent) WaitLogs(t testing.TB, allocID, task, substr string, timeout time.Duration) string {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	var out string
+	for time.Now().Before(deadline) {
+		o, err := a.Nomad("alloc", "logs", allocID, task)
+		if err == nil {
+			out = o
+			if strings.Contains(out, substr) {
+				return out
+			}
+		} else {
+			out = o + err.Error()
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	t.Fatalf("stdout of task %s in allocation %s did not contain %q within %v; it was:\n%s", task, allocID, substr, timeout, out)
+	return ""
+}
+
+// AllocExec runs a command in a running task with "nomad alloc exec"
+// (no TTY, no stdin) and returns its output.
+func (a *Agent) AllocExec(allocID, task string, command ...string) (string, error) {
+	args := append([]string{"alloc", "exec", "-i=false", "-t=false", "-task", task, allocID}, command...)
+	return a.Nomad(args...)
+}

@@ -1,0 +1,349 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Proc is one process from /proc.
+type Proc struct {
+	PID  int
+	PPID int
+	Comm string
+}
+
+func listProcs() []Proc {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	var procs []Proc
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		p, err := ReadProc(pid)
+		if err == nil {
+			procs = append(procs, p)
+		}
+	}
+	return procs
+}
+
+// ReadProc reads a process's name and parent from /proc/PID/status.
+func ReadProc(pid int) (Proc, error) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return Proc{}, err
+	}
+	defer f.Close()
+	p := Proc{PID: pid}
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		k, v, ok := strings.Cut(sc.Text(), ":")
+		if !ok {
+			continue
+		}
+		v = strings.TrimSpace(v)
+		switch k {
+		case "Name":
+			p.Comm = v
+		case "PPid":
+			p.PPID, _ = strconv.Atoi(v)
+		}
+	}
+	return p, sc.Err()
+}
+
+// StatusField reads one field of /proc/PID/status ("VmRSS" -> "1234 kB").
+func StatusField(pid int, field string) (string, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return "", err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if k, v, ok := strings.Cut(line, ":"); ok && k == field {
+			return strings.TrimSpace(v), nil
+		}
+	}
+	return "", fmt.Errorf("no %s in /proc/%d/status", field, pid)
+}
+
+// Children lists the agent's current child processes.
+func (a *Agent) Children() []Proc {
+	pid := a.PID()
+	if pid == 0 {
+		return nil
+	}
+	var out []Proc
+	for _, p := range listProcs() {
+		if p.PPID == pid {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// DriverPluginPID is the PID of the agent's nomad-driver-csi plugin
+// process (0 when there is none).
+func (a *Agent) DriverPluginPID() int {
+	for _, p := range a.Children() {
+		// comm is cut at 15 bytes: "nomad-driver-cs".
+		if strings.HasPrefix("nomad-driver-csi", p.Comm) && len(p.Comm) >= 12 {
+			return p.PID
+		}
+	}
+	return 0
+}
+
+// TaskPIDs finds the host PIDs of the processes of one allocation's task:
+// those whose environment holds NOMAD_ALLOC_ID=<alloc> and
+// NOMAD_TASK_NAME=<task>, excluding "nomad alloc exec" sessions' parents.
+func TaskPIDs(allocID, task string) []int {
+	var pids []int
+	self := os.Getpid()
+	for _, p := range listProcs() {
+		if p.PID == self {
+			continue
+		}
+		env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", p.PID))
+		if err != nil {
+			continue
+		}
+		vars := strings.Split(string(env), "\x00")
+		if contains(vars, "NOMAD_ALLOC_ID="+allocID) && contains(vars, "NOMAD_TASK_NAME="+task) {
+			pids = append(pids, p.PID)
+		}
+	}
+	sort.Ints(pids)
+	return pids
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// allocIDs lists the allocations this agent ever placed (the directories
+// of its alloc dir).
+func (a *Agent) allocIDs() []string {
+	var ids []string
+	for _, dir := range []string{filepath.Join(a.DataDir, "alloc")} {
+		entries, _ := os.ReadDir(dir)
+		for _, e := range entries {
+			if e.IsDir() && len(e.Name()) == 36 {
+				ids = append(ids, e.Name())
+			}
+		}
+	}
+	return ids
+}
+
+// killLeftovers SIGKILLs, by PID, every process that belongs to this
+// agent's test: a remembered child of the agent, or a process whose
+// command line, working directory, environment or cgroup names the
+// temporary directory or one of the agent's allocations.
+func (a *Agent) killLeftovers() {
+	self := os.Getpid()
+	ancestors := map[int]bool{}
+	for pid := self; pid > 1; {
+		ancestors[pid] = true
+		p, err := ReadProc(pid)
+		if err != nil {
+			break
+		}
+		pid = p.PPID
+	}
+	ids := a.allocIDs()
+	a.mu.Lock()
+	children := map[int]string{}
+	for k, v := range a.children {
+		children[k] = v
+	}
+	a.mu.Unlock()
+
+	for round := 0; round < 3; round++ {
+		var victims []int
+		for _, p := range listProcs() {
+			if ancestors[p.PID] || p.PID == 1 || procState(p.PID) == "Z" {
+				continue
+			}
+			if comm, ok := children[p.PID]; ok && comm == p.Comm {
+				victims = append(victims, p.PID)
+				continue
+			}
+			if a.belongs(p.PID, ids) {
+				victims = append(victims, p.PID)
+			}
+		}
+		if len(victims) == 0 {
+			return
+		}
+		for _, pid := range victims {
+			cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+			a.opts.Logf("killing leftover process pid=%d state=%s cmdline=%q", pid, procState(pid), strings.ReplaceAll(string(cmdline), "\x00", " "))
+			_ = unix.Kill(pid, unix.SIGKILL)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+// Owns tells whether a process belongs to this agent's test: its command
+// line, working directory, environment or cgroup names the agent's
+// temporary directory or one of its allocations.
+func (a *Agent) Owns(pid int) bool { return a.belongs(pid, a.allocIDs()) }
+
+func (a *Agent) belongs(pid int, allocIDs []string) bool {
+	marks := append([]string{a.Dir + "/"}, allocIDs...)
+	var texts []string
+	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); err == nil {
+		texts = append(texts, string(b))
+	}
+	if cwd, err := os.Readlink(fmt.Sprintf("/proc/%d/cwd", pid)); err == nil {
+		texts = append(texts, cwd+"/")
+	}
+	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid)); err == nil {
+		texts = append(texts, string(b))
+	}
+	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid)); err == nil {
+		texts = append(texts, string(b))
+	}
+	for _, s := range texts {
+		for _, m := range marks {
+			if strings.Contains(s, m) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// removeCgroups removes (rmdir, deepest first) the agent's own cgroup
+// parent and any empty cgroup named after one of its allocations. rmdir
+// only removes empty groups, so a live group is never touched.
+func (a *Agent) removeCgroups() {
+	ids := a.allocIDs()
+	roots, _ := filepath.Glob("/sys/fs/cgroup/*")
+	var dirs []string
+	for _, root := range roots {
+		_ = filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+			if err != nil || !d.IsDir() {
+				return nil
+			}
+			rel, _ := filepath.Rel(root, p)
+			if strings.Count(rel, "/") > 4 {
+				return filepath.SkipDir
+			}
+			base := filepath.Base(p)
+			if strings.Contains(p, "/"+a.cgroupParent) {
+				dirs = append(dirs, p)
+				return nil
+			}
+			for _, id := range ids {
+				if strings.Contains(base, id) {
+					dirs = append(dirs, p)
+					break
+				}
+			}
+			return nil
+		})
+	}
+	sort.Slice(dirs, func(i, j int) bool { return len(dirs[i]) > len(dirs[j]) })
+	for _, d := range dirs {
+		_ = unix.Rmdir(d)
+	}
+}
+
+// MountsUnder lists the mount points at or below dir, from
+// /proc/self/mountinfo, deepest first.
+func MountsUnder(dir string) ([]string, error) {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil, err
+	}
+	dir = filepath.Clean(dir)
+	var out []string
+	for _, line := range strings.Split(string(b), "\n") {
+		fields := strings.Fields(line)
+		if len(fields) < 5 {
+			continue
+		}
+		mp := unescapeMountPath(fields[4])
+		if mp == dir || strings.HasPrefix(mp, dir+"/") {
+			out = append(out, mp)
+		}
+	}
+	sort.SliceStable(out, func(i, j int) bool { return len(out[i]) > len(out[j]) })
+	return out, nil
+}
+
+// unescapeMountPath undoes mountinfo's octal escapes (\040 for a space).
+func unescapeMountPath(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// UnmountUnder unmounts everything at or below dir, deepest first,
+// lazily when a mount is busy, and reports what is still mounted.
+func UnmountUnder(dir string) error {
+	for round := 0; round < 5; round++ {
+		mounts, err := MountsUnder(dir)
+		if err != nil {
+			return err
+		}
+		if len(mounts) == 0 {
+			return nil
+		}
+		for _, mp := range mounts {
+			if err := unix.Unmount(mp, 0); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+				_ = unix.Unmount(mp, unix.MNT_DETACH)
+			}
+		}
+	}
+	mounts, err := MountsUnder(dir)
+	if err != nil {
+		return err
+	}
+	if len(mounts) > 0 {
+		return fmt.Errorf("still mounted: %s", strings.Join(mounts, ", "))
+	}
+	return nil
+}
+
+// procState is the one-letter state of a process ("R", "S", "Z"...).
+func procState(pid int) string {
+	s, err := StatusField(pid, "State")
+	if err != nil {
+		return "?"
+	}
+	return strings.SplitN(s, " ", 2)[0]
+}
