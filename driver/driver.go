@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -247,7 +248,8 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 	if err != nil {
 		_ = os.RemoveAll(spec.StateDir)
 		d.sharedSources().release(shared)
-		return nil, nil, fmt.Errorf("failed to start task: %w", err)
+		// The executor's errors already say the task failed to start.
+		return nil, nil, err
 	}
 
 	handle := drivers.NewTaskHandle(taskHandleVersion)
@@ -308,6 +310,9 @@ func (d *Driver) buildSpec(conf *Config, cfg *drivers.TaskConfig, tc *TaskConfig
 		Mounts:       mounts,
 		Limits:       taskLimits(cfg),
 		CgroupParent: conf.CgroupParent,
+		// Nomad's task IDs are "alloc/task/invocation": keep them readable
+		// in the cgroup tree without the slashes.
+		CgroupName: strings.ReplaceAll(cfg.ID, "/", "."),
 	}
 	if cfg.Resources != nil && cfg.Resources.LinuxResources != nil {
 		spec.OOMScoreAdj = int(cfg.Resources.LinuxResources.OOMScoreAdj)

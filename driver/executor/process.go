@@ -214,6 +214,8 @@ func validateSpec(spec *Spec) error {
 		return errors.New("task_id must not be empty")
 	case spec.Command == "":
 		return errors.New("command must not be empty")
+	case strings.Contains(spec.cgroupName(), "/"):
+		return fmt.Errorf("cgroup name %q must not contain a slash", spec.cgroupName())
 	case !filepath.IsAbs(spec.StateDir):
 		return fmt.Errorf("state_dir %q must be an absolute path", spec.StateDir)
 	}

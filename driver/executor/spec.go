@@ -65,10 +65,21 @@ type Spec struct {
 
 	Limits cgroups.Limits `json:"limits"`
 	// CgroupParent is the group all tasks of this driver go under, e.g.
-	// "nomad-csi"; the task's group is CgroupParent/TaskID.
+	// "nomad-csi"; the task's group is CgroupParent/CgroupName.
 	CgroupParent string `json:"cgroup_parent"`
+	// CgroupName names the task's group; it must not contain a slash.
+	// Empty means TaskID (which then must not contain one either).
+	CgroupName string `json:"cgroup_name,omitempty"`
 	// OOMScoreAdj is written to the task's oom_score_adj when non-zero.
 	OOMScoreAdj int `json:"oom_score_adj,omitempty"`
+}
+
+// cgroupName is the name of the task's control group.
+func (s *Spec) cgroupName() string {
+	if s.CgroupName != "" {
+		return s.CgroupName
+	}
+	return s.TaskID
 }
 
 // ExitStatus is how the task ended.

@@ -125,7 +125,7 @@ func startTask(spec *Spec) (*exec.Cmd, *cgroups.Group, error) {
 	}
 	defer stderr.Close()
 
-	group, err := cgroups.Create(spec.CgroupParent, spec.TaskID, spec.Limits)
+	group, err := cgroups.Create(spec.CgroupParent, spec.cgroupName(), spec.Limits)
 	if err != nil {
 		return nil, nil, fmt.Errorf("failed to create the task's cgroup: %w", err)
 	}

@@ -1,0 +1,281 @@
+package driver
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/nomad/helper/uuid"
+	"github.com/hashicorp/nomad/nomad/structs"
+	"github.com/hashicorp/nomad/plugins/base"
+	"github.com/hashicorp/nomad/plugins/drivers"
+	dtestutil "github.com/hashicorp/nomad/plugins/drivers/testutils"
+	"github.com/shoenig/test/must"
+	"golang.org/x/sys/unix"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor"
+	"github.com/nomad-driver-csi/nomad-driver-csi/mounter"
+)
+
+// The driver's tests start real tasks: the test binary must also be able to
+// act as the supervisor the executor re-executes.
+func TestMain(m *testing.M) {
+	if executor.RunReexec() {
+		return
+	}
+	os.Exit(m.Run())
+}
+
+func requireRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: the driver makes mount namespaces and control groups")
+	}
+}
+
+// harnessDriver is the real driver behind Nomad's gRPC driver harness.
+func harnessDriver(t *testing.T, cfg Config) (*dtestutil.DriverHarness, *Driver) {
+	t.Helper()
+	d := NewPlugin(hclog.NewNullLogger())
+	h := dtestutil.NewDriverHarness(t, d)
+	t.Cleanup(d.Shutdown)
+	if cfg.RootDir == "" {
+		cfg.RootDir = t.TempDir()
+	}
+	if cfg.CgroupParent == "" {
+		cfg.CgroupParent = "nomad-csi-test"
+	}
+	cfg.Enabled = true
+	var buf []byte
+	must.NoError(t, base.MsgPackEncode(&buf, &cfg))
+	must.NoError(t, h.SetConfig(&base.Config{PluginConfig: buf}))
+	return h, d
+}
+
+func realTask(t *testing.T, name string, tc TaskConfig) *drivers.TaskConfig {
+	t.Helper()
+	allocID := uuid.Generate()
+	cfg := &drivers.TaskConfig{
+		ID:      allocID + "/" + name + "/" + uuid.Short(),
+		AllocID: allocID,
+		Name:    name,
+		Resources: &drivers.Resources{
+			NomadResources: &structs.AllocatedTaskResources{
+				Memory: structs.AllocatedMemoryResources{MemoryMB: 64},
+				Cpu:    structs.AllocatedCpuResources{CpuShares: 100},
+			},
+			LinuxResources: &drivers.LinuxResources{MemoryLimitBytes: 64 << 20, CPUShares: 100},
+		},
+	}
+	must.NoError(t, cfg.EncodeConcreteDriverConfig(&tc))
+	return cfg
+}
+
+func waitExit(t *testing.T, h *dtestutil.DriverHarness, id string, within time.Duration) *drivers.ExitResult {
+	t.Helper()
+	ch, err := h.WaitTask(context.Background(), id)
+	must.NoError(t, err)
+	select {
+	case res := <-ch:
+		must.NotNil(t, res)
+		return res
+	case <-time.After(within):
+		t.Fatalf("task %s did not exit within %s", id, within)
+		return nil
+	}
+}
+
+func TestDriver_runsTaskWithLogsAndExitCode(t *testing.T) {
+	requireRoot(t)
+	h, _ := harnessDriver(t, Config{})
+	cfg := realTask(t, "hello", TaskConfig{Command: "/bin/sh", Args: []string{"-c", "echo out-$GREETING; echo err >&2; pwd; exit 3"}})
+	cfg.Env = map[string]string{"GREETING": "hi"}
+	cleanup := h.MkAllocDir(cfg, true)
+	defer cleanup()
+
+	_, _, err := h.StartTask(cfg)
+	must.NoError(t, err)
+	res := waitExit(t, h, cfg.ID, 20*time.Second)
+	must.Eq(t, 3, res.ExitCode)
+	must.Eq(t, 0, res.Signal)
+	must.NoError(t, h.DestroyTask(cfg.ID, false))
+
+	taskDir := cfg.TaskDir()
+	eventually(t, 5*time.Second, fileHas(filepath.Join(taskDir.LogDir, "hello.stdout.0"), "out-hi\n"+taskDir.Dir+"\n"))
+	eventually(t, 5*time.Second, fileHas(filepath.Join(taskDir.LogDir, "hello.stderr.0"), "err\n"))
+}
+
+// eventually retries cond until it returns nil or the timeout passes.
+func eventually(t *testing.T, timeout time.Duration, cond func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		err := cond()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("condition not met within %s: %v", timeout, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func fileHas(path, want string) func() error {
+	return func() error {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		if string(data) != want {
+			return fmt.Errorf("%s holds %q, want %q", path, data, want)
+		}
+		return nil
+	}
+}
+
+func mountedAt(path string) func() error {
+	return func() error {
+		ok, err := mounter.New().IsMountPoint(path)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return fmt.Errorf("%s is not a mount point", path)
+		}
+		return nil
+	}
+}
+
+func TestDriver_stopHonoursSignalAndRecoversAfterRestart(t *testing.T) {
+	requireRoot(t)
+	root := t.TempDir()
+	h, _ := harnessDriver(t, Config{RootDir: root})
+	script := `trap 'echo got-usr1; exit 0' USR1; echo $$ > "$NOMAD_TASK_DIR/pid"; while :; do sleep 0.1; done`
+	cfg := realTask(t, "svc", TaskConfig{Command: "/bin/sh", Args: []string{"-c", script}})
+	cleanup := h.MkAllocDir(cfg, true)
+	defer cleanup()
+
+	handle, _, err := h.StartTask(cfg)
+	must.NoError(t, err)
+	must.NoError(t, h.WaitUntilStarted(cfg.ID, 10*time.Second))
+	status, err := h.InspectTask(cfg.ID)
+	must.NoError(t, err)
+	pid, err := strconv.Atoi(status.DriverAttributes["pid"])
+	must.NoError(t, err)
+
+	// A new driver process (as after an agent restart) takes the task back
+	// from the handle Nomad stored: same PID, still running.
+	h2, _ := harnessDriver(t, Config{RootDir: root})
+	must.NoError(t, h2.RecoverTask(handle))
+	status, err = h2.InspectTask(cfg.ID)
+	must.NoError(t, err)
+	must.Eq(t, drivers.TaskStateRunning, status.State)
+	must.Eq(t, strconv.Itoa(pid), status.DriverAttributes["pid"])
+	must.NoError(t, syscall.Kill(pid, 0))
+
+	must.NoError(t, h2.StopTask(cfg.ID, 5*time.Second, "SIGUSR1"))
+	res := waitExit(t, h2, cfg.ID, 10*time.Second)
+	must.Eq(t, 0, res.ExitCode)
+	must.NoError(t, h2.DestroyTask(cfg.ID, false))
+}
+
+func TestDriver_killsAfterTimeoutAndExec(t *testing.T) {
+	requireRoot(t)
+	h, _ := harnessDriver(t, Config{})
+	cfg := realTask(t, "stubborn", TaskConfig{Command: "/bin/sh", Args: []string{"-c", `trap '' TERM; while :; do sleep 0.1; done`}})
+	cleanup := h.MkAllocDir(cfg, true)
+	defer cleanup()
+	_, _, err := h.StartTask(cfg)
+	must.NoError(t, err)
+	must.NoError(t, h.WaitUntilStarted(cfg.ID, 10*time.Second))
+
+	res, err := h.ExecTask(cfg.ID, []string{"/bin/sh", "-c", "echo in-task; exit 4"}, 10*time.Second)
+	must.NoError(t, err)
+	must.Eq(t, "in-task\n", string(res.Stdout))
+	must.Eq(t, 4, res.ExitResult.ExitCode)
+
+	start := time.Now()
+	must.NoError(t, h.StopTask(cfg.ID, time.Second, "SIGTERM"))
+	exit := waitExit(t, h, cfg.ID, 10*time.Second)
+	must.Eq(t, int(syscall.SIGKILL), exit.Signal)
+	must.Greater(t, time.Second-50*time.Millisecond, time.Since(start))
+	must.NoError(t, h.DestroyTask(cfg.ID, false))
+}
+
+func TestDriver_privilegedRefusedUnlessAllowed(t *testing.T) {
+	requireRoot(t)
+	h, _ := harnessDriver(t, Config{})
+	cfg := realTask(t, "priv", TaskConfig{Command: "/bin/true", Privileged: true})
+	cleanup := h.MkAllocDir(cfg, false)
+	defer cleanup()
+	_, _, err := h.StartTask(cfg)
+	must.ErrorContains(t, err, "allow_privileged")
+}
+
+// A privileged task with a bidirectional mount whose source is not a mount
+// point: the driver makes the source a shared mount point, a mount the task
+// makes there reaches the host, and once the task is gone nothing is left.
+func TestDriver_bidirectionalMountReachesHost(t *testing.T) {
+	requireRoot(t)
+	h, _ := harnessDriver(t, Config{AllowPrivileged: true})
+	src := t.TempDir()
+	cfg := realTask(t, "bidi", TaskConfig{
+		Command:    "/bin/sh",
+		Args:       []string{"-c", `mkdir -p /bidi/sub && mount -t tmpfs bidi-test /bidi/sub && touch /bidi/sub/ok && while :; do sleep 0.1; done`},
+		Privileged: true,
+	})
+	cfg.Mounts = []*drivers.MountConfig{{TaskPath: "/bidi", HostPath: src, PropagationMode: "bidirectional"}}
+	cleanup := h.MkAllocDir(cfg, true)
+	defer cleanup()
+	t.Cleanup(func() {
+		_ = unix.Unmount(filepath.Join(src, "sub"), unix.MNT_DETACH)
+		_ = unix.Unmount(src, unix.MNT_DETACH)
+	})
+
+	_, _, err := h.StartTask(cfg)
+	must.NoError(t, err)
+
+	// The tmpfs the task mounted is on the host, with the file it wrote.
+	eventually(t, 10*time.Second, mountedAt(filepath.Join(src, "sub")))
+	eventually(t, 5*time.Second, func() error {
+		_, err := os.Stat(filepath.Join(src, "sub", "ok"))
+		return err
+	})
+
+	must.NoError(t, h.StopTask(cfg.ID, time.Second, "SIGTERM"))
+	waitExit(t, h, cfg.ID, 10*time.Second)
+	// The task's mount stays (a plugin's staged volumes outlive it), so the
+	// self-bind stays too until that mount is gone.
+	must.NoError(t, h.DestroyTask(cfg.ID, false))
+	ok, err := mounter.New().IsMountPoint(src)
+	must.NoError(t, err)
+	must.True(t, ok)
+}
+
+// With nothing mounted beneath it any more, the self-bind goes with the
+// last task that used it.
+func TestDriver_selfBindRemovedWithLastTask(t *testing.T) {
+	requireRoot(t)
+	h, _ := harnessDriver(t, Config{AllowPrivileged: true})
+	src := t.TempDir()
+	cfg := realTask(t, "bidi", TaskConfig{Command: "/bin/sh", Args: []string{"-c", "sleep 60"}, Privileged: true})
+	cfg.Mounts = []*drivers.MountConfig{{TaskPath: "/bidi2", HostPath: src, PropagationMode: "bidirectional"}}
+	cleanup := h.MkAllocDir(cfg, true)
+	defer cleanup()
+	t.Cleanup(func() { _ = unix.Unmount(src, unix.MNT_DETACH) })
+
+	_, _, err := h.StartTask(cfg)
+	must.NoError(t, err)
+	eventually(t, 5*time.Second, mountedAt(src))
+	must.NoError(t, h.DestroyTask(cfg.ID, true))
+	ok, err := mounter.New().IsMountPoint(src)
+	must.NoError(t, err)
+	must.False(t, ok)
+}
