@@ -37,6 +37,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
 // config is everything the flags say.
@@ -182,15 +183,17 @@ func run(cfg config) error {
 
 // listen opens the unix socket, replacing a stale socket file.
 func listen(endpoint string) (net.Listener, error) {
-	p, ok := strings.CutPrefix(endpoint, "unix://")
-	if !ok {
-		p, ok = strings.CutPrefix(endpoint, "unix:")
-	}
-	if !ok && strings.Contains(endpoint, "://") || p == "" && ok {
+	p := endpoint
+	switch {
+	case strings.HasPrefix(endpoint, "unix://"):
+		p = strings.TrimPrefix(endpoint, "unix://")
+	case strings.HasPrefix(endpoint, "unix:"):
+		p = strings.TrimPrefix(endpoint, "unix:")
+	case strings.Contains(endpoint, "://"):
 		return nil, fmt.Errorf("endpoint must be unix:///absolute/path, not %q", endpoint)
 	}
-	if !ok {
-		p = endpoint
+	if !filepath.IsAbs(p) {
+		return nil, fmt.Errorf("endpoint must name an absolute socket path, not %q", endpoint)
 	}
 	if len(p) > 107 {
 		return nil, fmt.Errorf("socket path %q is %d bytes; unix sockets allow 107", p, len(p))
@@ -273,5 +276,5 @@ func (p *plugin) Probe(context.Context, *csi.ProbeRequest) (*csi.ProbeResponse, 
 	if _, err := os.Stat(p.cfg.stateDir); err != nil {
 		return nil, status.Errorf(codes.FailedPrecondition, "state dir %q is gone: %v", p.cfg.stateDir, err)
 	}
-	return &csi.ProbeResponse{Ready: wrapBool(true)}, nil
+	return &csi.ProbeResponse{Ready: wrapperspb.Bool(true)}, nil
 }
