@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"google.golang.org/grpc/status"
 )
 
 // Defaults of Config.
@@ -27,8 +28,9 @@ const (
 // Config configures a Prober. Zero fields take the defaults.
 type Config struct {
 	Logger hclog.Logger
-	// Interval is how often each plugin is probed (DefaultInterval). A
-	// plugin whose connection drops is probed at once.
+	// Interval is how often each healthy plugin is probed
+	// (DefaultInterval); an unhealthy one is retried every Interval/2, and
+	// a plugin whose connection drops is probed at once.
 	Interval time.Duration
 	// RPCTimeout bounds each CSI call (DefaultRPCTimeout).
 	RPCTimeout time.Duration
@@ -41,7 +43,9 @@ type Config struct {
 	// OnHealthChange, when set, is called when a plugin's health is first
 	// known and each time it flips, with the reason when unhealthy. It is
 	// called from the plugin's probe goroutine, never with a lock held,
-	// and not for conflicting sockets nor for removed plugins.
+	// and not for conflicting sockets nor for removed plugins. It may read
+	// the Prober (Get, Snapshot) but must not call Remove, Add or Close,
+	// which wait for that goroutine.
 	OnHealthChange func(id string, healthy bool, reason string)
 	// Dial makes a Client for a socket (NewClient).
 	Dial func(socket string, rpcTimeout time.Duration) (Client, error)
@@ -416,7 +420,13 @@ func (p *Prober) run(ctx context.Context, e *entry) {
 		if reply != nil {
 			close(reply)
 		}
-		timer.Reset(p.cfg.Interval)
+		if out.healthy {
+			timer.Reset(p.cfg.Interval)
+		} else {
+			// Retry an unhealthy plugin twice as often, so that its
+			// return is seen within an interval.
+			timer.Reset(p.cfg.Interval / 2)
+		}
 	}
 }
 
@@ -468,9 +478,13 @@ func (p *Prober) check(ctx context.Context, e *entry) outcome {
 	ready, err := e.client.Probe(ctx)
 	if err != nil {
 		// Start from a fresh connection next time: a plugin coming back
-		// is then seen within one interval whatever gRPC's backoff.
+		// is then seen within one retry whatever gRPC's backoff.
 		e.dropClient(p.logger)
-		return outcome{reason: fmt.Sprintf("probe failed: %v", err)}
+		if serr := p.cfg.StatSocket(e.spec.Socket); serr != nil {
+			// The usual death: the plugin removed its socket.
+			return outcome{reason: serr.Error()}
+		}
+		return outcome{reason: "probe failed: " + rpcMessage(err)}
 	}
 	gen := e.client.Generation()
 	stale := !e.infoFetched || gen != e.infoGen
@@ -502,6 +516,15 @@ func (p *Prober) check(ctx context.Context, e *entry) outcome {
 		return outcome{reason: err.Error(), details: d}
 	}
 	return outcome{healthy: true, details: d}
+}
+
+// rpcMessage is a gRPC error as "<code>: <message>", without the wrapping
+// that repeats the socket (the socket has its own attribute).
+func rpcMessage(err error) string {
+	if st, ok := status.FromError(err); ok {
+		return st.Code().String() + ": " + st.Message()
+	}
+	return err.Error()
 }
 
 // fetchDetails asks a ready plugin who it is and what it can do. Node calls
@@ -575,7 +598,10 @@ func (p *Prober) apply(e *entry, out outcome) {
 		p.mu.Unlock()
 		return
 	}
-	before := e.view()
+	// Maps in the record are replaced, never changed in place, so a
+	// shallow copy is a true "before".
+	before := e.status
+	firstProbe := !e.probed
 	st := &e.status
 	if out.info != nil && e.spec.ID == "" {
 		st.ID = out.info.Name
@@ -591,7 +617,7 @@ func (p *Prober) apply(e *entry, out outcome) {
 		st.NodeService, st.Node, st.NodeCaps = d.nodeService, d.node, d.nodeCaps
 		st.ControllerService, st.ControllerCaps = d.controllerService, d.controllerCaps
 	}
-	if !e.probed || st.Healthy != out.healthy {
+	if firstProbe || st.Healthy != out.healthy {
 		st.Since = time.Now()
 	}
 	e.probed = true
@@ -600,13 +626,20 @@ func (p *Prober) apply(e *entry, out outcome) {
 	if before.ID != st.ID {
 		p.resolveLocked()
 	}
-	after := e.view()
-	changed := !reflect.DeepEqual(before, after)
+	changed := firstProbe || before.Healthy != st.Healthy || before.HealthDescription != st.HealthDescription ||
+		before.ID != st.ID || before.Conflict != st.Conflict
+	if out.details != nil && !changed {
+		// Details are asked only on a new connection: comparing them
+		// fully is rare.
+		changed = !reflect.DeepEqual(before, *st)
+	}
 
 	report := false
-	if after.ID != "" && after.Conflict == "" {
+	id, healthy, reason, socket := st.ID, st.Healthy, st.HealthDescription, st.Socket
+	vendor, version := st.Info.Name, st.Info.VendorVersion
+	if id != "" && st.Conflict == "" {
 		want := reportedUnhealthy
-		if after.Healthy {
+		if healthy {
 			want = reportedHealthy
 		}
 		report = e.reported != want
@@ -615,13 +648,13 @@ func (p *Prober) apply(e *entry, out outcome) {
 	p.mu.Unlock()
 
 	if report {
-		if after.Healthy {
-			p.logger.Info("plugin healthy", "plugin_id", after.ID, "socket", after.Socket, "vendor", after.Info.Name, "version", after.Info.VendorVersion)
+		if healthy {
+			p.logger.Info("plugin healthy", "plugin_id", id, "socket", socket, "vendor", vendor, "version", version)
 		} else {
-			p.logger.Warn("plugin unhealthy", "plugin_id", after.ID, "socket", after.Socket, "reason", after.HealthDescription)
+			p.logger.Warn("plugin unhealthy", "plugin_id", id, "socket", socket, "reason", reason)
 		}
 		if p.cfg.OnHealthChange != nil {
-			p.cfg.OnHealthChange(after.ID, after.Healthy, after.HealthDescription)
+			p.cfg.OnHealthChange(id, healthy, reason)
 		}
 	}
 	if changed {
