@@ -1,11 +1,3 @@
-// Package fingerprint turns the answers of the CSI plugins on this node
-// (Identity, Node and, for controllers, ControllerGetCapabilities) into
-// Nomad node attributes under "driver.csi." and into plugin health.
-//
-// Client talks to one plugin socket; Prober owns the set of plugin sockets,
-// probes each one every second and keeps a PluginStatus record per plugin;
-// Build turns those records into attributes. Build is pure, so what the
-// node advertises can be tested without any plugin running.
 package fingerprint
 
 import (

@@ -128,24 +128,15 @@ func attributeKeys(ids []string) map[string]string {
 	return keys
 }
 
-// Build turns plugin records into node attributes:
-//
-//	driver.csi.plugins                      sorted, comma-separated plugin ids
-//	driver.csi.conflicting_sockets          sorted, comma-separated sockets (when any)
-//	driver.csi.plugin.<key>.id              the plugin id as given
-//	driver.csi.plugin.<key>.healthy         bool
-//	driver.csi.plugin.<key>.health_description  when unhealthy
-//	driver.csi.plugin.<key>.socket / source / type
-//	driver.csi.plugin.<key>.vendor / version    GetPluginInfo name and vendor_version
-//	driver.csi.plugin.<key>.<capability>        bools, see below
-//	driver.csi.plugin.<key>.node_id / max_volumes (when > 0) / topology.<segment key>
-//
-// <key> is SanitizeID of the id. Records without an id (a socket that never
-// answered) are left out; of two records with the same id the task plugin,
-// else the smaller socket path, wins and the other counts as conflicting.
-// What was last known of an unreachable plugin stays, with healthy=false.
+// Build turns plugin records into the node attributes listed in the
+// package documentation. Records without an id (a discovered socket that
+// never answered) are left out; of two records with the same id the task
+// plugin, else the smaller socket path, wins and the other counts as
+// conflicting. What was last known of an unreachable plugin stays, with
+// healthy=false.
 func Build(plugins []PluginStatus) map[string]*structs.Attribute {
-	attrs := map[string]*structs.Attribute{}
+	// About 45 attributes per plugin with node and controller services.
+	attrs := make(map[string]*structs.Attribute, 2+45*len(plugins))
 	sorted := slices.Clone(plugins)
 	slices.SortFunc(sorted, comparePlugins)
 

@@ -366,26 +366,30 @@ func (p *Prober) Refresh(ctx context.Context) error {
 	}
 	p.mu.Unlock()
 
-	replies := make([]chan struct{}, 0, len(entries))
+	// Kick every plugin at once, so that one hung plugin does not hold
+	// up the others.
+	var wg sync.WaitGroup
 	for _, e := range entries {
-		r := make(chan struct{})
-		select {
-		case e.kick <- r:
-			replies = append(replies, r)
-		case <-e.done:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			reply := make(chan struct{})
+			select {
+			case e.kick <- reply:
+			case <-e.done:
+				return
+			case <-ctx.Done():
+				return
+			}
+			select {
+			case <-reply:
+			case <-e.done:
+			case <-ctx.Done():
+			}
+		}()
 	}
-	for i, r := range replies {
-		select {
-		case <-r:
-		case <-entries[i].done:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-	return nil
+	wg.Wait()
+	return ctx.Err()
 }
 
 // run is the probe goroutine of one plugin.
