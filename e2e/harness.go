@@ -359,7 +359,7 @@ plugin "raw_exec" {
   }
 }
 
-plugin "csi" {
+plugin "nomad-driver-csi" {
   config {
     enabled          = true
     allow_privileged = {{.AllowPrivileged}}
@@ -515,6 +515,7 @@ func (a *Agent) waitReady(timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	exited := a.clientExited()
 	last := "no answer from the agent yet"
+	var readySince time.Time
 	for time.Now().Before(deadline) {
 		select {
 		case <-exited:
@@ -536,6 +537,15 @@ func (a *Agent) waitReady(timeout time.Duration) error {
 				last = fmt.Sprintf("node %s has not registered again since the restart", n.ID)
 			case len(missing) > 0:
 				last = fmt.Sprintf("node %s is ready but drivers are not healthy: %s", n.ID, strings.Join(missing, "; "))
+				if readySince.IsZero() {
+					readySince = time.Now()
+				}
+				// Drivers fingerprint within seconds of the node's
+				// registration; do not wait the full timeout for one
+				// that is broken.
+				if time.Since(readySince) > 30*time.Second {
+					return fmt.Errorf("%s after 30s; the driver's log lines:\n%s", last, a.driverLogLines(20))
+				}
 			default:
 				a.NodeID = n.ID
 				a.recordChildren()
@@ -561,6 +571,21 @@ func (a *Agent) registeredAgain() bool {
 		s = s[i:]
 	}
 	return strings.Contains(s, "client: node registration complete")
+}
+
+// driverLogLines returns the last n lines of the agent log that come from
+// or mention the csi driver plugin.
+func (a *Agent) driverLogLines(n int) string {
+	var out []string
+	for _, line := range strings.Split(a.Log(), "\n") {
+		if strings.Contains(line, "driver=csi") || strings.Contains(line, "nomad-driver-csi") {
+			out = append(out, line)
+		}
+	}
+	if len(out) > n {
+		out = out[len(out)-n:]
+	}
+	return strings.Join(out, "\n")
 }
 
 func (a *Agent) missingDrivers(drivers map[string]*DriverInfo) []string {
