@@ -649,6 +649,11 @@ func (p *Prober) apply(e *entry, out outcome) {
 		report = e.reported != want
 		e.reported = want
 	}
+	if changed {
+		// Under the lock, so that whoever sees the new record has been
+		// told too.
+		p.notify()
+	}
 	p.mu.Unlock()
 
 	if report {
@@ -660,9 +665,6 @@ func (p *Prober) apply(e *entry, out outcome) {
 		if p.cfg.OnHealthChange != nil {
 			p.cfg.OnHealthChange(id, healthy, reason)
 		}
-	}
-	if changed {
-		p.notify()
 	}
 }
 
