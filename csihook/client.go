@@ -1,0 +1,94 @@
+package csihook
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+// Client is the part of a CSI plugin's Controller and Node services the
+// volume lifecycle needs. Every method is one RPC under the caller's
+// context; errors are gRPC status errors as the plugin sent them.
+type Client interface {
+	NodeGetInfo(ctx context.Context, req *csi.NodeGetInfoRequest) (*csi.NodeGetInfoResponse, error)
+	CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest) (*csi.CreateVolumeResponse, error)
+	ControllerPublishVolume(ctx context.Context, req *csi.ControllerPublishVolumeRequest) (*csi.ControllerPublishVolumeResponse, error)
+	ControllerUnpublishVolume(ctx context.Context, req *csi.ControllerUnpublishVolumeRequest) (*csi.ControllerUnpublishVolumeResponse, error)
+	NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequest) (*csi.NodeStageVolumeResponse, error)
+	NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolumeRequest) (*csi.NodeUnstageVolumeResponse, error)
+	NodePublishVolume(ctx context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error)
+	NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error)
+	Close() error
+}
+
+// Names of the RPCs, as used by FakeClient and in logs.
+const (
+	MethodNodeGetInfo               = "NodeGetInfo"
+	MethodCreateVolume              = "CreateVolume"
+	MethodControllerPublishVolume   = "ControllerPublishVolume"
+	MethodControllerUnpublishVolume = "ControllerUnpublishVolume"
+	MethodNodeStageVolume           = "NodeStageVolume"
+	MethodNodeUnstageVolume         = "NodeUnstageVolume"
+	MethodNodePublishVolume         = "NodePublishVolume"
+	MethodNodeUnpublishVolume       = "NodeUnpublishVolume"
+)
+
+type grpcClient struct {
+	conn *grpc.ClientConn
+	node csi.NodeClient
+	ctrl csi.ControllerClient
+}
+
+var _ Client = (*grpcClient)(nil)
+
+// DialUnix returns a Client for the plugin listening on the unix socket
+// at path. It does not connect until the first call, so a plugin that is
+// down shows as Unavailable on that call.
+func DialUnix(path string) (Client, error) {
+	if !filepath.IsAbs(path) {
+		return nil, fmt.Errorf("CSI socket path %q must be absolute", path)
+	}
+	conn, err := grpc.NewClient("unix://"+path, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, fmt.Errorf("failed to create a client for CSI socket %q: %w", path, err)
+	}
+	return &grpcClient{conn: conn, node: csi.NewNodeClient(conn), ctrl: csi.NewControllerClient(conn)}, nil
+}
+
+func (c *grpcClient) NodeGetInfo(ctx context.Context, req *csi.NodeGetInfoRequest) (*csi.NodeGetInfoResponse, error) {
+	return c.node.NodeGetInfo(ctx, req)
+}
+
+func (c *grpcClient) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest) (*csi.CreateVolumeResponse, error) {
+	return c.ctrl.CreateVolume(ctx, req)
+}
+
+func (c *grpcClient) ControllerPublishVolume(ctx context.Context, req *csi.ControllerPublishVolumeRequest) (*csi.ControllerPublishVolumeResponse, error) {
+	return c.ctrl.ControllerPublishVolume(ctx, req)
+}
+
+func (c *grpcClient) ControllerUnpublishVolume(ctx context.Context, req *csi.ControllerUnpublishVolumeRequest) (*csi.ControllerUnpublishVolumeResponse, error) {
+	return c.ctrl.ControllerUnpublishVolume(ctx, req)
+}
+
+func (c *grpcClient) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequest) (*csi.NodeStageVolumeResponse, error) {
+	return c.node.NodeStageVolume(ctx, req)
+}
+
+func (c *grpcClient) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolumeRequest) (*csi.NodeUnstageVolumeResponse, error) {
+	return c.node.NodeUnstageVolume(ctx, req)
+}
+
+func (c *grpcClient) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
+	return c.node.NodePublishVolume(ctx, req)
+}
+
+func (c *grpcClient) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {
+	return c.node.NodeUnpublishVolume(ctx, req)
+}
+
+func (c *grpcClient) Close() error { return c.conn.Close() }

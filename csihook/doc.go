@@ -1,0 +1,135 @@
+// Package csihook speaks the CSI volume lifecycle for the csi task driver:
+// it makes the volumes a task names appear at host paths the driver binds
+// into the task, and takes them away again when the task ends, surviving
+// driver restarts and plugin crashes without leaking a mount. It knows
+// nothing of Nomad's RPCs; the driver decodes the task's volume blocks into
+// VolumeRequests and calls a Manager.
+//
+// # API
+//
+//	m, err := csihook.New(csihook.Config{Root: ..., Lookup: ..., Dial: csihook.DialUnix, Events: ...})
+//	m.Recover(func(taskID string) bool { ... })   // after RecoverTask; tears down orphans
+//	err = m.Validate(reqs)                         // static checks, no plugin calls
+//	pubs, err := m.Setup(ctx, taskID, reqs)        // all or nothing; bind pubs[i].HostPath at Destination
+//	err = m.Teardown(ctx, taskID)                  // retried in the background on failure
+//	m.Close()
+//
+// # Lifecycle
+//
+// Setup validates every request, looks every plugin up (missing or
+// unhealthy: fail at once naming plugin and node) and checks capabilities
+// (block-device needs PluginInfo.Block, create needs CREATE_DELETE_VOLUME)
+// and sharing before it writes or calls anything, so bad input leaves
+// nothing behind. Then per volume, in order:
+//
+//  1. CreateVolume named after volume_id when there is a create block;
+//     from then on the plugin's volume id and context (merged over the
+//     request's context, the plugin's keys winning) are used.
+//  2. ControllerPublishVolume when the plugin has PUBLISH_UNPUBLISH_VOLUME,
+//     to the node id from the fingerprint or NodeGetInfo; the publish
+//     context is kept for the node calls.
+//  3. NodeStageVolume when the plugin has STAGE_UNSTAGE_VOLUME, once per
+//     volume on the node, at Root/staging/<plugin>/<hash(volume id)>.
+//  4. NodePublishVolume per task at Root/publish/<hash(task id)>/<name>
+//     (the CO makes the parent, the plugin the target: a directory, or a
+//     file for block devices).
+//
+// If a volume fails, the volumes before it are torn down again. Teardown is
+// the exact reverse: NodeUnpublishVolume, then NodeUnstageVolume and
+// ControllerUnpublishVolume only when no other task on the node still uses
+// the volume. NotFound on any of these is success, and after the plugin
+// says a path is unpublished or unstaged it must no longer be a mount
+// point, otherwise the step counts as failed. Hashes are the first 16 hex
+// characters of SHA-256.
+//
+// Operations are serialised per volume (plugin id + volume id), never
+// globally: a hung volume delays only the operations on that volume, and a
+// waiter gives up when its context ends.
+//
+// # Access modes
+//
+// access_mode is one of single-node-writer, single-node-reader-only,
+// multi-node-reader-only, multi-node-single-writer, multi-node-multi-writer
+// (required); attachment_mode is file-system (default) or block-device.
+// read_only = true with any writer mode (single-node-writer,
+// multi-node-single-writer, multi-node-multi-writer) is refused: the access
+// mode is what the node gets, so ask for a reader-only mode instead. A
+// reader-only mode publishes read-only even without read_only. A volume
+// staged on the node is shared only by requests with the same access mode,
+// attachment mode and fs_type, and a single-node-writer volume by no
+// second task.
+//
+// # Journal
+//
+// Every step is journalled before and after its call, so a crash leaves
+// either a finished step or one marked in progress ("uncertain"). The
+// journal directory (Config.JournalDir, default Root/journal, mode 0700)
+// holds one JSON file per volume on the node and one per volume of a task,
+// each replaced atomically (temp file, fsync, rename, fsync of the
+// directory); a flock on .lock keeps a second manager out.
+//
+//	v-<hash(plugin id, volume id)>.json   volume on this node
+//	  {"version":1, "plugin_id", "volume_id", "staging_path", "node_id",
+//	   "access_mode", "attachment_mode", "fs_type", "mount_flags",
+//	   "volume_context", "publish_context", "secrets",
+//	   "controller": ""|"publishing"|"published"|"unpublishing",
+//	   "stage": ""|"staging"|"staged"|"unstaging", "updated"}
+//	t-<hash(task id)>-<hash(name)>.json   volume of a task
+//	  {"version":1, "task_id", "name", "seq", "plugin_id", "volume_id",
+//	   "target", "destination", "read_only", "access_mode",
+//	   "attachment_mode", "fs_type", "mount_flags", "volume_context",
+//	   "secrets", "state": "pending"|"publishing"|"published"|"unpublishing",
+//	   "updated"}
+//
+// The volume file is written before the task file, and a task file exists
+// from before the first call made for it until its unpublish finished. The
+// number of users of a volume is never stored: it is the number of task
+// files naming it, so it cannot drift from what is really published. The
+// files hold the volume's secrets (mode 0600) so that an interrupted call
+// can be re-issued and ControllerUnpublishVolume sent after a restart.
+// Records that cannot be read are renamed *.bad and logged, never guessed
+// at.
+//
+// # Recovery
+//
+// New loads the journal, so Teardown works for tasks set up before a
+// restart and Setup again for such a task returns its paths without
+// calling the plugin when the target is still mounted. Recover then checks
+// published targets against the mount table and, in the background, one
+// worker per volume: tears down the volumes of tasks that are not live
+// (orphans), and tasks caught mid-teardown; unstages and detaches volumes
+// nobody uses, including ones caught mid-stage; re-issues the idempotent
+// ControllerPublish, NodeStage and NodePublish for live tasks whose step
+// was uncertain or whose target lost its mount. Workers retry until the
+// plugin answers; WaitIdle waits for them.
+//
+// # Retries
+//
+// Every RPC runs under Config.RPCTimeout. Unavailable, ResourceExhausted,
+// Aborted and DeadlineExceeded are retried in line with capped, jittered
+// exponential backoff (RetryAttempts, RetryBase, RetryMax); other codes
+// are final and become an *OpError whose message says what to do. A
+// teardown that fails for any reason but InvalidArgument or Unimplemented
+// is retried in the background (BackgroundRetryBase..BackgroundRetryMax)
+// until it succeeds, each failure reported as an event such as
+// `Unpublishing volume "data" failed (Unavailable: ...): retrying in 4s`.
+// A teardown that cannot succeed stays in the journal for the next start.
+//
+// # Secrets
+//
+// Secrets reach the plugin and nothing else: requests are never logged
+// (logs carry method, task, plugin and volume ids, paths and codes), and
+// every secret value is replaced by "<redacted>" in a plugin's messages
+// before they go into an error, an event or a log line. OpError does not
+// wrap the plugin's error, so nothing unredacted is reachable from it.
+// Mount flags are not logged either.
+//
+// # Events
+//
+// Config.Events gets what a person following the task should see:
+// "Creating volume", "Attaching volume", "Staging volume", `Published
+// volume "data" at /data`, "Unpublishing volume", "Unstaging volume",
+// "Detaching volume", failures with the CSI code and message, retries and
+// their outcome. Events about a volume with no task left (found at
+// Recover) have an empty task id.
+package csihook

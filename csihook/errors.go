@@ -1,0 +1,205 @@
+package csihook
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// OpError is a failed CSI call (or a failure to reach the plugin for one),
+// after retries. Message is the plugin's message with every secret value
+// removed, Hint says what to do. It does not wrap the plugin's error, so
+// nothing unredacted can be reached through it.
+type OpError struct {
+	// Method is one of the Method* names.
+	Method   string
+	Volume   string
+	VolumeID string
+	PluginID string
+	Code     codes.Code
+	Message  string
+	Hint     string
+}
+
+func (e *OpError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "failed to %s %q (volume_id %q, plugin %q): %s", verb(e.Method), e.Volume, e.VolumeID, e.PluginID, e.Code)
+	if e.Message != "" {
+		b.WriteString(": ")
+		b.WriteString(e.Message)
+	}
+	if e.Hint != "" {
+		b.WriteString(": ")
+		b.WriteString(e.Hint)
+	}
+	return b.String()
+}
+
+// Event is the task event text of the failure.
+func (e *OpError) Event() string {
+	msg := fmt.Sprintf("%s %q failed (%s", gerund(e.Method), e.Volume, e.Code)
+	if e.Message != "" {
+		msg += ": " + e.Message
+	}
+	msg += ")"
+	if e.Hint != "" {
+		msg += ": " + e.Hint
+	}
+	return msg
+}
+
+// Code returns the gRPC code of err: an OpError's code, a status error's
+// code, DeadlineExceeded or Canceled for context errors, OK for nil and
+// Unknown otherwise.
+func Code(err error) codes.Code {
+	if err == nil {
+		return codes.OK
+	}
+	var oe *OpError
+	if errors.As(err, &oe) {
+		return oe.Code
+	}
+	switch {
+	case errors.Is(err, context.DeadlineExceeded):
+		return codes.DeadlineExceeded
+	case errors.Is(err, context.Canceled):
+		return codes.Canceled
+	}
+	if st, ok := status.FromError(err); ok {
+		return st.Code()
+	}
+	return codes.Unknown
+}
+
+// message returns the plugin's message of a call error.
+func message(err error) string {
+	if st, ok := status.FromError(err); ok {
+		return st.Message()
+	}
+	return err.Error()
+}
+
+// Retryable reports whether a failed call may be retried as it is: the
+// codes the CSI spec calls transient. Unimplemented, InvalidArgument,
+// NotFound, AlreadyExists, FailedPrecondition and the rest are final.
+func Retryable(code codes.Code) bool {
+	switch code {
+	case codes.Unavailable, codes.ResourceExhausted, codes.Aborted, codes.DeadlineExceeded:
+		return true
+	}
+	return false
+}
+
+// permanent reports whether a teardown failure cannot get better by
+// waiting: the request itself is wrong for the plugin.
+// Every call failure in err must be so.
+func permanent(err error) bool {
+	oes := opErrors(err)
+	if len(oes) == 0 {
+		return false
+	}
+	for _, oe := range oes {
+		if oe.Code != codes.InvalidArgument && oe.Code != codes.Unimplemented {
+			return false
+		}
+	}
+	return true
+}
+
+var verbs = map[string][2]string{
+	MethodNodeGetInfo:               {"read node info for volume", "Reading node info for volume"},
+	MethodCreateVolume:              {"create volume", "Creating volume"},
+	MethodControllerPublishVolume:   {"attach volume", "Attaching volume"},
+	MethodControllerUnpublishVolume: {"detach volume", "Detaching volume"},
+	MethodNodeStageVolume:           {"stage volume", "Staging volume"},
+	MethodNodeUnstageVolume:         {"unstage volume", "Unstaging volume"},
+	MethodNodePublishVolume:         {"publish volume", "Publishing volume"},
+	MethodNodeUnpublishVolume:       {"unpublish volume", "Unpublishing volume"},
+}
+
+func verb(method string) string {
+	if v, ok := verbs[method]; ok {
+		return v[0]
+	}
+	return "call " + method + " for volume"
+}
+
+func gerund(method string) string {
+	if v, ok := verbs[method]; ok {
+		return v[1]
+	}
+	return "Calling " + method + " for volume"
+}
+
+// hint maps a final code of a call to what the operator should do.
+func hint(method string, code codes.Code, volumeID, pluginID, nodeID string) string {
+	switch code {
+	case codes.NotFound:
+		switch method {
+		case MethodControllerPublishVolume:
+			return fmt.Sprintf("volume %q or node %q does not exist on plugin %q: create the volume or add a create block, and check the plugin's node id", volumeID, nodeID, pluginID)
+		case MethodNodeStageVolume, MethodNodePublishVolume:
+			return fmt.Sprintf("volume %q does not exist on plugin %q: create it or add a create block", volumeID, pluginID)
+		}
+	case codes.AlreadyExists:
+		if method == MethodCreateVolume {
+			return fmt.Sprintf("a volume named %q already exists on plugin %q with another size or parameters: change volume_id or make the create block match", volumeID, pluginID)
+		}
+		return fmt.Sprintf("volume %q is already in use on this node with another access mode, attachment mode or mount options: stop the other task or make the volume blocks match", volumeID)
+	case codes.FailedPrecondition:
+		if method == MethodControllerPublishVolume {
+			return fmt.Sprintf("volume %q is attached to another node in a way this request cannot share: stop the task using it there or use a multi-node access mode", volumeID)
+		}
+		return fmt.Sprintf("plugin %q cannot do this to volume %q in its current state: see the plugin's logs", pluginID, volumeID)
+	case codes.InvalidArgument:
+		return fmt.Sprintf("plugin %q rejected the request: check access_mode, attachment_mode, mount_options, context and create parameters", pluginID)
+	case codes.Unimplemented:
+		return fmt.Sprintf("plugin %q does not implement %s: check it is the right plugin and that its capabilities are current", pluginID, method)
+	case codes.OutOfRange:
+		return fmt.Sprintf("plugin %q cannot make a volume of that size: change create.capacity_min or create.capacity_max", pluginID)
+	case codes.ResourceExhausted:
+		if method == MethodControllerPublishVolume {
+			return fmt.Sprintf("node %q has as many volumes of plugin %q attached as it can take: stop a task using one", nodeID, pluginID)
+		}
+		return fmt.Sprintf("plugin %q is out of resources: free some or retry later", pluginID)
+	case codes.PermissionDenied, codes.Unauthenticated:
+		return fmt.Sprintf("plugin %q refused the credentials: check the volume's secrets", pluginID)
+	case codes.Unavailable:
+		return fmt.Sprintf("plugin %q is not answering: check that its task is running and healthy", pluginID)
+	case codes.DeadlineExceeded:
+		return fmt.Sprintf("plugin %q did not answer in time: check its logs and health", pluginID)
+	case codes.Aborted:
+		return fmt.Sprintf("plugin %q has another operation on volume %q in progress: retry later", pluginID, volumeID)
+	case codes.Internal, codes.Unknown:
+		return fmt.Sprintf("see the logs of plugin %q", pluginID)
+	}
+	return ""
+}
+
+const redacted = "<redacted>"
+
+// redact replaces every secret value in s. Longer values go first so a
+// secret containing another is removed whole.
+func redact(s string, secrets ...map[string]string) string {
+	var vals []string
+	for _, m := range secrets {
+		for _, v := range m {
+			if v != "" {
+				vals = append(vals, v)
+			}
+		}
+	}
+	if len(vals) == 0 {
+		return s
+	}
+	sort.Slice(vals, func(i, j int) bool { return len(vals[i]) > len(vals[j]) })
+	for _, v := range vals {
+		s = strings.ReplaceAll(s, v, redacted)
+	}
+	return s
+}

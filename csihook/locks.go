@@ -1,0 +1,53 @@
+package csihook
+
+import (
+	"context"
+	"sync"
+)
+
+// keyLocks serialises operations per key (one volume on this node) without
+// a global lock: waiting on one key never delays another, and a waiter can
+// give up when its context ends.
+type keyLocks struct {
+	mu    sync.Mutex
+	locks map[string]*keyLock
+}
+
+type keyLock struct {
+	ch   chan struct{}
+	refs int
+}
+
+func newKeyLocks() *keyLocks { return &keyLocks{locks: map[string]*keyLock{}} }
+
+// lock takes key's lock, or returns ctx's error if it ends first.
+func (k *keyLocks) lock(ctx context.Context, key string) (func(), error) {
+	k.mu.Lock()
+	l, ok := k.locks[key]
+	if !ok {
+		l = &keyLock{ch: make(chan struct{}, 1)}
+		k.locks[key] = l
+	}
+	l.refs++
+	k.mu.Unlock()
+
+	select {
+	case l.ch <- struct{}{}:
+		return func() {
+			<-l.ch
+			k.release(key, l)
+		}, nil
+	case <-ctx.Done():
+		k.release(key, l)
+		return nil, ctx.Err()
+	}
+}
+
+func (k *keyLocks) release(key string, l *keyLock) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	l.refs--
+	if l.refs == 0 {
+		delete(k.locks, key)
+	}
+}

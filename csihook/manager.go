@@ -1,0 +1,962 @@
+package csihook
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"maps"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/hashicorp/go-hclog"
+	"google.golang.org/grpc/codes"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/mounter"
+)
+
+// Manager stages and publishes CSI volumes for tasks. Its methods are safe
+// for concurrent use; operations on one volume are serialised, operations
+// on different volumes run in parallel.
+type Manager struct {
+	cfg     Config
+	logger  hclog.Logger
+	journal *journal
+	locks   *keyLocks
+
+	// mu guards the maps and closed; it is never held across a call to a
+	// plugin, the journal or the mounter.
+	mu      sync.Mutex
+	vols    map[volKey]volRecord
+	tasks   map[string]map[string]taskRecord
+	clients map[string]Client
+	workers map[string]bool
+	closed  bool
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// New checks cfg, creates Root and the journal directory, and loads the
+// journal, so that Teardown works for tasks set up before a restart. Call
+// Recover once the driver knows which tasks are still alive.
+func New(cfg Config) (*Manager, error) {
+	if cfg.Root == "" || !filepath.IsAbs(cfg.Root) {
+		return nil, fmt.Errorf("volume root %q must be an absolute path", cfg.Root)
+	}
+	cfg.Root = filepath.Clean(cfg.Root)
+	if cfg.JournalDir == "" {
+		cfg.JournalDir = filepath.Join(cfg.Root, "journal")
+	}
+	if !filepath.IsAbs(cfg.JournalDir) {
+		return nil, fmt.Errorf("journal directory %q must be an absolute path", cfg.JournalDir)
+	}
+	if cfg.Lookup == nil {
+		return nil, errors.New("a plugin lookup function is required")
+	}
+	if cfg.Dial == nil {
+		cfg.Dial = DialUnix
+	}
+	if cfg.Mounter == nil {
+		cfg.Mounter = mounter.New()
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = hclog.NewNullLogger()
+	}
+	if cfg.NodeName == "" {
+		cfg.NodeName, _ = os.Hostname()
+	}
+	setDefault(&cfg.RPCTimeout, defaultRPCTimeout)
+	setDefault(&cfg.RetryBase, defaultRetryBase)
+	setDefault(&cfg.RetryMax, defaultRetryMax)
+	setDefault(&cfg.BackgroundRetryBase, defaultBackgroundRetryBase)
+	setDefault(&cfg.BackgroundRetryMax, defaultBackgroundRetryMax)
+	if cfg.RetryAttempts <= 0 {
+		cfg.RetryAttempts = defaultRetryAttempts
+	}
+	for _, dir := range []string{cfg.Root, filepath.Join(cfg.Root, "staging"), filepath.Join(cfg.Root, "publish")} {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return nil, fmt.Errorf("failed to create volume directory %q: %w", dir, err)
+		}
+	}
+	j, err := openJournal(cfg.JournalDir)
+	if err != nil {
+		return nil, err
+	}
+	logger := cfg.Logger.Named("csihook")
+	vols, tasks, err := j.load(logger)
+	if err != nil {
+		j.close()
+		return nil, err
+	}
+	m := &Manager{
+		cfg:     cfg,
+		logger:  logger,
+		journal: j,
+		locks:   newKeyLocks(),
+		vols:    map[volKey]volRecord{},
+		tasks:   map[string]map[string]taskRecord{},
+		clients: map[string]Client{},
+		workers: map[string]bool{},
+	}
+	m.ctx, m.cancel = context.WithCancel(context.Background())
+	for _, v := range vols {
+		m.vols[v.key()] = v
+	}
+	for _, t := range tasks {
+		if m.tasks[t.TaskID] == nil {
+			m.tasks[t.TaskID] = map[string]taskRecord{}
+		}
+		m.tasks[t.TaskID][t.Name] = t
+	}
+	if len(vols)+len(tasks) > 0 {
+		logger.Info("loaded volume journal", "volumes", len(vols), "task_volumes", len(tasks))
+	}
+	return m, nil
+}
+
+func setDefault(d *time.Duration, def time.Duration) {
+	if *d <= 0 {
+		*d = def
+	}
+}
+
+// Close stops background retries and closes plugin connections. What is
+// left to tear down stays in the journal for the next Recover. Call it
+// after every Setup and Teardown has returned.
+func (m *Manager) Close() {
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return
+	}
+	m.closed = true
+	m.mu.Unlock()
+	m.cancel()
+	m.wg.Wait()
+	m.mu.Lock()
+	for socket, c := range m.clients {
+		c.Close()
+		delete(m.clients, socket)
+	}
+	m.mu.Unlock()
+	m.journal.close()
+}
+
+// WaitIdle waits until no background retry or recovery is running.
+func (m *Manager) WaitIdle(ctx context.Context) error {
+	t := time.NewTicker(5 * time.Millisecond)
+	defer t.Stop()
+	for {
+		m.mu.Lock()
+		n := len(m.workers)
+		m.mu.Unlock()
+		if n == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+// StagingPath is where a volume of a plugin is staged on this node.
+func (m *Manager) StagingPath(pluginID, volumeID string) string {
+	dir := pluginID
+	if !safeName.MatchString(dir) {
+		dir = "h-" + shortHash(pluginID)
+	}
+	return filepath.Join(m.cfg.Root, "staging", dir, shortHash(volumeID))
+}
+
+// TargetPath is where a task's volume is published on this node.
+func (m *Manager) TargetPath(taskID, name string) string {
+	return filepath.Join(m.taskDir(taskID), name)
+}
+
+func (m *Manager) taskDir(taskID string) string {
+	return filepath.Join(m.cfg.Root, "publish", shortHash(taskID))
+}
+
+// Users returns how many task volumes use a volume on this node.
+func (m *Manager) Users(pluginID, volumeID string) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.usersLocked(volKey{pluginID, volumeID})
+}
+
+func (m *Manager) usersLocked(k volKey) int {
+	n := 0
+	for _, recs := range m.tasks {
+		for _, t := range recs {
+			if t.key() == k {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+func (m *Manager) users(k volKey) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.usersLocked(k)
+}
+
+func (m *Manager) event(taskID, msg string, ann map[string]string) {
+	m.logger.Info("task event", "task_id", taskID, "event", msg)
+	if m.cfg.Events != nil {
+		m.cfg.Events(taskID, msg, ann)
+	}
+}
+
+func annotations(name, pluginID, volumeID string) map[string]string {
+	return map[string]string{"volume": name, "plugin_id": pluginID, "volume_id": volumeID}
+}
+
+// Journal writes: the file first, then memory, both under the volume's
+// lock held by the caller.
+
+func (m *Manager) putVol(v volRecord) error {
+	if err := m.journal.putVol(v); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	m.vols[v.key()] = v
+	m.mu.Unlock()
+	return nil
+}
+
+func (m *Manager) dropVol(k volKey) error {
+	if err := m.journal.dropVol(k); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	delete(m.vols, k)
+	m.mu.Unlock()
+	return nil
+}
+
+func (m *Manager) putTask(t taskRecord) error {
+	if err := m.journal.putTask(t); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	if m.tasks[t.TaskID] == nil {
+		m.tasks[t.TaskID] = map[string]taskRecord{}
+	}
+	m.tasks[t.TaskID][t.Name] = t
+	m.mu.Unlock()
+	return nil
+}
+
+func (m *Manager) dropTask(t taskRecord) error {
+	if err := m.journal.dropTask(t.TaskID, t.Name); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	delete(m.tasks[t.TaskID], t.Name)
+	if len(m.tasks[t.TaskID]) == 0 {
+		delete(m.tasks, t.TaskID)
+	}
+	m.mu.Unlock()
+	return nil
+}
+
+func (m *Manager) vol(k volKey) (volRecord, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	v, ok := m.vols[k]
+	return v, ok
+}
+
+func (m *Manager) taskRec(taskID, name string) (taskRecord, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	t, ok := m.tasks[taskID][name]
+	return t, ok
+}
+
+// taskRecs returns a task's records, the last set up first.
+func (m *Manager) taskRecs(taskID string) []taskRecord {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]taskRecord, 0, len(m.tasks[taskID]))
+	for _, t := range m.tasks[taskID] {
+		out = append(out, t)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Seq != out[j].Seq {
+			return out[i].Seq > out[j].Seq
+		}
+		return out[i].Name > out[j].Name
+	})
+	return out
+}
+
+// client returns the cached client of a socket, dialling it on first use.
+func (m *Manager) client(socket string) (Client, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return nil, errors.New("volume manager is closed")
+	}
+	if c, ok := m.clients[socket]; ok {
+		return c, nil
+	}
+	c, err := m.cfg.Dial(socket)
+	if err != nil {
+		return nil, err
+	}
+	m.clients[socket] = c
+	return c, nil
+}
+
+type pluginError struct{ msg string }
+
+func (e *pluginError) Error() string        { return e.msg }
+func (e *pluginError) Is(target error) bool { return target == ErrPluginNotFound }
+
+// lookupHealthy finds a plugin for Setup: it must be known and healthy.
+func (m *Manager) lookupHealthy(id string) (PluginInfo, error) {
+	info, err := m.cfg.Lookup(id)
+	switch {
+	case err != nil:
+		return info, &pluginError{fmt.Sprintf("CSI plugin %q is not running on node %q (%v): start the plugin's job or fix plugin_id", id, m.cfg.NodeName, err)}
+	case !info.Healthy:
+		desc := info.HealthDescription
+		if desc == "" {
+			desc = "unhealthy"
+		}
+		return info, &pluginError{fmt.Sprintf("CSI plugin %q on node %q is not healthy (%s): wait for it to become healthy or check its task", id, m.cfg.NodeName, desc)}
+	case info.Socket == "":
+		return info, &pluginError{fmt.Sprintf("CSI plugin %q on node %q has no socket yet: wait for it to become healthy", id, m.cfg.NodeName)}
+	}
+	return info, nil
+}
+
+// clients returns the node and controller clients of a plugin for an
+// operation, or an Unavailable OpError when the plugin cannot be reached.
+// Teardown uses unhealthy plugins too: the call may still work.
+func (m *Manager) pluginClients(o op) (PluginInfo, Client, Client, error) {
+	info, err := m.cfg.Lookup(o.pluginID)
+	if err != nil || info.Socket == "" {
+		return info, nil, nil, unreachable(o, fmt.Sprintf("CSI plugin %q is not running on node %q", o.pluginID, m.cfg.NodeName))
+	}
+	node, err := m.client(info.Socket)
+	if err != nil {
+		return info, nil, nil, unreachable(o, fmt.Sprintf("cannot connect to CSI plugin %q at %q: %v", o.pluginID, info.Socket, err))
+	}
+	ctrl := node
+	if info.ControllerSocket != "" {
+		if ctrl, err = m.client(info.ControllerSocket); err != nil {
+			return info, nil, nil, unreachable(o, fmt.Sprintf("cannot connect to CSI plugin %q at %q: %v", o.pluginID, info.ControllerSocket, err))
+		}
+	}
+	return info, node, ctrl, nil
+}
+
+type plan struct {
+	seq  int
+	req  VolumeRequest
+	info PluginInfo
+}
+
+// Setup makes every requested volume available for the task and returns
+// the host paths to bind into it, in request order. It is all or nothing:
+// on failure the volumes it set up are torn down again (in the background
+// if the plugin does not let that finish). Calling it again for a task
+// already set up returns the same paths without calling the plugins.
+func (m *Manager) Setup(ctx context.Context, taskID string, reqs []VolumeRequest) ([]Published, error) {
+	if taskID == "" {
+		return nil, invalidf("task id must not be empty")
+	}
+	if err := validate(reqs); err != nil {
+		return nil, err
+	}
+	plans, err := m.preflight(taskID, reqs)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Published, 0, len(plans))
+	for _, p := range plans {
+		pub, err := m.setupVolume(ctx, taskID, p)
+		if err == nil {
+			out = append(out, pub)
+			continue
+		}
+		var oe *OpError
+		if errors.As(err, &oe) {
+			m.event(taskID, oe.Event(), annotations(p.req.Name, p.req.PluginID, oe.VolumeID))
+		} else {
+			m.event(taskID, fmt.Sprintf("Setting up volume %q failed: %v", p.req.Name, err), annotations(p.req.Name, p.req.PluginID, p.req.VolumeID))
+		}
+		rctx, cancel := m.rollbackContext(ctx)
+		rbErr := m.teardownTask(rctx, taskID)
+		cancel()
+		if rbErr != nil {
+			m.scheduleTeardown(taskID, rbErr)
+			return nil, fmt.Errorf("%w (undoing the task's other volumes failed and is retried in the background: %v)", err, rbErr)
+		}
+		return nil, err
+	}
+	return out, nil
+}
+
+// preflight looks up every plugin and checks capabilities and sharing
+// before anything is written or called, so that a request that cannot
+// work leaves nothing behind.
+func (m *Manager) preflight(taskID string, reqs []VolumeRequest) ([]plan, error) {
+	var (
+		errs  []error
+		plans []plan
+	)
+	for i, req := range reqs {
+		info, err := m.lookupHealthy(req.PluginID)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("volume %q: %w", req.Name, err))
+			continue
+		}
+		if attachment(req) == AttachmentBlockDevice && !info.Block {
+			errs = append(errs, invalidf("volume %q: CSI plugin %q does not serve attachment_mode = %q: use %q or another plugin",
+				req.Name, req.PluginID, AttachmentBlockDevice, AttachmentFileSystem))
+		}
+		if req.Create != nil && !info.CreateDelete {
+			errs = append(errs, invalidf("volume %q: CSI plugin %q cannot create volumes (no CREATE_DELETE_VOLUME capability): remove the create block and create volume %q another way",
+				req.Name, req.PluginID, req.VolumeID))
+		}
+		if err := m.checkShare(taskID, req, req.VolumeID); err != nil {
+			errs = append(errs, err)
+		}
+		plans = append(plans, plan{seq: i, req: req, info: info})
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return plans, nil
+}
+
+type conflictError struct{ msg string }
+
+func (e *conflictError) Error() string        { return e.msg }
+func (e *conflictError) Is(target error) bool { return target == ErrConflict }
+
+// checkShare refuses a request that cannot share a volume with the tasks
+// already using it on this node: another access mode, attachment mode or
+// file system type than it is staged with, or a second task on a
+// single-node-writer volume.
+func (m *Manager) checkShare(taskID string, req VolumeRequest, volumeID string) error {
+	k := volKey{req.PluginID, volumeID}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var other string
+	for tid, recs := range m.tasks {
+		if tid == taskID {
+			continue
+		}
+		for _, t := range recs {
+			if t.key() == k {
+				other = tid
+			}
+		}
+	}
+	if other == "" {
+		return nil
+	}
+	if v, ok := m.vols[k]; ok && (v.AccessMode != req.AccessMode || v.AttachmentMode != attachment(req) || v.FSType != req.FSType) {
+		return &conflictError{fmt.Sprintf("volume %q: volume_id %q is in use on this node with access_mode = %q, attachment_mode = %q, fs_type = %q: use the same values or stop task %q",
+			req.Name, volumeID, v.AccessMode, v.AttachmentMode, v.FSType, other)}
+	}
+	if req.AccessMode == AccessSingleNodeWriter {
+		return &conflictError{fmt.Sprintf("volume %q: volume_id %q is single-node-writer and task %q already has it published writable on this node: stop that task first or use a multi-node access mode",
+			req.Name, volumeID, other)}
+	}
+	return nil
+}
+
+func (m *Manager) setupVolume(ctx context.Context, taskID string, p plan) (Published, error) {
+	req, info := p.req, p.info
+	o := op{taskID: taskID, name: req.Name, pluginID: req.PluginID, volumeID: req.VolumeID,
+		nodeID: info.NodeID, secrets: []map[string]string{req.Secrets}}
+	volumeID := req.VolumeID
+	vctx := maps.Clone(req.Context)
+	if req.Create != nil {
+		var err error
+		if volumeID, vctx, err = m.create(ctx, taskID, req, info, o); err != nil {
+			return Published{}, err
+		}
+		o.volumeID = volumeID
+	}
+	k := volKey{req.PluginID, volumeID}
+	unlock, err := m.locks.lock(ctx, k.String())
+	if err != nil {
+		return Published{}, fmt.Errorf("gave up waiting for another operation on volume %q (volume_id %q, plugin %q) to finish: %w",
+			req.Name, volumeID, req.PluginID, err)
+	}
+	defer unlock()
+	if err := m.checkShare(taskID, req, volumeID); err != nil {
+		return Published{}, err
+	}
+
+	target := m.TargetPath(taskID, req.Name)
+	pub := Published{Name: req.Name, HostPath: target, Destination: req.Destination,
+		ReadOnly: req.ReadOnly || !writerMode(req.AccessMode), Block: attachment(req) == AttachmentBlockDevice}
+
+	tr, ok := m.taskRec(taskID, req.Name)
+	if ok && tr.key() != k {
+		return Published{}, invalidf("volume %q: task %q already uses this name for volume_id %q", req.Name, taskID, tr.VolumeID)
+	}
+	if ok && tr.State == phasePublished {
+		if mounted, err := m.cfg.Mounter.IsMountPoint(target); err == nil && mounted {
+			m.logger.Debug("volume already published", "task_id", taskID, "volume", req.Name, "volume_id", volumeID, "target_path", target)
+			return pub, nil
+		}
+	}
+
+	vol, ok := m.vol(k)
+	if ok && m.users(k) == 0 && (vol.AccessMode != req.AccessMode || vol.AttachmentMode != attachment(req) || vol.FSType != req.FSType) {
+		// Left over with another capability and nobody using it: take it
+		// down before staging it anew.
+		if err := m.releaseLocked(ctx, taskID, req.Name, k); err != nil {
+			return Published{}, err
+		}
+		ok = false
+	}
+	if !ok {
+		vol = volRecord{
+			PluginID: req.PluginID, VolumeID: volumeID, StagingPath: m.StagingPath(req.PluginID, volumeID),
+			AccessMode: req.AccessMode, AttachmentMode: attachment(req), FSType: req.FSType,
+			MountFlags: req.MountFlags, VolumeContext: vctx, Secrets: req.Secrets,
+		}
+		if err := m.putVol(vol); err != nil {
+			return Published{}, err
+		}
+	}
+	if existing, ok := m.taskRec(taskID, req.Name); ok {
+		tr = existing
+	} else {
+		tr = taskRecord{
+			TaskID: taskID, Name: req.Name, Seq: p.seq, PluginID: req.PluginID, VolumeID: volumeID,
+			Target: target, Destination: req.Destination, ReadOnly: pub.ReadOnly,
+			AccessMode: req.AccessMode, AttachmentMode: attachment(req), FSType: req.FSType,
+			MountFlags: req.MountFlags, VolumeContext: vctx, Secrets: req.Secrets, State: phasePending,
+		}
+		// From here the task counts as a user: nobody unstages under it.
+		if err := m.putTask(tr); err != nil {
+			return Published{}, err
+		}
+	}
+	if vol, err = m.ensureVolume(ctx, taskID, req.Name, info, vol, false); err != nil {
+		return Published{}, err
+	}
+	if err := m.ensurePublished(ctx, info, vol, tr); err != nil {
+		return Published{}, err
+	}
+	return pub, nil
+}
+
+// create calls CreateVolume named after the request's volume id and returns
+// the plugin's id and volume context (merged over the request's).
+func (m *Manager) create(ctx context.Context, taskID string, req VolumeRequest, info PluginInfo, o op) (string, map[string]string, error) {
+	o.method = MethodCreateVolume
+	_, _, ctrl, err := m.pluginClients(o)
+	if err != nil {
+		return "", nil, err
+	}
+	m.event(taskID, fmt.Sprintf("Creating volume %q", req.Name), annotations(req.Name, req.PluginID, req.VolumeID))
+	creq := &csi.CreateVolumeRequest{
+		Name:               req.VolumeID,
+		VolumeCapabilities: []*csi.VolumeCapability{capability(req.AccessMode, attachment(req), req.FSType, req.MountFlags)},
+		Parameters:         maps.Clone(req.Create.Parameters),
+		Secrets:            req.Secrets,
+	}
+	if req.Create.CapacityMin > 0 || req.Create.CapacityMax > 0 {
+		creq.CapacityRange = &csi.CapacityRange{RequiredBytes: req.Create.CapacityMin, LimitBytes: req.Create.CapacityMax}
+	}
+	var resp *csi.CreateVolumeResponse
+	err = m.call(ctx, o, func(ctx context.Context) error {
+		var err error
+		resp, err = ctrl.CreateVolume(ctx, creq)
+		return err
+	})
+	if err != nil {
+		return "", nil, err
+	}
+	id := resp.GetVolume().GetVolumeId()
+	if id == "" {
+		return "", nil, &OpError{Method: o.method, Volume: req.Name, VolumeID: req.VolumeID, PluginID: req.PluginID,
+			Code: codes.Internal, Message: "the plugin answered without a volume id", Hint: hint(o.method, codes.Internal, req.VolumeID, req.PluginID, "")}
+	}
+	vctx := maps.Clone(req.Context)
+	if vctx == nil {
+		vctx = map[string]string{}
+	}
+	maps.Copy(vctx, resp.GetVolume().GetVolumeContext())
+	m.logger.Info("volume created", "task_id", taskID, "volume", req.Name, "plugin_id", req.PluginID, "volume_id", id)
+	return id, vctx, nil
+}
+
+// ensureVolume brings a volume to controller-published (when the plugin
+// needs it) and staged (when the plugin stages), journalling each step
+// before and after its call. With restage, a staged volume is staged again
+// (idempotent for the plugin) to repair a lost staging mount. The caller
+// holds the volume's lock.
+func (m *Manager) ensureVolume(ctx context.Context, taskID, name string, info PluginInfo, vol volRecord, restage bool) (volRecord, error) {
+	o := op{taskID: taskID, name: name, pluginID: vol.PluginID, volumeID: vol.VolumeID, nodeID: vol.NodeID,
+		secrets: []map[string]string{vol.Secrets}}
+	ann := annotations(name, vol.PluginID, vol.VolumeID)
+	vc := capability(vol.AccessMode, vol.AttachmentMode, vol.FSType, vol.MountFlags)
+	needCtrl := info.ControllerPublish || vol.Controller != phaseNone
+	needStage := info.StageUnstage || vol.Stage != phaseNone
+	if (!needCtrl || vol.Controller == phasePublished) && (!needStage || (vol.Stage == phaseStaged && !restage)) {
+		return vol, nil
+	}
+	o.method = MethodNodeStageVolume
+	info, node, ctrl, err := m.pluginClients(o)
+	if err != nil {
+		return vol, err
+	}
+
+	if needCtrl && vol.Controller != phasePublished {
+		if vol.NodeID == "" {
+			vol.NodeID = info.NodeID
+		}
+		if vol.NodeID == "" {
+			o.method = MethodNodeGetInfo
+			err := m.call(ctx, o, func(ctx context.Context) error {
+				resp, err := node.NodeGetInfo(ctx, &csi.NodeGetInfoRequest{})
+				vol.NodeID = resp.GetNodeId()
+				return err
+			})
+			if err != nil {
+				return vol, err
+			}
+			if vol.NodeID == "" {
+				return vol, &OpError{Method: o.method, Volume: name, VolumeID: vol.VolumeID, PluginID: vol.PluginID,
+					Code: codes.Internal, Message: "the plugin answered without a node id", Hint: hint(o.method, codes.Internal, vol.VolumeID, vol.PluginID, "")}
+			}
+		}
+		o.nodeID = vol.NodeID
+		vol.Controller = phasePublishing
+		if err := m.putVol(vol); err != nil {
+			return vol, err
+		}
+		m.event(taskID, fmt.Sprintf("Attaching volume %q", name), ann)
+		o.method = MethodControllerPublishVolume
+		var pctx map[string]string
+		err := m.call(ctx, o, func(ctx context.Context) error {
+			resp, err := ctrl.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{
+				VolumeId: vol.VolumeID, NodeId: vol.NodeID, VolumeCapability: vc,
+				Readonly: !writerMode(vol.AccessMode), Secrets: vol.Secrets, VolumeContext: vol.VolumeContext,
+			})
+			pctx = resp.GetPublishContext()
+			return err
+		})
+		if err != nil {
+			return vol, err
+		}
+		vol.PublishContext, vol.Controller = pctx, phasePublished
+		if err := m.putVol(vol); err != nil {
+			return vol, err
+		}
+	}
+
+	if needStage && (vol.Stage != phaseStaged || restage) {
+		if err := os.MkdirAll(vol.StagingPath, 0o750); err != nil {
+			return vol, fmt.Errorf("failed to create staging directory %q for volume %q: %w", vol.StagingPath, name, err)
+		}
+		vol.Stage = phaseStaging
+		if err := m.putVol(vol); err != nil {
+			return vol, err
+		}
+		m.event(taskID, fmt.Sprintf("Staging volume %q", name), ann)
+		o.method, o.path = MethodNodeStageVolume, vol.StagingPath
+		err := m.call(ctx, o, func(ctx context.Context) error {
+			_, err := node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{
+				VolumeId: vol.VolumeID, PublishContext: vol.PublishContext, StagingTargetPath: vol.StagingPath,
+				VolumeCapability: vc, Secrets: vol.Secrets, VolumeContext: vol.VolumeContext,
+			})
+			return err
+		})
+		if err != nil {
+			return vol, err
+		}
+		vol.Stage = phaseStaged
+		if err := m.putVol(vol); err != nil {
+			return vol, err
+		}
+	}
+	return vol, nil
+}
+
+// ensurePublished publishes a task's volume at its target, journalling
+// before and after the call. The caller holds the volume's lock.
+func (m *Manager) ensurePublished(ctx context.Context, info PluginInfo, vol volRecord, tr taskRecord) error {
+	o := op{method: MethodNodePublishVolume, taskID: tr.TaskID, name: tr.Name, pluginID: tr.PluginID,
+		volumeID: tr.VolumeID, nodeID: vol.NodeID, path: tr.Target, secrets: []map[string]string{tr.Secrets}}
+	_, node, _, err := m.pluginClients(o)
+	if err != nil {
+		return err
+	}
+	// The CO makes the parent; the plugin makes the target (CSI spec).
+	if err := os.MkdirAll(filepath.Dir(tr.Target), 0o750); err != nil {
+		return fmt.Errorf("failed to create the publish directory of volume %q: %w", tr.Name, err)
+	}
+	tr.State = phasePublishing
+	if err := m.putTask(tr); err != nil {
+		return err
+	}
+	staging := ""
+	if vol.Stage == phaseStaged {
+		staging = vol.StagingPath
+	}
+	err = m.call(ctx, o, func(ctx context.Context) error {
+		_, err := node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{
+			VolumeId: tr.VolumeID, PublishContext: vol.PublishContext, StagingTargetPath: staging,
+			TargetPath: tr.Target, VolumeCapability: capability(tr.AccessMode, tr.AttachmentMode, tr.FSType, tr.MountFlags),
+			Readonly: tr.ReadOnly, Secrets: tr.Secrets, VolumeContext: tr.VolumeContext,
+		})
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	tr.State = phasePublished
+	if err := m.putTask(tr); err != nil {
+		return err
+	}
+	m.event(tr.TaskID, fmt.Sprintf("Published volume %q at %s", tr.Name, tr.Destination), annotations(tr.Name, tr.PluginID, tr.VolumeID))
+	return nil
+}
+
+// Teardown unpublishes every volume of the task, then unstages and
+// detaches those no other task on this node uses, in the reverse order of
+// Setup. A task without volumes is success. When a step fails for a reason
+// that may pass (the plugin is down, busy or slow), the rest is retried in
+// the background until it succeeds, reported through Events, and the
+// returned error says so.
+func (m *Manager) Teardown(ctx context.Context, taskID string) error {
+	err := m.teardownTask(ctx, taskID)
+	if err == nil {
+		return nil
+	}
+	if permanent(err) {
+		m.event(taskID, fmt.Sprintf("%s: not retrying; the journal keeps the volume for the next driver start", summary(err)), nil)
+		return fmt.Errorf("failed to tear down the volumes of task %q: %w", taskID, err)
+	}
+	m.scheduleTeardown(taskID, err)
+	return fmt.Errorf("failed to tear down the volumes of task %q, retrying in the background: %w", taskID, err)
+}
+
+func (m *Manager) teardownTask(ctx context.Context, taskID string) error {
+	var errs []error
+	for _, tr := range m.taskRecs(taskID) {
+		if err := m.teardownVolume(ctx, tr.TaskID, tr.Name); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if len(errs) == 0 {
+		removeIfEmpty(m.taskDir(taskID))
+	}
+	return errors.Join(errs...)
+}
+
+func (m *Manager) teardownVolume(ctx context.Context, taskID, name string) error {
+	tr, ok := m.taskRec(taskID, name)
+	if !ok {
+		return nil
+	}
+	unlock, err := m.locks.lock(ctx, tr.key().String())
+	if err != nil {
+		return fmt.Errorf("gave up waiting for another operation on volume %q (volume_id %q, plugin %q) to finish: %w",
+			name, tr.VolumeID, tr.PluginID, err)
+	}
+	defer unlock()
+	if tr, ok = m.taskRec(taskID, name); !ok {
+		return nil
+	}
+	if err := m.unpublishLocked(ctx, tr); err != nil {
+		return err
+	}
+	return m.releaseLocked(ctx, taskID, name, tr.key())
+}
+
+// unpublishLocked unpublishes one task volume and drops its record. The
+// caller holds the volume's lock.
+func (m *Manager) unpublishLocked(ctx context.Context, tr taskRecord) error {
+	if tr.State != phasePending {
+		o := op{method: MethodNodeUnpublishVolume, taskID: tr.TaskID, name: tr.Name, pluginID: tr.PluginID,
+			volumeID: tr.VolumeID, path: tr.Target, notFoundOK: true, secrets: []map[string]string{tr.Secrets}}
+		if tr.State != phaseUnpublishing {
+			tr.State = phaseUnpublishing
+			if err := m.putTask(tr); err != nil {
+				return err
+			}
+		}
+		_, node, _, err := m.pluginClients(o)
+		if err != nil {
+			return err
+		}
+		m.event(tr.TaskID, fmt.Sprintf("Unpublishing volume %q", tr.Name), annotations(tr.Name, tr.PluginID, tr.VolumeID))
+		err = m.call(ctx, o, func(ctx context.Context) error {
+			_, err := node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: tr.VolumeID, TargetPath: tr.Target})
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		if err := m.checkGone(o, tr.Target); err != nil {
+			return err
+		}
+	}
+	if err := m.dropTask(tr); err != nil {
+		return err
+	}
+	m.logger.Info("volume unpublished", "task_id", tr.TaskID, "volume", tr.Name, "plugin_id", tr.PluginID,
+		"volume_id", tr.VolumeID, "target_path", tr.Target)
+	return nil
+}
+
+// releaseLocked unstages and detaches a volume when no task on this node
+// uses it any more, and drops its record. The caller holds its lock.
+func (m *Manager) releaseLocked(ctx context.Context, taskID, name string, k volKey) error {
+	if m.users(k) > 0 {
+		return nil
+	}
+	vol, ok := m.vol(k)
+	if !ok {
+		return nil
+	}
+	o := op{taskID: taskID, name: name, pluginID: vol.PluginID, volumeID: vol.VolumeID, nodeID: vol.NodeID,
+		notFoundOK: true, secrets: []map[string]string{vol.Secrets}}
+	ann := annotations(name, vol.PluginID, vol.VolumeID)
+	if vol.Stage != phaseNone {
+		o.method, o.path = MethodNodeUnstageVolume, vol.StagingPath
+		if vol.Stage != phaseUnstaging {
+			vol.Stage = phaseUnstaging
+			if err := m.putVol(vol); err != nil {
+				return err
+			}
+		}
+		_, node, _, err := m.pluginClients(o)
+		if err != nil {
+			return err
+		}
+		m.event(taskID, fmt.Sprintf("Unstaging volume %q", name), ann)
+		err = m.call(ctx, o, func(ctx context.Context) error {
+			_, err := node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: vol.VolumeID, StagingTargetPath: vol.StagingPath})
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		if err := m.checkGone(o, vol.StagingPath); err != nil {
+			return err
+		}
+		vol.Stage = phaseNone
+		if err := m.putVol(vol); err != nil {
+			return err
+		}
+	}
+	if vol.Controller != phaseNone {
+		o.method, o.path = MethodControllerUnpublishVolume, ""
+		if vol.NodeID == "" {
+			// An empty node id would detach the volume from every node.
+			m.logger.Warn("not detaching volume without a node id", "plugin_id", vol.PluginID, "volume_id", vol.VolumeID)
+		} else {
+			if vol.Controller != phaseUnpublishing {
+				vol.Controller = phaseUnpublishing
+				if err := m.putVol(vol); err != nil {
+					return err
+				}
+			}
+			_, _, ctrl, err := m.pluginClients(o)
+			if err != nil {
+				return err
+			}
+			m.event(taskID, fmt.Sprintf("Detaching volume %q", name), ann)
+			err = m.call(ctx, o, func(ctx context.Context) error {
+				_, err := ctrl.ControllerUnpublishVolume(ctx, &csi.ControllerUnpublishVolumeRequest{
+					VolumeId: vol.VolumeID, NodeId: vol.NodeID, Secrets: vol.Secrets,
+				})
+				return err
+			})
+			if err != nil {
+				return err
+			}
+		}
+	}
+	if err := m.dropVol(k); err != nil {
+		return err
+	}
+	removeIfEmpty(filepath.Dir(vol.StagingPath))
+	m.logger.Info("volume released on this node", "task_id", taskID, "plugin_id", vol.PluginID, "volume_id", vol.VolumeID)
+	return nil
+}
+
+// checkGone makes sure the plugin really took its mount away from path
+// after it said so, then removes what the plugin left of path when it is
+// empty. A path still mounted is an Internal failure, retried like others.
+func (m *Manager) checkGone(o op, path string) error {
+	mounted, err := m.cfg.Mounter.IsMountPoint(path)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		m.logger.Warn("cannot check mount", "path", path, "error", err)
+	}
+	if err == nil && mounted {
+		return &OpError{Method: o.method, Volume: o.name, VolumeID: o.volumeID, PluginID: o.pluginID, Code: codes.Internal,
+			Message: fmt.Sprintf("the plugin reported success but %q is still mounted", path),
+			Hint:    hint(o.method, codes.Internal, o.volumeID, o.pluginID, "")}
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		m.logger.Warn("left a path the plugin did not remove", "path", path, "error", err)
+	}
+	return nil
+}
+
+// removeIfEmpty removes a directory of ours once nothing is left in it.
+func removeIfEmpty(dir string) { _ = os.Remove(dir) }
+
+// summary is the first line of a failure for an event.
+func summary(err error) string {
+	if oes := opErrors(err); len(oes) > 0 {
+		e := oes[0]
+		msg := fmt.Sprintf("%s %q failed (%s", gerund(e.Method), e.Volume, e.Code)
+		if e.Message != "" {
+			msg += ": " + e.Message
+		}
+		return msg + ")"
+	}
+	return fmt.Sprintf("Tearing down volumes failed (%v)", err)
+}
+
+// opErrors returns every OpError in err's tree.
+func opErrors(err error) []*OpError {
+	var out []*OpError
+	var walk func(error)
+	walk = func(err error) {
+		if err == nil {
+			return
+		}
+		if oe, ok := err.(*OpError); ok {
+			out = append(out, oe)
+			return
+		}
+		switch u := err.(type) {
+		case interface{ Unwrap() []error }:
+			for _, e := range u.Unwrap() {
+				walk(e)
+			}
+		case interface{ Unwrap() error }:
+			walk(u.Unwrap())
+		}
+	}
+	walk(err)
+	return out
+}

@@ -1,0 +1,831 @@
+package csihook
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/shoenig/test/must"
+	"github.com/shoenig/test/wait"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+func TestSetupTeardown_CallOrder(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+
+	pubs, err := h.m.Setup(ctx, "task-a", []VolumeRequest{req("data", "vol1", "/data")})
+	must.NoError(t, err)
+	must.Len(t, 1, pubs)
+	target := h.m.TargetPath("task-a", "data")
+	staging := h.m.StagingPath("p", "vol1")
+	must.Eq(t, Published{Name: "data", HostPath: target, Destination: "/data"}, pubs[0])
+	must.StrHasPrefix(t, filepath.Join(h.root, "publish")+"/", target)
+	must.Eq(t, filepath.Join(h.root, "staging", "p", shortHash("vol1")), staging)
+
+	must.Eq(t, []string{MethodControllerPublishVolume, MethodNodeStageVolume, MethodNodePublishVolume}, h.fake.Methods())
+	calls := h.fake.Calls()
+	must.Eq(t, "node-1", calls[0].NodeID)
+	must.Eq(t, canary, calls[0].Secrets["token"])
+	must.Eq(t, staging, calls[1].StagingPath)
+	must.Eq(t, "/dev/fake-vol1", calls[1].PublishContext["device"])
+	must.Eq(t, "ext4", calls[1].Capability.GetMount().GetFsType())
+	must.Eq(t, []string{"noatime"}, calls[1].Capability.GetMount().GetMountFlags())
+	must.Eq(t, canary, calls[1].Secrets["token"])
+	must.Eq(t, "v", calls[2].VolumeContext["ctx"])
+	must.Eq(t, target, calls[2].TargetPath)
+	must.Eq(t, staging, calls[2].StagingPath)
+	must.Eq(t, "/dev/fake-vol1", calls[2].PublishContext["device"])
+	must.Eq(t, canary, calls[2].Secrets["token"])
+	must.False(t, calls[2].Readonly)
+	must.Eq(t, []string{staging, target}, h.mountPaths())
+	must.Eq(t, 1, h.m.Users("p", "vol1"))
+	must.Len(t, 2, h.journalFiles())
+
+	ev := h.eventMsgs()
+	must.True(t, containsEvent(ev, `Staging volume "data"`), must.Sprint(ev))
+	must.True(t, containsEvent(ev, `Published volume "data" at /data`), must.Sprint(ev))
+
+	h.fake.ResetCalls()
+	must.NoError(t, h.m.Teardown(ctx, "task-a"))
+	must.Eq(t, []string{MethodNodeUnpublishVolume, MethodNodeUnstageVolume, MethodControllerUnpublishVolume}, h.fake.Methods())
+	must.Eq(t, "node-1", h.fake.Calls()[2].NodeID)
+	must.SliceEmpty(t, h.mountPaths())
+	must.SliceEmpty(t, h.journalFiles())
+	must.Eq(t, 0, h.m.Users("p", "vol1"))
+	_, err = os.Stat(filepath.Dir(target))
+	must.True(t, errors.Is(err, os.ErrNotExist), must.Sprint("publish dir of the task is removed"))
+
+	// A second teardown is a no-op.
+	h.fake.ResetCalls()
+	must.NoError(t, h.m.Teardown(ctx, "task-a"))
+	must.SliceEmpty(t, h.fake.Methods())
+}
+
+func TestSetup_PluginWithoutControllerOrStaging(t *testing.T) {
+	h := newHarness(t)
+	p := fullPlugin("p")
+	p.ControllerPublish, p.StageUnstage = false, false
+	h.setPlugin(p)
+	_, err := h.m.Setup(context.Background(), "t", []VolumeRequest{req("data", "vol1", "/data")})
+	must.NoError(t, err)
+	must.Eq(t, []string{MethodNodePublishVolume}, h.fake.Methods())
+	must.Eq(t, "", h.fake.Calls()[0].StagingPath)
+	h.fake.ResetCalls()
+	must.NoError(t, h.m.Teardown(context.Background(), "t"))
+	must.Eq(t, []string{MethodNodeUnpublishVolume}, h.fake.Methods())
+	must.SliceEmpty(t, h.journalFiles())
+}
+
+func TestSetup_NodeIDFromNodeGetInfo(t *testing.T) {
+	h := newHarness(t)
+	p := fullPlugin("p")
+	p.NodeID = ""
+	h.setPlugin(p)
+	h.fake.NodeID = "from-plugin"
+	_, err := h.m.Setup(context.Background(), "t", []VolumeRequest{req("data", "vol1", "/data")})
+	must.NoError(t, err)
+	must.Eq(t, []string{MethodNodeGetInfo, MethodControllerPublishVolume, MethodNodeStageVolume, MethodNodePublishVolume}, h.fake.Methods())
+	must.Eq(t, "from-plugin", h.fake.Calls()[1].NodeID)
+	h.fake.ResetCalls()
+	must.NoError(t, h.m.Teardown(context.Background(), "t"))
+	must.Eq(t, "from-plugin", h.fake.Calls()[2].NodeID)
+}
+
+func TestSetup_CreateVolumeUsesReturnedID(t *testing.T) {
+	h := newHarness(t)
+	r := req("data", "myvol", "/data")
+	r.Create = &CreateRequest{CapacityMin: 1 << 20, CapacityMax: 2 << 20, Parameters: map[string]string{"type": "dir"}}
+	r.Context = map[string]string{"ctx": "v", "created": "mine"}
+	_, err := h.m.Setup(context.Background(), "t", []VolumeRequest{r})
+	must.NoError(t, err)
+	calls := h.fake.Calls()
+	must.Eq(t, MethodCreateVolume, calls[0].Method)
+	must.Eq(t, "myvol", calls[0].VolumeID)
+	must.Eq(t, int64(1<<20), calls[0].CapacityRange.GetRequiredBytes())
+	must.Eq(t, int64(2<<20), calls[0].CapacityRange.GetLimitBytes())
+	must.Eq(t, "dir", calls[0].Parameters["type"])
+	must.Eq(t, canary, calls[0].Secrets["token"])
+	for _, c := range calls[1:] {
+		must.Eq(t, "id-myvol", c.VolumeID, must.Sprint(c.Method))
+	}
+	// The plugin's context wins over the request's; the rest is merged.
+	must.Eq(t, "myvol", calls[1].VolumeContext["created"])
+	must.Eq(t, "v", calls[3].VolumeContext["ctx"])
+	must.Eq(t, "myvol", calls[3].VolumeContext["created"])
+	must.Eq(t, 1, h.m.Users("p", "id-myvol"))
+	must.NoError(t, h.m.Teardown(context.Background(), "t"))
+	must.Eq(t, "id-myvol", h.fake.Calls()[len(h.fake.Calls())-1].VolumeID)
+}
+
+func TestSetup_BlockDevice(t *testing.T) {
+	h := newHarness(t)
+	r := req("dev", "vol1", "/dev/xvdb")
+	r.AttachmentMode, r.FSType, r.MountFlags = AttachmentBlockDevice, "", nil
+	pubs, err := h.m.Setup(context.Background(), "t", []VolumeRequest{r})
+	must.NoError(t, err)
+	must.True(t, pubs[0].Block)
+	for _, c := range h.fake.Calls() {
+		must.NotNil(t, c.Capability.GetBlock(), must.Sprint(c.Method))
+		must.Nil(t, c.Capability.GetMount())
+	}
+	must.NoError(t, h.m.Teardown(context.Background(), "t"))
+}
+
+func TestRefcount_SharedStaging(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	r := req("data", "shared", "/data")
+	r.AccessMode, r.ReadOnly = AccessMultiNodeReaderOnly, true
+
+	pa, err := h.m.Setup(ctx, "task-a", []VolumeRequest{r})
+	must.NoError(t, err)
+	pb, err := h.m.Setup(ctx, "task-b", []VolumeRequest{r})
+	must.NoError(t, err)
+	must.NotEq(t, pa[0].HostPath, pb[0].HostPath)
+	must.True(t, pa[0].ReadOnly)
+	must.Eq(t, 1, h.fake.Count(MethodControllerPublishVolume))
+	must.Eq(t, 1, h.fake.Count(MethodNodeStageVolume))
+	must.Eq(t, 2, h.fake.Count(MethodNodePublishVolume))
+	must.Eq(t, 2, h.m.Users("p", "shared"))
+	for _, c := range h.fake.Calls() {
+		if c.Method == MethodNodePublishVolume || c.Method == MethodControllerPublishVolume {
+			must.True(t, c.Readonly)
+		}
+	}
+
+	h.fake.ResetCalls()
+	must.NoError(t, h.m.Teardown(ctx, "task-a"))
+	must.Eq(t, []string{MethodNodeUnpublishVolume}, h.fake.Methods())
+	must.Eq(t, 1, h.m.Users("p", "shared"))
+	must.SliceContains(t, h.mountPaths(), h.m.StagingPath("p", "shared"))
+
+	h.fake.ResetCalls()
+	must.NoError(t, h.m.Teardown(ctx, "task-b"))
+	must.Eq(t, []string{MethodNodeUnpublishVolume, MethodNodeUnstageVolume, MethodControllerUnpublishVolume}, h.fake.Methods())
+	must.SliceEmpty(t, h.journalFiles())
+	must.SliceEmpty(t, h.mountPaths())
+}
+
+func TestRestart_NoRepeatedCallsAndTeardownWorks(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	reqs := []VolumeRequest{req("data", "vol1", "/data"), req("logs", "vol2", "/logs")}
+	first, err := h.m.Setup(ctx, "task-a", reqs)
+	must.NoError(t, err)
+
+	h.restart()
+	h.fake.ResetCalls()
+	must.Eq(t, 1, h.m.Users("p", "vol1"))
+	must.NoError(t, h.m.Recover(func(id string) bool { return id == "task-a" }))
+	h.waitIdle()
+	must.SliceEmpty(t, h.fake.Methods())
+
+	again, err := h.m.Setup(ctx, "task-a", reqs)
+	must.NoError(t, err)
+	must.Eq(t, first, again)
+	must.SliceEmpty(t, h.fake.Methods())
+
+	h.restart()
+	must.NoError(t, h.m.Teardown(ctx, "task-a"))
+	// Reverse order: logs first, then data.
+	must.Eq(t, []string{
+		MethodNodeUnpublishVolume, MethodNodeUnstageVolume, MethodControllerUnpublishVolume,
+		MethodNodeUnpublishVolume, MethodNodeUnstageVolume, MethodControllerUnpublishVolume,
+	}, h.fake.Methods())
+	must.Eq(t, "vol2", h.fake.Calls()[0].VolumeID)
+	must.SliceEmpty(t, h.journalFiles())
+	must.SliceEmpty(t, h.mountPaths())
+}
+
+func TestJournal_FormatAndPermissions(t *testing.T) {
+	h := newHarness(t)
+	_, err := h.m.Setup(context.Background(), "task-a", []VolumeRequest{req("data", "vol1", "/data")})
+	must.NoError(t, err)
+	files := h.journalFiles()
+	must.Eq(t, []string{
+		"t-" + shortHash("task-a") + "-" + shortHash("data") + ".json",
+		"v-" + shortHash("p", "vol1") + ".json",
+	}, files)
+	for _, f := range files {
+		fi, err := os.Stat(filepath.Join(h.root, "journal", f))
+		must.NoError(t, err)
+		must.Eq(t, os.FileMode(0o600), fi.Mode().Perm())
+	}
+	var v volRecord
+	data, err := os.ReadFile(filepath.Join(h.root, "journal", files[1]))
+	must.NoError(t, err)
+	must.NoError(t, json.Unmarshal(data, &v))
+	must.Eq(t, phasePublished, v.Controller)
+	must.Eq(t, phaseStaged, v.Stage)
+	must.Eq(t, "node-1", v.NodeID)
+	must.Eq(t, h.m.StagingPath("p", "vol1"), v.StagingPath)
+	var tr taskRecord
+	data, err = os.ReadFile(filepath.Join(h.root, "journal", files[0]))
+	must.NoError(t, err)
+	must.NoError(t, json.Unmarshal(data, &tr))
+	must.Eq(t, phasePublished, tr.State)
+	must.Eq(t, h.m.TargetPath("task-a", "data"), tr.Target)
+
+	// A second manager on the same journal is refused.
+	_, err = New(h.config())
+	must.ErrorContains(t, err, "in use by another volume manager")
+}
+
+func TestJournal_WrittenBeforeAndAfterEachCall(t *testing.T) {
+	h := newHarness(t)
+	// Snapshot the journal's volume record as each call starts.
+	seen := map[string]string{}
+	release := h.fake.HangMethod(MethodNodeStageVolume)
+	done := make(chan error, 1)
+	go func() {
+		_, err := h.m.Setup(context.Background(), "t", []VolumeRequest{req("data", "vol1", "/data")})
+		done <- err
+	}()
+	must.Wait(t, waitFor(func() bool { return h.fake.Count(MethodNodeStageVolume) == 1 }))
+	data, err := os.ReadFile(h.m.journal.volPath(volKey{"p", "vol1"}))
+	must.NoError(t, err)
+	var v volRecord
+	must.NoError(t, json.Unmarshal(data, &v))
+	seen["stage"] = v.Stage
+	seen["controller"] = v.Controller
+	release()
+	must.NoError(t, <-done)
+	must.Eq(t, map[string]string{"stage": phaseStaging, "controller": phasePublished}, seen)
+}
+
+func TestRecover_UncertainStage(t *testing.T) {
+	cases := []struct {
+		name      string
+		live      bool
+		withTask  bool
+		taskState string
+		want      []string
+		wantUsers int
+	}{
+		{name: "task gone: unstage and detach", live: false, withTask: true, taskState: phasePending,
+			want: []string{MethodNodeUnstageVolume, MethodControllerUnpublishVolume}},
+		{name: "no task record: unstage and detach", withTask: false,
+			want: []string{MethodNodeUnstageVolume, MethodControllerUnpublishVolume}},
+		{name: "task live: stage again and publish", live: true, withTask: true, taskState: phasePending,
+			want: []string{MethodNodeStageVolume, MethodNodePublishVolume}, wantUsers: 1},
+		{name: "task gone while publishing: unpublish then unstage", live: false, withTask: true, taskState: phasePublishing,
+			want: []string{MethodNodeUnpublishVolume, MethodNodeUnstageVolume, MethodControllerUnpublishVolume}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			k := volKey{"p", "vol1"}
+			v := volRecord{PluginID: "p", VolumeID: "vol1", StagingPath: h.m.StagingPath("p", "vol1"), NodeID: "node-1",
+				AccessMode: AccessSingleNodeWriter, AttachmentMode: AttachmentFileSystem, FSType: "ext4",
+				Secrets: map[string]string{"token": canary}, Controller: phasePublished, Stage: phaseStaging,
+				PublishContext: map[string]string{"device": "/dev/x"}}
+			must.NoError(t, h.m.journal.putVol(v))
+			if tc.withTask {
+				must.NoError(t, h.m.journal.putTask(taskRecord{TaskID: "task-a", Name: "data", PluginID: "p", VolumeID: "vol1",
+					Target: h.m.TargetPath("task-a", "data"), Destination: "/data", AccessMode: AccessSingleNodeWriter,
+					AttachmentMode: AttachmentFileSystem, FSType: "ext4", State: tc.taskState}))
+			}
+			h.restart()
+			must.NoError(t, h.m.Recover(func(string) bool { return tc.live }))
+			h.waitIdle()
+			must.Eq(t, tc.want, h.fake.Methods())
+			must.Eq(t, tc.wantUsers, h.m.Users(k.plugin, k.volume))
+			if tc.wantUsers == 0 {
+				must.SliceEmpty(t, h.journalFiles())
+				return
+			}
+			stage := h.fake.Calls()[0]
+			must.Eq(t, canary, stage.Secrets["token"])
+			must.Eq(t, "/dev/x", stage.PublishContext["device"])
+			vol, _ := h.m.vol(k)
+			must.Eq(t, phaseStaged, vol.Stage)
+			tr, _ := h.m.taskRec("task-a", "data")
+			must.Eq(t, phasePublished, tr.State)
+		})
+	}
+}
+
+func TestRecover_OrphansAndLostMounts(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	r := req("data", "shared", "/data")
+	r.AccessMode = AccessMultiNodeMultiWriter
+	for _, id := range []string{"task-a", "task-b", "task-c"} {
+		_, err := h.m.Setup(ctx, id, []VolumeRequest{r})
+		must.NoError(t, err)
+	}
+	other := req("x", "solo", "/x")
+	_, err := h.m.Setup(ctx, "task-d", []VolumeRequest{other})
+	must.NoError(t, err)
+
+	h.restart()
+	h.fake.ResetCalls()
+	// task-c's mount vanished behind our back.
+	must.NoError(t, h.mnt.Unmount(h.m.TargetPath("task-c", "data")))
+	live := map[string]bool{"task-b": true, "task-c": true}
+	must.NoError(t, h.m.Recover(func(id string) bool { return live[id] }))
+	h.waitIdle()
+
+	must.Eq(t, 2, h.m.Users("p", "shared"))
+	must.Eq(t, 0, h.m.Users("p", "solo"))
+	var got []string
+	for _, c := range h.fake.Calls() {
+		got = append(got, c.Method+" "+c.VolumeID+" "+filepath.Base(filepath.Dir(c.TargetPath)))
+	}
+	must.SliceContainsAll(t, []string{
+		MethodNodeUnpublishVolume + " shared " + shortHash("task-a"),
+		MethodNodeStageVolume + " shared .",
+		MethodNodePublishVolume + " shared " + shortHash("task-c"),
+		MethodNodeUnpublishVolume + " solo " + shortHash("task-d"),
+		MethodNodeUnstageVolume + " solo .",
+		MethodControllerUnpublishVolume + " solo .",
+	}, got)
+	must.SliceContains(t, h.mountPaths(), h.m.TargetPath("task-c", "data"))
+	must.True(t, containsEvent(h.eventMsgs(), `Re-publishing volume "data"`))
+}
+
+func TestRecover_PluginDownRetriesInBackground(t *testing.T) {
+	h := newHarness(t)
+	_, err := h.m.Setup(context.Background(), "task-a", []VolumeRequest{req("data", "vol1", "/data")})
+	must.NoError(t, err)
+	h.restart()
+	h.removePlugin("p")
+	h.fake.ResetCalls()
+	must.NoError(t, h.m.Recover(func(string) bool { return false }))
+	must.Wait(t, waitFor(func() bool { return containsEvent(h.eventMsgs(), "retrying in") }))
+	must.Len(t, 2, h.journalFiles())
+	h.setPlugin(fullPlugin("p"))
+	h.waitIdle()
+	must.Eq(t, []string{MethodNodeUnpublishVolume, MethodNodeUnstageVolume, MethodControllerUnpublishVolume}, h.fake.Methods())
+	must.SliceEmpty(t, h.journalFiles())
+}
+
+func TestRetryPolicy(t *testing.T) {
+	cases := []struct {
+		code  codes.Code
+		retry bool
+	}{
+		{codes.Unavailable, true},
+		{codes.ResourceExhausted, true},
+		{codes.Aborted, true},
+		{codes.DeadlineExceeded, true},
+		{codes.Unimplemented, false},
+		{codes.InvalidArgument, false},
+		{codes.NotFound, false},
+		{codes.AlreadyExists, false},
+		{codes.FailedPrecondition, false},
+		{codes.PermissionDenied, false},
+		{codes.Internal, false},
+		{codes.OutOfRange, false},
+		{codes.Unknown, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.code.String(), func(t *testing.T) {
+			must.Eq(t, tc.retry, Retryable(tc.code))
+			h := newHarness(t)
+			h.fake.SetNextError(MethodNodeStageVolume, status.Error(tc.code, "boom"))
+			_, err := h.m.Setup(context.Background(), "t", []VolumeRequest{req("data", "vol1", "/data")})
+			if tc.retry {
+				must.NoError(t, err)
+				must.Eq(t, 2, h.fake.Count(MethodNodeStageVolume))
+				return
+			}
+			must.Error(t, err)
+			must.Eq(t, tc.code, Code(err))
+			must.Eq(t, 1, h.fake.Count(MethodNodeStageVolume))
+			must.SliceEmpty(t, h.journalFiles())
+		})
+	}
+}
+
+func TestRetry_GivesUpAfterAttempts(t *testing.T) {
+	h := newHarness(t)
+	h.fake.SetError(MethodNodePublishVolume, status.Error(codes.Unavailable, "down"))
+	_, err := h.m.Setup(context.Background(), "t", []VolumeRequest{req("data", "vol1", "/data")})
+	must.ErrorContains(t, err, `failed to publish volume "data" (volume_id "vol1", plugin "p"): Unavailable: down: plugin "p" is not answering`)
+	must.Eq(t, 3, h.fake.Count(MethodNodePublishVolume))
+	// Rollback still ran what it could: unpublish (fails) is retried in
+	// the background.
+	h.fake.SetError(MethodNodePublishVolume, nil)
+	h.waitIdle()
+	must.SliceEmpty(t, h.journalFiles())
+}
+
+func TestErrorHints(t *testing.T) {
+	cases := []struct {
+		method string
+		code   codes.Code
+		want   string
+	}{
+		{MethodNodeStageVolume, codes.NotFound, `volume "vol1" does not exist on plugin "p": create it or add a create block`},
+		{MethodNodePublishVolume, codes.NotFound, `does not exist on plugin "p"`},
+		{MethodControllerPublishVolume, codes.NotFound, `or node "node-1" does not exist`},
+		{MethodControllerPublishVolume, codes.FailedPrecondition, "attached to another node"},
+		{MethodControllerPublishVolume, codes.ResourceExhausted, "as many volumes"},
+		{MethodNodeStageVolume, codes.AlreadyExists, "make the volume blocks match"},
+		{MethodNodeStageVolume, codes.InvalidArgument, "rejected the request"},
+		{MethodNodeStageVolume, codes.Unimplemented, "does not implement NodeStageVolume"},
+		{MethodNodeStageVolume, codes.PermissionDenied, "check the volume's secrets"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.method+"/"+tc.code.String(), func(t *testing.T) {
+			h := newHarness(t)
+			h.fake.SetError(tc.method, status.Error(tc.code, "plugin says no"))
+			_, err := h.m.Setup(context.Background(), "t", []VolumeRequest{req("data", "vol1", "/data")})
+			must.ErrorContains(t, err, tc.want)
+			must.ErrorContains(t, err, "plugin says no")
+			must.True(t, containsEvent(h.eventMsgs(), "failed ("+tc.code.String()+": plugin says no)"))
+		})
+	}
+	h := newHarness(t)
+	r := req("data", "taken", "/data")
+	r.Create = &CreateRequest{}
+	h.fake.SetError(MethodCreateVolume, status.Error(codes.AlreadyExists, "size differs"))
+	_, err := h.m.Setup(context.Background(), "t", []VolumeRequest{r})
+	must.ErrorContains(t, err, `a volume named "taken" already exists on plugin "p"`)
+	must.SliceEmpty(t, h.journalFiles())
+}
+
+func TestBackoff_CappedAndJittered(t *testing.T) {
+	base, max := 100*time.Millisecond, 4*time.Second
+	prevHi := time.Duration(0)
+	for attempt := 0; attempt < 70; attempt++ {
+		lo := backoff(attempt, base, max, func() float64 { return 0 })
+		hi := backoff(attempt, base, max, func() float64 { return 0.999999 })
+		must.LessEq(t, max, hi, must.Sprintf("attempt %d", attempt))
+		must.Greater(t, 0, lo)
+		must.GreaterEq(t, hi/2-time.Millisecond, lo, must.Sprintf("attempt %d: jitter keeps at least half", attempt))
+		must.GreaterEq(t, prevHi, hi, must.Sprintf("attempt %d: never shrinks", attempt))
+		prevHi = hi
+	}
+	must.Eq(t, 50*time.Millisecond, backoff(0, base, max, func() float64 { return 0 }))
+	must.Eq(t, 2*time.Second, backoff(10, base, max, func() float64 { return 0 }))
+	// Random jitter spreads values.
+	seen := map[time.Duration]bool{}
+	for i := 0; i < 50; i++ {
+		d := backoff(3, base, max, randFloat)
+		must.Between(t, 400*time.Millisecond, d, 800*time.Millisecond)
+		seen[d] = true
+	}
+	must.Greater(t, 10, len(seen))
+}
+
+func TestPerVolumeSerialisation(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.RPCTimeout = 30 * time.Second })
+	release := h.fake.Hang("hung")
+	defer release()
+
+	shared := req("data", "hung", "/data")
+	shared.AccessMode = AccessMultiNodeMultiWriter
+	hungDone := make(chan error, 1)
+	go func() {
+		_, err := h.m.Setup(context.Background(), "task-a", []VolumeRequest{shared})
+		hungDone <- err
+	}()
+	must.Wait(t, waitFor(func() bool { return h.fake.Count(MethodControllerPublishVolume) == 1 }))
+
+	// Another volume is not delayed by the hung one.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	start := time.Now()
+	_, err := h.m.Setup(ctx, "task-b", []VolumeRequest{req("data", "fine", "/data")})
+	must.NoError(t, err)
+	must.Less(t, time.Second, time.Since(start))
+	must.NoError(t, h.m.Teardown(ctx, "task-b"))
+
+	// A second user of the hung volume waits for it, and gives up with
+	// its own deadline.
+	short, cancel2 := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel2()
+	_, err = h.m.Setup(short, "task-c", []VolumeRequest{shared})
+	must.ErrorContains(t, err, "gave up waiting for another operation on volume")
+
+	release()
+	must.NoError(t, <-hungDone)
+	must.NoError(t, h.m.Teardown(context.Background(), "task-a"))
+	must.SliceEmpty(t, h.journalFiles())
+}
+
+func TestRPCDeadline_HungCallIsRetriedThenFails(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.RPCTimeout = 50 * time.Millisecond })
+	release := h.fake.HangMethod(MethodNodeStageVolume)
+	start := time.Now()
+	_, err := h.m.Setup(context.Background(), "t", []VolumeRequest{req("data", "vol1", "/data")})
+	elapsed := time.Since(start)
+	must.Eq(t, codes.DeadlineExceeded, Code(err))
+	must.Eq(t, 3, h.fake.Count(MethodNodeStageVolume))
+	must.Less(t, 2*time.Second, elapsed)
+	release()
+	h.waitIdle()
+	// The uncertain stage was undone by the rollback.
+	must.Eq(t, 1, h.fake.Count(MethodNodeUnstageVolume))
+	must.SliceEmpty(t, h.journalFiles())
+}
+
+func TestTeardown_BackgroundRetryUntilPluginAnswers(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	_, err := h.m.Setup(ctx, "task-a", []VolumeRequest{req("data", "vol1", "/data")})
+	must.NoError(t, err)
+	h.fake.SetError(MethodNodeUnpublishVolume, status.Error(codes.Unavailable, "connection refused"))
+	err = h.m.Teardown(ctx, "task-a")
+	must.ErrorContains(t, err, "retrying in the background")
+	must.Eq(t, codes.Unavailable, Code(err))
+	must.Wait(t, waitFor(func() bool { return h.fake.Count(MethodNodeUnpublishVolume) >= 6 }))
+	must.True(t, containsEvent(h.eventMsgs(), `Unpublishing volume "data" failed (Unavailable: connection refused): retrying in `))
+	must.Len(t, 2, h.journalFiles())
+
+	h.fake.SetError(MethodNodeUnpublishVolume, nil)
+	h.waitIdle()
+	must.SliceEmpty(t, h.journalFiles())
+	must.SliceEmpty(t, h.mountPaths())
+	must.Eq(t, 1, h.fake.Count(MethodNodeUnstageVolume))
+	must.Eq(t, 1, h.fake.Count(MethodControllerUnpublishVolume))
+	must.True(t, containsEvent(h.eventMsgs(), "Volume cleanup succeeded"))
+}
+
+func TestTeardown_PluginGoneThenBack(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	_, err := h.m.Setup(ctx, "task-a", []VolumeRequest{req("data", "vol1", "/data")})
+	must.NoError(t, err)
+	h.removePlugin("p")
+	err = h.m.Teardown(ctx, "task-a")
+	must.ErrorContains(t, err, `CSI plugin "p" is not running on node "n1"`)
+	must.Wait(t, waitFor(func() bool { return containsEvent(h.eventMsgs(), "retrying in") }))
+	h.setPlugin(fullPlugin("p"))
+	h.waitIdle()
+	must.SliceEmpty(t, h.journalFiles())
+}
+
+func TestTeardown_NotFoundIsSuccess(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	_, err := h.m.Setup(ctx, "task-a", []VolumeRequest{req("data", "vol1", "/data")})
+	must.NoError(t, err)
+	for _, m := range []string{MethodNodeUnpublishVolume, MethodNodeUnstageVolume, MethodControllerUnpublishVolume} {
+		h.fake.SetNextError(m, status.Error(codes.NotFound, "gone"))
+	}
+	h.mnt.Unmount(h.m.TargetPath("task-a", "data"))
+	h.mnt.Unmount(h.m.StagingPath("p", "vol1"))
+	must.NoError(t, h.m.Teardown(ctx, "task-a"))
+	must.SliceEmpty(t, h.journalFiles())
+}
+
+func TestTeardown_PluginLiesAboutUnmount(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	_, err := h.m.Setup(ctx, "task-a", []VolumeRequest{req("data", "vol1", "/data")})
+	must.NoError(t, err)
+	// The plugin says OK but leaves the mount: the fake's unmount fails
+	// silently when told to, so emulate with an error-free plugin and a
+	// mount that stays.
+	target := h.m.TargetPath("task-a", "data")
+	h.mnt.UnmountErrs = map[string]error{target: errors.New("busy")}
+	err = h.m.Teardown(ctx, "task-a")
+	must.Error(t, err)
+	must.Len(t, 2, h.journalFiles())
+	h.mnt.UnmountErrs = nil
+	h.waitIdle()
+	must.SliceEmpty(t, h.journalFiles())
+}
+
+func TestTeardown_PermanentFailureIsNotRetried(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	_, err := h.m.Setup(ctx, "task-a", []VolumeRequest{req("data", "vol1", "/data")})
+	must.NoError(t, err)
+	h.fake.SetError(MethodNodeUnpublishVolume, status.Error(codes.InvalidArgument, "bad path"))
+	err = h.m.Teardown(ctx, "task-a")
+	must.Error(t, err)
+	must.StrNotContains(t, err.Error(), "background")
+	h.waitIdle()
+	must.Eq(t, 1, h.fake.Count(MethodNodeUnpublishVolume))
+	must.True(t, containsEvent(h.eventMsgs(), "not retrying"))
+	must.Len(t, 2, h.journalFiles())
+}
+
+func TestRollback_PartialFailure(t *testing.T) {
+	h := newHarness(t)
+	reqs := []VolumeRequest{req("one", "vol1", "/one"), req("two", "vol2", "/two"), req("three", "vol3", "/three")}
+	h.fake.SetNextError(MethodNodeStageVolume, nil, status.Error(codes.NotFound, "no such volume"))
+	_, err := h.m.Setup(context.Background(), "t", reqs)
+	must.ErrorContains(t, err, `failed to stage volume "two"`)
+	must.ErrorContains(t, err, `volume "vol2" does not exist on plugin "p": create it or add a create block`)
+	must.Eq(t, []string{
+		MethodControllerPublishVolume, MethodNodeStageVolume, MethodNodePublishVolume, // one
+		MethodControllerPublishVolume, MethodNodeStageVolume, // two fails
+		MethodNodeUnstageVolume, MethodControllerUnpublishVolume, // two undone
+		MethodNodeUnpublishVolume, MethodNodeUnstageVolume, MethodControllerUnpublishVolume, // one undone
+	}, h.fake.Methods())
+	must.Eq(t, 0, h.fake.Count(MethodNodePublishVolume)-1)
+	must.SliceEmpty(t, h.journalFiles())
+	must.SliceEmpty(t, h.mountPaths())
+	must.Eq(t, 0, h.m.Users("p", "vol1"))
+}
+
+func TestBadInput_LeavesNothingBehind(t *testing.T) {
+	blockPlugin := fullPlugin("noblock")
+	blockPlugin.Block, blockPlugin.CreateDelete = false, false
+	sick := fullPlugin("sick")
+	sick.Healthy, sick.HealthDescription = false, "probe failed"
+
+	mod := func(f func(*VolumeRequest)) []VolumeRequest {
+		r := req("data", "vol1", "/data")
+		f(&r)
+		return []VolumeRequest{r}
+	}
+	cases := []struct {
+		name   string
+		reqs   []VolumeRequest
+		is     error
+		want   string
+		static bool
+	}{
+		{"unknown plugin", mod(func(r *VolumeRequest) { r.PluginID = "nope" }), ErrPluginNotFound, `CSI plugin "nope" is not running on node "n1"`, false},
+		{"unhealthy plugin", mod(func(r *VolumeRequest) { r.PluginID = "sick" }), ErrPluginNotFound, `CSI plugin "sick" on node "n1" is not healthy (probe failed)`, false},
+		{"block unsupported", mod(func(r *VolumeRequest) {
+			r.PluginID, r.AttachmentMode, r.FSType, r.MountFlags = "noblock", AttachmentBlockDevice, "", nil
+		}), ErrInvalid, `does not serve attachment_mode = "block-device"`, false},
+		{"create unsupported", mod(func(r *VolumeRequest) { r.PluginID, r.Create = "noblock", &CreateRequest{} }), ErrInvalid, "cannot create volumes", false},
+		{"relative destination", mod(func(r *VolumeRequest) { r.Destination = "data" }), ErrInvalid, `destination "data" must be an absolute path`, true},
+		{"escaping destination", mod(func(r *VolumeRequest) { r.Destination = "/data/../../etc" }), ErrInvalid, "must not contain '..'", true},
+		{"root destination", mod(func(r *VolumeRequest) { r.Destination = "/" }), ErrInvalid, "task's root", true},
+		{"empty destination", mod(func(r *VolumeRequest) { r.Destination = "" }), ErrInvalid, "destination must not be empty", true},
+		{"duplicate destination", []VolumeRequest{req("a", "v1", "/data"), req("b", "v2", "/data/")}, ErrInvalid, `is also the destination of volume "a"`, true},
+		{"duplicate name", []VolumeRequest{req("a", "v1", "/x"), req("a", "v2", "/y")}, ErrInvalid, "name is used by more than one volume", true},
+		{"bad name", mod(func(r *VolumeRequest) { r.Name = "../x" }), ErrInvalid, "name must be 1-63", true},
+		{"empty volume id", mod(func(r *VolumeRequest) { r.VolumeID = "" }), ErrInvalid, "volume_id must not be empty", true},
+		{"empty plugin", mod(func(r *VolumeRequest) { r.PluginID = "" }), ErrInvalid, "plugin_id must not be empty", true},
+		{"missing access mode", mod(func(r *VolumeRequest) { r.AccessMode = "" }), ErrInvalid, "access_mode must be set", true},
+		{"bad access mode", mod(func(r *VolumeRequest) { r.AccessMode = "single-node-multi-writer" }), ErrInvalid, `access_mode "single-node-multi-writer" is not supported`, true},
+		{"bad attachment mode", mod(func(r *VolumeRequest) { r.AttachmentMode = "nfs" }), ErrInvalid, `attachment_mode "nfs" is not supported`, true},
+		{"read_only writer", mod(func(r *VolumeRequest) { r.ReadOnly = true }), ErrInvalid, `read_only = true conflicts with access_mode = "single-node-writer"`, true},
+		{"read_only multi writer", mod(func(r *VolumeRequest) { r.ReadOnly, r.AccessMode = true, AccessMultiNodeMultiWriter }), ErrInvalid, "read_only = true conflicts", true},
+		{"fs_type on block", mod(func(r *VolumeRequest) { r.AttachmentMode = AttachmentBlockDevice }), ErrInvalid, "mount_options cannot be used", true},
+		{"capacity order", mod(func(r *VolumeRequest) { r.Create = &CreateRequest{CapacityMin: 10, CapacityMax: 5} }), ErrInvalid, "must not exceed", true},
+		{"negative capacity", mod(func(r *VolumeRequest) { r.Create = &CreateRequest{CapacityMin: -1} }), ErrInvalid, "must not be negative", true},
+		{"empty secret key", mod(func(r *VolumeRequest) { r.Secrets = map[string]string{"": canary} }), ErrInvalid, "secrets must not have an empty key", true},
+		{"second plugin in list fails", []VolumeRequest{req("a", "v1", "/a"), func() VolumeRequest { r := req("b", "v2", "/b"); r.PluginID = "nope"; return r }()}, ErrPluginNotFound, `"nope"`, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			h.setPlugin(blockPlugin)
+			h.setPlugin(sick)
+			_, err := h.m.Setup(context.Background(), "t", tc.reqs)
+			must.ErrorIs(t, err, tc.is)
+			must.ErrorContains(t, err, tc.want)
+			must.StrNotContains(t, err.Error(), canary)
+			if tc.static {
+				must.ErrorIs(t, h.m.Validate(tc.reqs), ErrInvalid)
+			} else {
+				must.NoError(t, h.m.Validate(tc.reqs))
+			}
+			must.SliceEmpty(t, h.fake.Methods())
+			must.SliceEmpty(t, h.journalFiles())
+			must.SliceEmpty(t, h.mnt.GetActions())
+			must.SliceEmpty(t, h.eventMsgs())
+			entries, _ := os.ReadDir(filepath.Join(h.root, "publish"))
+			must.SliceEmpty(t, entries)
+			entries, _ = os.ReadDir(filepath.Join(h.root, "staging"))
+			must.SliceEmpty(t, entries)
+		})
+	}
+}
+
+func TestConflicts(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	_, err := h.m.Setup(ctx, "task-a", []VolumeRequest{req("data", "vol1", "/data")})
+	must.NoError(t, err)
+	h.fake.ResetCalls()
+	h.mnt.ResetActions()
+	before := h.journalFiles()
+
+	t.Run("second writer on single-node-writer", func(t *testing.T) {
+		_, err := h.m.Setup(ctx, "task-b", []VolumeRequest{req("data", "vol1", "/data")})
+		must.ErrorIs(t, err, ErrConflict)
+		must.ErrorContains(t, err, `volume_id "vol1" is single-node-writer and task "task-a" already has it published writable`)
+	})
+	t.Run("other access mode than staged", func(t *testing.T) {
+		r := req("data", "vol1", "/data")
+		r.AccessMode, r.ReadOnly = AccessMultiNodeReaderOnly, true
+		_, err := h.m.Setup(ctx, "task-b", []VolumeRequest{r})
+		must.ErrorIs(t, err, ErrConflict)
+		must.ErrorContains(t, err, `in use on this node with access_mode = "single-node-writer"`)
+	})
+	must.SliceEmpty(t, h.fake.Methods())
+	must.SliceEmpty(t, h.mnt.GetActions())
+	must.Eq(t, before, h.journalFiles())
+
+	// Once task-a is gone the volume can be used by task-b.
+	must.NoError(t, h.m.Teardown(ctx, "task-a"))
+	_, err = h.m.Setup(ctx, "task-b", []VolumeRequest{req("data", "vol1", "/data")})
+	must.NoError(t, err)
+	must.NoError(t, h.m.Teardown(ctx, "task-b"))
+}
+
+func TestSecrets_NeverInLogsEventsOrErrors(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	r := req("data", "vol1", "/data")
+	r.Create = &CreateRequest{Parameters: map[string]string{"type": "dir"}}
+	r.MountFlags = []string{"password=" + canary}
+
+	// A plugin that echoes the secret back in its messages.
+	echo := status.Error(codes.PermissionDenied, "token "+canary+" was refused")
+	h.fake.SetNextError(MethodNodeStageVolume, status.Error(codes.Unavailable, "retry "+canary))
+	h.fake.SetNextError(MethodNodePublishVolume, echo)
+	_, err := h.m.Setup(ctx, "t", []VolumeRequest{r})
+	must.Error(t, err)
+	must.StrContains(t, err.Error(), "token <redacted> was refused")
+
+	_, err2 := h.m.Setup(ctx, "t", []VolumeRequest{r})
+	must.NoError(t, err2)
+	h.fake.SetError(MethodNodeUnpublishVolume, status.Error(codes.Unavailable, "down "+canary))
+	terr := h.m.Teardown(ctx, "t")
+	must.Error(t, terr)
+	must.Wait(t, waitFor(func() bool { return containsEvent(h.eventMsgs(), "retrying in") }))
+	h.fake.SetError(MethodNodeUnpublishVolume, nil)
+	h.waitIdle()
+	must.SliceEmpty(t, h.journalFiles())
+
+	// The plugin did get the secret.
+	for _, c := range h.fake.Calls() {
+		switch c.Method {
+		case MethodCreateVolume, MethodControllerPublishVolume, MethodNodeStageVolume, MethodNodePublishVolume:
+			must.Eq(t, canary, c.Secrets["token"], must.Sprint(c.Method))
+		}
+	}
+	must.StrNotContains(t, err.Error(), canary)
+	must.StrNotContains(t, terr.Error(), canary)
+	logs := h.logs.String()
+	must.StrContains(t, logs, "CSI call failed")
+	must.StrNotContains(t, logs, canary)
+	for _, e := range h.eventMsgs() {
+		must.StrNotContains(t, e, canary)
+	}
+	h.mu.Lock()
+	for _, e := range h.events {
+		for _, v := range e.Ann {
+			must.StrNotContains(t, v, canary)
+		}
+	}
+	h.mu.Unlock()
+}
+
+func TestRedact(t *testing.T) {
+	must.Eq(t, "a <redacted> b <redacted>", redact("a xyz b xyzw", map[string]string{"k": "xyz", "l": "xyzw"}))
+	must.Eq(t, "unchanged", redact("unchanged", nil, map[string]string{"k": ""}))
+}
+
+func TestKeyLocks(t *testing.T) {
+	l := newKeyLocks()
+	unlock, err := l.lock(context.Background(), "a")
+	must.NoError(t, err)
+	// Another key is free.
+	u2, err := l.lock(context.Background(), "b")
+	must.NoError(t, err)
+	u2()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	_, err = l.lock(ctx, "a")
+	must.ErrorIs(t, err, context.DeadlineExceeded)
+	unlock()
+	u3, err := l.lock(context.Background(), "a")
+	must.NoError(t, err)
+	u3()
+	must.MapEmpty(t, l.locks)
+}
+
+func TestNew_RejectsBadConfig(t *testing.T) {
+	_, err := New(Config{Root: "rel", Lookup: func(string) (PluginInfo, error) { return PluginInfo{}, nil }})
+	must.ErrorContains(t, err, "must be an absolute path")
+	_, err = New(Config{Root: t.TempDir()})
+	must.ErrorContains(t, err, "lookup")
+}
+
+func TestJournal_BadRecordSetAside(t *testing.T) {
+	h := newHarness(t)
+	dir := filepath.Join(h.root, "journal")
+	must.NoError(t, os.WriteFile(filepath.Join(dir, "v-0000000000000000.json"), []byte("{not json"), 0o600))
+	must.NoError(t, os.WriteFile(filepath.Join(dir, ".tmp-123"), []byte("partial"), 0o600))
+	h.restart()
+	files := h.journalFiles()
+	must.Eq(t, []string{"v-0000000000000000.json.bad"}, files)
+	must.StrContains(t, h.logs.String(), "unreadable journal record set aside")
+}
+
+func waitFor(cond func() bool) *wait.Constraint {
+	return wait.InitialSuccess(wait.BoolFunc(cond), wait.Timeout(10*time.Second), wait.Gap(5*time.Millisecond))
+}
+
+func randFloat() float64 { return rand.Float64() }

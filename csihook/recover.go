@@ -1,0 +1,234 @@
+package csihook
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"path/filepath"
+	"time"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/mounter"
+)
+
+// scheduleTeardown retries a task's teardown in the background until it
+// succeeds, starting after a backoff since cause just failed.
+func (m *Manager) scheduleTeardown(taskID string, cause error) {
+	m.background("task:"+taskID, taskID, cause, func(ctx context.Context) error {
+		return m.teardownTask(ctx, taskID)
+	})
+}
+
+// background runs attempt until it succeeds, Close is called or it fails
+// permanently, one worker per key. With a nil cause the first attempt runs
+// at once; otherwise an event reports cause and the wait before the next.
+func (m *Manager) background(key, taskID string, cause error, attempt func(ctx context.Context) error) {
+	m.mu.Lock()
+	if m.closed || m.workers[key] {
+		m.mu.Unlock()
+		return
+	}
+	m.workers[key] = true
+	m.wg.Add(1)
+	m.mu.Unlock()
+	go func() {
+		defer func() {
+			m.mu.Lock()
+			delete(m.workers, key)
+			m.mu.Unlock()
+			m.wg.Done()
+		}()
+		err := cause
+		for i := 0; ; i++ {
+			if err != nil {
+				if permanent(err) {
+					m.event(taskID, fmt.Sprintf("%s: not retrying; the journal keeps the volume for the next driver start", summary(err)), nil)
+					m.logger.Error("giving up on volume cleanup", "task_id", taskID, "error", err)
+					return
+				}
+				d := backoff(i, m.cfg.BackgroundRetryBase, m.cfg.BackgroundRetryMax, rand.Float64)
+				m.event(taskID, fmt.Sprintf("%s: retrying in %s", summary(err), roundDuration(d)), nil)
+				t := time.NewTimer(d)
+				select {
+				case <-m.ctx.Done():
+					t.Stop()
+					return
+				case <-t.C:
+				}
+			}
+			ctx, cancel := context.WithTimeout(m.ctx, m.cfg.RPCTimeout*defaultRollbackTimeoutFactor)
+			err = attempt(ctx)
+			cancel()
+			if err == nil {
+				if cause != nil || i > 0 {
+					m.event(taskID, "Volume cleanup succeeded", nil)
+				}
+				return
+			}
+			if m.ctx.Err() != nil {
+				return
+			}
+		}
+	}()
+}
+
+func roundDuration(d time.Duration) time.Duration {
+	if d >= time.Second {
+		return d.Round(time.Second)
+	}
+	return d.Round(10 * time.Millisecond)
+}
+
+// Recover settles the journal against the tasks alive after a driver
+// start: it checks published targets against the mount table, tears down
+// the volumes of tasks that are gone, settles calls a crash left uncertain
+// (re-issuing NodeStage for a volume still in use, unstaging one that is
+// not), and re-publishes live task volumes whose mount is missing. The
+// work runs in the background, one worker per volume, retrying until the
+// plugins answer; WaitIdle waits for it. The error reports only a mount
+// table that cannot be read.
+func (m *Manager) Recover(live func(taskID string) bool) error {
+	mounts, listErr := m.cfg.Mounter.List()
+	mounted := map[string]bool{}
+	for _, mp := range mounts {
+		mounted[mp.Path] = true
+	}
+	m.mu.Lock()
+	keys := map[volKey]bool{}
+	for k := range m.vols {
+		keys[k] = true
+	}
+	repair := map[volKey]map[string]bool{}
+	known := map[string]bool{}
+	for _, recs := range m.tasks {
+		for _, t := range recs {
+			keys[t.key()] = true
+			known[t.Target] = true
+			if listErr == nil && t.State == phasePublished && !mounted[t.Target] && live(t.TaskID) {
+				if repair[t.key()] == nil {
+					repair[t.key()] = map[string]bool{}
+				}
+				repair[t.key()][t.TaskID+"\x00"+t.Name] = true
+				m.logger.Warn("published volume is not mounted", "task_id", t.TaskID, "volume", t.Name,
+					"volume_id", t.VolumeID, "target_path", t.Target)
+			}
+		}
+	}
+	for _, v := range m.vols {
+		known[v.StagingPath] = true
+	}
+	m.mu.Unlock()
+
+	// Mounts under our root that no record knows cannot be undone through
+	// a plugin; say so rather than guess.
+	for _, mp := range mounts {
+		for _, dir := range []string{filepath.Join(m.cfg.Root, "publish"), filepath.Join(m.cfg.Root, "staging")} {
+			if mounter.PathWithin(mp.Path, dir) && mp.Path != dir && !known[mp.Path] {
+				m.logger.Warn("mount under the volume root has no journal record", "path", mp.Path)
+			}
+		}
+	}
+
+	for k := range keys {
+		k, fix := k, repair[k]
+		if fix == nil {
+			fix = map[string]bool{}
+		}
+		m.background("vol:"+k.String(), "", nil, func(ctx context.Context) error {
+			return m.reconcile(ctx, k, live, fix)
+		})
+	}
+	if listErr != nil {
+		return fmt.Errorf("failed to check volume mounts: %w", listErr)
+	}
+	return nil
+}
+
+// reconcile brings one volume in line with the live tasks. It is
+// idempotent, so a failed attempt is simply run again. repair names the
+// live task volumes (task id NUL name) whose target lost its mount; only
+// this volume's worker touches it.
+func (m *Manager) reconcile(ctx context.Context, k volKey, live func(string) bool, repair map[string]bool) error {
+	unlock, err := m.locks.lock(ctx, k.String())
+	if err != nil {
+		return err
+	}
+	defer unlock()
+
+	var (
+		errs   []error
+		keep   []taskRecord
+		anyTID string
+		name   = k.volume
+	)
+	m.mu.Lock()
+	var recs []taskRecord
+	for _, ts := range m.tasks {
+		for _, t := range ts {
+			if t.key() == k {
+				recs = append(recs, t)
+			}
+		}
+	}
+	m.mu.Unlock()
+	for _, t := range recs {
+		anyTID, name = t.TaskID, t.Name
+		if live(t.TaskID) && t.State != phaseUnpublishing {
+			keep = append(keep, t)
+			continue
+		}
+		m.logger.Info("cleaning up volume of a task that is gone", "task_id", t.TaskID, "volume", t.Name,
+			"plugin_id", t.PluginID, "volume_id", t.VolumeID, "state", t.State)
+		if err := m.unpublishLocked(ctx, t); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if len(m.taskRecs(t.TaskID)) == 0 {
+			removeIfEmpty(m.taskDir(t.TaskID))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	if len(keep) == 0 {
+		return m.releaseLocked(ctx, anyTID, name, k)
+	}
+
+	// Live users remain: settle uncertain steps forward.
+	first := keep[0]
+	vol, ok := m.vol(k)
+	if !ok {
+		m.logger.Warn("volume record missing for live task volume; rebuilding it", "plugin_id", k.plugin, "volume_id", k.volume)
+		vol = volRecord{PluginID: first.PluginID, VolumeID: first.VolumeID, StagingPath: m.StagingPath(first.PluginID, first.VolumeID),
+			AccessMode: first.AccessMode, AttachmentMode: first.AttachmentMode, FSType: first.FSType,
+			MountFlags: first.MountFlags, VolumeContext: first.VolumeContext, Secrets: first.Secrets}
+		if err := m.putVol(vol); err != nil {
+			return err
+		}
+	}
+	var fix []taskRecord
+	for _, t := range keep {
+		if t.State != phasePublished || repair[t.TaskID+"\x00"+t.Name] {
+			fix = append(fix, t)
+		}
+	}
+	info, _ := m.cfg.Lookup(k.plugin)
+	restage := len(fix) > 0 && vol.Stage == phaseStaged
+	if vol, err = m.ensureVolume(ctx, first.TaskID, first.Name, info, vol, restage); err != nil {
+		return err
+	}
+	for _, t := range fix {
+		m.event(t.TaskID, fmt.Sprintf("Re-publishing volume %q after a driver restart", t.Name), annotations(t.Name, t.PluginID, t.VolumeID))
+		if err := m.ensurePublished(ctx, info, vol, t); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	// Repairs are done; a later attempt must not repeat them.
+	for _, t := range fix {
+		delete(repair, t.TaskID+"\x00"+t.Name)
+	}
+	return nil
+}

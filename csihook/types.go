@@ -1,0 +1,156 @@
+package csihook
+
+import (
+	"context"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/mounter"
+)
+
+// Access modes accepted in VolumeRequest.AccessMode.
+const (
+	AccessSingleNodeWriter       = "single-node-writer"
+	AccessSingleNodeReaderOnly   = "single-node-reader-only"
+	AccessMultiNodeReaderOnly    = "multi-node-reader-only"
+	AccessMultiNodeSingleWriter  = "multi-node-single-writer"
+	AccessMultiNodeMultiWriter   = "multi-node-multi-writer"
+	AttachmentFileSystem         = "file-system"
+	AttachmentBlockDevice        = "block-device"
+	defaultRPCTimeout            = time.Minute
+	defaultRetryAttempts         = 5
+	defaultRetryBase             = 500 * time.Millisecond
+	defaultRetryMax              = 8 * time.Second
+	defaultBackgroundRetryBase   = 2 * time.Second
+	defaultBackgroundRetryMax    = 2 * time.Minute
+	defaultRollbackTimeoutFactor = 4
+)
+
+// VolumeRequest is one `volume "<name>" { ... }` block of a task, decoded by
+// the driver. Sizes are in bytes.
+type VolumeRequest struct {
+	// Name is the block label. It names the target directory under the
+	// publish root, so it must be 1-63 letters, digits, '.', '_' or '-'.
+	Name string
+	// PluginID is the CSI plugin serving the volume.
+	PluginID string
+	// VolumeID is the plugin's volume id, or with Create the name the
+	// volume is created under (CreateVolume is idempotent by name).
+	VolumeID string
+	// Destination is the absolute path inside the task.
+	Destination string
+	// ReadOnly publishes the volume read-only. It is refused with a writer
+	// access mode (see Validate).
+	ReadOnly bool
+	// AccessMode is one of the Access* constants; required.
+	AccessMode string
+	// AttachmentMode is AttachmentFileSystem (the default when empty) or
+	// AttachmentBlockDevice.
+	AttachmentMode string
+	// FSType and MountFlags are the mount_options block; an empty FSType is
+	// not sent. Neither may be set for a block device.
+	FSType     string
+	MountFlags []string
+	// Context is merged under the plugin's own volume context (the
+	// plugin's keys win) and sent to ControllerPublish, NodeStage and
+	// NodePublish.
+	Context map[string]string
+	// Secrets are sent to the plugin and never logged nor put in errors
+	// or events. They are kept in the journal (mode 0600) so that an
+	// interrupted call can be re-issued after a restart.
+	Secrets map[string]string
+	// Create, when set, creates the volume (by name VolumeID) before use.
+	Create *CreateRequest
+}
+
+// CreateRequest is the create block of a volume.
+type CreateRequest struct {
+	// CapacityMin and CapacityMax are bytes; 0 means unset.
+	CapacityMin, CapacityMax int64
+	Parameters               map[string]string
+}
+
+// PluginInfo is what the manager needs to know of a plugin from the
+// driver's fingerprint.
+type PluginInfo struct {
+	ID string
+	// Socket is the plugin's node (or monolith) socket.
+	Socket string
+	// ControllerSocket, when set, serves the Controller RPCs; otherwise
+	// they go to Socket.
+	ControllerSocket string
+	// NodeID is the plugin's NodeGetInfo answer; when empty and a
+	// ControllerPublish is needed, NodeGetInfo is asked.
+	NodeID  string
+	Healthy bool
+	// HealthDescription says why the plugin is unhealthy.
+	HealthDescription string
+	// StageUnstage is the node capability STAGE_UNSTAGE_VOLUME.
+	StageUnstage bool
+	// ControllerPublish is the controller capability
+	// PUBLISH_UNPUBLISH_VOLUME.
+	ControllerPublish bool
+	// CreateDelete is the controller capability CREATE_DELETE_VOLUME.
+	CreateDelete bool
+	// Block is set when the plugin serves block-device volumes. CSI has no
+	// capability for it, so the driver sets it from the plugin's
+	// configuration; block-device requests to other plugins are refused.
+	Block bool
+}
+
+// PluginLookup returns a plugin's current fingerprint. An error means the
+// plugin is not known on this node.
+type PluginLookup func(id string) (PluginInfo, error)
+
+// Published is a volume ready for the driver to bind into the task.
+type Published struct {
+	Name string
+	// HostPath is the NodePublishVolume target: a directory, or for a
+	// block device a file with the device node bound on it.
+	HostPath    string
+	Destination string
+	ReadOnly    bool
+	Block       bool
+}
+
+// EventFunc receives a task event a person can follow.
+type EventFunc func(taskID, msg string, annotations map[string]string)
+
+// Config configures a Manager. Root, Lookup and Dial are required.
+type Config struct {
+	// Root holds staging paths (Root/staging/<plugin>/<volume-hash>) and
+	// publish targets (Root/publish/<task-hash>/<name>). Plugins must see
+	// it at the same path with mount propagation back to the host.
+	Root string
+	// JournalDir holds the journal; default Root/journal. It must survive
+	// driver restarts.
+	JournalDir string
+	Lookup     PluginLookup
+	// Dial returns a client for a plugin socket. DialUnix is the real one.
+	Dial func(socket string) (Client, error)
+	// Mounter is used to check mounts; default mounter.New().
+	Mounter mounter.Interface
+	Logger  hclog.Logger
+	Events  EventFunc
+	// NodeName names this node in messages; default the hostname.
+	NodeName string
+
+	// RPCTimeout is the deadline of every single RPC; default 1m.
+	RPCTimeout time.Duration
+	// RetryAttempts, RetryBase and RetryMax bound the in-line retries of
+	// one call on a retryable code; defaults 5, 500ms, 8s.
+	RetryAttempts int
+	RetryBase     time.Duration
+	RetryMax      time.Duration
+	// BackgroundRetryBase and BackgroundRetryMax pace the background
+	// teardown retries; defaults 2s and 2m.
+	BackgroundRetryBase time.Duration
+	BackgroundRetryMax  time.Duration
+}
+
+// rollbackContext returns the context a rollback runs under: not
+// cancelled with the caller's, but bounded.
+func (m *Manager) rollbackContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), m.cfg.RPCTimeout*defaultRollbackTimeoutFactor)
+}

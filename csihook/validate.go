@@ -1,0 +1,194 @@
+package csihook
+
+import (
+	"errors"
+	"fmt"
+	"path/filepath"
+	"regexp"
+	"strings"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+)
+
+// ErrInvalid is matched (errors.Is) by every error Validate returns and by
+// Setup errors about a request that can never work as written.
+var ErrInvalid = errors.New("invalid volume request")
+
+// ErrPluginNotFound is matched by Setup errors about a missing or unhealthy
+// plugin.
+var ErrPluginNotFound = errors.New("CSI plugin not available")
+
+// ErrConflict is matched by Setup errors about a volume already in use on
+// this node in a way the new request cannot share.
+var ErrConflict = errors.New("volume in use")
+
+type invalidError struct{ msg string }
+
+func (e *invalidError) Error() string        { return e.msg }
+func (e *invalidError) Is(target error) bool { return target == ErrInvalid }
+
+func invalidf(format string, args ...any) error {
+	return &invalidError{msg: fmt.Sprintf(format, args...)}
+}
+
+var safeName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$`)
+
+var accessModes = map[string]csi.VolumeCapability_AccessMode_Mode{
+	AccessSingleNodeWriter:      csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER,
+	AccessSingleNodeReaderOnly:  csi.VolumeCapability_AccessMode_SINGLE_NODE_READER_ONLY,
+	AccessMultiNodeReaderOnly:   csi.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY,
+	AccessMultiNodeSingleWriter: csi.VolumeCapability_AccessMode_MULTI_NODE_SINGLE_WRITER,
+	AccessMultiNodeMultiWriter:  csi.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER,
+}
+
+// writerMode reports whether an access mode lets the node write.
+func writerMode(mode string) bool {
+	switch mode {
+	case AccessSingleNodeWriter, AccessMultiNodeSingleWriter, AccessMultiNodeMultiWriter:
+		return true
+	}
+	return false
+}
+
+func attachment(req VolumeRequest) string {
+	if req.AttachmentMode == "" {
+		return AttachmentFileSystem
+	}
+	return req.AttachmentMode
+}
+
+// Validate checks requests without asking any plugin: names, ids,
+// destinations, modes, mount options and sizes. Every problem is reported,
+// each matching ErrInvalid.
+func (m *Manager) Validate(reqs []VolumeRequest) error { return validate(reqs) }
+
+func validate(reqs []VolumeRequest) error {
+	var errs []error
+	names := map[string]bool{}
+	dests := map[string]string{}
+	for i, req := range reqs {
+		label := req.Name
+		if label == "" {
+			label = fmt.Sprintf("#%d", i+1)
+		}
+		fail := func(format string, args ...any) {
+			errs = append(errs, invalidf("volume %q: %s", label, fmt.Sprintf(format, args...)))
+		}
+		switch {
+		case req.Name == "":
+			fail("name must not be empty")
+		case !safeName.MatchString(req.Name):
+			fail("name must be 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit")
+		case names[req.Name]:
+			fail("name is used by more than one volume")
+		}
+		names[req.Name] = true
+
+		if req.PluginID == "" {
+			fail("plugin_id must not be empty")
+		} else if strings.ContainsAny(req.PluginID, "/\x00") || req.PluginID == "." || req.PluginID == ".." {
+			fail("plugin_id %q must not contain '/' or be '.' or '..'", req.PluginID)
+		}
+		if req.VolumeID == "" {
+			fail("volume_id must not be empty")
+		} else if strings.ContainsRune(req.VolumeID, 0) {
+			fail("volume_id must not contain NUL")
+		}
+
+		switch dest := req.Destination; {
+		case dest == "":
+			fail("destination must not be empty")
+		case !filepath.IsAbs(dest):
+			fail("destination %q must be an absolute path", dest)
+		case hasDotDot(dest):
+			fail("destination %q must not contain '..'", dest)
+		case filepath.Clean(dest) == "/":
+			fail("destination must not be the task's root directory")
+		default:
+			clean := filepath.Clean(dest)
+			if other, ok := dests[clean]; ok {
+				fail("destination %q is also the destination of volume %q", dest, other)
+			} else {
+				dests[clean] = label
+			}
+		}
+
+		mode := req.AccessMode
+		if _, ok := accessModes[mode]; !ok {
+			if mode == "" {
+				fail("access_mode must be set to one of %s", modeList())
+			} else {
+				fail("access_mode %q is not supported: use one of %s", mode, modeList())
+			}
+		} else if req.ReadOnly && writerMode(mode) {
+			fail("read_only = true conflicts with access_mode = %q: use single-node-reader-only or multi-node-reader-only, or drop read_only", mode)
+		}
+
+		switch att := attachment(req); att {
+		case AttachmentFileSystem:
+		case AttachmentBlockDevice:
+			if req.FSType != "" || len(req.MountFlags) > 0 {
+				fail("mount_options cannot be used with attachment_mode = %q", att)
+			}
+		default:
+			fail("attachment_mode %q is not supported: use %q or %q", att, AttachmentFileSystem, AttachmentBlockDevice)
+		}
+		for _, f := range req.MountFlags {
+			if f == "" || strings.ContainsRune(f, 0) {
+				fail("mount_options.mount_flags must not hold empty values")
+				break
+			}
+		}
+		for k := range req.Secrets {
+			if k == "" {
+				fail("secrets must not have an empty key")
+				break
+			}
+		}
+		for k := range req.Context {
+			if k == "" {
+				fail("context must not have an empty key")
+				break
+			}
+		}
+		if c := req.Create; c != nil {
+			if c.CapacityMin < 0 || c.CapacityMax < 0 {
+				fail("create.capacity_min and create.capacity_max must not be negative")
+			} else if c.CapacityMax > 0 && c.CapacityMin > c.CapacityMax {
+				fail("create.capacity_min (%d bytes) must not exceed create.capacity_max (%d bytes)", c.CapacityMin, c.CapacityMax)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func hasDotDot(p string) bool {
+	for _, part := range strings.Split(p, "/") {
+		if part == ".." {
+			return true
+		}
+	}
+	return false
+}
+
+func modeList() string {
+	return strings.Join([]string{
+		AccessSingleNodeWriter, AccessSingleNodeReaderOnly, AccessMultiNodeReaderOnly,
+		AccessMultiNodeSingleWriter, AccessMultiNodeMultiWriter,
+	}, ", ")
+}
+
+// capability builds the CSI volume capability of a request.
+func capability(accessMode, attachmentMode, fsType string, mountFlags []string) *csi.VolumeCapability {
+	vc := &csi.VolumeCapability{
+		AccessMode: &csi.VolumeCapability_AccessMode{Mode: accessModes[accessMode]},
+	}
+	if attachmentMode == AttachmentBlockDevice {
+		vc.AccessType = &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}}
+	} else {
+		vc.AccessType = &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{
+			FsType: fsType, MountFlags: append([]string(nil), mountFlags...),
+		}}
+	}
+	return vc
+}
