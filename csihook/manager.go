@@ -35,7 +35,12 @@ type Manager struct {
 	tasks   map[string]map[string]taskRecord
 	clients map[string]Client
 	workers map[string]bool
-	closed  bool
+	// verified holds the volumes whose staging this process made or saw
+	// mounted; a staged volume loaded from the journal is staged again
+	// (idempotent) before use unless its staging path is a mount point,
+	// so that after a reboot nothing is published from an empty directory.
+	verified map[volKey]bool
+	closed   bool
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -95,14 +100,15 @@ func New(cfg Config) (*Manager, error) {
 		return nil, err
 	}
 	m := &Manager{
-		cfg:     cfg,
-		logger:  logger,
-		journal: j,
-		locks:   newKeyLocks(),
-		vols:    map[volKey]volRecord{},
-		tasks:   map[string]map[string]taskRecord{},
-		clients: map[string]Client{},
-		workers: map[string]bool{},
+		cfg:      cfg,
+		logger:   logger,
+		journal:  j,
+		locks:    newKeyLocks(),
+		vols:     map[volKey]volRecord{},
+		tasks:    map[string]map[string]taskRecord{},
+		clients:  map[string]Client{},
+		workers:  map[string]bool{},
+		verified: map[volKey]bool{},
 	}
 	m.ctx, m.cancel = context.WithCancel(context.Background())
 	for _, v := range vols {
@@ -615,6 +621,15 @@ func (m *Manager) ensureVolume(ctx context.Context, taskID, name string, info Pl
 	vc := capability(vol.AccessMode, vol.AttachmentMode, vol.FSType, vol.MountFlags)
 	needCtrl := info.ControllerPublish || vol.Controller != phaseNone
 	needStage := info.StageUnstage || vol.Stage != phaseNone
+	if vol.Stage == phaseStaged && !restage && !m.isVerified(vol.key()) {
+		if ok, err := m.cfg.Mounter.IsMountPoint(vol.StagingPath); err == nil && ok {
+			m.setVerified(vol.key(), true)
+		} else {
+			m.logger.Info("staging from before a restart not found mounted; staging again", "plugin_id", vol.PluginID,
+				"volume_id", vol.VolumeID, "staging_path", vol.StagingPath)
+			restage = true
+		}
+	}
 	if (!needCtrl || vol.Controller == phasePublished) && (!needStage || (vol.Stage == phaseStaged && !restage)) {
 		return vol, nil
 	}
@@ -692,8 +707,25 @@ func (m *Manager) ensureVolume(ctx context.Context, taskID, name string, info Pl
 		if err := m.putVol(vol); err != nil {
 			return vol, err
 		}
+		m.setVerified(vol.key(), true)
 	}
 	return vol, nil
+}
+
+func (m *Manager) isVerified(k volKey) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.verified[k]
+}
+
+func (m *Manager) setVerified(k volKey, ok bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if ok {
+		m.verified[k] = true
+	} else {
+		delete(m.verified, k)
+	}
 }
 
 // ensurePublished publishes a task's volume at its target, journalling
@@ -896,6 +928,7 @@ func (m *Manager) releaseLocked(ctx context.Context, taskID, name string, k volK
 	if err := m.dropVol(k); err != nil {
 		return err
 	}
+	m.setVerified(k, false)
 	removeIfEmpty(filepath.Dir(vol.StagingPath))
 	m.logger.Info("volume released on this node", "task_id", taskID, "plugin_id", vol.PluginID, "volume_id", vol.VolumeID)
 	return nil

@@ -829,3 +829,26 @@ func waitFor(cond func() bool) *wait.Constraint {
 }
 
 func randFloat() float64 { return rand.Float64() }
+
+func TestRestart_StagingLostIsStagedAgainBeforeNewPublish(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	r := req("data", "shared", "/data")
+	r.AccessMode = AccessMultiNodeMultiWriter
+	_, err := h.m.Setup(ctx, "task-a", []VolumeRequest{r})
+	must.NoError(t, err)
+	h.restart()
+	// As after a reboot: the staging mount is gone, the journal says staged.
+	must.NoError(t, h.mnt.Unmount(h.m.StagingPath("p", "shared")))
+	h.fake.ResetCalls()
+	_, err = h.m.Setup(ctx, "task-b", []VolumeRequest{r})
+	must.NoError(t, err)
+	must.Eq(t, []string{MethodNodeStageVolume, MethodNodePublishVolume}, h.fake.Methods())
+
+	// With the staging mount in place, a third task only publishes.
+	h.restart()
+	h.fake.ResetCalls()
+	_, err = h.m.Setup(ctx, "task-c", []VolumeRequest{r})
+	must.NoError(t, err)
+	must.Eq(t, []string{MethodNodePublishVolume}, h.fake.Methods())
+}
