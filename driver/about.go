@@ -12,8 +12,8 @@ import (
 )
 
 const (
-	// PluginName is the name jobs use in `driver = "csi"` and operators in
-	// `plugin "csi"`.
+	// PluginName is the name jobs use in `driver = "csi"`. (Operators
+	// configure the plugin under the name of its file in plugin_dir.)
 	PluginName = "csi"
 
 	// DefaultRootDir is where the driver keeps its state when the operator
@@ -39,7 +39,7 @@ var pluginInfo = &base.PluginInfoResponse{
 }
 
 // configSpec is the agent-side configuration, the `config` block of
-// `plugin "csi"`.
+// `plugin "nomad-driver-csi"`.
 var configSpec = hclspec.NewObject(map[string]*hclspec.Spec{
 	"enabled": hclspec.NewDefault(
 		hclspec.NewAttr("enabled", "bool", false),
@@ -115,7 +115,7 @@ func (tc *TaskConfig) validate(cfg *Config) error {
 		return fmt.Errorf("work_dir must be an absolute path, got %q", tc.WorkDir)
 	}
 	if tc.Privileged && !cfg.AllowPrivileged {
-		return fmt.Errorf("privileged = true is not allowed on this node: the operator must set allow_privileged = true in the agent's plugin \"csi\" config")
+		return fmt.Errorf("privileged = true is not allowed on this node: the operator must set allow_privileged = true in the agent's config for this driver (plugin \"nomad-driver-csi\")")
 	}
 	return nil
 }

@@ -104,7 +104,7 @@ func recoverExecutor(l hclog.Logger, st executor.State) (taskProcess, error) {
 // PluginInfo describes the plugin to Nomad.
 func (d *Driver) PluginInfo() (*base.PluginInfoResponse, error) { return pluginInfo, nil }
 
-// ConfigSchema is the schema of `plugin "csi" { config { ... } }`.
+// ConfigSchema is the schema of the plugin's agent-side `config` block.
 func (d *Driver) ConfigSchema() (*hclspec.Spec, error) { return configSpec, nil }
 
 // SetConfig takes the agent's configuration for the plugin.
@@ -217,7 +217,7 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 	}
 	conf := d.currentConfig()
 	if conf == nil || !conf.Enabled {
-		return nil, nil, errors.New("the csi driver is disabled on this node: set enabled = true in the agent's plugin \"csi\" config")
+		return nil, nil, errors.New("the csi driver is disabled on this node: set enabled = true in the agent's config for this driver (plugin \"nomad-driver-csi\")")
 	}
 
 	var tc TaskConfig

@@ -164,11 +164,16 @@ func TestDriver_stopHonoursSignalAndRecoversAfterRestart(t *testing.T) {
 
 	handle, _, err := h.StartTask(cfg)
 	must.NoError(t, err)
-	must.NoError(t, h.WaitUntilStarted(cfg.ID, 10*time.Second))
+	// The pid file is written after the trap is set.
+	pidFile := filepath.Join(cfg.TaskDir().LocalDir, "pid")
+	eventually(t, 10*time.Second, func() error { _, err := os.Stat(pidFile); return err })
 	status, err := h.InspectTask(cfg.ID)
 	must.NoError(t, err)
 	pid, err := strconv.Atoi(status.DriverAttributes["pid"])
 	must.NoError(t, err)
+	written, err := os.ReadFile(pidFile)
+	must.NoError(t, err)
+	must.Eq(t, strconv.Itoa(pid)+"\n", string(written))
 
 	// A new driver process (as after an agent restart) takes the task back
 	// from the handle Nomad stored: same PID, still running.

@@ -62,7 +62,7 @@ func (d *Driver) buildFingerprint() *drivers.Fingerprint {
 		return fp
 	case !conf.Enabled:
 		fp.Health = drivers.HealthStateUndetected
-		fp.HealthDescription = "the csi driver is disabled: set enabled = true in the agent's plugin \"csi\" config"
+		fp.HealthDescription = "the csi driver is disabled: set enabled = true in the agent's config for this driver (plugin \"nomad-driver-csi\")"
 		return fp
 	case !d.host.IsRoot():
 		fp.Health = drivers.HealthStateUndetected

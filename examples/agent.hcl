@@ -9,7 +9,7 @@ client {
   enabled = true
 }
 
-plugin "csi" {
+plugin "nomad-driver-csi" {
   config {
     # Turn the driver off without removing it.
     enabled = true

@@ -35,7 +35,7 @@ trap cleanup EXIT
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 http=$(free_port); rpc=$(free_port); serf=$(free_port)
-export NOMAD_ADDR="http://127.0.0.1:$http"
+export NOMAD_ADDR="http://127.0.0.1:$http" NOMAD_CLI_SHOW_HINTS=false
 
 mkdir -p "$work/plugins" "$work/data" "$work/root"
 cp "$driver" "$work/plugins/"
@@ -51,7 +51,7 @@ client {
     "fingerprint.denylist" = "env_aws,env_gce,env_azure,env_digitalocean"
   }
 }
-plugin "csi" {
+plugin "nomad-driver-csi" {
   config {
     allow_privileged = true
     root_dir         = "$work/root"
