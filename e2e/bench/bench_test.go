@@ -10,7 +10,7 @@
 //     StartedAt as recorded by the client (same host, same clock);
 //   - the RSS (VmRSS) of the nomad-driver-csi plugin process, a child of
 //     the agent, when idle and with 20 csi tasks running, and the summed
-//     RSS of the driver's per-task supervisor processes at 20 tasks.
+//     RSS and PSS of the driver's per-task supervisor processes at 20 tasks.
 //
 // It is a benchmark so that plain "go test" never runs it. It runs once,
 // whatever b.N, and takes about a minute with the default 5 runs:
@@ -86,7 +86,7 @@ func BenchmarkDriverOverhead(b *testing.B) {
 	}
 
 	// 20 csi tasks at once.
-	busyRSS, supCount, supRSS, manyElapsed := int64(-1), 0, int64(-1), time.Duration(0)
+	busyRSS, supCount, supRSS, supPSS, manyElapsed := int64(-1), 0, int64(-1), int64(-1), time.Duration(0)
 	if withCSI {
 		manyStart := time.Now()
 		job := submit(b, a, "csi", 20)
@@ -94,7 +94,7 @@ func BenchmarkDriverOverhead(b *testing.B) {
 		manyElapsed = time.Since(manyStart)
 		time.Sleep(2 * time.Second)
 		busyRSS = pluginRSS(b, a)
-		supCount, supRSS = supervisorsRSS(a)
+		supCount, supRSS, supPSS = supervisorsRSS(a)
 		stop(b, a, job)
 	}
 
@@ -114,7 +114,7 @@ func BenchmarkDriverOverhead(b *testing.B) {
 	fmt.Fprintf(&sb, "%-44s %s\n", "ratio csi/raw_exec", ratio(med["csi"], med["raw_exec"]))
 	fmt.Fprintf(&sb, "%-44s %s\n", "plugin RSS, idle", kb(idleRSS))
 	fmt.Fprintf(&sb, "%-44s %s\n", "plugin RSS, 20 csi tasks running", kb(busyRSS))
-	fmt.Fprintf(&sb, "%-44s %d processes, %s\n", "task supervisors, 20 csi tasks running", supCount, kb(supRSS))
+	fmt.Fprintf(&sb, "%-44s %d processes, RSS %s, PSS %s\n", "task supervisors, 20 csi tasks running", supCount, kb(supRSS), kb(supPSS))
 	fmt.Fprintf(&sb, "%-44s %v\n", "submit->20 csi tasks running", manyElapsed.Round(time.Millisecond))
 	fmt.Print(sb.String())
 }
@@ -260,12 +260,13 @@ func parseKB(v string) int64 {
 	return n
 }
 
-// supervisorsRSS sums VmRSS of the driver's other processes (the
-// re-executed per-task supervisors) that belong to this agent.
-func supervisorsRSS(a *e2e.Agent) (int, int64) {
+// supervisorsRSS counts the driver's other processes (the re-executed
+// per-task supervisors) that belong to this agent and sums their VmRSS and
+// their PSS (which does not count the shared binary 20 times).
+func supervisorsRSS(a *e2e.Agent) (int, int64, int64) {
 	plugin := a.DriverPluginPID()
 	bin := filepath.Join(e2e.PluginDir(a.Root), "nomad-driver-csi")
-	count, total := 0, int64(0)
+	count, total, pss := 0, int64(0), int64(0)
 	entries, _ := os.ReadDir("/proc")
 	for _, e := range entries {
 		pid, err := strconv.Atoi(e.Name())
@@ -282,8 +283,24 @@ func supervisorsRSS(a *e2e.Agent) (int, int64) {
 		}
 		count++
 		total += parseKB(v)
+		pss += pssKB(pid)
 	}
-	return count, total
+	return count, total, pss
+}
+
+// pssKB reads a process's proportional set size (shared pages split among
+// the processes that map them) from /proc/PID/smaps_rollup, in kB.
+func pssKB(pid int) int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if k, v, ok := strings.Cut(line, ":"); ok && k == "Pss" {
+			return parseKB(v)
+		}
+	}
+	return 0
 }
 
 func hasParent(pid, parent int) bool {
