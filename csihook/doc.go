@@ -130,6 +130,6 @@
 // "Creating volume", "Attaching volume", "Staging volume", `Published
 // volume "data" at /data`, "Unpublishing volume", "Unstaging volume",
 // "Detaching volume", failures with the CSI code and message, retries and
-// their outcome. Events about a volume with no task left (found at
-// Recover) have an empty task id.
+// their outcome. Recover's events go to the task that is gone; those about
+// a volume no task record names have an empty task id.
 package csihook

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -360,6 +361,13 @@ func TestRecover_PluginDownRetriesInBackground(t *testing.T) {
 	h.fake.ResetCalls()
 	must.NoError(t, h.m.Recover(func(string) bool { return false }))
 	must.Wait(t, waitFor(func() bool { return containsEvent(h.eventMsgs(), "retrying in") }))
+	h.mu.Lock()
+	for _, e := range h.events {
+		if strings.Contains(e.Msg, "retrying in") {
+			must.Eq(t, "task-a", e.TaskID)
+		}
+	}
+	h.mu.Unlock()
 	must.Len(t, 2, h.journalFiles())
 	h.setPlugin(fullPlugin("p"))
 	h.waitIdle()

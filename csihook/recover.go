@@ -100,9 +100,14 @@ func (m *Manager) Recover(live func(taskID string) bool) error {
 	}
 	repair := map[volKey]map[string]bool{}
 	known := map[string]bool{}
+	// Events of a volume's worker go to a task that is gone, if any.
+	owner := map[volKey]string{}
 	for _, recs := range m.tasks {
 		for _, t := range recs {
 			keys[t.key()] = true
+			if owner[t.key()] == "" && !live(t.TaskID) {
+				owner[t.key()] = t.TaskID
+			}
 			known[t.Target] = true
 			if listErr == nil && t.State == phasePublished && !mounted[t.Target] && live(t.TaskID) {
 				if repair[t.key()] == nil {
@@ -134,7 +139,7 @@ func (m *Manager) Recover(live func(taskID string) bool) error {
 		if fix == nil {
 			fix = map[string]bool{}
 		}
-		m.background("vol:"+k.String(), "", nil, func(ctx context.Context) error {
+		m.background("vol:"+k.String(), owner[k], nil, func(ctx context.Context) error {
 			return m.reconcile(ctx, k, live, fix)
 		})
 	}
