@@ -349,7 +349,7 @@ func TestCSIFixtureLifecycle(t *testing.T) {
 		must.NoError(t, err, must.Sprintf("csc %s: %s", strings.Join(args, " "), out))
 		return strings.TrimSpace(out)
 	}
-	capability := "SINGLE_NODE_WRITER,mount,ext4"
+	capability := "SINGLE_NODE_WRITER,mount,ext4,noexec"
 	stg, rw, ro := filepath.Join(f.dir, "stg"), filepath.Join(f.dir, "rw"), filepath.Join(f.dir, "ro")
 	must.NoError(t, os.Mkdir(stg, 0o750))
 
@@ -375,6 +375,11 @@ func TestCSIFixtureLifecycle(t *testing.T) {
 	must.Eq(t, "csi", string(b))
 	err = os.WriteFile(filepath.Join(ro, "nope"), nil, 0o644)
 	must.True(t, errors.Is(err, unix.EROFS), must.Sprintf("writing through the read-only target: %v", err))
+	for _, p := range []string{stg, rw, ro} {
+		must.StrContains(t, csiMountOptions(t, p), "noexec", must.Sprintf("mount_flags at %s", p))
+	}
+	must.StrHasPrefix(t, "ro,", csiMountOptions(t, ro))
+	must.StrHasPrefix(t, "rw,", csiMountOptions(t, rw))
 	stats := run("node", "stats", id+":"+rw)
 	must.StrContains(t, stats, "BYTES")
 
@@ -417,4 +422,19 @@ func csiFSSize(t *testing.T, path string) int64 {
 	var fs unix.Statfs_t
 	must.NoError(t, unix.Statfs(path, &fs))
 	return int64(fs.Blocks) * fs.Bsize
+}
+
+// csiMountOptions returns the per-mount options of the mount at path
+// (the topmost one) from /proc/self/mountinfo, or "" when none.
+func csiMountOptions(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	must.NoError(t, err)
+	opts := ""
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) > 5 && f[4] == path {
+			opts = f[5]
+		}
+	}
+	return opts
 }
