@@ -3,6 +3,7 @@ package driver
 import (
 	"fmt"
 	"path/filepath"
+	"regexp"
 	"strings"
 
 	"github.com/hashicorp/nomad/plugins/base"
@@ -22,6 +23,10 @@ const (
 
 	// DefaultCgroupParent is the control group every task goes under.
 	DefaultCgroupParent = "nomad-csi"
+
+	// DefaultPluginMountDir is where a plugin task finds its socket
+	// directory when its csi_plugin block does not say.
+	DefaultPluginMountDir = "/csi"
 
 	// taskHandleVersion is the version of TaskState below.
 	taskHandleVersion = 1
@@ -57,6 +62,7 @@ var configSpec = hclspec.NewObject(map[string]*hclspec.Spec{
 		hclspec.NewAttr("cgroup_parent", "string", false),
 		hclspec.NewLiteral(fmt.Sprintf("%q", DefaultCgroupParent)),
 	),
+	"plugin_socket_dirs": hclspec.NewAttr("plugin_socket_dirs", "list(string)", false),
 })
 
 // taskConfigSpec is the `config` block of a task with `driver = "csi"`.
@@ -65,6 +71,14 @@ var taskConfigSpec = hclspec.NewObject(map[string]*hclspec.Spec{
 	"args":       hclspec.NewAttr("args", "list(string)", false),
 	"work_dir":   hclspec.NewAttr("work_dir", "string", false),
 	"privileged": hclspec.NewAttr("privileged", "bool", false),
+	"csi_plugin": hclspec.NewBlock("csi_plugin", false, hclspec.NewObject(map[string]*hclspec.Spec{
+		"id":   hclspec.NewAttr("id", "string", true),
+		"type": hclspec.NewAttr("type", "string", true),
+		"mount_dir": hclspec.NewDefault(
+			hclspec.NewAttr("mount_dir", "string", false),
+			hclspec.NewLiteral(fmt.Sprintf("%q", DefaultPluginMountDir)),
+		),
+	})),
 })
 
 var capabilities = &drivers.Capabilities{
@@ -77,10 +91,11 @@ var capabilities = &drivers.Capabilities{
 
 // Config is the decoded agent-side configuration.
 type Config struct {
-	Enabled         bool   `codec:"enabled"`
-	AllowPrivileged bool   `codec:"allow_privileged"`
-	RootDir         string `codec:"root_dir"`
-	CgroupParent    string `codec:"cgroup_parent"`
+	Enabled          bool     `codec:"enabled"`
+	AllowPrivileged  bool     `codec:"allow_privileged"`
+	RootDir          string   `codec:"root_dir"`
+	CgroupParent     string   `codec:"cgroup_parent"`
+	PluginSocketDirs []string `codec:"plugin_socket_dirs"`
 }
 
 // validate checks the agent-side configuration; its errors name the key.
@@ -94,15 +109,36 @@ func (c *Config) validate() error {
 	if c.CgroupParent == "" || strings.Contains(c.CgroupParent, "..") || filepath.IsAbs(c.CgroupParent) {
 		return fmt.Errorf("cgroup_parent must be a relative cgroup name such as %q, got %q", DefaultCgroupParent, c.CgroupParent)
 	}
+	if room := maxSocketPath - len(c.RootDir) - len("/plugins//"+pluginSocketName); room < minPluginIDRoom {
+		return fmt.Errorf("root_dir %q is too long: CSI socket paths under it must fit in %d bytes, which leaves plugin ids only %d bytes; use a root_dir of at most %d bytes",
+			c.RootDir, maxSocketPath, max(room, 0), len(c.RootDir)-(minPluginIDRoom-room))
+	}
+	for i, dir := range c.PluginSocketDirs {
+		if !filepath.IsAbs(dir) {
+			return fmt.Errorf("plugin_socket_dirs[%d] must be an absolute path, got %q", i, dir)
+		}
+	}
 	return nil
 }
 
 // TaskConfig is the decoded `config` block of a task.
 type TaskConfig struct {
-	Command    string   `codec:"command"`
-	Args       []string `codec:"args"`
-	WorkDir    string   `codec:"work_dir"`
-	Privileged bool     `codec:"privileged"`
+	Command    string            `codec:"command"`
+	Args       []string          `codec:"args"`
+	WorkDir    string            `codec:"work_dir"`
+	Privileged bool              `codec:"privileged"`
+	CSIPlugin  *PluginTaskConfig `codec:"csi_plugin"`
+}
+
+// PluginTaskConfig is a task's csi_plugin block: the task is a CSI plugin.
+type PluginTaskConfig struct {
+	// ID names the plugin on this node; volumes refer to it.
+	ID string `codec:"id"`
+	// Type is node, controller or monolith.
+	Type string `codec:"type"`
+	// MountDir is where the task finds its socket directory; the driver
+	// sets CSI_ENDPOINT to the socket in it.
+	MountDir string `codec:"mount_dir"`
 }
 
 // validate checks a task's configuration against the agent's; its errors
@@ -114,8 +150,70 @@ func (tc *TaskConfig) validate(cfg *Config) error {
 	if tc.WorkDir != "" && !filepath.IsAbs(tc.WorkDir) {
 		return fmt.Errorf("work_dir must be an absolute path, got %q", tc.WorkDir)
 	}
+	if p := tc.CSIPlugin; p != nil {
+		if err := p.validate(cfg, tc.Privileged); err != nil {
+			return err
+		}
+	}
 	if tc.Privileged && !cfg.AllowPrivileged {
 		return fmt.Errorf("privileged = true is not allowed on this node: the operator must set allow_privileged = true in the agent's config for this driver (plugin \"nomad-driver-csi\")")
 	}
 	return nil
 }
+
+// Plugin types, as in Nomad's csi_plugin block.
+const (
+	PluginTypeNode       = "node"
+	PluginTypeController = "controller"
+	PluginTypeMonolith   = "monolith"
+)
+
+// maxSocketPath is the longest unix socket path the kernel accepts
+// (sun_path is 108 bytes with the terminating NUL).
+const maxSocketPath = 107
+
+// minPluginIDRoom is the shortest plugin id root_dir must leave room for.
+const minPluginIDRoom = 16
+
+// validPluginID matches the plugin ids the driver accepts: they name a
+// directory and appear in attribute keys.
+var validPluginID = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]*$`)
+
+func (p *PluginTaskConfig) validate(cfg *Config, privileged bool) error {
+	if !validPluginID.MatchString(p.ID) {
+		return fmt.Errorf("csi_plugin id %q must start with a letter or digit and hold only letters, digits, '.', '_' and '-'", p.ID)
+	}
+	switch p.Type {
+	case PluginTypeNode, PluginTypeMonolith:
+		if !privileged {
+			return fmt.Errorf("csi_plugin type %q needs privileged = true: node plugins mount volumes for the host", p.Type)
+		}
+	case PluginTypeController:
+	default:
+		return fmt.Errorf("csi_plugin type %q must be one of \"node\", \"controller\" or \"monolith\"", p.Type)
+	}
+	if !filepath.IsAbs(p.MountDir) || filepath.Clean(p.MountDir) == "/" {
+		return fmt.Errorf("csi_plugin mount_dir must be an absolute path other than \"/\", got %q", p.MountDir)
+	}
+	if sock := cfg.pluginSocket(p.ID); len(sock) > maxSocketPath {
+		return fmt.Errorf("csi_plugin id %q is too long for this node: its socket %q would pass the %d-byte limit of unix socket paths; use an id of at most %d bytes or a shorter root_dir",
+			p.ID, sock, maxSocketPath, len(p.ID)-(len(sock)-maxSocketPath))
+	}
+	return nil
+}
+
+// pluginSocketDir is the host directory holding a launched plugin's socket.
+func (c *Config) pluginSocketDir(id string) string { return filepath.Join(c.RootDir, "plugins", id) }
+
+// pluginSocket is the host path of a launched plugin's socket.
+func (c *Config) pluginSocket(id string) string {
+	return filepath.Join(c.RootDir, "plugins", id, pluginSocketName)
+}
+
+// pluginSocketName is the socket's name in its directory, as Nomad's.
+const pluginSocketName = "csi.sock"
+
+// stageRoot is where volumes are staged and published. Node and monolith
+// plugin tasks see it at the same path with bidirectional propagation, so
+// a path the driver hands to a plugin means the same on both sides.
+func (c *Config) stageRoot() string { return filepath.Join(c.RootDir, "mnt") }

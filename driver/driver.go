@@ -27,6 +27,7 @@ import (
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/cgroups"
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor"
+	"github.com/nomad-driver-csi/nomad-driver-csi/fingerprint"
 	"github.com/nomad-driver-csi/nomad-driver-csi/mounter"
 )
 
@@ -66,6 +67,11 @@ type Driver struct {
 	// them (created by SetConfig, once root_dir is known).
 	mounter mounter.Interface
 	shared  *sharedSources
+
+	// prober fingerprints CSI plugins (made by SetConfig); plugins knows
+	// which task serves which plugin id.
+	prober  *fingerprint.Prober
+	plugins *pluginTasks
 }
 
 // NewPlugin returns the driver, ready for Nomad's SetConfig.
@@ -82,6 +88,7 @@ func NewPlugin(logger hclog.Logger) *Driver {
 		recover: recoverExecutor,
 		host:    realHost{},
 		mounter: mounter.NewWithLogger(logger),
+		plugins: newPluginTasks(),
 	}
 }
 
@@ -141,9 +148,23 @@ func (d *Driver) SetConfig(c *base.Config) error {
 	if d.shared == nil || d.shared.stateFile != cfg.sharedMountsFile() {
 		d.shared = newSharedSources(d.logger, d.mounter, cfg.sharedMountsFile())
 	}
+	if d.prober == nil {
+		d.prober = fingerprint.NewProber(fingerprint.Config{
+			Logger:         d.logger,
+			OnHealthChange: d.onPluginHealth,
+		})
+	}
+	prober := d.prober
 	d.mu.Unlock()
+	prober.SetSocketDirs(cfg.PluginSocketDirs)
 	d.logger.Debug("configured", "root_dir", cfg.RootDir, "allow_privileged", cfg.AllowPrivileged, "enabled", cfg.Enabled)
 	return nil
+}
+
+func (d *Driver) currentProber() *fingerprint.Prober {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	return d.prober
 }
 
 func (d *Driver) currentConfig() *Config {
@@ -191,7 +212,13 @@ func (d *Driver) fingerprintLoop(ctx context.Context, ch chan<- *drivers.Fingerp
 	defer close(ch)
 	timer := time.NewTimer(0)
 	defer timer.Stop()
+	var updates <-chan struct{}
 	for {
+		if updates == nil {
+			if p := d.currentProber(); p != nil {
+				updates = p.Updates()
+			}
+		}
 		select {
 		case <-ctx.Done():
 			return
@@ -199,6 +226,8 @@ func (d *Driver) fingerprintLoop(ctx context.Context, ch chan<- *drivers.Fingerp
 			return
 		case <-timer.C:
 			timer.Reset(fingerprintPeriod)
+		case <-updates:
+			// A plugin appeared, went or changed health: tell Nomad now.
 		}
 		select {
 		case ch <- d.buildFingerprint():
@@ -234,40 +263,71 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 	if err != nil {
 		return nil, nil, err
 	}
-	shared := bidirectionalSources(spec.Mounts)
-	if err := d.sharedSources().acquire(shared); err != nil {
-		return nil, nil, fmt.Errorf("failed to prepare mounts: %w", err)
-	}
-	if err := os.MkdirAll(spec.StateDir, 0o700); err != nil {
-		d.sharedSources().release(shared)
-		return nil, nil, fmt.Errorf("failed to create task state directory %q: %w", spec.StateDir, err)
-	}
 
-	started := time.Now()
-	p, err := d.start(logger, spec)
+	pc := tc.CSIPlugin
+	if pc != nil {
+		if err := d.plugins.claim(cfg, *pc); err != nil {
+			return nil, nil, err
+		}
+		if err := preparePluginDirs(conf, pc); err != nil {
+			d.plugins.drop(cfg.ID, pc.ID)
+			return nil, nil, err
+		}
+	}
+	started, p, shared, err := d.startProcess(logger, spec)
 	if err != nil {
-		_ = os.RemoveAll(spec.StateDir)
-		d.sharedSources().release(shared)
-		// The executor's errors already say the task failed to start.
+		if pc != nil {
+			d.plugins.drop(cfg.ID, pc.ID)
+		}
 		return nil, nil, err
 	}
 
 	handle := drivers.NewTaskHandle(taskHandleVersion)
 	handle.Config = cfg
 	handle.State = drivers.TaskStateRunning
-	if err := handle.SetDriverState(&TaskState{Process: p.State(), StartedAt: started}); err != nil {
+	err = handle.SetDriverState(&TaskState{Process: p.State(), StartedAt: started})
+	if err == nil && pc != nil {
+		err = d.startPluginProbe(conf, cfg, pc)
+	}
+	if err != nil {
 		_ = p.Kill()
 		_, _ = p.Wait(context.Background())
 		_ = p.Destroy()
 		d.sharedSources().release(shared)
-		return nil, nil, fmt.Errorf("failed to encode task state: %w", err)
+		if pc != nil {
+			d.plugins.drop(cfg.ID, pc.ID)
+		}
+		return nil, nil, err
 	}
 
 	h := newTaskHandle(logger, cfg, p, started)
 	h.sharedSources = shared
+	h.plugin = pc
 	d.tasks.Set(cfg.ID, h)
 	logger.Info("task started", "pid", p.Pid())
 	return handle, nil, nil
+}
+
+// startProcess prepares the host side of the task's mounts and starts its
+// process; on error nothing is left behind.
+func (d *Driver) startProcess(logger hclog.Logger, spec *executor.Spec) (time.Time, taskProcess, []string, error) {
+	shared := bidirectionalSources(spec.Mounts)
+	if err := d.sharedSources().acquire(shared); err != nil {
+		return time.Time{}, nil, nil, fmt.Errorf("failed to prepare mounts: %w", err)
+	}
+	if err := os.MkdirAll(spec.StateDir, 0o700); err != nil {
+		d.sharedSources().release(shared)
+		return time.Time{}, nil, nil, fmt.Errorf("failed to create task state directory %q: %w", spec.StateDir, err)
+	}
+	started := time.Now()
+	p, err := d.start(logger, spec)
+	if err != nil {
+		_ = os.RemoveAll(spec.StateDir)
+		d.sharedSources().release(shared)
+		// The executor's errors already say the task failed to start.
+		return time.Time{}, nil, nil, err
+	}
+	return started, p, shared, nil
 }
 
 // buildSpec turns Nomad's task config into what the executor runs.
@@ -295,6 +355,17 @@ func (d *Driver) buildSpec(conf *Config, cfg *drivers.TaskConfig, tc *TaskConfig
 	if err != nil {
 		return nil, err
 	}
+	if pc := tc.CSIPlugin; pc != nil {
+		for _, m := range pluginMounts(conf, pc) {
+			for _, other := range mounts {
+				if other.Target == m.Target {
+					return nil, fmt.Errorf("csi_plugin mount_dir %q is also the path of another mount of the task", m.Target)
+				}
+			}
+			mounts = append(mounts, m)
+		}
+		env = setEnv(env, "CSI_ENDPOINT", "unix://"+filepath.Join(pc.MountDir, pluginSocketName))
+	}
 
 	spec := &executor.Spec{
 		TaskID:       cfg.ID,
@@ -318,6 +389,17 @@ func (d *Driver) buildSpec(conf *Config, cfg *drivers.TaskConfig, tc *TaskConfig
 		spec.OOMScoreAdj = int(cfg.Resources.LinuxResources.OOMScoreAdj)
 	}
 	return spec, nil
+}
+
+// setEnv sets KEY=value in a KEY=VALUE list, replacing an earlier value.
+func setEnv(env []string, key, value string) []string {
+	out := env[:0:0]
+	for _, kv := range env {
+		if !strings.HasPrefix(kv, key+"=") {
+			out = append(out, kv)
+		}
+	}
+	return append(out, key+"="+value)
 }
 
 // taskMounts turns the mounts and devices Nomad asks for into the
@@ -452,6 +534,18 @@ func (d *Driver) RecoverTask(handle *drivers.TaskHandle) error {
 	h := newTaskHandle(logger, handle.Config, p, st.StartedAt)
 	h.sharedSources = recoveredSharedSources(handle.Config)
 	d.sharedSources().adopt(h.sharedSources)
+	if pc, err := decodePluginConfig(handle.Config); err != nil {
+		logger.Warn("failed to decode the task's csi_plugin block", "error", err)
+	} else if pc != nil {
+		h.plugin = pc
+		if conf := d.currentConfig(); conf != nil {
+			if err := d.plugins.claim(handle.Config, *pc); err != nil {
+				logger.Warn("failed to take back the plugin", "plugin_id", pc.ID, "error", err)
+			} else if err := d.startPluginProbe(conf, handle.Config, pc); err != nil {
+				logger.Warn("failed to probe the plugin", "plugin_id", pc.ID, "error", err)
+			}
+		}
+	}
 	d.tasks.Set(handle.Config.ID, h)
 	logger.Info("task recovered", "pid", p.Pid())
 	return nil
@@ -521,6 +615,9 @@ func (d *Driver) DestroyTask(taskID string, force bool) error {
 		return fmt.Errorf("failed to clean up task %q: %w", taskID, err)
 	}
 	d.sharedSources().release(h.sharedSources)
+	if h.plugin != nil {
+		d.stopPluginProbe(taskID, h.plugin)
+	}
 	d.tasks.Delete(taskID)
 	return nil
 }
@@ -663,4 +760,9 @@ func parseSignal(name string) (syscall.Signal, error) {
 }
 
 // Shutdown stops the driver's background work. Tasks keep running.
-func (d *Driver) Shutdown() { d.cancel() }
+func (d *Driver) Shutdown() {
+	d.cancel()
+	if p := d.currentProber(); p != nil {
+		p.Close()
+	}
+}

@@ -46,7 +46,7 @@ func harnessDriver(t *testing.T, cfg Config) (*dtestutil.DriverHarness, *Driver)
 	h := dtestutil.NewDriverHarness(t, d)
 	t.Cleanup(d.Shutdown)
 	if cfg.RootDir == "" {
-		cfg.RootDir = t.TempDir()
+		cfg.RootDir = shortTempDir(t)
 	}
 	if cfg.CgroupParent == "" {
 		cfg.CgroupParent = "nomad-csi-test"
@@ -155,7 +155,7 @@ func mountedAt(path string) func() error {
 
 func TestDriver_stopHonoursSignalAndRecoversAfterRestart(t *testing.T) {
 	requireRoot(t)
-	root := t.TempDir()
+	root := shortTempDir(t)
 	h, _ := harnessDriver(t, Config{RootDir: root})
 	script := `trap 'echo got-usr1; exit 0' USR1; echo $$ > "$NOMAD_TASK_DIR/pid"; while :; do sleep 0.1; done`
 	cfg := realTask(t, "svc", TaskConfig{Command: "/bin/sh", Args: []string{"-c", script}})

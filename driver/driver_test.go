@@ -3,6 +3,7 @@ package driver
 import (
 	"context"
 	"errors"
+	"os"
 	"strings"
 	"sync"
 	"syscall"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/cgroups"
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor"
+	"github.com/nomad-driver-csi/nomad-driver-csi/mounter"
 )
 
 // fakeProcess is a task process that exits when told to.
@@ -145,11 +147,12 @@ func newTestDriver(t *testing.T, cfg Config) *testDriver {
 		return p, nil
 	}
 	if cfg.RootDir == "" {
-		cfg.RootDir = t.TempDir()
+		cfg.RootDir = shortTempDir(t)
 	}
 	if cfg.CgroupParent == "" {
 		cfg.CgroupParent = DefaultCgroupParent
 	}
+	d.mounter = mounter.NewFake(mounter.MountPoint{Path: "/", Shared: true, PeerGroup: 1})
 	must.NoError(t, setConfig(d, cfg))
 	return td
 }
@@ -515,4 +518,14 @@ func TestParseSignal(t *testing.T) {
 	}
 	_, err := parseSignal("SIGNOPE")
 	must.ErrorContains(t, err, "unknown signal")
+}
+
+// shortTempDir is a temporary root_dir short enough for CSI socket paths
+// (t.TempDir's names are too long).
+func shortTempDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "ncsi")
+	must.NoError(t, err)
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	return dir
 }

@@ -9,6 +9,7 @@ import (
 	pstructs "github.com/hashicorp/nomad/plugins/shared/structs"
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/cgroups"
+	"github.com/nomad-driver-csi/nomad-driver-csi/fingerprint"
 )
 
 // hostProbe answers the fingerprint's questions about this machine, so that
@@ -75,6 +76,11 @@ func (d *Driver) buildFingerprint() *drivers.Fingerprint {
 		return fp
 	}
 
+	if p := d.currentProber(); p != nil {
+		for k, v := range fingerprint.Build(p.Snapshot()) {
+			fp.Attributes[k] = v
+		}
+	}
 	fp.Attributes["driver.csi"] = pstructs.NewBoolAttribute(true)
 	fp.Attributes["driver.csi.version"] = pstructs.NewStringAttribute(Version)
 	fp.Attributes["driver.csi.allow_privileged"] = pstructs.NewBoolAttribute(conf.AllowPrivileged)

@@ -45,6 +45,8 @@ type taskHandle struct {
 	// sharedSources are the host paths this task holds as shared mount
 	// points for its bidirectional mounts.
 	sharedSources []string
+	// plugin is the task's csi_plugin block, when it serves a CSI plugin.
+	plugin *PluginTaskConfig
 
 	// done is closed when the task has exited and exit is set.
 	done chan struct{}

@@ -1,0 +1,186 @@
+package driver
+
+import (
+	"fmt"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/nomad/plugins/drivers"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor"
+	"github.com/nomad-driver-csi/nomad-driver-csi/fingerprint"
+)
+
+// pluginForgetAfter is how long a plugin whose task is gone stays listed
+// (unhealthy) before the driver forgets it, unless a new task takes it.
+// Nomad restarts a failed plugin task within this time.
+const pluginForgetAfter = 5 * time.Minute
+
+// pluginTasks tracks which task serves which CSI plugin id on this node.
+type pluginTasks struct {
+	mu sync.Mutex
+	// byID maps a plugin id to the task serving it.
+	byID map[string]*pluginTask
+}
+
+type pluginTask struct {
+	config *drivers.TaskConfig
+	plugin PluginTaskConfig
+	// gone is set once the task was destroyed; the plugin stays listed
+	// until a new task takes the id or pluginForgetAfter passes.
+	gone bool
+}
+
+func newPluginTasks() *pluginTasks { return &pluginTasks{byID: map[string]*pluginTask{}} }
+
+// claim reserves a plugin id for a task, refusing an id a live task serves.
+func (p *pluginTasks) claim(cfg *drivers.TaskConfig, pc PluginTaskConfig) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if cur, ok := p.byID[pc.ID]; ok && !cur.gone && cur.config.ID != cfg.ID {
+		return fmt.Errorf("csi_plugin id %q is already served on this node by task %q of allocation %s: give each plugin task its own id",
+			pc.ID, cur.config.Name, cur.config.AllocID)
+	}
+	p.byID[pc.ID] = &pluginTask{config: cfg, plugin: pc}
+	return nil
+}
+
+// release marks a task's plugin as gone and reports whether the task
+// still owned it.
+func (p *pluginTasks) release(taskID, id string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	cur, ok := p.byID[id]
+	if !ok || cur.config.ID != taskID {
+		return false
+	}
+	cur.gone = true
+	return true
+}
+
+// forget drops a gone plugin that no task took since.
+func (p *pluginTasks) forget(taskID, id string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	cur, ok := p.byID[id]
+	if !ok || cur.config.ID != taskID || !cur.gone {
+		return false
+	}
+	delete(p.byID, id)
+	return true
+}
+
+// drop undoes a claim whose task never started.
+func (p *pluginTasks) drop(taskID, id string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if cur, ok := p.byID[id]; ok && cur.config.ID == taskID {
+		delete(p.byID, id)
+	}
+}
+
+func (p *pluginTasks) task(id string) (*drivers.TaskConfig, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	cur, ok := p.byID[id]
+	if !ok || cur.gone {
+		return nil, false
+	}
+	return cur.config, true
+}
+
+// pluginMounts are the mounts a plugin task gets: its socket directory at
+// mount_dir and, for node and monolith plugins, the stage/publish root at
+// its own path with bidirectional propagation.
+func pluginMounts(conf *Config, pc *PluginTaskConfig) []executor.Mount {
+	mounts := []executor.Mount{{
+		Source:      conf.pluginSocketDir(pc.ID),
+		Target:      pc.MountDir,
+		Propagation: executor.PropagationPrivate,
+	}}
+	if pc.Type != PluginTypeController {
+		mounts = append(mounts, executor.Mount{
+			Source:      conf.stageRoot(),
+			Target:      conf.stageRoot(),
+			Propagation: executor.PropagationBidirectional,
+		})
+	}
+	return mounts
+}
+
+// preparePluginDirs makes the plugin's socket directory and the stage root,
+// and removes a socket left by an earlier run of the plugin (most plugins
+// refuse to listen on an existing path).
+func preparePluginDirs(conf *Config, pc *PluginTaskConfig) error {
+	if err := os.MkdirAll(conf.pluginSocketDir(pc.ID), 0o700); err != nil {
+		return fmt.Errorf("failed to create the plugin's socket directory: %w", err)
+	}
+	if err := os.MkdirAll(conf.stageRoot(), 0o700); err != nil {
+		return fmt.Errorf("failed to create the stage root %q: %w", conf.stageRoot(), err)
+	}
+	sock := conf.pluginSocket(pc.ID)
+	if fi, err := os.Lstat(sock); err == nil && fi.Mode()&os.ModeSocket != 0 {
+		if err := os.Remove(sock); err != nil {
+			return fmt.Errorf("failed to remove the stale socket %q: %w", sock, err)
+		}
+	}
+	return nil
+}
+
+// startPluginProbe starts fingerprinting a launched plugin.
+func (d *Driver) startPluginProbe(conf *Config, cfg *drivers.TaskConfig, pc *PluginTaskConfig) error {
+	// The id was claimed, so a task still listed for it is gone: this task
+	// replaces it (Nomad restarting a plugin task).
+	if st, ok := d.prober.Get(pc.ID); ok && st.Source == fingerprint.SourceTask && st.TaskID != cfg.ID {
+		d.prober.Remove(pc.ID)
+	}
+	err := d.prober.Add(fingerprint.PluginSpec{
+		ID:     pc.ID,
+		Type:   fingerprint.PluginType(pc.Type),
+		Socket: conf.pluginSocket(pc.ID),
+		TaskID: cfg.ID,
+		Source: fingerprint.SourceTask,
+	})
+	if err != nil {
+		return fmt.Errorf("csi_plugin %q: %w", pc.ID, err)
+	}
+	return nil
+}
+
+// stopPluginProbe is called when a plugin task is destroyed: the plugin
+// stays listed, unhealthy, so that jobs constrained on it are not placed,
+// and is forgotten after pluginForgetAfter unless a new task takes it.
+func (d *Driver) stopPluginProbe(taskID string, pc *PluginTaskConfig) {
+	if !d.plugins.release(taskID, pc.ID) {
+		return
+	}
+	time.AfterFunc(pluginForgetAfter, func() {
+		if d.plugins.forget(taskID, pc.ID) {
+			d.prober.Remove(pc.ID)
+		}
+	})
+}
+
+// onPluginHealth turns a plugin's health change into an event on the task
+// that serves it.
+func (d *Driver) onPluginHealth(id string, healthy bool, reason string) {
+	cfg, ok := d.plugins.task(id)
+	if !ok {
+		return
+	}
+	msg := fmt.Sprintf("CSI plugin %q healthy", id)
+	if !healthy {
+		msg = fmt.Sprintf("CSI plugin %q unhealthy: %s", id, reason)
+	}
+	d.emitEvent(cfg, msg, map[string]string{"plugin_id": id})
+}
+
+// decodePluginConfig reads a task's csi_plugin block, if any.
+func decodePluginConfig(cfg *drivers.TaskConfig) (*PluginTaskConfig, error) {
+	var tc TaskConfig
+	if err := cfg.DecodeDriverConfig(&tc); err != nil {
+		return nil, err
+	}
+	return tc.CSIPlugin, nil
+}

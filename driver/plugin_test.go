@@ -1,0 +1,140 @@
+package driver
+
+import (
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/hashicorp/nomad/plugins/drivers"
+	"github.com/shoenig/test/must"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor"
+)
+
+func TestPluginTaskConfig_validate(t *testing.T) {
+	cfg := &Config{RootDir: "/var/lib/nomad-driver-csi", AllowPrivileged: true}
+	cases := []struct {
+		name       string
+		pc         PluginTaskConfig
+		privileged bool
+		want       string
+	}{
+		{"monolith", PluginTaskConfig{ID: "hostpath", Type: "monolith", MountDir: "/csi"}, true, ""},
+		{"node", PluginTaskConfig{ID: "a.b_c-1", Type: "node", MountDir: "/csi"}, true, ""},
+		{"controller unprivileged", PluginTaskConfig{ID: "ctl", Type: "controller", MountDir: "/csi"}, false, ""},
+		{"node unprivileged", PluginTaskConfig{ID: "n", Type: "node", MountDir: "/csi"}, false, `type "node" needs privileged = true`},
+		{"monolith unprivileged", PluginTaskConfig{ID: "n", Type: "monolith", MountDir: "/csi"}, false, `type "monolith" needs privileged = true`},
+		{"bad type", PluginTaskConfig{ID: "n", Type: "storage", MountDir: "/csi"}, true, `csi_plugin type "storage" must be one of`},
+		{"empty id", PluginTaskConfig{ID: "", Type: "node", MountDir: "/csi"}, true, "csi_plugin id"},
+		{"slash id", PluginTaskConfig{ID: "a/b", Type: "node", MountDir: "/csi"}, true, "csi_plugin id \"a/b\""},
+		{"dot-dot id", PluginTaskConfig{ID: "..", Type: "node", MountDir: "/csi"}, true, "csi_plugin id \"..\""},
+		{"relative mount_dir", PluginTaskConfig{ID: "n", Type: "node", MountDir: "csi"}, true, "mount_dir must be an absolute path"},
+		{"root mount_dir", PluginTaskConfig{ID: "n", Type: "node", MountDir: "/"}, true, "mount_dir must be an absolute path other than"},
+		{"long id", PluginTaskConfig{ID: strings.Repeat("x", 80), Type: "node", MountDir: "/csi"}, true, "too long for this node"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			err := c.pc.validate(cfg, c.privileged)
+			if c.want == "" {
+				must.NoError(t, err)
+				return
+			}
+			must.ErrorContains(t, err, c.want)
+		})
+	}
+}
+
+func TestConfig_rootDirTooLongForSockets(t *testing.T) {
+	c := Config{RootDir: "/" + strings.Repeat("r", 90), CgroupParent: "x"}
+	err := c.validate()
+	must.ErrorContains(t, err, "root_dir")
+	must.ErrorContains(t, err, "is too long")
+	c.PluginSocketDirs = []string{"relative"}
+	c.RootDir = "/short"
+	must.ErrorContains(t, c.validate(), "plugin_socket_dirs[0] must be an absolute path")
+}
+
+func TestStartTask_pluginTaskGetsSocketAndStageRoot(t *testing.T) {
+	d := newTestDriver(t, Config{Enabled: true, AllowPrivileged: true})
+	conf := d.currentConfig()
+	cfg := taskConfig(t, TaskConfig{
+		Command:    "/usr/bin/plugin",
+		Privileged: true,
+		CSIPlugin:  &PluginTaskConfig{ID: "fixture", Type: "monolith", MountDir: "/csi"},
+	})
+	_, _, err := d.StartTask(cfg)
+	must.NoError(t, err)
+
+	spec := d.started[0]
+	must.SliceContains(t, spec.Env, "CSI_ENDPOINT=unix:///csi/csi.sock")
+	must.SliceContains(t, spec.Mounts, executor.Mount{
+		Source: filepath.Join(conf.RootDir, "plugins", "fixture"), Target: "/csi", Propagation: "private",
+	})
+	must.SliceContains(t, spec.Mounts, executor.Mount{
+		Source: filepath.Join(conf.RootDir, "mnt"), Target: filepath.Join(conf.RootDir, "mnt"), Propagation: "bidirectional",
+	})
+	must.DirExists(t, filepath.Join(conf.RootDir, "plugins", "fixture"))
+	st, ok := d.prober.Get("fixture")
+	must.True(t, ok)
+	must.Eq(t, cfg.ID, st.TaskID)
+	must.Eq(t, filepath.Join(conf.RootDir, "plugins", "fixture", "csi.sock"), st.Socket)
+
+	// The plugin shows in the fingerprint, unhealthy until its socket answers.
+	fp := d.buildFingerprint()
+	healthy, ok := fp.Attributes["driver.csi.plugin.fixture.healthy"].GetBool()
+	must.True(t, ok)
+	must.False(t, healthy)
+	plugins, _ := fp.Attributes["driver.csi.plugins"].GetString()
+	must.Eq(t, "fixture", plugins)
+
+	// A second task cannot serve the same id while the first runs.
+	other := taskConfig(t, TaskConfig{
+		Command:    "/usr/bin/plugin",
+		Privileged: true,
+		CSIPlugin:  &PluginTaskConfig{ID: "fixture", Type: "node", MountDir: "/csi"},
+	})
+	other.ID, other.Name, other.AllocID = "alloc-2/web/def", "other", "alloc-2"
+	_, _, err = d.StartTask(other)
+	must.ErrorContains(t, err, `csi_plugin id "fixture" is already served on this node by task "web"`)
+	must.Len(t, 1, d.started)
+
+	// Once the first task is gone, a new one (Nomad's restart) takes the id.
+	must.NoError(t, d.DestroyTask(cfg.ID, true))
+	_, ok = d.prober.Get("fixture")
+	must.True(t, ok)
+	_, _, err = d.StartTask(other)
+	must.NoError(t, err)
+	st, _ = d.prober.Get("fixture")
+	must.Eq(t, other.ID, st.TaskID)
+}
+
+func TestStartTask_controllerPluginUnprivileged(t *testing.T) {
+	d := newTestDriver(t, Config{Enabled: true})
+	cfg := taskConfig(t, TaskConfig{
+		Command:   "/usr/bin/plugin",
+		CSIPlugin: &PluginTaskConfig{ID: "ctl", Type: "controller", MountDir: "/plugin"},
+	})
+	_, _, err := d.StartTask(cfg)
+	must.NoError(t, err)
+	spec := d.started[0]
+	must.False(t, spec.Privileged)
+	must.Len(t, 1, spec.Mounts)
+	must.Eq(t, "/plugin", spec.Mounts[0].Target)
+}
+
+func TestStartTask_pluginMountDirClash(t *testing.T) {
+	d := newTestDriver(t, Config{Enabled: true, AllowPrivileged: true})
+	cfg := taskConfig(t, TaskConfig{
+		Command:    "/usr/bin/plugin",
+		Privileged: true,
+		CSIPlugin:  &PluginTaskConfig{ID: "p", Type: "node", MountDir: "/csi"},
+	})
+	cfg.Mounts = []*drivers.MountConfig{{TaskPath: "/csi", HostPath: "/srv/x"}}
+	_, _, err := d.StartTask(cfg)
+	must.ErrorContains(t, err, `csi_plugin mount_dir "/csi" is also the path of another mount`)
+	must.SliceEmpty(t, d.started)
+	// The refused task did not keep the id.
+	cfg.Mounts = nil
+	_, _, err = d.StartTask(cfg)
+	must.NoError(t, err)
+}
