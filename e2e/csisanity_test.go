@@ -117,21 +117,30 @@ type csiFixture struct {
 	calls    string // the --log-calls file
 	logPath  string
 	pid      int
+	exited   chan error
+	stopOnce sync.Once
 }
 
 // csiStartFixture starts the fixture on a socket in a fresh temporary
 // directory and stops it by PID when the test ends.
 func csiStartFixture(t *testing.T, args ...string) *csiFixture {
 	t.Helper()
-	dir := csiTempDir(t)
+	return csiStartFixtureIn(t, csiTempDir(t), args...)
+}
+
+// csiStartFixtureIn starts the fixture with its socket, state and logs in
+// dir, which may hold the state of an earlier run.
+func csiStartFixtureIn(t *testing.T, dir string, args ...string) *csiFixture {
+	t.Helper()
 	f := &csiFixture{
 		dir:      dir,
 		endpoint: "unix://" + filepath.Join(dir, "csi.sock"),
 		stateDir: filepath.Join(dir, "state"),
 		calls:    filepath.Join(dir, "calls.log"),
 		logPath:  filepath.Join(dir, "fixture.log"),
+		exited:   make(chan error, 1),
 	}
-	logf, err := os.Create(f.logPath)
+	logf, err := os.OpenFile(f.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	must.NoError(t, err)
 	defer logf.Close()
 	cmd := exec.Command(csiBin(t, "csi-fixture"), append([]string{
@@ -140,16 +149,9 @@ func csiStartFixture(t *testing.T, args ...string) *csiFixture {
 	cmd.Stdout, cmd.Stderr = logf, logf
 	must.NoError(t, cmd.Start())
 	f.pid = cmd.Process.Pid
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
+	go func() { f.exited <- cmd.Wait() }()
 	t.Cleanup(func() {
-		_ = syscall.Kill(f.pid, syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(5 * time.Second):
-			_ = syscall.Kill(f.pid, syscall.SIGKILL)
-			<-exited
-		}
+		f.stop(syscall.SIGTERM)
 		if t.Failed() {
 			t.Logf("fixture log (%s):\n%s", f.logPath, csiTail(f.logPath, 40))
 		}
@@ -162,7 +164,7 @@ func csiStartFixture(t *testing.T, args ...string) *csiFixture {
 			return f
 		}
 		select {
-		case err := <-exited:
+		case err := <-f.exited:
 			t.Fatalf("csi-fixture exited before serving: %v\n%s", err, csiTail(f.logPath, 20))
 		case <-time.After(20 * time.Millisecond):
 		}
@@ -170,6 +172,19 @@ func csiStartFixture(t *testing.T, args ...string) *csiFixture {
 			t.Fatalf("csi-fixture did not listen on %s within 10s\n%s", sock, csiTail(f.logPath, 20))
 		}
 	}
+}
+
+// stop signals the fixture by PID and waits for it, killing it after 5s.
+func (f *csiFixture) stop(sig syscall.Signal) {
+	f.stopOnce.Do(func() {
+		_ = syscall.Kill(f.pid, sig)
+		select {
+		case <-f.exited:
+		case <-time.After(5 * time.Second):
+			_ = syscall.Kill(f.pid, syscall.SIGKILL)
+			<-f.exited
+		}
+	})
 }
 
 // callCount counts the RPCs of one method in the fixture's call log.
@@ -415,6 +430,49 @@ func TestCSIFixtureLifecycle(t *testing.T) {
 	_, err = os.Stat(filepath.Join(f.stateDir, "volumes", id+".img"))
 	must.True(t, errors.Is(err, os.ErrNotExist), must.Sprint("image left after DeleteVolume"))
 	must.Eq(t, 2, f.callCount(t, "NodeStageVolume"))
+}
+
+// TestCSIFixtureRestart kills the fixture while a volume is published and
+// checks that a new one, on the same state dir, still knows the volume:
+// publishing again is a no-op, and unpublish, unstage and delete undo it.
+func TestCSIFixtureRestart(t *testing.T) {
+	csc := csiBin(t, "csc")
+	dir := csiTempDir(t)
+	f := csiStartFixtureIn(t, dir)
+	run := func(args ...string) string {
+		t.Helper()
+		out, err := csiRun(time.Minute, nil, csc, append(args, "--endpoint", f.endpoint)...)
+		must.NoError(t, err, must.Sprintf("csc %s: %s", strings.Join(args, " "), out))
+		return strings.TrimSpace(out)
+	}
+	capability := "MULTI_NODE_MULTI_WRITER,mount," // csc wants the (empty) fs type
+	stg, target := filepath.Join(dir, "stg"), filepath.Join(dir, "target")
+	must.NoError(t, os.Mkdir(stg, 0o750))
+	id := strings.Trim(strings.Fields(run("controller", "create-volume", "--cap", capability, "shared"))[0], `"`)
+	run("node", "stage", "--staging-target-path", stg, "--cap", capability, id)
+	run("node", "publish", "--staging-target-path", stg, "--target-path", target, "--cap", capability, id)
+	must.NoError(t, os.WriteFile(filepath.Join(target, "kept"), []byte("yes"), 0o644))
+
+	f.stop(syscall.SIGKILL)
+	f = csiStartFixtureIn(t, dir)
+
+	run("node", "stage", "--staging-target-path", stg, "--cap", capability, id)
+	run("node", "publish", "--staging-target-path", stg, "--target-path", target, "--cap", capability, id)
+	mounts, err := MountsUnder(dir)
+	must.NoError(t, err)
+	must.Eq(t, []string{target, stg}, mounts, must.Sprint("publishing again after the restart must not mount again"))
+	b, err := os.ReadFile(filepath.Join(target, "kept"))
+	must.NoError(t, err)
+	must.Eq(t, "yes", string(b))
+
+	run("node", "unpublish", "--target-path", target, id)
+	run("node", "unstage", "--staging-target-path", stg, id)
+	run("controller", "delete-volume", id)
+	mounts, err = MountsUnder(dir)
+	must.NoError(t, err)
+	must.SliceEmpty(t, mounts)
+	_, err = os.Stat(filepath.Join(f.stateDir, "volumes", id))
+	must.True(t, errors.Is(err, os.ErrNotExist), must.Sprint("volume directory left after DeleteVolume"))
 }
 
 func csiFSSize(t *testing.T, path string) int64 {
