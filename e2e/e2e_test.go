@@ -251,6 +251,11 @@ func TestMemoryLimitOOMKilled(t *testing.T) {
 	oom := ev.Details["oom_killed"] == "true" || strings.Contains(ev.DisplayMessage+ev.Message, "OOM")
 	must.True(t, oom, must.Sprintf("Nomad does not say the task was OOM killed:\n%s", al.Describe()))
 	t.Logf("terminated: %s", ev.Text())
+	// What an operator reads in "nomad alloc status" (the oom_killed
+	// detail is only in the API unless the driver sets an exit message).
+	status, err := a.Nomad("alloc", "status", al.ID)
+	must.NoError(t, err, must.Sprint(status))
+	t.Logf("nomad alloc status: %s", lineWith(status, "Terminated"))
 }
 
 // 7. Bad task configuration fails with an error naming the field.

@@ -14,6 +14,20 @@
 // The tests are run with:
 //
 //	go test -tags e2e -count=1 -v ./e2e/ -timeout 20m
+//
+// They need root and build/nomad. TestMain builds the driver into
+// build/plugins first. Environment knobs:
+//
+//	E2E_SKIP_BUILD=1     use the driver already in build/plugins
+//	E2E_KEEP=1           keep each agent's /tmp/ncsi-* directory (mounts
+//	                     are still removed)
+//	E2E_DRIVER=raw_exec  run the driver-neutral cases on one of Nomad's
+//	                     own drivers, to check the harness itself
+//
+// The cases share one -dev agent (see shared in main_test.go); the restart
+// case starts its own Persistent agent (a server agent plus a client agent)
+// because a -dev agent keeps no state across a restart and destroys its
+// allocations when it stops.
 package e2e
 
 import (
