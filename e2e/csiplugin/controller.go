@@ -20,6 +20,17 @@ const (
 	tokenPrefix     = "after:"
 )
 
+// need returns InvalidArgument naming the first empty field of the
+// name/value pairs.
+func need(fields ...string) error {
+	for i := 0; i+1 < len(fields); i += 2 {
+		if fields[i+1] == "" {
+			return status.Errorf(codes.InvalidArgument, "%s is required", fields[i])
+		}
+	}
+	return nil
+}
+
 // checkCapability says whether a volume of type typ can serve c.
 func checkCapability(typ string, c *csi.VolumeCapability) error {
 	switch {
@@ -122,8 +133,8 @@ func (p *plugin) csiVolume(v *volume) *csi.Volume {
 }
 
 func (p *plugin) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest) (*csi.CreateVolumeResponse, error) {
-	if req.GetName() == "" {
-		return nil, status.Error(codes.InvalidArgument, "name is required")
+	if err := need("name", req.GetName()); err != nil {
+		return nil, err
 	}
 	if len(req.GetVolumeCapabilities()) == 0 {
 		return nil, status.Error(codes.InvalidArgument, "volume_capabilities is required")
@@ -195,8 +206,8 @@ func makeExt4Image(ctx context.Context, path string, size int64) error {
 }
 
 func (p *plugin) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest) (*csi.DeleteVolumeResponse, error) {
-	if req.GetVolumeId() == "" {
-		return nil, status.Error(codes.InvalidArgument, "volume_id is required")
+	if err := need("volume_id", req.GetVolumeId()); err != nil {
+		return nil, err
 	}
 	defer p.store.lock(req.GetVolumeId())()
 	v, ok := p.store.get(req.GetVolumeId())
@@ -226,12 +237,10 @@ func (p *plugin) ControllerPublishVolume(ctx context.Context, req *csi.Controlle
 	if !p.cfg.controllerPublish {
 		return nil, status.Error(codes.Unimplemented, "ControllerPublishVolume needs --controller-publish")
 	}
-	switch {
-	case req.GetVolumeId() == "":
-		return nil, status.Error(codes.InvalidArgument, "volume_id is required")
-	case req.GetNodeId() == "":
-		return nil, status.Error(codes.InvalidArgument, "node_id is required")
-	case req.GetVolumeCapability() == nil:
+	if err := need("volume_id", req.GetVolumeId(), "node_id", req.GetNodeId()); err != nil {
+		return nil, err
+	}
+	if req.GetVolumeCapability() == nil {
 		return nil, status.Error(codes.InvalidArgument, "volume_capability is required")
 	}
 	defer p.store.lock(req.GetVolumeId())()
@@ -274,8 +283,8 @@ func (p *plugin) ControllerUnpublishVolume(ctx context.Context, req *csi.Control
 	if !p.cfg.controllerPublish {
 		return nil, status.Error(codes.Unimplemented, "ControllerUnpublishVolume needs --controller-publish")
 	}
-	if req.GetVolumeId() == "" {
-		return nil, status.Error(codes.InvalidArgument, "volume_id is required")
+	if err := need("volume_id", req.GetVolumeId()); err != nil {
+		return nil, err
 	}
 	// An unknown volume or node is as unpublished as it gets: the spec
 	// asks for OK then.
@@ -292,8 +301,8 @@ func (p *plugin) ControllerUnpublishVolume(ctx context.Context, req *csi.Control
 }
 
 func (p *plugin) ValidateVolumeCapabilities(ctx context.Context, req *csi.ValidateVolumeCapabilitiesRequest) (*csi.ValidateVolumeCapabilitiesResponse, error) {
-	if req.GetVolumeId() == "" {
-		return nil, status.Error(codes.InvalidArgument, "volume_id is required")
+	if err := need("volume_id", req.GetVolumeId()); err != nil {
+		return nil, err
 	}
 	if len(req.GetVolumeCapabilities()) == 0 {
 		return nil, status.Error(codes.InvalidArgument, "volume_capabilities is required")
@@ -398,8 +407,8 @@ func (p *plugin) ControllerGetCapabilities(context.Context, *csi.ControllerGetCa
 // ControllerExpandVolume grows an ext4 image file (the node then refreshes
 // the loop device and runs resize2fs) or records a dir volume's new size.
 func (p *plugin) ControllerExpandVolume(ctx context.Context, req *csi.ControllerExpandVolumeRequest) (*csi.ControllerExpandVolumeResponse, error) {
-	if req.GetVolumeId() == "" {
-		return nil, status.Error(codes.InvalidArgument, "volume_id is required")
+	if err := need("volume_id", req.GetVolumeId()); err != nil {
+		return nil, err
 	}
 	if req.GetCapacityRange() == nil {
 		return nil, status.Error(codes.InvalidArgument, "capacity_range is required")

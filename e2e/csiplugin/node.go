@@ -80,12 +80,10 @@ func (p *plugin) prune(v *volume) {
 }
 
 func (p *plugin) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequest) (*csi.NodeStageVolumeResponse, error) {
-	switch {
-	case req.GetVolumeId() == "":
-		return nil, status.Error(codes.InvalidArgument, "volume_id is required")
-	case req.GetStagingTargetPath() == "":
-		return nil, status.Error(codes.InvalidArgument, "staging_target_path is required")
-	case req.GetVolumeCapability() == nil:
+	if err := need("volume_id", req.GetVolumeId(), "staging_target_path", req.GetStagingTargetPath()); err != nil {
+		return nil, err
+	}
+	if req.GetVolumeCapability() == nil {
 		return nil, status.Error(codes.InvalidArgument, "volume_capability is required")
 	}
 	stg := filepath.Clean(req.GetStagingTargetPath())
@@ -169,11 +167,8 @@ func (p *plugin) detachIfUnused(ctx context.Context, v *volume) error {
 }
 
 func (p *plugin) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolumeRequest) (*csi.NodeUnstageVolumeResponse, error) {
-	switch {
-	case req.GetVolumeId() == "":
-		return nil, status.Error(codes.InvalidArgument, "volume_id is required")
-	case req.GetStagingTargetPath() == "":
-		return nil, status.Error(codes.InvalidArgument, "staging_target_path is required")
+	if err := need("volume_id", req.GetVolumeId(), "staging_target_path", req.GetStagingTargetPath()); err != nil {
+		return nil, err
 	}
 	stg := filepath.Clean(req.GetStagingTargetPath())
 	defer p.store.lock(req.GetVolumeId())()
@@ -203,15 +198,11 @@ func (p *plugin) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolu
 }
 
 func (p *plugin) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
-	switch {
-	case req.GetVolumeId() == "":
-		return nil, status.Error(codes.InvalidArgument, "volume_id is required")
-	case req.GetTargetPath() == "":
-		return nil, status.Error(codes.InvalidArgument, "target_path is required")
-	case req.GetVolumeCapability() == nil:
+	if err := need("volume_id", req.GetVolumeId(), "target_path", req.GetTargetPath(), "staging_target_path", req.GetStagingTargetPath()); err != nil {
+		return nil, err
+	}
+	if req.GetVolumeCapability() == nil {
 		return nil, status.Error(codes.InvalidArgument, "volume_capability is required")
-	case req.GetStagingTargetPath() == "":
-		return nil, status.Error(codes.InvalidArgument, "staging_target_path is required: this plugin stages volumes")
 	}
 	target, stg := filepath.Clean(req.GetTargetPath()), filepath.Clean(req.GetStagingTargetPath())
 	defer p.store.lock(req.GetVolumeId())()
@@ -275,11 +266,8 @@ func (p *plugin) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 }
 
 func (p *plugin) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {
-	switch {
-	case req.GetVolumeId() == "":
-		return nil, status.Error(codes.InvalidArgument, "volume_id is required")
-	case req.GetTargetPath() == "":
-		return nil, status.Error(codes.InvalidArgument, "target_path is required")
+	if err := need("volume_id", req.GetVolumeId(), "target_path", req.GetTargetPath()); err != nil {
+		return nil, err
 	}
 	target := filepath.Clean(req.GetTargetPath())
 	defer p.store.lock(req.GetVolumeId())()
@@ -311,11 +299,8 @@ func (p *plugin) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublish
 }
 
 func (p *plugin) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeStatsRequest) (*csi.NodeGetVolumeStatsResponse, error) {
-	switch {
-	case req.GetVolumeId() == "":
-		return nil, status.Error(codes.InvalidArgument, "volume_id is required")
-	case req.GetVolumePath() == "":
-		return nil, status.Error(codes.InvalidArgument, "volume_path is required")
+	if err := need("volume_id", req.GetVolumeId(), "volume_path", req.GetVolumePath()); err != nil {
+		return nil, err
 	}
 	v, ok := p.store.get(req.GetVolumeId())
 	if !ok {
@@ -351,11 +336,8 @@ func (p *plugin) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeS
 // NodeExpandVolume makes the loop device see the grown image and, for a
 // mounted volume, grows the filesystem online with resize2fs.
 func (p *plugin) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolumeRequest) (*csi.NodeExpandVolumeResponse, error) {
-	switch {
-	case req.GetVolumeId() == "":
-		return nil, status.Error(codes.InvalidArgument, "volume_id is required")
-	case req.GetVolumePath() == "":
-		return nil, status.Error(codes.InvalidArgument, "volume_path is required")
+	if err := need("volume_id", req.GetVolumeId(), "volume_path", req.GetVolumePath()); err != nil {
+		return nil, err
 	}
 	defer p.store.lock(req.GetVolumeId())()
 	v, ok := p.store.get(req.GetVolumeId())
