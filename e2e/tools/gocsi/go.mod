@@ -1,8 +1,11 @@
+// This module pins csc and the mock plugin of dell/gocsi v1.17.0 for the CSI end-to-end tests;
+// e2e/tools/build.sh builds its tools into build/csi/. It is a module of its
+// own because the CSI tools' spec and gRPC requirements conflict.
 module github.com/nomad-driver-csi/nomad-driver-csi/e2e/tools/gocsi
 
 go 1.26
 
-require github.com/dell/gocsi v1.17.0
+require github.com/dell/gocsi v1.17.0 // indirect
 
 require (
 	github.com/akutz/gosync v0.1.0 // indirect
@@ -28,4 +31,9 @@ require (
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20260120221211-b8f7ae30c516 // indirect
 	google.golang.org/grpc v1.80.0 // indirect
 	google.golang.org/protobuf v1.36.11 // indirect
+)
+
+tool (
+	github.com/dell/gocsi/csc
+	github.com/dell/gocsi/mock
 )

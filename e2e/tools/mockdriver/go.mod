@@ -1,8 +1,11 @@
+// This module pins the csi-test v3.1.1 mock driver for the CSI end-to-end tests;
+// e2e/tools/build.sh builds its tools into build/csi/. It is a module of its
+// own because the CSI tools' spec and gRPC requirements conflict.
 module github.com/nomad-driver-csi/nomad-driver-csi/e2e/tools/mockdriver
 
 go 1.26
 
-require github.com/kubernetes-csi/csi-test/v3 v3.1.1
+require github.com/kubernetes-csi/csi-test/v3 v3.1.1 // indirect
 
 require (
 	github.com/container-storage-interface/spec v1.2.0 // indirect
@@ -19,3 +22,5 @@ require (
 	gopkg.in/sourcemap.v1 v1.0.5 // indirect
 	gopkg.in/yaml.v2 v2.2.5 // indirect
 )
+
+tool github.com/kubernetes-csi/csi-test/v3/cmd/mock-driver

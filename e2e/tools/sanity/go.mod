@@ -1,8 +1,11 @@
+// This module pins csi-sanity (kubernetes-csi/csi-test v5.6.0) for the CSI end-to-end tests;
+// e2e/tools/build.sh builds its tools into build/csi/. It is a module of its
+// own because the CSI tools' spec and gRPC requirements conflict.
 module github.com/nomad-driver-csi/nomad-driver-csi/e2e/tools/sanity
 
 go 1.26
 
-require github.com/kubernetes-csi/csi-test/v5 v5.6.0
+require github.com/kubernetes-csi/csi-test/v5 v5.6.0 // indirect
 
 require (
 	github.com/Masterminds/semver/v3 v3.4.0 // indirect
@@ -28,3 +31,5 @@ require (
 	gopkg.in/yaml.v2 v2.4.0 // indirect
 	k8s.io/klog/v2 v2.140.0 // indirect
 )
+
+tool github.com/kubernetes-csi/csi-test/v5/cmd/csi-sanity
