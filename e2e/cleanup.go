@@ -347,3 +347,57 @@ func procState(pid int) string {
 	}
 	return strings.SplitN(s, " ", 2)[0]
 }
+
+// SweepStale cleans up after earlier runs that died without cleaning up
+// (a -test.timeout panic, a SIGKILL): every /tmp/ncsi-* directory whose
+// agent is gone — no nomad process names it on its command line and its
+// logs have not changed for two minutes — gets the same treatment as
+// Close: its processes killed by PID, its cgroups removed, its mounts
+// unmounted, and then the directory removed.
+func SweepStale(logf func(format string, args ...any)) {
+	dirs, _ := filepath.Glob("/tmp/ncsi-*")
+	for _, dir := range dirs {
+		if !isStale(dir) {
+			continue
+		}
+		logf("e2e: cleaning up after a dead run in %s", dir)
+		a := &Agent{
+			Dir:          dir,
+			DataDir:      filepath.Join(dir, "data"),
+			cgroupParent: "ncsi-e2e-" + filepath.Base(dir)[len("ncsi-"):],
+			opts:         AgentOptions{Logf: logf},
+			children:     map[int]string{},
+		}
+		a.killLeftovers()
+		a.removeCgroups()
+		if err := UnmountUnder(dir); err != nil {
+			logf("e2e: mounts left under %s, not removing it: %v", dir, err)
+			continue
+		}
+		if err := os.RemoveAll(dir); err != nil {
+			logf("e2e: failed to remove %s: %v", dir, err)
+		}
+	}
+}
+
+func isStale(dir string) bool {
+	fi, err := os.Stat(dir)
+	if err != nil || !fi.IsDir() || time.Since(fi.ModTime()) < 2*time.Minute {
+		return false
+	}
+	for _, log := range []string{"agent.log", "server.log"} {
+		if fi, err := os.Stat(filepath.Join(dir, log)); err == nil && time.Since(fi.ModTime()) < 2*time.Minute {
+			return false
+		}
+	}
+	for _, p := range listProcs() {
+		if p.Comm != "nomad" {
+			continue
+		}
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", p.PID))
+		if err == nil && strings.Contains(string(b), dir+"/") {
+			return false
+		}
+	}
+	return true
+}

@@ -41,6 +41,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -404,17 +405,28 @@ func (a *Agent) startProc(p *proc) error {
 	cmd.Stdout = logFile
 	cmd.Stderr = logFile
 	// Its own process group: a ^C to the test must not reach it before the
-	// harness has stopped its jobs.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		logFile.Close()
-		return fmt.Errorf("failed to start %s: %w", NomadBinary(a.Root), err)
-	}
+	// harness has stopped its jobs. SIGTERM when the test process dies
+	// without cleaning up (a -test.timeout panic): a -dev agent then
+	// destroys its allocations on the way out.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
 	exited := make(chan struct{})
+	started := make(chan error, 1)
 	go func() {
+		// Pdeathsig fires when the thread that forked exits, not the
+		// process: keep this thread until the agent has exited.
+		runtime.LockOSThread()
+		if err := cmd.Start(); err != nil {
+			started <- err
+			return
+		}
+		started <- nil
 		_ = cmd.Wait()
 		close(exited)
 	}()
+	if err := <-started; err != nil {
+		logFile.Close()
+		return fmt.Errorf("failed to start %s: %w", NomadBinary(a.Root), err)
+	}
 	a.mu.Lock()
 	p.cmd, p.exited, p.logFile = cmd, exited, logFile
 	a.mu.Unlock()
@@ -740,12 +752,19 @@ func (a *Agent) LogTail(n int) string {
 	return out
 }
 
+// tailFile returns the last n lines of a log, leaving out the HTTP request
+// lines the harness's own polling floods it with.
 func tailFile(path string, n int) string {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return fmt.Sprintf("(no log: %v)", err)
 	}
-	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	var lines []string
+	for _, line := range strings.Split(strings.TrimRight(string(b), "\n"), "\n") {
+		if !strings.Contains(line, "http: request complete") {
+			lines = append(lines, line)
+		}
+	}
 	if len(lines) > n {
 		lines = lines[len(lines)-n:]
 	}

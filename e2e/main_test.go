@@ -35,6 +35,7 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "e2e:", err)
 		os.Exit(1)
 	}
+	SweepStale(func(f string, args ...any) { fmt.Fprintf(os.Stderr, f+"\n", args...) })
 	if os.Getenv("E2E_SKIP_BUILD") == "" {
 		if err := BuildDriver(root); err != nil {
 			fmt.Fprintln(os.Stderr, "e2e:", err)

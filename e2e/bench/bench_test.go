@@ -51,6 +51,7 @@ func BenchmarkDriverOverhead(b *testing.B) {
 	if err := e2e.CheckPrerequisites(root); err != nil {
 		b.Fatal(err)
 	}
+	e2e.SweepStale(b.Logf)
 	if os.Getenv("E2E_SKIP_BUILD") == "" {
 		if err := e2e.BuildDriver(root); err != nil {
 			b.Fatal(err)
