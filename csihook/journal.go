@@ -146,6 +146,42 @@ func (j *journal) putTask(t taskRecord) error {
 
 func (j *journal) dropVol(k volKey) error { return j.remove(j.volPath(k)) }
 
+// createdRecord remembers what a plugin answered to CreateVolume: the id
+// and context it gave the volume created under a name (a request's
+// volume_id). Later requests for that name without a create block use
+// them, so a job can name the volume as it created it. It is kept until
+// the volume is deleted, which this package never does.
+type createdRecord struct {
+	Version       int               `json:"version"`
+	PluginID      string            `json:"plugin_id"`
+	Name          string            `json:"name"`
+	VolumeID      string            `json:"volume_id"`
+	VolumeContext map[string]string `json:"volume_context,omitempty"`
+	Updated       time.Time         `json:"updated"`
+}
+
+func (j *journal) createdPath(plugin, name string) string {
+	return filepath.Join(j.dir, "c-"+shortHash(plugin, name)+".json")
+}
+
+func (j *journal) putCreated(c createdRecord) error {
+	c.Version, c.Updated = journalVersion, time.Now().UTC()
+	return j.write(j.createdPath(c.PluginID, c.Name), c)
+}
+
+// created reads the record of a volume created under name, if any.
+func (j *journal) created(plugin, name string) (createdRecord, bool) {
+	data, err := os.ReadFile(j.createdPath(plugin, name))
+	if err != nil {
+		return createdRecord{}, false
+	}
+	var c createdRecord
+	if json.Unmarshal(data, &c) != nil || c.Version != journalVersion || c.PluginID != plugin || c.Name != name || c.VolumeID == "" {
+		return createdRecord{}, false
+	}
+	return c, true
+}
+
 func (j *journal) dropTask(taskID, name string) error { return j.remove(j.taskPath(taskID, name)) }
 
 // write replaces path with v's JSON: temp file, fsync, rename, fsync of

@@ -438,7 +438,8 @@ func (m *Manager) preflight(taskID string, reqs []VolumeRequest) ([]plan, error)
 			errs = append(errs, invalidf("volume %q: CSI plugin %q cannot create volumes (no CREATE_DELETE_VOLUME capability): remove the create block and create volume %q another way",
 				req.Name, req.PluginID, req.VolumeID))
 		}
-		if err := m.checkShare(taskID, req, req.VolumeID); err != nil {
+		id, _ := m.resolve(req)
+		if err := m.checkShare(taskID, req, id); err != nil {
 			errs = append(errs, err)
 		}
 		plans = append(plans, plan{seq: i, req: req, info: info})
@@ -491,8 +492,7 @@ func (m *Manager) setupVolume(ctx context.Context, taskID string, p plan) (Publi
 	req, info := p.req, p.info
 	o := op{taskID: taskID, name: req.Name, pluginID: req.PluginID, volumeID: req.VolumeID,
 		nodeID: info.NodeID, secrets: []map[string]string{req.Secrets}}
-	volumeID := req.VolumeID
-	vctx := maps.Clone(req.Context)
+	volumeID, vctx := m.resolve(req)
 	if req.Create != nil {
 		var err error
 		if volumeID, vctx, err = m.create(ctx, taskID, req, info, o); err != nil {
@@ -606,7 +606,28 @@ func (m *Manager) create(ctx context.Context, taskID string, req VolumeRequest, 
 	}
 	maps.Copy(vctx, resp.GetVolume().GetVolumeContext())
 	m.logger.Info("volume created", "task_id", taskID, "volume", req.Name, "plugin_id", req.PluginID, "volume_id", id)
+	rec := createdRecord{PluginID: req.PluginID, Name: req.VolumeID, VolumeID: id, VolumeContext: resp.GetVolume().GetVolumeContext()}
+	if err := m.journal.putCreated(rec); err != nil {
+		return "", nil, err
+	}
 	return id, vctx, nil
+}
+
+// resolve returns the plugin's id and the volume context for a request:
+// for a volume this node created under the request's volume_id, the id and
+// context the plugin gave it (the request's context merged under the
+// plugin's); otherwise the request's own.
+func (m *Manager) resolve(req VolumeRequest) (string, map[string]string) {
+	vctx := maps.Clone(req.Context)
+	c, ok := m.journal.created(req.PluginID, req.VolumeID)
+	if !ok {
+		return req.VolumeID, vctx
+	}
+	if vctx == nil {
+		vctx = map[string]string{}
+	}
+	maps.Copy(vctx, c.VolumeContext)
+	return c.VolumeID, vctx
 }
 
 // ensureVolume brings a volume to controller-published (when the plugin

@@ -125,6 +125,41 @@ func TestSetup_CreateVolumeUsesReturnedID(t *testing.T) {
 	must.Eq(t, "id-myvol", h.fake.Calls()[len(h.fake.Calls())-1].VolumeID)
 }
 
+// After a volume was created under a name, a request for that name
+// without a create block uses the plugin's id and context, also after a
+// restart.
+func TestSetup_CreatedVolumeResolvedByName(t *testing.T) {
+	h := newHarness(t)
+	r := req("data", "myvol", "/data")
+	r.Create = &CreateRequest{Parameters: map[string]string{"type": "dir"}}
+	_, err := h.m.Setup(context.Background(), "t1", []VolumeRequest{r})
+	must.NoError(t, err)
+	must.NoError(t, h.m.Teardown(context.Background(), "t1"))
+
+	h.restart()
+	h.fake.ResetCalls()
+	plain := req("data", "myvol", "/data")
+	plain.Context = map[string]string{"ctx": "v"}
+	_, err = h.m.Setup(context.Background(), "t2", []VolumeRequest{plain})
+	must.NoError(t, err)
+	for _, c := range h.fake.Calls() {
+		must.NotEq(t, MethodCreateVolume, c.Method)
+		must.Eq(t, "id-myvol", c.VolumeID, must.Sprint(c.Method))
+	}
+	last := h.fake.Calls()[len(h.fake.Calls())-1]
+	must.Eq(t, "myvol", last.VolumeContext["created"])
+	must.Eq(t, "v", last.VolumeContext["ctx"])
+	must.Eq(t, 1, h.m.Users("p", "id-myvol"))
+	must.NoError(t, h.m.Teardown(context.Background(), "t2"))
+
+	// A name never created here is used as the plugin's id.
+	h.fake.ResetCalls()
+	_, err = h.m.Setup(context.Background(), "t3", []VolumeRequest{req("data", "other", "/data")})
+	must.NoError(t, err)
+	must.Eq(t, "other", h.fake.Calls()[len(h.fake.Calls())-1].VolumeID)
+	must.NoError(t, h.m.Teardown(context.Background(), "t3"))
+}
+
 func TestSetup_BlockDevice(t *testing.T) {
 	h := newHarness(t)
 	r := req("dev", "vol1", "/dev/xvdb")

@@ -71,6 +71,7 @@ var taskConfigSpec = hclspec.NewObject(map[string]*hclspec.Spec{
 	"args":       hclspec.NewAttr("args", "list(string)", false),
 	"work_dir":   hclspec.NewAttr("work_dir", "string", false),
 	"privileged": hclspec.NewAttr("privileged", "bool", false),
+	"volume":     volumeSpec,
 	"csi_plugin": hclspec.NewBlock("csi_plugin", false, hclspec.NewObject(map[string]*hclspec.Spec{
 		"id":   hclspec.NewAttr("id", "string", true),
 		"type": hclspec.NewAttr("type", "string", true),
@@ -123,11 +124,12 @@ func (c *Config) validate() error {
 
 // TaskConfig is the decoded `config` block of a task.
 type TaskConfig struct {
-	Command    string            `codec:"command"`
-	Args       []string          `codec:"args"`
-	WorkDir    string            `codec:"work_dir"`
-	Privileged bool              `codec:"privileged"`
-	CSIPlugin  *PluginTaskConfig `codec:"csi_plugin"`
+	Command    string                  `codec:"command"`
+	Args       []string                `codec:"args"`
+	WorkDir    string                  `codec:"work_dir"`
+	Privileged bool                    `codec:"privileged"`
+	CSIPlugin  *PluginTaskConfig       `codec:"csi_plugin"`
+	Volumes    map[string]VolumeConfig `codec:"volume"`
 }
 
 // PluginTaskConfig is a task's csi_plugin block: the task is a CSI plugin.

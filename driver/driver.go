@@ -72,6 +72,12 @@ type Driver struct {
 	// which task serves which plugin id.
 	prober  *fingerprint.Prober
 	plugins *pluginTasks
+
+	// vols is the volume lifecycle; eventTargets maps a task ID to its
+	// config so the lifecycle's events reach the right task.
+	vols         volumeManager
+	eventTargets sync.Map
+	recoverOnce  sync.Once
 }
 
 // NewPlugin returns the driver, ready for Nomad's SetConfig.
@@ -157,6 +163,11 @@ func (d *Driver) SetConfig(c *base.Config) error {
 	prober := d.prober
 	d.mu.Unlock()
 	prober.SetSocketDirs(cfg.PluginSocketDirs)
+	if cfg.Enabled {
+		// Settle volumes left by an earlier driver process: its tasks that
+		// are gone lose their volumes, interrupted steps are finished.
+		d.recoverOnce.Do(func() { go d.recoverVolumes() })
+	}
 	d.logger.Debug("configured", "root_dir", cfg.RootDir, "allow_privileged", cfg.AllowPrivileged, "enabled", cfg.Enabled)
 	return nil
 }
@@ -263,6 +274,10 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 	if err != nil {
 		return nil, nil, err
 	}
+	reqs, err := d.checkVolumes(&tc, spec)
+	if err != nil {
+		return nil, nil, fmt.Errorf("invalid task config: %w", err)
+	}
 
 	pc := tc.CSIPlugin
 	if pc != nil {
@@ -274,8 +289,28 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 			return nil, nil, err
 		}
 	}
+	d.eventTargets.Store(cfg.ID, cfg)
+	volMounts, err := d.setupVolumes(cfg, reqs)
+	if err != nil {
+		d.eventTargets.Delete(cfg.ID)
+		if pc != nil {
+			d.plugins.drop(cfg.ID, pc.ID)
+		}
+		return nil, nil, err
+	}
+	spec.Mounts = append(spec.Mounts, volMounts...)
+	undoVolumes := func() {
+		if len(reqs) == 0 {
+			return
+		}
+		if err := d.teardownVolumes(cfg.ID); err != nil {
+			logger.Warn("failed to tear down volumes of a task that did not start; retrying in the background", "error", err)
+		}
+	}
+
 	started, p, shared, err := d.startProcess(logger, spec)
 	if err != nil {
+		undoVolumes()
 		if pc != nil {
 			d.plugins.drop(cfg.ID, pc.ID)
 		}
@@ -294,6 +329,7 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 		_, _ = p.Wait(context.Background())
 		_ = p.Destroy()
 		d.sharedSources().release(shared)
+		undoVolumes()
 		if pc != nil {
 			d.plugins.drop(cfg.ID, pc.ID)
 		}
@@ -303,6 +339,7 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 	h := newTaskHandle(logger, cfg, p, started)
 	h.sharedSources = shared
 	h.plugin = pc
+	h.volumes = len(reqs) > 0
 	d.tasks.Set(cfg.ID, h)
 	logger.Info("task started", "pid", p.Pid())
 	return handle, nil, nil
@@ -529,10 +566,17 @@ func (d *Driver) RecoverTask(handle *drivers.TaskHandle) error {
 	logger := d.logger.With("alloc_id", handle.Config.AllocID, "task_name", handle.Config.Name, "task_id", handle.Config.ID)
 	p, err := d.recover(logger, st.Process)
 	if err != nil {
+		// Nomad starts the task afresh; what this one held goes now.
+		d.forgetLostTask(logger, handle.Config)
 		return fmt.Errorf("failed to recover task %q: %w", handle.Config.ID, err)
 	}
 	h := newTaskHandle(logger, handle.Config, p, st.StartedAt)
 	h.sharedSources = recoveredSharedSources(handle.Config)
+	d.eventTargets.Store(handle.Config.ID, handle.Config)
+	var tc TaskConfig
+	if err := handle.Config.DecodeDriverConfig(&tc); err == nil {
+		h.volumes = len(tc.Volumes) > 0
+	}
 	d.sharedSources().adopt(h.sharedSources)
 	if pc, err := decodePluginConfig(handle.Config); err != nil {
 		logger.Warn("failed to decode the task's csi_plugin block", "error", err)
@@ -618,6 +662,7 @@ func (d *Driver) DestroyTask(taskID string, force bool) error {
 	if h.plugin != nil {
 		d.stopPluginProbe(taskID, h.plugin)
 	}
+	d.releaseVolumes(h)
 	d.tasks.Delete(taskID)
 	return nil
 }

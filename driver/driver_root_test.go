@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -283,4 +285,153 @@ func TestDriver_selfBindRemovedWithLastTask(t *testing.T) {
 	ok, err := mounter.New().IsMountPoint(src)
 	must.NoError(t, err)
 	must.False(t, ok)
+}
+
+// buildFixture builds the project's CSI plugin fixture into a temp dir.
+func buildFixture(t *testing.T) string {
+	t.Helper()
+	out := filepath.Join(shortTempDir(t), "csi-fixture")
+	cmd := exec.Command("go", "build", "-o", out, "github.com/nomad-driver-csi/nomad-driver-csi/e2e/csiplugin")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	b, err := cmd.CombinedOutput()
+	must.NoError(t, err, must.Sprintf("go build: %s", b))
+	return out
+}
+
+// mountsUnder lists the mount points at or below dir.
+func mountsUnder(t *testing.T, dir string) []string {
+	t.Helper()
+	mps, err := mounter.New().List()
+	must.NoError(t, err)
+	var out []string
+	for _, mp := range mps {
+		if mounter.PathWithin(mp.Path, dir) {
+			out = append(out, mp.Path)
+		}
+	}
+	return out
+}
+
+// unmountUnder removes every mount at or below dir, deepest first, and
+// detaches the fixture's loop devices (test cleanup after a failure).
+func unmountUnder(dir string) {
+	for i := 0; i < 5; i++ {
+		mps, _ := mounter.New().List()
+		any := false
+		for j := len(mps) - 1; j >= 0; j-- {
+			if mounter.PathWithin(mps[j].Path, dir) {
+				any = true
+				_ = unix.Unmount(mps[j].Path, unix.MNT_DETACH)
+			}
+		}
+		if !any {
+			break
+		}
+	}
+	out, _ := exec.Command("losetup", "-j", "x", "-a").Output()
+	for _, line := range strings.Split(string(out), "\n") {
+		if strings.Contains(line, dir) {
+			_ = exec.Command("losetup", "-d", strings.TrimSuffix(strings.Fields(line)[0], ":")).Run()
+		}
+	}
+}
+
+// The whole chain through Nomad's harness: the fixture plugin as a
+// privileged monolith task, fingerprinted healthy; a task whose volume is
+// created, staged, published, written to and torn down; a second task that
+// reads the data back read-only; and nothing left mounted under root_dir.
+func TestDriver_pluginTaskAndVolumeLifecycle(t *testing.T) {
+	requireRoot(t)
+	fixture := buildFixture(t)
+	root := shortTempDir(t)
+	state := shortTempDir(t)
+	work := shortTempDir(t)
+	t.Cleanup(func() { unmountUnder(root) })
+
+	h, d := harnessDriver(t, Config{RootDir: root, AllowPrivileged: true})
+	plugin := realTask(t, "plugin", TaskConfig{
+		Command:    fixture,
+		Args:       []string{"--state-dir", state, "--node-id", "test-node"},
+		Privileged: true,
+		CSIPlugin:  &PluginTaskConfig{ID: "fixture", Type: "monolith", MountDir: "/csi"},
+	})
+	cleanupPlugin := h.MkAllocDir(plugin, true)
+	defer cleanupPlugin()
+	_, _, err := h.StartTask(plugin)
+	must.NoError(t, err)
+	defer func() {
+		_ = h.StopTask(plugin.ID, 5*time.Second, "SIGTERM")
+		_ = h.DestroyTask(plugin.ID, true)
+	}()
+
+	eventually(t, 15*time.Second, func() error {
+		st, ok := d.prober.Get("fixture")
+		if !ok || !st.Healthy {
+			return fmt.Errorf("plugin not healthy yet: %+v", st.HealthDescription)
+		}
+		return nil
+	})
+	st, _ := d.prober.Get("fixture")
+	must.Eq(t, "test-node", st.Node.NodeID)
+	must.Eq(t, "fixture.csi.nomad-driver-csi", st.Info.Name)
+
+	dest := filepath.Join(work, "data")
+	writer := realTask(t, "writer", TaskConfig{
+		Command: "/bin/sh",
+		Args:    []string{"-c", `echo written-by-task > "$DEST/file" && grep -q " $DEST " /proc/self/mountinfo`},
+		Volumes: map[string]VolumeConfig{"data": {
+			PluginID:    "fixture",
+			VolumeID:    "vol-1",
+			Destination: dest,
+			AccessMode:  "single-node-writer",
+			Create:      &VolumeCreateBlock{CapacityMin: "16MiB", Parameters: map[string]string{"type": "dir"}},
+			Secrets:     map[string]string{"token": "canary-secret-value"},
+		}},
+	})
+	writer.Env = map[string]string{"DEST": dest}
+	cleanupWriter := h.MkAllocDir(writer, true)
+	defer cleanupWriter()
+	_, _, err = h.StartTask(writer)
+	must.NoError(t, err)
+	res := waitExit(t, h, writer.ID, 20*time.Second)
+	must.Eq(t, 0, res.ExitCode)
+	must.NoError(t, h.DestroyTask(writer.ID, false))
+	must.SliceEmpty(t, mountsUnder(t, filepath.Join(root, "mnt", "publish")))
+
+	reader := realTask(t, "reader", TaskConfig{
+		Command: "/bin/sh",
+		Args:    []string{"-c", `cat "$DEST/file" && ! touch "$DEST/other" 2>/dev/null`},
+		Volumes: map[string]VolumeConfig{"data": {
+			PluginID:    "fixture",
+			VolumeID:    "vol-1",
+			Destination: dest,
+			ReadOnly:    true,
+			AccessMode:  "single-node-reader-only",
+		}},
+	})
+	reader.Env = map[string]string{"DEST": dest}
+	cleanupReader := h.MkAllocDir(reader, true)
+	defer cleanupReader()
+	_, _, err = h.StartTask(reader)
+	must.NoError(t, err)
+	res = waitExit(t, h, reader.ID, 20*time.Second)
+	must.Eq(t, 0, res.ExitCode)
+	eventually(t, 5*time.Second, fileHas(filepath.Join(reader.TaskDir().LogDir, "reader.stdout.0"), "written-by-task\n"))
+	must.NoError(t, h.DestroyTask(reader.ID, false))
+
+	// An unknown plugin fails the task at once, naming the plugin.
+	bad := realTask(t, "bad", TaskConfig{
+		Command: "/bin/true",
+		Volumes: map[string]VolumeConfig{"data": {PluginID: "nope", VolumeID: "v", Destination: dest, AccessMode: "single-node-writer"}},
+	})
+	cleanupBad := h.MkAllocDir(bad, true)
+	defer cleanupBad()
+	_, _, err = h.StartTask(bad)
+	must.ErrorContains(t, err, `CSI plugin "nope"`)
+
+	// With the plugin gone too, nothing is mounted under root_dir.
+	must.NoError(t, h.StopTask(plugin.ID, 5*time.Second, "SIGTERM"))
+	waitExit(t, h, plugin.ID, 10*time.Second)
+	must.NoError(t, h.DestroyTask(plugin.ID, false))
+	must.SliceEmpty(t, mountsUnder(t, root))
 }

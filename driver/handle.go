@@ -47,6 +47,8 @@ type taskHandle struct {
 	sharedSources []string
 	// plugin is the task's csi_plugin block, when it serves a CSI plugin.
 	plugin *PluginTaskConfig
+	// volumes is set when the task has CSI volumes to tear down.
+	volumes bool
 
 	// done is closed when the task has exited and exit is set.
 	done chan struct{}

@@ -1,0 +1,365 @@
+package driver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/dustin/go-humanize"
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/nomad/plugins/drivers"
+	"github.com/hashicorp/nomad/plugins/shared/hclspec"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/csihook"
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor"
+	"github.com/nomad-driver-csi/nomad-driver-csi/fingerprint"
+)
+
+// volumeSpec is a task's `volume "<name>" { ... }` block.
+var volumeSpec = hclspec.NewBlockMap("volume", []string{"name"}, hclspec.NewObject(map[string]*hclspec.Spec{
+	"plugin_id":   hclspec.NewAttr("plugin_id", "string", true),
+	"volume_id":   hclspec.NewAttr("volume_id", "string", true),
+	"destination": hclspec.NewAttr("destination", "string", true),
+	"read_only":   hclspec.NewAttr("read_only", "bool", false),
+	"access_mode": hclspec.NewDefault(
+		hclspec.NewAttr("access_mode", "string", false),
+		hclspec.NewLiteral(`"single-node-writer"`),
+	),
+	"attachment_mode": hclspec.NewDefault(
+		hclspec.NewAttr("attachment_mode", "string", false),
+		hclspec.NewLiteral(`"file-system"`),
+	),
+	"mount_options": hclspec.NewBlock("mount_options", false, hclspec.NewObject(map[string]*hclspec.Spec{
+		"fs_type":     hclspec.NewAttr("fs_type", "string", false),
+		"mount_flags": hclspec.NewAttr("mount_flags", "list(string)", false),
+	})),
+	"context": hclspec.NewAttr("context", "map(string)", false),
+	"secrets": hclspec.NewAttr("secrets", "map(string)", false),
+	"create": hclspec.NewBlock("create", false, hclspec.NewObject(map[string]*hclspec.Spec{
+		"capacity_min": hclspec.NewAttr("capacity_min", "string", false),
+		"capacity_max": hclspec.NewAttr("capacity_max", "string", false),
+		"parameters":   hclspec.NewAttr("parameters", "map(string)", false),
+	})),
+}))
+
+// VolumeConfig is one decoded volume block.
+type VolumeConfig struct {
+	PluginID       string             `codec:"plugin_id"`
+	VolumeID       string             `codec:"volume_id"`
+	Destination    string             `codec:"destination"`
+	ReadOnly       bool               `codec:"read_only"`
+	AccessMode     string             `codec:"access_mode"`
+	AttachmentMode string             `codec:"attachment_mode"`
+	MountOptions   *MountOptions      `codec:"mount_options"`
+	Context        map[string]string  `codec:"context"`
+	Secrets        map[string]string  `codec:"secrets"`
+	Create         *VolumeCreateBlock `codec:"create"`
+}
+
+// MountOptions is a volume's mount_options block.
+type MountOptions struct {
+	FSType     string   `codec:"fs_type"`
+	MountFlags []string `codec:"mount_flags"`
+}
+
+// VolumeCreateBlock is a volume's create block. Sizes are written as Nomad
+// writes them: "10GiB", "512MiB".
+type VolumeCreateBlock struct {
+	CapacityMin string            `codec:"capacity_min"`
+	CapacityMax string            `codec:"capacity_max"`
+	Parameters  map[string]string `codec:"parameters"`
+}
+
+// volumeRequests turns a task's volume blocks into the volume lifecycle's
+// requests, in a stable order, checking what needs no plugin.
+func volumeRequests(vols map[string]VolumeConfig) ([]csihook.VolumeRequest, error) {
+	names := make([]string, 0, len(vols))
+	for name := range vols {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	reqs := make([]csihook.VolumeRequest, 0, len(names))
+	for _, name := range names {
+		v := vols[name]
+		req := csihook.VolumeRequest{
+			Name:           name,
+			PluginID:       v.PluginID,
+			VolumeID:       v.VolumeID,
+			Destination:    v.Destination,
+			ReadOnly:       v.ReadOnly,
+			AccessMode:     v.AccessMode,
+			AttachmentMode: v.AttachmentMode,
+			Context:        v.Context,
+			Secrets:        v.Secrets,
+		}
+		if req.AccessMode == "" {
+			req.AccessMode = csihook.AccessSingleNodeWriter
+		}
+		if req.AttachmentMode == "" {
+			req.AttachmentMode = csihook.AttachmentFileSystem
+		}
+		if mo := v.MountOptions; mo != nil {
+			req.FSType = mo.FSType
+			req.MountFlags = mo.MountFlags
+		}
+		if c := v.Create; c != nil {
+			cr := &csihook.CreateRequest{Parameters: c.Parameters}
+			var err error
+			if cr.CapacityMin, err = parseSize(name, "capacity_min", c.CapacityMin); err != nil {
+				return nil, err
+			}
+			if cr.CapacityMax, err = parseSize(name, "capacity_max", c.CapacityMax); err != nil {
+				return nil, err
+			}
+			if cr.CapacityMax > 0 && cr.CapacityMin > cr.CapacityMax {
+				return nil, fmt.Errorf("volume %q: create capacity_min (%s) is larger than capacity_max (%s)", name, c.CapacityMin, c.CapacityMax)
+			}
+			req.Create = cr
+		}
+		reqs = append(reqs, req)
+	}
+	return reqs, nil
+}
+
+// parseSize reads a size such as "10GiB"; "" is 0.
+func parseSize(volume, field, s string) (int64, error) {
+	if s == "" {
+		return 0, nil
+	}
+	n, err := humanize.ParseBytes(s)
+	if err != nil || n > 1<<62 {
+		return 0, fmt.Errorf("volume %q: create %s %q is not a size: write it as Nomad does, such as \"10GiB\" or \"512MiB\"", volume, field, s)
+	}
+	return int64(n), nil
+}
+
+// volumeManager holds the volume lifecycle of this driver, made on first
+// use (it locks its journal, so it is made once per driver process).
+type volumeManager struct {
+	mu      sync.Mutex
+	manager *csihook.Manager
+}
+
+// volumes returns the volume lifecycle, making it on first use.
+func (d *Driver) volumes() (*csihook.Manager, error) {
+	conf := d.currentConfig()
+	if conf == nil {
+		return nil, errors.New("the driver is not configured yet")
+	}
+	d.vols.mu.Lock()
+	defer d.vols.mu.Unlock()
+	if d.vols.manager != nil {
+		return d.vols.manager, nil
+	}
+	if err := os.MkdirAll(conf.stageRoot(), 0o700); err != nil {
+		return nil, fmt.Errorf("failed to create the stage root %q: %w", conf.stageRoot(), err)
+	}
+	m, err := csihook.New(csihook.Config{
+		Root:       conf.stageRoot(),
+		JournalDir: filepath.Join(conf.RootDir, "journal"),
+		Lookup:     d.lookupPlugin,
+		Dial:       csihook.DialUnix,
+		Mounter:    d.mounter,
+		Logger:     d.logger,
+		Events:     d.volumeEvent,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("failed to open the volume journal: %w", err)
+	}
+	d.vols.manager = m
+	return m, nil
+}
+
+// recoverVolumes settles the journal after the driver started: volumes of
+// tasks that are gone are torn down, interrupted steps of live ones
+// finished. A task is live while this driver knows it or its state
+// directory exists (Nomad has not destroyed it yet and may still recover
+// it).
+func (d *Driver) recoverVolumes() {
+	m, err := d.volumes()
+	if err != nil {
+		d.logger.Warn("cannot recover volumes yet", "error", err)
+		return
+	}
+	conf := d.currentConfig()
+	live := func(taskID string) bool {
+		if _, ok := d.tasks.Get(taskID); ok {
+			return true
+		}
+		_, err := os.Stat(conf.taskStateDir(taskID))
+		return err == nil
+	}
+	if err := m.Recover(live); err != nil {
+		d.logger.Warn("failed to recover volumes", "error", err)
+	}
+}
+
+// lookupPlugin tells the volume lifecycle what the fingerprint knows of a
+// plugin.
+func (d *Driver) lookupPlugin(id string) (csihook.PluginInfo, error) {
+	p := d.currentProber()
+	if p == nil {
+		return csihook.PluginInfo{}, errors.New("the driver is not configured yet")
+	}
+	st, ok := p.Get(id)
+	if !ok || st.Conflict != "" {
+		return csihook.PluginInfo{}, fmt.Errorf("not found; plugins on this node: %s", knownPlugins(p))
+	}
+	return lifecyclePluginInfo(st), nil
+}
+
+func lifecyclePluginInfo(st fingerprint.PluginStatus) csihook.PluginInfo {
+	return csihook.PluginInfo{
+		ID:                st.ID,
+		Socket:            st.Socket,
+		NodeID:            st.Node.NodeID,
+		Healthy:           st.Healthy,
+		HealthDescription: st.HealthDescription,
+		StageUnstage:      st.NodeCaps.StageUnstageVolume,
+		ControllerPublish: st.ControllerService && st.ControllerCaps.PublishUnpublishVolume,
+		CreateDelete:      st.ControllerService && st.ControllerCaps.CreateDeleteVolume,
+		// CSI has no capability for raw block volumes: the plugin itself
+		// refuses a block capability it does not support.
+		Block: true,
+	}
+}
+
+func knownPlugins(p *fingerprint.Prober) string {
+	var ids []string
+	for _, st := range p.Snapshot() {
+		if st.ID != "" && st.Conflict == "" {
+			ids = append(ids, st.ID)
+		}
+	}
+	if len(ids) == 0 {
+		return "none"
+	}
+	sort.Strings(ids)
+	return strings.Join(ids, ", ")
+}
+
+// volumeEvent sends the volume lifecycle's events to the task they concern.
+func (d *Driver) volumeEvent(taskID, msg string, annotations map[string]string) {
+	cfg, ok := d.eventTargets.Load(taskID)
+	if !ok {
+		d.logger.Debug("volume event for a task this driver does not know", "task_id", taskID, "message", msg)
+		return
+	}
+	d.emitEvent(cfg.(*drivers.TaskConfig), msg, annotations)
+}
+
+// setupVolumes stages and publishes a task's volumes and returns the bind
+// mounts that put them in the task. On error nothing is left behind.
+func (d *Driver) setupVolumes(cfg *drivers.TaskConfig, reqs []csihook.VolumeRequest) ([]executor.Mount, error) {
+	if len(reqs) == 0 {
+		return nil, nil
+	}
+	m, err := d.volumes()
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(d.ctx, volumeSetupTimeout)
+	defer cancel()
+	pubs, err := m.Setup(ctx, cfg.ID, reqs)
+	if err != nil {
+		return nil, err
+	}
+	mounts := make([]executor.Mount, 0, len(pubs))
+	for _, p := range pubs {
+		mounts = append(mounts, executor.Mount{
+			Source:      p.HostPath,
+			Target:      p.Destination,
+			ReadOnly:    p.ReadOnly,
+			Propagation: executor.PropagationPrivate,
+		})
+	}
+	return mounts, nil
+}
+
+// teardownVolumes unpublishes a task's volumes; on failure the lifecycle
+// keeps retrying in the background, and the error says so.
+func (d *Driver) teardownVolumes(taskID string) error {
+	m, err := d.volumes()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(d.ctx, volumeTeardownTimeout)
+	defer cancel()
+	return m.Teardown(ctx, taskID)
+}
+
+const (
+	// volumeSetupTimeout bounds staging and publishing a task's volumes.
+	volumeSetupTimeout = 5 * time.Minute
+	// volumeTeardownTimeout bounds the first, synchronous teardown
+	// attempt; later ones run in the background.
+	volumeTeardownTimeout = 2 * time.Minute
+)
+
+// checkVolumes reads a task's volume blocks and checks them against each
+// other and against the task's other mounts, before any plugin is called.
+func (d *Driver) checkVolumes(tc *TaskConfig, spec *executor.Spec) ([]csihook.VolumeRequest, error) {
+	if len(tc.Volumes) == 0 {
+		return nil, nil
+	}
+	reqs, err := volumeRequests(tc.Volumes)
+	if err != nil {
+		return nil, err
+	}
+	m, err := d.volumes()
+	if err != nil {
+		return nil, err
+	}
+	if err := m.Validate(reqs); err != nil {
+		return nil, err
+	}
+	for _, r := range reqs {
+		dest := filepath.Clean(r.Destination)
+		for _, other := range spec.Mounts {
+			if other.Target == dest {
+				return nil, fmt.Errorf("volume %q: destination %q is also the path of another mount of the task", r.Name, dest)
+			}
+		}
+	}
+	return reqs, nil
+}
+
+// releaseVolumes tears a destroyed task's volumes down. When the plugin
+// cannot do it now, the lifecycle keeps retrying in the background and
+// reports through the task's events.
+func (d *Driver) releaseVolumes(h *taskHandle) {
+	id := h.config.ID
+	if !h.volumes {
+		d.eventTargets.Delete(id)
+		return
+	}
+	if err := d.teardownVolumes(id); err != nil {
+		h.logger.Warn("volumes not torn down yet; retrying in the background", "error", err)
+		return
+	}
+	d.eventTargets.Delete(id)
+}
+
+// forgetLostTask releases what a task that cannot be recovered held: its
+// volumes (torn down in the background when the plugin is not there yet)
+// and its state directory.
+func (d *Driver) forgetLostTask(logger hclog.Logger, cfg *drivers.TaskConfig) {
+	conf := d.currentConfig()
+	if conf == nil {
+		return
+	}
+	var tc TaskConfig
+	if err := cfg.DecodeDriverConfig(&tc); err == nil && len(tc.Volumes) > 0 {
+		d.eventTargets.Store(cfg.ID, cfg)
+		if err := d.teardownVolumes(cfg.ID); err != nil {
+			logger.Warn("volumes of a lost task not torn down yet; retrying in the background", "error", err)
+		}
+	}
+	_ = os.RemoveAll(conf.taskStateDir(cfg.ID))
+}
