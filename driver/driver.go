@@ -56,6 +56,8 @@ type Driver struct {
 	mu         sync.RWMutex
 	config     *Config
 	mhzPerCore float64
+	// sentAttrs are the attribute keys of the last fingerprint sent.
+	sentAttrs map[string]bool
 
 	// start and recover run a task's process; they are the executor's in
 	// production and fakes in unit tests.
@@ -240,8 +242,10 @@ func (d *Driver) fingerprintLoop(ctx context.Context, ch chan<- *drivers.Fingerp
 		case <-updates:
 			// A plugin appeared, went or changed health: tell Nomad now.
 		}
+		fp := d.buildFingerprint()
+		d.clearDropped(fp)
 		select {
-		case ch <- d.buildFingerprint():
+		case ch <- fp:
 		case <-ctx.Done():
 			return
 		case <-d.ctx.Done():

@@ -2,6 +2,7 @@ package driver
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -79,6 +80,21 @@ func realTask(t *testing.T, name string, tc TaskConfig) *drivers.TaskConfig {
 	return cfg
 }
 
+// startTask starts a task and makes sure it is gone when the test ends,
+// pass or fail: tasks outlive the driver by design.
+func startTask(t *testing.T, h *dtestutil.DriverHarness, cfg *drivers.TaskConfig) *drivers.TaskHandle {
+	t.Helper()
+	handle, _, err := h.StartTask(cfg)
+	must.NoError(t, err)
+	d := h.Impl()
+	t.Cleanup(func() {
+		if err := d.DestroyTask(cfg.ID, true); err != nil && !errors.Is(err, drivers.ErrTaskNotFound) {
+			t.Logf("cleanup: destroy task %s: %v", cfg.Name, err)
+		}
+	})
+	return handle
+}
+
 func waitExit(t *testing.T, h *dtestutil.DriverHarness, id string, within time.Duration) *drivers.ExitResult {
 	t.Helper()
 	ch, err := h.WaitTask(context.Background(), id)
@@ -101,8 +117,7 @@ func TestDriver_runsTaskWithLogsAndExitCode(t *testing.T) {
 	cleanup := h.MkAllocDir(cfg, true)
 	defer cleanup()
 
-	_, _, err := h.StartTask(cfg)
-	must.NoError(t, err)
+	startTask(t, h, cfg)
 	res := waitExit(t, h, cfg.ID, 20*time.Second)
 	must.Eq(t, 3, res.ExitCode)
 	must.Eq(t, 0, res.Signal)
@@ -164,8 +179,7 @@ func TestDriver_stopHonoursSignalAndRecoversAfterRestart(t *testing.T) {
 	cleanup := h.MkAllocDir(cfg, true)
 	defer cleanup()
 
-	handle, _, err := h.StartTask(cfg)
-	must.NoError(t, err)
+	handle := startTask(t, h, cfg)
 	// The pid file is written after the trap is set.
 	pidFile := filepath.Join(cfg.TaskDir().LocalDir, "pid")
 	eventually(t, 10*time.Second, func() error { _, err := os.Stat(pidFile); return err })
@@ -199,8 +213,7 @@ func TestDriver_killsAfterTimeoutAndExec(t *testing.T) {
 	cfg := realTask(t, "stubborn", TaskConfig{Command: "/bin/sh", Args: []string{"-c", `trap '' TERM; while :; do sleep 0.1; done`}})
 	cleanup := h.MkAllocDir(cfg, true)
 	defer cleanup()
-	_, _, err := h.StartTask(cfg)
-	must.NoError(t, err)
+	startTask(t, h, cfg)
 	must.NoError(t, h.WaitUntilStarted(cfg.ID, 10*time.Second))
 
 	res, err := h.ExecTask(cfg.ID, []string{"/bin/sh", "-c", "echo in-task; exit 4"}, 10*time.Second)
@@ -246,8 +259,7 @@ func TestDriver_bidirectionalMountReachesHost(t *testing.T) {
 		_ = unix.Unmount(src, unix.MNT_DETACH)
 	})
 
-	_, _, err := h.StartTask(cfg)
-	must.NoError(t, err)
+	startTask(t, h, cfg)
 
 	// The tmpfs the task mounted is on the host, with the file it wrote.
 	eventually(t, 10*time.Second, mountedAt(filepath.Join(src, "sub")))
@@ -278,8 +290,7 @@ func TestDriver_selfBindRemovedWithLastTask(t *testing.T) {
 	defer cleanup()
 	t.Cleanup(func() { _ = unix.Unmount(src, unix.MNT_DETACH) })
 
-	_, _, err := h.StartTask(cfg)
-	must.NoError(t, err)
+	startTask(t, h, cfg)
 	eventually(t, 5*time.Second, mountedAt(src))
 	must.NoError(t, h.DestroyTask(cfg.ID, true))
 	ok, err := mounter.New().IsMountPoint(src)
@@ -357,8 +368,7 @@ func TestDriver_pluginTaskAndVolumeLifecycle(t *testing.T) {
 	})
 	cleanupPlugin := h.MkAllocDir(plugin, true)
 	defer cleanupPlugin()
-	_, _, err := h.StartTask(plugin)
-	must.NoError(t, err)
+	startTask(t, h, plugin)
 	defer func() {
 		_ = h.StopTask(plugin.ID, 5*time.Second, "SIGTERM")
 		_ = h.DestroyTask(plugin.ID, true)
@@ -391,8 +401,7 @@ func TestDriver_pluginTaskAndVolumeLifecycle(t *testing.T) {
 	writer.Env = map[string]string{"DEST": dest}
 	cleanupWriter := h.MkAllocDir(writer, true)
 	defer cleanupWriter()
-	_, _, err = h.StartTask(writer)
-	must.NoError(t, err)
+	startTask(t, h, writer)
 	res := waitExit(t, h, writer.ID, 20*time.Second)
 	must.Eq(t, 0, res.ExitCode)
 	must.NoError(t, h.DestroyTask(writer.ID, false))
@@ -412,8 +421,7 @@ func TestDriver_pluginTaskAndVolumeLifecycle(t *testing.T) {
 	reader.Env = map[string]string{"DEST": dest}
 	cleanupReader := h.MkAllocDir(reader, true)
 	defer cleanupReader()
-	_, _, err = h.StartTask(reader)
-	must.NoError(t, err)
+	startTask(t, h, reader)
 	res = waitExit(t, h, reader.ID, 20*time.Second)
 	must.Eq(t, 0, res.ExitCode)
 	eventually(t, 5*time.Second, fileHas(filepath.Join(reader.TaskDir().LogDir, "reader.stdout.0"), "written-by-task\n"))
@@ -426,7 +434,7 @@ func TestDriver_pluginTaskAndVolumeLifecycle(t *testing.T) {
 	})
 	cleanupBad := h.MkAllocDir(bad, true)
 	defer cleanupBad()
-	_, _, err = h.StartTask(bad)
+	_, _, err := h.StartTask(bad)
 	must.ErrorContains(t, err, `CSI plugin "nope"`)
 
 	// With the plugin gone too, nothing is mounted under root_dir.

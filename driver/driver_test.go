@@ -14,6 +14,7 @@ import (
 	"github.com/hashicorp/nomad/nomad/structs"
 	"github.com/hashicorp/nomad/plugins/base"
 	"github.com/hashicorp/nomad/plugins/drivers"
+	pstructs "github.com/hashicorp/nomad/plugins/shared/structs"
 	"github.com/shoenig/test/must"
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/cgroups"
@@ -363,6 +364,19 @@ func TestWaitStopDestroy(t *testing.T) {
 	must.ErrorIs(t, err, drivers.ErrTaskNotFound)
 }
 
+func TestWaitTask_saysOOMKilled(t *testing.T) {
+	d := newTestDriver(t, Config{Enabled: true})
+	cfg := taskConfig(t, TaskConfig{Command: "/bin/hog"})
+	_, _, err := d.StartTask(cfg)
+	must.NoError(t, err)
+	d.procs[0].exit(executor.ExitStatus{ExitCode: 137, Signal: 9, OOMKilled: true})
+	ch, err := d.WaitTask(context.Background(), cfg.ID)
+	must.NoError(t, err)
+	res := <-ch
+	must.True(t, res.OOMKilled)
+	must.EqError(t, res.Err, "OOM Killed")
+}
+
 func TestStopTask_defaultsToSIGINTAndRejectsUnknownSignal(t *testing.T) {
 	d := newTestDriver(t, Config{Enabled: true})
 	cfg := taskConfig(t, TaskConfig{Command: "/bin/sleep"})
@@ -508,6 +522,33 @@ func TestFingerprint_sendsAtOnce(t *testing.T) {
 	case <-time.After(2 * time.Second):
 		t.Fatal("no fingerprint within 2s")
 	}
+}
+
+func TestClearDropped(t *testing.T) {
+	d := newTestDriver(t, Config{Enabled: true})
+	fp := &drivers.Fingerprint{Attributes: map[string]*pstructs.Attribute{
+		"driver.csi.plugin.p.healthy":            pstructs.NewBoolAttribute(false),
+		"driver.csi.plugin.p.health_description": pstructs.NewStringAttribute("socket gone"),
+	}}
+	d.clearDropped(fp)
+	must.MapLen(t, 2, fp.Attributes)
+
+	// The description is gone from the next fingerprint: it is sent empty,
+	// which is how Nomad removes a node attribute.
+	fp = &drivers.Fingerprint{Attributes: map[string]*pstructs.Attribute{
+		"driver.csi.plugin.p.healthy": pstructs.NewBoolAttribute(true),
+	}}
+	d.clearDropped(fp)
+	v, ok := fp.Attributes["driver.csi.plugin.p.health_description"].GetString()
+	must.True(t, ok)
+	must.Eq(t, "", v)
+
+	// Once cleared, it is not sent again.
+	fp = &drivers.Fingerprint{Attributes: map[string]*pstructs.Attribute{
+		"driver.csi.plugin.p.healthy": pstructs.NewBoolAttribute(true),
+	}}
+	d.clearDropped(fp)
+	must.MapLen(t, 1, fp.Attributes)
 }
 
 func TestParseSignal(t *testing.T) {

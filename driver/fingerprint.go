@@ -98,3 +98,22 @@ func (d *Driver) buildFingerprint() *drivers.Fingerprint {
 	fp.HealthDescription = drivers.DriverHealthy
 	return fp
 }
+
+// clearDropped adds an empty value for every attribute the last
+// fingerprint sent that this one does not: Nomad keeps a node attribute
+// until a driver sends it empty, so a plugin's health description or a
+// forgotten plugin would otherwise stay on the node for good.
+func (d *Driver) clearDropped(fp *drivers.Fingerprint) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	sent := make(map[string]bool, len(fp.Attributes))
+	for k := range fp.Attributes {
+		sent[k] = true
+	}
+	for k := range d.sentAttrs {
+		if !sent[k] {
+			fp.Attributes[k] = pstructs.NewStringAttribute("")
+		}
+	}
+	d.sentAttrs = sent
+}

@@ -85,8 +85,12 @@ func (h *taskHandle) watch() {
 		result.ExitCode = status.ExitCode
 		result.Signal = status.Signal
 		result.OOMKilled = status.OOMKilled
-		if status.Err != "" {
+		switch {
+		case status.Err != "":
 			result.Err = errorString(status.Err)
+		case status.OOMKilled:
+			// What Nomad shows as the exit message in alloc status.
+			result.Err = errorString("OOM Killed")
 		}
 		if !status.ExitedAt.IsZero() {
 			completed = status.ExitedAt

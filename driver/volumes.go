@@ -39,12 +39,12 @@ var volumeSpec = hclspec.NewBlockMap("volume", []string{"name"}, hclspec.NewObje
 		"fs_type":     hclspec.NewAttr("fs_type", "string", false),
 		"mount_flags": hclspec.NewAttr("mount_flags", "list(string)", false),
 	})),
-	"context": hclspec.NewAttr("context", "map(string)", false),
-	"secrets": hclspec.NewAttr("secrets", "map(string)", false),
+	"context": hclspec.NewBlockAttrs("context", "string", false),
+	"secrets": hclspec.NewBlockAttrs("secrets", "string", false),
 	"create": hclspec.NewBlock("create", false, hclspec.NewObject(map[string]*hclspec.Spec{
 		"capacity_min": hclspec.NewAttr("capacity_min", "string", false),
 		"capacity_max": hclspec.NewAttr("capacity_max", "string", false),
-		"parameters":   hclspec.NewAttr("parameters", "map(string)", false),
+		"parameters":   hclspec.NewBlockAttrs("parameters", "string", false),
 	})),
 }))
 

@@ -8,11 +8,14 @@ set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 nomad="$repo/build/nomad"
 driver="$repo/build/plugins/nomad-driver-csi"
+fixture="$repo/build/csi/csi-fixture"
 [ -x "$nomad" ] || { echo "build/nomad is missing: run make nomad" >&2; exit 1; }
 [ -x "$driver" ] || { echo "build/plugins/nomad-driver-csi is missing: run make dev" >&2; exit 1; }
+[ -x "$fixture" ] || { echo "build/csi/csi-fixture is missing: run make csi-tools" >&2; exit 1; }
 [ "$(id -u)" = 0 ] || { echo "the demo runs a Nomad client, which needs root" >&2; exit 1; }
 
 work=$(mktemp -d /tmp/ncsi-demo.XXXX)
+chmod 755 "$work"
 agent_pid=""
 
 say() { printf '\n\033[1m==> %s\033[0m\n' "$*"; }
@@ -20,7 +23,7 @@ say() { printf '\n\033[1m==> %s\033[0m\n' "$*"; }
 cleanup() {
   set +e
   if [ -n "$agent_pid" ] && kill -0 "$agent_pid" 2>/dev/null; then
-    "$nomad" job stop -purge hello >/dev/null 2>&1
+    for j in volume-reader volume-writer hello csi-plugin; do "$nomad" job stop -purge "$j" >/dev/null 2>&1; done
     kill -INT "$agent_pid"
     for _ in $(seq 1 50); do kill -0 "$agent_pid" 2>/dev/null || break; sleep 0.2; done
     kill -KILL "$agent_pid" 2>/dev/null
@@ -65,7 +68,8 @@ say "Starting a Nomad dev agent on 127.0.0.1:$http with the csi driver"
 agent_pid=$!
 
 for _ in $(seq 1 100); do
-  if "$nomad" node status -self -verbose 2>/dev/null | grep -q 'driver.csi.version'; then break; fi
+  node=$("$nomad" node status -self -verbose 2>/dev/null || true)
+  case "$node" in *driver.csi.version*) break ;; esac
   kill -0 "$agent_pid" 2>/dev/null || { tail -n 30 "$work/agent.log"; exit 1; }
   sleep 0.3
 done
@@ -73,20 +77,44 @@ done
 say "The node's csi driver"
 "$nomad" node status -self -verbose | grep -E '^csi|driver\.csi' || true
 
-say "Running examples/jobs/hello.nomad.hcl (driver = \"csi\")"
-"$nomad" job run -detach "$repo/examples/jobs/hello.nomad.hcl"
-alloc=""
-for _ in $(seq 1 100); do
-  alloc=$("$nomad" job allocs -t '{{range .}}{{if eq .ClientStatus "complete" "failed"}}{{.ID}}{{end}}{{end}}' hello 2>/dev/null || true)
-  [ -n "$alloc" ] && break
-  sleep 0.3
+# run_batch JOBFILE JOB TASK [nomad job run flags...]: run a batch job, wait
+# for it to finish, print its events and logs.
+run_batch() {
+  local file=$1 job=$2 task=$3; shift 3
+  say "nomad job run $file"
+  "$nomad" job run -detach "$@" "$repo/$file" >/dev/null
+  local alloc=""
+  for _ in $(seq 1 150); do
+    alloc=$("$nomad" job allocs -t '{{range .}}{{if eq .ClientStatus "complete" "failed"}}{{.ID}}{{end}}{{end}}' "$job" 2>/dev/null || true)
+    [ -n "$alloc" ] && break
+    sleep 0.2
+  done
+  [ -n "$alloc" ] || { echo "job $job did not finish in 30s"; "$nomad" job status "$job"; exit 1; }
+  "$nomad" alloc status "$alloc" | sed -n '/^Recent Events/,$p'
+  echo "--- nomad alloc logs $task:"
+  "$nomad" alloc logs "$alloc" "$task"
+  local status
+  status=$("$nomad" alloc status -t '{{.ClientStatus}}' "$alloc")
+  [ "$status" = complete ] || { echo "job $job ended $status"; exit 1; }
+}
+
+run_batch examples/jobs/hello.nomad.hcl hello hello
+
+say "Running a CSI plugin as a task: examples/jobs/csi-plugin.nomad.hcl"
+"$nomad" job run -detach -var "plugin_command=$fixture" \
+  -var "plugin_args=[\"--state-dir\",\"$work/plugin-state\"]" "$repo/examples/jobs/csi-plugin.nomad.hcl" >/dev/null
+for _ in $(seq 1 150); do
+  node=$("$nomad" node status -self -verbose 2>/dev/null || true)
+  grep -q 'driver.csi.plugin.fixture.healthy *= true' <<<"$node" && break
+  sleep 0.2
 done
-[ -n "$alloc" ] || { echo "the job did not finish in 30s"; "$nomad" job status hello; exit 1; }
+"$nomad" node status -self -verbose | grep -E 'driver\.csi\.plugin' | sed 's/^/  /'
 
-say "nomad alloc status"
-"$nomad" alloc status "$alloc" | sed -n '/^Recent Events/,$p'
+run_batch examples/jobs/volume-writer.nomad.hcl volume-writer writer
+run_batch examples/jobs/volume-reader.nomad.hcl volume-reader reader
 
-say "nomad alloc logs"
-"$nomad" alloc logs "$alloc" hello
+say "Mounts under the driver's root once the volume jobs are done (none expected)"
+awk -v r="$work/root/mnt/publish" 'index($5, r) == 1 {print "  " $5}' /proc/self/mountinfo
+echo "  (end of list)"
 
-say "Done; stopping the agent and cleaning up"
+say "Done; stopping the jobs and the agent, cleaning up"
