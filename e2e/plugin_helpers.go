@@ -1,0 +1,247 @@
+//go:build e2e
+
+package e2e
+
+// Helpers for the CSI plugin cases (plugin_test.go) and the plugin health
+// benchmark (bench/plugin_health_test.go): an agent whose driver allows
+// privileged tasks and scans a plugin socket directory, reading the
+// driver's plugin attributes, and locating the CSI test binaries.
+
+import (
+	"fmt"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// PluginAgent is a -dev agent whose csi driver allows privileged tasks and
+// scans SocketDir (plugin_socket_dirs). The harness renders the driver's
+// plugin block itself, without plugin_socket_dirs, and cannot know its own
+// temporary directory before it writes the configuration; so the agent
+// gets a second plugin "nomad-driver-csi" block through ExtraConfig (the
+// last block of a name wins in Nomad's plugin loader), with root_dir and
+// the socket directory in a directory of this helper's own, Base, which is
+// cleaned up after the agent: processes, mounts, files.
+type PluginAgent struct {
+	*Agent
+	// Base is /tmp/ncsp-*: not /tmp/ncsi-*, which SweepStale may take
+	// from under a running test in another process.
+	Base string
+	// RootDir is the driver's root_dir (Agent.DriverRoot is not used).
+	RootDir string
+	// SocketDir is the driver's plugin_socket_dirs entry.
+	SocketDir string
+}
+
+// StageRoot is where the driver stages volumes and where node plugins see
+// bidirectional mounts: <root_dir>/mnt.
+func (p *PluginAgent) StageRoot() string { return filepath.Join(p.RootDir, "mnt") }
+
+// PluginSocket is the host path of the socket of a plugin task with id.
+func (p *PluginAgent) PluginSocket(id string) string {
+	return filepath.Join(p.RootDir, "plugins", id, "csi.sock")
+}
+
+// StartPluginAgent starts a PluginAgent for one test (and its subtests).
+func StartPluginAgent(t testing.TB) *PluginAgent {
+	t.Helper()
+	base, err := os.MkdirTemp("/tmp", "ncsp-")
+	if err != nil {
+		t.Fatalf("failed to make the plugin agent's directory: %v", err)
+	}
+	// Registered before StartAgent, so it runs after the agent's Close.
+	t.Cleanup(func() { cleanupPluginBase(t, base) })
+	p := &PluginAgent{Base: base, RootDir: filepath.Join(base, "root"), SocketDir: filepath.Join(base, "sockets")}
+	for _, d := range []string{p.RootDir, p.SocketDir} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatalf("%v", err)
+		}
+	}
+	extra := fmt.Sprintf(`
+# The plugin agent's own driver block (replaces the one above).
+plugin "nomad-driver-csi" {
+  config {
+    enabled            = true
+    allow_privileged   = true
+    root_dir           = %q
+    plugin_socket_dirs = [%q]
+  }
+}
+`, p.RootDir, p.SocketDir)
+	p.Agent = StartAgent(t, AgentOptions{AllowPrivileged: true, ExtraConfig: extra})
+	return p
+}
+
+// cleanupPluginBase kills what is left of the processes that name base
+// (a plugin the test started itself, a task whose agent died), unmounts
+// everything under it and removes it.
+func cleanupPluginBase(t testing.TB, base string) {
+	leftovers := &Agent{Dir: base, DataDir: filepath.Join(base, "no-data"), children: map[int]string{},
+		opts: AgentOptions{Logf: t.Logf}}
+	leftovers.killLeftovers()
+	if err := UnmountUnder(base); err != nil {
+		t.Errorf("mounts left under %s, not removing it: %v", base, err)
+		return
+	}
+	if os.Getenv("E2E_KEEP") != "" {
+		t.Logf("E2E_KEEP set: keeping %s", base)
+		return
+	}
+	if err := os.RemoveAll(base); err != nil {
+		t.Errorf("failed to remove %s: %v", base, err)
+	}
+}
+
+// TrackJob makes Close stop and purge a job the test submitted without
+// SubmitJob (an example file run with the CLI).
+func (a *Agent) TrackJob(id string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.jobs = append(a.jobs, id)
+}
+
+// NodeAttributes reads the node's attributes, the csi driver's merged in
+// (Nomad keeps them in both places; the driver's win).
+func (a *Agent) NodeAttributes() (map[string]string, error) {
+	var n Node
+	if err := a.GetJSON("/v1/node/"+a.NodeID, &n); err != nil {
+		return nil, err
+	}
+	attrs := map[string]string{}
+	for k, v := range n.Attributes {
+		attrs[k] = v
+	}
+	if d := n.Drivers[DriverName]; d != nil {
+		for k, v := range d.Attributes {
+			attrs[k] = v
+		}
+	}
+	return attrs, nil
+}
+
+// PluginAttributes returns the driver.csi.plugin.<key>.* attributes of one
+// plugin, without the prefix ("healthy", "vendor", "topology.zone").
+func PluginAttributes(attrs map[string]string, key string) map[string]string {
+	prefix := "driver.csi.plugin." + key + "."
+	out := map[string]string{}
+	for k, v := range attrs {
+		if strings.HasPrefix(k, prefix) {
+			out[strings.TrimPrefix(k, prefix)] = v
+		}
+	}
+	return out
+}
+
+// WaitPluginAttr polls the node every interval until the plugin's attribute
+// has the wanted value, and returns when it was first seen and the
+// plugin's attributes then.
+func (a *Agent) WaitPluginAttr(key, attr, want string, interval, timeout time.Duration) (time.Time, map[string]string, error) {
+	deadline := time.Now().Add(timeout)
+	var last map[string]string
+	lastErr := error(nil)
+	for {
+		attrs, err := a.NodeAttributes()
+		now := time.Now()
+		if err == nil {
+			last = PluginAttributes(attrs, key)
+			if last[attr] == want {
+				return now, last, nil
+			}
+		} else {
+			lastErr = err
+		}
+		if now.After(deadline) {
+			return now, last, fmt.Errorf("driver.csi.plugin.%s.%s did not become %q within %v (last error: %v); the plugin's attributes: %v",
+				key, attr, want, timeout, lastErr, last)
+		}
+		time.Sleep(interval)
+	}
+}
+
+// CSIPluginStatus is the part of /v1/plugin/csi/<id> the tests read.
+type CSIPluginStatus struct {
+	ID                 string
+	Provider           string
+	Version            string
+	NodesHealthy       int
+	NodesExpected      int
+	ControllersHealthy int
+}
+
+// NativeCSIPlugin reads Nomad's own record of a CSI plugin (what "nomad
+// plugin status" shows); found is false when Nomad has none yet.
+func (a *Agent) NativeCSIPlugin(id string) (st CSIPluginStatus, found bool, err error) {
+	err = a.do(http.MethodGet, "/v1/plugin/csi/"+url.PathEscape(id), nil, &st)
+	if err != nil && strings.Contains(err.Error(), "404") {
+		return st, false, nil
+	}
+	return st, err == nil, err
+}
+
+var (
+	csiToolsOnce sync.Once
+	csiToolsErr  error
+)
+
+// CSIToolPath returns build/csi/<name>, running e2e/tools/build.sh once
+// first unless E2E_SKIP_BUILD is set (it rebuilds only what is stale).
+func CSIToolPath(root, name string) (string, error) {
+	csiToolsOnce.Do(func() {
+		if os.Getenv("E2E_SKIP_BUILD") != "" {
+			return
+		}
+		cmd := exec.Command(filepath.Join(root, "e2e", "tools", "build.sh"))
+		cmd.Dir = root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			csiToolsErr = fmt.Errorf("e2e/tools/build.sh failed: %w\n%s", err, out)
+		}
+	})
+	if csiToolsErr != nil {
+		return "", csiToolsErr
+	}
+	bin := filepath.Join(root, "build", "csi", name)
+	if _, err := os.Stat(bin); err != nil {
+		return "", fmt.Errorf("no %s: run make csi-tools (e2e/tools/build.sh): %w", bin, err)
+	}
+	return bin, nil
+}
+
+// HCLList renders strings as an HCL list literal for a job template.
+func HCLList(items ...string) string {
+	quoted := make([]string, len(items))
+	for i, s := range items {
+		quoted[i] = strconv.Quote(s)
+	}
+	return "[" + strings.Join(quoted, ", ") + "]"
+}
+
+// CapEff reads a process's effective capability set from /proc/PID/status.
+func CapEff(pid int) (uint64, error) {
+	v, err := StatusField(pid, "CapEff")
+	if err != nil {
+		return 0, err
+	}
+	return strconv.ParseUint(v, 16, 64)
+}
+
+// TaskPIDByComm finds the host PID of the process named comm in a task.
+func TaskPIDByComm(allocID, task, comm string) (int, error) {
+	var found []int
+	all := TaskPIDs(allocID, task)
+	for _, pid := range all {
+		if p, err := ReadProc(pid); err == nil && p.Comm == comm {
+			found = append(found, pid)
+		}
+	}
+	if len(found) != 1 {
+		return 0, fmt.Errorf("want one %q process in task %s of allocation %s, found %v (task processes: %v)", comm, task, allocID, found, all)
+	}
+	return found[0], nil
+}
