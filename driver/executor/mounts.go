@@ -79,9 +79,6 @@ func validateMounts(m mounter.Interface, spec *Spec) error {
 // Any error ends the init stage; the namespace, and every mount in it, dies
 // with it, so nothing reaches the host.
 func setupMounts(m mounter.Interface, mounts []Mount) error {
-	if len(mounts) == 0 {
-		return nil
-	}
 	var bidi []string
 	for _, mnt := range mounts {
 		if mnt.Propagation != PropagationBidirectional {
