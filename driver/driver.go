@@ -324,7 +324,7 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 	handle := drivers.NewTaskHandle(taskHandleVersion)
 	handle.Config = cfg
 	handle.State = drivers.TaskStateRunning
-	err = handle.SetDriverState(&TaskState{Process: p.State(), StartedAt: started})
+	err = handle.SetDriverState(&TaskState{Process: p.State(), StartedAt: started, Plugin: pc, Volumes: len(reqs) > 0, SharedSources: shared})
 	if err == nil && pc != nil {
 		err = d.startPluginProbe(conf, cfg, pc)
 	}
@@ -568,23 +568,34 @@ func (d *Driver) RecoverTask(handle *drivers.TaskHandle) error {
 		return fmt.Errorf("failed to decode task state for task %q: %w", handle.Config.ID, err)
 	}
 	logger := d.logger.With("alloc_id", handle.Config.AllocID, "task_name", handle.Config.Name, "task_id", handle.Config.ID)
+	// After an agent restart the handle's config has no driver config to
+	// decode (Nomad does not persist it): the task state says what the
+	// task held. A handle that still has it (same agent process) may add
+	// to that.
+	volumes, pc := st.Volumes, st.Plugin
+	var tc TaskConfig
+	if err := handle.Config.DecodeDriverConfig(&tc); err == nil {
+		volumes = volumes || len(tc.Volumes) > 0
+		if pc == nil {
+			pc = tc.CSIPlugin
+		}
+	}
 	p, err := d.recover(logger, st.Process)
 	if err != nil {
 		// Nomad starts the task afresh; what this one held goes now.
-		d.forgetLostTask(logger, handle.Config)
+		d.forgetLostTask(logger, handle.Config, volumes)
 		return fmt.Errorf("failed to recover task %q: %w", handle.Config.ID, err)
 	}
 	h := newTaskHandle(logger, handle.Config, p, st.StartedAt)
-	h.sharedSources = recoveredSharedSources(handle.Config)
-	d.eventTargets.Store(handle.Config.ID, handle.Config)
-	var tc TaskConfig
-	if err := handle.Config.DecodeDriverConfig(&tc); err == nil {
-		h.volumes = len(tc.Volumes) > 0
+	h.sharedSources = st.SharedSources
+	if h.sharedSources == nil {
+		// State written before SharedSources was kept.
+		h.sharedSources = recoveredSharedSources(handle.Config)
 	}
+	d.eventTargets.Store(handle.Config.ID, handle.Config)
+	h.volumes = volumes
 	d.sharedSources().adopt(h.sharedSources)
-	if pc, err := decodePluginConfig(handle.Config); err != nil {
-		logger.Warn("failed to decode the task's csi_plugin block", "error", err)
-	} else if pc != nil {
+	if pc != nil {
 		h.plugin = pc
 		if conf := d.currentConfig(); conf != nil {
 			if err := d.plugins.claim(handle.Config, *pc); err != nil {

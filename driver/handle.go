@@ -30,9 +30,21 @@ type taskProcess interface {
 
 // TaskState is what the driver stores with Nomad for each task, so that it
 // can take the task back after a restart. It holds only what recovery needs.
+//
+// Plugin and Volumes are kept here because the handle Nomad gives back to
+// RecoverTask after an agent restart has no driver config to decode: Nomad
+// persists the TaskConfig without its (unexported) raw driver config.
 type TaskState struct {
 	Process   executor.State `json:"process"`
 	StartedAt time.Time      `json:"started_at"`
+	// Plugin is the task's csi_plugin block, when it serves a CSI plugin.
+	Plugin *PluginTaskConfig `json:"plugin,omitempty"`
+	// Volumes is set when the task has volume blocks to tear down.
+	Volumes bool `json:"volumes,omitempty"`
+	// SharedSources are the host paths the task holds as shared mount
+	// points, its plugin's stage root included (that mount is the
+	// driver's, so it is not among the mounts Nomad stores).
+	SharedSources []string `json:"shared_sources,omitempty"`
 }
 
 // taskHandle is the driver's view of one task.

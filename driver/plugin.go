@@ -175,12 +175,3 @@ func (d *Driver) onPluginHealth(id string, healthy bool, reason string) {
 	}
 	d.emitEvent(cfg, msg, map[string]string{"plugin_id": id})
 }
-
-// decodePluginConfig reads a task's csi_plugin block, if any.
-func decodePluginConfig(cfg *drivers.TaskConfig) (*PluginTaskConfig, error) {
-	var tc TaskConfig
-	if err := cfg.DecodeDriverConfig(&tc); err != nil {
-		return nil, err
-	}
-	return tc.CSIPlugin, nil
-}

@@ -349,13 +349,12 @@ func (d *Driver) releaseVolumes(h *taskHandle) {
 // forgetLostTask releases what a task that cannot be recovered held: its
 // volumes (torn down in the background when the plugin is not there yet)
 // and its state directory.
-func (d *Driver) forgetLostTask(logger hclog.Logger, cfg *drivers.TaskConfig) {
+func (d *Driver) forgetLostTask(logger hclog.Logger, cfg *drivers.TaskConfig, volumes bool) {
 	conf := d.currentConfig()
 	if conf == nil {
 		return
 	}
-	var tc TaskConfig
-	if err := cfg.DecodeDriverConfig(&tc); err == nil && len(tc.Volumes) > 0 {
+	if volumes {
 		d.eventTargets.Store(cfg.ID, cfg)
 		if err := d.teardownVolumes(cfg.ID); err != nil {
 			logger.Warn("volumes of a lost task not torn down yet; retrying in the background", "error", err)
