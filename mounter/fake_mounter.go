@@ -210,6 +210,8 @@ func (f *Fake) SetPropagation(target, mode string, recursive bool) error {
 				mp.Shared, mp.PeerGroup = true, f.nextID
 				f.nextID++
 			}
+		case PropagationUnbindable:
+			mp.Shared, mp.PeerGroup, mp.Slave, mp.Master, mp.Unbindable = false, 0, false, 0, true
 		}
 	}
 	if !found {

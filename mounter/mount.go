@@ -21,6 +21,9 @@ const (
 	PropagationPrivate = "private"
 	PropagationSlave   = "slave"
 	PropagationShared  = "shared"
+	// PropagationUnbindable is private, and a bind (even a recursive one
+	// of a parent) never copies the mount.
+	PropagationUnbindable = "unbindable"
 )
 
 // maskedOption replaces a sensitive mount option in logs and errors.
@@ -255,9 +258,11 @@ func PropagationFlags(mode string, recursive bool) (uintptr, error) {
 		flags = unix.MS_SLAVE
 	case PropagationShared:
 		flags = unix.MS_SHARED
+	case PropagationUnbindable:
+		flags = unix.MS_UNBINDABLE
 	default:
-		return 0, fmt.Errorf("unknown propagation mode %q: want %q, %q or %q",
-			mode, PropagationPrivate, PropagationSlave, PropagationShared)
+		return 0, fmt.Errorf("unknown propagation mode %q: want %q, %q, %q or %q",
+			mode, PropagationPrivate, PropagationSlave, PropagationShared, PropagationUnbindable)
 	}
 	if recursive {
 		flags |= unix.MS_REC

@@ -8,6 +8,8 @@ import (
 	"sort"
 	"strings"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/nomad-driver-csi/nomad-driver-csi/mounter"
 )
 
@@ -78,7 +80,13 @@ func validateMounts(m mounter.Interface, spec *Spec) error {
 //
 // Any error ends the init stage; the namespace, and every mount in it, dies
 // with it, so nothing reaches the host.
-func setupMounts(m mounter.Interface, mounts []Mount) error {
+//
+// With root set, the task also gets a root of its own, assembled at root (a
+// directory on the host, in the task's state directory) between the two
+// steps and entered with pivot_root: see buildRoot. Mount targets are then
+// made under it, so a missing top-level target ("/csi", "/local/csi",
+// "/data") lands on the task's own tmpfs instead of the host's disk.
+func setupMounts(m mounter.Interface, mounts []Mount, root string) error {
 	var bidi []string
 	for _, mnt := range mounts {
 		if mnt.Propagation != PropagationBidirectional {
@@ -112,6 +120,12 @@ func setupMounts(m mounter.Interface, mounts []Mount) error {
 		}
 	}
 
+	if root != "" {
+		if err := buildRoot(m, root); err != nil {
+			return err
+		}
+	}
+
 	// Parents before children, so that a target inside another mount's
 	// target lands on top of it.
 	ordered := append([]Mount(nil), mounts...)
@@ -119,16 +133,102 @@ func setupMounts(m mounter.Interface, mounts []Mount) error {
 		return strings.Count(filepath.Clean(ordered[i].Target), "/") < strings.Count(filepath.Clean(ordered[j].Target), "/")
 	})
 	for _, mnt := range ordered {
-		if err := bindOne(m, mnt); err != nil {
+		if err := bindOne(m, mnt, root); err != nil {
 			return err
+		}
+	}
+	if root != "" {
+		return enterRoot(m, root)
+	}
+	return nil
+}
+
+// buildRoot assembles the task's root at root: a tmpfs holding a recursive
+// bind of every top-level entry of the host's root (and its symlinks as
+// they are), so the task sees the host's files and, through the binds
+// (slaves of the host's mounts by now), the host's later mounts under
+// them. The tmpfs is unbindable, so the recursive binds do not copy it into
+// itself; binds of shared mounts (the bidirectional sources) join their
+// peer groups as before.
+func buildRoot(m mounter.Interface, root string) error {
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		return fmt.Errorf("failed to create the task's root %q: %w", root, err)
+	}
+	if err := m.Mount("tmpfs", root, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0755"); err != nil {
+		return fmt.Errorf("failed to make the task's root: %w", err)
+	}
+	if err := m.SetPropagation(root, mounter.PropagationUnbindable, false); err != nil {
+		return fmt.Errorf("failed to make the task's root: %w", err)
+	}
+	entries, err := os.ReadDir("/")
+	if err != nil {
+		return fmt.Errorf("failed to list the host's root: %w", err)
+	}
+	for _, e := range entries {
+		src := "/" + e.Name()
+		dst := filepath.Join(root, e.Name())
+		fi, err := os.Lstat(src)
+		if err != nil {
+			continue // gone meanwhile
+		}
+		switch {
+		case fi.Mode()&os.ModeSymlink != 0:
+			link, err := os.Readlink(src)
+			if err != nil {
+				return fmt.Errorf("failed to read the host's %q: %w", src, err)
+			}
+			if err := os.Symlink(link, dst); err != nil {
+				return fmt.Errorf("failed to make the task's %q: %w", src, err)
+			}
+			continue
+		case fi.IsDir():
+			if err := os.Mkdir(dst, fi.Mode().Perm()); err != nil {
+				return fmt.Errorf("failed to make the task's %q: %w", src, err)
+			}
+		default:
+			if err := m.EnsureTarget(dst, false); err != nil {
+				return fmt.Errorf("failed to make the task's %q: %w", src, err)
+			}
+		}
+		if err := m.BindMount(src, dst, false, true); err != nil {
+			return fmt.Errorf("failed to make the task's %q: %w", src, err)
 		}
 	}
 	return nil
 }
 
-func bindOne(m mounter.Interface, mnt Mount) error {
+// enterRoot makes the assembled root read-only (nothing the task writes at
+// its top level would outlive it anyway) and the task's root directory,
+// dropping the host's root from the namespace.
+func enterRoot(m mounter.Interface, root string) error {
+	if err := m.RemountReadOnly(root, false); err != nil {
+		return fmt.Errorf("failed to seal the task's root: %w", err)
+	}
+	if err := os.Chdir(root); err != nil {
+		return fmt.Errorf("failed to enter the task's root: %w", err)
+	}
+	// pivot_root(".", ".") stacks the old root on top of the new one;
+	// detaching it leaves the new root alone, with no directory for the
+	// old one to live in.
+	if err := unix.PivotRoot(".", "."); err != nil {
+		return fmt.Errorf("failed to enter the task's root: pivot_root: %w", err)
+	}
+	if err := unix.Unmount(".", unix.MNT_DETACH); err != nil {
+		return fmt.Errorf("failed to drop the host's root: %w", err)
+	}
+	if err := os.Chdir("/"); err != nil {
+		return fmt.Errorf("failed to enter the task's root: %w", err)
+	}
+	return nil
+}
+
+func bindOne(m mounter.Interface, mnt Mount, root string) error {
 	source, target := filepath.Clean(mnt.Source), filepath.Clean(mnt.Target)
-	if source != target {
+	same := source == target
+	if root != "" {
+		target = filepath.Join(root, target)
+	}
+	if !same {
 		fi, err := os.Stat(source)
 		if err != nil {
 			return fmt.Errorf("mount %q: %w", mnt.Source, err)

@@ -1,6 +1,7 @@
 package executor
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -38,7 +39,7 @@ func TestSetupMounts_SlavesAllButBidirectional_Fake(t *testing.T) {
 		{Source: file, Target: "/task/file"},
 		{Source: bidi, Target: bidi, Propagation: PropagationBidirectional, ReadOnly: true},
 	}
-	must.NoError(t, setupMounts(f, mounts))
+	must.NoError(t, setupMounts(f, mounts, ""))
 
 	var got []string
 	for _, a := range f.GetActions() {
@@ -89,7 +90,7 @@ func TestSetupMounts_ErrorStops_Fake(t *testing.T) {
 	dir := t.TempDir()
 	f := mounter.NewFake(mounter.MountPoint{ID: 1, Path: "/"})
 	f.MountErrs = map[string]error{"/task/a": unix.EPERM}
-	err := setupMounts(f, []Mount{{Source: dir, Target: "/task/a"}, {Source: dir, Target: "/task/b/c"}})
+	err := setupMounts(f, []Mount{{Source: dir, Target: "/task/a"}, {Source: dir, Target: "/task/b/c"}}, "")
 	must.ErrorIs(t, err, unix.EPERM)
 	must.StrContains(t, err.Error(), dir)
 	for _, a := range f.GetActions() {
@@ -224,4 +225,46 @@ func TestMounts_PrivateReadOnly_Root(t *testing.T) {
 	must.Len(t, 1, mps)
 	must.Eq(t, "private", mps[0].Propagation())
 	must.False(t, isMountPoint(t, target))
+}
+
+// A task has a root of its own: the host's files and later host mounts are
+// there, a missing top-level mount target is made on the task's root (not
+// on the host's disk), and nothing can be written at the top level.
+func TestMounts_TaskRoot_Root(t *testing.T) {
+	requireTaskRoot(t)
+	source := t.TempDir()
+	must.NoError(t, os.WriteFile(filepath.Join(source, "f"), []byte("from-host\n"), 0o644))
+	top := fmt.Sprintf("/ncsi-test-target-%d", os.Getpid())
+	t.Cleanup(func() { _ = os.Remove(top) })
+	// Later host mounts reach the task through a shared host mount (this
+	// host's "/" may be private).
+	base := t.TempDir()
+	sharedSelfBind(t, base)
+	later := filepath.Join(base, "later")
+	must.NoError(t, os.Mkdir(later, 0o755))
+
+	tt := newTestSpec(t, "/bin/sh", "-c", `
+cat "$TOP/f"
+cat /etc/hostname
+if touch /top-level-file 2>/dev/null; then echo root-writable; else echo root-read-only; fi
+while ! grep -q later-mount /proc/self/mountinfo; do sleep 0.05; done
+cat "$LATER/marker"`)
+	tt.spec.Env = append(tt.spec.Env, "TOP="+top, "LATER="+later)
+	tt.spec.Mounts = []Mount{{Source: source, Target: top}}
+	p := startTest(t, tt)
+
+	must.NoError(t, mounter.New().Mount("later-mount", later, "tmpfs", 0, "size=1m"))
+	t.Cleanup(func() { _ = mounter.New().Unmount(later) })
+	must.NoError(t, os.WriteFile(filepath.Join(later, "marker"), []byte("later\n"), 0o644))
+
+	must.Eq(t, 0, waitExit(t, p).ExitCode, must.Sprintf("stderr: %s", readFile(t, tt.stderr)))
+	host, err := os.ReadFile("/etc/hostname")
+	must.NoError(t, err)
+	must.Eq(t, "from-host\n"+string(host)+"root-read-only\nlater\n", readFile(t, tt.stdout))
+
+	// The target never existed on the host.
+	_, err = os.Stat(top)
+	must.True(t, os.IsNotExist(err), must.Sprintf("%s exists on the host: %v", top, err))
+	_, err = os.Stat("/top-level-file")
+	must.True(t, os.IsNotExist(err))
 }

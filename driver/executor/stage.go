@@ -96,7 +96,7 @@ func runTaskStage() {
 func prepareAndExec(cfg *stageConfig) error {
 	spec := &cfg.Spec
 	if cfg.Mounts {
-		if err := setupMounts(mounter.New(), spec.Mounts); err != nil {
+		if err := setupMounts(mounter.New(), spec.Mounts, filepath.Join(spec.StateDir, "root")); err != nil {
 			return err
 		}
 	}
