@@ -166,6 +166,7 @@ func (d *Driver) SetConfig(c *base.Config) error {
 	d.mu.Unlock()
 	prober.SetSocketDirs(cfg.PluginSocketDirs)
 	if cfg.Enabled {
+		d.checkRootPropagation(&cfg)
 		// Settle volumes left by an earlier driver process: its tasks that
 		// are gone lose their volumes, interrupted steps are finished.
 		d.recoverOnce.Do(func() { go d.recoverVolumes() })
@@ -538,6 +539,25 @@ func taskLimits(cfg *drivers.TaskConfig) cgroups.Limits {
 		}
 	}
 	return l
+}
+
+// checkRootPropagation says, once, when root_dir is not on a shared mount.
+// Plugins this driver launches work either way (it makes the stage root a
+// shared mount point of its own), but a plugin run by another driver or by
+// systemd only sees what it mounts under the stage root if the host's
+// mounts propagate to it.
+func (d *Driver) checkRootPropagation(cfg *Config) {
+	mounts, err := d.mounter.List()
+	if err != nil {
+		return
+	}
+	mp, ok := mounter.FindMount(mounts, cfg.RootDir)
+	if !ok || mp.Shared {
+		return
+	}
+	d.logger.Warn("root_dir is on a mount without shared propagation: plugins from plugin_socket_dirs will not see what they mount under the stage root; plugins this driver launches are not affected",
+		"root_dir", cfg.RootDir, "mount", mp.Path, "propagation", mp.Propagation(),
+		"fix", "mount --make-rshared "+mp.Path)
 }
 
 // recoveredSharedSources lists the bidirectional sources of a task started
