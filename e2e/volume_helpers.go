@@ -1,0 +1,515 @@
+//go:build e2e
+
+package e2e
+
+// Helpers for the CSI volume cases (volume_test.go) and the volume
+// benchmarks (e2e/bench): a csi-fixture plugin run as a task of the driver
+// (jobs/volume_plugin.hcl), workload jobs with volume blocks
+// (jobs/volume_task.hcl), the fixture's call log, the driver's journal and
+// the mounts under the driver's root.
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// VolCSIBinDir is where e2e/tools/build.sh puts the CSI test binaries.
+func VolCSIBinDir(root string) string { return filepath.Join(root, "build", "csi") }
+
+// VolBuildCSIBinaries runs e2e/tools/build.sh, which rebuilds only what is
+// out of date.
+func VolBuildCSIBinaries(root string) error {
+	cmd := exec.Command(filepath.Join(root, "e2e", "tools", "build.sh"))
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("e2e/tools/build.sh failed: %w\n%s", err, out)
+	}
+	return nil
+}
+
+// VolFixtureOptions shape one csi-fixture plugin task.
+type VolFixtureOptions struct {
+	// Type is the csi_plugin type: monolith (default) or node.
+	Type string
+	// Args are extra fixture flags (--controller-publish, --hang METHOD...).
+	Args []string
+	// RestartDelay is the restart delay of the plugin task (default 1s).
+	RestartDelay time.Duration
+}
+
+// VolFixture is a csi-fixture running as a plugin task of the agent.
+type VolFixture struct {
+	ID       string
+	JobID    string
+	AllocID  string
+	StateDir string // --state-dir: the fixture's volumes and records
+	CallLog  string // --log-calls: one line "Method volume_id" per RPC
+	agent    *Agent
+}
+
+// StartVolFixture runs build/csi/csi-fixture as a plugin task with id
+// and waits until the node reports the plugin healthy. Its state lives in
+// the agent's directory, so Close removes it.
+func (a *Agent) StartVolFixture(t testing.TB, id string, opts VolFixtureOptions) *VolFixture {
+	t.Helper()
+	if opts.Type == "" {
+		opts.Type = "monolith"
+	}
+	if opts.RestartDelay == 0 {
+		opts.RestartDelay = time.Second
+	}
+	dir := filepath.Join(a.Dir, "fx-"+id)
+	p := &VolFixture{
+		ID:       id,
+		StateDir: filepath.Join(dir, "state"),
+		CallLog:  filepath.Join(dir, "calls.log"),
+		agent:    a,
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatalf("%v", err)
+	}
+	args := append([]string{"--state-dir", p.StateDir, "--node-id", "e2e-node", "--log-calls", p.CallLog}, opts.Args...)
+	job := a.RunJob(t, "volume_plugin", map[string]string{
+		"PluginID":     id,
+		"PluginType":   opts.Type,
+		"Command":      filepath.Join(VolCSIBinDir(a.Root), "csi-fixture"),
+		"Args":         volHCLList(args),
+		"RestartDelay": opts.RestartDelay.String(),
+	})
+	p.JobID = job.ID
+	al := a.WaitAlloc(t, job.ID, time.Minute, StatusRunning)
+	p.AllocID = al.ID
+	a.WaitVolPluginHealthy(t, id, time.Minute)
+	return p
+}
+
+// WaitVolPluginHealthy waits until the node says driver.csi.plugin.<id>.healthy
+// is true.
+func (a *Agent) WaitVolPluginHealthy(t testing.TB, id string, timeout time.Duration) {
+	t.Helper()
+	key := "driver.csi.plugin." + id + ".healthy"
+	deadline := time.Now().Add(timeout)
+	var last string
+	for time.Now().Before(deadline) {
+		var n Node
+		if err := a.GetJSON("/v1/node/"+a.NodeID, &n); err == nil {
+			last = n.Attributes[key]
+			if d := n.Drivers[DriverName]; d != nil && d.Attributes[key] != "" {
+				last = d.Attributes[key]
+			}
+			if last == "true" {
+				return
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("CSI plugin %s not healthy within %v (%s=%q); driver log:\n%s", id, timeout, key, last, a.driverLogLines(20))
+}
+
+// PID is the host PID of the fixture process (0 when it is not running).
+func (p *VolFixture) PID() int {
+	for _, pid := range TaskPIDs(p.AllocID, "plugin") {
+		if pr, err := ReadProc(pid); err == nil && pr.Comm == "csi-fixture" {
+			return pid
+		}
+	}
+	return 0
+}
+
+// Calls returns the fixture's call log, one "Method volume_id" per RPC.
+func (p *VolFixture) Calls() []string {
+	b, _ := os.ReadFile(p.CallLog)
+	var out []string
+	for _, line := range strings.Split(string(b), "\n") {
+		if line != "" {
+			out = append(out, line)
+		}
+	}
+	return out
+}
+
+// Count counts the calls of method for volume id volID ("" for any).
+func (p *VolFixture) Count(method, volID string) int {
+	n := 0
+	for _, c := range p.Calls() {
+		m, v, _ := strings.Cut(c, " ")
+		if m == method && (volID == "" || v == volID) {
+			n++
+		}
+	}
+	return n
+}
+
+// VolumeCalls lists the methods called for one volume id, in order.
+func (p *VolFixture) VolumeCalls(volID string) []string {
+	var out []string
+	for _, c := range p.Calls() {
+		if m, v, _ := strings.Cut(c, " "); v == volID {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// VolumeID is the id the fixture gave the volume it created under name
+// ("" when there is none), from its records in the state dir.
+func (p *VolFixture) VolumeID(name string) string {
+	files, _ := filepath.Glob(filepath.Join(p.StateDir, "meta", "*.json"))
+	for _, f := range files {
+		var v struct {
+			ID   string `json:"id"`
+			Name string `json:"name"`
+		}
+		b, err := os.ReadFile(f)
+		if err == nil && json.Unmarshal(b, &v) == nil && v.Name == name {
+			return v.ID
+		}
+	}
+	return ""
+}
+
+// VolSpec is one `volume "<name>"` block of a workload task.
+type VolSpec struct {
+	Name, Plugin, ID, Dest string
+	Access, Attach         string // default single-node-writer, file-system
+	ReadOnly               bool
+	FSType                 string
+	MountFlags             []string
+	Context, Secrets       map[string]string
+	// Create adds a create block; CreateType is its "type" parameter
+	// (dir or ext4) and CapacityMin its size (default 64MiB for ext4).
+	Create      bool
+	CreateType  string
+	CapacityMin string
+}
+
+// HCL renders the block.
+func (v VolSpec) HCL() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "        volume %s {\n", strconv.Quote(v.Name))
+	attr := func(k, val string) {
+		if val != "" {
+			fmt.Fprintf(&b, "          %s = %s\n", k, volHCLString(val))
+		}
+	}
+	attr("plugin_id", v.Plugin)
+	attr("volume_id", v.ID)
+	attr("destination", v.Dest)
+	attr("access_mode", v.Access)
+	attr("attachment_mode", v.Attach)
+	if v.ReadOnly {
+		b.WriteString("          read_only = true\n")
+	}
+	if v.FSType != "" || len(v.MountFlags) > 0 {
+		b.WriteString("          mount_options {\n")
+		if v.FSType != "" {
+			fmt.Fprintf(&b, "            fs_type = %s\n", volHCLString(v.FSType))
+		}
+		if len(v.MountFlags) > 0 {
+			fmt.Fprintf(&b, "            mount_flags = %s\n", volHCLList(v.MountFlags))
+		}
+		b.WriteString("          }\n")
+	}
+	volHCLMap(&b, "context", v.Context)
+	volHCLMap(&b, "secrets", v.Secrets)
+	if v.Create {
+		b.WriteString("          create {\n")
+		size := v.CapacityMin
+		if size == "" && v.CreateType == "ext4" {
+			size = "64MiB"
+		}
+		if size != "" {
+			fmt.Fprintf(&b, "            capacity_min = %s\n", volHCLString(size))
+		}
+		if v.CreateType != "" {
+			fmt.Fprintf(&b, "            parameters {\n              type = %s\n            }\n", volHCLString(v.CreateType))
+		}
+		b.WriteString("          }\n")
+	}
+	b.WriteString("        }\n")
+	return b.String()
+}
+
+func volHCLMap(b *strings.Builder, name string, m map[string]string) {
+	if len(m) == 0 {
+		return
+	}
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	fmt.Fprintf(b, "          %s {\n", name)
+	for _, k := range keys {
+		fmt.Fprintf(b, "            %s = %s\n", k, volHCLString(m[k]))
+	}
+	b.WriteString("          }\n")
+}
+
+// volHCLString quotes s for HCL: JSON escapes, and "${" / "%{" written so
+// that HCL does not interpolate them.
+func volHCLString(s string) string {
+	q, _ := json.Marshal(s)
+	out := strings.ReplaceAll(string(q), "${", "$${")
+	return strings.ReplaceAll(out, "%{", "%%{")
+}
+
+func volHCLList(items []string) string {
+	parts := make([]string, len(items))
+	for i, s := range items {
+		parts[i] = volHCLString(s)
+	}
+	return "[" + strings.Join(parts, ", ") + "]"
+}
+
+// VolJob is a workload job rendered from jobs/volume_task.hcl: Count
+// allocations of one task "t" running Script with /bin/sh -c.
+type VolJob struct {
+	Type    string // batch (default) or service
+	Count   int    // default 1
+	Script  string
+	Volumes []VolSpec
+}
+
+func (j VolJob) vars() map[string]string {
+	if j.Type == "" {
+		j.Type = "batch"
+	}
+	if j.Count == 0 {
+		j.Count = 1
+	}
+	var vols strings.Builder
+	for _, v := range j.Volumes {
+		vols.WriteString(v.HCL())
+	}
+	return map[string]string{
+		"Type":    j.Type,
+		"Count":   strconv.Itoa(j.Count),
+		"Script":  volHCLString(j.Script),
+		"Volumes": vols.String(),
+	}
+}
+
+// SubmitVolJob submits a workload job with "nomad job run -detach" and
+// returns the CLI's answer without failing the test.
+func (a *Agent) SubmitVolJob(t testing.TB, j VolJob) (Job, string, error) {
+	t.Helper()
+	return a.SubmitJob(t, "volume_task", j.vars())
+}
+
+// RunVolJob is SubmitVolJob that fails the test when the submission
+// fails.
+func (a *Agent) RunVolJob(t testing.TB, j VolJob) Job {
+	t.Helper()
+	return a.RunJob(t, "volume_task", j.vars())
+}
+
+// RenderVolJob renders a workload job without submitting it.
+func (a *Agent) RenderVolJob(j VolJob) (Job, error) {
+	return a.RenderJob("volume_task", j.vars())
+}
+
+// VolJournalFiles lists the driver's journal files by kind: "v" (volumes on
+// the node), "t" (volumes of tasks) and "c" (created volumes).
+func (a *Agent) VolJournalFiles() map[string][]string {
+	out := map[string][]string{}
+	files, _ := filepath.Glob(filepath.Join(a.DriverRoot, "journal", "*.json"))
+	for _, f := range files {
+		base := filepath.Base(f)
+		if k, _, ok := strings.Cut(base, "-"); ok {
+			out[k] = append(out[k], base)
+		}
+	}
+	return out
+}
+
+// VolJournalMentions lists the v- and t- journal records (and *.bad files)
+// that name one of the volume ids or names.
+func (a *Agent) VolJournalMentions(ids ...string) []string {
+	var out []string
+	files, _ := filepath.Glob(filepath.Join(a.DriverRoot, "journal", "*"))
+	for _, f := range files {
+		base := filepath.Base(f)
+		if strings.HasPrefix(base, "c-") || base == ".lock" {
+			continue
+		}
+		var rec struct {
+			VolumeID string `json:"volume_id"`
+			Name     string `json:"name"`
+		}
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		if strings.HasSuffix(base, ".bad") || json.Unmarshal(b, &rec) != nil {
+			out = append(out, base+" (unreadable)")
+			continue
+		}
+		for _, id := range ids {
+			if id != "" && rec.VolumeID == id {
+				out = append(out, base+" volume_id="+rec.VolumeID)
+			}
+		}
+	}
+	return out
+}
+
+// VolMounts lists what is mounted under the driver's staging and
+// publish roots (root_dir/mnt/staging, root_dir/mnt/publish).
+func (a *Agent) VolMounts() []string {
+	var out []string
+	for _, d := range []string{"staging", "publish"} {
+		m, _ := MountsUnder(filepath.Join(a.DriverRoot, "mnt", d))
+		out = append(out, m...)
+	}
+	return out
+}
+
+// WaitVolMountsGone waits until nothing under the staging and publish
+// roots whose path contains one of substrs (any when none) is mounted, and
+// returns what is still mounted after timeout.
+func (a *Agent) WaitVolMountsGone(timeout time.Duration, substrs ...string) []string {
+	deadline := time.Now().Add(timeout)
+	for {
+		var left []string
+		for _, m := range a.VolMounts() {
+			if len(substrs) == 0 {
+				left = append(left, m)
+				continue
+			}
+			for _, s := range substrs {
+				if strings.Contains(m, s) {
+					left = append(left, m)
+					break
+				}
+			}
+		}
+		if len(left) == 0 || time.Now().After(deadline) {
+			return left
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// VolLoopsUnder lists the loop devices whose backing file is under dir.
+func VolLoopsUnder(dir string) []string {
+	var devs []string
+	backing, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	for _, b := range backing {
+		f, err := os.ReadFile(b)
+		if err == nil && strings.HasPrefix(strings.TrimSpace(string(f)), dir+"/") {
+			devs = append(devs, "/dev/"+filepath.Base(filepath.Dir(filepath.Dir(b))))
+		}
+	}
+	sort.Strings(devs)
+	return devs
+}
+
+// VolDetachLoops detaches the loop devices backed by files under dir.
+func VolDetachLoops(dir string) error {
+	var errs []string
+	for _, dev := range VolLoopsUnder(dir) {
+		if out, err := exec.Command("losetup", "--detach", dev).CombinedOutput(); err != nil {
+			errs = append(errs, fmt.Sprintf("%s: %v: %s", dev, err, strings.TrimSpace(string(out))))
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("failed to detach loop devices: %s", strings.Join(errs, "; "))
+	}
+	return nil
+}
+
+// VolStopAndWait stops a job (without purging it) and waits until all its
+// allocations are terminal.
+func (a *Agent) VolStopAndWait(t testing.TB, jobID string, timeout time.Duration) {
+	t.Helper()
+	a.StopJob(t, jobID)
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		allocs, err := a.JobAllocations(jobID)
+		if err == nil && allTerminal(allocs) {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("job %s still has allocations running %v after it was stopped", jobID, timeout)
+}
+
+// VolWaitAllocs waits until n allocations of a job are in one of the wanted
+// statuses and returns them, failing at once on an unwanted terminal one.
+func (a *Agent) VolWaitAllocs(t testing.TB, jobID string, n int, timeout time.Duration, want ...string) []AllocStub {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	var last []AllocStub
+	for time.Now().Before(deadline) {
+		allocs, err := a.JobAllocations(jobID)
+		if err == nil {
+			last = allocs
+			var ok []AllocStub
+			for _, al := range allocs {
+				if wanted(al.ClientStatus, want) {
+					ok = append(ok, al)
+				} else if IsTerminal(al.ClientStatus) {
+					full, _ := a.allocation(al.ID)
+					desc := al.ClientStatus
+					if full != nil {
+						desc = full.Describe()
+					}
+					t.Fatalf("allocation %s of job %s is %s, wanted %v:\n%s", al.ID, jobID, al.ClientStatus, want, desc)
+				}
+			}
+			if len(ok) >= n {
+				return ok
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("fewer than %d allocations of job %s became %v within %v (%d allocations)", n, jobID, want, timeout, len(last))
+	return nil
+}
+
+// VolJournalPaths lists the staging paths (v- records) and publish targets
+// (t- records) the journal holds for a volume id; tests read them while a
+// volume is in use and check later that none is still mounted.
+func (a *Agent) VolJournalPaths(volID string) []string {
+	var out []string
+	files, _ := filepath.Glob(filepath.Join(a.DriverRoot, "journal", "[vt]-*.json"))
+	for _, f := range files {
+		var rec struct {
+			VolumeID    string `json:"volume_id"`
+			StagingPath string `json:"staging_path"`
+			Target      string `json:"target"`
+		}
+		b, err := os.ReadFile(f)
+		if err != nil || json.Unmarshal(b, &rec) != nil || rec.VolumeID != volID {
+			continue
+		}
+		for _, p := range []string{rec.StagingPath, rec.Target} {
+			if p != "" {
+				out = append(out, p)
+			}
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// VolMountedAmong returns the paths that are mount points (or have mounts
+// below them).
+func VolMountedAmong(paths []string) []string {
+	var out []string
+	for _, p := range paths {
+		if m, _ := MountsUnder(p); len(m) > 0 {
+			out = append(out, m...)
+		}
+	}
+	return out
+}

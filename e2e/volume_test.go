@@ -1,0 +1,574 @@
+//go:build e2e
+
+package e2e
+
+// The CSI volume cases: workload tasks of the csi driver get volumes from
+// the e2e fixture plugin (e2e/csiplugin), itself run as a plugin task of
+// the driver, on a real agent. TestVolumes shares one privileged -dev agent
+// between its subtests, each with its own volume ids and, where a case
+// kills or reconfigures its plugin, its own plugin id;
+// TestVolumeAgentRestart has a Persistent agent of its own. Every agent
+// ends with a check that nothing is left mounted under the driver's root
+// and no journal record but c-* files remains, once every job has stopped.
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/shoenig/test/must"
+	"golang.org/x/sys/unix"
+)
+
+const volTimeout = 90 * time.Second
+
+// volAgent starts a privileged agent for volume cases and registers,
+// to run before the harness closes it, the final check: workload jobs
+// stopped first, their volumes torn down, then the plugins stopped, and
+// then nothing mounted under the driver's root and no v-/t- journal record.
+func volAgent(t *testing.T, persistent bool) *Agent {
+	t.Helper()
+	requireCSI(t)
+	csiBin(t, "csi-fixture") // builds build/csi once
+	var a *Agent
+	t.Cleanup(func() {
+		// After the harness's Close: loop devices of ext4 volumes it may
+		// have had to unmount by force.
+		if a == nil {
+			return
+		}
+		if devs := VolLoopsUnder(a.Dir); len(devs) > 0 {
+			t.Errorf("loop devices still attached to volumes of %s: %v", a.Dir, devs)
+			_ = VolDetachLoops(a.Dir)
+		}
+	})
+	a = StartAgent(t, AgentOptions{AllowPrivileged: true, Persistent: persistent})
+	t.Cleanup(func() { volFinalCheck(t, a) })
+	return a
+}
+
+// volFinalCheck stops the workloads, then the plugins, and asserts the
+// driver left nothing behind under its root.
+func volFinalCheck(t *testing.T, a *Agent) {
+	if a.PID() == 0 {
+		t.Errorf("agent %s is not running for the final volume check", a.Dir)
+		return
+	}
+	a.mu.Lock()
+	jobs := append([]string(nil), a.jobs...)
+	a.mu.Unlock()
+	var workloads, plugins []string
+	for _, j := range jobs {
+		if strings.HasPrefix(j, "volume_plugin-") {
+			plugins = append(plugins, j)
+		} else {
+			workloads = append(workloads, j)
+		}
+	}
+	a.stopJobs(workloads, volTimeout)
+	deadline := time.Now().Add(volTimeout)
+	for time.Now().Before(deadline) {
+		j := a.VolJournalFiles()
+		if len(j["v"])+len(j["t"]) == 0 {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if j := a.VolJournalFiles(); len(j["v"])+len(j["t"]) > 0 {
+		t.Errorf("journal records left after every workload stopped: %v", append(j["v"], j["t"]...))
+	}
+	a.stopJobs(plugins, volTimeout)
+	var left []string
+	for end := time.Now().Add(15 * time.Second); time.Now().Before(end); time.Sleep(200 * time.Millisecond) {
+		left, _ = MountsUnder(a.DriverRoot)
+		if len(left) == 0 {
+			break
+		}
+	}
+	if len(left) > 0 {
+		t.Errorf("mounts left under the driver's root %s after every job stopped: %v", a.DriverRoot, left)
+	} else {
+		t.Logf("final check: nothing mounted under %s (%d jobs stopped)", a.DriverRoot, len(jobs))
+	}
+}
+
+// volDir is a destination parent for one case, under the agent's
+// directory so that nothing is made elsewhere on the host.
+func volDir(a *Agent, name string) string { return filepath.Join(a.Dir, "dst", name) }
+
+// volUniq makes a volume id unique to this run.
+func volUniq(prefix string) string { return fmt.Sprintf("%s-%d", prefix, time.Now().UnixNano()%1e9) }
+
+func TestVolumes(t *testing.T) {
+	t.Parallel()
+	a := volAgent(t, false)
+	fx := a.StartVolFixture(t, "fixture", VolFixtureOptions{})
+
+	// The cases run in parallel; each uses volume ids of its own, and the
+	// cases that kill or reconfigure a plugin start a plugin of their own.
+	t.Run("persist", func(t *testing.T) { t.Parallel(); testVolumePersist(t, a, fx) })
+	t.Run("shared_staging", func(t *testing.T) { t.Parallel(); testVolumeSharedStaging(t, a, fx) })
+	t.Run("plugin_killed_during_teardown", func(t *testing.T) { t.Parallel(); testVolumePluginKilled(t, a) })
+	t.Run("read_only", func(t *testing.T) { t.Parallel(); testVolumeReadOnly(t, a, fx) })
+	t.Run("block_device", func(t *testing.T) { t.Parallel(); testVolumeBlock(t, a, fx) })
+	t.Run("bad_input", func(t *testing.T) { t.Parallel(); testVolumeBadInput(t, a, fx) })
+	t.Run("secrets_not_leaked", func(t *testing.T) { t.Parallel(); testVolumeSecrets(t, a, fx) })
+	t.Run("controller_publish", func(t *testing.T) { t.Parallel(); testVolumeControllerPublish(t, a) })
+}
+
+// 1. A job writes into an ext4 volume it creates; a second job naming the
+// same volume (no create block) reads the file back.
+func testVolumePersist(t *testing.T, a *Agent, fx *VolFixture) {
+	start := time.Now()
+	name := volUniq("persist")
+	dest := filepath.Join(volDir(a, name), "data")
+	canary := "written-by-" + name
+	w := a.RunVolJob(t, VolJob{
+		Script: fmt.Sprintf("echo %s > %s/file && sync && echo wrote", canary, dest),
+		Volumes: []VolSpec{{Name: "data", Plugin: fx.ID, ID: name, Dest: dest, Access: "single-node-writer",
+			Create: true, CreateType: "ext4"}},
+	})
+	al := a.WaitAlloc(t, w.ID, volTimeout, StatusComplete)
+	must.StrContains(t, a.AllocLogs(t, al.ID, "t", false), "wrote")
+	must.StrContains(t, eventsText(al, "t"), `Creating volume "data"`)
+	must.StrContains(t, eventsText(al, "t"), `Published volume "data" at `+dest)
+
+	r := a.RunVolJob(t, VolJob{
+		Script:  fmt.Sprintf("cat %s/file", dest),
+		Volumes: []VolSpec{{Name: "data", Plugin: fx.ID, ID: name, Dest: dest, Access: "single-node-reader-only", ReadOnly: true}},
+	})
+	al = a.WaitAlloc(t, r.ID, volTimeout, StatusComplete)
+	must.StrContains(t, a.AllocLogs(t, al.ID, "t", false), canary)
+	id := fx.VolumeID(name)
+	must.NotEq(t, "", id)
+	must.Eq(t, 2, fx.Count("NodeStageVolume", id), must.Sprintf("calls: %v", fx.VolumeCalls(id)))
+	t.Logf("persist: %v; calls for %s: %v", time.Since(start).Round(time.Millisecond), id, fx.VolumeCalls(id))
+}
+
+// volWaitCount waits until the fixture logged n calls of method for volID.
+func volWaitCount(t *testing.T, fx *VolFixture, method, volID string, n int, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for fx.Count(method, volID) < n && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+	}
+	must.Eq(t, n, fx.Count(method, volID), must.Sprintf("%s calls for %s; all calls: %v", method, volID, fx.VolumeCalls(volID)))
+}
+
+// volWaitEvent waits until one of the task's events says substr and
+// returns the allocation.
+func volWaitEvent(t *testing.T, a *Agent, allocID, substr string, timeout time.Duration) *Allocation {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		al := a.Allocation(t, allocID)
+		if strings.Contains(eventsText(al, "t"), substr) {
+			return al
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no event of task t saying %q within %v:\n%s", substr, timeout, al.Describe())
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// exec runs a shell command in a running task and fails the test on error.
+func volExec(t *testing.T, a *Agent, allocID, script string) string {
+	t.Helper()
+	out, err := a.AllocExec(allocID, "t", "/bin/sh", "-c", script)
+	must.NoError(t, err, must.Sprintf("nomad alloc exec %s sh -c %q: %s", allocID, script, out))
+	return out
+}
+
+// volSleeper is the script of service tasks: note it started, then sleep.
+const volSleeper = "echo started; exec sleep 3600"
+
+// 2. Two tasks share one staged volume: one NodeStage, two NodePublish;
+// the second task keeps working when the first stops; the volume is
+// unstaged when both are gone.
+func testVolumeSharedStaging(t *testing.T, a *Agent, fx *VolFixture) {
+	start := time.Now()
+	name := volUniq("shared")
+	vol := func(dest string) VolSpec {
+		return VolSpec{Name: "data", Plugin: fx.ID, ID: name, Dest: dest, Access: "multi-node-multi-writer", Create: true, CreateType: "ext4"}
+	}
+	destA, destB := filepath.Join(volDir(a, name), "a"), filepath.Join(volDir(a, name), "b")
+	jobA := a.RunVolJob(t, VolJob{Type: "service", Script: volSleeper, Volumes: []VolSpec{vol(destA)}})
+	alA := a.WaitAlloc(t, jobA.ID, volTimeout, StatusRunning)
+	jobB := a.RunVolJob(t, VolJob{Type: "service", Script: volSleeper, Volumes: []VolSpec{vol(destB)}})
+	alB := a.WaitAlloc(t, jobB.ID, volTimeout, StatusRunning)
+
+	id := fx.VolumeID(name)
+	must.NotEq(t, "", id)
+	must.Eq(t, 1, fx.Count("NodeStageVolume", id), must.Sprintf("calls: %v", fx.VolumeCalls(id)))
+	must.Eq(t, 2, fx.Count("NodePublishVolume", id), must.Sprintf("calls: %v", fx.VolumeCalls(id)))
+	paths := a.VolJournalPaths(id)
+	must.Eq(t, 3, len(paths), must.Sprintf("journal paths: %v", paths)) // one staging path, two targets
+
+	volExec(t, a, alA.ID, "echo from-a > "+destA+"/a")
+	must.StrContains(t, volExec(t, a, alB.ID, "cat "+destB+"/a"), "from-a")
+
+	a.VolStopAndWait(t, jobA.ID, volTimeout)
+	volWaitCount(t, fx, "NodeUnpublishVolume", id, 1, 30*time.Second)
+	must.Eq(t, 0, fx.Count("NodeUnstageVolume", id), must.Sprintf("calls: %v", fx.VolumeCalls(id)))
+	must.StrContains(t, volExec(t, a, alB.ID, "echo from-b > "+destB+"/b && cat "+destB+"/a "+destB+"/b"), "from-a\nfrom-b")
+
+	a.VolStopAndWait(t, jobB.ID, volTimeout)
+	volWaitCount(t, fx, "NodeUnstageVolume", id, 1, 30*time.Second)
+	must.Eq(t, 2, fx.Count("NodeUnpublishVolume", id))
+	must.SliceEmpty(t, VolMountedAmong(paths), must.Sprint("still mounted after both tasks stopped"))
+	must.SliceEmpty(t, a.VolJournalMentions(id), must.Sprint("journal records left"))
+	t.Logf("shared_staging: %v; calls for %s: %v", time.Since(start).Round(time.Millisecond), id, fx.VolumeCalls(id))
+}
+
+// 4. The plugin is killed while a volume task stops: teardown is retried
+// (the task's events say so) and completes once Nomad restarted the plugin.
+func testVolumePluginKilled(t *testing.T, a *Agent) {
+	start := time.Now()
+	// A plugin of its own, restarted by Nomad 12s after it dies: longer
+	// than the in-line retries, so the background retries show.
+	fx := a.StartVolFixture(t, "fxkill", VolFixtureOptions{RestartDelay: 12 * time.Second})
+	name := volUniq("killed")
+	dest := filepath.Join(volDir(a, name), "data")
+	job := a.RunVolJob(t, VolJob{Type: "service", Script: volSleeper, Volumes: []VolSpec{{
+		Name: "data", Plugin: fx.ID, ID: name, Dest: dest, Access: "single-node-writer", Create: true, CreateType: "dir"}}})
+	al := a.WaitAlloc(t, job.ID, volTimeout, StatusRunning)
+	id := fx.VolumeID(name)
+	paths := a.VolJournalPaths(id)
+	must.Eq(t, 2, len(paths), must.Sprintf("journal paths: %v", paths))
+
+	pid := fx.PID()
+	must.Positive(t, pid)
+	must.NoError(t, volKill(pid))
+	t.Logf("killed the plugin (pid %d); stopping the volume task", pid)
+	a.StopJob(t, job.ID)
+	killed := time.Now()
+
+	al = volWaitEvent(t, a, al.ID, "retrying", volTimeout)
+	t.Logf("retry event after %v", time.Since(killed).Round(time.Millisecond))
+	a.WaitVolPluginHealthy(t, fx.ID, volTimeout)
+	volWaitCount(t, fx, "NodeUnstageVolume", id, 1, volTimeout)
+	done := time.Now()
+	if left := a.WaitVolMountsGone(10*time.Second, paths...); len(left) > 0 {
+		t.Fatalf("still mounted after the teardown completed: %v", left)
+	}
+	for end := time.Now().Add(10 * time.Second); len(a.VolJournalMentions(id)) > 0 && time.Now().Before(end); {
+		time.Sleep(100 * time.Millisecond)
+	}
+	must.SliceEmpty(t, a.VolJournalMentions(id))
+	al = a.Allocation(t, al.ID)
+	for _, e := range al.Events("t") {
+		if strings.Contains(e.Text(), "olume") {
+			t.Logf("event %s: %s", time.Unix(0, e.Time).Format("15:04:05.000"), e.Text())
+		}
+	}
+	t.Logf("plugin_killed: %v in all; teardown done %v after the kill; calls for %s: %v",
+		time.Since(start).Round(time.Millisecond), done.Sub(killed).Round(time.Millisecond), id, fx.VolumeCalls(id))
+}
+
+// 5a. read_only is enforced: a write fails with EROFS.
+func testVolumeReadOnly(t *testing.T, a *Agent, fx *VolFixture) {
+	name := volUniq("ro")
+	dest := filepath.Join(volDir(a, name), "data")
+	job := a.RunVolJob(t, VolJob{
+		Script: fmt.Sprintf("if touch %s/x; then echo WRITABLE; exit 1; fi; echo refused", dest),
+		Volumes: []VolSpec{{Name: "data", Plugin: fx.ID, ID: name, Dest: dest, Access: "single-node-reader-only", ReadOnly: true,
+			Create: true, CreateType: "dir"}},
+	})
+	al := a.WaitAlloc(t, job.ID, volTimeout, StatusComplete)
+	must.StrContains(t, a.AllocLogs(t, al.ID, "t", false), "refused")
+	stderr := a.AllocLogs(t, al.ID, "t", true)
+	must.StrContains(t, stderr, "Read-only file system")
+	t.Logf("read_only: stderr %q", strings.TrimSpace(stderr))
+}
+
+// 5b. A block volume is a block device the task can write to.
+func testVolumeBlock(t *testing.T, a *Agent, fx *VolFixture) {
+	name := volUniq("block")
+	dest := filepath.Join(volDir(a, name), "dev")
+	job := a.RunVolJob(t, VolJob{
+		Script: fmt.Sprintf("test -b %[1]s && dd if=/dev/zero of=%[1]s bs=4k count=1 conv=notrunc && echo block-ok", dest),
+		Volumes: []VolSpec{{Name: "dev", Plugin: fx.ID, ID: name, Dest: dest, Access: "single-node-writer", Attach: "block-device",
+			Create: true, CreateType: "ext4"}},
+	})
+	al := a.WaitAlloc(t, job.ID, volTimeout, StatusComplete, StatusFailed)
+	out := a.AllocLogs(t, al.ID, "t", false) + a.AllocLogs(t, al.ID, "t", true)
+	must.StrContains(t, out, "block-ok", must.Sprintf("task output: %s\n%s", out, al.Describe()))
+	must.Eq(t, StatusComplete, al.ClientStatus)
+	id := fx.VolumeID(name)
+	volWaitCount(t, fx, "NodeUnstageVolume", id, 1, 30*time.Second)
+	t.Logf("block_device: %s; calls for %s: %v", strings.TrimSpace(out), id, fx.VolumeCalls(id))
+}
+
+func volKill(pid int) error { return unix.Kill(pid, unix.SIGKILL) }
+
+// 6. Every bad request fails with its message and leaves nothing behind:
+// no mount, no v-/t- journal record, nothing staged or published by the
+// plugin.
+func testVolumeBadInput(t *testing.T, a *Agent, fx *VolFixture) {
+	// A plugin without a controller service: it cannot create volumes.
+	node := a.StartVolFixture(t, "fxnode", VolFixtureOptions{Type: "node"})
+
+	// The single-node-writer volume the "second writer" case competes for.
+	held := volUniq("held")
+	heldJob := a.RunVolJob(t, VolJob{Type: "service", Script: volSleeper, Volumes: []VolSpec{{
+		Name: "data", Plugin: fx.ID, ID: held, Dest: filepath.Join(volDir(a, held), "data"), Access: "single-node-writer",
+		Create: true, CreateType: "dir"}}})
+	heldAlloc := a.WaitAlloc(t, heldJob.ID, volTimeout, StatusRunning)
+	heldID := fx.VolumeID(held)
+
+	type tc struct {
+		name string
+		vols func(id, dir string) []VolSpec
+		want string
+	}
+	good := func(id, dir string) VolSpec {
+		return VolSpec{Name: "data", Plugin: fx.ID, ID: id, Dest: filepath.Join(dir, "data"), Access: "single-node-writer",
+			Create: true, CreateType: "dir"}
+	}
+	with := func(f func(*VolSpec)) func(id, dir string) []VolSpec {
+		return func(id, dir string) []VolSpec { v := good(id, dir); f(&v); return []VolSpec{v} }
+	}
+	cases := []tc{
+		{"unknown_plugin", with(func(v *VolSpec) { v.Plugin = "no-such-plugin" }),
+			`CSI plugin "no-such-plugin" is not running on node`},
+		{"no_create_capability", with(func(v *VolSpec) { v.Plugin = node.ID }),
+			`CSI plugin "fxnode" cannot create volumes (no CREATE_DELETE_VOLUME capability)`},
+		{"relative_destination", with(func(v *VolSpec) { v.Dest = "data/x" }),
+			`destination "data/x" must be an absolute path`},
+		{"dotdot_destination", with(func(v *VolSpec) { v.Dest = v.Dest + "/../../../../etc/x" }),
+			`must not contain '..'`},
+		{"same_destination", func(id, dir string) []VolSpec {
+			v, w := good(id, dir), good(id+"-2", dir)
+			w.Name = "other"
+			return []VolSpec{v, w}
+		}, `is also the destination of volume "data"`},
+		{"unknown_access_mode", with(func(v *VolSpec) { v.Access = "many-node-many-writer" }),
+			`access_mode "many-node-many-writer" is not supported`},
+		{"unknown_attachment_mode", with(func(v *VolSpec) { v.Attach = "nfs" }),
+			`attachment_mode "nfs" is not supported`},
+		{"read_only_writer_mode", with(func(v *VolSpec) { v.ReadOnly = true }),
+			`read_only = true conflicts with access_mode = "single-node-writer"`},
+		{"block_on_dir_volume", with(func(v *VolSpec) { v.Attach = "block-device" }),
+			`block access needs a volume of type "ext4"`},
+		{"second_single_node_writer", func(_, dir string) []VolSpec {
+			v := good(held, dir)
+			v.Create = false
+			return []VolSpec{v}
+		}, `is single-node-writer and task`},
+	}
+	// Submit them all, then check them all.
+	type sub struct {
+		tc
+		id, dir string
+		job     Job
+	}
+	var subs []sub
+	for _, c := range cases {
+		id := volUniq("bad-" + strings.ReplaceAll(c.name, "_", "-"))
+		dir := volDir(a, id)
+		job := a.RunVolJob(t, VolJob{Script: "echo SHOULD-NOT-RUN", Volumes: c.vols(id, dir)})
+		subs = append(subs, sub{c, id, dir, job})
+	}
+	for _, s := range subs {
+		t.Run(s.name, func(t *testing.T) {
+			al := a.WaitAlloc(t, s.job.ID, volTimeout, StatusFailed)
+			text := eventsText(al, "t")
+			must.StrContains(t, text, s.want, must.Sprint(al.Describe()))
+			for _, e := range al.Events("t") {
+				must.NotEq(t, "Started", e.Type, must.Sprint("the task started"))
+			}
+			ids := []string{s.id, s.id + "-2", fx.VolumeID(s.id), fx.VolumeID(s.id + "-2")}
+			must.SliceEmpty(t, a.VolJournalMentions(ids...), must.Sprint("journal records left"))
+			for _, id := range ids[2:] {
+				if id != "" {
+					must.SliceEmpty(t, fx.VolumeCalls(id)[1:], must.Sprintf("node calls for %s after CreateVolume", id))
+				}
+			}
+			m, _ := MountsUnder(s.dir)
+			must.SliceEmpty(t, m, must.Sprint("mounted under the destination's parent"))
+			var msg string
+			for _, e := range al.Events("t") {
+				if e.DriverError != "" {
+					msg = e.DriverError
+				}
+			}
+			t.Logf("%s: %s", s.name, msg)
+		})
+	}
+	// The held volume is untouched by the refused second writer.
+	must.Eq(t, 1, fx.Count("NodePublishVolume", heldID), must.Sprintf("calls: %v", fx.VolumeCalls(heldID)))
+	must.Eq(t, 0, fx.Count("NodeUnpublishVolume", heldID), must.Sprintf("calls: %v", fx.VolumeCalls(heldID)))
+	must.Eq(t, 2, len(a.VolJournalPaths(heldID)), must.Sprintf("journal paths: %v", a.VolJournalPaths(heldID)))
+	must.StrContains(t, volExec(t, a, heldAlloc.ID, "echo still > "+filepath.Join(volDir(a, held), "data", "f")+" && echo ok"), "ok")
+	a.VolStopAndWait(t, heldJob.ID, volTimeout)
+	volWaitCount(t, fx, "NodeUnstageVolume", heldID, 1, 30*time.Second)
+}
+
+// 7. A canary secret never shows in the agent's log (which carries the
+// driver's and the plugins' logs), the plugin tasks' logs, or any task
+// event, whether the volume works or its setup fails.
+func testVolumeSecrets(t *testing.T, a *Agent, fx *VolFixture) {
+	canary := "canary-" + volUniq("s3cr3t")
+	name := volUniq("secret")
+	dir := volDir(a, name)
+	ok := a.RunVolJob(t, VolJob{Script: "echo used", Volumes: []VolSpec{{Name: "data", Plugin: fx.ID, ID: name,
+		Dest: filepath.Join(dir, "data"), Access: "single-node-writer", Create: true, CreateType: "dir",
+		Secrets: map[string]string{"token": canary}, Context: map[string]string{"k": "v"}}}})
+	okAlloc := a.WaitAlloc(t, ok.ID, volTimeout, StatusComplete)
+	id := fx.VolumeID(name)
+	volWaitCount(t, fx, "NodeUnstageVolume", id, 1, 30*time.Second)
+	// Refused by the plugin at NodeStageVolume, with the secrets in the
+	// request: a dir volume cannot take filesystem mount options.
+	bad := a.RunVolJob(t, VolJob{Script: "echo used", Volumes: []VolSpec{{Name: "data", Plugin: fx.ID, ID: name,
+		Dest: filepath.Join(dir, "data"), Access: "single-node-writer", MountFlags: []string{"noatime", "size=1m"},
+		Secrets: map[string]string{"token": canary}}}})
+	badAlloc := a.WaitAlloc(t, bad.ID, volTimeout, StatusFailed)
+	must.StrContains(t, volDriverError(badAlloc), "are not supported for dir volumes")
+	must.SliceEmpty(t, a.VolJournalMentions(id), must.Sprint("journal records left"))
+
+	for _, al := range []*Allocation{okAlloc, badAlloc} {
+		// The task states as the API gives them (the allocation's job
+		// holds the secret, as any Nomad job spec does).
+		var raw struct{ TaskStates json.RawMessage }
+		must.NoError(t, a.GetJSON("/v1/allocation/"+al.ID, &raw))
+		must.StrNotContains(t, string(raw.TaskStates), canary, must.Sprintf("the events of allocation %s show the secret", al.ID))
+		must.StrContains(t, string(raw.TaskStates), `volume \"data\"`) // events were there to read
+		if al.ID == okAlloc.ID {
+			must.StrNotContains(t, a.AllocLogs(t, al.ID, "t", false)+a.AllocLogs(t, al.ID, "t", true), canary)
+		}
+	}
+	must.StrNotContains(t, a.Log(), canary, must.Sprint("the agent log shows the secret"))
+	pluginLogs := a.AllocLogs(t, fx.AllocID, "plugin", false) + a.AllocLogs(t, fx.AllocID, "plugin", true)
+	must.StrNotContains(t, pluginLogs, canary, must.Sprint("the plugin's log shows the secret"))
+	t.Logf("secrets: canary absent from the agent log (%d bytes), plugin logs (%d bytes) and the events of 2 allocations; failure was: %s",
+		len(a.Log()), len(pluginLogs), volDriverError(badAlloc))
+}
+
+func volDriverError(al *Allocation) string {
+	var msg string
+	for _, e := range al.Events("t") {
+		if e.DriverError != "" {
+			msg = e.DriverError
+		}
+	}
+	return msg
+}
+
+// ControllerPublishVolume comes before NodeStageVolume, and
+// ControllerUnpublishVolume is the last call for the volume.
+func testVolumeControllerPublish(t *testing.T, a *Agent) {
+	fx := a.StartVolFixture(t, "fxcp", VolFixtureOptions{Args: []string{"--controller-publish"}})
+	name := volUniq("cp")
+	dest := filepath.Join(volDir(a, name), "data")
+	job := a.RunVolJob(t, VolJob{Script: fmt.Sprintf("echo hi > %s/f && cat %s/f", dest, dest), Volumes: []VolSpec{{
+		Name: "data", Plugin: fx.ID, ID: name, Dest: dest, Access: "single-node-writer", Create: true, CreateType: "ext4"}}})
+	al := a.WaitAlloc(t, job.ID, volTimeout, StatusComplete)
+	must.StrContains(t, a.AllocLogs(t, al.ID, "t", false), "hi")
+	id := fx.VolumeID(name)
+	volWaitCount(t, fx, "ControllerUnpublishVolume", id, 1, 30*time.Second)
+	want := []string{"ControllerPublishVolume", "NodeStageVolume", "NodePublishVolume",
+		"NodeUnpublishVolume", "NodeUnstageVolume", "ControllerUnpublishVolume"}
+	must.Eq(t, want, fx.VolumeCalls(id))
+	must.StrContains(t, eventsText(al, "t"), `Attaching volume "data"`)
+	must.StrContains(t, eventsText(al, "t"), `Detaching volume "data"`)
+	t.Logf("controller_publish: calls for %s: %v", id, fx.VolumeCalls(id))
+}
+
+// 3. The client restarts with volume tasks running: no stage or publish
+// is repeated, no mount is replaced, the tasks keep their processes and
+// data, and stopping them afterwards leaves nothing mounted.
+func TestVolumeAgentRestart(t *testing.T) {
+	t.Parallel()
+	start := time.Now()
+	a := volAgent(t, true)
+	fx := a.StartVolFixture(t, "fixture", VolFixtureOptions{})
+	type task struct {
+		name, dest string
+		job        Job
+		alloc      string
+		pids       []int
+	}
+	var tasks []*task
+	for i, typ := range []string{"dir", "dir", "ext4"} {
+		name := volUniq(fmt.Sprintf("restart%d", i))
+		tk := &task{name: name, dest: filepath.Join(volDir(a, name), "data")}
+		access := "single-node-writer"
+		if i == 1 {
+			access = "multi-node-multi-writer"
+		}
+		tk.job = a.RunVolJob(t, VolJob{Type: "service",
+			Script:  fmt.Sprintf("echo before-%s > %s/f && %s", name, tk.dest, volSleeper),
+			Volumes: []VolSpec{{Name: "data", Plugin: fx.ID, ID: name, Dest: tk.dest, Access: access, Create: true, CreateType: typ}}})
+		tasks = append(tasks, tk)
+	}
+	for _, tk := range tasks {
+		tk.alloc = a.WaitAlloc(t, tk.job.ID, volTimeout, StatusRunning).ID
+		a.WaitLogs(t, tk.alloc, "t", "started", volTimeout)
+		tk.pids = TaskPIDs(tk.alloc, "t")
+		must.SliceNotEmpty(t, tk.pids)
+	}
+	callsBefore := fx.Calls()
+	mountsBefore := volMountIDs(t, filepath.Join(a.DriverRoot, "mnt"))
+	t.Logf("before the restart: %d calls, mounts %v", len(callsBefore), mountsBefore)
+
+	restartAt := time.Now()
+	must.NoError(t, a.Restart())
+	t.Logf("client restarted in %v", time.Since(restartAt).Round(time.Millisecond))
+	a.WaitVolPluginHealthy(t, fx.ID, volTimeout)
+	// Let the driver's recovery settle (it runs in the background).
+	time.Sleep(3 * time.Second)
+	for _, tk := range tasks {
+		al := a.WaitAllocID(t, tk.alloc, volTimeout, StatusRunning)
+		must.Eq(t, tk.pids, TaskPIDs(tk.alloc, "t"), must.Sprintf("task %s has other processes after the restart", tk.name))
+		must.StrContains(t, volExec(t, a, al.ID, "cat "+tk.dest+"/f && echo after > "+tk.dest+"/g && cat "+tk.dest+"/g"),
+			"before-"+tk.name+"\nafter")
+	}
+	for _, m := range []string{"CreateVolume", "ControllerPublishVolume", "NodeStageVolume", "NodePublishVolume",
+		"NodeUnpublishVolume", "NodeUnstageVolume"} {
+		before, after := 0, fx.Count(m, "")
+		for _, c := range callsBefore {
+			if strings.HasPrefix(c, m+" ") {
+				before++
+			}
+		}
+		must.Eq(t, before, after, must.Sprintf("%s calls before and after the restart", m))
+	}
+	must.Eq(t, mountsBefore, volMountIDs(t, filepath.Join(a.DriverRoot, "mnt")), must.Sprint("mounts under the stage root changed"))
+
+	var paths []string
+	for _, tk := range tasks {
+		paths = append(paths, a.VolJournalPaths(fx.VolumeID(tk.name))...)
+		a.VolStopAndWait(t, tk.job.ID, volTimeout)
+	}
+	for _, tk := range tasks {
+		volWaitCount(t, fx, "NodeUnstageVolume", fx.VolumeID(tk.name), 1, 30*time.Second)
+	}
+	must.SliceEmpty(t, a.WaitVolMountsGone(10*time.Second), must.Sprint("mounted after the tasks stopped"))
+	must.SliceEmpty(t, VolMountedAmong(paths))
+	t.Logf("restart: %v; calls after the restart: %v", time.Since(start).Round(time.Millisecond), fx.Calls()[len(callsBefore):])
+}
+
+// volMountIDs maps each mount point at or below dir to its mount id (field 1
+// of mountinfo): a remount gets a new id.
+func volMountIDs(t *testing.T, dir string) map[string]string {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	must.NoError(t, err)
+	out := map[string]string{}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 5 {
+			continue
+		}
+		mp := unescapeMountPath(f[4])
+		if mp == dir || strings.HasPrefix(mp, dir+"/") {
+			out[mp] += f[0] + " "
+		}
+	}
+	return out
+}
