@@ -13,12 +13,12 @@ job "volume-reader" {
 
       config {
         command = "/bin/sh"
-        args    = ["-c", "echo read: && cat /srv/data/written-at && if touch /srv/data/x 2>/dev/null; then echo writable; exit 1; else echo read-only as asked; fi"]
+        args    = ["-c", "echo read: && cat /data/written-at && if touch /data/x 2>/dev/null; then echo writable; exit 1; else echo read-only as asked; fi"]
 
         volume "data" {
           plugin_id   = "fixture"
           volume_id   = "example-data"
-          destination = "/srv/data"
+          destination = "/data"
           read_only   = true
           access_mode = "single-node-reader-only"
         }

@@ -1,6 +1,6 @@
 # A batch job that gets a CSI volume from the csi driver: the volume is
 # created if the plugin has none by that name yet, staged, published and
-# bound at /srv/data inside the task, and torn down when the task ends.
+# bound at /data inside the task, and torn down when the task ends.
 job "volume-writer" {
   type = "batch"
 
@@ -16,12 +16,12 @@ job "volume-writer" {
 
       config {
         command = "/bin/sh"
-        args    = ["-c", "date > /srv/data/written-at && echo wrote: && cat /srv/data/written-at"]
+        args    = ["-c", "date > /data/written-at && echo wrote: && cat /data/written-at"]
 
         volume "data" {
           plugin_id       = "fixture"
           volume_id       = "example-data"
-          destination     = "/srv/data"
+          destination     = "/data"
           access_mode     = "single-node-writer"
           attachment_mode = "file-system"
 
