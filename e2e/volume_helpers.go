@@ -189,6 +189,9 @@ type VolSpec struct {
 	Create      bool
 	CreateType  string
 	CapacityMin string
+	// Interpolate leaves "${...}" in values for Nomad to interpolate
+	// (volume_id = "v-${NOMAD_ALLOC_INDEX}"); otherwise it is escaped.
+	Interpolate bool
 }
 
 // HCL renders the block.
@@ -196,9 +199,14 @@ func (v VolSpec) HCL() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "        volume %s {\n", strconv.Quote(v.Name))
 	attr := func(k, val string) {
-		if val != "" {
-			fmt.Fprintf(&b, "          %s = %s\n", k, volHCLString(val))
+		if val == "" {
+			return
 		}
+		q := volHCLString(val)
+		if v.Interpolate {
+			q = strings.ReplaceAll(q, "$${", "${")
+		}
+		fmt.Fprintf(&b, "          %s = %s\n", k, q)
 	}
 	attr("plugin_id", v.Plugin)
 	attr("volume_id", v.ID)
