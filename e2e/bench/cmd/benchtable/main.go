@@ -39,40 +39,46 @@ import (
 	"github.com/nomad-driver-csi/nomad-driver-csi/e2e"
 )
 
-// row is one line of the table: a ratio of two metrics of one benchmark
-// (num/den), or one absolute metric when den is empty. Each metric slot
-// lists the names it may be reported under, first match wins.
+// row is one line of the table: a ratio of two values of one benchmark
+// (num/den), or one absolute value when den is empty. A value is the first
+// of the metric names the benchmark reported with b.ReportMetric or, failing
+// that, what the text pattern captures in the benchmark's printed table (a
+// Go duration or "N MiB").
 type row struct {
-	label  string
-	bench  string
-	num    []string
-	numAs  string // what the numerator is, beside its median
-	den    []string
-	denAs  string
-	unit   string // "ms", "s", "MiB"
-	format string // how to print the ratio ("%.2f×" by default)
+	label   string
+	bench   string
+	num     []string
+	numText string
+	numAs   string // what the numerator is, beside its median
+	den     []string
+	denText string
+	denAs   string
+	unit    string // "ms" or "MiB"
 }
 
 // rows is the table, in the order it prints.
 var rows = []row{
-	{label: "volume task start (stage+publish): driver vs direct-CSI floor", bench: "VolumeStart",
-		num: []string{"driver-ms", "task-ms", "csi-ms"}, numAs: "driver",
-		den: []string{"floor-ms", "direct-ms", "direct-csi-ms"}, denAs: "direct CSI", unit: "ms"},
+	{label: "volume task start (Staging event → Started): driver vs direct-CSI floor", bench: "Volumes",
+		num: []string{"window-ms"}, numAs: "driver",
+		den: []string{"floor-ms"}, denAs: "NodeStage+NodePublish+fork/exec direct", unit: "ms"},
 	{label: "plugin socket ready → healthy: native csi_plugin vs driver-managed", bench: "PluginHealth",
 		num: []string{"native-socket-ms"}, numAs: "native",
 		den: []string{"driver-socket-ms"}, denAs: "driver-managed", unit: "ms"},
-	{label: "job run → running, volume task: native volume vs driver-managed (both driver=csi)", bench: "VolumeJobRun",
+	{label: "submit → running, volume task: native volume vs driver-managed (both driver=csi)", bench: "VolumeJobRun",
 		num: []string{"native-csi-ms"}, numAs: "native",
 		den: []string{"managed-csi-ms"}, denAs: "driver-managed", unit: "ms"},
-	{label: "job run → running, native volume: driver=exec vs driver=csi", bench: "VolumeJobRun",
+	{label: "submit → running, native volume: driver=exec vs driver=csi", bench: "VolumeJobRun",
 		num: []string{"native-exec-ms"}, numAs: "exec",
 		den: []string{"native-csi-ms"}, denAs: "csi", unit: "ms"},
-	{label: "50 concurrent volume tasks: submit → all running", bench: "VolumeConcurrent",
-		num: []string{"all-running-ms", "concurrent-ms", "total-ms"}, numAs: "50 tasks",
-		den: []string{"one-ms", "single-ms"}, denAs: "one task", unit: "ms"},
-	{label: "driver RSS: 50 volume tasks vs idle", bench: "VolumeConcurrent",
-		num: []string{"rss-50-MiB", "busy-rss-MiB", "rss-busy-MiB"}, numAs: "50 tasks",
-		den: []string{"rss-idle-MiB", "idle-rss-MiB"}, denAs: "idle", unit: "MiB"},
+	{label: "50 volume tasks at once: submit → all running vs one volume task", bench: "Volumes",
+		num: []string{"many-ms"}, numText: `^\d+ volume tasks at once: submit->all running\s+(\S+)`, numAs: "50 tasks",
+		den: []string{"one-ms"}, denText: `^1 volume task: submit->running\s+(\S+)`, denAs: "1 task", unit: "ms"},
+	{label: "49 volume tasks beside one hung NodeStage vs without (slowest)", bench: "Volumes",
+		num: []string{"hung-slowest-ms"}, numText: `^\d+ beside 1 hung NodeStage: median / slowest\s+\S+ / (\S+)`, numAs: "beside hung",
+		den: []string{"slowest-ms"}, denText: `^first \d+ of those: median / slowest\s+\S+ / (\S+)`, denAs: "without", unit: "ms"},
+	{label: "driver RSS: 50 volume tasks vs idle", bench: "Volumes",
+		num: []string{"rss-busy-MiB"}, numText: `^driver RSS, \d+ volume tasks running\s+([\d.]+ MiB)`, numAs: "50 tasks",
+		den: []string{"rss-idle-MiB"}, denText: `^driver RSS, idle.*?\s+([\d.]+ MiB)`, denAs: "idle", unit: "MiB"},
 	{label: "submit → running, sleep task: csi vs exec", bench: "DriverOverhead",
 		num: []string{"csi-ms"}, numAs: "csi", den: []string{"exec-ms"}, denAs: "exec", unit: "ms"},
 	{label: "submit → running, sleep task: csi vs raw_exec", bench: "DriverOverhead",
@@ -80,7 +86,7 @@ var rows = []row{
 }
 
 // order is the order the benchmarks run in; others follow by name.
-var order = []string{"DriverOverhead", "PluginHealth", "VolumeJobRun"}
+var order = []string{"DriverOverhead", "PluginHealth", "VolumeJobRun", "Volumes"}
 
 // result is what one benchmark run gave.
 type result struct {
@@ -91,6 +97,7 @@ type result struct {
 	err      error
 	logPath  string
 	textTail string
+	lines    []string // everything it printed
 }
 
 func main() {
@@ -271,6 +278,7 @@ func runBenchmark(root, bin, name string, flags []string, left time.Duration, lo
 		for sc.Scan() {
 			line := sc.Text()
 			fmt.Fprintln(logFile, line)
+			r.lines = append(r.lines, line)
 			tail = append(tail, line)
 			if len(tail) > 30 {
 				tail = tail[1:]
@@ -320,10 +328,10 @@ func render(root string, listed []string, results []*result, elapsed time.Durati
 		byName[r.name] = r
 	}
 	used := map[string]map[string]bool{}
-	lookup := func(bench string, names []string) (float64, string, bool) {
+	lookup := func(bench string, names []string, text, unit string) (float64, bool) {
 		r := byName[bench]
 		if r == nil || r.err != nil {
-			return 0, "", false
+			return 0, false
 		}
 		for _, n := range names {
 			if v, ok := r.metrics[n]; ok {
@@ -331,10 +339,19 @@ func render(root string, listed []string, results []*result, elapsed time.Durati
 					used[bench] = map[string]bool{}
 				}
 				used[bench][n] = true
-				return v, n, true
+				return v, true
 			}
 		}
-		return 0, "", false
+		if text == "" {
+			return 0, false
+		}
+		re := regexp.MustCompile(text)
+		for _, line := range r.lines {
+			if m := re.FindStringSubmatch(strings.TrimSpace(line)); m != nil {
+				return parseValue(m[1], unit)
+			}
+		}
+		return 0, false
 	}
 
 	var b strings.Builder
@@ -354,11 +371,11 @@ func render(root string, listed []string, results []*result, elapsed time.Durati
 		case r.err != nil:
 			status = "failed: see build/bench-logs/" + rw.bench + ".log"
 		}
-		num, _, okN := lookup(rw.bench, rw.num)
+		num, okN := lookup(rw.bench, rw.num, rw.numText, rw.unit)
 		var den float64
 		okD := len(rw.den) == 0
 		if len(rw.den) > 0 {
-			den, _, okD = lookup(rw.bench, rw.den)
+			den, okD = lookup(rw.bench, rw.den, rw.denText, rw.unit)
 		}
 		ratio, medians := "—", ""
 		switch {
@@ -370,11 +387,7 @@ func render(root string, listed []string, results []*result, elapsed time.Durati
 			medians = fmt.Sprintf("%s: %s", rw.numAs, human(num, rw.unit))
 		default:
 			if den != 0 {
-				f := rw.format
-				if f == "" {
-					f = "%.2f×"
-				}
-				ratio = fmt.Sprintf(f, num/den)
+				ratio = fmt.Sprintf("%.2f×", num/den)
 			}
 			medians = fmt.Sprintf("%s %s / %s %s", rw.numAs, human(num, rw.unit), rw.denAs, human(den, rw.unit))
 		}
@@ -406,6 +419,23 @@ func render(root string, listed []string, results []*result, elapsed time.Durati
 	}
 	fmt.Fprintf(&b, "\nCommand: `make bench` (`go run -tags e2e ./e2e/bench/cmd/benchtable`); full outputs in build/bench-logs/.\n")
 	return b.String()
+}
+
+// parseValue reads a value printed in a benchmark's table: a Go duration
+// (as milliseconds) or "N MiB".
+func parseValue(s, unit string) (float64, bool) {
+	switch unit {
+	case "ms":
+		d, err := time.ParseDuration(s)
+		if err != nil {
+			return 0, false
+		}
+		return float64(d.Microseconds()) / 1000, true
+	case "MiB":
+		v, err := strconv.ParseFloat(strings.TrimSpace(strings.TrimSuffix(s, "MiB")), 64)
+		return v, err == nil
+	}
+	return 0, false
 }
 
 func human(v float64, unit string) string {
