@@ -387,7 +387,7 @@ func render(root string, listed []string, results []*result, elapsed time.Durati
 			medians = fmt.Sprintf("%s: %s", rw.numAs, human(num, rw.unit))
 		default:
 			if den != 0 {
-				ratio = fmt.Sprintf("%.2f×", num/den)
+				ratio = formatRatio(num / den)
 			}
 			medians = fmt.Sprintf("%s %s / %s %s", rw.numAs, human(num, rw.unit), rw.denAs, human(den, rw.unit))
 		}
@@ -419,6 +419,14 @@ func render(root string, listed []string, results []*result, elapsed time.Durati
 	}
 	fmt.Fprintf(&b, "\nCommand: `make bench` (`go run -tags e2e ./e2e/bench/cmd/benchtable`); full outputs in build/bench-logs/.\n")
 	return b.String()
+}
+
+// formatRatio keeps two significant digits for ratios far below 1.
+func formatRatio(r float64) string {
+	if r < 0.1 {
+		return fmt.Sprintf("%.2g×", r)
+	}
+	return fmt.Sprintf("%.2f×", r)
 }
 
 // parseValue reads a value printed in a benchmark's table: a Go duration
