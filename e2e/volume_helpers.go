@@ -408,12 +408,16 @@ func (a *Agent) WaitVolMountsGone(timeout time.Duration, substrs ...string) []st
 }
 
 // VolLoopsUnder lists the loop devices whose backing file is under dir.
+// The kernel names the file as seen from its mount, which after a lazy
+// unmount no longer starts with dir: a path naming dir's base directory
+// counts too (the /tmp/ncsi-* names are unique).
 func VolLoopsUnder(dir string) []string {
 	var devs []string
 	backing, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
 	for _, b := range backing {
 		f, err := os.ReadFile(b)
-		if err == nil && strings.HasPrefix(strings.TrimSpace(string(f)), dir+"/") {
+		p := strings.TrimSpace(string(f))
+		if err == nil && (strings.HasPrefix(p, dir+"/") || strings.Contains(p, "/"+filepath.Base(dir)+"/")) {
 			devs = append(devs, "/dev/"+filepath.Base(filepath.Dir(filepath.Dir(b))))
 		}
 	}
