@@ -35,16 +35,21 @@ func (a *Agent) NativeCSIDir() string { return filepath.Join(a.DataDir, "client"
 
 // NativeStageDir is the host directory Nomad binds into a plugin task of
 // the given type and id at its stage_publish_base_dir. A plugin run by the
-// csi driver sees the host's file system, so the jobs set
-// stage_publish_base_dir to this very path.
+// csi driver sees the host's file system, so stage_publish_base_dir may be
+// this very path.
 func (a *Agent) NativeStageDir(pluginType, pluginID string) string {
 	return filepath.Join(a.NativeCSIDir(), pluginType, pluginID)
 }
 
 // NativePluginVars are the template variables of e2e/jobs/native_plugin.hcl
 // for a privileged monolith fixture plugin with state in a directory of its
-// own under the agent's directory.
-func (a *Agent) NativePluginVars(pluginID string, privileged bool) map[string]string {
+// own under the agent's directory. stageDir is its stage_publish_base_dir:
+// "" leaves Nomad's default (/local/csi, inside the task), "host" makes it
+// the host directory itself (NativeStageDir).
+func (a *Agent) NativePluginVars(pluginID string, privileged bool, stageDir string) map[string]string {
+	if stageDir == "host" {
+		stageDir = a.NativeStageDir("monolith", pluginID)
+	}
 	attempts := "2"
 	if !privileged {
 		attempts = "0"
@@ -55,7 +60,7 @@ func (a *Agent) NativePluginVars(pluginID string, privileged bool) map[string]st
 		"StateDir":   filepath.Join(a.Dir, "fx-"+pluginID),
 		"PluginID":   pluginID,
 		"MountDir":   filepath.Join(a.Dir, "sock-"+pluginID),
-		"StageDir":   a.NativeStageDir("monolith", pluginID),
+		"StageDir":   stageDir,
 		"Privileged": fmt.Sprint(privileged),
 		"Attempts":   attempts,
 	}

@@ -84,7 +84,7 @@ func TestNativeCSI(t *testing.T) {
 func (r *nativeRun) pluginHealthy(t *testing.T) {
 	a := r.a
 	start := time.Now()
-	job := a.RunJob(t, "native_plugin", a.NativePluginVars("fixture", true))
+	job := a.RunJob(t, "native_plugin", a.NativePluginVars("fixture", true, ""))
 	r.plugins = append(r.plugins, job.ID)
 	al := a.WaitAlloc(t, job.ID, time.Minute, StatusRunning)
 	p, err := a.WaitNativePlugin("fixture", 1, 1, 60*time.Second)
@@ -256,7 +256,7 @@ func (r *nativeRun) bothWorlds(t *testing.T) {
 // what to set.
 func (r *nativeRun) unprivilegedRefused(t *testing.T) {
 	a := r.a
-	job := a.RunJob(t, "native_plugin", a.NativePluginVars("unpriv", false))
+	job := a.RunJob(t, "native_plugin", a.NativePluginVars("unpriv", false, ""))
 	r.plugins = append(r.plugins, job.ID)
 	al := a.WaitAlloc(t, job.ID, time.Minute, StatusFailed)
 	text := eventsText(al, "plugin")

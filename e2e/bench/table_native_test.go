@@ -75,7 +75,7 @@ func BenchmarkVolumeJobRun(b *testing.B) {
 	tnNoErr(b, err)
 	_, err = a.SubmitRendered(managed)
 	tnNoErr(b, err)
-	native, err := a.RenderJob("native_plugin", a.NativePluginVars("bnative", true))
+	native, err := a.RenderJob("native_plugin", a.NativePluginVars("bnative", true, "host"))
 	tnNoErr(b, err)
 	_, err = a.SubmitRendered(native)
 	tnNoErr(b, err)

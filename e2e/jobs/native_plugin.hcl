@@ -1,7 +1,8 @@
 # The csi-fixture as a CSI plugin registered with Nomad's own CSI support
 # (task-level csi_plugin), run by the {{.Vars.Driver}} driver.
-# Vars: Fixture, StateDir, PluginID, MountDir, StageDir (the plugin's
-# <state_dir>/csi/monolith/<id> on the client), Privileged, Attempts.
+# Vars: Fixture, StateDir, PluginID, MountDir, StageDir (empty: Nomad's
+# default /local/csi; or the plugin's <state_dir>/csi/monolith/<id> on the
+# client), Privileged, Attempts.
 job "{{.JobID}}" {
   type = "service"
 
@@ -31,7 +32,9 @@ job "{{.JobID}}" {
         id                     = "{{.Vars.PluginID}}"
         type                   = "monolith"
         mount_dir              = "{{.Vars.MountDir}}"
+{{- if .Vars.StageDir}}
         stage_publish_base_dir = "{{.Vars.StageDir}}"
+{{- end}}
         health_timeout         = "30s"
       }
 

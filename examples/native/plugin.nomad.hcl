@@ -7,13 +7,13 @@
 # Only the task's driver and config differ from a Docker-run plugin: the
 # plugin binary is on the client instead of in an image.
 #
-# The csi driver runs tasks without filesystem isolation, so Nomad gives
-# the plugin CSI_ENDPOINT as the socket's host path and the plugin must see
-# the host's paths. Set stage_publish_base_dir to the host directory Nomad
-# keeps this plugin's mounts in, <client state_dir>/csi/<type>/<id>
-# (the client state_dir is <data_dir>/client by default): the plugin then
-# stages and publishes at the same paths Nomad uses, and nothing new is
-# created on the host.
+# The csi driver runs tasks without file system isolation, so Nomad gives
+# the plugin CSI_ENDPOINT as the socket's host path; the plugin must take
+# its endpoint from it. stage_publish_base_dir can stay at its default
+# (/local/csi, made on the task's own root, not on the host), or be the
+# host directory Nomad keeps the plugin's mounts in,
+# <client state_dir>/csi/<type>/<id>, so that the plugin sees the same
+# paths as the host.
 variable "plugin_id" {
   type    = string
   default = "fixture"
@@ -28,12 +28,6 @@ variable "plugin_command" {
 variable "plugin_args" {
   type    = list(string)
   default = ["--state-dir", "/var/lib/csi-fixture"]
-}
-
-variable "stage_publish_base_dir" {
-  description = "<client state_dir>/csi/monolith/<plugin_id> on the clients."
-  type        = string
-  default     = "/var/lib/nomad/client/csi/monolith/fixture"
 }
 
 job "csi-fixture-plugin" {
@@ -52,10 +46,9 @@ job "csi-fixture-plugin" {
       }
 
       csi_plugin {
-        id                     = var.plugin_id
-        type                   = "monolith"
-        mount_dir              = "/csi"
-        stage_publish_base_dir = var.stage_publish_base_dir
+        id        = var.plugin_id
+        type      = "monolith"
+        mount_dir = "/csi"
       }
 
       resources {
