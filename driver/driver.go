@@ -58,6 +58,8 @@ type Driver struct {
 	mhzPerCore float64
 	// sentAttrs are the attribute keys of the last fingerprint sent.
 	sentAttrs map[string]bool
+	// shim is the supervisor binary tasks start with ("" = this binary).
+	shim string
 
 	// start and recover run a task's process; they are the executor's in
 	// production and fakes in unit tests.
@@ -136,9 +138,15 @@ func (d *Driver) SetConfig(c *base.Config) error {
 	if err := cfg.validate(); err != nil {
 		return fmt.Errorf("invalid csi plugin config: %w", err)
 	}
+	var shim string
 	if cfg.Enabled {
 		if err := os.MkdirAll(cfg.tasksDir(), 0o700); err != nil {
 			return fmt.Errorf("invalid csi plugin config: root_dir %q is not usable: %w", cfg.RootDir, err)
+		}
+		var err error
+		if shim, err = installShim(shimSource, cfg.RootDir); err != nil {
+			// Tasks still start, from the driver's own binary.
+			d.logger.Warn("running task supervisors from the driver binary", "error", err)
 		}
 	}
 
@@ -153,6 +161,7 @@ func (d *Driver) SetConfig(c *base.Config) error {
 	d.mu.Lock()
 	d.config = &cfg
 	d.mhzPerCore = mhz
+	d.shim = shim
 	if d.shared == nil || d.shared.stateFile != cfg.sharedMountsFile() {
 		d.shared = newSharedSources(d.logger, d.mounter, cfg.sharedMountsFile())
 	}
@@ -173,6 +182,12 @@ func (d *Driver) SetConfig(c *base.Config) error {
 	}
 	d.logger.Debug("configured", "root_dir", cfg.RootDir, "allow_privileged", cfg.AllowPrivileged, "enabled", cfg.Enabled)
 	return nil
+}
+
+func (d *Driver) shimPath() string {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	return d.shim
 }
 
 func (d *Driver) currentProber() *fingerprint.Prober {
@@ -426,6 +441,7 @@ func (d *Driver) buildSpec(conf *Config, cfg *drivers.TaskConfig, tc *TaskConfig
 		// Nomad's task IDs are "alloc/task/invocation": keep them readable
 		// in the cgroup tree without the slashes.
 		CgroupName: strings.ReplaceAll(cfg.ID, "/", "."),
+		Supervisor: d.shimPath(),
 	}
 	if cfg.Resources != nil && cfg.Resources.LinuxResources != nil {
 		spec.OOMScoreAdj = int(cfg.Resources.LinuxResources.OOMScoreAdj)

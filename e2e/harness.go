@@ -108,7 +108,8 @@ func CheckPrerequisites(root string) error {
 // BuildDriver builds the driver into PluginDir with "go build -o".
 func BuildDriver(root string) error {
 	out := filepath.Join(PluginDir(root), "nomad-driver-csi")
-	cmd := exec.Command("go", "build", "-o", out, ".")
+	// make dev builds the supervisor shim the driver embeds, as users get it.
+	cmd := exec.Command("make", "-s", "dev")
 	cmd.Dir = root
 	b, err := cmd.CombinedOutput()
 	if err != nil {

@@ -82,8 +82,12 @@ func Start(logger hclog.Logger, spec *Spec) (*Process, error) {
 	}
 	defer reportR.Close()
 
+	supervisor := spec.Supervisor
+	if supervisor == "" {
+		supervisor = "/proc/self/exe"
+	}
 	cmd := &exec.Cmd{
-		Path:        "/proc/self/exe",
+		Path:        supervisor,
 		Args:        []string{os.Args[0], stageSupervisor, spec.StateDir},
 		Env:         supervisorEnv(),
 		Stdin:       nil, // /dev/null

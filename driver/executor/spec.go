@@ -72,6 +72,13 @@ type Spec struct {
 	CgroupName string `json:"cgroup_name,omitempty"`
 	// OOMScoreAdj is written to the task's oom_score_adj when non-zero.
 	OOMScoreAdj int `json:"oom_score_adj,omitempty"`
+
+	// Supervisor is the binary run as the task's supervisor (and, by the
+	// supervisor, as its init stage): any program whose main calls
+	// RunReexec first. Empty means this process's own binary. A small
+	// one (driver/executor/shim) starts in a fraction of the time and
+	// memory of the whole driver, whose package initialisation is heavy.
+	Supervisor string `json:"supervisor,omitempty"`
 }
 
 // cgroupName is the name of the task's control group.
