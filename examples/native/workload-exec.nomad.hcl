@@ -16,12 +16,12 @@ job "native-writer-exec" {
 
       volume_mount {
         volume      = "data"
-        destination = "/srv/data"
+        destination = "/data"
       }
 
       config {
         command = "/bin/sh"
-        args    = ["-c", "date >> /srv/data/written-at && echo wrote: && cat /srv/data/written-at"]
+        args    = ["-c", "date >> /data/written-at && echo wrote: && cat /data/written-at"]
       }
 
       resources {

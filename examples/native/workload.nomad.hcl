@@ -1,5 +1,6 @@
 # A batch job that writes to the CSI volume of volume.hcl, claimed through
-# Nomad (group volume block) and mounted by the csi driver at /srv/data.
+# Nomad (group volume block) and mounted by the csi driver at /data (made on the
+# task's own root, not on the host).
 job "native-writer" {
   type = "batch"
 
@@ -16,12 +17,12 @@ job "native-writer" {
 
       volume_mount {
         volume      = "data"
-        destination = "/srv/data"
+        destination = "/data"
       }
 
       config {
         command = "/bin/sh"
-        args    = ["-c", "date >> /srv/data/written-at && echo wrote: && cat /srv/data/written-at"]
+        args    = ["-c", "date >> /data/written-at && echo wrote: && cat /data/written-at"]
       }
 
       resources {
