@@ -39,7 +39,7 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-func requireRoot(t *testing.T) {
+func requireRoot(t testing.TB) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: the driver makes mount namespaces and control groups")
@@ -65,7 +65,7 @@ func harnessDriver(t *testing.T, cfg Config) (*dtestutil.DriverHarness, *Driver)
 	return h, d
 }
 
-func realTask(t *testing.T, name string, tc TaskConfig) *drivers.TaskConfig {
+func realTask(t testing.TB, name string, tc TaskConfig) *drivers.TaskConfig {
 	t.Helper()
 	allocID := uuid.Generate()
 	cfg := &drivers.TaskConfig{
@@ -133,7 +133,7 @@ func TestDriver_runsTaskWithLogsAndExitCode(t *testing.T) {
 }
 
 // eventually retries cond until it returns nil or the timeout passes.
-func eventually(t *testing.T, timeout time.Duration, cond func() error) {
+func eventually(t testing.TB, timeout time.Duration, cond func() error) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
@@ -303,7 +303,7 @@ func TestDriver_selfBindRemovedWithLastTask(t *testing.T) {
 }
 
 // buildFixture builds the project's CSI plugin fixture into a temp dir.
-func buildFixture(t *testing.T) string {
+func buildFixture(t testing.TB) string {
 	t.Helper()
 	out := filepath.Join(shortTempDir(t), "csi-fixture")
 	cmd := exec.Command("go", "build", "-o", out, "github.com/nomad-driver-csi/nomad-driver-csi/e2e/csiplugin")

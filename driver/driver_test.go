@@ -563,7 +563,7 @@ func TestParseSignal(t *testing.T) {
 
 // shortTempDir is a temporary root_dir short enough for CSI socket paths
 // (t.TempDir's names are too long).
-func shortTempDir(t *testing.T) string {
+func shortTempDir(t testing.TB) string {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "ncsi")
 	must.NoError(t, err)
