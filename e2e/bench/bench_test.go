@@ -41,22 +41,7 @@ var runs = flag.Int("runs", 5, "measured submit->running runs per driver")
 var driverList = flag.String("drivers", "csi,exec,raw_exec", "drivers to compare (without csi, only the harness is exercised)")
 
 func BenchmarkDriverOverhead(b *testing.B) {
-	if b.N > 1 {
-		b.Skip("runs once; use -benchtime 1x")
-	}
-	root, err := e2e.RepoRoot()
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := e2e.CheckPrerequisites(root); err != nil {
-		b.Fatal(err)
-	}
-	e2e.SweepStale(b.Logf)
-	if os.Getenv("E2E_SKIP_BUILD") == "" {
-		if err := e2e.BuildDriver(root); err != nil {
-			b.Fatal(err)
-		}
-	}
+	setup(b)
 	drivers := strings.Split(*driverList, ",")
 	withCSI := false
 	for _, d := range drivers {

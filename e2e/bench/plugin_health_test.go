@@ -43,22 +43,7 @@ type phResult struct {
 }
 
 func BenchmarkPluginHealth(b *testing.B) {
-	if b.N > 1 {
-		b.Skip("runs once; use -benchtime 1x")
-	}
-	root, err := e2e.RepoRoot()
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := e2e.CheckPrerequisites(root); err != nil {
-		b.Fatal(err)
-	}
-	e2e.SweepStale(b.Logf)
-	if os.Getenv("E2E_SKIP_BUILD") == "" {
-		if err := e2e.BuildDriver(root); err != nil {
-			b.Fatal(err)
-		}
-	}
+	root := setup(b)
 	fixture, err := e2e.CSIToolPath(root, "csi-fixture")
 	if err != nil {
 		b.Fatal(err)

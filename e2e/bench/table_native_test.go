@@ -26,7 +26,6 @@ package bench
 import (
 	"flag"
 	"fmt"
-	"os"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -42,24 +41,9 @@ var volumeJobRuns = flag.Int("volume-job-runs", 5, "measured submit->running run
 var tnSetups = []string{"managed-csi", "native-csi", "native-exec"}
 
 func BenchmarkVolumeJobRun(b *testing.B) {
-	if b.N > 1 {
-		b.Skip("runs once; use -benchtime 1x")
-	}
-	root, err := e2e.RepoRoot()
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := e2e.CheckPrerequisites(root); err != nil {
-		b.Fatal(err)
-	}
+	root := setup(b)
 	if err := e2e.CheckFixture(root); err != nil {
 		b.Fatal(err)
-	}
-	e2e.SweepStale(b.Logf)
-	if os.Getenv("E2E_SKIP_BUILD") == "" {
-		if err := e2e.BuildDriver(root); err != nil {
-			b.Fatal(err)
-		}
 	}
 	var dir string
 	b.Cleanup(func() {

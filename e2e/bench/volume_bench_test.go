@@ -51,25 +51,7 @@ var volRuns = flag.Int("vruns", 7, "measured runs of the one-volume task, the no
 var volMany = flag.Int("vmany", 50, "volume tasks started at once")
 
 func BenchmarkVolumes(b *testing.B) {
-	if b.N > 1 {
-		b.Skip("runs once; use -benchtime 1x")
-	}
-	root, err := e2e.RepoRoot()
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := e2e.CheckPrerequisites(root); err != nil {
-		b.Fatal(err)
-	}
-	e2e.SweepStale(b.Logf)
-	if os.Getenv("E2E_SKIP_BUILD") == "" {
-		if err := e2e.BuildDriver(root); err != nil {
-			b.Fatal(err)
-		}
-		if err := e2e.VolBuildCSIBinaries(root); err != nil {
-			b.Fatal(err)
-		}
-	}
+	setup(b, e2e.VolBuildCSIBinaries)
 	var a *e2e.Agent
 	b.Cleanup(func() {
 		if a != nil {
