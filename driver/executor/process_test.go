@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -432,5 +433,36 @@ func TestLookPath(t *testing.T) {
 	if os.Geteuid() != 0 {
 		_, err := lookPath(filepath.Join(dir, "data"), nil)
 		must.ErrorContains(t, err, "not executable")
+	}
+}
+
+// Nomad's logmon opens the read side of its FIFOs in the background: a task
+// started before the reader is there waits for it instead of failing.
+func TestStart_WaitsForLogFIFOReader_Root(t *testing.T) {
+	requireTaskRoot(t)
+	tt := newTestSpec(t, "/bin/sh", "-c", "echo through-the-fifo")
+	fifo := filepath.Join(t.TempDir(), "stdout.fifo")
+	must.NoError(t, unix.Mkfifo(fifo, 0o600))
+	tt.spec.StdoutPath = fifo
+
+	got := make(chan string, 1)
+	go func() {
+		time.Sleep(300 * time.Millisecond)
+		f, err := os.Open(fifo)
+		if err != nil {
+			got <- err.Error()
+			return
+		}
+		defer f.Close()
+		b, _ := io.ReadAll(f)
+		got <- string(b)
+	}()
+	p := startTest(t, tt)
+	must.Eq(t, 0, waitExit(t, p).ExitCode)
+	select {
+	case out := <-got:
+		must.Eq(t, "through-the-fifo\n", out)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the reader got nothing")
 	}
 }

@@ -155,18 +155,33 @@ func startTask(spec *Spec) (*exec.Cmd, *cgroups.Group, error) {
 	return cmd, group, nil
 }
 
+// logReaderWait bounds how long openLog waits for a reader on a log FIFO.
+const logReaderWait = 10 * time.Second
+
 // openLog opens one of Nomad's log FIFOs (or a file) for writing. A FIFO
 // nobody reads is an error rather than a hang.
 func openLog(path string) (*os.File, error) {
 	if path == "" {
 		return os.OpenFile(os.DevNull, os.O_WRONLY, 0)
 	}
-	fd, err := unix.Open(path, unix.O_WRONLY|unix.O_APPEND|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
-	if err != nil {
-		if errors.Is(err, unix.ENXIO) {
-			return nil, fmt.Errorf("failed to open log %q: no reader on the fifo", path)
+	// Nomad's logmon opens the read side of its FIFOs in the background, so
+	// right after it started there may be no reader yet: wait for one, for
+	// a while, rather than block for ever or fail at once.
+	deadline := time.Now().Add(logReaderWait)
+	var fd int
+	for {
+		var err error
+		fd, err = unix.Open(path, unix.O_WRONLY|unix.O_APPEND|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+		if err == nil {
+			break
 		}
-		return nil, fmt.Errorf("failed to open log %q: %w", path, err)
+		if !errors.Is(err, unix.ENXIO) {
+			return nil, fmt.Errorf("failed to open log %q: %w", path, err)
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("failed to open log %q: no reader on the fifo after %s", path, logReaderWait)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 	if err := unix.SetNonblock(fd, false); err != nil {
 		_ = unix.Close(fd)
