@@ -706,9 +706,19 @@ func (d *Driver) DestroyTask(taskID string, force bool) error {
 			return fmt.Errorf("task %q did not exit within %s of being killed", taskID, destroyWait)
 		}
 	}
+	// Nomad may destroy a task from two places at once; what the task holds
+	// (its references on shared mount points, its plugin id, its volumes)
+	// must be let go exactly once, or another task loses a shared mount
+	// point it still uses.
+	h.destroyMu.Lock()
+	defer h.destroyMu.Unlock()
+	if h.destroyed {
+		return nil
+	}
 	if err := h.process.Destroy(); err != nil {
 		return fmt.Errorf("failed to clean up task %q: %w", taskID, err)
 	}
+	h.destroyed = true
 	d.sharedSources().release(h.sharedSources)
 	if h.plugin != nil {
 		d.stopPluginProbe(taskID, h.plugin)

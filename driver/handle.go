@@ -62,6 +62,11 @@ type taskHandle struct {
 	// volumes is set when the task has CSI volumes to tear down.
 	volumes bool
 
+	// destroyMu serialises DestroyTask calls; destroyed is set once one
+	// has released what the task held.
+	destroyMu sync.Mutex
+	destroyed bool
+
 	// done is closed when the task has exited and exit is set.
 	done chan struct{}
 

@@ -4,9 +4,11 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/nomad/plugins/drivers"
 	"github.com/shoenig/test/must"
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/mounter"
@@ -108,4 +110,40 @@ func mkdirs(paths ...string) error {
 		}
 	}
 	return nil
+}
+
+// Two DestroyTask calls for one task at once (Nomad can make them) release
+// its shared mount points once: another task using the same source keeps it.
+func TestDestroyTask_concurrentReleasesOnce(t *testing.T) {
+	d := newTestDriver(t, Config{Enabled: true, AllowPrivileged: true})
+	fake := d.mounter.(*mounter.Fake)
+	src := filepath.Join(shortTempDir(t), "src")
+	must.NoError(t, mkdirs(src))
+	mk := func(id string) *drivers.TaskConfig {
+		cfg := taskConfig(t, TaskConfig{Command: "/bin/sleep", Privileged: true})
+		cfg.ID = id
+		cfg.Mounts = []*drivers.MountConfig{{TaskPath: "/bidi", HostPath: src, PropagationMode: "bidirectional"}}
+		return cfg
+	}
+	a, b := mk("alloc/a/1"), mk("alloc/b/1")
+	_, _, err := d.StartTask(a)
+	must.NoError(t, err)
+	_, _, err = d.StartTask(b)
+	must.NoError(t, err)
+	must.True(t, isMounted(fake, src))
+
+	var wg sync.WaitGroup
+	for i := 0; i < 4; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := d.DestroyTask(a.ID, true); err != nil && !errors.Is(err, drivers.ErrTaskNotFound) {
+				t.Errorf("destroy: %v", err)
+			}
+		}()
+	}
+	wg.Wait()
+	must.True(t, isMounted(fake, src), must.Sprint("task b still uses the shared mount point"))
+	must.NoError(t, d.DestroyTask(b.ID, true))
+	must.False(t, isMounted(fake, src))
 }
