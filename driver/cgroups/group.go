@@ -295,6 +295,24 @@ func optional[T any](v T, err error) (T, bool, error) {
 	return v, true, nil
 }
 
+// statField maps a key of a keyed stats file to a Stats field, in the
+// field's unit (the value times scale), under Nomad's name for it.
+type statField struct {
+	key, name string
+	dst       *uint64
+	scale     uint64
+}
+
+// takeStats copies the fields a stats file has and lists them as measured.
+func takeStats(values map[string]uint64, measured *[]string, fields []statField) {
+	for _, f := range fields {
+		if v, ok := values[f.key]; ok {
+			*f.dst = v * f.scale
+			*measured = append(*measured, f.name)
+		}
+	}
+}
+
 func (g *Group) statsV1() (*Stats, error) {
 	s := &Stats{}
 	acct, mem, cpu := g.paths["cpuacct"], g.paths["memory"], g.paths["cpu"]
@@ -308,28 +326,20 @@ func (g *Group) statsV1() (*Stats, error) {
 	}
 	if ok {
 		const nsPerTick = uint64(time.Second) / userHZ
-		if v, ok := times["user"]; ok {
-			s.CPUUserNanos = v * nsPerTick
-			s.CPUMeasured = append(s.CPUMeasured, "User Mode")
-		}
-		if v, ok := times["system"]; ok {
-			s.CPUSystemNanos = v * nsPerTick
-			s.CPUMeasured = append(s.CPUMeasured, "System Mode")
-		}
+		takeStats(times, &s.CPUMeasured, []statField{
+			{"user", "User Mode", &s.CPUUserNanos, nsPerTick},
+			{"system", "System Mode", &s.CPUSystemNanos, nsPerTick},
+		})
 	}
 	cs, ok, err := optional(readKeyed(filepath.Join(cpu, "cpu.stat")))
 	if err != nil {
 		return nil, err
 	}
 	if ok {
-		if v, ok := cs["nr_throttled"]; ok {
-			s.ThrottledPeriods = v
-			s.CPUMeasured = append(s.CPUMeasured, "Throttled Periods")
-		}
-		if v, ok := cs["throttled_time"]; ok {
-			s.ThrottledNanos = v
-			s.CPUMeasured = append(s.CPUMeasured, "Throttled Time")
-		}
+		takeStats(cs, &s.CPUMeasured, []statField{
+			{"nr_throttled", "Throttled Periods", &s.ThrottledPeriods, 1},
+			{"throttled_time", "Throttled Time", &s.ThrottledNanos, 1},
+		})
 	}
 
 	ms, ok, err := optional(readKeyed(filepath.Join(mem, "memory.stat")))
@@ -337,19 +347,11 @@ func (g *Group) statsV1() (*Stats, error) {
 		return nil, err
 	}
 	if ok {
-		for _, f := range []struct {
-			key, name string
-			dst       *uint64
-		}{
-			{"total_rss", "RSS", &s.MemoryRSS},
-			{"total_cache", "Cache", &s.MemoryCache},
-			{"total_swap", "Swap", &s.MemorySwap},
-		} {
-			if v, ok := ms[f.key]; ok {
-				*f.dst = v
-				s.MemoryMeasured = append(s.MemoryMeasured, f.name)
-			}
-		}
+		takeStats(ms, &s.MemoryMeasured, []statField{
+			{"total_rss", "RSS", &s.MemoryRSS, 1},
+			{"total_cache", "Cache", &s.MemoryCache, 1},
+			{"total_swap", "Swap", &s.MemorySwap, 1},
+		})
 	}
 	if s.MemoryUsage, err = readUint(filepath.Join(mem, "memory.usage_in_bytes")); err != nil {
 		return nil, err
@@ -378,35 +380,22 @@ func (g *Group) statsV2() (*Stats, error) {
 		return nil, fmt.Errorf("failed to read %s: no usage_usec", filepath.Join(dir, "cpu.stat"))
 	}
 	s.CPUTotalNanos = usage * 1000
-	for _, f := range []struct {
-		key, name string
-		dst       *uint64
-		scale     uint64
-	}{
+	takeStats(cs, &s.CPUMeasured, []statField{
 		{"user_usec", "User Mode", &s.CPUUserNanos, 1000},
 		{"system_usec", "System Mode", &s.CPUSystemNanos, 1000},
 		{"nr_throttled", "Throttled Periods", &s.ThrottledPeriods, 1},
 		{"throttled_usec", "Throttled Time", &s.ThrottledNanos, 1000},
-	} {
-		if v, ok := cs[f.key]; ok {
-			*f.dst = v * f.scale
-			s.CPUMeasured = append(s.CPUMeasured, f.name)
-		}
-	}
+	})
 
 	ms, ok, err := optional(readKeyed(filepath.Join(dir, "memory.stat")))
 	if err != nil {
 		return nil, err
 	}
 	if ok {
-		if v, ok := ms["anon"]; ok {
-			s.MemoryRSS = v
-			s.MemoryMeasured = append(s.MemoryMeasured, "RSS")
-		}
-		if v, ok := ms["file"]; ok {
-			s.MemoryCache = v
-			s.MemoryMeasured = append(s.MemoryMeasured, "Cache")
-		}
+		takeStats(ms, &s.MemoryMeasured, []statField{
+			{"anon", "RSS", &s.MemoryRSS, 1},
+			{"file", "Cache", &s.MemoryCache, 1},
+		})
 	}
 	v, ok, err := optional(readUint(filepath.Join(dir, "memory.swap.current")))
 	if err != nil {
