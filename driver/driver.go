@@ -514,20 +514,11 @@ func taskMounts(cfg *drivers.TaskConfig, tc *TaskConfig) ([]executor.Mount, erro
 		out = append(out, executor.Mount{
 			Source:      filepath.Clean(dev.HostPath),
 			Target:      target,
-			ReadOnly:    dev.Permissions != "" && !containsRune(dev.Permissions, 'w'),
+			ReadOnly:    dev.Permissions != "" && !strings.ContainsRune(dev.Permissions, 'w'),
 			Propagation: executor.PropagationPrivate,
 		})
 	}
 	return out, nil
-}
-
-func containsRune(s string, r rune) bool {
-	for _, c := range s {
-		if c == r {
-			return true
-		}
-	}
-	return false
 }
 
 // taskLimits turns the task's `resources` into cgroup limits.

@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -348,7 +349,7 @@ func (a *Agent) WaitAlloc(t testing.TB, jobID string, timeout time.Duration, wan
 			al, err := a.allocation(allocs[0].ID)
 			if err == nil {
 				last = al
-				if wanted(al.ClientStatus, want) {
+				if slices.Contains(want, al.ClientStatus) {
 					return al
 				}
 				if IsTerminal(al.ClientStatus) {
@@ -374,7 +375,7 @@ func (a *Agent) WaitAllocID(t testing.TB, allocID string, timeout time.Duration,
 		al, err := a.allocation(allocID)
 		if err == nil {
 			last = al
-			if wanted(al.ClientStatus, want) {
+			if slices.Contains(want, al.ClientStatus) {
 				return al
 			}
 			if IsTerminal(al.ClientStatus) {
@@ -388,15 +389,6 @@ func (a *Agent) WaitAllocID(t testing.TB, allocID string, timeout time.Duration,
 	}
 	t.Fatalf("allocation %s did not become %v within %v:\n%s", allocID, want, timeout, last.Describe())
 	return nil
-}
-
-func wanted(s string, want []string) bool {
-	for _, w := range want {
-		if s == w {
-			return true
-		}
-	}
-	return false
 }
 
 // WaitEvent waits for a task event of the given type and returns it.

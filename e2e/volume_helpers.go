@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -467,7 +468,7 @@ func (a *Agent) VolWaitAllocs(t testing.TB, jobID string, n int, timeout time.Du
 			last = allocs
 			var ok []AllocStub
 			for _, al := range allocs {
-				if wanted(al.ClientStatus, want) {
+				if slices.Contains(want, al.ClientStatus) {
 					ok = append(ok, al)
 				} else if IsTerminal(al.ClientStatus) {
 					full, _ := a.allocation(al.ID)
