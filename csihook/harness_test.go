@@ -44,7 +44,7 @@ type recordedEvent struct {
 }
 
 type harness struct {
-	t       *testing.T
+	t       testing.TB
 	root    string
 	mnt     *mounter.Fake
 	fake    *FakeClient
@@ -63,7 +63,7 @@ func fullPlugin(id string) PluginInfo {
 		StageUnstage: true, ControllerPublish: true, CreateDelete: true, Block: true}
 }
 
-func newHarness(t *testing.T, tweak ...func(*Config)) *harness {
+func newHarness(t testing.TB, tweak ...func(*Config)) *harness {
 	t.Helper()
 	h := &harness{
 		t: t, root: t.TempDir(), mnt: mounter.NewFake(), logs: &syncBuffer{},
