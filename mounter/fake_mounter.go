@@ -2,8 +2,12 @@ package mounter
 
 import (
 	"fmt"
+	"os"
 	"path/filepath"
+	"strings"
 	"sync"
+
+	"golang.org/x/sys/unix"
 )
 
 // Kinds of FakeAction.
@@ -14,6 +18,8 @@ const (
 	ActionUnmount         = "unmount"
 	ActionSetPropagation  = "propagation"
 	ActionEnsureTarget    = "ensure-target"
+	ActionCloneTree       = "clone-tree"
+	ActionAttachTree      = "attach-tree"
 )
 
 // FakeAction is one call recorded by Fake.
@@ -49,8 +55,11 @@ type Fake struct {
 	PropagationErrs  map[string]error
 	EnsureTargetErrs map[string]error
 	RemountErrs      map[string]error
-	ListErr          error
-	nextID           int
+	// CloneErrs fail CloneTree by source (AttachTree fails by target
+	// through MountErrs).
+	CloneErrs map[string]error
+	ListErr   error
+	nextID    int
 }
 
 var _ Interface = (*Fake)(nil)
@@ -250,5 +259,41 @@ func (f *Fake) EnsureTarget(target string, isDir bool) error {
 		f.Targets = map[string]bool{}
 	}
 	f.Targets[filepath.Clean(target)] = isDir
+	return nil
+}
+
+// fakeTreePrefix names the files Fake.CloneTree returns: the source path
+// follows it, for AttachTree to read back.
+const fakeTreePrefix = "fake-tree:"
+
+// CloneTree returns an open /dev/null standing for the copy of source.
+func (f *Fake) CloneTree(source string, recursive bool) (*os.File, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.record(FakeAction{Kind: ActionCloneTree, Source: source, Recursive: recursive})
+	if err := f.CloneErrs[source]; err != nil {
+		return nil, err
+	}
+	fd, err := unix.Open(os.DevNull, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	return os.NewFile(uintptr(fd), fakeTreePrefix+filepath.Clean(source)), nil
+}
+
+// AttachTree mounts the copy as a bind of its source at target.
+func (f *Fake) AttachTree(tree *os.File, target string) error {
+	source, ok := strings.CutPrefix(tree.Name(), fakeTreePrefix)
+	if !ok {
+		return fmt.Errorf("fake: %q is not a tree from CloneTree", tree.Name())
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.record(FakeAction{Kind: ActionAttachTree, Source: source, Target: target})
+	if err := f.MountErrs[target]; err != nil {
+		return err
+	}
+	mp := MountPoint{Root: source, Path: filepath.Clean(target), FSType: "none", Source: source, Options: []string{"rw"}}
+	f.add(mp)
 	return nil
 }

@@ -67,6 +67,16 @@ type Interface interface {
 	// empty file in an existing or created parent, unless it exists with
 	// the right type.
 	EnsureTarget(target string, isDir bool) error
+	// CloneTree returns a detached copy of the mount tree at source (its
+	// submounts too when recursive), made with open_tree(2) in the
+	// caller's mount namespace. Another process, in another mount
+	// namespace, attaches it with AttachTree, so a mount made on the host
+	// after that namespace was created can still be given to it. Closing
+	// the file drops the copy unless it was attached.
+	CloneTree(source string, recursive bool) (*os.File, error)
+	// AttachTree mounts a tree from CloneTree at target, which must exist,
+	// with move_mount(2) in the caller's mount namespace.
+	AttachTree(tree *os.File, target string) error
 }
 
 // SanitizeOptions joins options for logging, with every sensitive option
@@ -323,6 +333,27 @@ func resolve(path string) (string, error) {
 		return "", fmt.Errorf("failed to resolve %q: %w", path, err)
 	}
 	return real, nil
+}
+
+func (m *mounter) CloneTree(source string, recursive bool) (*os.File, error) {
+	flags := uint(unix.OPEN_TREE_CLONE | unix.OPEN_TREE_CLOEXEC)
+	if recursive {
+		flags |= unix.AT_RECURSIVE
+	}
+	m.logger.Debug("cloning mount tree", "source", source, "recursive", recursive)
+	fd, err := unix.OpenTree(unix.AT_FDCWD, source, flags)
+	if err != nil {
+		return nil, fmt.Errorf("failed to clone the mount tree at %q: %w", source, err)
+	}
+	return os.NewFile(uintptr(fd), source), nil
+}
+
+func (m *mounter) AttachTree(tree *os.File, target string) error {
+	m.logger.Debug("attaching mount tree", "source", tree.Name(), "target", target)
+	if err := unix.MoveMount(int(tree.Fd()), "", unix.AT_FDCWD, target, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		return fmt.Errorf("failed to attach the mount tree of %q at %q: %w", tree.Name(), target, err)
+	}
+	return nil
 }
 
 func (m *mounter) EnsureTarget(target string, isDir bool) error {

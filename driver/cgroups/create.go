@@ -225,7 +225,12 @@ func (h *hierarchy) createV1(c *creation, rel string, l Limits) (*Group, error) 
 		}
 		mounts[ctrl] = m
 	}
-	g := &Group{version: 1, paths: make(map[string]string), cpusetPath: h.v1CpusetPath(l.CpusetCgroupPath)}
+	g := &Group{version: 1, paths: make(map[string]string), cpusetPath: h.v1CpusetPath(l.CpusetCgroupPath), mounts: mounts}
+	if _, ok := mounts["cpuset"]; !ok && g.cpusetPath != "" {
+		if m, err := h.v1Mount("cpuset"); err == nil {
+			mounts["cpuset"] = m
+		}
+	}
 	for _, ctrl := range controllers {
 		var each func(dir, parent string, made bool) error
 		if ctrl == "cpuset" {

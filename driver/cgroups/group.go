@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sort"
 	"strconv"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -43,6 +44,9 @@ type Group struct {
 	// cpusetPath is Nomad's v1 cpuset group for the task, joined but never
 	// made or removed.
 	cpusetPath string
+	// mounts maps a v1 controller to its hierarchy's mount point; set only
+	// by Create (see JoinThread).
+	mounts map[string]string
 }
 
 // State returns what Load needs to find the group again.
@@ -95,6 +99,111 @@ func (g *Group) Join(pid int) error {
 		}
 	}
 	return nil
+}
+
+// JoinThread moves the calling thread, not its whole process, into the
+// group in every v1 hierarchy (and Nomad's cpuset group, as Join does), so
+// that a child forked from that thread starts in the group; leave moves
+// the thread back where it was. The kernel moves the calling thread alone
+// (a write of "0" to "tasks") without the global lock that every
+// cgroup.procs write takes, whose price is a wait for an RCU grace period:
+// milliseconds when cgroups have been quiet for a while. The caller must
+// hold its OS thread, and call leave before anything looks for the group's
+// processes: until then its own process counts as one of them. Only a
+// group made by Create can be joined this way. On v2, where a thread of a
+// non-threaded group cannot move alone, fork with clone3's
+// CLONE_INTO_CGROUP and UnifiedDir instead.
+func (g *Group) JoinThread() (leave func() error, err error) {
+	if g.version != 1 || g.mounts == nil {
+		return nil, fmt.Errorf("failed to join cgroup %s: only a cgroup v1 group made by this process can be joined by a thread", g.name())
+	}
+	prev, err := threadCgroups()
+	if err != nil {
+		return nil, err
+	}
+	type move struct{ to, back string }
+	var moves []move
+	seen := map[string]bool{}
+	ctrls := make([]string, 0, len(g.paths)+1)
+	for ctrl := range g.paths {
+		ctrls = append(ctrls, ctrl)
+	}
+	sort.Strings(ctrls)
+	targets := make(map[string]string, len(ctrls)+1)
+	for _, ctrl := range ctrls {
+		targets[ctrl] = g.paths[ctrl]
+	}
+	if g.cpusetPath != "" {
+		if _, ok := targets["cpuset"]; !ok {
+			ctrls = append(ctrls, "cpuset")
+		}
+		targets["cpuset"] = g.cpusetPath
+	}
+	for _, ctrl := range ctrls {
+		to := targets[ctrl]
+		if seen[to] {
+			continue
+		}
+		seen[to] = true
+		mount, ok := g.mounts[ctrl]
+		if !ok {
+			return nil, fmt.Errorf("failed to join cgroup %s: the %s hierarchy's mount is unknown", to, ctrl)
+		}
+		from, ok := prev[ctrl]
+		if !ok {
+			return nil, fmt.Errorf("failed to join cgroup %s: the thread's %s group is not in /proc/thread-self/cgroup", to, ctrl)
+		}
+		moves = append(moves, move{to: to, back: filepath.Join(mount, from)})
+	}
+	var done []move
+	leave = func() error {
+		var errs []error
+		for i := len(done) - 1; i >= 0; i-- {
+			if err := writeFile(filepath.Join(done[i].back, "tasks"), "0"); err != nil {
+				errs = append(errs, fmt.Errorf("failed to move the thread back to cgroup %s: %w", done[i].back, err))
+			}
+		}
+		done = nil
+		return errors.Join(errs...)
+	}
+	for _, m := range moves {
+		if err := writeFile(filepath.Join(m.to, "tasks"), "0"); err != nil {
+			err = fmt.Errorf("failed to move the starting thread into cgroup %s: %w", m.to, err)
+			return nil, errors.Join(err, leave())
+		}
+		done = append(done, m)
+	}
+	return leave, nil
+}
+
+// threadCgroups maps each v1 controller (and named hierarchy) of the
+// calling thread to its group's path in that hierarchy.
+func threadCgroups() (map[string]string, error) {
+	b, err := os.ReadFile("/proc/thread-self/cgroup")
+	if err != nil {
+		return nil, fmt.Errorf("failed to read the thread's cgroups: %w", err)
+	}
+	out := map[string]string{}
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		parts := strings.SplitN(line, ":", 3)
+		if len(parts) != 3 || parts[1] == "" {
+			continue
+		}
+		for _, c := range strings.Split(parts[1], ",") {
+			out[c] = parts[2]
+		}
+	}
+	return out, nil
+}
+
+// UnifiedDir is the group's directory on cgroup v2, "" on v1: a process
+// forked with clone3's CLONE_INTO_CGROUP and a descriptor of it starts in
+// the group.
+func (g *Group) UnifiedDir() string {
+	if g.version != 2 {
+		return ""
+	}
+	return g.paths[unifiedKey]
 }
 
 // Pids returns the processes in the group, in any of its hierarchies,

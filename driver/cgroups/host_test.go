@@ -2,10 +2,12 @@ package cgroups
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -458,4 +460,54 @@ func TestHost_StatsBusy(t *testing.T) {
 	must.Eq(t, []string{"User Mode", "System Mode", "Throttled Periods", "Throttled Time"}, st.CPUMeasured)
 	must.SliceContainsSubset(t, st.MemoryMeasured, []string{"RSS", "Cache", "Usage", "Max Usage"})
 	must.Positive(t, st.MemoryMaxUsage)
+}
+
+// A thread that joins a v1 group alone forks children into it, leaves the
+// rest of its process where it was, and goes back on leave; the group is
+// then empty and can be removed.
+func TestHost_JoinThread(t *testing.T) {
+	h := needHost(t)
+	if h.version != 1 {
+		t.Skip("a thread joins alone only on cgroup v1")
+	}
+	g := hostGroup(t, Limits{})
+	before, err := os.ReadFile("/proc/self/cgroup")
+	must.NoError(t, err)
+
+	type result struct {
+		child, thread, after string
+		err                  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		// The thread is thrown away with the goroutine, whatever happens.
+		runtime.LockOSThread()
+		var r result
+		defer func() { done <- r }()
+		leave, err := g.JoinThread()
+		if err != nil {
+			r.err = err
+			return
+		}
+		out, cerr := exec.Command("cat", "/proc/self/cgroup").Output()
+		thread, terr := os.ReadFile("/proc/thread-self/cgroup")
+		r.err = errors.Join(cerr, terr, leave())
+		after, aerr := os.ReadFile("/proc/thread-self/cgroup")
+		r.child, r.thread, r.after, r.err = string(out), string(thread), string(after), errors.Join(r.err, aerr)
+	}()
+	r := <-done
+	must.NoError(t, r.err)
+	for ctrl, dir := range g.paths {
+		rel := ctrl + ":/" + strings.TrimPrefix(strings.TrimPrefix(dir, h.root), "/"+ctrl+"/")
+		must.StrContains(t, r.child, rel)
+		must.StrContains(t, r.thread, rel)
+		must.StrNotContains(t, r.after, rel)
+	}
+	now, err := os.ReadFile("/proc/self/cgroup")
+	must.NoError(t, err)
+	must.Eq(t, string(before), string(now), must.Sprint("the process's main thread moved"))
+	must.Eq(t, before, []byte(r.after), must.Sprint("leave did not bring the thread back"))
+	pids, err := g.Pids()
+	must.NoError(t, err)
+	must.SliceEmpty(t, pids)
 }
