@@ -34,9 +34,11 @@ import (
 func BenchmarkStartTaskWithVolume(b *testing.B) {
 	requireRoot(b)
 	fixture := buildFixture(b)
-	// Supervisors run from the shim, built fresh, as make dev ships them.
+	// Supervisors run from the shim, built fresh, as make dev builds it.
 	shim := filepath.Join(shortTempDir(b), shimName)
-	out, err := exec.Command("go", "build", "-o", shim, "github.com/nomad-driver-csi/nomad-driver-csi/driver/executor/shim").CombinedOutput()
+	build := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", shim, "github.com/nomad-driver-csi/nomad-driver-csi/driver/executor/shim")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	out, err := build.CombinedOutput()
 	must.NoError(b, err, must.Sprintf("go build: %s", out))
 	shimData, err := os.ReadFile(shim)
 	must.NoError(b, err)

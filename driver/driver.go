@@ -63,7 +63,7 @@ type Driver struct {
 
 	// start and recover run a task's process; they are the executor's in
 	// production and fakes in unit tests.
-	start   func(hclog.Logger, *executor.Spec) (taskProcess, error)
+	start   func(hclog.Logger, *executor.Spec, func() ([]executor.Mount, error)) (taskProcess, error)
 	recover func(hclog.Logger, executor.State) (taskProcess, error)
 	// host answers the fingerprint's questions about this machine.
 	host hostProbe
@@ -102,8 +102,8 @@ func NewPlugin(logger hclog.Logger) *Driver {
 	}
 }
 
-func startExecutor(l hclog.Logger, s *executor.Spec) (taskProcess, error) {
-	p, err := executor.Start(l, s)
+func startExecutor(l hclog.Logger, s *executor.Spec, late func() ([]executor.Mount, error)) (taskProcess, error) {
+	p, err := executor.Start(l, s, late)
 	if err != nil {
 		return nil, err
 	}
@@ -310,17 +310,28 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 		}
 	}
 	d.eventTargets.Store(cfg.ID, cfg)
-	volMounts, err := d.setupVolumes(cfg, reqs)
-	if err != nil {
-		d.eventTargets.Delete(cfg.ID)
-		if pc != nil {
-			d.plugins.drop(cfg.ID, pc.ID)
+	// The task's process is set up while its volumes are staged and
+	// published: they reach it last, as late mounts.
+	var (
+		late                 func() ([]executor.Mount, error)
+		volumesUp, volumeErr bool
+	)
+	if len(reqs) > 0 {
+		for _, r := range reqs {
+			spec.LateMounts = append(spec.LateMounts, executor.Mount{Target: r.Destination})
 		}
-		return nil, nil, err
+		late = func() ([]executor.Mount, error) {
+			mounts, err := d.setupVolumes(cfg, reqs)
+			if err != nil {
+				volumeErr = true
+				return nil, err
+			}
+			volumesUp = true
+			return inOrderOf(spec.LateMounts, mounts)
+		}
 	}
-	spec.Mounts = append(spec.Mounts, volMounts...)
 	undoVolumes := func() {
-		if len(reqs) == 0 {
+		if !volumesUp {
 			return
 		}
 		if err := d.teardownVolumes(cfg.ID); err != nil {
@@ -328,9 +339,12 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 		}
 	}
 
-	started, p, shared, err := d.startProcess(logger, spec)
+	started, p, shared, err := d.startProcess(logger, spec, late)
 	if err != nil {
 		undoVolumes()
+		if volumeErr {
+			d.eventTargets.Delete(cfg.ID)
+		}
 		if pc != nil {
 			d.plugins.drop(cfg.ID, pc.ID)
 		}
@@ -366,8 +380,9 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 }
 
 // startProcess prepares the host side of the task's mounts and starts its
-// process; on error nothing is left behind.
-func (d *Driver) startProcess(logger hclog.Logger, spec *executor.Spec) (time.Time, taskProcess, []string, error) {
+// process, with late for its late mounts; on error nothing is left behind
+// (but what late set up, which is the caller's).
+func (d *Driver) startProcess(logger hclog.Logger, spec *executor.Spec, late func() ([]executor.Mount, error)) (time.Time, taskProcess, []string, error) {
 	shared := bidirectionalSources(spec.Mounts)
 	if err := d.sharedSources().acquire(shared); err != nil {
 		return time.Time{}, nil, nil, fmt.Errorf("failed to prepare mounts: %w", err)
@@ -377,7 +392,7 @@ func (d *Driver) startProcess(logger hclog.Logger, spec *executor.Spec) (time.Ti
 		return time.Time{}, nil, nil, fmt.Errorf("failed to create task state directory %q: %w", spec.StateDir, err)
 	}
 	started := time.Now()
-	p, err := d.start(logger, spec)
+	p, err := d.start(logger, spec, late)
 	if err != nil {
 		_ = os.RemoveAll(spec.StateDir)
 		d.sharedSources().release(shared)

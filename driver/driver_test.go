@@ -133,7 +133,17 @@ func newTestDriver(t *testing.T, cfg Config) *testDriver {
 	t.Cleanup(d.Shutdown)
 	td := &testDriver{Driver: d}
 	d.host = fakeHost{root: true}
-	d.start = func(_ hclog.Logger, s *executor.Spec) (taskProcess, error) {
+	d.start = func(_ hclog.Logger, s *executor.Spec, late func() ([]executor.Mount, error)) (taskProcess, error) {
+		if late != nil {
+			// As the executor does: the late mounts join the task's.
+			mounts, err := late()
+			if err != nil {
+				return nil, err
+			}
+			c := *s
+			c.Mounts = append(append([]executor.Mount(nil), s.Mounts...), mounts...)
+			s = &c
+		}
 		td.mu.Lock()
 		defer td.mu.Unlock()
 		p := newFakeProcess(1000 + len(td.procs))
@@ -316,7 +326,7 @@ func TestStartTask_disabled(t *testing.T) {
 func TestStartTask_startErrorCleansStateDir(t *testing.T) {
 	d := newTestDriver(t, Config{Enabled: true})
 	var stateDir string
-	d.start = func(_ hclog.Logger, s *executor.Spec) (taskProcess, error) {
+	d.start = func(_ hclog.Logger, s *executor.Spec, _ func() ([]executor.Mount, error)) (taskProcess, error) {
 		stateDir = s.StateDir
 		return nil, errors.New(`command "nope" not found in PATH`)
 	}

@@ -282,6 +282,24 @@ func (d *Driver) setupVolumes(cfg *drivers.TaskConfig, reqs []csihook.VolumeRequ
 	return mounts, nil
 }
 
+// inOrderOf returns mounts in the order of want's targets: one mount for
+// each.
+func inOrderOf(want, mounts []executor.Mount) ([]executor.Mount, error) {
+	byTarget := make(map[string]executor.Mount, len(mounts))
+	for _, m := range mounts {
+		byTarget[filepath.Clean(m.Target)] = m
+	}
+	out := make([]executor.Mount, 0, len(want))
+	for _, w := range want {
+		m, ok := byTarget[filepath.Clean(w.Target)]
+		if !ok {
+			return nil, fmt.Errorf("no volume was published for destination %q", w.Target)
+		}
+		out = append(out, m)
+	}
+	return out, nil
+}
+
 // teardownVolumes unpublishes a task's volumes; on failure the lifecycle
 // keeps retrying in the background, and the error says so.
 func (d *Driver) teardownVolumes(taskID string) error {

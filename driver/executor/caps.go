@@ -165,3 +165,24 @@ func setThreadCaps(keep capSet) error {
 	}
 	return nil
 }
+
+// setInheritableCaps sets the inheritable set of the calling thread to keep
+// (within what it holds), keeps its effective and permitted sets, and
+// clears its ambient set. capset(2) is per thread: the caller must hold
+// its OS thread and fork the task from it.
+func setInheritableCaps(keep capSet) error {
+	if err := unix.Prctl(unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0); err != nil {
+		return fmt.Errorf("failed to clear ambient capabilities: %w", err)
+	}
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &data[0]); err != nil {
+		return fmt.Errorf("failed to read capabilities: %w", err)
+	}
+	keep &= capSet(data[0].Permitted) | capSet(data[1].Permitted)<<32
+	data[0].Inheritable, data[1].Inheritable = uint32(keep), uint32(keep>>32)
+	if err := unix.Capset(&hdr, &data[0]); err != nil {
+		return fmt.Errorf("failed to set inheritable capabilities %#x: %w", uint64(keep), err)
+	}
+	return nil
+}

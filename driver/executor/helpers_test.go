@@ -37,7 +37,7 @@ func runStartHelper(path string) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	p, err := Start(hclog.NewNullLogger(), &spec)
+	p, err := Start(hclog.NewNullLogger(), &spec, nil)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -152,7 +152,7 @@ func processesMentioning(s string) []string {
 
 func startTest(t *testing.T, tt *testTask) *Process {
 	t.Helper()
-	p, err := Start(hclog.NewNullLogger(), tt.spec)
+	p, err := Start(hclog.NewNullLogger(), tt.spec, nil)
 	must.NoError(t, err)
 	t.Cleanup(func() {
 		_ = p.Kill()

@@ -18,6 +18,17 @@ import (
 // and for bidirectional propagation a privileged task and a source that is
 // a shared mount point of its own.
 func validateMounts(m mounter.Interface, spec *Spec) error {
+	for _, mnt := range spec.LateMounts {
+		if !filepath.IsAbs(mnt.Target) {
+			return fmt.Errorf("late mount: target %q must be an absolute path", mnt.Target)
+		}
+		switch mnt.Propagation {
+		case "", PropagationPrivate, PropagationHostToTask:
+		default:
+			return fmt.Errorf("late mount %q: propagation %q: want %q or %q", mnt.Target, mnt.Propagation,
+				PropagationPrivate, PropagationHostToTask)
+		}
+	}
 	var table []mounter.MountPoint
 	for _, mnt := range spec.Mounts {
 		if !filepath.IsAbs(mnt.Source) {
@@ -87,6 +98,21 @@ func validateMounts(m mounter.Interface, spec *Spec) error {
 // made under it, so a missing top-level target ("/csi", "/local/csi",
 // "/data") lands on the task's own tmpfs instead of the host's disk.
 func setupMounts(m mounter.Interface, mounts []Mount, root string) error {
+	if err := prepareNamespace(m, mounts, root); err != nil {
+		return err
+	}
+	if err := bindAll(m, mounts, root); err != nil {
+		return err
+	}
+	if root != "" {
+		return enterRoot(m, root)
+	}
+	return nil
+}
+
+// prepareNamespace is step 1 of setupMounts, and the assembly of the task's
+// root at root when it is set.
+func prepareNamespace(m mounter.Interface, mounts []Mount, root string) error {
 	var bidi []string
 	for _, mnt := range mounts {
 		if mnt.Propagation != PropagationBidirectional {
@@ -121,27 +147,27 @@ func setupMounts(m mounter.Interface, mounts []Mount, root string) error {
 	}
 
 	if root != "" {
-		if err := buildRoot(m, root); err != nil {
-			return err
-		}
+		return buildRoot(m, root)
 	}
+	return nil
+}
 
-	// Parents before children, so that a target inside another mount's
-	// target lands on top of it.
+// bindAll is step 2 of setupMounts: parents before children, so that a
+// target inside another mount's target lands on top of it.
+func bindAll(m mounter.Interface, mounts []Mount, root string) error {
 	ordered := append([]Mount(nil), mounts...)
 	sort.SliceStable(ordered, func(i, j int) bool {
-		return strings.Count(filepath.Clean(ordered[i].Target), "/") < strings.Count(filepath.Clean(ordered[j].Target), "/")
+		return depth(ordered[i].Target) < depth(ordered[j].Target)
 	})
 	for _, mnt := range ordered {
 		if err := bindOne(m, mnt, root); err != nil {
 			return err
 		}
 	}
-	if root != "" {
-		return enterRoot(m, root)
-	}
 	return nil
 }
+
+func depth(target string) int { return strings.Count(filepath.Clean(target), "/") }
 
 // buildRoot assembles the task's root at root: a tmpfs holding a recursive
 // bind of every top-level entry of the host's root (and its symlinks as
@@ -258,19 +284,53 @@ func bindOne(m mounter.Interface, mnt Mount, root string) error {
 		}
 	}
 
-	var err error
-	switch mnt.Propagation {
+	if err := setPropagation(m, mnt.Propagation, target); err != nil {
+		return fmt.Errorf("mount %q: %w", mnt.Source, err)
+	}
+	return nil
+}
+
+// setPropagation gives the mount at target (and its submounts) the
+// propagation a Mount asks for.
+func setPropagation(m mounter.Interface, propagation, target string) error {
+	switch propagation {
 	case "", PropagationPrivate:
-		err = m.SetPropagation(target, mounter.PropagationPrivate, true)
+		return m.SetPropagation(target, mounter.PropagationPrivate, true)
 	case PropagationHostToTask:
-		err = m.SetPropagation(target, mounter.PropagationSlave, true)
+		return m.SetPropagation(target, mounter.PropagationSlave, true)
 	case PropagationBidirectional:
 		// Stays a peer of the host's source.
+		return nil
 	default:
-		err = fmt.Errorf("unknown propagation %q", mnt.Propagation)
+		return fmt.Errorf("unknown propagation %q", propagation)
 	}
-	if err != nil {
-		return fmt.Errorf("mount %q: %w", mnt.Source, err)
+}
+
+// attachTree mounts a volume's tree (from mounter.CloneTree on the host) at
+// its target in the task's namespace, like bindOne does a bind: read-only
+// when asked, with the propagation asked for.
+func attachTree(m mounter.Interface, tree *os.File, mnt Mount, root string) error {
+	target := filepath.Clean(mnt.Target)
+	if root != "" {
+		target = filepath.Join(root, target)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(int(tree.Fd()), &st); err != nil {
+		return fmt.Errorf("mount %q: %w", mnt.Target, err)
+	}
+	if err := m.EnsureTarget(target, st.Mode&unix.S_IFMT == unix.S_IFDIR); err != nil {
+		return fmt.Errorf("mount %q: %w", mnt.Target, err)
+	}
+	if err := m.AttachTree(tree, target); err != nil {
+		return fmt.Errorf("mount %q: %w", mnt.Target, err)
+	}
+	if mnt.ReadOnly {
+		if err := m.RemountReadOnly(target, true); err != nil {
+			return fmt.Errorf("mount %q: %w", mnt.Target, err)
+		}
+	}
+	if err := setPropagation(m, mnt.Propagation, target); err != nil {
+		return fmt.Errorf("mount %q: %w", mnt.Target, err)
 	}
 	return nil
 }

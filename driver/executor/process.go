@@ -60,14 +60,26 @@ type Process struct {
 // Start starts the task described by spec under a new supervisor and
 // returns once its command was exec'd. Before Start, the caller must
 // create spec.StateDir (0700) and make every bidirectional mount source a
-// shared mount point of its own on the host. On error, no process and no
-// cgroup are left (files in StateDir may be).
-func Start(logger hclog.Logger, spec *Spec) (*Process, error) {
+// shared mount point of its own on the host.
+//
+// When spec has LateMounts, Start calls late once the supervisor runs
+// (which sets the task up meanwhile) for the mounts themselves, in the same
+// order and with the same targets, and hands them over; the task is forked
+// after that. An error from late stops the supervisor, and Start returns
+// that error as it is.
+//
+// On error, no process and no cgroup are left (files in StateDir may be).
+func Start(logger hclog.Logger, spec *Spec, late func() ([]Mount, error)) (*Process, error) {
 	logger = logger.Named("executor").With("task_id", spec.TaskID)
 	if err := validateSpec(spec); err != nil {
 		return nil, fmt.Errorf("failed to start task: %w", err)
 	}
-	if err := writeJSONAtomic(filepath.Join(spec.StateDir, specFile), spec, 0o600); err != nil {
+	if len(spec.LateMounts) > 0 && late == nil {
+		return nil, errors.New("failed to start task: it has late mounts but no way to get them")
+	}
+	// Not synced: the spec matters only while the host is up, and a task
+	// does not outlive a crash of the host.
+	if err := writeJSON(filepath.Join(spec.StateDir, specFile), spec, 0o600, false); err != nil {
 		return nil, fmt.Errorf("failed to start task: %w", err)
 	}
 	logPath := filepath.Join(spec.StateDir, supervisorLogFile)
@@ -81,6 +93,18 @@ func Start(logger hclog.Logger, spec *Spec) (*Process, error) {
 		return nil, fmt.Errorf("failed to start task: failed to make a pipe: %w", err)
 	}
 	defer reportR.Close()
+	extra := []*os.File{reportW}
+	var ctl *os.File
+	if len(spec.LateMounts) > 0 {
+		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			_ = reportW.Close()
+			return nil, fmt.Errorf("failed to start task: failed to make a socket pair: %w", err)
+		}
+		ctl = os.NewFile(uintptr(fds[0]), "control-socket")
+		defer ctl.Close()
+		extra = append(extra, os.NewFile(uintptr(fds[1]), "control-socket"))
+	}
 
 	supervisor := spec.Supervisor
 	if supervisor == "" {
@@ -93,11 +117,13 @@ func Start(logger hclog.Logger, spec *Spec) (*Process, error) {
 		Stdin:       nil, // /dev/null
 		Stdout:      logFile,
 		Stderr:      logFile,
-		ExtraFiles:  []*os.File{reportW},
+		ExtraFiles:  extra,
 		SysProcAttr: &syscall.SysProcAttr{Setsid: true},
 	}
 	err = cmd.Start()
-	_ = reportW.Close()
+	for _, f := range extra {
+		_ = f.Close()
+	}
 	if err != nil {
 		return nil, fmt.Errorf("failed to start task: failed to start the supervisor: %w", err)
 	}
@@ -108,14 +134,35 @@ func Start(logger hclog.Logger, spec *Spec) (*Process, error) {
 	}()
 	logger.Debug("supervisor started", "supervisor_pid", cmd.Process.Pid)
 
+	var lateErr error
+	if ctl != nil {
+		mounts, err := late()
+		if err == nil && len(mounts) != len(spec.LateMounts) {
+			err = fmt.Errorf("got %d late mounts, want %d", len(mounts), len(spec.LateMounts))
+		}
+		lateErr = err
+		// A supervisor that already failed has closed its end: its report
+		// says why.
+		if err := sendTrees(ctl, mounter.New(), mounts, lateErr); err != nil {
+			logger.Debug("failed to hand the late mounts over", "error", err)
+		}
+		_ = ctl.Close()
+	}
+
 	rep, err := readReport(reportR, startTimeout)
 	if err != nil {
 		_ = cmd.Process.Kill()
 		<-reaped
+		if lateErr != nil {
+			return nil, lateErr
+		}
 		return nil, fmt.Errorf("failed to start task: %w%s", err, logTail(logPath))
 	}
 	if rep.Error != "" {
 		<-reaped
+		if lateErr != nil {
+			return nil, lateErr
+		}
 		return nil, fmt.Errorf("failed to start task: %s", rep.Error)
 	}
 

@@ -262,7 +262,7 @@ func TestStart_Errors_Root(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			tt := newTestSpec(t, "true")
 			tc.modify(tt.spec)
-			p, err := Start(hclog.NewNullLogger(), tt.spec)
+			p, err := Start(hclog.NewNullLogger(), tt.spec, nil)
 			must.Nil(t, p)
 			must.ErrorContains(t, err, tc.err)
 			must.False(t, cgroupExists(tt.spec.CgroupParent, tt.spec.TaskID))

@@ -41,6 +41,13 @@ func parseStatStartTime(stat string) (uint64, error) {
 // writeJSONAtomic writes v as JSON to path through a temporary file in the
 // same directory, synced and renamed over path.
 func writeJSONAtomic(path string, v any, perm os.FileMode) error {
+	return writeJSON(path, v, perm, true)
+}
+
+// writeJSON is writeJSONAtomic, with the fsync only when sync is set: a
+// reader sees the old file or the new one either way, but after a crash of
+// the host an unsynced file may be empty.
+func writeJSON(path string, v any, perm os.FileMode, sync bool) error {
 	b, err := json.Marshal(v)
 	if err != nil {
 		return fmt.Errorf("failed to encode %q: %w", path, err)
@@ -58,9 +65,11 @@ func writeJSONAtomic(path string, v any, perm os.FileMode) error {
 		_ = tmp.Close()
 		return fmt.Errorf("failed to write %q: %w", path, err)
 	}
-	if err := tmp.Sync(); err != nil {
-		_ = tmp.Close()
-		return fmt.Errorf("failed to sync %q: %w", path, err)
+	if sync {
+		if err := tmp.Sync(); err != nil {
+			_ = tmp.Close()
+			return fmt.Errorf("failed to sync %q: %w", path, err)
+		}
 	}
 	if err := tmp.Close(); err != nil {
 		return fmt.Errorf("failed to write %q: %w", path, err)

@@ -62,6 +62,13 @@ type Spec struct {
 	Capabilities []string `json:"capabilities,omitempty"`
 
 	Mounts []Mount `json:"mounts,omitempty"`
+	// LateMounts are mounts that are not ready when Start is called: CSI
+	// volumes still being staged. Only their targets count here: the
+	// supervisor sets up everything else meanwhile, Start gets the mounts
+	// themselves from its late function and hands them over, and only then
+	// is the task forked. A Mount whose target lies inside a late mount's
+	// target is made after it.
+	LateMounts []Mount `json:"late_mounts,omitempty"`
 
 	Limits cgroups.Limits `json:"limits"`
 	// CgroupParent is the group all tasks of this driver go under, e.g.

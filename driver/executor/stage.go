@@ -15,17 +15,15 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/cgroups"
-	"github.com/nomad-driver-csi/nomad-driver-csi/mounter"
 )
 
 // Internal subcommands of this binary (os.Args[1]).
 const (
 	stageSupervisor = "__nomad-driver-csi-supervisor"
-	stageInit       = "__nomad-driver-csi-init"
 	stageExec       = "__nomad-driver-csi-exec"
 )
 
-// File descriptors of the init and exec stages (ExtraFiles 0 and 1).
+// File descriptors of the exec stage (ExtraFiles 0 and 1).
 const (
 	stageConfigFD = 3 // read: one stageConfig as JSON
 	stageErrorFD  = 4 // write: an error message, or EOF at exec (CLOEXEC)
@@ -34,13 +32,10 @@ const (
 // defaultPath is searched when the task's environment has no PATH.
 const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
-// stageConfig is what the init and exec stages are told over their config
-// pipe.
+// stageConfig is what the exec stage is told over its config pipe. The
+// stage runs in the task's mount namespace already.
 type stageConfig struct {
-	Spec Spec `json:"spec"`
-	// Mounts tells the stage to set up Spec.Mounts (the init stage, in a
-	// fresh mount namespace). The exec stage is already in the task's.
-	Mounts bool           `json:"mounts"`
+	Spec   Spec           `json:"spec"`
 	Cgroup *cgroups.State `json:"cgroup,omitempty"`
 }
 
@@ -54,15 +49,15 @@ func RunReexec() bool {
 	switch os.Args[1] {
 	case stageSupervisor:
 		os.Exit(runSupervisor(os.Args[2:]))
-	case stageInit, stageExec:
+	case stageExec:
 		runTaskStage()
 	}
 	return false
 }
 
-// runTaskStage is the init stage (in the task's new mount namespace) or the
-// exec stage (already in the task's mount namespace): it prepares the
-// process as the task and execs the command. It never returns.
+// runTaskStage is the exec stage, started in the task's mount namespace
+// (nomad alloc exec): it prepares the process as the task and execs the
+// command. It never returns.
 func runTaskStage() {
 	// capset(2) is per thread: set it and exec from the same thread.
 	runtime.LockOSThread()
@@ -95,11 +90,6 @@ func runTaskStage() {
 // prepareAndExec returns only on error.
 func prepareAndExec(cfg *stageConfig) error {
 	spec := &cfg.Spec
-	if cfg.Mounts {
-		if err := setupMounts(mounter.New(), spec.Mounts, filepath.Join(spec.StateDir, "root")); err != nil {
-			return err
-		}
-	}
 	if cfg.Cgroup != nil {
 		g, err := cgroups.Load(*cfg.Cgroup)
 		if err != nil {
@@ -224,7 +214,7 @@ func checkExecutable(path string) error {
 	return nil
 }
 
-// startStage starts the init or exec stage with cmd (whose Path, Args and
+// startStage starts the exec stage with cmd (whose Path, Args and
 // stdio are set by the caller), sends it cfg, and waits until it has
 // exec'd the task's command. On a stage error the stage has exited: it is
 // reaped and the error returned.

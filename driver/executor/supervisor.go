@@ -83,7 +83,15 @@ func runSupervisor(args []string) int {
 	}
 	logger = logger.With("task_id", spec.TaskID)
 
-	cmd, group, err := startTask(&spec)
+	var ctl *os.File
+	if len(spec.LateMounts) > 0 {
+		ctl = os.NewFile(supervisorControlFD, "control-socket")
+		unix.CloseOnExec(supervisorControlFD)
+	}
+	cmd, group, err := startTask(&spec, ctl)
+	if ctl != nil {
+		_ = ctl.Close()
+	}
 	if err != nil {
 		logger.Error("failed to start task", "error", err)
 		sendReport(readyReport{Error: err.Error()})
@@ -107,13 +115,18 @@ func runSupervisor(args []string) int {
 	return 0
 }
 
-// startTask makes the task's cgroup and starts the init stage, which sets
-// the task up and execs its command. It returns once the command runs. On
-// error nothing is left: no process and no cgroup.
+// startTask makes the task's cgroup and starts the task (see launchTask),
+// with its late mounts from ctl. It returns once the command runs. On error
+// nothing is left: no process and no cgroup.
 //
 // The supervisor, not Start, makes the cgroup, so that everything the task
 // owns is made and removed by the one process that outlives the driver.
-func startTask(spec *Spec) (*exec.Cmd, *cgroups.Group, error) {
+func startTask(spec *Spec, ctl *os.File) (*exec.Cmd, *cgroups.Group, error) {
+	stdin, err := os.Open(os.DevNull)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer stdin.Close()
 	stdout, err := openLog(spec.StdoutPath)
 	if err != nil {
 		return nil, nil, err
@@ -129,24 +142,11 @@ func startTask(spec *Spec) (*exec.Cmd, *cgroups.Group, error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("failed to create the task's cgroup: %w", err)
 	}
-	cgState := group.State()
-
-	cmd := &exec.Cmd{
-		Path:   "/proc/self/exe",
-		Args:   []string{os.Args[0], stageInit},
-		Env:    []string{},
-		Stdin:  nil, // /dev/null
-		Stdout: stdout,
-		Stderr: stderr,
-		SysProcAttr: &syscall.SysProcAttr{
-			Cloneflags: unix.CLONE_NEWNS,
-		},
-	}
-	cfg := &stageConfig{Spec: *spec, Mounts: true, Cgroup: &cgState}
-	if err := startStage(cmd, &cmd.ExtraFiles, cfg); err != nil {
-		// The init stage has exited; anything it forked dies with the
-		// group.
-		_ = group.Kill()
+	cmd, err := launchTask(spec, group, []*os.File{stdin, stdout, stderr}, ctl)
+	if err != nil {
+		// Nothing was forked, so there is nothing to kill (and a kill could
+		// hit this process while its launching thread is still in the
+		// group and on its way out).
 		if derr := group.Destroy(); derr != nil {
 			err = errors.Join(err, derr)
 		}

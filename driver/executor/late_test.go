@@ -1,0 +1,110 @@
+package executor
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/shoenig/test/must"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/mounter"
+)
+
+// A late mount made on a private host mount after the supervisor started
+// (so no propagation could bring it into the task's namespace) reaches the
+// task through its tree: read-only when asked, a file for a file, and with
+// an earlier mount whose target lies inside it made on top of it.
+func TestStart_LateMounts_Root(t *testing.T) {
+	requireTaskRoot(t)
+	m := mounter.New()
+	base := t.TempDir()
+	// A private mount of its own, so that nothing made under it later can
+	// propagate anywhere.
+	must.NoError(t, m.BindMount(base, base, false, false))
+	t.Cleanup(func() { detachAll(base) })
+	must.NoError(t, m.SetPropagation(base, mounter.PropagationPrivate, false))
+	vol := filepath.Join(base, "vol")
+	file := filepath.Join(base, "file")
+	must.NoError(t, os.Mkdir(vol, 0o755))
+	must.NoError(t, os.WriteFile(file, nil, 0o644))
+	inner := t.TempDir()
+	must.NoError(t, os.WriteFile(filepath.Join(inner, "inner"), []byte("inner\n"), 0o644))
+
+	tt := newTestSpec(t, "/bin/sh", "-c", `
+cat /late/data/marker
+cat /late/data/sub/inner
+cat /late/file
+if touch /late/data/new 2>/dev/null; then echo writable; else echo read-only; fi`)
+	tt.spec.Mounts = []Mount{{Source: inner, Target: "/late/data/sub"}}
+	tt.spec.LateMounts = []Mount{{Target: "/late/file"}, {Target: "/late/data"}}
+	called := 0
+	p, err := Start(hclog.NewNullLogger(), tt.spec, func() ([]Mount, error) {
+		called++
+		// Mounted now, in the host's namespace only.
+		must.NoError(t, m.Mount("late-data", vol, "tmpfs", 0, "size=1m"))
+		must.NoError(t, os.WriteFile(filepath.Join(vol, "marker"), []byte("late\n"), 0o644))
+		must.NoError(t, os.Mkdir(filepath.Join(vol, "sub"), 0o755))
+		must.NoError(t, m.BindMount(filepath.Join(inner, "inner"), file, false, false))
+		return []Mount{{Source: file, Target: "/late/file"}, {Source: vol, Target: "/late/data", ReadOnly: true}}, nil
+	})
+	must.NoError(t, err)
+	t.Cleanup(func() { _ = p.Kill(); _ = p.Destroy() })
+	must.Eq(t, 1, called)
+	must.Eq(t, 0, waitExit(t, p).ExitCode, must.Sprintf("stderr: %s", readFile(t, tt.stderr)))
+	must.Eq(t, "late\ninner\ninner\nread-only\n", readFile(t, tt.stdout))
+	// The host's mounts are the host's: unmounting them works and leaves
+	// nothing behind.
+	must.NoError(t, m.Unmount(vol))
+	must.NoError(t, m.Unmount(file))
+}
+
+// An error from late stops the supervisor before anything runs: Start
+// returns that very error, and no process, cgroup or tree is left.
+func TestStart_LateMountsError_Root(t *testing.T) {
+	requireTaskRoot(t)
+	tt := newTestSpec(t, "/bin/sh", "-c", "echo ran")
+	tt.spec.LateMounts = []Mount{{Target: "/late/data"}}
+	boom := errors.New("NodeStageVolume failed")
+	p, err := Start(hclog.NewNullLogger(), tt.spec, func() ([]Mount, error) { return nil, boom })
+	must.Nil(t, p)
+	must.ErrorIs(t, err, boom)
+	must.False(t, cgroupExists(tt.spec.CgroupParent, tt.spec.TaskID))
+	must.Eq(t, 0, len(processesMentioning(tt.spec.StateDir)))
+	must.Eq(t, "", readFile(t, tt.stdout))
+
+	// A source that is gone fails the start with a message naming it.
+	tt = newTestSpec(t, "/bin/sh", "-c", "echo ran")
+	tt.spec.LateMounts = []Mount{{Target: "/late/data"}}
+	p, err = Start(hclog.NewNullLogger(), tt.spec, func() ([]Mount, error) {
+		return []Mount{{Source: "/nonexistent/volume", Target: "/late/data"}}, nil
+	})
+	must.Nil(t, p)
+	must.ErrorContains(t, err, `"/nonexistent/volume"`)
+	must.False(t, cgroupExists(tt.spec.CgroupParent, tt.spec.TaskID))
+	must.Eq(t, 0, len(processesMentioning(tt.spec.StateDir)))
+
+	// Mounts for other targets than the spec's are refused.
+	tt = newTestSpec(t, "/bin/sh", "-c", "echo ran")
+	tt.spec.LateMounts = []Mount{{Target: "/late/data"}}
+	p, err = Start(hclog.NewNullLogger(), tt.spec, func() ([]Mount, error) {
+		return []Mount{{Source: t.TempDir(), Target: "/elsewhere"}}, nil
+	})
+	must.Nil(t, p)
+	must.ErrorContains(t, err, `mount 0 is for "/elsewhere", want "/late/data"`)
+	must.False(t, cgroupExists(tt.spec.CgroupParent, tt.spec.TaskID))
+
+	// Late mounts need a late function.
+	tt = newTestSpec(t, "true")
+	tt.spec.LateMounts = []Mount{{Target: "/late/data"}}
+	_, err = Start(hclog.NewNullLogger(), tt.spec, nil)
+	must.ErrorContains(t, err, "late mounts")
+}
+
+func TestSplitLate(t *testing.T) {
+	mounts := []Mount{{Target: "/alloc"}, {Target: "/data/sub"}, {Target: "/data"}, {Target: "/database"}}
+	early, after := splitLate(mounts, []Mount{{Target: "/data/"}})
+	must.Eq(t, []Mount{{Target: "/alloc"}, {Target: "/database"}}, early)
+	must.Eq(t, []Mount{{Target: "/data/sub"}, {Target: "/data"}}, after)
+}

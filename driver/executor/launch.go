@@ -1,0 +1,363 @@
+package executor
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/cgroups"
+	"github.com/nomad-driver-csi/nomad-driver-csi/mounter"
+)
+
+// supervisorControlFD is the supervisor's end of the socket over which
+// Start hands it the late mounts (ExtraFiles 1 of the supervisor, present
+// only when the spec has late mounts).
+const supervisorControlFD = 4
+
+// lateMessage is what Start sends the supervisor once the late mounts are
+// ready: the mounts, in Spec.LateMounts' order and with its targets, and
+// their trees (mounter.CloneTree of each Source) attached as SCM_RIGHTS in
+// the same order. With Error set there is nothing else and the task must
+// not start.
+type lateMessage struct {
+	Mounts []Mount `json:"mounts,omitempty"`
+	Error  string  `json:"error,omitempty"`
+}
+
+// lateMessageMax bounds a lateMessage on the wire.
+const lateMessageMax = 64 << 10
+
+// launchTask starts the task from an OS thread of the supervisor's own
+// that becomes the task's environment first: a fresh mount namespace with
+// the task's root and mounts, the task's cgroup, and the bounding and
+// inheritable capability sets the task may have. A child forked from that
+// thread starts with all of it, so no second program has to be executed
+// to set the task up. The thread is never unlocked: the runtime ends it
+// with its goroutine, and only the task keeps the namespace alive.
+//
+// It returns once the command runs. On error nothing was forked, and the
+// thread has left the group.
+func launchTask(spec *Spec, group *cgroups.Group, stdio []*os.File, ctl *os.File) (*exec.Cmd, error) {
+	type result struct {
+		cmd *exec.Cmd
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread()
+		cmd, err := launchOnThread(spec, group, stdio, ctl)
+		done <- result{cmd, err}
+	}()
+	r := <-done
+	return r.cmd, r.err
+}
+
+func launchOnThread(spec *Spec, group *cgroups.Group, stdio []*os.File, ctl *os.File) (*exec.Cmd, error) {
+	cred, err := resolveUser(spec.User)
+	if err != nil {
+		return nil, err
+	}
+	last, err := lastCap()
+	if err != nil {
+		return nil, err
+	}
+	keep, err := keptCaps(spec.Privileged, spec.Capabilities, last)
+	if err != nil {
+		return nil, err
+	}
+
+	// unshare(2) of the mount namespace (and so of the filesystem context)
+	// changes only the calling thread.
+	if err := unix.Unshare(unix.CLONE_FS | unix.CLONE_NEWNS); err != nil {
+		return nil, fmt.Errorf("failed to make the task's mount namespace: %w", err)
+	}
+	m := mounter.New()
+	root := filepath.Join(spec.StateDir, "root")
+	early, after := splitLate(spec.Mounts, spec.LateMounts)
+	if err := prepareNamespace(m, spec.Mounts, root); err != nil {
+		return nil, err
+	}
+	if err := bindAll(m, early, root); err != nil {
+		return nil, err
+	}
+	if len(spec.LateMounts) > 0 {
+		late, trees, err := receiveTrees(ctl, spec.LateMounts)
+		if err != nil {
+			return nil, err
+		}
+		err = attachAll(m, trees, late, root)
+		for _, t := range trees {
+			_ = t.Close()
+		}
+		if err != nil {
+			return nil, err
+		}
+		if err := bindAll(m, after, root); err != nil {
+			return nil, err
+		}
+	}
+	if err := enterRoot(m, root); err != nil {
+		return nil, err
+	}
+
+	if spec.Dir != "" {
+		if fi, err := os.Stat(spec.Dir); err != nil {
+			return nil, fmt.Errorf("failed to change to working directory %q: %w", spec.Dir, err)
+		} else if !fi.IsDir() {
+			return nil, fmt.Errorf("failed to change to working directory %q: not a directory", spec.Dir)
+		}
+	}
+	path, err := lookPath(spec.Command, spec.Env)
+	if err != nil {
+		return nil, err
+	}
+
+	// The bounding and inheritable sets are per thread and inherited by the
+	// child; its effective set stays full until exec, for setuid(2) and
+	// setgid(2). At exec a root task gets exactly the kept set (inheritable
+	// and bounding), and a task of another user, whose permitted set
+	// setuid(2) emptied, gets nothing.
+	if err := dropBoundingSet(keep, last); err != nil {
+		return nil, err
+	}
+	inheritable := keep
+	if cred.UID != 0 {
+		inheritable = 0
+	}
+	if err := setInheritableCaps(inheritable); err != nil {
+		return nil, err
+	}
+
+	groups := make([]uint32, len(cred.Groups))
+	copy(groups, cred.Groups)
+	attr := &syscall.SysProcAttr{
+		Credential: &syscall.Credential{Uid: cred.UID, Gid: cred.GID, Groups: groups},
+	}
+	var leave func() error
+	if dir := group.UnifiedDir(); dir != "" {
+		fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return nil, fmt.Errorf("failed to open the task's cgroup %s: %w", dir, err)
+		}
+		defer unix.Close(fd)
+		attr.UseCgroupFD, attr.CgroupFD = true, fd
+	} else if leave, err = group.JoinThread(); err != nil {
+		return nil, err
+	}
+
+	env := spec.Env
+	if env == nil {
+		env = []string{}
+	}
+	cmd := &exec.Cmd{
+		Path:        path,
+		Args:        append([]string{spec.Command}, spec.Args...),
+		Env:         env,
+		Dir:         spec.Dir,
+		Stdin:       stdio[0],
+		Stdout:      stdio[1],
+		Stderr:      stdio[2],
+		SysProcAttr: attr,
+	}
+	restore, err := setOOMScoreAdj(spec.OOMScoreAdj)
+	if err == nil {
+		err = cmd.Start()
+		if rerr := restore(); rerr != nil && err == nil {
+			err = rerr
+			killStarted(cmd)
+		}
+	}
+	if err != nil {
+		err = fmt.Errorf("failed to execute %q: %w", path, err)
+	}
+	if leave != nil {
+		if lerr := leave(); lerr != nil && err == nil {
+			// The thread would count as one of the task's processes.
+			err = lerr
+			killStarted(cmd)
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	return cmd, nil
+}
+
+// killStarted kills and reaps a task that started but cannot be kept.
+func killStarted(cmd *exec.Cmd) {
+	_ = cmd.Process.Kill()
+	_, _ = cmd.Process.Wait()
+}
+
+// splitLate divides mounts into those set up before the late mounts and
+// those whose targets lie inside a late mount's target, which must wait
+// for it.
+func splitLate(mounts, late []Mount) (early, after []Mount) {
+	for _, mnt := range mounts {
+		inside := false
+		for _, l := range late {
+			if mounter.PathWithin(filepath.Clean(mnt.Target), filepath.Clean(l.Target)) {
+				inside = true
+				break
+			}
+		}
+		if inside {
+			after = append(after, mnt)
+		} else {
+			early = append(early, mnt)
+		}
+	}
+	return early, after
+}
+
+// attachAll attaches the late mounts' trees, parents before children.
+func attachAll(m mounter.Interface, trees []*os.File, late []Mount, root string) error {
+	order := make([]int, len(late))
+	for i := range order {
+		order[i] = i
+	}
+	// Stable: equal depths keep the spec's order.
+	for i := 1; i < len(order); i++ {
+		for j := i; j > 0 && depth(late[order[j]].Target) < depth(late[order[j-1]].Target); j-- {
+			order[j], order[j-1] = order[j-1], order[j]
+		}
+	}
+	for _, i := range order {
+		if err := attachTree(m, trees[i], late[i], root); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// receiveTrees waits for Start's lateMessage and returns its mounts and
+// their trees, checked against the spec's late mounts.
+func receiveTrees(ctl *os.File, want []Mount) ([]Mount, []*os.File, error) {
+	if ctl == nil {
+		return nil, nil, errors.New("the task has late mounts but the supervisor has no control socket")
+	}
+	buf := make([]byte, lateMessageMax)
+	oob := make([]byte, unix.CmsgSpace(4*len(want)))
+	nr, noob, flags, _, err := unix.Recvmsg(int(ctl.Fd()), buf, oob, unix.MSG_CMSG_CLOEXEC)
+	if err != nil {
+		return nil, nil, fmt.Errorf("failed to receive the task's volumes: %w", err)
+	}
+	var trees []*os.File
+	fail := func(err error) ([]Mount, []*os.File, error) {
+		for _, t := range trees {
+			_ = t.Close()
+		}
+		return nil, nil, err
+	}
+	msgs, err := unix.ParseSocketControlMessage(oob[:noob])
+	if err != nil {
+		return fail(fmt.Errorf("failed to receive the task's volumes: %w", err))
+	}
+	for _, msg := range msgs {
+		fds, err := unix.ParseUnixRights(&msg)
+		if err != nil {
+			continue
+		}
+		for _, fd := range fds {
+			trees = append(trees, os.NewFile(uintptr(fd), "late-mount-"+strconv.Itoa(len(trees))))
+		}
+	}
+	switch {
+	case nr == 0 && len(trees) == 0:
+		return fail(errors.New("the driver gave up on the task before its volumes were ready"))
+	case flags&(unix.MSG_CTRUNC|unix.MSG_TRUNC) != 0:
+		return fail(errors.New("failed to receive the task's volumes: the message was truncated"))
+	}
+	var lm lateMessage
+	if err := json.Unmarshal(buf[:nr], &lm); err != nil {
+		return fail(fmt.Errorf("failed to decode the driver's message about the task's volumes: %w", err))
+	}
+	if lm.Error != "" {
+		return fail(errors.New(lm.Error))
+	}
+	if len(trees) != len(want) || len(lm.Mounts) != len(want) {
+		return fail(fmt.Errorf("failed to receive the task's volumes: got %d mounts and %d trees for %d volumes",
+			len(lm.Mounts), len(trees), len(want)))
+	}
+	for i, mnt := range lm.Mounts {
+		if filepath.Clean(mnt.Target) != filepath.Clean(want[i].Target) {
+			return fail(fmt.Errorf("failed to receive the task's volumes: mount %d is for %q, want %q", i, mnt.Target, want[i].Target))
+		}
+	}
+	return lm.Mounts, trees, nil
+}
+
+// sendTrees clones the late mounts' sources on the host and sends them to
+// the supervisor; with cause set it tells the supervisor to give up
+// instead.
+func sendTrees(ctl *os.File, m mounter.Interface, mounts []Mount, cause error) error {
+	send := func(lm lateMessage, fds []int) error {
+		b, err := json.Marshal(lm)
+		if err != nil {
+			return err
+		}
+		var oob []byte
+		if len(fds) > 0 {
+			oob = unix.UnixRights(fds...)
+		}
+		if err := unix.Sendmsg(int(ctl.Fd()), b, oob, nil, 0); err != nil {
+			return fmt.Errorf("failed to hand the task's volumes to its supervisor: %w", err)
+		}
+		return nil
+	}
+	if cause != nil {
+		return send(lateMessage{Error: "the task's volumes could not be set up: " + cause.Error()}, nil)
+	}
+	var (
+		trees []*os.File
+		fds   []int
+	)
+	defer func() {
+		for _, t := range trees {
+			_ = t.Close()
+		}
+	}()
+	for _, mnt := range mounts {
+		t, err := m.CloneTree(mnt.Source, true)
+		if err != nil {
+			err = fmt.Errorf("mount %q: %w", mnt.Target, err)
+			_ = send(lateMessage{Error: err.Error()}, nil)
+			return err
+		}
+		trees = append(trees, t)
+		fds = append(fds, int(t.Fd()))
+	}
+	return send(lateMessage{Mounts: mounts}, fds)
+}
+
+// setOOMScoreAdj gives this process, and so the task forked next, the
+// task's oom_score_adj; restore puts the supervisor's own back. Lowering it
+// again needs no privilege as long as it does not go below where it was.
+func setOOMScoreAdj(adj int) (restore func() error, err error) {
+	const path = "/proc/self/oom_score_adj"
+	if adj == 0 {
+		return func() error { return nil }, nil
+	}
+	old, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("failed to read oom_score_adj: %w", err)
+	}
+	if err := os.WriteFile(path, []byte(strconv.Itoa(adj)), 0); err != nil {
+		return nil, fmt.Errorf("failed to set oom_score_adj to %d: %w", adj, err)
+	}
+	return func() error {
+		if err := os.WriteFile(path, []byte(strings.TrimSpace(string(old))), 0); err != nil {
+			return fmt.Errorf("failed to restore the supervisor's oom_score_adj: %w", err)
+		}
+		return nil
+	}, nil
+}
