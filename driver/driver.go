@@ -320,15 +320,24 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 		for _, r := range reqs {
 			spec.LateMounts = append(spec.LateMounts, executor.Mount{Target: r.Destination})
 		}
-		late = func() ([]executor.Mount, error) {
+		type setup struct {
+			mounts []executor.Mount
+			err    error
+		}
+		ready := make(chan setup, 1)
+		go func() {
 			mounts, err := d.setupVolumes(cfg, reqs)
-			if err != nil {
+			ready <- setup{mounts, err}
+		}()
+		late = sync.OnceValues(func() ([]executor.Mount, error) {
+			r := <-ready
+			if r.err != nil {
 				volumeErr = true
-				return nil, err
+				return nil, r.err
 			}
 			volumesUp = true
-			return inOrderOf(spec.LateMounts, mounts)
-		}
+			return inOrderOf(spec.LateMounts, r.mounts)
+		})
 	}
 	undoVolumes := func() {
 		if !volumesUp {
@@ -341,6 +350,10 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 
 	started, p, shared, err := d.startProcess(logger, spec, late)
 	if err != nil {
+		if late != nil {
+			// The process may have failed before it asked for them.
+			_, _ = late()
+		}
 		undoVolumes()
 		if volumeErr {
 			d.eventTargets.Delete(cfg.ID)

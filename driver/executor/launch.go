@@ -44,51 +44,104 @@ const lateMessageMax = 64 << 10
 // to set the task up. The thread is never unlocked: the runtime ends it
 // with its goroutine, and only the task keeps the namespace alive.
 //
-// It returns once the command runs. On error nothing was forked, and the
-// thread has left the group.
-func launchTask(spec *Spec, group *cgroups.Group, stdio []*os.File, ctl *os.File) (*exec.Cmd, error) {
+// It returns once the command runs. On v1 the thread is still in the
+// task's cgroup then, on its way out: left says when it is not, and
+// nothing may look for the group's processes before (see
+// cgroups.Group.JoinThread). On error nothing was forked, and the thread
+// has left the group.
+func launchTask(spec *Spec, group *cgroups.Group, stdio []*os.File, ctl *os.File) (cmd *exec.Cmd, left <-chan error, err error) {
 	type result struct {
 		cmd *exec.Cmd
 		err error
 	}
 	done := make(chan result, 1)
+	leftCh := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
-		cmd, err := launchOnThread(spec, group, stdio, ctl)
+		cmd, leave, err := launchOnThread(spec, group, stdio, ctl)
 		done <- result{cmd, err}
+		if err == nil && leave != nil {
+			leftCh <- leave()
+			return
+		}
+		leftCh <- nil
 	}()
 	r := <-done
-	return r.cmd, r.err
+	return r.cmd, leftCh, r.err
 }
 
-func launchOnThread(spec *Spec, group *cgroups.Group, stdio []*os.File, ctl *os.File) (*exec.Cmd, error) {
+// launchOnThread runs on launchTask's thread. It does what does not depend
+// on the late mounts before it waits for them.
+func launchOnThread(spec *Spec, group *cgroups.Group, stdio []*os.File, ctl *os.File) (cmd *exec.Cmd, leave func() error, err error) {
 	cred, err := resolveUser(spec.User)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	last, err := lastCap()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	keep, err := keptCaps(spec.Privileged, spec.Capabilities, last)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 
 	// unshare(2) of the mount namespace (and so of the filesystem context)
 	// changes only the calling thread.
 	if err := unix.Unshare(unix.CLONE_FS | unix.CLONE_NEWNS); err != nil {
-		return nil, fmt.Errorf("failed to make the task's mount namespace: %w", err)
+		return nil, nil, fmt.Errorf("failed to make the task's mount namespace: %w", err)
 	}
 	m := mounter.New()
 	root := filepath.Join(spec.StateDir, "root")
 	early, after := splitLate(spec.Mounts, spec.LateMounts)
 	if err := prepareNamespace(m, spec.Mounts, root); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if err := bindAll(m, early, root); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
+
+	// The bounding and inheritable sets are per thread and inherited by the
+	// child; the thread's effective set stays full, for the mounts still to
+	// come and for setuid(2) and setgid(2) in the child. At exec a root
+	// task gets exactly the kept set (inheritable and bounding), and a task
+	// of another user, whose permitted set setuid(2) emptied, gets nothing.
+	if err := dropBoundingSet(keep, last); err != nil {
+		return nil, nil, err
+	}
+	inheritable := keep
+	if cred.UID != 0 {
+		inheritable = 0
+	}
+	if err := setInheritableCaps(inheritable); err != nil {
+		return nil, nil, err
+	}
+	groups := make([]uint32, len(cred.Groups))
+	copy(groups, cred.Groups)
+	attr := &syscall.SysProcAttr{
+		Credential: &syscall.Credential{Uid: cred.UID, Gid: cred.GID, Groups: groups},
+	}
+	if dir := group.UnifiedDir(); dir != "" {
+		fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return nil, nil, fmt.Errorf("failed to open the task's cgroup %s: %w", dir, err)
+		}
+		defer unix.Close(fd)
+		attr.UseCgroupFD, attr.CgroupFD = true, fd
+	} else if leave, err = group.JoinThread(); err != nil {
+		return nil, nil, err
+	}
+	cmd, err = forkTask(m, spec, attr, root, early, after, stdio, ctl)
+	if err != nil && leave != nil {
+		err = errors.Join(err, leave())
+		leave = nil
+	}
+	return cmd, leave, err
+}
+
+// forkTask finishes the task's mounts once the late ones are there, enters
+// its root and forks it.
+func forkTask(m mounter.Interface, spec *Spec, attr *syscall.SysProcAttr, root string, early, after []Mount, stdio []*os.File, ctl *os.File) (*exec.Cmd, error) {
 	if len(spec.LateMounts) > 0 {
 		late, trees, err := receiveTrees(ctl, spec.LateMounts)
 		if err != nil {
@@ -120,40 +173,6 @@ func launchOnThread(spec *Spec, group *cgroups.Group, stdio []*os.File, ctl *os.
 	if err != nil {
 		return nil, err
 	}
-
-	// The bounding and inheritable sets are per thread and inherited by the
-	// child; its effective set stays full until exec, for setuid(2) and
-	// setgid(2). At exec a root task gets exactly the kept set (inheritable
-	// and bounding), and a task of another user, whose permitted set
-	// setuid(2) emptied, gets nothing.
-	if err := dropBoundingSet(keep, last); err != nil {
-		return nil, err
-	}
-	inheritable := keep
-	if cred.UID != 0 {
-		inheritable = 0
-	}
-	if err := setInheritableCaps(inheritable); err != nil {
-		return nil, err
-	}
-
-	groups := make([]uint32, len(cred.Groups))
-	copy(groups, cred.Groups)
-	attr := &syscall.SysProcAttr{
-		Credential: &syscall.Credential{Uid: cred.UID, Gid: cred.GID, Groups: groups},
-	}
-	var leave func() error
-	if dir := group.UnifiedDir(); dir != "" {
-		fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			return nil, fmt.Errorf("failed to open the task's cgroup %s: %w", dir, err)
-		}
-		defer unix.Close(fd)
-		attr.UseCgroupFD, attr.CgroupFD = true, fd
-	} else if leave, err = group.JoinThread(); err != nil {
-		return nil, err
-	}
-
 	env := spec.Env
 	if env == nil {
 		env = []string{}
@@ -169,25 +188,16 @@ func launchOnThread(spec *Spec, group *cgroups.Group, stdio []*os.File, ctl *os.
 		SysProcAttr: attr,
 	}
 	restore, err := setOOMScoreAdj(spec.OOMScoreAdj)
-	if err == nil {
-		err = cmd.Start()
-		if rerr := restore(); rerr != nil && err == nil {
-			err = rerr
-			killStarted(cmd)
-		}
-	}
-	if err != nil {
-		err = fmt.Errorf("failed to execute %q: %w", path, err)
-	}
-	if leave != nil {
-		if lerr := leave(); lerr != nil && err == nil {
-			// The thread would count as one of the task's processes.
-			err = lerr
-			killStarted(cmd)
-		}
-	}
 	if err != nil {
 		return nil, err
+	}
+	err = cmd.Start()
+	if rerr := restore(); rerr != nil && err == nil {
+		err = rerr
+		killStarted(cmd)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("failed to execute %q: %w", path, err)
 	}
 	return cmd, nil
 }

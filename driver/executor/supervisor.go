@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"syscall"
 	"time"
 
@@ -88,7 +89,7 @@ func runSupervisor(args []string) int {
 		ctl = os.NewFile(supervisorControlFD, "control-socket")
 		unix.CloseOnExec(supervisorControlFD)
 	}
-	cmd, group, err := startTask(&spec, ctl)
+	cmd, group, left, err := startTask(&spec, ctl)
 	if ctl != nil {
 		_ = ctl.Close()
 	}
@@ -103,8 +104,12 @@ func runSupervisor(args []string) int {
 		// this is unexpected): report it anyway, Wait will tell.
 		logger.Warn("failed to read the task's start time", "pid", cmd.Process.Pid, "error", err)
 	}
-	logger.Info("task started", "pid", cmd.Process.Pid)
 	sendReport(readyReport{TaskPID: cmd.Process.Pid, TaskStart: start, Cgroup: group.State()})
+	logger.Info("task started", "pid", cmd.Process.Pid)
+	if err := <-left; err != nil {
+		logger.Warn("the launching thread failed to leave the task's cgroup; waiting for it to end", "error", err)
+		waitThreadsLeft(group)
+	}
 
 	status := waitTask(logger, cmd, group)
 	if err := writeJSONAtomic(filepath.Join(stateDir, exitFile), status, 0o600); err != nil {
@@ -121,28 +126,28 @@ func runSupervisor(args []string) int {
 //
 // The supervisor, not Start, makes the cgroup, so that everything the task
 // owns is made and removed by the one process that outlives the driver.
-func startTask(spec *Spec, ctl *os.File) (*exec.Cmd, *cgroups.Group, error) {
+func startTask(spec *Spec, ctl *os.File) (*exec.Cmd, *cgroups.Group, <-chan error, error) {
 	stdin, err := os.Open(os.DevNull)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	defer stdin.Close()
 	stdout, err := openLog(spec.StdoutPath)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	defer stdout.Close()
 	stderr, err := openLog(spec.StderrPath)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	defer stderr.Close()
 
 	group, err := cgroups.Create(spec.CgroupParent, spec.cgroupName(), spec.Limits)
 	if err != nil {
-		return nil, nil, fmt.Errorf("failed to create the task's cgroup: %w", err)
+		return nil, nil, nil, fmt.Errorf("failed to create the task's cgroup: %w", err)
 	}
-	cmd, err := launchTask(spec, group, []*os.File{stdin, stdout, stderr}, ctl)
+	cmd, left, err := launchTask(spec, group, []*os.File{stdin, stdout, stderr}, ctl)
 	if err != nil {
 		// Nothing was forked, so there is nothing to kill (and a kill could
 		// hit this process while its launching thread is still in the
@@ -150,9 +155,22 @@ func startTask(spec *Spec, ctl *os.File) (*exec.Cmd, *cgroups.Group, error) {
 		if derr := group.Destroy(); derr != nil {
 			err = errors.Join(err, derr)
 		}
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	return cmd, group, nil
+	return cmd, group, left, nil
+}
+
+// waitThreadsLeft waits, for a while, until no thread of this process is in
+// the group, so that killing the group's processes cannot hit this one.
+func waitThreadsLeft(group *cgroups.Group) {
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		pids, err := group.Pids()
+		if err != nil || !slices.Contains(pids, os.Getpid()) {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // logReaderWait bounds how long openLog waits for a reader on a log FIFO.
