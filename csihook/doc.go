@@ -64,31 +64,65 @@
 // Every step is journalled before and after its call, so a crash leaves
 // either a finished step or one marked in progress ("uncertain"). The
 // journal directory (Config.JournalDir, default Root/journal, mode 0700)
-// holds one JSON file per volume on the node and one per volume of a task,
-// each replaced atomically (temp file, fsync, rename, fsync of the
-// directory); a flock on .lock keeps a second manager out.
+// holds journal.log (mode 0600) and .lock, whose flock keeps a second
+// manager out. The journal keeps the live records in memory too; the log
+// is only read when the manager starts.
 //
-//	v-<hash(plugin id, volume id)>.json   volume on this node
+// The log is append-only. Each commit appends one frame holding a batch of
+// operations and is made durable with fdatasync before it returns:
+//
+//	"\xffCSJ" | payload length (uint32 LE) | CRC-32C of the three (uint32 LE) | payload
+//	payload: {"ops": [{"op": "put_vol", "vol": {...}},
+//	                  {"op": "drop_task", "task_id": ..., "name": ...}, ...]}
+//
+// put_vol, put_task and put_created carry a whole record, drop_vol
+// (plugin_id, volume_id), drop_task (task_id, name) and drop_created
+// (plugin_id, name) its key. Replay applies the frames in order, later
+// records winning and drops deleting; a batch is replayed whole or not at
+// all. The file is zero-filled ahead of the log, so that a commit
+// overwrites zeros instead of growing the file; the log ends where only
+// zeros follow. Records:
+//
+//	volume on this node
 //	  {"version":1, "plugin_id", "volume_id", "staging_path", "node_id",
 //	   "access_mode", "attachment_mode", "fs_type", "mount_flags",
 //	   "volume_context", "publish_context", "secrets",
 //	   "controller": ""|"publishing"|"published"|"unpublishing",
 //	   "stage": ""|"staging"|"staged"|"unstaging", "updated"}
-//	t-<hash(task id)>-<hash(name)>.json   volume of a task
+//	volume of a task
 //	  {"version":1, "task_id", "name", "seq", "plugin_id", "volume_id",
 //	   "target", "destination", "read_only", "access_mode",
 //	   "attachment_mode", "fs_type", "mount_flags", "volume_context",
 //	   "secrets", "state": "pending"|"publishing"|"published"|"unpublishing",
 //	   "updated"}
+//	volume created by name
+//	  {"version":1, "plugin_id", "name", "volume_id", "volume_context",
+//	   "updated"}
 //
-// The volume file is written before the task file, and a task file exists
-// from before the first call made for it until its unpublish finished. The
-// number of users of a volume is never stored: it is the number of task
-// files naming it, so it cannot drift from what is really published. The
-// files hold the volume's secrets (mode 0600) so that an interrupted call
-// can be re-issued and ControllerUnpublishVolume sent after a restart.
-// Records that cannot be read are renamed *.bad and logged, never guessed
-// at.
+// A task record exists from before the first call made for it until its
+// unpublish finished. The number of users of a volume is never stored: it
+// is the number of task records naming it, so it cannot drift from what is
+// really published. The records hold the volume's secrets so that an
+// interrupted call can be re-issued and ControllerUnpublishVolume sent
+// after a restart; they never reach a log line.
+//
+// At start the log is replayed and then compacted: the live records are
+// written to a temp file, fsynced, renamed over the log, and the directory
+// fsynced. The same happens while running once the log passes 1 MiB and
+// twice the size of the live records. A frame cut short by a crash at the
+// end of the log is dropped with a warning. A damaged frame followed by
+// intact ones is skipped with an error and the frames after it are kept
+// (they are newer and say what is mounted now); a copy of the log as it
+// was is kept as journal.log.<time>.bad, mode 0600, and what the lost
+// records described must be cleaned up by hand. Records of another version
+// are skipped the same way, never guessed at.
+//
+// Journals of the earlier format, one JSON file per record
+// (v-<hash(plugin id, volume id)>.json, t-<hash(task id)>-<hash(name)>.json,
+// c-<hash(plugin id, name)>.json), are moved into the log at start: the
+// files are read over what the log holds, written into it durably, and
+// only then removed. Files that cannot be read are renamed *.bad and
+// logged.
 //
 // # Recovery
 //

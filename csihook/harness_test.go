@@ -149,15 +149,40 @@ func (h *harness) eventMsgs() []string {
 	return out
 }
 
-func (h *harness) journalFiles() []string {
+// journalRecords lists what the journal holds on disk: its live volume
+// and task records as "vol <plugin>/<volume> <stage>/<controller>" and
+// "task <task>/<name> <state>", and any file but the log and the lock by
+// name (such as *.bad), sorted. Records of created volumes are left out:
+// they stay by design, they are not work left to do.
+func (h *harness) journalRecords() []string {
 	h.t.Helper()
-	entries, err := os.ReadDir(filepath.Join(h.root, "journal"))
-	must.NoError(h.t, err)
+	return journalRecords(h.t, filepath.Join(h.root, "journal"))
+}
+
+// diskJournal replays the journal's log as it is on disk.
+func diskJournal(t testing.TB, dir string) *journalState {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(dir, logName))
+	must.NoError(t, err)
+	scan := scanLog(data, hclog.NewNullLogger())
+	must.Eq(t, 0, scan.torn+scan.damaged+scan.badOps)
+	return scan.state
+}
+
+func journalRecords(t testing.TB, dir string) []string {
+	t.Helper()
+	s := diskJournal(t, dir)
 	var out []string
+	for _, v := range s.vols {
+		out = append(out, fmt.Sprintf("vol %s/%s %s/%s", v.PluginID, v.VolumeID, v.Stage, v.Controller))
+	}
+	for _, tr := range s.tasks {
+		out = append(out, fmt.Sprintf("task %s/%s %s", tr.TaskID, tr.Name, tr.State))
+	}
+	entries, err := os.ReadDir(dir)
+	must.NoError(t, err)
 	for _, e := range entries {
-		// Records of created volumes stay by design: they are not work
-		// left to do.
-		if e.Name() != ".lock" && !strings.HasPrefix(e.Name(), "c-") {
+		if e.Name() != ".lock" && e.Name() != logName {
 			out = append(out, e.Name())
 		}
 	}

@@ -333,15 +333,5 @@ func assertGone(t *testing.T, paths ...string) {
 
 func journalEntries(t *testing.T, root string) []string {
 	t.Helper()
-	entries, err := os.ReadDir(filepath.Join(root, "journal"))
-	must.NoError(t, err)
-	var out []string
-	for _, e := range entries {
-		// Records of created volumes stay by design: they are not work
-		// left to do.
-		if e.Name() != ".lock" && !strings.HasPrefix(e.Name(), "c-") {
-			out = append(out, e.Name())
-		}
-	}
-	return out
+	return journalRecords(t, filepath.Join(root, "journal"))
 }

@@ -1,15 +1,21 @@
 package csihook
 
 import (
+	"bytes"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
+	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -96,56 +102,6 @@ func shortHash(parts ...string) string {
 	return hex.EncodeToString(sum[:8])
 }
 
-// journal keeps one JSON file per volume on this node (v-<hash>.json) and
-// one per volume of a task (t-<task hash>-<name hash>.json), each replaced
-// atomically. A lock file keeps a second driver off the same directory.
-type journal struct {
-	dir  string
-	lock *os.File
-}
-
-func openJournal(dir string) (*journal, error) {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("failed to create journal directory %q: %w", dir, err)
-	}
-	f, err := os.OpenFile(filepath.Join(dir, ".lock"), os.O_CREATE|os.O_RDWR|unix.O_CLOEXEC, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("failed to open journal lock in %q: %w", dir, err)
-	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("journal directory %q is in use by another volume manager: %w", dir, err)
-	}
-	return &journal{dir: dir, lock: f}, nil
-}
-
-func (j *journal) close() {
-	if j.lock != nil {
-		j.lock.Close()
-		j.lock = nil
-	}
-}
-
-func (j *journal) volPath(k volKey) string {
-	return filepath.Join(j.dir, "v-"+shortHash(k.plugin, k.volume)+".json")
-}
-
-func (j *journal) taskPath(taskID, name string) string {
-	return filepath.Join(j.dir, "t-"+shortHash(taskID)+"-"+shortHash(name)+".json")
-}
-
-func (j *journal) putVol(v volRecord) error {
-	v.Version, v.Updated = journalVersion, time.Now().UTC()
-	return j.write(j.volPath(v.key()), v)
-}
-
-func (j *journal) putTask(t taskRecord) error {
-	t.Version, t.Updated = journalVersion, time.Now().UTC()
-	return j.write(j.taskPath(t.TaskID, t.Name), t)
-}
-
-func (j *journal) dropVol(k volKey) error { return j.remove(j.volPath(k)) }
-
 // createdRecord remembers what a plugin answered to CreateVolume: the id
 // and context it gave the volume created under a name (a request's
 // volume_id). Later requests for that name without a create block use
@@ -160,145 +116,166 @@ type createdRecord struct {
 	Updated       time.Time         `json:"updated"`
 }
 
-func (j *journal) createdPath(plugin, name string) string {
-	return filepath.Join(j.dir, "c-"+shortHash(plugin, name)+".json")
+// The journal is one append-only log, journal.log in the journal
+// directory. Each commit appends one frame holding a batch of operations
+// and is made durable with fdatasync before it returns:
+//
+//	magic "\xffCSJ" | length uint32 LE | CRC-32C uint32 LE | payload
+//
+// The CRC covers the magic, the length and the payload, so a frame is
+// whole or it is not a frame: a batch is replayed entirely or not at all.
+// The payload is JSON, {"ops": [...]}, each op one of put_vol, drop_vol,
+// put_task, drop_task, put_created or drop_created; puts carry the whole
+// record, drops its key. JSON never holds the byte 0xff, so the magic
+// cannot occur inside a payload and a scan for it finds frame starts only.
+//
+// The file is kept longer than the log, zero-filled: a commit then
+// overwrites zeros, and its fdatasync has no file size to write, which
+// on ext4 saves a journal commit. Zeros are where the log ends; a frame
+// never starts with one.
+const (
+	logName     = "journal.log"
+	frameMagic  = "\xffCSJ"
+	frameHeader = 12
+	// maxFrame bounds a frame's length, so a damaged length field is
+	// recognised as damage rather than read as a huge frame.
+	maxFrame = 64 << 20
+	// defaultCompactMin is the log size below which the log is never
+	// compacted; above it, it is compacted once it is twice the size of
+	// the live records.
+	defaultCompactMin = 1 << 20
+	// snapshotChunk is how many records go into one frame of a snapshot.
+	snapshotChunk = 256
+	// preallocate is the step in which the file grows ahead of the log.
+	preallocate = 256 << 10
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// Operations of a batch.
+const (
+	opPutVol      = "put_vol"
+	opDropVol     = "drop_vol"
+	opPutTask     = "put_task"
+	opDropTask    = "drop_task"
+	opPutCreated  = "put_created"
+	opDropCreated = "drop_created"
+)
+
+// journalOp is one operation of a batch: a put carries the whole record,
+// a drop the key of the record it removes.
+type journalOp struct {
+	Op       string         `json:"op"`
+	Vol      *volRecord     `json:"vol,omitempty"`
+	Task     *taskRecord    `json:"task,omitempty"`
+	Created  *createdRecord `json:"created,omitempty"`
+	PluginID string         `json:"plugin_id,omitempty"`
+	VolumeID string         `json:"volume_id,omitempty"`
+	TaskID   string         `json:"task_id,omitempty"`
+	Name     string         `json:"name,omitempty"`
 }
 
-func (j *journal) putCreated(c createdRecord) error {
+func volPut(v volRecord) journalOp {
+	v.Version, v.Updated = journalVersion, time.Now().UTC()
+	return journalOp{Op: opPutVol, Vol: &v}
+}
+
+func volDrop(k volKey) journalOp {
+	return journalOp{Op: opDropVol, PluginID: k.plugin, VolumeID: k.volume}
+}
+
+func taskPut(t taskRecord) journalOp {
+	t.Version, t.Updated = journalVersion, time.Now().UTC()
+	return journalOp{Op: opPutTask, Task: &t}
+}
+
+func taskDrop(taskID, name string) journalOp {
+	return journalOp{Op: opDropTask, TaskID: taskID, Name: name}
+}
+
+func createdPut(c createdRecord) journalOp {
 	c.Version, c.Updated = journalVersion, time.Now().UTC()
-	return j.write(j.createdPath(c.PluginID, c.Name), c)
+	return journalOp{Op: opPutCreated, Created: &c}
 }
 
-// created reads the record of a volume created under name, if any.
-func (j *journal) created(plugin, name string) (createdRecord, bool) {
-	data, err := os.ReadFile(j.createdPath(plugin, name))
-	if err != nil {
-		return createdRecord{}, false
-	}
-	var c createdRecord
-	if json.Unmarshal(data, &c) != nil || c.Version != journalVersion || c.PluginID != plugin || c.Name != name || c.VolumeID == "" {
-		return createdRecord{}, false
-	}
-	return c, true
+func createdDrop(plugin, name string) journalOp {
+	return journalOp{Op: opDropCreated, PluginID: plugin, Name: name}
 }
 
-func (j *journal) dropTask(taskID, name string) error { return j.remove(j.taskPath(taskID, name)) }
+// target names the record an op writes, for merging ops of one batch.
+func (o journalOp) target() string {
+	switch o.Op {
+	case opPutVol:
+		return "v\x00" + o.Vol.PluginID + "\x00" + o.Vol.VolumeID
+	case opDropVol:
+		return "v\x00" + o.PluginID + "\x00" + o.VolumeID
+	case opPutTask:
+		return "t\x00" + o.Task.TaskID + "\x00" + o.Task.Name
+	case opDropTask:
+		return "t\x00" + o.TaskID + "\x00" + o.Name
+	case opPutCreated:
+		return "c\x00" + o.Created.PluginID + "\x00" + o.Created.Name
+	case opDropCreated:
+		return "c\x00" + o.PluginID + "\x00" + o.Name
+	}
+	return ""
+}
 
-// write replaces path with v's JSON: temp file, fsync, rename, fsync of
-// the directory. A crash leaves either the old or the new record.
-func (j *journal) write(path string, v any) error {
-	data, err := json.Marshal(v)
-	if err != nil {
-		return fmt.Errorf("failed to encode journal record %q: %w", path, err)
-	}
-	f, err := os.CreateTemp(j.dir, ".tmp-")
-	if err != nil {
-		return fmt.Errorf("failed to write journal record %q: %w", path, err)
-	}
-	tmp := f.Name()
-	ok := false
-	defer func() {
-		if !ok {
-			f.Close()
-			os.Remove(tmp)
+// check says what is wrong with an op read back from the log, if
+// anything. Records of another version are not guessed at.
+func (o journalOp) check() error {
+	switch o.Op {
+	case opPutVol:
+		if o.Vol == nil {
+			return errors.New("volume record missing")
 		}
-	}()
-	if err := f.Chmod(0o600); err != nil {
-		return fmt.Errorf("failed to write journal record %q: %w", path, err)
-	}
-	if _, err := f.Write(data); err != nil {
-		return fmt.Errorf("failed to write journal record %q: %w", path, err)
-	}
-	if err := f.Sync(); err != nil {
-		return fmt.Errorf("failed to sync journal record %q: %w", path, err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("failed to write journal record %q: %w", path, err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("failed to write journal record %q: %w", path, err)
-	}
-	ok = true
-	return j.syncDir()
-}
-
-func (j *journal) remove(path string) error {
-	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("failed to remove journal record %q: %w", path, err)
-	}
-	return j.syncDir()
-}
-
-func (j *journal) syncDir() error {
-	d, err := os.Open(j.dir)
-	if err != nil {
-		return fmt.Errorf("failed to sync journal directory %q: %w", j.dir, err)
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("failed to sync journal directory %q: %w", j.dir, err)
+		return checkRecord(o.Vol.Version, o.Vol.PluginID, o.Vol.VolumeID)
+	case opPutTask:
+		if o.Task == nil {
+			return errors.New("task record missing")
+		}
+		if err := checkRecord(o.Task.Version, o.Task.PluginID, o.Task.VolumeID); err != nil {
+			return err
+		}
+		if o.Task.TaskID == "" || o.Task.Target == "" {
+			return errors.New("task id or target missing")
+		}
+	case opPutCreated:
+		if o.Created == nil {
+			return errors.New("created record missing")
+		}
+		return checkCreated(*o.Created)
+	case opDropVol:
+		if o.PluginID == "" || o.VolumeID == "" {
+			return errors.New("plugin or volume id missing")
+		}
+	case opDropTask:
+		if o.TaskID == "" || o.Name == "" {
+			return errors.New("task id or name missing")
+		}
+	case opDropCreated:
+		if o.PluginID == "" || o.Name == "" {
+			return errors.New("plugin id or name missing")
+		}
+	default:
+		return fmt.Errorf("unknown operation %q", o.Op)
 	}
 	return nil
 }
 
-// load reads every record. Leftover temp files are removed; records that
-// cannot be read are renamed to *.bad and reported, since what they
-// describe can no longer be undone automatically.
-func (j *journal) load(logger hclog.Logger) ([]volRecord, []taskRecord, error) {
-	entries, err := os.ReadDir(j.dir)
-	if err != nil {
-		return nil, nil, fmt.Errorf("failed to read journal directory %q: %w", j.dir, err)
+// logAttrs are an op's ids for a log line; never its record, which holds
+// secrets.
+func (o journalOp) logAttrs() []any {
+	plugin, volume, task, name := o.PluginID, o.VolumeID, o.TaskID, o.Name
+	switch {
+	case o.Vol != nil:
+		plugin, volume = o.Vol.PluginID, o.Vol.VolumeID
+	case o.Task != nil:
+		plugin, volume, task, name = o.Task.PluginID, o.Task.VolumeID, o.Task.TaskID, o.Task.Name
+	case o.Created != nil:
+		plugin, volume, name = o.Created.PluginID, o.Created.VolumeID, o.Created.Name
 	}
-	var (
-		vols  []volRecord
-		tasks []taskRecord
-	)
-	for _, e := range entries {
-		name := e.Name()
-		path := filepath.Join(j.dir, name)
-		switch {
-		case strings.HasPrefix(name, ".tmp-"):
-			os.Remove(path)
-			continue
-		case !strings.HasSuffix(name, ".json"):
-			continue
-		}
-		data, err := os.ReadFile(path)
-		if err != nil {
-			return nil, nil, fmt.Errorf("failed to read journal record %q: %w", path, err)
-		}
-		var bad error
-		switch {
-		case strings.HasPrefix(name, "v-"):
-			var v volRecord
-			if bad = json.Unmarshal(data, &v); bad == nil {
-				if bad = checkRecord(v.Version, v.PluginID, v.VolumeID); bad == nil && j.volPath(v.key()) != path {
-					bad = errors.New("file name does not match its plugin and volume")
-				}
-			}
-			if bad == nil {
-				vols = append(vols, v)
-			}
-		case strings.HasPrefix(name, "t-"):
-			var t taskRecord
-			if bad = json.Unmarshal(data, &t); bad == nil {
-				if bad = checkRecord(t.Version, t.PluginID, t.VolumeID); bad == nil && (t.TaskID == "" || t.Target == "") {
-					bad = errors.New("task id or target missing")
-				}
-			}
-			if bad == nil {
-				tasks = append(tasks, t)
-			}
-		default:
-			continue
-		}
-		if bad != nil {
-			logger.Error("unreadable journal record set aside; what it describes must be cleaned up by hand",
-				"path", path, "error", bad)
-			os.Rename(path, path+".bad")
-		}
-	}
-	return vols, tasks, nil
+	return []any{"op", o.Op, "plugin_id", plugin, "volume_id", volume, "task_id", task, "name", name}
 }
 
 func checkRecord(version int, plugin, volume string) error {
@@ -309,4 +286,578 @@ func checkRecord(version int, plugin, volume string) error {
 		return errors.New("plugin or volume id missing")
 	}
 	return nil
+}
+
+func checkCreated(c createdRecord) error {
+	if c.Version != journalVersion {
+		return fmt.Errorf("record version %d, want %d", c.Version, journalVersion)
+	}
+	if c.PluginID == "" || c.Name == "" || c.VolumeID == "" {
+		return errors.New("plugin id, name or volume id missing")
+	}
+	return nil
+}
+
+// merge keeps the last op of each record, in the order of those last
+// ops: replaying the result gives the same records as replaying ops.
+func merge(ops []journalOp) []journalOp {
+	last := make(map[string]int, len(ops))
+	for i, o := range ops {
+		last[o.target()] = i
+	}
+	if len(last) == len(ops) {
+		return ops
+	}
+	out := make([]journalOp, 0, len(last))
+	for i, o := range ops {
+		if last[o.target()] == i {
+			out = append(out, o)
+		}
+	}
+	return out
+}
+
+type taskKey struct{ taskID, name string }
+
+type createdKey struct{ plugin, name string }
+
+// journalState is the live records: what replaying the log gives.
+type journalState struct {
+	vols    map[volKey]volRecord
+	tasks   map[taskKey]taskRecord
+	created map[createdKey]createdRecord
+}
+
+func newJournalState() *journalState {
+	return &journalState{vols: map[volKey]volRecord{}, tasks: map[taskKey]taskRecord{}, created: map[createdKey]createdRecord{}}
+}
+
+func (s *journalState) apply(ops ...journalOp) {
+	for _, o := range ops {
+		switch o.Op {
+		case opPutVol:
+			s.vols[o.Vol.key()] = *o.Vol
+		case opDropVol:
+			delete(s.vols, volKey{o.PluginID, o.VolumeID})
+		case opPutTask:
+			s.tasks[taskKey{o.Task.TaskID, o.Task.Name}] = *o.Task
+		case opDropTask:
+			delete(s.tasks, taskKey{o.TaskID, o.Name})
+		case opPutCreated:
+			s.created[createdKey{o.Created.PluginID, o.Created.Name}] = *o.Created
+		case opDropCreated:
+			delete(s.created, createdKey{o.PluginID, o.Name})
+		}
+	}
+}
+
+// snapshot returns a put of every live record, in a stable order.
+func (s *journalState) snapshot() []journalOp {
+	ops := make([]journalOp, 0, len(s.vols)+len(s.tasks)+len(s.created))
+	for _, v := range s.vols {
+		ops = append(ops, journalOp{Op: opPutVol, Vol: &v})
+	}
+	for _, t := range s.tasks {
+		ops = append(ops, journalOp{Op: opPutTask, Task: &t})
+	}
+	for _, c := range s.created {
+		ops = append(ops, journalOp{Op: opPutCreated, Created: &c})
+	}
+	sort.Slice(ops, func(i, j int) bool { return ops[i].target() < ops[j].target() })
+	return ops
+}
+
+type frameBody struct {
+	Ops []journalOp `json:"ops"`
+}
+
+// encodeFrame frames a batch.
+func encodeFrame(ops []journalOp) ([]byte, error) {
+	payload, err := json.Marshal(frameBody{Ops: ops})
+	if err != nil {
+		return nil, fmt.Errorf("failed to encode journal batch: %w", err)
+	}
+	if len(payload) > maxFrame {
+		return nil, fmt.Errorf("journal batch of %d bytes is larger than the limit of %d", len(payload), maxFrame)
+	}
+	buf := make([]byte, frameHeader, frameHeader+len(payload))
+	copy(buf, frameMagic)
+	binary.LittleEndian.PutUint32(buf[4:], uint32(len(payload)))
+	buf = append(buf, payload...)
+	sum := crc32.Update(crc32.Checksum(buf[:8], castagnoli), castagnoli, payload)
+	binary.LittleEndian.PutUint32(buf[8:], sum)
+	return buf, nil
+}
+
+// readFrame returns the payload of the frame at off and the offset after
+// it, or ok false when no whole, intact frame starts at off.
+func readFrame(data []byte, off int) (payload []byte, next int, ok bool) {
+	if len(data)-off < frameHeader || string(data[off:off+4]) != frameMagic {
+		return nil, 0, false
+	}
+	n := binary.LittleEndian.Uint32(data[off+4:])
+	if n > maxFrame || uint64(n) > uint64(len(data)-off-frameHeader) {
+		return nil, 0, false
+	}
+	next = off + frameHeader + int(n)
+	payload = data[off+frameHeader : next]
+	sum := crc32.Update(crc32.Checksum(data[off:off+8], castagnoli), castagnoli, payload)
+	if sum != binary.LittleEndian.Uint32(data[off+8:]) {
+		return nil, 0, false
+	}
+	return payload, next, true
+}
+
+// nextFrame returns the offset of the first intact frame at or after
+// off, or -1.
+func nextFrame(data []byte, off int) int {
+	for off < len(data) {
+		i := bytes.Index(data[off:], []byte(frameMagic))
+		if i < 0 {
+			return -1
+		}
+		if _, _, ok := readFrame(data, off+i); ok {
+			return off + i
+		}
+		off += i + 1
+	}
+	return -1
+}
+
+// logScan is what reading a log gave.
+type logScan struct {
+	state *journalState
+	// end is the offset after the last intact frame.
+	end int
+	// torn is how many bytes after end hold no intact frame: a batch a
+	// crash interrupted (or damage at the very end, which cannot be told
+	// apart from one).
+	torn int
+	// damaged counts bytes between intact frames that are not frames;
+	// badOps counts ops of intact frames that could not be used.
+	damaged, badOps int
+}
+
+// scanLog replays a log: later records win, drops delete. The log ends
+// where only zeros follow. A damaged frame followed by intact ones is
+// skipped and counted, not taken for the end of the log: the frames after
+// it are newer and describe what is mounted now. Nothing is logged here
+// but ops that cannot be used.
+func scanLog(data []byte, logger hclog.Logger) logScan {
+	s := logScan{state: newJournalState()}
+	off := 0
+	for off < len(data) {
+		payload, next, ok := readFrame(data, off)
+		if !ok {
+			if allZero(data[off:]) {
+				break
+			}
+			resume := nextFrame(data, off+1)
+			if resume < 0 {
+				s.torn = len(data) - off
+				for s.torn > 0 && data[off+s.torn-1] == 0 {
+					s.torn--
+				}
+				break
+			}
+			s.damaged += resume - off
+			off = resume
+			continue
+		}
+		off, s.end = next, next
+		var body frameBody
+		if err := json.Unmarshal(payload, &body); err != nil {
+			s.badOps++
+			logger.Error("journal batch cannot be decoded; its records are lost", "offset", off-len(payload)-frameHeader)
+			continue
+		}
+		for _, o := range body.Ops {
+			if err := o.check(); err != nil {
+				s.badOps++
+				logger.Error("journal record cannot be used; what it describes must be cleaned up by hand",
+					append(o.logAttrs(), "error", err)...)
+				continue
+			}
+			s.state.apply(o)
+		}
+	}
+	return s
+}
+
+func allZero(b []byte) bool {
+	for _, c := range b {
+		if c != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// journal keeps the volume records of this node in memory and in the log,
+// writing the log before memory. A lock file keeps a second driver off
+// the same directory. Its methods are safe for concurrent use; commits
+// that arrive while one is being written go out together in the next
+// write and fdatasync.
+type journal struct {
+	dir    string
+	logger hclog.Logger
+	lock   *os.File
+
+	mu    sync.Mutex
+	state *journalState
+	// f is the log, nil once closed; size is the log's length, all of
+	// it durable, and alloc the file's, zeros after size. The log is
+	// compacted once it grows past limit.
+	f          *os.File
+	size       int64
+	alloc      int64
+	limit      int64
+	compactMin int64
+	// queue holds the commits waiting for the one being written, while
+	// writing is set.
+	queue   []*pendingCommit
+	writing bool
+	// broken is set when a write may have reached the disk in part and
+	// could not be cut off again: nothing more is written.
+	broken error
+	// batches and syncs count committed batches and fdatasyncs, for tests.
+	batches, syncs int
+}
+
+type pendingCommit struct {
+	frame []byte
+	ops   []journalOp
+	done  chan error
+}
+
+func openJournal(dir string, logger hclog.Logger) (*journal, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("failed to create journal directory %q: %w", dir, err)
+	}
+	f, err := os.OpenFile(filepath.Join(dir, ".lock"), os.O_CREATE|os.O_RDWR|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("failed to open journal lock in %q: %w", dir, err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("journal directory %q is in use by another volume manager: %w", dir, err)
+	}
+	j := &journal{dir: dir, logger: logger, lock: f, compactMin: defaultCompactMin}
+	if err := j.load(); err != nil {
+		j.close()
+		return nil, err
+	}
+	return j, nil
+}
+
+func (j *journal) close() {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.f != nil {
+		j.f.Close()
+		j.f = nil
+	}
+	if j.lock != nil {
+		j.lock.Close()
+		j.lock = nil
+	}
+}
+
+func (j *journal) logPath() string { return filepath.Join(j.dir, logName) }
+
+// load replays the log, takes in records of the file-per-record format,
+// and writes the live records as a fresh log. Leftover temp files are
+// removed. A torn tail is dropped with a warning. Damage before the tail
+// is skipped with an error, and a copy of the log as it was is kept
+// beside it (*.bad, mode 0600), since what the lost records describe can
+// no longer be undone automatically.
+func (j *journal) load() error {
+	entries, err := os.ReadDir(j.dir)
+	if err != nil {
+		return fmt.Errorf("failed to read journal directory %q: %w", j.dir, err)
+	}
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), ".tmp-") {
+			os.Remove(filepath.Join(j.dir, e.Name()))
+		}
+	}
+	path := j.logPath()
+	data, err := os.ReadFile(path)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("failed to read journal %q: %w", path, err)
+	}
+	scan := scanLog(data, j.logger)
+	if scan.torn > 0 {
+		j.logger.Warn("journal ends in a partly written batch, as after a crash during a write; dropped it",
+			"path", path, "offset", scan.end, "bytes", scan.torn)
+	}
+	if scan.damaged > 0 || scan.badOps > 0 {
+		bad := path + "." + time.Now().UTC().Format("20060102T150405.000000000Z") + ".bad"
+		if err := writeFileSync(bad, bytes.TrimRight(data, "\x00")); err != nil {
+			return fmt.Errorf("failed to keep a copy of damaged journal %q: %w", path, err)
+		}
+		j.logger.Error("journal is damaged: records in the damaged parts are lost, what they describe must be cleaned up by hand",
+			"path", path, "copy", bad, "damaged_bytes", scan.damaged, "unusable_records", scan.badOps)
+	}
+	j.state = scan.state
+	migrated, err := j.migrate(entries)
+	if err != nil {
+		return err
+	}
+	j.mu.Lock()
+	err = j.compactLocked()
+	j.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	// Only once the log holds them durably do the old files go.
+	for _, p := range migrated {
+		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("failed to remove journal record %q after moving it into %q: %w", p, path, err)
+		}
+	}
+	if len(migrated) > 0 {
+		if err := syncDir(j.dir); err != nil {
+			return err
+		}
+		j.logger.Info("moved journal records from one file each into the log", "records", len(migrated), "path", path)
+	}
+	return nil
+}
+
+// commit appends ops as one batch and returns once it is durable: replayed
+// after a crash, the batch is there entirely or not at all. Ops of the
+// same record are merged, the last winning.
+func (j *journal) commit(ops ...journalOp) error {
+	if len(ops) == 0 {
+		return nil
+	}
+	ops = merge(ops)
+	frame, err := encodeFrame(ops)
+	if err != nil {
+		return err
+	}
+	c := &pendingCommit{frame: frame, ops: ops, done: make(chan error, 1)}
+	j.mu.Lock()
+	if err := j.usableLocked(); err != nil {
+		j.mu.Unlock()
+		return err
+	}
+	j.queue = append(j.queue, c)
+	if !j.writing {
+		j.writing = true
+		j.writeQueueLocked()
+		j.writing = false
+	}
+	j.mu.Unlock()
+	return <-c.done
+}
+
+func (j *journal) usableLocked() error {
+	switch {
+	case j.f == nil:
+		return fmt.Errorf("journal %q is closed", j.logPath())
+	case j.broken != nil:
+		return j.broken
+	}
+	return nil
+}
+
+// writeQueueLocked writes the queued commits, each round in one write and
+// one fdatasync, until no commit is waiting. j.mu is held on entry and
+// exit and released while writing, so commits arriving meanwhile queue up
+// for the next round.
+func (j *journal) writeQueueLocked() {
+	for len(j.queue) > 0 {
+		q := j.queue
+		j.queue = nil
+		err := j.usableLocked()
+		if err == nil {
+			var buf []byte
+			for _, c := range q {
+				buf = append(buf, c.frame...)
+			}
+			n, f, off := int64(len(buf)), j.f, j.size
+			if grow := off + n - j.alloc; grow > 0 {
+				// Past the zeros: grow the file by whole steps of
+				// zeros in the same write.
+				buf = append(buf, make([]byte, roundUp(grow, preallocate)-grow)...)
+			}
+			j.mu.Unlock()
+			err = writeSync(f, off, buf)
+			j.mu.Lock()
+			if err == nil {
+				j.size += n
+				j.alloc = max(j.alloc, off+int64(len(buf)))
+				j.batches += len(q)
+				j.syncs++
+				for _, c := range q {
+					j.state.apply(c.ops...)
+				}
+			} else {
+				j.failedLocked(f, off, err)
+			}
+		}
+		for _, c := range q {
+			c.done <- err
+		}
+		if err == nil && j.size > j.limit {
+			if err := j.compactLocked(); err != nil {
+				j.limit = 2 * j.size
+				j.logger.Warn("failed to compact the journal; it goes on growing", "path", j.logPath(), "error", err)
+			}
+		}
+	}
+}
+
+type syncError struct{ err error }
+
+func (e *syncError) Error() string { return e.err.Error() }
+func (e *syncError) Unwrap() error { return e.err }
+
+func roundUp(n, step int64) int64 { return (n + step - 1) / step * step }
+
+// writeSync writes buf at off and makes it durable.
+func writeSync(f *os.File, off int64, buf []byte) error {
+	if _, err := f.WriteAt(buf, off); err != nil {
+		return fmt.Errorf("failed to write journal %q: %w", f.Name(), err)
+	}
+	if err := fdatasync(f); err != nil {
+		return &syncError{fmt.Errorf("failed to sync journal %q: %w", f.Name(), err)}
+	}
+	return nil
+}
+
+func fdatasync(f *os.File) error {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	if err := rc.Control(func(fd uintptr) { serr = unix.Fdatasync(int(fd)) }); err != nil {
+		return err
+	}
+	return serr
+}
+
+// failedLocked deals with a failed write. The file is cut at the end of the
+// log, so that no part of the batch is left for a later batch to follow
+// (the zeros come back with the next write). After a failed fdatasync
+// nothing is known of what reached the disk, nor after a cut that failed:
+// the journal then refuses every further write, and a restart replays
+// what the disk holds.
+func (j *journal) failedLocked(f *os.File, off int64, err error) {
+	var se *syncError
+	if !errors.As(err, &se) {
+		if terr := f.Truncate(off); terr == nil {
+			j.alloc = off
+			return
+		}
+	}
+	j.broken = fmt.Errorf("journal %q refuses writes after a failed write (restart the driver to replay it): %w", j.logPath(), err)
+	j.logger.Error("journal refuses writes after a failed write; restart the driver", "path", j.logPath(), "error", err)
+}
+
+// compactLocked writes the live records to a new log and renames it over
+// the old one: temp file, fsync, rename, fsync of the directory. A crash
+// leaves the old log or the new one. The caller holds j.mu or has the
+// journal to itself.
+func (j *journal) compactLocked() error {
+	ops := j.state.snapshot()
+	var buf []byte
+	for chunk := range slices.Chunk(ops, snapshotChunk) {
+		frame, err := encodeFrame(chunk)
+		if err != nil {
+			return err
+		}
+		buf = append(buf, frame...)
+	}
+	size := int64(len(buf))
+	buf = append(buf, make([]byte, roundUp(size+1, preallocate)-size)...)
+	path := j.logPath()
+	f, err := os.CreateTemp(j.dir, ".tmp-")
+	if err != nil {
+		return fmt.Errorf("failed to compact journal %q: %w", path, err)
+	}
+	tmp := f.Name()
+	err = f.Chmod(0o600)
+	if err == nil {
+		_, err = f.Write(buf)
+	}
+	if err == nil {
+		err = f.Sync()
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		f.Close()
+		os.Remove(tmp)
+		return fmt.Errorf("failed to compact journal %q: %w", path, err)
+	}
+	// From the rename on, the new file is the log, whatever happens next.
+	if j.f != nil {
+		j.f.Close()
+	}
+	j.f, j.size, j.alloc = f, size, int64(len(buf))
+	j.limit = max(j.compactMin, 2*j.size)
+	if err := syncDir(j.dir); err != nil {
+		j.broken = fmt.Errorf("journal %q refuses writes after a failed compaction (restart the driver to replay it): %w", path, err)
+		return err
+	}
+	return nil
+}
+
+// created returns the record of a volume created under name, if any.
+func (j *journal) created(plugin, name string) (createdRecord, bool) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	c, ok := j.state.created[createdKey{plugin, name}]
+	return c, ok
+}
+
+// records returns the live volume and task records.
+func (j *journal) records() ([]volRecord, []taskRecord) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	vols := make([]volRecord, 0, len(j.state.vols))
+	for _, v := range j.state.vols {
+		vols = append(vols, v)
+	}
+	tasks := make([]taskRecord, 0, len(j.state.tasks))
+	for _, t := range j.state.tasks {
+		tasks = append(tasks, t)
+	}
+	return vols, tasks
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("failed to sync journal directory %q: %w", dir, err)
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("failed to sync journal directory %q: %w", dir, err)
+	}
+	return nil
+}
+
+// writeFileSync creates path (mode 0600) holding data, durably.
+func writeFileSync(path string, data []byte) error {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(data)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = syncDir(filepath.Dir(path))
+	}
+	return err
 }

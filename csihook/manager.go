@@ -89,16 +89,12 @@ func New(cfg Config) (*Manager, error) {
 			return nil, fmt.Errorf("failed to create volume directory %q: %w", dir, err)
 		}
 	}
-	j, err := openJournal(cfg.JournalDir)
-	if err != nil {
-		return nil, err
-	}
 	logger := cfg.Logger.Named("csihook")
-	vols, tasks, err := j.load(logger)
+	j, err := openJournal(cfg.JournalDir, logger)
 	if err != nil {
-		j.close()
 		return nil, err
 	}
+	vols, tasks := j.records()
 	m := &Manager{
 		cfg:      cfg,
 		logger:   logger,
@@ -227,52 +223,33 @@ func annotations(name, pluginID, volumeID string) map[string]string {
 	return map[string]string{"volume": name, "plugin_id": pluginID, "volume_id": volumeID}
 }
 
-// Journal writes: the file first, then memory, both under the volume's
-// lock held by the caller.
-
-func (m *Manager) putVol(v volRecord) error {
-	if err := m.journal.putVol(v); err != nil {
+// commit writes ops to the journal as one batch, then applies them to the
+// manager's records. The caller holds the lock of every volume the ops
+// name.
+func (m *Manager) commit(ops ...journalOp) error {
+	if err := m.journal.commit(ops...); err != nil {
 		return err
 	}
 	m.mu.Lock()
-	m.vols[v.key()] = v
-	m.mu.Unlock()
-	return nil
-}
-
-func (m *Manager) dropVol(k volKey) error {
-	if err := m.journal.dropVol(k); err != nil {
-		return err
+	defer m.mu.Unlock()
+	for _, o := range ops {
+		switch o.Op {
+		case opPutVol:
+			m.vols[o.Vol.key()] = *o.Vol
+		case opDropVol:
+			delete(m.vols, volKey{o.PluginID, o.VolumeID})
+		case opPutTask:
+			if m.tasks[o.Task.TaskID] == nil {
+				m.tasks[o.Task.TaskID] = map[string]taskRecord{}
+			}
+			m.tasks[o.Task.TaskID][o.Task.Name] = *o.Task
+		case opDropTask:
+			delete(m.tasks[o.TaskID], o.Name)
+			if len(m.tasks[o.TaskID]) == 0 {
+				delete(m.tasks, o.TaskID)
+			}
+		}
 	}
-	m.mu.Lock()
-	delete(m.vols, k)
-	m.mu.Unlock()
-	return nil
-}
-
-func (m *Manager) putTask(t taskRecord) error {
-	if err := m.journal.putTask(t); err != nil {
-		return err
-	}
-	m.mu.Lock()
-	if m.tasks[t.TaskID] == nil {
-		m.tasks[t.TaskID] = map[string]taskRecord{}
-	}
-	m.tasks[t.TaskID][t.Name] = t
-	m.mu.Unlock()
-	return nil
-}
-
-func (m *Manager) dropTask(t taskRecord) error {
-	if err := m.journal.dropTask(t.TaskID, t.Name); err != nil {
-		return err
-	}
-	m.mu.Lock()
-	delete(m.tasks[t.TaskID], t.Name)
-	if len(m.tasks[t.TaskID]) == 0 {
-		delete(m.tasks, t.TaskID)
-	}
-	m.mu.Unlock()
 	return nil
 }
 
@@ -541,7 +518,7 @@ func (m *Manager) setupVolume(ctx context.Context, taskID string, p plan) (Publi
 			AccessMode: req.AccessMode, AttachmentMode: attachment(req), FSType: req.FSType,
 			MountFlags: req.MountFlags, VolumeContext: vctx, Secrets: req.Secrets,
 		}
-		if err := m.putVol(vol); err != nil {
+		if err := m.commit(volPut(vol)); err != nil {
 			return Published{}, err
 		}
 	}
@@ -555,7 +532,7 @@ func (m *Manager) setupVolume(ctx context.Context, taskID string, p plan) (Publi
 			MountFlags: req.MountFlags, VolumeContext: vctx, Secrets: req.Secrets, State: phasePending,
 		}
 		// From here the task counts as a user: nobody unstages under it.
-		if err := m.putTask(tr); err != nil {
+		if err := m.commit(taskPut(tr)); err != nil {
 			return Published{}, err
 		}
 	}
@@ -607,7 +584,7 @@ func (m *Manager) create(ctx context.Context, taskID string, req VolumeRequest, 
 	maps.Copy(vctx, resp.GetVolume().GetVolumeContext())
 	m.logger.Info("volume created", "task_id", taskID, "volume", req.Name, "plugin_id", req.PluginID, "volume_id", id)
 	rec := createdRecord{PluginID: req.PluginID, Name: req.VolumeID, VolumeID: id, VolumeContext: resp.GetVolume().GetVolumeContext()}
-	if err := m.journal.putCreated(rec); err != nil {
+	if err := m.journal.commit(createdPut(rec)); err != nil {
 		return "", nil, err
 	}
 	return id, vctx, nil
@@ -681,7 +658,7 @@ func (m *Manager) ensureVolume(ctx context.Context, taskID, name string, info Pl
 		}
 		o.nodeID = vol.NodeID
 		vol.Controller = phasePublishing
-		if err := m.putVol(vol); err != nil {
+		if err := m.commit(volPut(vol)); err != nil {
 			return vol, err
 		}
 		m.event(taskID, fmt.Sprintf("Attaching volume %q", name), ann)
@@ -699,7 +676,7 @@ func (m *Manager) ensureVolume(ctx context.Context, taskID, name string, info Pl
 			return vol, err
 		}
 		vol.PublishContext, vol.Controller = pctx, phasePublished
-		if err := m.putVol(vol); err != nil {
+		if err := m.commit(volPut(vol)); err != nil {
 			return vol, err
 		}
 	}
@@ -709,7 +686,7 @@ func (m *Manager) ensureVolume(ctx context.Context, taskID, name string, info Pl
 			return vol, fmt.Errorf("failed to create staging directory %q for volume %q: %w", vol.StagingPath, name, err)
 		}
 		vol.Stage = phaseStaging
-		if err := m.putVol(vol); err != nil {
+		if err := m.commit(volPut(vol)); err != nil {
 			return vol, err
 		}
 		m.event(taskID, fmt.Sprintf("Staging volume %q", name), ann)
@@ -725,7 +702,7 @@ func (m *Manager) ensureVolume(ctx context.Context, taskID, name string, info Pl
 			return vol, err
 		}
 		vol.Stage = phaseStaged
-		if err := m.putVol(vol); err != nil {
+		if err := m.commit(volPut(vol)); err != nil {
 			return vol, err
 		}
 		m.setVerified(vol.key(), true)
@@ -763,7 +740,7 @@ func (m *Manager) ensurePublished(ctx context.Context, info PluginInfo, vol volR
 		return fmt.Errorf("failed to create the publish directory of volume %q: %w", tr.Name, err)
 	}
 	tr.State = phasePublishing
-	if err := m.putTask(tr); err != nil {
+	if err := m.commit(taskPut(tr)); err != nil {
 		return err
 	}
 	staging := ""
@@ -782,7 +759,7 @@ func (m *Manager) ensurePublished(ctx context.Context, info PluginInfo, vol volR
 		return err
 	}
 	tr.State = phasePublished
-	if err := m.putTask(tr); err != nil {
+	if err := m.commit(taskPut(tr)); err != nil {
 		return err
 	}
 	m.event(tr.TaskID, fmt.Sprintf("Published volume %q at %s", tr.Name, tr.Destination), annotations(tr.Name, tr.PluginID, tr.VolumeID))
@@ -849,7 +826,7 @@ func (m *Manager) unpublishLocked(ctx context.Context, tr taskRecord) error {
 			volumeID: tr.VolumeID, path: tr.Target, notFoundOK: true, secrets: []map[string]string{tr.Secrets}}
 		if tr.State != phaseUnpublishing {
 			tr.State = phaseUnpublishing
-			if err := m.putTask(tr); err != nil {
+			if err := m.commit(taskPut(tr)); err != nil {
 				return err
 			}
 		}
@@ -869,7 +846,7 @@ func (m *Manager) unpublishLocked(ctx context.Context, tr taskRecord) error {
 			return err
 		}
 	}
-	if err := m.dropTask(tr); err != nil {
+	if err := m.commit(taskDrop(tr.TaskID, tr.Name)); err != nil {
 		return err
 	}
 	m.logger.Info("volume unpublished", "task_id", tr.TaskID, "volume", tr.Name, "plugin_id", tr.PluginID,
@@ -894,7 +871,7 @@ func (m *Manager) releaseLocked(ctx context.Context, taskID, name string, k volK
 		o.method, o.path = MethodNodeUnstageVolume, vol.StagingPath
 		if vol.Stage != phaseUnstaging {
 			vol.Stage = phaseUnstaging
-			if err := m.putVol(vol); err != nil {
+			if err := m.commit(volPut(vol)); err != nil {
 				return err
 			}
 		}
@@ -914,7 +891,7 @@ func (m *Manager) releaseLocked(ctx context.Context, taskID, name string, k volK
 			return err
 		}
 		vol.Stage = phaseNone
-		if err := m.putVol(vol); err != nil {
+		if err := m.commit(volPut(vol)); err != nil {
 			return err
 		}
 	}
@@ -926,7 +903,7 @@ func (m *Manager) releaseLocked(ctx context.Context, taskID, name string, k volK
 		} else {
 			if vol.Controller != phaseUnpublishing {
 				vol.Controller = phaseUnpublishing
-				if err := m.putVol(vol); err != nil {
+				if err := m.commit(volPut(vol)); err != nil {
 					return err
 				}
 			}
@@ -946,7 +923,7 @@ func (m *Manager) releaseLocked(ctx context.Context, taskID, name string, k volK
 			}
 		}
 	}
-	if err := m.dropVol(k); err != nil {
+	if err := m.commit(volDrop(k)); err != nil {
 		return err
 	}
 	m.setVerified(k, false)

@@ -2,7 +2,6 @@ package csihook
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"math/rand/v2"
 	"os"
@@ -47,7 +46,7 @@ func TestSetupTeardown_CallOrder(t *testing.T) {
 	must.False(t, calls[2].Readonly)
 	must.Eq(t, []string{staging, target}, h.mountPaths())
 	must.Eq(t, 1, h.m.Users("p", "vol1"))
-	must.Len(t, 2, h.journalFiles())
+	must.Len(t, 2, h.journalRecords())
 
 	ev := h.eventMsgs()
 	must.True(t, containsEvent(ev, `Staging volume "data"`), must.Sprint(ev))
@@ -58,7 +57,7 @@ func TestSetupTeardown_CallOrder(t *testing.T) {
 	must.Eq(t, []string{MethodNodeUnpublishVolume, MethodNodeUnstageVolume, MethodControllerUnpublishVolume}, h.fake.Methods())
 	must.Eq(t, "node-1", h.fake.Calls()[2].NodeID)
 	must.SliceEmpty(t, h.mountPaths())
-	must.SliceEmpty(t, h.journalFiles())
+	must.SliceEmpty(t, h.journalRecords())
 	must.Eq(t, 0, h.m.Users("p", "vol1"))
 	_, err = os.Stat(filepath.Dir(target))
 	must.True(t, errors.Is(err, os.ErrNotExist), must.Sprint("publish dir of the task is removed"))
@@ -81,7 +80,7 @@ func TestSetup_PluginWithoutControllerOrStaging(t *testing.T) {
 	h.fake.ResetCalls()
 	must.NoError(t, h.m.Teardown(context.Background(), "t"))
 	must.Eq(t, []string{MethodNodeUnpublishVolume}, h.fake.Methods())
-	must.SliceEmpty(t, h.journalFiles())
+	must.SliceEmpty(t, h.journalRecords())
 }
 
 func TestSetup_NodeIDFromNodeGetInfo(t *testing.T) {
@@ -205,7 +204,7 @@ func TestRefcount_SharedStaging(t *testing.T) {
 	h.fake.ResetCalls()
 	must.NoError(t, h.m.Teardown(ctx, "task-b"))
 	must.Eq(t, []string{MethodNodeUnpublishVolume, MethodNodeUnstageVolume, MethodControllerUnpublishVolume}, h.fake.Methods())
-	must.SliceEmpty(t, h.journalFiles())
+	must.SliceEmpty(t, h.journalRecords())
 	must.SliceEmpty(t, h.mountPaths())
 }
 
@@ -236,7 +235,7 @@ func TestRestart_NoRepeatedCallsAndTeardownWorks(t *testing.T) {
 		MethodNodeUnpublishVolume, MethodNodeUnstageVolume, MethodControllerUnpublishVolume,
 	}, h.fake.Methods())
 	must.Eq(t, "vol2", h.fake.Calls()[0].VolumeID)
-	must.SliceEmpty(t, h.journalFiles())
+	must.SliceEmpty(t, h.journalRecords())
 	must.SliceEmpty(t, h.mountPaths())
 }
 
@@ -244,28 +243,30 @@ func TestJournal_FormatAndPermissions(t *testing.T) {
 	h := newHarness(t)
 	_, err := h.m.Setup(context.Background(), "task-a", []VolumeRequest{req("data", "vol1", "/data")})
 	must.NoError(t, err)
-	files := h.journalFiles()
-	must.Eq(t, []string{
-		"t-" + shortHash("task-a") + "-" + shortHash("data") + ".json",
-		"v-" + shortHash("p", "vol1") + ".json",
-	}, files)
-	for _, f := range files {
-		fi, err := os.Stat(filepath.Join(h.root, "journal", f))
-		must.NoError(t, err)
-		must.Eq(t, os.FileMode(0o600), fi.Mode().Perm())
-	}
-	var v volRecord
-	data, err := os.ReadFile(filepath.Join(h.root, "journal", files[1]))
+	dir := filepath.Join(h.root, "journal")
+	entries, err := os.ReadDir(dir)
 	must.NoError(t, err)
-	must.NoError(t, json.Unmarshal(data, &v))
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	must.Eq(t, []string{".lock", logName}, names)
+	fi, err := os.Stat(dir)
+	must.NoError(t, err)
+	must.Eq(t, os.FileMode(0o700), fi.Mode().Perm())
+	fi, err = os.Stat(filepath.Join(dir, logName))
+	must.NoError(t, err)
+	must.Eq(t, os.FileMode(0o600), fi.Mode().Perm())
+
+	s := diskJournal(t, dir)
+	v := s.vols[volKey{"p", "vol1"}]
+	must.Eq(t, journalVersion, v.Version)
 	must.Eq(t, phasePublished, v.Controller)
 	must.Eq(t, phaseStaged, v.Stage)
 	must.Eq(t, "node-1", v.NodeID)
 	must.Eq(t, h.m.StagingPath("p", "vol1"), v.StagingPath)
-	var tr taskRecord
-	data, err = os.ReadFile(filepath.Join(h.root, "journal", files[0]))
-	must.NoError(t, err)
-	must.NoError(t, json.Unmarshal(data, &tr))
+	must.Eq(t, canary, v.Secrets["token"])
+	tr := s.tasks[taskKey{"task-a", "data"}]
 	must.Eq(t, phasePublished, tr.State)
 	must.Eq(t, h.m.TargetPath("task-a", "data"), tr.Target)
 
@@ -276,24 +277,36 @@ func TestJournal_FormatAndPermissions(t *testing.T) {
 
 func TestJournal_WrittenBeforeAndAfterEachCall(t *testing.T) {
 	h := newHarness(t)
-	// Snapshot the journal's volume record as each call starts.
+	// Replay the journal on disk as each call starts: the call's "-ing"
+	// record and the results of the calls before it must be there.
+	dir := filepath.Join(h.root, "journal")
 	seen := map[string]string{}
-	release := h.fake.HangMethod(MethodNodeStageVolume)
-	done := make(chan error, 1)
-	go func() {
+	for _, method := range []string{MethodControllerPublishVolume, MethodNodeStageVolume, MethodNodePublishVolume} {
+		release := h.fake.HangMethod(method)
+		done := make(chan error, 1)
+		go func() {
+			_, err := h.m.Setup(context.Background(), "t", []VolumeRequest{req("data", "vol1", "/data")})
+			done <- err
+		}()
+		must.Wait(t, waitFor(func() bool { return h.fake.Count(method) == 1 }))
+		s := diskJournal(t, dir)
+		v, tr := s.vols[volKey{"p", "vol1"}], s.tasks[taskKey{"t", "data"}]
+		seen[method] = v.Controller + "/" + v.Stage + "/" + tr.State
+		release()
+		must.NoError(t, <-done)
+		must.NoError(t, h.m.Teardown(context.Background(), "t"))
+		h.fake.ResetCalls()
+	}
+	must.Eq(t, map[string]string{
+		MethodControllerPublishVolume: "publishing//pending",
+		MethodNodeStageVolume:         "published/staging/pending",
+		MethodNodePublishVolume:       "published/staged/publishing",
+	}, seen)
+	must.Eq(t, []string{"task t/data published", "vol p/vol1 staged/published"}, func() []string {
 		_, err := h.m.Setup(context.Background(), "t", []VolumeRequest{req("data", "vol1", "/data")})
-		done <- err
-	}()
-	must.Wait(t, waitFor(func() bool { return h.fake.Count(MethodNodeStageVolume) == 1 }))
-	data, err := os.ReadFile(h.m.journal.volPath(volKey{"p", "vol1"}))
-	must.NoError(t, err)
-	var v volRecord
-	must.NoError(t, json.Unmarshal(data, &v))
-	seen["stage"] = v.Stage
-	seen["controller"] = v.Controller
-	release()
-	must.NoError(t, <-done)
-	must.Eq(t, map[string]string{"stage": phaseStaging, "controller": phasePublished}, seen)
+		must.NoError(t, err)
+		return h.journalRecords()
+	}())
 }
 
 func TestRecover_UncertainStage(t *testing.T) {
@@ -322,11 +335,11 @@ func TestRecover_UncertainStage(t *testing.T) {
 				AccessMode: AccessSingleNodeWriter, AttachmentMode: AttachmentFileSystem, FSType: "ext4",
 				Secrets: map[string]string{"token": canary}, Controller: phasePublished, Stage: phaseStaging,
 				PublishContext: map[string]string{"device": "/dev/x"}}
-			must.NoError(t, h.m.journal.putVol(v))
+			must.NoError(t, h.m.journal.commit(volPut(v)))
 			if tc.withTask {
-				must.NoError(t, h.m.journal.putTask(taskRecord{TaskID: "task-a", Name: "data", PluginID: "p", VolumeID: "vol1",
+				must.NoError(t, h.m.journal.commit(taskPut(taskRecord{TaskID: "task-a", Name: "data", PluginID: "p", VolumeID: "vol1",
 					Target: h.m.TargetPath("task-a", "data"), Destination: "/data", AccessMode: AccessSingleNodeWriter,
-					AttachmentMode: AttachmentFileSystem, FSType: "ext4", State: tc.taskState}))
+					AttachmentMode: AttachmentFileSystem, FSType: "ext4", State: tc.taskState})))
 			}
 			h.restart()
 			must.NoError(t, h.m.Recover(func(string) bool { return tc.live }))
@@ -334,7 +347,7 @@ func TestRecover_UncertainStage(t *testing.T) {
 			must.Eq(t, tc.want, h.fake.Methods())
 			must.Eq(t, tc.wantUsers, h.m.Users(k.plugin, k.volume))
 			if tc.wantUsers == 0 {
-				must.SliceEmpty(t, h.journalFiles())
+				must.SliceEmpty(t, h.journalRecords())
 				return
 			}
 			stage := h.fake.Calls()[0]
@@ -403,11 +416,11 @@ func TestRecover_PluginDownRetriesInBackground(t *testing.T) {
 		}
 	}
 	h.mu.Unlock()
-	must.Len(t, 2, h.journalFiles())
+	must.Len(t, 2, h.journalRecords())
 	h.setPlugin(fullPlugin("p"))
 	h.waitIdle()
 	must.Eq(t, []string{MethodNodeUnpublishVolume, MethodNodeUnstageVolume, MethodControllerUnpublishVolume}, h.fake.Methods())
-	must.SliceEmpty(t, h.journalFiles())
+	must.SliceEmpty(t, h.journalRecords())
 }
 
 func TestRetryPolicy(t *testing.T) {
@@ -443,7 +456,7 @@ func TestRetryPolicy(t *testing.T) {
 			must.Error(t, err)
 			must.Eq(t, tc.code, Code(err))
 			must.Eq(t, 1, h.fake.Count(MethodNodeStageVolume))
-			must.SliceEmpty(t, h.journalFiles())
+			must.SliceEmpty(t, h.journalRecords())
 		})
 	}
 }
@@ -458,7 +471,7 @@ func TestRetry_GivesUpAfterAttempts(t *testing.T) {
 	// the background.
 	h.fake.SetError(MethodNodePublishVolume, nil)
 	h.waitIdle()
-	must.SliceEmpty(t, h.journalFiles())
+	must.SliceEmpty(t, h.journalRecords())
 }
 
 func TestErrorHints(t *testing.T) {
@@ -493,7 +506,7 @@ func TestErrorHints(t *testing.T) {
 	h.fake.SetError(MethodCreateVolume, status.Error(codes.AlreadyExists, "size differs"))
 	_, err := h.m.Setup(context.Background(), "t", []VolumeRequest{r})
 	must.ErrorContains(t, err, `a volume named "taken" already exists on plugin "p"`)
-	must.SliceEmpty(t, h.journalFiles())
+	must.SliceEmpty(t, h.journalRecords())
 }
 
 func TestBackoff_CappedAndJittered(t *testing.T) {
@@ -553,7 +566,7 @@ func TestPerVolumeSerialisation(t *testing.T) {
 	release()
 	must.NoError(t, <-hungDone)
 	must.NoError(t, h.m.Teardown(context.Background(), "task-a"))
-	must.SliceEmpty(t, h.journalFiles())
+	must.SliceEmpty(t, h.journalRecords())
 }
 
 func TestRPCDeadline_HungCallIsRetriedThenFails(t *testing.T) {
@@ -569,7 +582,7 @@ func TestRPCDeadline_HungCallIsRetriedThenFails(t *testing.T) {
 	h.waitIdle()
 	// The uncertain stage was undone by the rollback.
 	must.Eq(t, 1, h.fake.Count(MethodNodeUnstageVolume))
-	must.SliceEmpty(t, h.journalFiles())
+	must.SliceEmpty(t, h.journalRecords())
 }
 
 func TestTeardown_BackgroundRetryUntilPluginAnswers(t *testing.T) {
@@ -583,11 +596,11 @@ func TestTeardown_BackgroundRetryUntilPluginAnswers(t *testing.T) {
 	must.Eq(t, codes.Unavailable, Code(err))
 	must.Wait(t, waitFor(func() bool { return h.fake.Count(MethodNodeUnpublishVolume) >= 6 }))
 	must.True(t, containsEvent(h.eventMsgs(), `Unpublishing volume "data" failed (Unavailable: connection refused): retrying in `))
-	must.Len(t, 2, h.journalFiles())
+	must.Len(t, 2, h.journalRecords())
 
 	h.fake.SetError(MethodNodeUnpublishVolume, nil)
 	h.waitIdle()
-	must.SliceEmpty(t, h.journalFiles())
+	must.SliceEmpty(t, h.journalRecords())
 	must.SliceEmpty(t, h.mountPaths())
 	must.Eq(t, 1, h.fake.Count(MethodNodeUnstageVolume))
 	must.Eq(t, 1, h.fake.Count(MethodControllerUnpublishVolume))
@@ -605,7 +618,7 @@ func TestTeardown_PluginGoneThenBack(t *testing.T) {
 	must.Wait(t, waitFor(func() bool { return containsEvent(h.eventMsgs(), "retrying in") }))
 	h.setPlugin(fullPlugin("p"))
 	h.waitIdle()
-	must.SliceEmpty(t, h.journalFiles())
+	must.SliceEmpty(t, h.journalRecords())
 }
 
 func TestTeardown_NotFoundIsSuccess(t *testing.T) {
@@ -619,7 +632,7 @@ func TestTeardown_NotFoundIsSuccess(t *testing.T) {
 	h.mnt.Unmount(h.m.TargetPath("task-a", "data"))
 	h.mnt.Unmount(h.m.StagingPath("p", "vol1"))
 	must.NoError(t, h.m.Teardown(ctx, "task-a"))
-	must.SliceEmpty(t, h.journalFiles())
+	must.SliceEmpty(t, h.journalRecords())
 }
 
 func TestTeardown_PluginLiesAboutUnmount(t *testing.T) {
@@ -634,10 +647,10 @@ func TestTeardown_PluginLiesAboutUnmount(t *testing.T) {
 	h.mnt.UnmountErrs = map[string]error{target: errors.New("busy")}
 	err = h.m.Teardown(ctx, "task-a")
 	must.Error(t, err)
-	must.Len(t, 2, h.journalFiles())
+	must.Len(t, 2, h.journalRecords())
 	h.mnt.UnmountErrs = nil
 	h.waitIdle()
-	must.SliceEmpty(t, h.journalFiles())
+	must.SliceEmpty(t, h.journalRecords())
 }
 
 func TestTeardown_PermanentFailureIsNotRetried(t *testing.T) {
@@ -652,7 +665,7 @@ func TestTeardown_PermanentFailureIsNotRetried(t *testing.T) {
 	h.waitIdle()
 	must.Eq(t, 1, h.fake.Count(MethodNodeUnpublishVolume))
 	must.True(t, containsEvent(h.eventMsgs(), "not retrying"))
-	must.Len(t, 2, h.journalFiles())
+	must.Len(t, 2, h.journalRecords())
 }
 
 func TestRollback_PartialFailure(t *testing.T) {
@@ -669,7 +682,7 @@ func TestRollback_PartialFailure(t *testing.T) {
 		MethodNodeUnpublishVolume, MethodNodeUnstageVolume, MethodControllerUnpublishVolume, // one undone
 	}, h.fake.Methods())
 	must.Eq(t, 0, h.fake.Count(MethodNodePublishVolume)-1)
-	must.SliceEmpty(t, h.journalFiles())
+	must.SliceEmpty(t, h.journalRecords())
 	must.SliceEmpty(t, h.mountPaths())
 	must.Eq(t, 0, h.m.Users("p", "vol1"))
 }
@@ -733,7 +746,7 @@ func TestBadInput_LeavesNothingBehind(t *testing.T) {
 				must.NoError(t, h.m.Validate(tc.reqs))
 			}
 			must.SliceEmpty(t, h.fake.Methods())
-			must.SliceEmpty(t, h.journalFiles())
+			must.SliceEmpty(t, h.journalRecords())
 			must.SliceEmpty(t, h.mnt.GetActions())
 			must.SliceEmpty(t, h.eventMsgs())
 			entries, _ := os.ReadDir(filepath.Join(h.root, "publish"))
@@ -751,7 +764,7 @@ func TestConflicts(t *testing.T) {
 	must.NoError(t, err)
 	h.fake.ResetCalls()
 	h.mnt.ResetActions()
-	before := h.journalFiles()
+	before := h.journalRecords()
 
 	t.Run("second writer on single-node-writer", func(t *testing.T) {
 		_, err := h.m.Setup(ctx, "task-b", []VolumeRequest{req("data", "vol1", "/data")})
@@ -767,7 +780,7 @@ func TestConflicts(t *testing.T) {
 	})
 	must.SliceEmpty(t, h.fake.Methods())
 	must.SliceEmpty(t, h.mnt.GetActions())
-	must.Eq(t, before, h.journalFiles())
+	must.Eq(t, before, h.journalRecords())
 
 	// Once task-a is gone the volume can be used by task-b.
 	must.NoError(t, h.m.Teardown(ctx, "task-a"))
@@ -799,7 +812,7 @@ func TestSecrets_NeverInLogsEventsOrErrors(t *testing.T) {
 	must.Wait(t, waitFor(func() bool { return containsEvent(h.eventMsgs(), "retrying in") }))
 	h.fake.SetError(MethodNodeUnpublishVolume, nil)
 	h.waitIdle()
-	must.SliceEmpty(t, h.journalFiles())
+	must.SliceEmpty(t, h.journalRecords())
 
 	// The plugin did get the secret.
 	for _, c := range h.fake.Calls() {
@@ -862,7 +875,7 @@ func TestJournal_BadRecordSetAside(t *testing.T) {
 	must.NoError(t, os.WriteFile(filepath.Join(dir, "v-0000000000000000.json"), []byte("{not json"), 0o600))
 	must.NoError(t, os.WriteFile(filepath.Join(dir, ".tmp-123"), []byte("partial"), 0o600))
 	h.restart()
-	files := h.journalFiles()
+	files := h.journalRecords()
 	must.Eq(t, []string{"v-0000000000000000.json.bad"}, files)
 	must.StrContains(t, h.logs.String(), "unreadable journal record set aside")
 }

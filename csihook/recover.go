@@ -207,7 +207,7 @@ func (m *Manager) reconcile(ctx context.Context, k volKey, live func(string) boo
 		vol = volRecord{PluginID: first.PluginID, VolumeID: first.VolumeID, StagingPath: m.StagingPath(first.PluginID, first.VolumeID),
 			AccessMode: first.AccessMode, AttachmentMode: first.AttachmentMode, FSType: first.FSType,
 			MountFlags: first.MountFlags, VolumeContext: first.VolumeContext, Secrets: first.Secrets}
-		if err := m.putVol(vol); err != nil {
+		if err := m.commit(volPut(vol)); err != nil {
 			return err
 		}
 	}
