@@ -512,15 +512,16 @@ func (m *Manager) setupVolume(ctx context.Context, taskID string, p plan) (Publi
 		}
 		ok = false
 	}
+	// New records go out in one batch with the first record of a call,
+	// before that call: nothing is called for the volume until then.
+	var pending []journalOp
 	if !ok {
 		vol = volRecord{
 			PluginID: req.PluginID, VolumeID: volumeID, StagingPath: m.StagingPath(req.PluginID, volumeID),
 			AccessMode: req.AccessMode, AttachmentMode: attachment(req), FSType: req.FSType,
 			MountFlags: req.MountFlags, VolumeContext: vctx, Secrets: req.Secrets,
 		}
-		if err := m.commit(volPut(vol)); err != nil {
-			return Published{}, err
-		}
+		pending = append(pending, volPut(vol))
 	}
 	if existing, ok := m.taskRec(taskID, req.Name); ok {
 		tr = existing
@@ -531,15 +532,14 @@ func (m *Manager) setupVolume(ctx context.Context, taskID string, p plan) (Publi
 			AccessMode: req.AccessMode, AttachmentMode: attachment(req), FSType: req.FSType,
 			MountFlags: req.MountFlags, VolumeContext: vctx, Secrets: req.Secrets, State: phasePending,
 		}
-		// From here the task counts as a user: nobody unstages under it.
-		if err := m.commit(taskPut(tr)); err != nil {
-			return Published{}, err
-		}
+		// Once written the task counts as a user: nobody unstages under
+		// it.
+		pending = append(pending, taskPut(tr))
 	}
-	if vol, err = m.ensureVolume(ctx, taskID, req.Name, info, vol, false); err != nil {
+	if vol, pending, err = m.ensureVolume(ctx, taskID, req.Name, info, vol, false, pending); err != nil {
 		return Published{}, err
 	}
-	if err := m.ensurePublished(ctx, info, vol, tr); err != nil {
+	if err := m.ensurePublished(ctx, info, vol, tr, pending); err != nil {
 		return Published{}, err
 	}
 	return pub, nil
@@ -612,7 +612,14 @@ func (m *Manager) resolve(req VolumeRequest) (string, map[string]string) {
 // before and after its call. With restage, a staged volume is staged again
 // (idempotent for the plugin) to repair a lost staging mount. The caller
 // holds the volume's lock.
-func (m *Manager) ensureVolume(ctx context.Context, taskID, name string, info PluginInfo, vol volRecord, restage bool) (volRecord, error) {
+//
+// pending are journal writes not made yet; they go out in one batch with
+// the record of the first call, before it. The result of the last call is
+// not written either: it is returned with pending (or pending itself when
+// nothing was called), for the caller to write with its next record or on
+// its own. Until then that call counts as uncertain, which recovery
+// settles by calling again; nothing is lost but a repeated call.
+func (m *Manager) ensureVolume(ctx context.Context, taskID, name string, info PluginInfo, vol volRecord, restage bool, pending []journalOp) (volRecord, []journalOp, error) {
 	o := op{taskID: taskID, name: name, pluginID: vol.PluginID, volumeID: vol.VolumeID, nodeID: vol.NodeID,
 		secrets: []map[string]string{vol.Secrets}}
 	ann := annotations(name, vol.PluginID, vol.VolumeID)
@@ -629,12 +636,12 @@ func (m *Manager) ensureVolume(ctx context.Context, taskID, name string, info Pl
 		}
 	}
 	if (!needCtrl || vol.Controller == phasePublished) && (!needStage || (vol.Stage == phaseStaged && !restage)) {
-		return vol, nil
+		return vol, pending, nil
 	}
 	o.method = MethodNodeStageVolume
 	info, node, ctrl, err := m.pluginClients(o)
 	if err != nil {
-		return vol, err
+		return vol, pending, err
 	}
 
 	if needCtrl && vol.Controller != phasePublished {
@@ -649,18 +656,19 @@ func (m *Manager) ensureVolume(ctx context.Context, taskID, name string, info Pl
 				return err
 			})
 			if err != nil {
-				return vol, err
+				return vol, pending, err
 			}
 			if vol.NodeID == "" {
-				return vol, &OpError{Method: o.method, Volume: name, VolumeID: vol.VolumeID, PluginID: vol.PluginID,
+				return vol, pending, &OpError{Method: o.method, Volume: name, VolumeID: vol.VolumeID, PluginID: vol.PluginID,
 					Code: codes.Internal, Message: "the plugin answered without a node id", Hint: hint(o.method, codes.Internal, vol.VolumeID, vol.PluginID, "")}
 			}
 		}
 		o.nodeID = vol.NodeID
 		vol.Controller = phasePublishing
-		if err := m.commit(volPut(vol)); err != nil {
-			return vol, err
+		if err := m.commit(append(pending, volPut(vol))...); err != nil {
+			return vol, nil, err
 		}
+		pending = nil
 		m.event(taskID, fmt.Sprintf("Attaching volume %q", name), ann)
 		o.method = MethodControllerPublishVolume
 		var pctx map[string]string
@@ -673,22 +681,21 @@ func (m *Manager) ensureVolume(ctx context.Context, taskID, name string, info Pl
 			return err
 		})
 		if err != nil {
-			return vol, err
+			return vol, nil, err
 		}
 		vol.PublishContext, vol.Controller = pctx, phasePublished
-		if err := m.commit(volPut(vol)); err != nil {
-			return vol, err
-		}
+		pending = []journalOp{volPut(vol)}
 	}
 
 	if needStage && (vol.Stage != phaseStaged || restage) {
 		if err := os.MkdirAll(vol.StagingPath, 0o750); err != nil {
-			return vol, fmt.Errorf("failed to create staging directory %q for volume %q: %w", vol.StagingPath, name, err)
+			return vol, pending, fmt.Errorf("failed to create staging directory %q for volume %q: %w", vol.StagingPath, name, err)
 		}
 		vol.Stage = phaseStaging
-		if err := m.commit(volPut(vol)); err != nil {
-			return vol, err
+		if err := m.commit(append(pending, volPut(vol))...); err != nil {
+			return vol, nil, err
 		}
+		pending = nil
 		m.event(taskID, fmt.Sprintf("Staging volume %q", name), ann)
 		o.method, o.path = MethodNodeStageVolume, vol.StagingPath
 		err := m.call(ctx, o, func(ctx context.Context) error {
@@ -699,15 +706,13 @@ func (m *Manager) ensureVolume(ctx context.Context, taskID, name string, info Pl
 			return err
 		})
 		if err != nil {
-			return vol, err
+			return vol, nil, err
 		}
 		vol.Stage = phaseStaged
-		if err := m.commit(volPut(vol)); err != nil {
-			return vol, err
-		}
+		pending = []journalOp{volPut(vol)}
 		m.setVerified(vol.key(), true)
 	}
-	return vol, nil
+	return vol, pending, nil
 }
 
 func (m *Manager) isVerified(k volKey) bool {
@@ -727,8 +732,9 @@ func (m *Manager) setVerified(k volKey, ok bool) {
 }
 
 // ensurePublished publishes a task's volume at its target, journalling
-// before and after the call. The caller holds the volume's lock.
-func (m *Manager) ensurePublished(ctx context.Context, info PluginInfo, vol volRecord, tr taskRecord) error {
+// before and after the call; pending go out with the record before it.
+// The caller holds the volume's lock.
+func (m *Manager) ensurePublished(ctx context.Context, info PluginInfo, vol volRecord, tr taskRecord, pending []journalOp) error {
 	o := op{method: MethodNodePublishVolume, taskID: tr.TaskID, name: tr.Name, pluginID: tr.PluginID,
 		volumeID: tr.VolumeID, nodeID: vol.NodeID, path: tr.Target, secrets: []map[string]string{tr.Secrets}}
 	_, node, _, err := m.pluginClients(o)
@@ -740,7 +746,7 @@ func (m *Manager) ensurePublished(ctx context.Context, info PluginInfo, vol volR
 		return fmt.Errorf("failed to create the publish directory of volume %q: %w", tr.Name, err)
 	}
 	tr.State = phasePublishing
-	if err := m.commit(taskPut(tr)); err != nil {
+	if err := m.commit(append(pending, taskPut(tr))...); err != nil {
 		return err
 	}
 	staging := ""

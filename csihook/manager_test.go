@@ -908,3 +908,53 @@ func TestRestart_StagingLostIsStagedAgainBeforeNewPublish(t *testing.T) {
 	must.NoError(t, err)
 	must.Eq(t, []string{MethodNodePublishVolume}, h.fake.Methods())
 }
+
+// journalBatches is how many batches the journal has committed.
+func (h *harness) journalBatches() int {
+	h.m.journal.mu.Lock()
+	defer h.m.journal.mu.Unlock()
+	return h.m.journal.batches
+}
+
+// TestJournal_BatchesPerSetup counts the journal's synced writes: one
+// before each call (its "-ing" record, with the records of the task and
+// the result of the call before) and one for the result of the last.
+// TestJournal_WrittenBeforeAndAfterEachCall checks what they hold.
+func TestJournal_BatchesPerSetup(t *testing.T) {
+	cases := []struct {
+		name            string
+		plugin          PluginInfo
+		setup, teardown int
+	}{
+		{"attach and stage", fullPlugin("p"), 4, 6},
+		{"stage", PluginInfo{ID: "p", Socket: "/run/p.sock", Healthy: true, StageUnstage: true}, 3, 5},
+		{"neither", PluginInfo{ID: "p", Socket: "/run/p.sock", Healthy: true}, 2, 3},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			h.setPlugin(tc.plugin)
+			ctx := context.Background()
+			r := req("data", "vol1", "/data")
+			r.AccessMode = AccessMultiNodeMultiWriter
+			n := h.journalBatches()
+			_, err := h.m.Setup(ctx, "task-a", []VolumeRequest{r})
+			must.NoError(t, err)
+			must.Eq(t, tc.setup, h.journalBatches()-n, must.Sprint("setup"))
+
+			// A second task on the volume only publishes.
+			n = h.journalBatches()
+			_, err = h.m.Setup(ctx, "task-b", []VolumeRequest{r})
+			must.NoError(t, err)
+			must.Eq(t, 2, h.journalBatches()-n, must.Sprint("setup of a second user"))
+			n = h.journalBatches()
+			must.NoError(t, h.m.Teardown(ctx, "task-b"))
+			must.Eq(t, 2, h.journalBatches()-n, must.Sprint("teardown of a second user"))
+
+			n = h.journalBatches()
+			must.NoError(t, h.m.Teardown(ctx, "task-a"))
+			must.Eq(t, tc.teardown, h.journalBatches()-n, must.Sprint("teardown"))
+			must.SliceEmpty(t, h.journalRecords())
+		})
+	}
+}

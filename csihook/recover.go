@@ -219,12 +219,16 @@ func (m *Manager) reconcile(ctx context.Context, k volKey, live func(string) boo
 	}
 	info, _ := m.cfg.Lookup(k.plugin)
 	restage := len(fix) > 0 && vol.Stage == phaseStaged
-	if vol, err = m.ensureVolume(ctx, first.TaskID, first.Name, info, vol, restage); err != nil {
+	var staged []journalOp
+	if vol, staged, err = m.ensureVolume(ctx, first.TaskID, first.Name, info, vol, restage, nil); err != nil {
+		return err
+	}
+	if err := m.commit(staged...); err != nil {
 		return err
 	}
 	for _, t := range fix {
 		m.event(t.TaskID, fmt.Sprintf("Re-publishing volume %q after a driver restart", t.Name), annotations(t.Name, t.PluginID, t.VolumeID))
-		if err := m.ensurePublished(ctx, info, vol, t); err != nil {
+		if err := m.ensurePublished(ctx, info, vol, t, nil); err != nil {
 			errs = append(errs, err)
 		}
 	}
