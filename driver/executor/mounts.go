@@ -73,8 +73,9 @@ func validateMounts(m mounter.Interface, spec *Spec) error {
 	return nil
 }
 
-// setupMounts runs in the task's fresh mount namespace (a copy of the
-// host's, where the copies of shared mounts are still peers of the host's).
+// prepareNamespace and bindAll make the task's mounts in its fresh mount
+// namespace (a copy of the host's, where the copies of shared mounts are
+// still peers of the host's).
 //
 //  1. Every shared mount that is not a bidirectional source, nor inside one,
 //     becomes a slave, one mount at a time (never "rslave /", which would
@@ -89,29 +90,17 @@ func validateMounts(m mounter.Interface, spec *Spec) error {
 //     already a mount point is not bound again: only its propagation (and
 //     read-only flag) is set.
 //
-// Any error ends the init stage; the namespace, and every mount in it, dies
-// with it, so nothing reaches the host.
+// Any error ends the launching thread (see launchTask); the namespace, and
+// every mount in it, dies with it, so nothing reaches the host.
 //
 // With root set, the task also gets a root of its own, assembled at root (a
 // directory on the host, in the task's state directory) between the two
 // steps and entered with pivot_root: see buildRoot. Mount targets are then
 // made under it, so a missing top-level target ("/csi", "/local/csi",
 // "/data") lands on the task's own tmpfs instead of the host's disk.
-func setupMounts(m mounter.Interface, mounts []Mount, root string) error {
-	if err := prepareNamespace(m, mounts, root); err != nil {
-		return err
-	}
-	if err := bindAll(m, mounts, root); err != nil {
-		return err
-	}
-	if root != "" {
-		return enterRoot(m, root)
-	}
-	return nil
-}
-
-// prepareNamespace is step 1 of setupMounts, and the assembly of the task's
-// root at root when it is set.
+//
+// prepareNamespace is step 1, and the assembly of the task's root at root
+// when it is set.
 func prepareNamespace(m mounter.Interface, mounts []Mount, root string) error {
 	var bidi []string
 	for _, mnt := range mounts {
@@ -152,7 +141,7 @@ func prepareNamespace(m mounter.Interface, mounts []Mount, root string) error {
 	return nil
 }
 
-// bindAll is step 2 of setupMounts: parents before children, so that a
+// bindAll is step 2: parents before children, so that a
 // target inside another mount's target lands on top of it.
 func bindAll(m mounter.Interface, mounts []Mount, root string) error {
 	ordered := append([]Mount(nil), mounts...)

@@ -268,3 +268,17 @@ cat "$LATER/marker"`)
 	_, err = os.Stat("/top-level-file")
 	must.True(t, os.IsNotExist(err))
 }
+
+// setupMounts is what launchTask does for a task without late mounts.
+func setupMounts(m mounter.Interface, mounts []Mount, root string) error {
+	if err := prepareNamespace(m, mounts, root); err != nil {
+		return err
+	}
+	if err := bindAll(m, mounts, root); err != nil {
+		return err
+	}
+	if root != "" {
+		return enterRoot(m, root)
+	}
+	return nil
+}

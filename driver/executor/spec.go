@@ -1,9 +1,10 @@
 // Package executor runs one task's process so that it outlives the driver:
-// a small supervisor (this binary re-executed) starts the task in a mount
-// namespace of its own, in its own control group, with the capabilities and
-// user asked for, waits for it, and writes its exit status to the task's
-// state directory. The driver finds the supervisor again by PID after a
-// restart and reads the status when the task ends.
+// a small supervisor (the shim, or this binary re-executed) sets up a mount
+// namespace, control group and capabilities for the task on one OS thread
+// of its own, forks the task from that thread as the user asked for, waits
+// for it, and writes its exit status to the task's state directory. The
+// driver finds the supervisor again by PID after a restart and reads the
+// status when the task ends.
 package executor
 
 import (
@@ -80,8 +81,8 @@ type Spec struct {
 	// OOMScoreAdj is written to the task's oom_score_adj when non-zero.
 	OOMScoreAdj int `json:"oom_score_adj,omitempty"`
 
-	// Supervisor is the binary run as the task's supervisor (and, by the
-	// supervisor, as its init stage): any program whose main calls
+	// Supervisor is the binary run as the task's supervisor (and as the
+	// exec stage of nomad alloc exec): any program whose main calls
 	// RunReexec first. Empty means this process's own binary. A small
 	// one (driver/executor/shim) starts in a fraction of the time and
 	// memory of the whole driver, whose package initialisation is heavy.

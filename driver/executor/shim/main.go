@@ -1,4 +1,4 @@
-// Command nomad-driver-csi-shim is the supervisor and init stage of a task
+// Command nomad-driver-csi-shim is the supervisor (and alloc exec stage) of a task
 // run by nomad-driver-csi: the executor's stages and nothing else, so it
 // starts in a few milliseconds and a few megabytes where the whole driver,
 // whose dependencies do a lot at package initialisation, takes tens of
