@@ -212,6 +212,19 @@ func (m *Manager) users(k volKey) int {
 	return m.usersLocked(k)
 }
 
+// usersAfter is users once the task record drops among ops are applied.
+func (m *Manager) usersAfter(k volKey, ops []journalOp) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	n := m.usersLocked(k)
+	for _, o := range ops {
+		if t, ok := m.tasks[o.TaskID][o.Name]; ok && o.Op == opDropTask && t.key() == k {
+			n--
+		}
+	}
+	return n
+}
+
 func (m *Manager) event(taskID, msg string, ann map[string]string) {
 	m.logger.Info("task event", "task_id", taskID, "event", msg)
 	if m.cfg.Events != nil {
@@ -507,7 +520,7 @@ func (m *Manager) setupVolume(ctx context.Context, taskID string, p plan) (Publi
 	if ok && m.users(k) == 0 && (vol.AccessMode != req.AccessMode || vol.AttachmentMode != attachment(req) || vol.FSType != req.FSType) {
 		// Left over with another capability and nobody using it: take it
 		// down before staging it anew.
-		if err := m.releaseLocked(ctx, taskID, req.Name, k); err != nil {
+		if err := m.releaseLocked(ctx, taskID, req.Name, k, nil); err != nil {
 			return Published{}, err
 		}
 		ok = false
@@ -818,27 +831,31 @@ func (m *Manager) teardownVolume(ctx context.Context, taskID, name string) error
 	if tr, ok = m.taskRec(taskID, name); !ok {
 		return nil
 	}
-	if err := m.unpublishLocked(ctx, tr); err != nil {
+	drop, err := m.unpublishLocked(ctx, tr)
+	if err != nil {
 		return err
 	}
-	return m.releaseLocked(ctx, taskID, name, tr.key())
+	return m.releaseLocked(ctx, taskID, name, tr.key(), drop)
 }
 
-// unpublishLocked unpublishes one task volume and drops its record. The
-// caller holds the volume's lock.
-func (m *Manager) unpublishLocked(ctx context.Context, tr taskRecord) error {
+// unpublishLocked unpublishes one task volume and returns the drop of its
+// record, not written yet: it goes out with the next record of the volume
+// or on its own (see releaseLocked). Until then the unpublish counts as
+// uncertain and the task as a user of the volume. The caller holds the
+// volume's lock.
+func (m *Manager) unpublishLocked(ctx context.Context, tr taskRecord) ([]journalOp, error) {
 	if tr.State != phasePending {
 		o := op{method: MethodNodeUnpublishVolume, taskID: tr.TaskID, name: tr.Name, pluginID: tr.PluginID,
 			volumeID: tr.VolumeID, path: tr.Target, notFoundOK: true, secrets: []map[string]string{tr.Secrets}}
 		if tr.State != phaseUnpublishing {
 			tr.State = phaseUnpublishing
 			if err := m.commit(taskPut(tr)); err != nil {
-				return err
+				return nil, err
 			}
 		}
 		_, node, _, err := m.pluginClients(o)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		m.event(tr.TaskID, fmt.Sprintf("Unpublishing volume %q", tr.Name), annotations(tr.Name, tr.PluginID, tr.VolumeID))
 		err = m.call(ctx, o, func(ctx context.Context) error {
@@ -846,29 +863,27 @@ func (m *Manager) unpublishLocked(ctx context.Context, tr taskRecord) error {
 			return err
 		})
 		if err != nil {
-			return err
+			return nil, err
 		}
 		if err := m.checkGone(o, tr.Target); err != nil {
-			return err
+			return nil, err
 		}
+		m.logger.Info("volume unpublished", "task_id", tr.TaskID, "volume", tr.Name, "plugin_id", tr.PluginID,
+			"volume_id", tr.VolumeID, "target_path", tr.Target)
 	}
-	if err := m.commit(taskDrop(tr.TaskID, tr.Name)); err != nil {
-		return err
-	}
-	m.logger.Info("volume unpublished", "task_id", tr.TaskID, "volume", tr.Name, "plugin_id", tr.PluginID,
-		"volume_id", tr.VolumeID, "target_path", tr.Target)
-	return nil
+	return []journalOp{taskDrop(tr.TaskID, tr.Name)}, nil
 }
 
 // releaseLocked unstages and detaches a volume when no task on this node
-// uses it any more, and drops its record. The caller holds its lock.
-func (m *Manager) releaseLocked(ctx context.Context, taskID, name string, k volKey) error {
-	if m.users(k) > 0 {
-		return nil
-	}
+// uses it any more, and drops its record. pending are task record drops
+// not written yet: they go out with the record before the first call, or
+// on their own, and the tasks they drop no longer count as users. The
+// result of a call is written with the record of the next call. The
+// caller holds the volume's lock.
+func (m *Manager) releaseLocked(ctx context.Context, taskID, name string, k volKey, pending []journalOp) error {
 	vol, ok := m.vol(k)
-	if !ok {
-		return nil
+	if !ok || m.usersAfter(k, pending) > 0 {
+		return m.commit(pending...)
 	}
 	o := op{taskID: taskID, name: name, pluginID: vol.PluginID, volumeID: vol.VolumeID, nodeID: vol.NodeID,
 		notFoundOK: true, secrets: []map[string]string{vol.Secrets}}
@@ -877,10 +892,12 @@ func (m *Manager) releaseLocked(ctx context.Context, taskID, name string, k volK
 		o.method, o.path = MethodNodeUnstageVolume, vol.StagingPath
 		if vol.Stage != phaseUnstaging {
 			vol.Stage = phaseUnstaging
-			if err := m.commit(volPut(vol)); err != nil {
-				return err
-			}
+			pending = append(pending, volPut(vol))
 		}
+		if err := m.commit(pending...); err != nil {
+			return err
+		}
+		pending = nil
 		_, node, _, err := m.pluginClients(o)
 		if err != nil {
 			return err
@@ -897,9 +914,7 @@ func (m *Manager) releaseLocked(ctx context.Context, taskID, name string, k volK
 			return err
 		}
 		vol.Stage = phaseNone
-		if err := m.commit(volPut(vol)); err != nil {
-			return err
-		}
+		pending = append(pending, volPut(vol))
 	}
 	if vol.Controller != phaseNone {
 		o.method, o.path = MethodControllerUnpublishVolume, ""
@@ -909,10 +924,12 @@ func (m *Manager) releaseLocked(ctx context.Context, taskID, name string, k volK
 		} else {
 			if vol.Controller != phaseUnpublishing {
 				vol.Controller = phaseUnpublishing
-				if err := m.commit(volPut(vol)); err != nil {
-					return err
-				}
+				pending = append(pending, volPut(vol))
 			}
+			if err := m.commit(pending...); err != nil {
+				return err
+			}
+			pending = nil
 			_, _, ctrl, err := m.pluginClients(o)
 			if err != nil {
 				return err
@@ -929,7 +946,7 @@ func (m *Manager) releaseLocked(ctx context.Context, taskID, name string, k volK
 			}
 		}
 	}
-	if err := m.commit(volDrop(k)); err != nil {
+	if err := m.commit(append(pending, volDrop(k))...); err != nil {
 		return err
 	}
 	m.setVerified(k, false)

@@ -275,7 +275,7 @@ func TestJournal_FormatAndPermissions(t *testing.T) {
 	must.ErrorContains(t, err, "in use by another volume manager")
 }
 
-func TestJournal_WrittenBeforeAndAfterEachCall(t *testing.T) {
+func TestJournal_WrittenBeforeEachCall(t *testing.T) {
 	h := newHarness(t)
 	// Replay the journal on disk as each call starts: the call's "-ing"
 	// record and the results of the calls before it must be there.
@@ -302,11 +302,31 @@ func TestJournal_WrittenBeforeAndAfterEachCall(t *testing.T) {
 		MethodNodeStageVolume:         "published/staging/pending",
 		MethodNodePublishVolume:       "published/staged/publishing",
 	}, seen)
-	must.Eq(t, []string{"task t/data published", "vol p/vol1 staged/published"}, func() []string {
+	_, err := h.m.Setup(context.Background(), "t", []VolumeRequest{req("data", "vol1", "/data")})
+	must.NoError(t, err)
+	must.Eq(t, []string{"task t/data published", "vol p/vol1 staged/published"}, h.journalRecords())
+
+	// Teardown: the task's record goes with the volume's "unstaging", the
+	// unstage's result with "unpublishing" of the controller.
+	seen = map[string]string{}
+	for _, method := range []string{MethodNodeUnpublishVolume, MethodNodeUnstageVolume, MethodControllerUnpublishVolume} {
 		_, err := h.m.Setup(context.Background(), "t", []VolumeRequest{req("data", "vol1", "/data")})
 		must.NoError(t, err)
-		return h.journalRecords()
-	}())
+		release := h.fake.HangMethod(method)
+		done := make(chan error, 1)
+		go func() { done <- h.m.Teardown(context.Background(), "t") }()
+		must.Wait(t, waitFor(func() bool { return h.fake.Count(method) == 1 }))
+		seen[method] = strings.Join(h.journalRecords(), ", ")
+		release()
+		must.NoError(t, <-done)
+		must.SliceEmpty(t, h.journalRecords())
+		h.fake.ResetCalls()
+	}
+	must.Eq(t, map[string]string{
+		MethodNodeUnpublishVolume:       "task t/data unpublishing, vol p/vol1 staged/published",
+		MethodNodeUnstageVolume:         "vol p/vol1 unstaging/published",
+		MethodControllerUnpublishVolume: "vol p/vol1 /unpublishing",
+	}, seen)
 }
 
 func TestRecover_UncertainStage(t *testing.T) {
@@ -916,19 +936,19 @@ func (h *harness) journalBatches() int {
 	return h.m.journal.batches
 }
 
-// TestJournal_BatchesPerSetup counts the journal's synced writes: one
-// before each call (its "-ing" record, with the records of the task and
-// the result of the call before) and one for the result of the last.
-// TestJournal_WrittenBeforeAndAfterEachCall checks what they hold.
-func TestJournal_BatchesPerSetup(t *testing.T) {
+// TestJournal_BatchesPerStep counts the journal's synced writes in setup
+// and teardown: one before each call (its "-ing" record, with new records
+// and the result of the call before) and one for the result of the last.
+// TestJournal_WrittenBeforeEachCall checks what they hold.
+func TestJournal_BatchesPerStep(t *testing.T) {
 	cases := []struct {
 		name            string
 		plugin          PluginInfo
 		setup, teardown int
 	}{
-		{"attach and stage", fullPlugin("p"), 4, 6},
-		{"stage", PluginInfo{ID: "p", Socket: "/run/p.sock", Healthy: true, StageUnstage: true}, 3, 5},
-		{"neither", PluginInfo{ID: "p", Socket: "/run/p.sock", Healthy: true}, 2, 3},
+		{"attach and stage", fullPlugin("p"), 4, 4},
+		{"stage", PluginInfo{ID: "p", Socket: "/run/p.sock", Healthy: true, StageUnstage: true}, 3, 3},
+		{"neither", PluginInfo{ID: "p", Socket: "/run/p.sock", Healthy: true}, 2, 2},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -184,7 +184,11 @@ func (m *Manager) reconcile(ctx context.Context, k volKey, live func(string) boo
 		}
 		m.logger.Info("cleaning up volume of a task that is gone", "task_id", t.TaskID, "volume", t.Name,
 			"plugin_id", t.PluginID, "volume_id", t.VolumeID, "state", t.State)
-		if err := m.unpublishLocked(ctx, t); err != nil {
+		drop, err := m.unpublishLocked(ctx, t)
+		if err == nil {
+			err = m.commit(drop...)
+		}
+		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
@@ -196,7 +200,7 @@ func (m *Manager) reconcile(ctx context.Context, k volKey, live func(string) boo
 		return err
 	}
 	if len(keep) == 0 {
-		return m.releaseLocked(ctx, anyTID, name, k)
+		return m.releaseLocked(ctx, anyTID, name, k, nil)
 	}
 
 	// Live users remain: settle uncertain steps forward.
