@@ -308,7 +308,7 @@ func TestIntegration_FixturePlugin(t *testing.T) {
 			must.NoError(t, m.Teardown(ctx, "task-timing"))
 			teardown += time.Since(s)
 		}
-		t.Logf("dir volume, mean of %d: Setup (attach+stage+publish, 8 fsynced journal writes) %s, Teardown %s", n, setup/n, teardown/n)
+		t.Logf("dir volume, mean of %d: Setup (attach+stage+publish, 4 synced journal batches) %s, Teardown %s", n, setup/n, teardown/n)
 	})
 
 	must.StrNotContains(t, logs.String(), canary)

@@ -441,8 +441,10 @@ type logScan struct {
 // scanLog replays a log: later records win, drops delete. The log ends
 // where only zeros follow. A damaged frame followed by intact ones is
 // skipped and counted, not taken for the end of the log: the frames after
-// it are newer and describe what is mounted now. Nothing is logged here
-// but ops that cannot be used.
+// it are newer and describe what is mounted now. (A crash during one
+// write of several batches can leave that too; those batches were never
+// acknowledged and are of different volumes, so keeping the intact ones
+// is safe.) Nothing is logged here but ops that cannot be used.
 func scanLog(data []byte, logger hclog.Logger) logScan {
 	s := logScan{state: newJournalState()}
 	off := 0

@@ -449,3 +449,25 @@ func sortedStrings(s []string) []string {
 	sort.Strings(out)
 	return out
 }
+
+// After a write that may have reached the disk in part and cannot be cut
+// off, the journal refuses writes; a restart replays what the disk holds.
+func TestJournal_FailedWriteRefusesFurtherWrites(t *testing.T) {
+	dir := t.TempDir()
+	j, logs := openTestJournal(t, dir)
+	must.NoError(t, j.commit(volPut(testVol("v1", phaseStaged))))
+	j.mu.Lock()
+	must.NoError(t, j.f.Close()) // every write and the cut now fail
+	j.mu.Unlock()
+	err := j.commit(volPut(testVol("v2", phaseStaging)))
+	must.ErrorContains(t, err, "failed to write journal")
+	err = j.commit(volPut(testVol("v3", phaseStaging)))
+	must.ErrorContains(t, err, "refuses writes after a failed write")
+	must.StrContains(t, logs.String(), "restart the driver")
+	must.Eq(t, []string{"vol p/v1 staged"}, j.state.summary())
+	j.close()
+
+	j2, _ := openTestJournal(t, dir)
+	must.Eq(t, []string{"vol p/v1 staged"}, j2.state.summary())
+	must.NoError(t, j2.commit(volPut(testVol("v2", phaseStaging))))
+}
