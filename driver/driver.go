@@ -61,6 +61,8 @@ type Driver struct {
 	// shim is the supervisor binary tasks start with ("" = this binary).
 	shim string
 
+	// spares are supervisors started ahead of need (nil: none).
+	spares *executor.Spares
 	// start and recover run a task's process; they are the executor's in
 	// production and fakes in unit tests.
 	start   func(hclog.Logger, *executor.Spec, func() ([]executor.Mount, error)) (taskProcess, error)
@@ -88,22 +90,24 @@ type Driver struct {
 func NewPlugin(logger hclog.Logger) *Driver {
 	logger = logger.Named(PluginName)
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Driver{
+	d := &Driver{
 		logger:  logger,
 		eventer: eventer.NewEventer(ctx, logger),
 		tasks:   newTaskStore(),
 		ctx:     ctx,
 		cancel:  cancel,
-		start:   startExecutor,
+		spares:  &executor.Spares{},
 		recover: recoverExecutor,
 		host:    realHost{},
 		mounter: mounter.NewWithLogger(logger),
 		plugins: newPluginTasks(),
 	}
+	d.start = d.startExecutor
+	return d
 }
 
-func startExecutor(l hclog.Logger, s *executor.Spec, late func() ([]executor.Mount, error)) (taskProcess, error) {
-	p, err := executor.Start(l, s, late)
+func (d *Driver) startExecutor(l hclog.Logger, s *executor.Spec, late func() ([]executor.Mount, error)) (taskProcess, error) {
+	p, err := d.spares.Start(l, s, late)
 	if err != nil {
 		return nil, err
 	}
@@ -173,6 +177,10 @@ func (d *Driver) SetConfig(c *base.Config) error {
 	}
 	prober := d.prober
 	d.mu.Unlock()
+	if cfg.Enabled {
+		// The first task need not wait for its supervisor to start.
+		d.spares.Fill(shim, d.logger)
+	}
 	prober.SetSocketDirs(cfg.PluginSocketDirs)
 	if cfg.Enabled {
 		d.checkRootPropagation(&cfg)
@@ -887,6 +895,7 @@ func parseSignal(name string) (syscall.Signal, error) {
 // Shutdown stops the driver's background work. Tasks keep running.
 func (d *Driver) Shutdown() {
 	d.cancel()
+	d.spares.Close()
 	if p := d.currentProber(); p != nil {
 		p.Close()
 	}

@@ -133,6 +133,7 @@ func newTestDriver(t *testing.T, cfg Config) *testDriver {
 	t.Cleanup(d.Shutdown)
 	td := &testDriver{Driver: d}
 	d.host = fakeHost{root: true}
+	d.spares = nil
 	d.start = func(_ hclog.Logger, s *executor.Spec, late func() ([]executor.Mount, error)) (taskProcess, error) {
 		if late != nil {
 			// As the executor does: the late mounts join the task's.

@@ -70,69 +70,63 @@ type Process struct {
 //
 // On error, no process and no cgroup are left (files in StateDir may be).
 func Start(logger hclog.Logger, spec *Spec, late func() ([]Mount, error)) (*Process, error) {
+	return start(logger, spec, late, nil)
+}
+
+// start is Start, with a spare supervisor when sp is set.
+func start(logger hclog.Logger, spec *Spec, late func() ([]Mount, error), sp *spare) (*Process, error) {
 	logger = logger.Named("executor").With("task_id", spec.TaskID)
+	fail := func(err error) (*Process, error) {
+		if sp != nil {
+			sp.stop()
+		}
+		return nil, err
+	}
 	if err := validateSpec(spec); err != nil {
-		return nil, fmt.Errorf("failed to start task: %w", err)
+		return fail(fmt.Errorf("failed to start task: %w", err))
 	}
 	if len(spec.LateMounts) > 0 && late == nil {
-		return nil, errors.New("failed to start task: it has late mounts but no way to get them")
+		return fail(errors.New("failed to start task: it has late mounts but no way to get them"))
 	}
 	// Not synced: the spec matters only while the host is up, and a task
 	// does not outlive a crash of the host.
 	if err := writeJSON(filepath.Join(spec.StateDir, specFile), spec, 0o600, false); err != nil {
-		return nil, fmt.Errorf("failed to start task: %w", err)
+		return fail(fmt.Errorf("failed to start task: %w", err))
 	}
 	logPath := filepath.Join(spec.StateDir, supervisorLogFile)
-	logFile, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("failed to start task: failed to open %q: %w", logPath, err)
-	}
-	defer logFile.Close()
-	reportR, reportW, err := os.Pipe()
-	if err != nil {
-		return nil, fmt.Errorf("failed to start task: failed to make a pipe: %w", err)
-	}
-	defer reportR.Close()
-	extra := []*os.File{reportW}
-	var ctl *os.File
-	if len(spec.LateMounts) > 0 {
-		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
-		if err != nil {
-			_ = reportW.Close()
-			return nil, fmt.Errorf("failed to start task: failed to make a socket pair: %w", err)
+	if sp != nil {
+		if err := sp.hand(spec.StateDir); err != nil {
+			logger.Debug("spare supervisor unusable, starting one", "error", err)
+			sp.stop()
+			sp = nil
 		}
-		ctl = os.NewFile(uintptr(fds[0]), "control-socket")
+	}
+	var (
+		cmd     *exec.Cmd
+		reportR *os.File
+		ctl     *os.File
+		reaped  chan struct{}
+	)
+	if sp != nil {
+		cmd, reportR, reaped = sp.cmd, sp.reportR, sp.reaped
+		ctl = sp.ctl
+		if len(spec.LateMounts) == 0 {
+			_ = ctl.Close()
+			ctl = nil
+		}
+		defer reportR.Close()
+		logger.Debug("spare supervisor took the task", "supervisor_pid", cmd.Process.Pid)
+	} else {
+		var err error
+		if cmd, reportR, ctl, reaped, err = startSupervisor(spec, logPath); err != nil {
+			return nil, err
+		}
+		defer reportR.Close()
+		logger.Debug("supervisor started", "supervisor_pid", cmd.Process.Pid)
+	}
+	if ctl != nil {
 		defer ctl.Close()
-		extra = append(extra, os.NewFile(uintptr(fds[1]), "control-socket"))
 	}
-
-	supervisor := spec.Supervisor
-	if supervisor == "" {
-		supervisor = "/proc/self/exe"
-	}
-	cmd := &exec.Cmd{
-		Path:        supervisor,
-		Args:        []string{os.Args[0], stageSupervisor, spec.StateDir},
-		Env:         supervisorEnv(),
-		Stdin:       nil, // /dev/null
-		Stdout:      logFile,
-		Stderr:      logFile,
-		ExtraFiles:  extra,
-		SysProcAttr: &syscall.SysProcAttr{Setsid: true},
-	}
-	err = cmd.Start()
-	for _, f := range extra {
-		_ = f.Close()
-	}
-	if err != nil {
-		return nil, fmt.Errorf("failed to start task: failed to start the supervisor: %w", err)
-	}
-	reaped := make(chan struct{})
-	go func() {
-		_ = cmd.Wait()
-		close(reaped)
-	}()
-	logger.Debug("supervisor started", "supervisor_pid", cmd.Process.Pid)
 
 	var lateErr error
 	if ctl != nil {
@@ -198,6 +192,64 @@ func Start(logger hclog.Logger, spec *Spec, late func() ([]Mount, error)) (*Proc
 	logger.Info("task started", "pid", rep.TaskPID, "supervisor_pid", cmd.Process.Pid)
 	go p.watch()
 	return p, nil
+}
+
+// startSupervisor starts a supervisor for spec, with a control socket when
+// the spec has late mounts; the returned channel is closed once it is
+// reaped.
+func startSupervisor(spec *Spec, logPath string) (*exec.Cmd, *os.File, *os.File, chan struct{}, error) {
+	logFile, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, nil, nil, nil, fmt.Errorf("failed to start task: failed to open %q: %w", logPath, err)
+	}
+	defer logFile.Close()
+	reportR, reportW, err := os.Pipe()
+	if err != nil {
+		return nil, nil, nil, nil, fmt.Errorf("failed to start task: failed to make a pipe: %w", err)
+	}
+	extra := []*os.File{reportW}
+	var ctl *os.File
+	if len(spec.LateMounts) > 0 {
+		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			_ = reportR.Close()
+			_ = reportW.Close()
+			return nil, nil, nil, nil, fmt.Errorf("failed to start task: failed to make a socket pair: %w", err)
+		}
+		ctl = os.NewFile(uintptr(fds[0]), "control-socket")
+		extra = append(extra, os.NewFile(uintptr(fds[1]), "control-socket"))
+	}
+	supervisor := spec.Supervisor
+	if supervisor == "" {
+		supervisor = "/proc/self/exe"
+	}
+	cmd := &exec.Cmd{
+		Path:        supervisor,
+		Args:        []string{os.Args[0], stageSupervisor, spec.StateDir},
+		Env:         supervisorEnv(),
+		Stdin:       nil, // /dev/null
+		Stdout:      logFile,
+		Stderr:      logFile,
+		ExtraFiles:  extra,
+		SysProcAttr: &syscall.SysProcAttr{Setsid: true},
+	}
+	err = cmd.Start()
+	for _, f := range extra {
+		_ = f.Close()
+	}
+	if err != nil {
+		_ = reportR.Close()
+		if ctl != nil {
+			_ = ctl.Close()
+		}
+		return nil, nil, nil, nil, fmt.Errorf("failed to start task: failed to start the supervisor: %w", err)
+	}
+	reaped := make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		close(reaped)
+	}()
+	return cmd, reportR, ctl, reaped, nil
 }
 
 // Recover takes back a task from its State after the driver restarted. A

@@ -38,19 +38,39 @@ type readyReport struct {
 	Error     string        `json:"error,omitempty"`
 }
 
-// runSupervisor is the supervisor stage: args are [StateDir]. It returns the
-// supervisor's exit code.
+// runSupervisor is the supervisor stage: args are [StateDir], or nothing
+// for a spare supervisor, which gets its state directory over the control
+// socket (see Spares). It returns the supervisor's exit code.
 func runSupervisor(args []string) int {
 	logger := hclog.New(&hclog.LoggerOptions{
 		Name:   "csi.supervisor",
 		Level:  hclog.Debug,
 		Output: os.Stderr,
 	})
-	if len(args) != 1 {
+	var (
+		stateDir string
+		ctl      *os.File
+	)
+	switch len(args) {
+	case 0:
+		ctl = os.NewFile(supervisorControlFD, "control-socket")
+		unix.CloseOnExec(supervisorControlFD)
+		dir, err := awaitTask(ctl)
+		if err != nil {
+			logger.Error("spare supervisor got no task", "error", err)
+			return 2
+		}
+		if dir == "" {
+			// The driver went away or did not need this spare.
+			return 0
+		}
+		stateDir = dir
+	case 1:
+		stateDir = args[0]
+	default:
 		logger.Error("supervisor needs the state directory as its only argument", "args", args)
 		return 2
 	}
-	stateDir := args[0]
 
 	// The task is stopped by signalling it, never the supervisor; these
 	// are caught and dropped (not SIG_IGN, which the task would inherit).
@@ -84,10 +104,13 @@ func runSupervisor(args []string) int {
 	}
 	logger = logger.With("task_id", spec.TaskID)
 
-	var ctl *os.File
-	if len(spec.LateMounts) > 0 {
+	switch {
+	case len(spec.LateMounts) > 0 && ctl == nil:
 		ctl = os.NewFile(supervisorControlFD, "control-socket")
 		unix.CloseOnExec(supervisorControlFD)
+	case len(spec.LateMounts) == 0 && ctl != nil:
+		_ = ctl.Close()
+		ctl = nil
 	}
 	cmd, group, left, err := startTask(&spec, ctl)
 	if ctl != nil {

@@ -1,0 +1,219 @@
+package executor
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"sync"
+	"syscall"
+
+	"github.com/hashicorp/go-hclog"
+	"golang.org/x/sys/unix"
+)
+
+// Spares keeps one supervisor started ahead of need for each supervisor
+// binary, so that a task's start does not wait for a program to start (a
+// few milliseconds of exec and runtime start-up, which on a small machine
+// also take CPU from the task's volume calls). A spare knows nothing of a
+// task until Start hands it one; it exits on its own when its driver goes
+// away. The zero value is ready to use, and a nil *Spares has no spares.
+type Spares struct {
+	mu     sync.Mutex
+	spares map[string]*spare
+	closed bool
+}
+
+// spare is a supervisor waiting for its task.
+type spare struct {
+	cmd     *exec.Cmd
+	reportR *os.File
+	// ctl is the driver's end of the control socket: the task's state
+	// directory is sent first (spareHello), then the late mounts.
+	ctl    *os.File
+	reaped chan struct{}
+}
+
+// spareHello is the first message a spare supervisor gets.
+type spareHello struct {
+	StateDir string `json:"state_dir"`
+}
+
+// Start is the package's Start, run by a spare supervisor of
+// spec.Supervisor when one is waiting. A new spare is started afterwards,
+// in the background.
+func (s *Spares) Start(logger hclog.Logger, spec *Spec, late func() ([]Mount, error)) (*Process, error) {
+	defer s.Fill(spec.Supervisor, logger)
+	return start(logger, spec, late, s.take(spec.Supervisor))
+}
+
+// Fill starts a spare supervisor of binary ("" is this binary) in the
+// background unless one is waiting already. Failures are logged: a start
+// without a spare starts its own supervisor.
+func (s *Spares) Fill(binary string, logger hclog.Logger) {
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	if s.closed || s.spares[binary] != nil {
+		s.mu.Unlock()
+		return
+	}
+	if s.spares == nil {
+		s.spares = map[string]*spare{}
+	}
+	// A placeholder, so that concurrent fills start one spare.
+	s.spares[binary] = &spare{}
+	s.mu.Unlock()
+	go func() {
+		sp, err := startSpare(binary)
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if err != nil || s.closed {
+			delete(s.spares, binary)
+			if err != nil {
+				logger.Warn("failed to start a spare supervisor", "supervisor", binary, "error", err)
+			} else {
+				sp.stop()
+			}
+			return
+		}
+		s.spares[binary] = sp
+	}()
+}
+
+// Close stops the spare supervisors; later Fills do nothing.
+func (s *Spares) Close() {
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	s.closed = true
+	spares := s.spares
+	s.spares = nil
+	s.mu.Unlock()
+	for _, sp := range spares {
+		if sp.cmd != nil {
+			sp.stop()
+		}
+	}
+}
+
+// take removes and returns the spare of binary, if one is ready and alive.
+func (s *Spares) take(binary string) *spare {
+	if s == nil {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sp := s.spares[binary]
+	if sp == nil || sp.cmd == nil {
+		return nil
+	}
+	delete(s.spares, binary)
+	select {
+	case <-sp.reaped:
+		sp.closeFiles()
+		return nil
+	default:
+		return sp
+	}
+}
+
+func startSpare(binary string) (*spare, error) {
+	path := binary
+	if path == "" {
+		path = "/proc/self/exe"
+	}
+	reportR, reportW, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("failed to make a pipe: %w", err)
+	}
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		_ = reportR.Close()
+		_ = reportW.Close()
+		return nil, fmt.Errorf("failed to make a socket pair: %w", err)
+	}
+	ctl := os.NewFile(uintptr(fds[0]), "control-socket")
+	theirs := os.NewFile(uintptr(fds[1]), "control-socket")
+	cmd := &exec.Cmd{
+		Path:        path,
+		Args:        []string{os.Args[0], stageSupervisor},
+		Env:         supervisorEnv(),
+		ExtraFiles:  []*os.File{reportW, theirs},
+		SysProcAttr: &syscall.SysProcAttr{Setsid: true},
+	}
+	err = cmd.Start()
+	_ = reportW.Close()
+	_ = theirs.Close()
+	if err != nil {
+		_ = reportR.Close()
+		_ = ctl.Close()
+		return nil, fmt.Errorf("failed to start a supervisor: %w", err)
+	}
+	sp := &spare{cmd: cmd, reportR: reportR, ctl: ctl, reaped: make(chan struct{})}
+	go func() {
+		_ = cmd.Wait()
+		close(sp.reaped)
+	}()
+	return sp, nil
+}
+
+// hand gives the spare its task's state directory.
+func (sp *spare) hand(stateDir string) error {
+	b, err := json.Marshal(spareHello{StateDir: stateDir})
+	if err != nil {
+		return err
+	}
+	if err := unix.Sendmsg(int(sp.ctl.Fd()), b, nil, nil, 0); err != nil {
+		return fmt.Errorf("failed to hand the task to a spare supervisor: %w", err)
+	}
+	return nil
+}
+
+// stop ends a spare that will not be used: closing its control socket is
+// enough, the kill makes sure.
+func (sp *spare) stop() {
+	sp.closeFiles()
+	_ = sp.cmd.Process.Kill()
+	<-sp.reaped
+}
+
+func (sp *spare) closeFiles() {
+	_ = sp.ctl.Close()
+	_ = sp.reportR.Close()
+}
+
+// awaitTask is a spare supervisor's wait for its task: the state directory
+// from the control socket, with the supervisor's log there made its stdout
+// and stderr. It returns "" when the driver went away instead.
+func awaitTask(ctl *os.File) (string, error) {
+	buf := make([]byte, 4096)
+	n, _, _, _, err := unix.Recvmsg(int(ctl.Fd()), buf, nil, 0)
+	if err != nil {
+		return "", fmt.Errorf("failed to read the task from the control socket: %w", err)
+	}
+	if n == 0 {
+		return "", nil
+	}
+	var h spareHello
+	if err := json.Unmarshal(buf[:n], &h); err != nil {
+		return "", fmt.Errorf("failed to decode the task from the control socket: %w", err)
+	}
+	if h.StateDir == "" {
+		return "", errors.New("the driver sent no state directory")
+	}
+	log, err := os.OpenFile(h.StateDir+"/"+supervisorLogFile, os.O_WRONLY|os.O_CREATE|os.O_APPEND|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return "", fmt.Errorf("failed to open the supervisor log: %w", err)
+	}
+	defer log.Close()
+	for _, fd := range []int{1, 2} {
+		if err := unix.Dup3(int(log.Fd()), fd, 0); err != nil {
+			return "", fmt.Errorf("failed to send output to the supervisor log: %w", err)
+		}
+	}
+	return h.StateDir, nil
+}
