@@ -40,7 +40,12 @@ type Manager struct {
 	// (idempotent) before use unless its staging path is a mount point,
 	// so that after a reboot nothing is published from an empty directory.
 	verified map[volKey]bool
-	closed   bool
+	// unreleased holds, per task, the volumes whose unstage or detach
+	// failed after the task's record was dropped, by the task's name for
+	// each: no record names them for the task any more, so this is what
+	// makes a retried teardown of the task try them again.
+	unreleased map[string]map[volKey]string
+	closed     bool
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -96,15 +101,16 @@ func New(cfg Config) (*Manager, error) {
 	}
 	vols, tasks := j.records()
 	m := &Manager{
-		cfg:      cfg,
-		logger:   logger,
-		journal:  j,
-		locks:    newKeyLocks(),
-		vols:     map[volKey]volRecord{},
-		tasks:    map[string]map[string]taskRecord{},
-		clients:  map[string]Client{},
-		workers:  map[string]bool{},
-		verified: map[volKey]bool{},
+		cfg:        cfg,
+		logger:     logger,
+		journal:    j,
+		locks:      newKeyLocks(),
+		vols:       map[volKey]volRecord{},
+		tasks:      map[string]map[string]taskRecord{},
+		clients:    map[string]Client{},
+		workers:    map[string]bool{},
+		verified:   map[volKey]bool{},
+		unreleased: map[string]map[volKey]string{},
 	}
 	m.ctx, m.cancel = context.WithCancel(context.Background())
 	for _, v := range vols {
@@ -804,10 +810,19 @@ func (m *Manager) Teardown(ctx context.Context, taskID string) error {
 	return fmt.Errorf("failed to tear down the volumes of task %q, retrying in the background: %w", taskID, err)
 }
 
+// teardownTask unpublishes the task's volumes and releases those nobody
+// else uses, then tries again the releases that failed in an earlier
+// attempt after the task's record was gone.
 func (m *Manager) teardownTask(ctx context.Context, taskID string) error {
 	var errs []error
+	earlier := m.unreleasedOf(taskID)
 	for _, tr := range m.taskRecs(taskID) {
 		if err := m.teardownVolume(ctx, tr.TaskID, tr.Name); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for k, name := range earlier {
+		if err := m.releaseAgain(ctx, taskID, name, k); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -835,7 +850,52 @@ func (m *Manager) teardownVolume(ctx context.Context, taskID, name string) error
 	if err != nil {
 		return err
 	}
-	return m.releaseLocked(ctx, taskID, name, tr.key(), drop)
+	if err := m.releaseLocked(ctx, taskID, name, tr.key(), drop); err != nil {
+		if _, ok := m.taskRec(taskID, name); !ok {
+			// The drop went out with the volume's "unstaging" or
+			// "unpublishing": remember the volume for the retry.
+			m.setUnreleased(taskID, tr.key(), name)
+		}
+		return err
+	}
+	return nil
+}
+
+// releaseAgain retries the release of a volume a task no longer has a
+// record of. Nothing is called when another task uses the volume by now
+// or its record is gone.
+func (m *Manager) releaseAgain(ctx context.Context, taskID, name string, k volKey) error {
+	unlock, err := m.locks.lock(ctx, k.String())
+	if err != nil {
+		return fmt.Errorf("gave up waiting for another operation on volume %q (volume_id %q, plugin %q) to finish: %w",
+			name, k.volume, k.plugin, err)
+	}
+	defer unlock()
+	if err := m.releaseLocked(ctx, taskID, name, k, nil); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.unreleased[taskID], k)
+	if len(m.unreleased[taskID]) == 0 {
+		delete(m.unreleased, taskID)
+	}
+	return nil
+}
+
+func (m *Manager) setUnreleased(taskID string, k volKey, name string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.unreleased[taskID] == nil {
+		m.unreleased[taskID] = map[volKey]string{}
+	}
+	m.unreleased[taskID][k] = name
+}
+
+func (m *Manager) unreleasedOf(taskID string) map[volKey]string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return maps.Clone(m.unreleased[taskID])
 }
 
 // unpublishLocked unpublishes one task volume and returns the drop of its

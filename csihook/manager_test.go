@@ -627,6 +627,72 @@ func TestTeardown_BackgroundRetryUntilPluginAnswers(t *testing.T) {
 	must.True(t, containsEvent(h.eventMsgs(), "Volume cleanup succeeded"))
 }
 
+// TestTeardown_BackgroundRetryAfterTaskRecordDropped fails the unstage or
+// the detach, which come after the task's record is dropped: the
+// background retry must go on calling it until it succeeds, and only then
+// report success.
+func TestTeardown_BackgroundRetryAfterTaskRecordDropped(t *testing.T) {
+	cases := []struct {
+		method string
+		event  string
+		left   string
+	}{
+		{MethodNodeUnstageVolume, `Unstaging volume "data" failed (Unavailable: connection refused): retrying in `, "vol p/vol1 unstaging/published"},
+		{MethodControllerUnpublishVolume, `Detaching volume "data" failed (Unavailable: connection refused): retrying in `, "vol p/vol1 /unpublishing"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.method, func(t *testing.T) {
+			h := newHarness(t)
+			ctx := context.Background()
+			_, err := h.m.Setup(ctx, "task-a", []VolumeRequest{req("data", "vol1", "/data")})
+			must.NoError(t, err)
+			h.fake.SetError(tc.method, status.Error(codes.Unavailable, "connection refused"))
+			err = h.m.Teardown(ctx, "task-a")
+			must.ErrorContains(t, err, "retrying in the background")
+			must.Eq(t, []string{tc.left}, h.journalRecords())
+
+			// Each attempt makes RetryAttempts calls: wait for more
+			// than the first two attempts made.
+			must.Wait(t, waitFor(func() bool { return h.fake.Count(tc.method) > 2*h.m.cfg.RetryAttempts }))
+			must.True(t, containsEvent(h.eventMsgs(), tc.event))
+			must.False(t, containsEvent(h.eventMsgs(), "Volume cleanup succeeded"))
+			must.Eq(t, []string{tc.left}, h.journalRecords())
+
+			h.fake.SetError(tc.method, nil)
+			h.waitIdle()
+			must.SliceEmpty(t, h.journalRecords())
+			must.SliceEmpty(t, h.mountPaths())
+			must.Eq(t, 1, h.fake.Count(MethodNodeUnpublishVolume))
+			must.True(t, containsEvent(h.eventMsgs(), "Volume cleanup succeeded"))
+			must.Eq(t, 0, h.m.Users("p", "vol1"))
+		})
+	}
+}
+
+// TestTeardown_RetryLeavesVolumeToNewUser: a volume whose unstage is being
+// retried is taken by another task meanwhile; the retry then leaves it
+// staged for that task.
+func TestTeardown_RetryLeavesVolumeToNewUser(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	r := req("data", "vol1", "/data")
+	_, err := h.m.Setup(ctx, "task-a", []VolumeRequest{r})
+	must.NoError(t, err)
+	h.fake.SetError(MethodNodeUnstageVolume, status.Error(codes.Unavailable, "connection refused"))
+	must.ErrorContains(t, h.m.Teardown(ctx, "task-a"), "retrying in the background")
+	_, err = h.m.Setup(ctx, "task-b", []VolumeRequest{r})
+	must.NoError(t, err)
+	unstages := h.fake.Count(MethodNodeUnstageVolume)
+	h.waitIdle()
+	must.Eq(t, unstages, h.fake.Count(MethodNodeUnstageVolume))
+	must.Eq(t, []string{"task task-b/data published", "vol p/vol1 staged/published"}, h.journalRecords())
+
+	h.fake.SetError(MethodNodeUnstageVolume, nil)
+	must.NoError(t, h.m.Teardown(ctx, "task-b"))
+	must.SliceEmpty(t, h.journalRecords())
+	must.SliceEmpty(t, h.mountPaths())
+}
+
 func TestTeardown_PluginGoneThenBack(t *testing.T) {
 	h := newHarness(t)
 	ctx := context.Background()
