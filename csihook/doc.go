@@ -13,6 +13,7 @@
 //	pubs, err := m.Setup(ctx, taskID, reqs)        // all or nothing; bind pubs[i].HostPath at Destination
 //	err = m.Teardown(ctx, taskID)                  // retried in the background on failure
 //	m.Close()
+//	st, err := csihook.ReadJournal(dir)            // read-only, no secrets; for tests and tools
 //
 // # Lifecycle
 //
@@ -66,7 +67,8 @@
 // journal directory (Config.JournalDir, default Root/journal, mode 0700)
 // holds journal.log (mode 0600) and .lock, whose flock keeps a second
 // manager out. The journal keeps the live records in memory too; the log
-// is only read when the manager starts.
+// is only read when the manager starts, and by ReadJournal, which replays
+// it read-only and without the lock while a manager runs.
 //
 // The log is append-only. Each commit appends one frame holding a batch of
 // operations and is made durable with fdatasync before it returns:

@@ -1,0 +1,113 @@
+package csihook
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/hashicorp/go-hclog"
+)
+
+// JournalState is what a journal directory holds, for tests and tools
+// that look at a node from outside: the live records of volumes and of
+// task volumes, without secrets, contexts or mount flags. Records of
+// volumes created by name are left out.
+type JournalState struct {
+	Volumes []JournalVolume
+	Tasks   []JournalTask
+	// Files are the other files in the directory: copies of a damaged
+	// log (journal.log.<time>.bad) and records of the file-per-record
+	// format that were not moved into the log yet, or were set aside
+	// (*.bad).
+	Files []string
+}
+
+// JournalVolume is the record of a volume on the node.
+type JournalVolume struct {
+	PluginID    string
+	VolumeID    string
+	StagingPath string
+	NodeID      string
+	// Stage is "", "staging", "staged" or "unstaging".
+	Stage string
+	// Controller is "", "publishing", "published" or "unpublishing".
+	Controller string
+}
+
+// JournalTask is the record of one volume of a task.
+type JournalTask struct {
+	TaskID      string
+	Name        string
+	PluginID    string
+	VolumeID    string
+	Target      string
+	Destination string
+	// State is "pending", "publishing", "published" or "unpublishing".
+	State string
+}
+
+// ReadJournal replays the journal in dir without changing anything and
+// without its lock, so it works while a driver has the journal open. A
+// batch being written while it reads is not there yet (a torn tail is
+// what the log ends in); a compaction replaces the log whole. Damage
+// before the end of the log is an error, returned with what the intact
+// batches hold. A directory without a log is an empty journal.
+func ReadJournal(dir string) (JournalState, error) {
+	var st JournalState
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return st, fmt.Errorf("failed to read journal directory %q: %w", dir, err)
+	}
+	for _, e := range entries {
+		name := e.Name()
+		if name != logName && name != ".lock" && !strings.HasPrefix(name, ".tmp-") {
+			st.Files = append(st.Files, name)
+		}
+	}
+	path := filepath.Join(dir, logName)
+	// A read can overlap a commit and see it only in part, which looks
+	// like damage when a later commit shows whole: read again before
+	// calling it damage.
+	var scan logScan
+	for range 3 {
+		data, err := os.ReadFile(path)
+		if errors.Is(err, fs.ErrNotExist) {
+			return st, nil
+		}
+		if err != nil {
+			return st, fmt.Errorf("failed to read journal %q: %w", path, err)
+		}
+		if scan = scanLog(data, hclog.NewNullLogger()); scan.damaged == 0 && scan.badOps == 0 {
+			break
+		}
+	}
+	for _, v := range scan.state.vols {
+		st.Volumes = append(st.Volumes, JournalVolume{PluginID: v.PluginID, VolumeID: v.VolumeID,
+			StagingPath: v.StagingPath, NodeID: v.NodeID, Stage: v.Stage, Controller: v.Controller})
+	}
+	for _, t := range scan.state.tasks {
+		st.Tasks = append(st.Tasks, JournalTask{TaskID: t.TaskID, Name: t.Name, PluginID: t.PluginID,
+			VolumeID: t.VolumeID, Target: t.Target, Destination: t.Destination, State: t.State})
+	}
+	sort.Slice(st.Volumes, func(i, j int) bool {
+		a, b := st.Volumes[i], st.Volumes[j]
+		return a.PluginID < b.PluginID || (a.PluginID == b.PluginID && a.VolumeID < b.VolumeID)
+	})
+	sort.Slice(st.Tasks, func(i, j int) bool {
+		a, b := st.Tasks[i], st.Tasks[j]
+		return a.TaskID < b.TaskID || (a.TaskID == b.TaskID && a.Name < b.Name)
+	})
+	if scan.damaged > 0 || scan.badOps > 0 {
+		return st, fmt.Errorf("journal %q is damaged: %d bytes between batches are not batches, %d records cannot be used",
+			path, scan.damaged, scan.badOps)
+	}
+	return st, nil
+}
+
+// Empty reports whether no volume or task record is left: nothing is
+// staged, attached or published as far as the journal knows.
+func (s JournalState) Empty() bool { return len(s.Volumes) == 0 && len(s.Tasks) == 0 }
