@@ -20,6 +20,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/csihook"
 )
 
 // VolCSIBinDir is where e2e/tools/build.sh puts the CSI test binaries.
@@ -326,49 +328,64 @@ func (a *Agent) RenderVolJob(j VolJob) (Job, error) {
 	return a.RenderJob("volume_task", j.vars())
 }
 
-// VolJournalFiles lists the driver's journal files by kind: "v" (volumes on
-// the node), "t" (volumes of tasks) and "c" (created volumes).
-func (a *Agent) VolJournalFiles() map[string][]string {
-	out := map[string][]string{}
-	files, _ := filepath.Glob(filepath.Join(a.DriverRoot, "journal", "*.json"))
-	for _, f := range files {
-		base := filepath.Base(f)
-		if k, _, ok := strings.Cut(base, "-"); ok {
-			out[k] = append(out[k], base)
+// VolJournal reads the driver's journal (root_dir/journal) as it is now,
+// while the driver runs: csihook.ReadJournal, read-only, without secrets.
+func (a *Agent) VolJournal() (csihook.JournalState, error) {
+	return csihook.ReadJournal(filepath.Join(a.DriverRoot, "journal"))
+}
+
+// VolJournalLeft lists, one line each, every volume and task record the
+// driver's journal holds, any other file in the journal directory (such
+// as a *.bad copy of a damaged log) and an error reading it: empty once
+// every volume is torn down.
+func (a *Agent) VolJournalLeft() []string {
+	return a.volJournalLines(func(string) bool { return true })
+}
+
+// VolJournalMentions is VolJournalLeft for the records naming one of the
+// volume ids; other files and errors are always listed.
+func (a *Agent) VolJournalMentions(ids ...string) []string {
+	return a.volJournalLines(func(id string) bool { return id != "" && slices.Contains(ids, id) })
+}
+
+func (a *Agent) volJournalLines(match func(volumeID string) bool) []string {
+	var out []string
+	st, err := a.VolJournal()
+	if err != nil {
+		out = append(out, err.Error())
+	}
+	for _, v := range st.Volumes {
+		if match(v.VolumeID) {
+			out = append(out, fmt.Sprintf("volume %s/%s stage=%q controller=%q", v.PluginID, v.VolumeID, v.Stage, v.Controller))
 		}
+	}
+	for _, tk := range st.Tasks {
+		if match(tk.VolumeID) {
+			out = append(out, fmt.Sprintf("task %s volume %q (%s/%s) state=%q", tk.TaskID, tk.Name, tk.PluginID, tk.VolumeID, tk.State))
+		}
+	}
+	for _, f := range st.Files {
+		out = append(out, "file "+f)
 	}
 	return out
 }
 
-// VolJournalMentions lists the v- and t- journal records (and *.bad files)
-// that name one of the volume ids or names.
-func (a *Agent) VolJournalMentions(ids ...string) []string {
-	var out []string
-	files, _ := filepath.Glob(filepath.Join(a.DriverRoot, "journal", "*"))
-	for _, f := range files {
-		base := filepath.Base(f)
-		if strings.HasPrefix(base, "c-") || base == ".lock" {
-			continue
+// WaitVolJournalClear waits until the journal has no record naming one of
+// ids (no ids: no record at all) and returns what it still lists after
+// timeout. A record is dropped just after the plugin's last call for it
+// returned, so a check right after that call waits for it.
+func (a *Agent) WaitVolJournalClear(timeout time.Duration, ids ...string) []string {
+	deadline := time.Now().Add(timeout)
+	for {
+		left := a.VolJournalLeft()
+		if len(ids) > 0 {
+			left = a.VolJournalMentions(ids...)
 		}
-		var rec struct {
-			VolumeID string `json:"volume_id"`
-			Name     string `json:"name"`
+		if len(left) == 0 || time.Now().After(deadline) {
+			return left
 		}
-		b, err := os.ReadFile(f)
-		if err != nil {
-			continue
-		}
-		if strings.HasSuffix(base, ".bad") || json.Unmarshal(b, &rec) != nil {
-			out = append(out, base+" (unreadable)")
-			continue
-		}
-		for _, id := range ids {
-			if id != "" && rec.VolumeID == id {
-				out = append(out, base+" volume_id="+rec.VolumeID)
-			}
-		}
+		time.Sleep(100 * time.Millisecond)
 	}
-	return out
 }
 
 // VolMounts lists what is mounted under the driver's staging and
@@ -489,26 +506,21 @@ func (a *Agent) VolWaitAllocs(t testing.TB, jobID string, n int, timeout time.Du
 	return nil
 }
 
-// VolJournalPaths lists the staging paths (v- records) and publish targets
-// (t- records) the journal holds for a volume id; tests read them while a
-// volume is in use and check later that none is still mounted.
+// VolJournalPaths lists the staging paths (volume records) and publish
+// targets (task records) the journal holds for a volume id; tests read
+// them while a volume is in use and check later that none is still
+// mounted.
 func (a *Agent) VolJournalPaths(volID string) []string {
 	var out []string
-	files, _ := filepath.Glob(filepath.Join(a.DriverRoot, "journal", "[vt]-*.json"))
-	for _, f := range files {
-		var rec struct {
-			VolumeID    string `json:"volume_id"`
-			StagingPath string `json:"staging_path"`
-			Target      string `json:"target"`
+	st, _ := a.VolJournal()
+	for _, v := range st.Volumes {
+		if v.VolumeID == volID && v.StagingPath != "" {
+			out = append(out, v.StagingPath)
 		}
-		b, err := os.ReadFile(f)
-		if err != nil || json.Unmarshal(b, &rec) != nil || rec.VolumeID != volID {
-			continue
-		}
-		for _, p := range []string{rec.StagingPath, rec.Target} {
-			if p != "" {
-				out = append(out, p)
-			}
+	}
+	for _, tk := range st.Tasks {
+		if tk.VolumeID == volID {
+			out = append(out, tk.Target)
 		}
 	}
 	sort.Strings(out)
