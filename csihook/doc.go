@@ -62,8 +62,19 @@
 //
 // # Journal
 //
-// Every step is journalled before and after its call, so a crash leaves
-// either a finished step or one marked in progress ("uncertain"). The
+// Every call is journalled before it is made ("-ing", durable before the
+// call) and its result after it, with the next call's record, so a crash
+// leaves either a finished step or one marked in progress ("uncertain"),
+// which recovery settles by calling again: the CSI spec makes every call
+// idempotent. A setup commits the task's intent to publish with the
+// volume's first record, so that one fdatasync covers NodeStageVolume and
+// NodePublishVolume (two after a ControllerPublishVolume); a setup that
+// fails before its NodePublishVolume does not unpublish, but recovery
+// after a crash there does. The results of the last calls of a setup or a
+// release are committed lazily: written at once, so that a driver that
+// dies loses nothing, and synced with the next commit or within 200 ms,
+// since only a crash of the host can lose them, which leaves their calls
+// uncertain. The
 // journal directory (Config.JournalDir, default Root/journal, mode 0700)
 // holds journal.log (mode 0600) and .lock, whose flock keeps a second
 // manager out. The journal keeps the live records in memory too; the log
@@ -71,7 +82,8 @@
 // it read-only and without the lock while a manager runs.
 //
 // The log is append-only. Each commit appends one frame holding a batch of
-// operations and is made durable with fdatasync before it returns:
+// operations and, unless lazy, is made durable with fdatasync before it
+// returns:
 //
 //	"\xffCSJ" | payload length (uint32 LE) | CRC-32C of the three (uint32 LE) | payload
 //	payload: {"ops": [{"op": "put_vol", "vol": {...}},

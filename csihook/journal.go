@@ -91,6 +91,13 @@ type taskRecord struct {
 	// State is pending, publishing, published or unpublishing.
 	State   string    `json:"state"`
 	Updated time.Time `json:"updated"`
+	// notCalled marks, in memory only, a record committed as publishing
+	// ahead of its NodePublishVolume, with the first record of the
+	// volume's setup, so that no other commit is needed before that call.
+	// Until the call is made the durable record covers a crash (recovery
+	// unpublishes, which is harmless), while this process, which knows
+	// better, does not unpublish what it never published.
+	notCalled bool
 }
 
 func (t taskRecord) key() volKey { return volKey{t.PluginID, t.VolumeID} }
@@ -507,9 +514,9 @@ type journal struct {
 
 	mu    sync.Mutex
 	state *journalState
-	// f is the log, nil once closed; size is the log's length, all of
-	// it durable, and alloc the file's, zeros after size. The log is
-	// compacted once it grows past limit.
+	// f is the log, nil once closed; size is the log's length (durable
+	// but for lazy commits, see unsynced), and alloc the file's, zeros
+	// after size. The log is compacted once it grows past limit.
 	f          *os.File
 	size       int64
 	alloc      int64
@@ -522,14 +529,24 @@ type journal struct {
 	// broken is set when a write may have reached the disk in part and
 	// could not be cut off again: nothing more is written.
 	broken error
+	// unsynced is set while lazy commits are written but not yet synced;
+	// flushing is set while a sync of them is scheduled.
+	unsynced, flushing bool
 	// batches and syncs count committed batches and fdatasyncs, for tests.
 	batches, syncs int
 }
 
+// lazySyncDelay is how long a lazy commit may stay unsynced when no other
+// commit syncs it first.
+var lazySyncDelay = 200 * time.Millisecond
+
 type pendingCommit struct {
 	frame []byte
 	ops   []journalOp
-	done  chan error
+	// lazy commits need not be durable before they return (see
+	// commitLazy).
+	lazy bool
+	done chan error
 }
 
 func openJournal(dir string, logger hclog.Logger) (*journal, error) {
@@ -555,6 +572,7 @@ func openJournal(dir string, logger hclog.Logger) (*journal, error) {
 func (j *journal) close() {
 	j.mu.Lock()
 	defer j.mu.Unlock()
+	j.syncLazyLocked()
 	if j.f != nil {
 		j.f.Close()
 		j.f = nil
@@ -630,7 +648,17 @@ func (j *journal) load() error {
 // commit appends ops as one batch and returns once it is durable: replayed
 // after a crash, the batch is there entirely or not at all. Ops of the
 // same record are merged, the last winning.
-func (j *journal) commit(ops ...journalOp) error {
+func (j *journal) commit(ops ...journalOp) error { return j.enqueue(false, ops) }
+
+// commitLazy is commit without waiting for the disk: the batch is written
+// (so it survives the driver, not a crash of the host) and synced with the
+// next commit or within lazySyncDelay. It is for the result of a call whose
+// "-ing" record was committed: if the host crashes before the result is
+// synced, recovery finds the call uncertain and settles it by calling
+// again, which the CSI spec makes safe.
+func (j *journal) commitLazy(ops ...journalOp) error { return j.enqueue(true, ops) }
+
+func (j *journal) enqueue(lazy bool, ops []journalOp) error {
 	if len(ops) == 0 {
 		return nil
 	}
@@ -639,7 +667,7 @@ func (j *journal) commit(ops ...journalOp) error {
 	if err != nil {
 		return err
 	}
-	c := &pendingCommit{frame: frame, ops: ops, done: make(chan error, 1)}
+	c := &pendingCommit{frame: frame, ops: ops, lazy: lazy, done: make(chan error, 1)}
 	j.mu.Lock()
 	if err := j.usableLocked(); err != nil {
 		j.mu.Unlock()
@@ -676,8 +704,10 @@ func (j *journal) writeQueueLocked() {
 		err := j.usableLocked()
 		if err == nil {
 			var buf []byte
+			sync := false
 			for _, c := range q {
 				buf = append(buf, c.frame...)
+				sync = sync || !c.lazy
 			}
 			n, f, off := int64(len(buf)), j.f, j.size
 			if grow := off + n - j.alloc; grow > 0 {
@@ -686,15 +716,22 @@ func (j *journal) writeQueueLocked() {
 				buf = append(buf, make([]byte, roundUp(grow, preallocate)-grow)...)
 			}
 			j.mu.Unlock()
-			err = writeSync(f, off, buf)
+			err = writeLog(f, off, buf, sync)
 			j.mu.Lock()
 			if err == nil {
 				j.size += n
 				j.alloc = max(j.alloc, off+int64(len(buf)))
 				j.batches += len(q)
-				j.syncs++
 				for _, c := range q {
 					j.state.apply(c.ops...)
+				}
+				if sync {
+					// fdatasync covers the lazy writes before it too.
+					j.syncs++
+					j.unsynced = false
+				} else {
+					j.unsynced = true
+					j.scheduleSyncLocked()
 				}
 			} else {
 				j.failedLocked(f, off, err)
@@ -719,15 +756,62 @@ func (e *syncError) Unwrap() error { return e.err }
 
 func roundUp(n, step int64) int64 { return (n + step - 1) / step * step }
 
-// writeSync writes buf at off and makes it durable.
-func writeSync(f *os.File, off int64, buf []byte) error {
+// writeLog writes buf at off, and with sync makes it (and every write
+// before it) durable.
+func writeLog(f *os.File, off int64, buf []byte, sync bool) error {
 	if _, err := f.WriteAt(buf, off); err != nil {
 		return fmt.Errorf("failed to write journal %q: %w", f.Name(), err)
+	}
+	if !sync {
+		return nil
 	}
 	if err := fdatasync(f); err != nil {
 		return &syncError{fmt.Errorf("failed to sync journal %q: %w", f.Name(), err)}
 	}
 	return nil
+}
+
+// scheduleSyncLocked makes sure unsynced lazy commits are synced within
+// lazySyncDelay, if no commit syncs them first.
+func (j *journal) scheduleSyncLocked() {
+	if j.flushing {
+		return
+	}
+	j.flushing = true
+	time.AfterFunc(lazySyncDelay, func() {
+		j.mu.Lock()
+		defer j.mu.Unlock()
+		j.flushing = false
+		j.syncLazyLocked()
+	})
+}
+
+// syncLazyLocked syncs the lazy commits written so far, unless a write is
+// under way (whose writer then syncs or schedules again). A failed sync
+// leaves nothing known of what reached the disk: the journal refuses
+// writes from then on.
+func (j *journal) syncLazyLocked() {
+	if !j.unsynced || j.writing || j.usableLocked() != nil {
+		return
+	}
+	f := j.f
+	j.writing = true
+	j.mu.Unlock()
+	err := fdatasync(f)
+	j.mu.Lock()
+	j.writing = false
+	if err != nil {
+		j.failedLocked(f, j.size, &syncError{fmt.Errorf("failed to sync journal %q: %w", f.Name(), err)})
+	} else {
+		j.syncs++
+		j.unsynced = false
+	}
+	// Commits that came meanwhile waited for this sync to end.
+	if len(j.queue) > 0 {
+		j.writing = true
+		j.writeQueueLocked()
+		j.writing = false
+	}
 }
 
 func fdatasync(f *os.File) error {

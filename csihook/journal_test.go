@@ -9,9 +9,11 @@ import (
 	"sort"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/shoenig/test/must"
+	"github.com/shoenig/test/wait"
 )
 
 // openTestJournal opens the journal in dir, logging into the returned
@@ -263,7 +265,7 @@ func TestJournal_RecordOfAnotherVersionSkipped(t *testing.T) {
 	frame, err := encodeFrame([]journalOp{{Op: opPutVol, Vol: &v}, volDrop(volKey{"p", "v1"})})
 	must.NoError(t, err)
 	j.mu.Lock()
-	must.NoError(t, writeSync(j.f, j.size, frame))
+	must.NoError(t, writeLog(j.f, j.size, frame, true))
 	j.mu.Unlock()
 	j.close()
 
@@ -470,4 +472,58 @@ func TestJournal_FailedWriteRefusesFurtherWrites(t *testing.T) {
 	j2, _ := openTestJournal(t, dir)
 	must.Eq(t, []string{"vol p/v1 staged"}, j2.state.summary())
 	must.NoError(t, j2.commit(volPut(testVol("v2", phaseStaging))))
+}
+
+// A lazy commit is in the log at once (a driver that dies after it loses
+// nothing) but costs no fdatasync: the next commit's covers it, or a sync
+// of its own within lazySyncDelay, or close.
+func TestJournal_LazyCommits(t *testing.T) {
+	old := lazySyncDelay
+	lazySyncDelay = 50 * time.Millisecond
+	t.Cleanup(func() { lazySyncDelay = old })
+	dir := t.TempDir()
+	j, _ := openTestJournal(t, dir)
+	syncs := func() int {
+		j.mu.Lock()
+		defer j.mu.Unlock()
+		return j.syncs
+	}
+	unsynced := func() bool {
+		j.mu.Lock()
+		defer j.mu.Unlock()
+		return j.unsynced
+	}
+
+	base := syncs()
+	must.NoError(t, j.commit(volPut(testVol("v1", phaseStaging))))
+	must.Eq(t, base+1, syncs())
+	must.NoError(t, j.commitLazy(volPut(testVol("v1", phaseStaged))))
+	must.Eq(t, base+1, syncs())
+	must.True(t, unsynced())
+	// Another reader of the file sees it already.
+	st, err := ReadJournal(dir)
+	must.NoError(t, err)
+	must.Eq(t, phaseStaged, st.Volumes[0].Stage)
+
+	// The next commit syncs both.
+	must.NoError(t, j.commit(taskPut(testTask("t1", "v1", phasePublishing))))
+	must.Eq(t, base+2, syncs())
+	must.False(t, unsynced())
+
+	// Alone, a lazy commit is synced within lazySyncDelay.
+	must.NoError(t, j.commitLazy(taskPut(testTask("t1", "v1", phasePublished))))
+	must.True(t, unsynced())
+	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool { return !unsynced() }),
+		wait.Timeout(5*time.Second), wait.Gap(10*time.Millisecond)))
+	must.Eq(t, base+3, syncs())
+
+	// And close syncs what is left.
+	must.NoError(t, j.commitLazy(taskDrop("t1", "data")))
+	must.True(t, unsynced())
+	live := j.state.encoded(t)
+	j.close()
+	must.False(t, unsynced())
+	must.Eq(t, base+4, syncs())
+	j2, _ := openTestJournal(t, dir)
+	must.Eq(t, live, j2.state.encoded(t))
 }

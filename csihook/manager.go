@@ -249,6 +249,24 @@ func (m *Manager) commit(ops ...journalOp) error {
 	if err := m.journal.commit(ops...); err != nil {
 		return err
 	}
+	m.apply(ops)
+	return nil
+}
+
+// commitLazy is commit without waiting for the disk (journal.commitLazy),
+// for the result of a call after which no other call follows in the same
+// operation: the last record of a Setup or a release. Its call's "-ing"
+// record is durable, so a result lost with a crash of the host leaves the
+// call uncertain, and recovery calls again.
+func (m *Manager) commitLazy(ops ...journalOp) error {
+	if err := m.journal.commitLazy(ops...); err != nil {
+		return err
+	}
+	m.apply(ops)
+	return nil
+}
+
+func (m *Manager) apply(ops []journalOp) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for _, o := range ops {
@@ -269,7 +287,6 @@ func (m *Manager) commit(ops ...journalOp) error {
 			}
 		}
 	}
-	return nil
 }
 
 func (m *Manager) vol(k volKey) (volRecord, bool) {
@@ -549,7 +566,10 @@ func (m *Manager) setupVolume(ctx context.Context, taskID string, p plan) (Publi
 			TaskID: taskID, Name: req.Name, Seq: p.seq, PluginID: req.PluginID, VolumeID: volumeID,
 			Target: target, Destination: req.Destination, ReadOnly: pub.ReadOnly,
 			AccessMode: req.AccessMode, AttachmentMode: attachment(req), FSType: req.FSType,
-			MountFlags: req.MountFlags, VolumeContext: vctx, Secrets: req.Secrets, State: phasePending,
+			MountFlags: req.MountFlags, VolumeContext: vctx, Secrets: req.Secrets,
+			// The intent to publish goes out with the volume's first
+			// record, so that no commit waits between the calls.
+			State: phasePublishing, notCalled: true,
 		}
 		// Once written the task counts as a user: nobody unstages under
 		// it.
@@ -764,9 +784,19 @@ func (m *Manager) ensurePublished(ctx context.Context, info PluginInfo, vol volR
 	if err := os.MkdirAll(filepath.Dir(tr.Target), 0o750); err != nil {
 		return fmt.Errorf("failed to create the publish directory of volume %q: %w", tr.Name, err)
 	}
-	tr.State = phasePublishing
-	if err := m.commit(append(pending, taskPut(tr))...); err != nil {
-		return err
+	// The intent is durable already when it went out with the volume's
+	// first record; the results before this call then go out with this
+	// call's.
+	if cur, ok := m.taskRec(tr.TaskID, tr.Name); ok && cur.State == phasePublishing {
+		tr = cur
+		tr.notCalled = false
+		m.apply([]journalOp{taskPut(tr)})
+	} else {
+		tr.State, tr.notCalled = phasePublishing, false
+		if err := m.commit(append(pending, taskPut(tr))...); err != nil {
+			return err
+		}
+		pending = nil
 	}
 	staging := ""
 	if vol.Stage == phaseStaged {
@@ -784,7 +814,7 @@ func (m *Manager) ensurePublished(ctx context.Context, info PluginInfo, vol volR
 		return err
 	}
 	tr.State = phasePublished
-	if err := m.commit(taskPut(tr)); err != nil {
+	if err := m.commitLazy(append(pending, taskPut(tr))...); err != nil {
 		return err
 	}
 	m.event(tr.TaskID, fmt.Sprintf("Published volume %q at %s", tr.Name, tr.Destination), annotations(tr.Name, tr.PluginID, tr.VolumeID))
@@ -904,7 +934,7 @@ func (m *Manager) unreleasedOf(taskID string) map[volKey]string {
 // uncertain and the task as a user of the volume. The caller holds the
 // volume's lock.
 func (m *Manager) unpublishLocked(ctx context.Context, tr taskRecord) ([]journalOp, error) {
-	if tr.State != phasePending {
+	if tr.State != phasePending && !tr.notCalled {
 		o := op{method: MethodNodeUnpublishVolume, taskID: tr.TaskID, name: tr.Name, pluginID: tr.PluginID,
 			volumeID: tr.VolumeID, path: tr.Target, notFoundOK: true, secrets: []map[string]string{tr.Secrets}}
 		if tr.State != phaseUnpublishing {
@@ -943,7 +973,7 @@ func (m *Manager) unpublishLocked(ctx context.Context, tr taskRecord) ([]journal
 func (m *Manager) releaseLocked(ctx context.Context, taskID, name string, k volKey, pending []journalOp) error {
 	vol, ok := m.vol(k)
 	if !ok || m.usersAfter(k, pending) > 0 {
-		return m.commit(pending...)
+		return m.commitLazy(pending...)
 	}
 	o := op{taskID: taskID, name: name, pluginID: vol.PluginID, volumeID: vol.VolumeID, nodeID: vol.NodeID,
 		notFoundOK: true, secrets: []map[string]string{vol.Secrets}}
@@ -1006,7 +1036,7 @@ func (m *Manager) releaseLocked(ctx context.Context, taskID, name string, k volK
 			}
 		}
 	}
-	if err := m.commit(append(pending, volDrop(k))...); err != nil {
+	if err := m.commitLazy(append(pending, volDrop(k))...); err != nil {
 		return err
 	}
 	m.setVerified(k, false)

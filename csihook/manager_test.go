@@ -297,10 +297,14 @@ func TestJournal_WrittenBeforeEachCall(t *testing.T) {
 		must.NoError(t, h.m.Teardown(context.Background(), "t"))
 		h.fake.ResetCalls()
 	}
+	// The task's intent to publish goes out with the first record, and
+	// the stage's result with the publish's: at NodePublishVolume the
+	// stage is still uncertain on disk, which recovery settles by calling
+	// again.
 	must.Eq(t, map[string]string{
-		MethodControllerPublishVolume: "publishing//pending",
-		MethodNodeStageVolume:         "published/staging/pending",
-		MethodNodePublishVolume:       "published/staged/publishing",
+		MethodControllerPublishVolume: "publishing//publishing",
+		MethodNodeStageVolume:         "published/staging/publishing",
+		MethodNodePublishVolume:       "published/staging/publishing",
 	}, seen)
 	_, err := h.m.Setup(context.Background(), "t", []VolumeRequest{req("data", "vol1", "/data")})
 	must.NoError(t, err)
@@ -996,25 +1000,28 @@ func TestRestart_StagingLostIsStagedAgainBeforeNewPublish(t *testing.T) {
 }
 
 // journalBatches is how many batches the journal has committed.
-func (h *harness) journalBatches() int {
+func (h *harness) journalBatches() (batches, syncs int) {
 	h.m.journal.mu.Lock()
 	defer h.m.journal.mu.Unlock()
-	return h.m.journal.batches
+	return h.m.journal.batches, h.m.journal.syncs
 }
 
-// TestJournal_BatchesPerStep counts the journal's synced writes in setup
-// and teardown: one before each call (its "-ing" record, with new records
-// and the result of the call before) and one for the result of the last.
-// TestJournal_WrittenBeforeEachCall checks what they hold.
+// TestJournal_BatchesPerStep counts the journal's writes, and how many of
+// them wait for the disk, in setup and teardown. Setup: one synced batch
+// before the first call (the volume's "-ing" record with the task's intent
+// to publish), one more before NodeStageVolume after an attach (its
+// result and "staging"), and the results of the last calls in one lazy
+// batch. Teardown: a synced batch before each call, and a lazy one for the
+// last result.
 func TestJournal_BatchesPerStep(t *testing.T) {
 	cases := []struct {
-		name            string
-		plugin          PluginInfo
-		setup, teardown int
+		name                        string
+		plugin                      PluginInfo
+		setup, setupSyncs, teardown int
 	}{
-		{"attach and stage", fullPlugin("p"), 4, 4},
-		{"stage", PluginInfo{ID: "p", Socket: "/run/p.sock", Healthy: true, StageUnstage: true}, 3, 3},
-		{"neither", PluginInfo{ID: "p", Socket: "/run/p.sock", Healthy: true}, 2, 2},
+		{"attach and stage", fullPlugin("p"), 3, 2, 4},
+		{"stage", PluginInfo{ID: "p", Socket: "/run/p.sock", Healthy: true, StageUnstage: true}, 2, 1, 3},
+		{"neither", PluginInfo{ID: "p", Socket: "/run/p.sock", Healthy: true}, 2, 1, 2},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -1023,24 +1030,67 @@ func TestJournal_BatchesPerStep(t *testing.T) {
 			ctx := context.Background()
 			r := req("data", "vol1", "/data")
 			r.AccessMode = AccessMultiNodeMultiWriter
-			n := h.journalBatches()
+			n, syncs := h.journalBatches()
 			_, err := h.m.Setup(ctx, "task-a", []VolumeRequest{r})
 			must.NoError(t, err)
-			must.Eq(t, tc.setup, h.journalBatches()-n, must.Sprint("setup"))
+			n2, syncs2 := h.journalBatches()
+			must.Eq(t, tc.setup, n2-n, must.Sprint("setup"))
+			must.Eq(t, tc.setupSyncs, syncs2-syncs, must.Sprint("synced batches of setup"))
 
 			// A second task on the volume only publishes.
-			n = h.journalBatches()
+			n, syncs = h.journalBatches()
 			_, err = h.m.Setup(ctx, "task-b", []VolumeRequest{r})
 			must.NoError(t, err)
-			must.Eq(t, 2, h.journalBatches()-n, must.Sprint("setup of a second user"))
-			n = h.journalBatches()
+			n2, syncs2 = h.journalBatches()
+			must.Eq(t, 2, n2-n, must.Sprint("setup of a second user"))
+			must.Eq(t, 1, syncs2-syncs, must.Sprint("synced batches of setup of a second user"))
+			n, _ = h.journalBatches()
 			must.NoError(t, h.m.Teardown(ctx, "task-b"))
-			must.Eq(t, 2, h.journalBatches()-n, must.Sprint("teardown of a second user"))
+			n2, _ = h.journalBatches()
+			must.Eq(t, 2, n2-n, must.Sprint("teardown of a second user"))
 
-			n = h.journalBatches()
+			n, _ = h.journalBatches()
 			must.NoError(t, h.m.Teardown(ctx, "task-a"))
-			must.Eq(t, tc.teardown, h.journalBatches()-n, must.Sprint("teardown"))
+			n2, _ = h.journalBatches()
+			must.Eq(t, tc.teardown, n2-n, must.Sprint("teardown"))
 			must.SliceEmpty(t, h.journalRecords())
 		})
 	}
+}
+
+// The task's intent to publish is on disk before NodeStageVolume, but a
+// setup that fails there does not unpublish what it never published; a
+// driver that crashed there does, on recovery, since it cannot know.
+func TestSetup_IntentToPublishAheadOfStage(t *testing.T) {
+	h := newHarness(t)
+	h.setPlugin(PluginInfo{ID: "p", Socket: "/run/p.sock", Healthy: true, StageUnstage: true})
+	h.fake.SetError(MethodNodeStageVolume, status.Error(codes.InvalidArgument, "bad volume"))
+	_, err := h.m.Setup(context.Background(), "t", []VolumeRequest{req("data", "vol1", "/data")})
+	must.ErrorContains(t, err, "bad volume")
+	must.Eq(t, []string{MethodNodeStageVolume, MethodNodeUnstageVolume}, h.fake.Methods())
+	for _, msg := range h.eventMsgs() {
+		must.StrNotContains(t, msg, "Unpublishing")
+	}
+	must.SliceEmpty(t, h.journalRecords())
+
+	// During NodeStageVolume the records on disk say both calls may have
+	// been made: a crash there is settled by unpublishing and unstaging
+	// (TestRecover_UncertainStage).
+	h.fake.SetError(MethodNodeStageVolume, nil)
+	h.fake.ResetCalls()
+	release := h.fake.HangMethod(MethodNodeStageVolume)
+	done := make(chan error, 1)
+	go func() {
+		_, err := h.m.Setup(context.Background(), "t", []VolumeRequest{req("data", "vol1", "/data")})
+		done <- err
+	}()
+	must.Wait(t, waitFor(func() bool { return h.fake.Count(MethodNodeStageVolume) == 1 }))
+	s := diskJournal(t, filepath.Join(h.root, "journal"))
+	must.Eq(t, phaseStaging, s.vols[volKey{"p", "vol1"}].Stage)
+	must.Eq(t, phasePublishing, s.tasks[taskKey{"t", "data"}].State)
+	release()
+	must.NoError(t, <-done)
+	must.NoError(t, h.m.Teardown(context.Background(), "t"))
+	must.Eq(t, []string{MethodNodeStageVolume, MethodNodePublishVolume, MethodNodeUnpublishVolume, MethodNodeUnstageVolume},
+		h.fake.Methods())
 }
