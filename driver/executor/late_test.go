@@ -108,3 +108,27 @@ func TestSplitLate(t *testing.T) {
 	must.Eq(t, []Mount{{Target: "/alloc"}, {Target: "/database"}}, early)
 	must.Eq(t, []Mount{{Target: "/data/sub"}, {Target: "/data"}}, after)
 }
+
+// Without mounts inside them, late mounts are attached in the entered root,
+// which is sealed only after: a top-level target is made on the task's own
+// root and the root is read-only for the task.
+func TestStart_LateMountsAfterPivot_Root(t *testing.T) {
+	requireTaskRoot(t)
+	vol := t.TempDir()
+	must.NoError(t, os.WriteFile(filepath.Join(vol, "f"), []byte("top\n"), 0o644))
+	top := "/ncsi-late-top-" + filepath.Base(vol)
+	tt := newTestSpec(t, "/bin/sh", "-c", `cat "$TOP/f"; echo w > "$TOP/w" && echo wrote
+if touch /top-level-file 2>/dev/null; then echo root-writable; else echo root-read-only; fi`)
+	tt.spec.Env = append(tt.spec.Env, "TOP="+top)
+	tt.spec.LateMounts = []Mount{{Target: top}}
+	p, err := Start(hclog.NewNullLogger(), tt.spec, func() ([]Mount, error) {
+		return []Mount{{Source: vol, Target: top}}, nil
+	})
+	must.NoError(t, err)
+	t.Cleanup(func() { _ = p.Kill(); _ = p.Destroy() })
+	must.Eq(t, 0, waitExit(t, p).ExitCode, must.Sprintf("stderr: %s", readFile(t, tt.stderr)))
+	must.Eq(t, "top\nwrote\nroot-read-only\n", readFile(t, tt.stdout))
+	must.Eq(t, "w\n", readFile(t, filepath.Join(vol, "w")))
+	_, err = os.Stat(top)
+	must.True(t, os.IsNotExist(err), must.Sprintf("%s exists on the host: %v", top, err))
+}

@@ -44,12 +44,12 @@ const lateMessageMax = 64 << 10
 // to set the task up. The thread is never unlocked: the runtime ends it
 // with its goroutine, and only the task keeps the namespace alive.
 //
-// It returns once the command runs. On v1 the thread is still in the
-// task's cgroup then, on its way out: left says when it is not, and
-// nothing may look for the group's processes before (see
-// cgroups.Group.JoinThread). On error nothing was forked, and the thread
-// has left the group.
-func launchTask(spec *Spec, group *cgroups.Group, stdio []*os.File, ctl *os.File) (cmd *exec.Cmd, left <-chan error, err error) {
+// It calls started on the thread as soon as the command runs, and returns
+// after that. On v1 the thread is still in the task's cgroup then, on its
+// way out: left says when it is not, and nothing may look for the group's
+// processes before (see cgroups.Group.JoinThread). On error nothing was
+// forked, and the thread has left the group.
+func launchTask(spec *Spec, group *cgroups.Group, stdio []*os.File, ctl *os.File, started func(*exec.Cmd)) (cmd *exec.Cmd, left <-chan error, err error) {
 	type result struct {
 		cmd *exec.Cmd
 		err error
@@ -59,6 +59,9 @@ func launchTask(spec *Spec, group *cgroups.Group, stdio []*os.File, ctl *os.File
 	go func() {
 		runtime.LockOSThread()
 		cmd, leave, err := launchOnThread(spec, group, stdio, ctl)
+		if err == nil {
+			started(cmd)
+		}
 		done <- result{cmd, err}
 		if err == nil && leave != nil {
 			leftCh <- leave()
@@ -142,23 +145,43 @@ func launchOnThread(spec *Spec, group *cgroups.Group, stdio []*os.File, ctl *os.
 // forkTask finishes the task's mounts once the late ones are there, enters
 // its root and forks it.
 func forkTask(m mounter.Interface, spec *Spec, attr *syscall.SysProcAttr, root string, early, after []Mount, stdio []*os.File, ctl *os.File) (*exec.Cmd, error) {
+	// The root is entered before the wait, so that what is left after the
+	// volumes come is short: their trees are attached at their targets in
+	// the entered root, which is sealed after that. Mounts inside a
+	// volume's target bind host paths, which are reached by their own
+	// names only before the root is entered: then the root waits.
+	pivotFirst := len(after) == 0
+	if pivotFirst {
+		if err := pivotRoot(root); err != nil {
+			return nil, err
+		}
+	}
 	if len(spec.LateMounts) > 0 {
 		late, trees, err := receiveTrees(ctl, spec.LateMounts)
 		if err != nil {
 			return nil, err
 		}
-		err = attachAll(m, trees, late, root)
+		at := root
+		if pivotFirst {
+			at = ""
+		}
+		err = attachAll(m, trees, late, at)
 		for _, t := range trees {
 			_ = t.Close()
 		}
 		if err != nil {
 			return nil, err
 		}
-		if err := bindAll(m, after, root); err != nil {
+		if err := bindAll(m, after, at); err != nil {
 			return nil, err
 		}
 	}
-	if err := enterRoot(m, root); err != nil {
+	if !pivotFirst {
+		if err := pivotRoot(root); err != nil {
+			return nil, err
+		}
+	}
+	if err := sealRoot(m); err != nil {
 		return nil, err
 	}
 

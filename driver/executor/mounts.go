@@ -216,9 +216,15 @@ func buildRoot(m mounter.Interface, root string) error {
 // its top level would outlive it anyway) and the task's root directory,
 // dropping the host's root from the namespace.
 func enterRoot(m mounter.Interface, root string) error {
-	if err := m.RemountReadOnly(root, false); err != nil {
-		return fmt.Errorf("failed to seal the task's root: %w", err)
+	if err := pivotRoot(root); err != nil {
+		return err
 	}
+	return sealRoot(m)
+}
+
+// pivotRoot makes root the calling thread's root directory, dropping the
+// host's root from the namespace.
+func pivotRoot(root string) error {
 	if err := os.Chdir(root); err != nil {
 		return fmt.Errorf("failed to enter the task's root: %w", err)
 	}
@@ -233,6 +239,15 @@ func enterRoot(m mounter.Interface, root string) error {
 	}
 	if err := os.Chdir("/"); err != nil {
 		return fmt.Errorf("failed to enter the task's root: %w", err)
+	}
+	return nil
+}
+
+// sealRoot makes the task's root read-only, once it has been entered:
+// only the root's own mount, not the mounts under it.
+func sealRoot(m mounter.Interface) error {
+	if err := m.RemountReadOnly("/", false); err != nil {
+		return fmt.Errorf("failed to seal the task's root: %w", err)
 	}
 	return nil
 }

@@ -352,29 +352,20 @@ func supervisorEnv() []string {
 
 // readReport reads the supervisor's one report line, for at most timeout.
 func readReport(r *os.File, timeout time.Duration) (*readyReport, error) {
-	type result struct {
-		line []byte
-		err  error
+	// The pipe is in the runtime's poller, so the read can have a deadline.
+	if err := r.SetReadDeadline(time.Now().Add(timeout)); err != nil {
+		return nil, fmt.Errorf("failed to wait for the supervisor's report: %w", err)
 	}
-	ch := make(chan result, 1)
-	go func() {
-		line, err := bufio.NewReader(r).ReadBytes('\n')
-		ch <- result{line, err}
-	}()
-	timer := time.NewTimer(timeout)
-	defer timer.Stop()
-	var res result
-	select {
-	case res = <-ch:
-	case <-timer.C:
+	line, err := bufio.NewReader(r).ReadBytes('\n')
+	if errors.Is(err, os.ErrDeadlineExceeded) {
 		return nil, fmt.Errorf("supervisor did not report within %s", timeout)
 	}
-	if len(res.line) == 0 {
-		return nil, fmt.Errorf("supervisor exited before reporting: %w", res.err)
+	if len(line) == 0 {
+		return nil, fmt.Errorf("supervisor exited before reporting: %w", err)
 	}
 	var rep readyReport
-	if err := json.Unmarshal(res.line, &rep); err != nil {
-		return nil, fmt.Errorf("failed to decode the supervisor's report %q: %w", res.line, err)
+	if err := json.Unmarshal(line, &rep); err != nil {
+		return nil, fmt.Errorf("failed to decode the supervisor's report %q: %w", line, err)
 	}
 	return &rep, nil
 }

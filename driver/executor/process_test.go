@@ -466,3 +466,25 @@ func TestStart_WaitsForLogFIFOReader_Root(t *testing.T) {
 		t.Fatal("the reader got nothing")
 	}
 }
+
+// The report is read with a deadline, whether the supervisor says nothing,
+// goes away or reports.
+func TestReadReport(t *testing.T) {
+	r, w, err := os.Pipe()
+	must.NoError(t, err)
+	defer r.Close()
+	_, err = readReport(r, 50*time.Millisecond)
+	must.ErrorContains(t, err, "supervisor did not report within 50ms")
+
+	go func() {
+		_, _ = w.Write([]byte(`{"task_pid":42,"task_start":7,"cgroup":{"version":1}}` + "\n"))
+	}()
+	rep, err := readReport(r, time.Second)
+	must.NoError(t, err)
+	must.Eq(t, 42, rep.TaskPID)
+	must.Eq(t, uint64(7), rep.TaskStart)
+
+	must.NoError(t, w.Close())
+	_, err = readReport(r, time.Second)
+	must.ErrorContains(t, err, "supervisor exited before reporting")
+}

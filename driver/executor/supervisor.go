@@ -112,7 +112,18 @@ func runSupervisor(args []string) int {
 		_ = ctl.Close()
 		ctl = nil
 	}
-	cmd, group, left, err := startTask(&spec, ctl)
+	// The report goes out from the launching thread as soon as the task
+	// runs (see launchTask).
+	started := func(cmd *exec.Cmd, group *cgroups.Group) {
+		start, err := procStartTime(cmd.Process.Pid)
+		if err != nil {
+			// The task already exited (and is a zombie we have not reaped,
+			// so this is unexpected): report it anyway, Wait will tell.
+			logger.Warn("failed to read the task's start time", "pid", cmd.Process.Pid, "error", err)
+		}
+		sendReport(readyReport{TaskPID: cmd.Process.Pid, TaskStart: start, Cgroup: group.State()})
+	}
+	cmd, group, left, err := startTask(&spec, ctl, started)
 	if ctl != nil {
 		_ = ctl.Close()
 	}
@@ -121,13 +132,6 @@ func runSupervisor(args []string) int {
 		sendReport(readyReport{Error: err.Error()})
 		return 1
 	}
-	start, err := procStartTime(cmd.Process.Pid)
-	if err != nil {
-		// The task already exited (and is a zombie we have not reaped, so
-		// this is unexpected): report it anyway, Wait will tell.
-		logger.Warn("failed to read the task's start time", "pid", cmd.Process.Pid, "error", err)
-	}
-	sendReport(readyReport{TaskPID: cmd.Process.Pid, TaskStart: start, Cgroup: group.State()})
 	logger.Info("task started", "pid", cmd.Process.Pid)
 	if err := <-left; err != nil {
 		logger.Warn("the launching thread failed to leave the task's cgroup; waiting for it to end", "error", err)
@@ -144,12 +148,13 @@ func runSupervisor(args []string) int {
 }
 
 // startTask makes the task's cgroup and starts the task (see launchTask),
-// with its late mounts from ctl. It returns once the command runs. On error
+// with its late mounts from ctl, calling started as soon as it runs. It
+// returns once the command runs. On error
 // nothing is left: no process and no cgroup.
 //
 // The supervisor, not Start, makes the cgroup, so that everything the task
 // owns is made and removed by the one process that outlives the driver.
-func startTask(spec *Spec, ctl *os.File) (*exec.Cmd, *cgroups.Group, <-chan error, error) {
+func startTask(spec *Spec, ctl *os.File, started func(*exec.Cmd, *cgroups.Group)) (*exec.Cmd, *cgroups.Group, <-chan error, error) {
 	stdin, err := os.Open(os.DevNull)
 	if err != nil {
 		return nil, nil, nil, err
@@ -170,7 +175,8 @@ func startTask(spec *Spec, ctl *os.File) (*exec.Cmd, *cgroups.Group, <-chan erro
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("failed to create the task's cgroup: %w", err)
 	}
-	cmd, left, err := launchTask(spec, group, []*os.File{stdin, stdout, stderr}, ctl)
+	cmd, left, err := launchTask(spec, group, []*os.File{stdin, stdout, stderr}, ctl,
+		func(cmd *exec.Cmd) { started(cmd, group) })
 	if err != nil {
 		// Nothing was forked, so there is nothing to kill (and a kill could
 		// hit this process while its launching thread is still in the
