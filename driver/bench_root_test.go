@@ -84,10 +84,23 @@ func BenchmarkStartTaskWithVolume(b *testing.B) {
 		return resp.GetVolume().GetVolumeId()
 	}
 
+	// The driver starts a spare supervisor after each task: wait for it,
+	// so that it is neither missing from the driver's start nor running
+	// during the floor's.
+	spareReady := func() {
+		eventually(b, 10*time.Second, func() error {
+			if !d.spares.Waiting(d.shimPath()) {
+				return fmt.Errorf("no spare supervisor yet")
+			}
+			return nil
+		})
+	}
+
 	var driverTimes, floorTimes []time.Duration
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		b.StopTimer()
+		spareReady()
 		volID := newVolume(fmt.Sprintf("drv-%d", i))
 		task := benchTask(b, logs, fmt.Sprintf("t%d", i), TaskConfig{
 			Command: "/bin/true",
@@ -106,6 +119,7 @@ func BenchmarkStartTaskWithVolume(b *testing.B) {
 		must.NoError(b, d.DestroyTask(task.ID, false))
 
 		// The floor: the same calls, directly, and a bare fork/exec.
+		spareReady()
 		floorVol := newVolume(fmt.Sprintf("floor-%d", i))
 		base := filepath.Join(d.currentConfig().stageRoot(), "floor", fmt.Sprint(i))
 		staging, target := filepath.Join(base, "staging"), filepath.Join(base, "target")

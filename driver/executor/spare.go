@@ -83,6 +83,18 @@ func (s *Spares) Fill(binary string, logger hclog.Logger) {
 	}()
 }
 
+// Waiting reports whether a spare supervisor of binary is ready for a
+// task.
+func (s *Spares) Waiting(binary string) bool {
+	if s == nil {
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sp := s.spares[binary]
+	return sp != nil && sp.cmd != nil
+}
+
 // Close stops the spare supervisors; later Fills do nothing.
 func (s *Spares) Close() {
 	if s == nil {
