@@ -734,11 +734,12 @@ func TestTeardown_PluginLiesAboutUnmount(t *testing.T) {
 	// silently when told to, so emulate with an error-free plugin and a
 	// mount that stays.
 	target := h.m.TargetPath("task-a", "data")
-	h.mnt.UnmountErrs = map[string]error{target: errors.New("busy")}
+	h.mnt.SetUnmountErr(target, errors.New("busy"))
 	err = h.m.Teardown(ctx, "task-a")
 	must.Error(t, err)
 	must.Len(t, 2, h.journalRecords())
-	h.mnt.UnmountErrs = nil
+	// The background retry reads the errors meanwhile.
+	h.mnt.SetUnmountErr(target, nil)
 	h.waitIdle()
 	must.SliceEmpty(t, h.journalRecords())
 }

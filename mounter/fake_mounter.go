@@ -297,3 +297,19 @@ func (f *Fake) AttachTree(tree *os.File, target string) error {
 	f.add(mp)
 	return nil
 }
+
+// SetUnmountErr makes Unmount of target fail with err from now on (nil:
+// succeed again). Unlike writing UnmountErrs, it is safe while other
+// goroutines use the Fake.
+func (f *Fake) SetUnmountErr(target string, err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err == nil {
+		delete(f.UnmountErrs, target)
+		return
+	}
+	if f.UnmountErrs == nil {
+		f.UnmountErrs = map[string]error{}
+	}
+	f.UnmountErrs[target] = err
+}
