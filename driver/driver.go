@@ -178,6 +178,11 @@ func (d *Driver) SetConfig(c *base.Config) error {
 	prober := d.prober
 	d.mu.Unlock()
 	if cfg.Enabled {
+		if err := resetSparesDir(cfg.sparesDir()); err != nil {
+			d.logger.Warn("spare supervisors will not prepare task roots ahead", "error", err)
+		} else {
+			d.spares.SetDir(cfg.sparesDir())
+		}
 		// The first task need not wait for its supervisor to start.
 		d.spares.Fill(shim, d.logger)
 	}
@@ -211,6 +216,10 @@ func (d *Driver) currentConfig() *Config {
 }
 
 func (c *Config) tasksDir() string { return filepath.Join(c.RootDir, "tasks") }
+
+// sparesDir holds a directory per spare supervisor, where it prepares a
+// task's root ahead of its task.
+func (c *Config) sparesDir() string { return filepath.Join(c.RootDir, "spares") }
 
 // sharedMountsFile records the self-bind mounts the driver made.
 func (c *Config) sharedMountsFile() string { return filepath.Join(c.RootDir, "shared-mounts.json") }
@@ -319,11 +328,21 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 	}
 	d.eventTargets.Store(cfg.ID, cfg)
 	// The task's process is set up while its volumes are staged and
-	// published: they reach it last, as late mounts.
+	// published: they reach it last, as late mounts. Nomad's mounts go the
+	// same way, unless one is bidirectional: then a spare supervisor's
+	// namespace, prepared before they existed, can serve the task.
 	var (
 		late                 func() ([]executor.Mount, error)
 		volumesUp, volumeErr bool
+		nomadMounts          []executor.Mount
 	)
+	if len(bidirectionalSources(spec.Mounts)) == 0 {
+		nomadMounts, spec.Mounts = spec.Mounts, nil
+		spec.LateMounts = append(spec.LateMounts, nomadMounts...)
+	}
+	if len(reqs) == 0 && len(nomadMounts) > 0 {
+		late = func() ([]executor.Mount, error) { return nomadMounts, nil }
+	}
 	if len(reqs) > 0 {
 		for _, r := range reqs {
 			spec.LateMounts = append(spec.LateMounts, executor.Mount{Target: r.Destination})
@@ -344,7 +363,7 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 				return nil, r.err
 			}
 			volumesUp = true
-			return inOrderOf(spec.LateMounts, r.mounts)
+			return inOrderOf(spec.LateMounts, append(nomadMounts, r.mounts...))
 		})
 	}
 	undoVolumes := func() {
@@ -483,6 +502,23 @@ func (d *Driver) buildSpec(conf *Config, cfg *drivers.TaskConfig, tc *TaskConfig
 		spec.OOMScoreAdj = int(cfg.Resources.LinuxResources.OOMScoreAdj)
 	}
 	return spec, nil
+}
+
+// resetSparesDir makes dir empty: the roots of spares of an earlier run
+// are left over only when one died early.
+func resetSparesDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		// Empty directories only: never anything a task could own.
+		_ = os.Remove(filepath.Join(dir, e.Name()))
+	}
+	return nil
 }
 
 // setEnv sets KEY=value in a KEY=VALUE list, replacing an earlier value.

@@ -49,16 +49,15 @@ const lateMessageMax = 64 << 10
 // way out: left says when it is not, and nothing may look for the group's
 // processes before (see cgroups.Group.JoinThread). On error nothing was
 // forked, and the thread has left the group.
-func launchTask(spec *Spec, group *cgroups.Group, stdio []*os.File, ctl *os.File, started func(*exec.Cmd)) (cmd *exec.Cmd, left <-chan error, err error) {
+func launchTask(spec *Spec, group *cgroups.Group, stdio []*os.File, ctl *os.File, started func(*exec.Cmd), pre *prebuilt) (cmd *exec.Cmd, left <-chan error, err error) {
 	type result struct {
 		cmd *exec.Cmd
 		err error
 	}
 	done := make(chan result, 1)
 	leftCh := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		cmd, leave, err := launchOnThread(spec, group, stdio, ctl)
+	job := func(pivoted bool) {
+		cmd, leave, err := launchOnThread(spec, group, stdio, ctl, pivoted)
 		if err == nil {
 			started(cmd)
 		}
@@ -68,14 +67,88 @@ func launchTask(spec *Spec, group *cgroups.Group, stdio []*os.File, ctl *os.File
 			return
 		}
 		leftCh <- nil
-	}()
+	}
+	if pre == nil || !pre.take(spec, job) {
+		go func() {
+			runtime.LockOSThread()
+			job(false)
+		}()
+	}
 	r := <-done
 	return r.cmd, leftCh, r.err
 }
 
+// prebuilt is a launching thread prepared before its task is known, by a
+// spare supervisor: in a new mount namespace, the host's mounts made slaves
+// and the task's root assembled and entered. It serves a task whose mounts
+// all come as trees (late mounts), since a mount made on the host after the
+// namespace was made may be missing from it when the host's mounts are
+// private.
+type prebuilt struct {
+	ready chan error
+	jobs  chan func(pivoted bool)
+	// used is set once a task took the thread.
+	used bool
+}
+
+// prebuild prepares a launching thread with the task's root assembled at
+// root, a directory of its own that is removed once entered.
+func prebuild(root string) *prebuilt {
+	p := &prebuilt{ready: make(chan error, 1), jobs: make(chan func(bool), 1)}
+	go func() {
+		// Never unlocked, like launchTask's thread.
+		runtime.LockOSThread()
+		err := buildNamespace(root)
+		p.ready <- err
+		if err != nil {
+			return
+		}
+		if job, ok := <-p.jobs; ok {
+			job(true)
+		}
+	}()
+	return p
+}
+
+func buildNamespace(root string) error {
+	if err := unix.Unshare(unix.CLONE_FS | unix.CLONE_NEWNS); err != nil {
+		return fmt.Errorf("failed to make a mount namespace: %w", err)
+	}
+	if err := prepareNamespace(mounter.New(), nil, root); err != nil {
+		return err
+	}
+	if err := pivotRoot(root); err != nil {
+		return err
+	}
+	// The host's directory is no mount point in this namespace any more:
+	// the root moved off it.
+	if err := os.Remove(root); err != nil {
+		return fmt.Errorf("failed to remove the spare's root directory %q: %w", root, err)
+	}
+	return nil
+}
+
+// take runs job on the prepared thread when it suits spec and was prepared
+// without error; otherwise the thread is let go and take returns false.
+func (p *prebuilt) take(spec *Spec, job func(pivoted bool)) bool {
+	if len(spec.Mounts) > 0 {
+		close(p.jobs)
+		return false
+	}
+	if err := <-p.ready; err != nil {
+		return false
+	}
+	p.used = true
+	p.jobs <- job
+	return true
+}
+
+// discard lets a thread go that no task will take.
+func (p *prebuilt) discard() { close(p.jobs) }
+
 // launchOnThread runs on launchTask's thread. It does what does not depend
 // on the late mounts before it waits for them.
-func launchOnThread(spec *Spec, group *cgroups.Group, stdio []*os.File, ctl *os.File) (cmd *exec.Cmd, leave func() error, err error) {
+func launchOnThread(spec *Spec, group *cgroups.Group, stdio []*os.File, ctl *os.File, pivoted bool) (cmd *exec.Cmd, leave func() error, err error) {
 	cred, err := resolveUser(spec.User)
 	if err != nil {
 		return nil, nil, err
@@ -89,19 +162,21 @@ func launchOnThread(spec *Spec, group *cgroups.Group, stdio []*os.File, ctl *os.
 		return nil, nil, err
 	}
 
-	// unshare(2) of the mount namespace (and so of the filesystem context)
-	// changes only the calling thread.
-	if err := unix.Unshare(unix.CLONE_FS | unix.CLONE_NEWNS); err != nil {
-		return nil, nil, fmt.Errorf("failed to make the task's mount namespace: %w", err)
-	}
 	m := mounter.New()
 	root := filepath.Join(spec.StateDir, "root")
 	early, after := splitLate(spec.Mounts, spec.LateMounts)
-	if err := prepareNamespace(m, spec.Mounts, root); err != nil {
-		return nil, nil, err
-	}
-	if err := bindAll(m, early, root); err != nil {
-		return nil, nil, err
+	if !pivoted {
+		// unshare(2) of the mount namespace (and so of the filesystem
+		// context) changes only the calling thread.
+		if err := unix.Unshare(unix.CLONE_FS | unix.CLONE_NEWNS); err != nil {
+			return nil, nil, fmt.Errorf("failed to make the task's mount namespace: %w", err)
+		}
+		if err := prepareNamespace(m, spec.Mounts, root); err != nil {
+			return nil, nil, err
+		}
+		if err := bindAll(m, early, root); err != nil {
+			return nil, nil, err
+		}
 	}
 
 	// The bounding and inheritable sets are per thread and inherited by the
@@ -134,7 +209,7 @@ func launchOnThread(spec *Spec, group *cgroups.Group, stdio []*os.File, ctl *os.
 	} else if leave, err = group.JoinThread(); err != nil {
 		return nil, nil, err
 	}
-	cmd, err = forkTask(m, spec, attr, root, early, after, stdio, ctl)
+	cmd, err = forkTask(m, spec, attr, root, after, stdio, ctl, pivoted)
 	if err != nil && leave != nil {
 		err = errors.Join(err, leave())
 		leave = nil
@@ -144,14 +219,14 @@ func launchOnThread(spec *Spec, group *cgroups.Group, stdio []*os.File, ctl *os.
 
 // forkTask finishes the task's mounts once the late ones are there, enters
 // its root and forks it.
-func forkTask(m mounter.Interface, spec *Spec, attr *syscall.SysProcAttr, root string, early, after []Mount, stdio []*os.File, ctl *os.File) (*exec.Cmd, error) {
+func forkTask(m mounter.Interface, spec *Spec, attr *syscall.SysProcAttr, root string, after []Mount, stdio []*os.File, ctl *os.File, pivoted bool) (*exec.Cmd, error) {
 	// The root is entered before the wait, so that what is left after the
 	// volumes come is short: their trees are attached at their targets in
 	// the entered root, which is sealed after that. Mounts inside a
 	// volume's target bind host paths, which are reached by their own
 	// names only before the root is entered: then the root waits.
 	pivotFirst := len(after) == 0
-	if pivotFirst {
+	if pivotFirst && !pivoted {
 		if err := pivotRoot(root); err != nil {
 			return nil, err
 		}

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
@@ -23,11 +24,37 @@ type Spares struct {
 	mu     sync.Mutex
 	spares map[string]*spare
 	closed bool
+	// dir, when set, holds a directory per spare for the task root it
+	// prepares ahead (see prebuilt); without it a spare prepares nothing.
+	dir string
+}
+
+// spareRootFlag, with a directory after it, makes a spare supervisor
+// prepare a task's root there ahead of its task.
+const spareRootFlag = "--spare-root"
+
+// spareMaxAge bounds how old a spare's prepared namespace gets before the
+// spare is replaced: its copy of the host's mounts may miss mounts made on
+// the host since, when they do not propagate.
+var spareMaxAge = time.Minute
+
+// SetDir makes later spares prepare the task's root ahead, each in a
+// directory of its own under dir (which must exist).
+func (s *Spares) SetDir(dir string) {
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.dir = dir
 }
 
 // spare is a supervisor waiting for its task.
 type spare struct {
-	cmd     *exec.Cmd
+	cmd *exec.Cmd
+	// root is the directory of the task root the spare prepares ("" for
+	// none); the spare removes it once it is done with it.
+	root    string
 	reportR *os.File
 	// ctl is the driver's end of the control socket: the task's state
 	// directory is sent first (spareHello), then the late mounts.
@@ -45,7 +72,12 @@ type spareHello struct {
 // in the background.
 func (s *Spares) Start(logger hclog.Logger, spec *Spec, late func() ([]Mount, error)) (*Process, error) {
 	defer s.Fill(spec.Supervisor, logger)
-	return start(logger, spec, late, s.take(spec.Supervisor))
+	sp := s.take(spec.Supervisor)
+	if sp != nil && sp.root != "" {
+		// Gone by now, unless the spare failed before it got there.
+		defer os.Remove(sp.root)
+	}
+	return start(logger, spec, late, sp)
 }
 
 // Fill starts a spare supervisor of binary ("" is this binary) in the
@@ -65,9 +97,10 @@ func (s *Spares) Fill(binary string, logger hclog.Logger) {
 	}
 	// A placeholder, so that concurrent fills start one spare.
 	s.spares[binary] = &spare{}
+	dir := s.dir
 	s.mu.Unlock()
 	go func() {
-		sp, err := startSpare(binary)
+		sp, err := startSpare(binary, dir)
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		if err != nil || s.closed {
@@ -80,7 +113,21 @@ func (s *Spares) Fill(binary string, logger hclog.Logger) {
 			return
 		}
 		s.spares[binary] = sp
+		time.AfterFunc(spareMaxAge, func() { s.replace(binary, sp, logger) })
 	}()
+}
+
+// replace stops sp if it is still the spare of binary, and starts another.
+func (s *Spares) replace(binary string, sp *spare, logger hclog.Logger) {
+	s.mu.Lock()
+	if s.spares[binary] != sp {
+		s.mu.Unlock()
+		return
+	}
+	delete(s.spares, binary)
+	s.mu.Unlock()
+	sp.stop()
+	s.Fill(binary, logger)
 }
 
 // Waiting reports whether a spare supervisor of binary is ready for a
@@ -133,10 +180,19 @@ func (s *Spares) take(binary string) *spare {
 	}
 }
 
-func startSpare(binary string) (*spare, error) {
+func startSpare(binary, dir string) (*spare, error) {
 	path := binary
 	if path == "" {
 		path = "/proc/self/exe"
+	}
+	args := []string{os.Args[0], stageSupervisor}
+	var root string
+	if dir != "" {
+		var err error
+		if root, err = os.MkdirTemp(dir, "spare-"); err != nil {
+			return nil, fmt.Errorf("failed to make a directory for a spare supervisor: %w", err)
+		}
+		args = append(args, spareRootFlag, root)
 	}
 	reportR, reportW, err := os.Pipe()
 	if err != nil {
@@ -146,13 +202,14 @@ func startSpare(binary string) (*spare, error) {
 	if err != nil {
 		_ = reportR.Close()
 		_ = reportW.Close()
+		removeRoot(root)
 		return nil, fmt.Errorf("failed to make a socket pair: %w", err)
 	}
 	ctl := os.NewFile(uintptr(fds[0]), "control-socket")
 	theirs := os.NewFile(uintptr(fds[1]), "control-socket")
 	cmd := &exec.Cmd{
 		Path:        path,
-		Args:        []string{os.Args[0], stageSupervisor},
+		Args:        args,
 		Env:         supervisorEnv(),
 		ExtraFiles:  []*os.File{reportW, theirs},
 		SysProcAttr: &syscall.SysProcAttr{Setsid: true},
@@ -163,9 +220,10 @@ func startSpare(binary string) (*spare, error) {
 	if err != nil {
 		_ = reportR.Close()
 		_ = ctl.Close()
+		removeRoot(root)
 		return nil, fmt.Errorf("failed to start a supervisor: %w", err)
 	}
-	sp := &spare{cmd: cmd, reportR: reportR, ctl: ctl, reaped: make(chan struct{})}
+	sp := &spare{cmd: cmd, root: root, reportR: reportR, ctl: ctl, reaped: make(chan struct{})}
 	go func() {
 		_ = cmd.Wait()
 		close(sp.reaped)
@@ -191,6 +249,14 @@ func (sp *spare) stop() {
 	sp.closeFiles()
 	_ = sp.cmd.Process.Kill()
 	<-sp.reaped
+	removeRoot(sp.root)
+}
+
+// removeRoot removes a spare's root directory, if it is still there.
+func removeRoot(root string) {
+	if root != "" {
+		_ = os.Remove(root)
+	}
 }
 
 func (sp *spare) closeFiles() {

@@ -50,11 +50,15 @@ func runSupervisor(args []string) int {
 	var (
 		stateDir string
 		ctl      *os.File
+		pre      *prebuilt
 	)
-	switch len(args) {
-	case 0:
+	switch {
+	case len(args) == 0 || (len(args) == 2 && args[0] == spareRootFlag):
 		ctl = os.NewFile(supervisorControlFD, "control-socket")
 		unix.CloseOnExec(supervisorControlFD)
+		if len(args) == 2 {
+			pre = prebuild(args[1])
+		}
 		warmUp()
 		dir, err := awaitTask(ctl)
 		if err != nil {
@@ -66,7 +70,7 @@ func runSupervisor(args []string) int {
 			return 0
 		}
 		stateDir = dir
-	case 1:
+	case len(args) == 1:
 		stateDir = args[0]
 	default:
 		logger.Error("supervisor needs the state directory as its only argument", "args", args)
@@ -100,6 +104,9 @@ func runSupervisor(args []string) int {
 
 	var spec Spec
 	if err := readJSON(filepath.Join(stateDir, specFile), &spec); err != nil {
+		if pre != nil {
+			pre.discard()
+		}
 		sendReport(readyReport{Error: fmt.Sprintf("failed to read the task spec: %v", err)})
 		return 1
 	}
@@ -124,7 +131,7 @@ func runSupervisor(args []string) int {
 		}
 		sendReport(readyReport{TaskPID: cmd.Process.Pid, TaskStart: start, Cgroup: group.State()})
 	}
-	cmd, group, left, err := startTask(&spec, ctl, started)
+	cmd, group, left, err := startTask(&spec, ctl, started, pre)
 	if ctl != nil {
 		_ = ctl.Close()
 	}
@@ -133,7 +140,7 @@ func runSupervisor(args []string) int {
 		sendReport(readyReport{Error: err.Error()})
 		return 1
 	}
-	logger.Info("task started", "pid", cmd.Process.Pid)
+	logger.Info("task started", "pid", cmd.Process.Pid, "root_prepared_ahead", pre != nil && pre.used)
 	if err := <-left; err != nil {
 		logger.Warn("the launching thread failed to leave the task's cgroup; waiting for it to end", "error", err)
 		waitThreadsLeft(group)
@@ -155,7 +162,15 @@ func runSupervisor(args []string) int {
 //
 // The supervisor, not Start, makes the cgroup, so that everything the task
 // owns is made and removed by the one process that outlives the driver.
-func startTask(spec *Spec, ctl *os.File, started func(*exec.Cmd, *cgroups.Group)) (*exec.Cmd, *cgroups.Group, <-chan error, error) {
+func startTask(spec *Spec, ctl *os.File, started func(*exec.Cmd, *cgroups.Group), pre *prebuilt) (*exec.Cmd, *cgroups.Group, <-chan error, error) {
+	if pre != nil {
+		// Until launchTask takes it, an error leaves the thread to go.
+		defer func() {
+			if pre != nil {
+				pre.discard()
+			}
+		}()
+	}
 	stdin, err := os.Open(os.DevNull)
 	if err != nil {
 		return nil, nil, nil, err
@@ -176,8 +191,10 @@ func startTask(spec *Spec, ctl *os.File, started func(*exec.Cmd, *cgroups.Group)
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("failed to create the task's cgroup: %w", err)
 	}
+	taken := pre
+	pre = nil
 	cmd, left, err := launchTask(spec, group, []*os.File{stdin, stdout, stderr}, ctl,
-		func(cmd *exec.Cmd) { started(cmd, group) })
+		func(cmd *exec.Cmd) { started(cmd, group) }, taken)
 	if err != nil {
 		// Nothing was forked, so there is nothing to kill (and a kill could
 		// hit this process while its launching thread is still in the
