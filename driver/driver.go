@@ -84,6 +84,8 @@ type Driver struct {
 	vols         volumeManager
 	eventTargets sync.Map
 	recoverOnce  sync.Once
+	// background counts goroutines that Shutdown waits for.
+	background sync.WaitGroup
 }
 
 // NewPlugin returns the driver, ready for Nomad's SetConfig.
@@ -191,7 +193,7 @@ func (d *Driver) SetConfig(c *base.Config) error {
 		d.checkRootPropagation(&cfg)
 		// Settle volumes left by an earlier driver process: its tasks that
 		// are gone lose their volumes, interrupted steps are finished.
-		d.recoverOnce.Do(func() { go d.recoverVolumes() })
+		d.recoverOnce.Do(func() { d.goBackground(d.recoverVolumes) })
 	}
 	d.logger.Debug("configured", "root_dir", cfg.RootDir, "allow_privileged", cfg.AllowPrivileged, "enabled", cfg.Enabled)
 	return nil
@@ -928,9 +930,33 @@ func parseSignal(name string) (syscall.Signal, error) {
 	return s, nil
 }
 
+// goBackground runs f in a goroutine that Shutdown waits for, unless the
+// driver is shut down already.
+func (d *Driver) goBackground(f func()) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.ctx.Err() != nil {
+		return
+	}
+	d.background.Add(1)
+	go func() {
+		defer d.background.Done()
+		f()
+	}()
+}
+
 // Shutdown stops the driver's background work. Tasks keep running.
 func (d *Driver) Shutdown() {
+	d.mu.Lock()
 	d.cancel()
+	d.mu.Unlock()
+	d.background.Wait()
+	d.vols.mu.Lock()
+	if d.vols.manager != nil {
+		// Syncs what the journal has not synced yet.
+		d.vols.manager.Close()
+	}
+	d.vols.mu.Unlock()
 	d.spares.Close()
 	if p := d.currentProber(); p != nil {
 		p.Close()

@@ -51,10 +51,11 @@ func harnessDriver(t *testing.T, cfg Config) (*dtestutil.DriverHarness, *Driver)
 	t.Helper()
 	d := NewPlugin(hclog.NewNullLogger())
 	h := dtestutil.NewDriverHarness(t, d)
-	t.Cleanup(d.Shutdown)
 	if cfg.RootDir == "" {
 		cfg.RootDir = shortTempDir(t)
 	}
+	// After the root's removal is registered, so that it runs before it.
+	t.Cleanup(d.Shutdown)
 	if cfg.CgroupParent == "" {
 		cfg.CgroupParent = "nomad-csi-test"
 	}

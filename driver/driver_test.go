@@ -130,7 +130,6 @@ type testDriver struct {
 func newTestDriver(t *testing.T, cfg Config) *testDriver {
 	t.Helper()
 	d := NewPlugin(hclog.NewNullLogger())
-	t.Cleanup(d.Shutdown)
 	td := &testDriver{Driver: d}
 	d.host = fakeHost{root: true}
 	d.spares = nil
@@ -162,6 +161,8 @@ func newTestDriver(t *testing.T, cfg Config) *testDriver {
 	if cfg.RootDir == "" {
 		cfg.RootDir = shortTempDir(t)
 	}
+	// After the root's removal is registered, so that it runs before it.
+	t.Cleanup(d.Shutdown)
 	if cfg.CgroupParent == "" {
 		cfg.CgroupParent = DefaultCgroupParent
 	}

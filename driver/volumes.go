@@ -157,6 +157,9 @@ func (d *Driver) volumes() (*csihook.Manager, error) {
 	if d.vols.manager != nil {
 		return d.vols.manager, nil
 	}
+	if d.ctx.Err() != nil {
+		return nil, errors.New("the driver is shutting down")
+	}
 	if err := os.MkdirAll(conf.stageRoot(), 0o700); err != nil {
 		return nil, fmt.Errorf("failed to create the stage root %q: %w", conf.stageRoot(), err)
 	}
