@@ -48,6 +48,7 @@ func BenchmarkStartTaskWithVolume(b *testing.B) {
 	state := shortTempDir(b)
 	b.Cleanup(func() { unmountUnder(root) })
 
+	b.Cleanup(func() { removeCgroupParent("nomad-csi-bench") })
 	d := NewPlugin(hclog.NewNullLogger())
 	b.Cleanup(d.Shutdown)
 	must.NoError(b, setConfig(d, Config{Enabled: true, AllowPrivileged: true, RootDir: root, CgroupParent: "nomad-csi-bench"}))

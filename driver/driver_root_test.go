@@ -51,19 +51,59 @@ func harnessDriver(t *testing.T, cfg Config) (*dtestutil.DriverHarness, *Driver)
 	t.Helper()
 	d := NewPlugin(hclog.NewNullLogger())
 	h := dtestutil.NewDriverHarness(t, d)
+	if cfg.CgroupParent == "" {
+		cfg.CgroupParent = "nomad-csi-test"
+	}
+	t.Cleanup(func() { removeCgroupParent(cfg.CgroupParent) })
 	if cfg.RootDir == "" {
 		cfg.RootDir = shortTempDir(t)
 	}
 	// After the root's removal is registered, so that it runs before it.
 	t.Cleanup(d.Shutdown)
-	if cfg.CgroupParent == "" {
-		cfg.CgroupParent = "nomad-csi-test"
-	}
 	cfg.Enabled = true
 	var buf []byte
 	must.NoError(t, base.MsgPackEncode(&buf, &cfg))
 	must.NoError(t, h.SetConfig(&base.Config{PluginConfig: buf}))
 	return h, d
+}
+
+// mkAllocDir is the harness's MkAllocDir, whose cleanup also removes the
+// two temporary directories the harness makes for it and leaves behind.
+func mkAllocDir(t *testing.T, h *dtestutil.DriverHarness, cfg *drivers.TaskConfig, logs bool) func() {
+	t.Helper()
+	before := harnessDirs()
+	cleanup := h.MkAllocDir(cfg, logs)
+	var made []string
+	for dir := range harnessDirs() {
+		if !before[dir] {
+			made = append(made, dir)
+		}
+	}
+	return func() {
+		cleanup()
+		for _, dir := range made {
+			// Empty by now: never remove what still holds something.
+			_ = os.Remove(dir)
+		}
+	}
+}
+
+func harnessDirs() map[string]bool {
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), "nomad_driver_harness-*"))
+	out := make(map[string]bool, len(dirs))
+	for _, d := range dirs {
+		out[d] = true
+	}
+	return out
+}
+
+// removeCgroupParent removes a test's cgroup parent in every hierarchy
+// where it is empty; one still in use by another test stays.
+func removeCgroupParent(parent string) {
+	dirs, _ := filepath.Glob("/sys/fs/cgroup/*/" + parent)
+	for _, dir := range append(dirs, "/sys/fs/cgroup/"+parent) {
+		_ = unix.Rmdir(dir)
+	}
 }
 
 func realTask(t testing.TB, name string, tc TaskConfig) *drivers.TaskConfig {
@@ -119,7 +159,7 @@ func TestDriver_runsTaskWithLogsAndExitCode(t *testing.T) {
 	h, _ := harnessDriver(t, Config{})
 	cfg := realTask(t, "hello", TaskConfig{Command: "/bin/sh", Args: []string{"-c", "echo out-$GREETING; echo err >&2; pwd; exit 3"}})
 	cfg.Env = map[string]string{"GREETING": "hi"}
-	cleanup := h.MkAllocDir(cfg, true)
+	cleanup := mkAllocDir(t, h, cfg, true)
 	defer cleanup()
 
 	startTask(t, h, cfg)
@@ -181,7 +221,7 @@ func TestDriver_stopHonoursSignalAndRecoversAfterRestart(t *testing.T) {
 	h, _ := harnessDriver(t, Config{RootDir: root})
 	script := `trap 'echo got-usr1; exit 0' USR1; echo $$ > "$NOMAD_TASK_DIR/pid"; while :; do sleep 0.1; done`
 	cfg := realTask(t, "svc", TaskConfig{Command: "/bin/sh", Args: []string{"-c", script}})
-	cleanup := h.MkAllocDir(cfg, true)
+	cleanup := mkAllocDir(t, h, cfg, true)
 	defer cleanup()
 
 	handle := startTask(t, h, cfg)
@@ -216,7 +256,7 @@ func TestDriver_killsAfterTimeoutAndExec(t *testing.T) {
 	requireRoot(t)
 	h, _ := harnessDriver(t, Config{})
 	cfg := realTask(t, "stubborn", TaskConfig{Command: "/bin/sh", Args: []string{"-c", `trap '' TERM; while :; do sleep 0.1; done`}})
-	cleanup := h.MkAllocDir(cfg, true)
+	cleanup := mkAllocDir(t, h, cfg, true)
 	defer cleanup()
 	startTask(t, h, cfg)
 	must.NoError(t, h.WaitUntilStarted(cfg.ID, 10*time.Second))
@@ -238,7 +278,7 @@ func TestDriver_privilegedRefusedUnlessAllowed(t *testing.T) {
 	requireRoot(t)
 	h, _ := harnessDriver(t, Config{})
 	cfg := realTask(t, "priv", TaskConfig{Command: "/bin/true", Privileged: true})
-	cleanup := h.MkAllocDir(cfg, false)
+	cleanup := mkAllocDir(t, h, cfg, false)
 	defer cleanup()
 	_, _, err := h.StartTask(cfg)
 	must.ErrorContains(t, err, "allow_privileged")
@@ -257,7 +297,7 @@ func TestDriver_bidirectionalMountReachesHost(t *testing.T) {
 		Privileged: true,
 	})
 	cfg.Mounts = []*drivers.MountConfig{{TaskPath: "/bidi", HostPath: src, PropagationMode: "bidirectional"}}
-	cleanup := h.MkAllocDir(cfg, true)
+	cleanup := mkAllocDir(t, h, cfg, true)
 	defer cleanup()
 	t.Cleanup(func() {
 		_ = unix.Unmount(filepath.Join(src, "sub"), unix.MNT_DETACH)
@@ -291,7 +331,7 @@ func TestDriver_selfBindRemovedWithLastTask(t *testing.T) {
 	src := t.TempDir()
 	cfg := realTask(t, "bidi", TaskConfig{Command: "/bin/sh", Args: []string{"-c", "sleep 60"}, Privileged: true})
 	cfg.Mounts = []*drivers.MountConfig{{TaskPath: "/bidi2", HostPath: src, PropagationMode: "bidirectional"}}
-	cleanup := h.MkAllocDir(cfg, true)
+	cleanup := mkAllocDir(t, h, cfg, true)
 	defer cleanup()
 	t.Cleanup(func() { _ = unix.Unmount(src, unix.MNT_DETACH) })
 
@@ -371,7 +411,7 @@ func TestDriver_pluginTaskAndVolumeLifecycle(t *testing.T) {
 		Privileged: true,
 		CSIPlugin:  &PluginTaskConfig{ID: "fixture", Type: "monolith", MountDir: "/csi"},
 	})
-	cleanupPlugin := h.MkAllocDir(plugin, true)
+	cleanupPlugin := mkAllocDir(t, h, plugin, true)
 	defer cleanupPlugin()
 	startTask(t, h, plugin)
 	defer func() {
@@ -404,7 +444,7 @@ func TestDriver_pluginTaskAndVolumeLifecycle(t *testing.T) {
 		}},
 	})
 	writer.Env = map[string]string{"DEST": dest}
-	cleanupWriter := h.MkAllocDir(writer, true)
+	cleanupWriter := mkAllocDir(t, h, writer, true)
 	defer cleanupWriter()
 	startTask(t, h, writer)
 	res := waitExit(t, h, writer.ID, 20*time.Second)
@@ -424,7 +464,7 @@ func TestDriver_pluginTaskAndVolumeLifecycle(t *testing.T) {
 		}},
 	})
 	reader.Env = map[string]string{"DEST": dest}
-	cleanupReader := h.MkAllocDir(reader, true)
+	cleanupReader := mkAllocDir(t, h, reader, true)
 	defer cleanupReader()
 	startTask(t, h, reader)
 	res = waitExit(t, h, reader.ID, 20*time.Second)
@@ -437,7 +477,7 @@ func TestDriver_pluginTaskAndVolumeLifecycle(t *testing.T) {
 		Command: "/bin/true",
 		Volumes: map[string]VolumeConfig{"data": {PluginID: "nope", VolumeID: "v", Destination: dest, AccessMode: "single-node-writer"}},
 	})
-	cleanupBad := h.MkAllocDir(bad, true)
+	cleanupBad := mkAllocDir(t, h, bad, true)
 	defer cleanupBad()
 	_, _, err := h.StartTask(bad)
 	must.ErrorContains(t, err, `CSI plugin "nope"`)
