@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -101,29 +100,26 @@ func start(logger hclog.Logger, spec *Spec, late func() ([]Mount, error), sp *sp
 			sp = nil
 		}
 	}
-	var (
-		cmd     *exec.Cmd
-		reportR *os.File
-		ctl     *os.File
-		reaped  chan struct{}
-	)
 	if sp != nil {
-		cmd, reportR, reaped = sp.cmd, sp.reportR, sp.reaped
-		ctl = sp.ctl
 		if len(spec.LateMounts) == 0 {
-			_ = ctl.Close()
-			ctl = nil
+			_ = sp.ctl.Close()
+			sp.ctl = nil
 		}
-		defer reportR.Close()
-		logger.Debug("spare supervisor took the task", "supervisor_pid", cmd.Process.Pid)
+		logger.Debug("spare supervisor took the task", "supervisor_pid", sp.cmd.Process.Pid)
 	} else {
-		var err error
-		if cmd, reportR, ctl, reaped, err = startSupervisor(spec, logPath); err != nil {
-			return nil, err
+		logFile, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+		if err != nil {
+			return nil, fmt.Errorf("failed to start task: failed to open %q: %w", logPath, err)
 		}
-		defer reportR.Close()
-		logger.Debug("supervisor started", "supervisor_pid", cmd.Process.Pid)
+		sp, err = startSupervisor(spec.Supervisor, []string{spec.StateDir}, logFile, len(spec.LateMounts) > 0)
+		_ = logFile.Close()
+		if err != nil {
+			return nil, fmt.Errorf("failed to start task: %w", err)
+		}
+		logger.Debug("supervisor started", "supervisor_pid", sp.cmd.Process.Pid)
 	}
+	cmd, reportR, ctl, reaped := sp.cmd, sp.reportR, sp.ctl, sp.reaped
+	defer reportR.Close()
 	if ctl != nil {
 		defer ctl.Close()
 	}
@@ -192,64 +188,6 @@ func start(logger hclog.Logger, spec *Spec, late func() ([]Mount, error), sp *sp
 	logger.Info("task started", "pid", rep.TaskPID, "supervisor_pid", cmd.Process.Pid)
 	go p.watch()
 	return p, nil
-}
-
-// startSupervisor starts a supervisor for spec, with a control socket when
-// the spec has late mounts; the returned channel is closed once it is
-// reaped.
-func startSupervisor(spec *Spec, logPath string) (*exec.Cmd, *os.File, *os.File, chan struct{}, error) {
-	logFile, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
-	if err != nil {
-		return nil, nil, nil, nil, fmt.Errorf("failed to start task: failed to open %q: %w", logPath, err)
-	}
-	defer logFile.Close()
-	reportR, reportW, err := os.Pipe()
-	if err != nil {
-		return nil, nil, nil, nil, fmt.Errorf("failed to start task: failed to make a pipe: %w", err)
-	}
-	extra := []*os.File{reportW}
-	var ctl *os.File
-	if len(spec.LateMounts) > 0 {
-		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
-		if err != nil {
-			_ = reportR.Close()
-			_ = reportW.Close()
-			return nil, nil, nil, nil, fmt.Errorf("failed to start task: failed to make a socket pair: %w", err)
-		}
-		ctl = os.NewFile(uintptr(fds[0]), "control-socket")
-		extra = append(extra, os.NewFile(uintptr(fds[1]), "control-socket"))
-	}
-	supervisor := spec.Supervisor
-	if supervisor == "" {
-		supervisor = "/proc/self/exe"
-	}
-	cmd := &exec.Cmd{
-		Path:        supervisor,
-		Args:        []string{os.Args[0], stageSupervisor, spec.StateDir},
-		Env:         supervisorEnv(),
-		Stdin:       nil, // /dev/null
-		Stdout:      logFile,
-		Stderr:      logFile,
-		ExtraFiles:  extra,
-		SysProcAttr: &syscall.SysProcAttr{Setsid: true},
-	}
-	err = cmd.Start()
-	for _, f := range extra {
-		_ = f.Close()
-	}
-	if err != nil {
-		_ = reportR.Close()
-		if ctl != nil {
-			_ = ctl.Close()
-		}
-		return nil, nil, nil, nil, fmt.Errorf("failed to start task: failed to start the supervisor: %w", err)
-	}
-	reaped := make(chan struct{})
-	go func() {
-		_ = cmd.Wait()
-		close(reaped)
-	}()
-	return cmd, reportR, ctl, reaped, nil
 }
 
 // Recover takes back a task from its State after the driver restarted. A

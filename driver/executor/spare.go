@@ -49,7 +49,8 @@ func (s *Spares) SetDir(dir string) {
 	s.dir = dir
 }
 
-// spare is a supervisor waiting for its task.
+// spare is a supervisor this process started: a spare waiting for its
+// task, or one started for a task (see startSupervisor).
 type spare struct {
 	cmd *exec.Cmd
 	// root is the directory of the task root the spare prepares ("" for
@@ -181,49 +182,70 @@ func (s *Spares) take(binary string) *spare {
 }
 
 func startSpare(binary, dir string) (*spare, error) {
-	path := binary
-	if path == "" {
-		path = "/proc/self/exe"
-	}
-	args := []string{os.Args[0], stageSupervisor}
+	var args []string
 	var root string
 	if dir != "" {
 		var err error
 		if root, err = os.MkdirTemp(dir, "spare-"); err != nil {
 			return nil, fmt.Errorf("failed to make a directory for a spare supervisor: %w", err)
 		}
-		args = append(args, spareRootFlag, root)
+		args = []string{spareRootFlag, root}
+	}
+	sp, err := startSupervisor(binary, args, nil, true)
+	if err != nil {
+		removeRoot(root)
+		return nil, err
+	}
+	sp.root = root
+	return sp, nil
+}
+
+// startSupervisor starts binary ("" is this binary) as a supervisor with
+// args, its output going to out (nil: /dev/null), with a report pipe and,
+// when control is set, a control socket; the spare's reaped channel is
+// closed once it is reaped.
+func startSupervisor(binary string, args []string, out *os.File, control bool) (*spare, error) {
+	if binary == "" {
+		binary = "/proc/self/exe"
 	}
 	reportR, reportW, err := os.Pipe()
 	if err != nil {
 		return nil, fmt.Errorf("failed to make a pipe: %w", err)
 	}
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		_ = reportR.Close()
-		_ = reportW.Close()
-		removeRoot(root)
-		return nil, fmt.Errorf("failed to make a socket pair: %w", err)
+	extra := []*os.File{reportW}
+	var ctl *os.File
+	if control {
+		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			_ = reportR.Close()
+			_ = reportW.Close()
+			return nil, fmt.Errorf("failed to make a socket pair: %w", err)
+		}
+		ctl = os.NewFile(uintptr(fds[0]), "control-socket")
+		extra = append(extra, os.NewFile(uintptr(fds[1]), "control-socket"))
 	}
-	ctl := os.NewFile(uintptr(fds[0]), "control-socket")
-	theirs := os.NewFile(uintptr(fds[1]), "control-socket")
 	cmd := &exec.Cmd{
-		Path:        path,
-		Args:        args,
+		Path:        binary,
+		Args:        append([]string{os.Args[0], stageSupervisor}, args...),
 		Env:         supervisorEnv(),
-		ExtraFiles:  []*os.File{reportW, theirs},
+		ExtraFiles:  extra,
 		SysProcAttr: &syscall.SysProcAttr{Setsid: true},
 	}
+	if out != nil {
+		cmd.Stdout, cmd.Stderr = out, out
+	}
 	err = cmd.Start()
-	_ = reportW.Close()
-	_ = theirs.Close()
+	for _, f := range extra {
+		_ = f.Close()
+	}
 	if err != nil {
 		_ = reportR.Close()
-		_ = ctl.Close()
-		removeRoot(root)
-		return nil, fmt.Errorf("failed to start a supervisor: %w", err)
+		if ctl != nil {
+			_ = ctl.Close()
+		}
+		return nil, fmt.Errorf("failed to start the supervisor: %w", err)
 	}
-	sp := &spare{cmd: cmd, root: root, reportR: reportR, ctl: ctl, reaped: make(chan struct{})}
+	sp := &spare{cmd: cmd, reportR: reportR, ctl: ctl, reaped: make(chan struct{})}
 	go func() {
 		_ = cmd.Wait()
 		close(sp.reaped)
@@ -260,7 +282,9 @@ func removeRoot(root string) {
 }
 
 func (sp *spare) closeFiles() {
-	_ = sp.ctl.Close()
+	if sp.ctl != nil {
+		_ = sp.ctl.Close()
+	}
 	_ = sp.reportR.Close()
 }
 
