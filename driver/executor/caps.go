@@ -140,37 +140,13 @@ func dropBoundingSet(keep capSet, last int) error {
 	return nil
 }
 
-// setThreadCaps sets the effective, permitted and inheritable sets of the
-// calling thread (capset(2) is per thread: the caller must hold its OS
-// thread and exec from it) and clears the ambient set.
-func setThreadCaps(keep capSet) error {
-	if err := unix.Prctl(unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0); err != nil {
-		return fmt.Errorf("failed to clear ambient capabilities: %w", err)
-	}
-	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
-	// A capability this process does not hold cannot be granted (a
-	// privileged task gets everything the host lets us have).
-	var cur [2]unix.CapUserData
-	if err := unix.Capget(&hdr, &cur[0]); err != nil {
-		return fmt.Errorf("failed to read capabilities: %w", err)
-	}
-	keep &= capSet(cur[0].Permitted) | capSet(cur[1].Permitted)<<32
-	lo, hi := uint32(keep), uint32(keep>>32)
-	data := [2]unix.CapUserData{
-		{Effective: lo, Permitted: lo, Inheritable: lo},
-		{Effective: hi, Permitted: hi, Inheritable: hi},
-	}
-	if err := unix.Capset(&hdr, &data[0]); err != nil {
-		return fmt.Errorf("failed to set capabilities %#x: %w", uint64(keep), err)
-	}
-	return nil
-}
-
-// setInheritableCaps sets the inheritable set of the calling thread to keep
-// (within what it holds), keeps its effective and permitted sets, and
-// clears its ambient set. capset(2) is per thread: the caller must hold
-// its OS thread and fork the task from it.
-func setInheritableCaps(keep capSet) error {
+// setThreadCaps clears the calling thread's ambient set and sets its
+// inheritable set to keep, and with narrow its effective and permitted
+// sets too (otherwise they stay as they are). capset(2) is per thread: the
+// caller must hold its OS thread and exec or fork the task from it. A
+// capability the thread does not hold cannot be granted: a privileged
+// task gets everything the host lets us have.
+func setThreadCaps(keep capSet, narrow bool) error {
 	if err := unix.Prctl(unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0); err != nil {
 		return fmt.Errorf("failed to clear ambient capabilities: %w", err)
 	}
@@ -180,9 +156,14 @@ func setInheritableCaps(keep capSet) error {
 		return fmt.Errorf("failed to read capabilities: %w", err)
 	}
 	keep &= capSet(data[0].Permitted) | capSet(data[1].Permitted)<<32
-	data[0].Inheritable, data[1].Inheritable = uint32(keep), uint32(keep>>32)
+	lo, hi := uint32(keep), uint32(keep>>32)
+	data[0].Inheritable, data[1].Inheritable = lo, hi
+	if narrow {
+		data[0].Effective, data[0].Permitted = lo, lo
+		data[1].Effective, data[1].Permitted = hi, hi
+	}
 	if err := unix.Capset(&hdr, &data[0]); err != nil {
-		return fmt.Errorf("failed to set inheritable capabilities %#x: %w", uint64(keep), err)
+		return fmt.Errorf("failed to set capabilities %#x: %w", uint64(keep), err)
 	}
 	return nil
 }

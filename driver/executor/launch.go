@@ -191,7 +191,7 @@ func launchOnThread(spec *Spec, group *cgroups.Group, stdio []*os.File, ctl *os.
 	if cred.UID != 0 {
 		inheritable = 0
 	}
-	if err := setInheritableCaps(inheritable); err != nil {
+	if err := setThreadCaps(inheritable, false); err != nil {
 		return nil, nil, err
 	}
 	groups := make([]uint32, len(cred.Groups))

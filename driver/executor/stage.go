@@ -140,7 +140,7 @@ func prepareAndExec(cfg *stageConfig) error {
 	if cred.UID != 0 {
 		threadCaps = 0
 	}
-	if err := setThreadCaps(threadCaps); err != nil {
+	if err := setThreadCaps(threadCaps, true); err != nil {
 		return err
 	}
 	if spec.Dir != "" {
