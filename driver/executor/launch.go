@@ -409,15 +409,7 @@ func receiveTrees(ctl *os.File, want []Mount) ([]Mount, []*os.File, error) {
 // instead.
 func sendTrees(ctl *os.File, m mounter.Interface, mounts []Mount, cause error) error {
 	send := func(lm lateMessage, fds []int) error {
-		b, err := json.Marshal(lm)
-		if err != nil {
-			return err
-		}
-		var oob []byte
-		if len(fds) > 0 {
-			oob = unix.UnixRights(fds...)
-		}
-		if err := unix.Sendmsg(int(ctl.Fd()), b, oob, nil, 0); err != nil {
+		if err := sendControl(ctl, lm, fds); err != nil {
 			return fmt.Errorf("failed to hand the task's volumes to its supervisor: %w", err)
 		}
 		return nil
@@ -445,6 +437,20 @@ func sendTrees(ctl *os.File, m mounter.Interface, mounts []Mount, cause error) e
 		fds = append(fds, int(t.Fd()))
 	}
 	return send(lateMessage{Mounts: mounts}, fds)
+}
+
+// sendControl sends v as one JSON message over a supervisor's control
+// socket, with fds attached as SCM_RIGHTS.
+func sendControl(ctl *os.File, v any, fds []int) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	var oob []byte
+	if len(fds) > 0 {
+		oob = unix.UnixRights(fds...)
+	}
+	return unix.Sendmsg(int(ctl.Fd()), b, oob, nil, 0)
 }
 
 // setOOMScoreAdj gives this process, and so the task forked next, the

@@ -255,11 +255,7 @@ func startSupervisor(binary string, args []string, out *os.File, control bool) (
 
 // hand gives the spare its task's state directory.
 func (sp *spare) hand(stateDir string) error {
-	b, err := json.Marshal(spareHello{StateDir: stateDir})
-	if err != nil {
-		return err
-	}
-	if err := unix.Sendmsg(int(sp.ctl.Fd()), b, nil, nil, 0); err != nil {
+	if err := sendControl(sp.ctl, spareHello{StateDir: stateDir}, nil); err != nil {
 		return fmt.Errorf("failed to hand the task to a spare supervisor: %w", err)
 	}
 	return nil
