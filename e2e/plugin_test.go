@@ -26,6 +26,8 @@ import (
 
 	"github.com/shoenig/test/must"
 	"golang.org/x/sys/unix"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/mounter"
 )
 
 // capSysAdmin is CAP_SYS_ADMIN's bit in CapEff.
@@ -137,16 +139,16 @@ func TestCSIPluginTasks(t *testing.T) {
 		p.WaitLogs(t, al.ID, "mounter", "mounted", 20*time.Second)
 		privateLog := p.WaitLogs(t, al.ID, "private", "mounted: ", 20*time.Second)
 
-		var m *mountLine
+		var m *mounter.MountPoint
 		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 			if m = mountInfo(probe); m != nil {
 				break
 			}
 		}
 		must.NotNil(t, m, must.Sprintf("the host does not see the task's mount at %s", probe))
-		t.Logf("host mountinfo after %v: %s", time.Since(start).Round(time.Millisecond), m.line)
-		must.Eq(t, "tmpfs", m.fsType)
-		must.Eq(t, "probe-"+x, m.source)
+		t.Logf("host mountinfo after %v: %+v", time.Since(start).Round(time.Millisecond), *m)
+		must.Eq(t, "tmpfs", m.FSType)
+		must.Eq(t, "probe-"+x, m.Source)
 		b, err := os.ReadFile(filepath.Join(probe, "hello"))
 		must.NoError(t, err, must.Sprint("the host cannot read the file the task wrote in its mount"))
 		must.Eq(t, token, strings.TrimSpace(string(b)))
@@ -371,31 +373,18 @@ func stopAndPurge(t *testing.T, a *Agent, jobID string) {
 	}
 }
 
-// mountLine is one line of /proc/self/mountinfo.
-type mountLine struct {
-	line, fsType, source string
-}
-
 // mountInfo returns the topmost mount at path in the test's mount
 // namespace (the host's), or nil.
-func mountInfo(path string) *mountLine {
-	b, err := os.ReadFile("/proc/self/mountinfo")
+func mountInfo(path string) *mounter.MountPoint {
+	table, err := mounter.New().List()
 	if err != nil {
 		return nil
 	}
-	var found *mountLine
-	for _, line := range strings.Split(string(b), "\n") {
-		fields := strings.Fields(line)
-		if len(fields) < 5 || unescapeMountPath(fields[4]) != path {
-			continue
+	var found *mounter.MountPoint
+	for i := range table {
+		if table[i].Path == path {
+			found = &table[i]
 		}
-		m := &mountLine{line: line}
-		if _, after, ok := strings.Cut(line, " - "); ok {
-			if f := strings.Fields(after); len(f) >= 2 {
-				m.fsType, m.source = f[0], f[1]
-			}
-		}
-		found = m
 	}
 	return found
 }

@@ -15,14 +15,16 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
-	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/shoenig/test/must"
 	"golang.org/x/sys/unix"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/mounter"
 )
 
 const volTimeout = 90 * time.Second
@@ -550,17 +552,12 @@ func TestVolumeAgentRestart(t *testing.T) {
 // of mountinfo): a remount gets a new id.
 func volMountIDs(t *testing.T, dir string) map[string]string {
 	t.Helper()
-	b, err := os.ReadFile("/proc/self/mountinfo")
+	table, err := mounter.New().List()
 	must.NoError(t, err)
 	out := map[string]string{}
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 5 {
-			continue
-		}
-		mp := unescapeMountPath(f[4])
-		if mp == dir || strings.HasPrefix(mp, dir+"/") {
-			out[mp] += f[0] + " "
+	for _, mp := range table {
+		if mounter.PathWithin(mp.Path, dir) {
+			out[mp.Path] += strconv.Itoa(mp.ID) + " "
 		}
 	}
 	return out

@@ -14,23 +14,21 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/mounter"
 )
 
 // ---- mountinfo ----
 
 // mountPoints returns the set of mount points in /proc/self/mountinfo.
 func mountPoints() (map[string]bool, error) {
-	b, err := os.ReadFile("/proc/self/mountinfo")
+	table, err := mounter.New().List()
 	if err != nil {
-		return nil, fmt.Errorf("failed to read mountinfo: %w", err)
+		return nil, err
 	}
 	out := map[string]bool{}
-	for _, line := range strings.Split(string(b), "\n") {
-		// id parent major:minor root mount_point options [optional...] - fstype source super_options
-		f := strings.Fields(line)
-		if len(f) >= 5 {
-			out[unescapeOctal(f[4])] = true
-		}
+	for _, mp := range table {
+		out[mp.Path] = true
 	}
 	return out, nil
 }
@@ -38,26 +36,6 @@ func mountPoints() (map[string]bool, error) {
 func isMountPoint(path string) bool {
 	mps, err := mountPoints()
 	return err == nil && mps[filepath.Clean(path)]
-}
-
-// unescapeOctal undoes the \040-style escapes mountinfo uses for space,
-// tab, newline and backslash.
-func unescapeOctal(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // ---- mounts ----
