@@ -298,6 +298,25 @@ func (f *Fake) AttachTree(tree *os.File, target string) error {
 	return nil
 }
 
+// OpenTarget records an ActionEnsureTarget for the joined path (failing
+// like EnsureTarget) and returns an open /dev/null named by it.
+func (f *Fake) OpenTarget(root, path string, isDir bool) (*os.File, error) {
+	target := filepath.Join(root, path)
+	if err := f.EnsureTarget(target, isDir); err != nil {
+		return nil, err
+	}
+	fd, err := unix.Open(os.DevNull, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	return os.NewFile(uintptr(fd), target), nil
+}
+
+// AttachTreeAt is AttachTree at the target's name.
+func (f *Fake) AttachTreeAt(tree, target *os.File) error {
+	return f.AttachTree(tree, target.Name())
+}
+
 // SetUnmountErr makes Unmount of target fail with err from now on (nil:
 // succeed again). Unlike writing UnmountErrs, it is safe while other
 // goroutines use the Fake.

@@ -77,6 +77,17 @@ type Interface interface {
 	// AttachTree mounts a tree from CloneTree at target, which must exist,
 	// with move_mount(2) in the caller's mount namespace.
 	AttachTree(tree *os.File, target string) error
+	// OpenTarget opens the mount target path below root ("/" for the
+	// caller's own root), making what is missing on the way: directories,
+	// and the last element as a directory or an empty file. It never
+	// follows a symlink: one anywhere on the way is an error, so a target
+	// cannot be steered out of root by whoever can write below it. The
+	// file is an O_PATH handle for AttachTreeAt; its Name is the joined
+	// path.
+	OpenTarget(root, path string, isDir bool) (*os.File, error)
+	// AttachTreeAt is AttachTree onto a target from OpenTarget: the mount
+	// lands on the very directory or file that was opened.
+	AttachTreeAt(tree, target *os.File) error
 }
 
 // SanitizeOptions joins options for logging, with every sensitive option
@@ -354,6 +365,100 @@ func (m *mounter) AttachTree(tree *os.File, target string) error {
 		return fmt.Errorf("failed to attach the mount tree of %q at %q: %w", tree.Name(), target, err)
 	}
 	return nil
+}
+
+func (m *mounter) AttachTreeAt(tree, target *os.File) error {
+	m.logger.Debug("attaching mount tree", "source", tree.Name(), "target", target.Name())
+	err := unix.MoveMount(int(tree.Fd()), "", int(target.Fd()), "", unix.MOVE_MOUNT_F_EMPTY_PATH|unix.MOVE_MOUNT_T_EMPTY_PATH)
+	if err != nil {
+		return fmt.Errorf("failed to attach the mount tree of %q at %q: %w", tree.Name(), target.Name(), err)
+	}
+	return nil
+}
+
+// ErrSymlinkTarget is returned by OpenTarget for a path that passes
+// through a symlink.
+var ErrSymlinkTarget = errors.New("mount targets are never made through symlinks")
+
+func (m *mounter) OpenTarget(root, path string, isDir bool) (*os.File, error) {
+	return openTarget(root, path, isDir)
+}
+
+// openTarget walks path one element at a time from root with O_NOFOLLOW,
+// so that no element is ever a symlink that was followed: a symlink is
+// opened as itself and refused.
+func openTarget(root, path string, isDir bool) (*os.File, error) {
+	name := filepath.Join(root, path)
+	fail := func(err error) (*os.File, error) {
+		return nil, fmt.Errorf("mount target %q: %w", name, err)
+	}
+	cur, err := unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fail(err)
+	}
+	rel := strings.Trim(filepath.Clean("/"+path), "/")
+	if rel == "" {
+		if !isDir {
+			_ = unix.Close(cur)
+			return fail(errors.New("exists and is a directory, want a file"))
+		}
+		return os.NewFile(uintptr(cur), name), nil
+	}
+	elems := strings.Split(rel, "/")
+	for i, elem := range elems {
+		last := i == len(elems)-1
+		wantDir := !last || isDir
+		next, err := openElem(cur, elem, wantDir)
+		_ = unix.Close(cur)
+		if err != nil {
+			return fail(fmt.Errorf("%q: %w", "/"+strings.Join(elems[:i+1], "/"), err))
+		}
+		cur = next
+	}
+	return os.NewFile(uintptr(cur), name), nil
+}
+
+// openElem opens (making it when missing) one element below the directory
+// dir as an O_PATH handle of the wanted type.
+func openElem(dir int, elem string, wantDir bool) (int, error) {
+	for attempt := 0; ; attempt++ {
+		fd, err := unix.Openat(dir, elem, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if errors.Is(err, unix.ENOENT) && attempt == 0 {
+			if wantDir {
+				err = unix.Mkdirat(dir, elem, 0o755)
+			} else {
+				var f int
+				f, err = unix.Openat(dir, elem, unix.O_CREAT|unix.O_EXCL|unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o644)
+				if err == nil {
+					_ = unix.Close(f)
+				}
+			}
+			if err != nil && !errors.Is(err, unix.EEXIST) {
+				return -1, fmt.Errorf("failed to create it: %w", err)
+			}
+			continue
+		}
+		if err != nil {
+			return -1, err
+		}
+		var st unix.Stat_t
+		if err := unix.Fstat(fd, &st); err != nil {
+			_ = unix.Close(fd)
+			return -1, err
+		}
+		switch typ := st.Mode & unix.S_IFMT; {
+		case typ == unix.S_IFLNK:
+			_ = unix.Close(fd)
+			return -1, fmt.Errorf("is a symlink: %w", ErrSymlinkTarget)
+		case wantDir && typ != unix.S_IFDIR:
+			_ = unix.Close(fd)
+			return -1, errors.New("exists and is not a directory")
+		case !wantDir && typ == unix.S_IFDIR:
+			_ = unix.Close(fd)
+			return -1, errors.New("exists and is a directory, want a file")
+		}
+		return fd, nil
+	}
 }
 
 func (m *mounter) EnsureTarget(target string, isDir bool) error {
