@@ -63,7 +63,29 @@ var configSpec = hclspec.NewObject(map[string]*hclspec.Spec{
 		hclspec.NewLiteral(fmt.Sprintf("%q", DefaultCgroupParent)),
 	),
 	"plugin_socket_dirs": hclspec.NewAttr("plugin_socket_dirs", "list(string)", false),
+	// Isolation of tasks that are not privileged, with the names and
+	// defaults of Nomad's exec driver.
+	"chroot_env": hclspec.NewAttr("chroot_env", "map(string)", false),
+	"default_pid_mode": hclspec.NewDefault(
+		hclspec.NewAttr("default_pid_mode", "string", false),
+		hclspec.NewLiteral(`"private"`),
+	),
+	"default_ipc_mode": hclspec.NewDefault(
+		hclspec.NewAttr("default_ipc_mode", "string", false),
+		hclspec.NewLiteral(`"private"`),
+	),
+	"allow_caps": hclspec.NewDefault(
+		hclspec.NewAttr("allow_caps", "list(string)", false),
+		hclspec.NewLiteral(defaultAllowCapsHCL),
+	),
+	"denied_host_uids": hclspec.NewAttr("denied_host_uids", "string", false),
+	"denied_host_gids": hclspec.NewAttr("denied_host_gids", "string", false),
 })
+
+// defaultAllowCapsHCL is allow_caps when the operator does not set it: the
+// capabilities a task has by default (Nomad exec's list), so cap_add can
+// add nothing beyond them unless the operator says so.
+const defaultAllowCapsHCL = `["AUDIT_WRITE","CHOWN","DAC_OVERRIDE","FOWNER","FSETID","KILL","MKNOD","NET_BIND_SERVICE","SETFCAP","SETGID","SETPCAP","SETUID","SYS_CHROOT"]`
 
 // taskConfigSpec is the `config` block of a task with `driver = "csi"`.
 var taskConfigSpec = hclspec.NewObject(map[string]*hclspec.Spec{
@@ -71,6 +93,10 @@ var taskConfigSpec = hclspec.NewObject(map[string]*hclspec.Spec{
 	"args":       hclspec.NewAttr("args", "list(string)", false),
 	"work_dir":   hclspec.NewAttr("work_dir", "string", false),
 	"privileged": hclspec.NewAttr("privileged", "bool", false),
+	"pid_mode":   hclspec.NewAttr("pid_mode", "string", false),
+	"ipc_mode":   hclspec.NewAttr("ipc_mode", "string", false),
+	"cap_add":    hclspec.NewAttr("cap_add", "list(string)", false),
+	"cap_drop":   hclspec.NewAttr("cap_drop", "list(string)", false),
 	"volume":     volumeSpec,
 	"csi_plugin": hclspec.NewBlock("csi_plugin", false, hclspec.NewObject(map[string]*hclspec.Spec{
 		"id":   hclspec.NewAttr("id", "string", true),
@@ -83,9 +109,12 @@ var taskConfigSpec = hclspec.NewObject(map[string]*hclspec.Spec{
 })
 
 var capabilities = &drivers.Capabilities{
-	SendSignals:       true,
-	Exec:              true,
-	FSIsolation:       fsisolation.None,
+	SendSignals: true,
+	Exec:        true,
+	// The driver builds each task's root itself (no chroot copy): Nomad
+	// hands it the allocation's directories to mount at /alloc, /local and
+	// /secrets, as for an image-based driver.
+	FSIsolation:       fsisolation.Image,
 	NetIsolationModes: []drivers.NetIsolationMode{drivers.NetIsolationModeHost},
 	MountConfigs:      drivers.MountConfigSupportAll,
 }
@@ -97,6 +126,28 @@ type Config struct {
 	RootDir          string   `codec:"root_dir"`
 	CgroupParent     string   `codec:"cgroup_parent"`
 	PluginSocketDirs []string `codec:"plugin_socket_dirs"`
+
+	ChrootEnv      map[string]string `codec:"chroot_env"`
+	DefaultPIDMode string            `codec:"default_pid_mode"`
+	DefaultIPCMode string            `codec:"default_ipc_mode"`
+	AllowCaps      []string          `codec:"allow_caps"`
+	DeniedHostUIDs string            `codec:"denied_host_uids"`
+	DeniedHostGIDs string            `codec:"denied_host_gids"`
+}
+
+// Isolation modes of pid_mode and ipc_mode, as Nomad's exec driver spells
+// them.
+const (
+	IsolationModePrivate = "private"
+	IsolationModeHost    = "host"
+)
+
+func validIsolationMode(key, mode string, allowEmpty bool) error {
+	switch {
+	case mode == IsolationModePrivate, mode == IsolationModeHost, mode == "" && allowEmpty:
+		return nil
+	}
+	return fmt.Errorf("%s must be %q or %q, got %q", key, IsolationModePrivate, IsolationModeHost, mode)
 }
 
 // validate checks the agent-side configuration; its errors name the key.
@@ -119,6 +170,29 @@ func (c *Config) validate() error {
 			return fmt.Errorf("plugin_socket_dirs[%d] must be an absolute path, got %q", i, dir)
 		}
 	}
+	for src, dst := range c.ChrootEnv {
+		if !filepath.IsAbs(src) || !filepath.IsAbs(dst) || filepath.Clean(dst) == "/" {
+			return fmt.Errorf("chroot_env entry %q = %q must map an absolute host path to an absolute path other than \"/\" in the task", src, dst)
+		}
+		if reason := isolatedTargetReason(dst); reason != "" {
+			return fmt.Errorf("chroot_env entry %q = %q: %s", src, dst, reason)
+		}
+	}
+	if err := validIsolationMode("default_pid_mode", c.DefaultPIDMode, true); err != nil {
+		return err
+	}
+	if err := validIsolationMode("default_ipc_mode", c.DefaultIPCMode, true); err != nil {
+		return err
+	}
+	if _, err := parseCapSet("allow_caps", c.AllowCaps); err != nil {
+		return err
+	}
+	if _, err := parseIDRanges("denied_host_uids", c.DeniedHostUIDs); err != nil {
+		return err
+	}
+	if _, err := parseIDRanges("denied_host_gids", c.DeniedHostGIDs); err != nil {
+		return err
+	}
 	return nil
 }
 
@@ -130,6 +204,10 @@ type TaskConfig struct {
 	Privileged bool                    `codec:"privileged"`
 	CSIPlugin  *PluginTaskConfig       `codec:"csi_plugin"`
 	Volumes    map[string]VolumeConfig `codec:"volume"`
+	PIDMode    string                  `codec:"pid_mode"`
+	IPCMode    string                  `codec:"ipc_mode"`
+	CapAdd     []string                `codec:"cap_add"`
+	CapDrop    []string                `codec:"cap_drop"`
 }
 
 // PluginTaskConfig is a task's csi_plugin block: the task is a CSI plugin.
@@ -156,6 +234,18 @@ func (tc *TaskConfig) validate(cfg *Config) error {
 		if err := p.validate(cfg, tc.Privileged); err != nil {
 			return err
 		}
+	}
+	if err := validIsolationMode("pid_mode", tc.PIDMode, true); err != nil {
+		return err
+	}
+	if err := validIsolationMode("ipc_mode", tc.IPCMode, true); err != nil {
+		return err
+	}
+	if _, err := parseCapSet("cap_add", tc.CapAdd); err != nil {
+		return err
+	}
+	if _, err := parseCapSet("cap_drop", tc.CapDrop); err != nil {
+		return err
 	}
 	if tc.Privileged && !cfg.AllowPrivileged {
 		return fmt.Errorf("privileged = true is not allowed on this node: the operator must set allow_privileged = true in the agent's config for this driver (plugin \"nomad-driver-csi\")")

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -183,7 +184,7 @@ func (d *Driver) SetConfig(c *base.Config) error {
 		if err := resetSparesDir(cfg.sparesDir()); err != nil {
 			d.logger.Warn("spare supervisors will not prepare task roots ahead", "error", err)
 		} else {
-			d.spares.SetDir(cfg.sparesDir())
+			d.spares.SetDir(cfg.sparesDir(), cfg.defaultIsolation())
 		}
 		// The first task need not wait for its supervisor to start.
 		d.spares.Fill(shim, d.logger)
@@ -457,17 +458,38 @@ func (d *Driver) buildSpec(conf *Config, cfg *drivers.TaskConfig, tc *TaskConfig
 	}
 	sort.Strings(env)
 
-	dir := tc.WorkDir
-	if dir == "" && cfg.AllocDir != "" {
-		dir = cfg.TaskDir().Dir
+	// Nomad passes no host environment to an image-based driver's task.
+	if !hasEnv(env, "PATH") {
+		env = append(env, "PATH="+defaultTaskPath)
 	}
+
+	// Like exec's, a task starts in its root, where its local/, secrets/
+	// and alloc/ directories are.
+	dir := tc.WorkDir
 	if dir == "" {
 		dir = "/"
+	}
+
+	isolated := !tc.Privileged
+	taskUser := cfg.User
+	if taskUser == "" && isolated && !d.isPluginTask(cfg, tc) {
+		// As Nomad's exec driver: a task that does not say runs as nobody.
+		// Privileged and plugin tasks keep root.
+		taskUser = "nobody"
+	}
+	if err := checkHostIDs(conf, userOrRoot(taskUser)); err != nil {
+		return nil, fmt.Errorf("invalid task config: %w", err)
 	}
 
 	mounts, err := taskMounts(cfg, tc)
 	if err != nil {
 		return nil, err
+	}
+	for _, m := range nomadDirMounts(cfg, isolated) {
+		if _, err := os.Stat(m.Source); err != nil || slices.ContainsFunc(mounts, func(o executor.Mount) bool { return o.Target == m.Target }) {
+			continue
+		}
+		mounts = append(mounts, m)
 	}
 	if pc := tc.CSIPlugin; pc != nil {
 		for _, m := range pluginMounts(conf, pc) {
@@ -488,7 +510,7 @@ func (d *Driver) buildSpec(conf *Config, cfg *drivers.TaskConfig, tc *TaskConfig
 		Args:         tc.Args,
 		Env:          env,
 		Dir:          dir,
-		User:         cfg.User,
+		User:         taskUser,
 		StdoutPath:   cfg.StdoutPath,
 		StderrPath:   cfg.StderrPath,
 		Privileged:   tc.Privileged,
@@ -503,7 +525,50 @@ func (d *Driver) buildSpec(conf *Config, cfg *drivers.TaskConfig, tc *TaskConfig
 	if cfg.Resources != nil && cfg.Resources.LinuxResources != nil {
 		spec.OOMScoreAdj = int(cfg.Resources.LinuxResources.OOMScoreAdj)
 	}
+	if isolated {
+		caps, added, err := taskCapabilities(conf.allowCaps(), tc.CapAdd, tc.CapDrop)
+		if err != nil {
+			return nil, fmt.Errorf("invalid task config: %w", err)
+		}
+		spec.Capabilities = caps
+		if spec.Capabilities == nil {
+			spec.Capabilities = []string{}
+		}
+		spec.AmbientCapabilities = added
+		spec.Isolation = conf.isolation(tc)
+		for _, m := range spec.Mounts {
+			if reason := isolatedTargetReason(m.Target); reason != "" {
+				return nil, fmt.Errorf("invalid task config: %s", reason)
+			}
+		}
+	}
 	return spec, nil
+}
+
+// defaultTaskPath is a task's PATH when its environment has none.
+const defaultTaskPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+func hasEnv(env []string, key string) bool {
+	return slices.ContainsFunc(env, func(kv string) bool { return strings.HasPrefix(kv, key+"=") })
+}
+
+// userOrRoot names the user a task runs as for the denied_host_uids check.
+func userOrRoot(u string) string {
+	if u == "" {
+		return "root"
+	}
+	return u
+}
+
+// isPluginTask reports whether a task serves a CSI plugin: this driver's
+// csi_plugin block, or Nomad's task-level csi_plugin block (Nomad then
+// hands it its plugin socket directory and sets CSI_ENDPOINT).
+func (d *Driver) isPluginTask(cfg *drivers.TaskConfig, tc *TaskConfig) bool {
+	if tc.CSIPlugin != nil {
+		return true
+	}
+	_, ok := cfg.Env["CSI_ENDPOINT"]
+	return ok
 }
 
 // resetSparesDir makes dir empty: the roots of spares of an earlier run
@@ -562,6 +627,11 @@ func taskMounts(cfg *drivers.TaskConfig, tc *TaskConfig) ([]executor.Mount, erro
 			return nil, fmt.Errorf("mount %q: propagation_mode %q is not one of \"private\", \"host-to-task\" or \"bidirectional\"", m.TaskPath, prop)
 		}
 		target := filepath.Clean(m.TaskPath)
+		if target == "/dev" && filepath.Clean(m.HostPath) == "/dev" && !tc.Privileged {
+			// Nomad's plugin supervisor hands every plugin task the host's
+			// /dev; a task that is not privileged keeps its minimal one.
+			continue
+		}
 		if seen[target] {
 			return nil, fmt.Errorf("mount %q: two mounts have the same task path", target)
 		}

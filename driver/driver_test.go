@@ -273,8 +273,12 @@ func TestStartTask_specFromNomad(t *testing.T) {
 	spec := d.started[0]
 	must.Eq(t, "/bin/sh", spec.Command)
 	must.Eq(t, []string{"-c", "true"}, spec.Args)
-	must.Eq(t, []string{"A=1", "B=2"}, spec.Env)
+	must.Eq(t, []string{"A=1", "B=2", "PATH=" + defaultTaskPath}, spec.Env)
 	must.Eq(t, "nobody", spec.User)
+	// Not privileged: isolated as exec's defaults say.
+	must.Eq(t, &executor.Isolation{ChrootEnv: executor.DefaultChrootEnv, PrivatePID: true, PrivateIPC: true}, spec.Isolation)
+	must.Eq(t, []string{"AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD", "NET_BIND_SERVICE", "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT"}, spec.Capabilities)
+	must.SliceEmpty(t, spec.AmbientCapabilities)
 	must.Eq(t, "/tmp/out", spec.StdoutPath)
 	must.False(t, spec.Privileged)
 	must.Eq(t, int64(64<<20), spec.Limits.MemoryBytes)
@@ -284,6 +288,73 @@ func TestStartTask_specFromNomad(t *testing.T) {
 
 	_, _, err = d.StartTask(cfg)
 	must.ErrorContains(t, err, "already started")
+}
+
+func TestStartTask_isolation(t *testing.T) {
+	cases := []struct {
+		name     string
+		conf     Config
+		tc       TaskConfig
+		user     string
+		wantUser string
+		wantErr  string
+		check    func(t *testing.T, spec *executor.Spec)
+	}{
+		{name: "empty user is nobody", wantUser: "nobody"},
+		{name: "explicit root stays", user: "root", wantUser: "root"},
+		{name: "plugin task keeps root", tc: TaskConfig{CSIPlugin: &PluginTaskConfig{ID: "p", Type: "controller", MountDir: "/csi"}}, wantUser: ""},
+		{name: "privileged keeps root and the host's view", conf: Config{AllowPrivileged: true}, tc: TaskConfig{Privileged: true}, wantUser: "",
+			check: func(t *testing.T, spec *executor.Spec) {
+				must.Nil(t, spec.Isolation)
+				must.True(t, spec.Privileged)
+			}},
+		{name: "denied uid", conf: Config{DeniedHostUIDs: "0-10"}, user: "root", wantErr: "denied_host_uids"},
+		{name: "denied gid", conf: Config{DeniedHostGIDs: "0"}, user: "root", wantErr: "denied_host_gids"},
+		{name: "nobody passes a root denial", conf: Config{DeniedHostUIDs: "0"}, wantUser: "nobody"},
+		{name: "cap_add beyond allow_caps", tc: TaskConfig{CapAdd: []string{"sys_admin"}}, wantErr: "cap_add: sys_admin not allowed"},
+		{name: "cap_add within allow_caps", conf: Config{AllowCaps: []string{"chown", "net_admin"}}, tc: TaskConfig{CapAdd: []string{"NET_ADMIN"}, CapDrop: []string{"chown"}}, wantUser: "nobody",
+			check: func(t *testing.T, spec *executor.Spec) {
+				must.Eq(t, []string{"NET_ADMIN"}, spec.Capabilities)
+				must.Eq(t, []string{"NET_ADMIN"}, spec.AmbientCapabilities)
+			}},
+		{name: "pid and ipc host", tc: TaskConfig{PIDMode: "host", IPCMode: "host"}, wantUser: "nobody",
+			check: func(t *testing.T, spec *executor.Spec) {
+				must.False(t, spec.Isolation.PrivatePID)
+				must.False(t, spec.Isolation.PrivateIPC)
+			}},
+		{name: "default modes from the plugin", conf: Config{DefaultPIDMode: "host"}, wantUser: "nobody",
+			check: func(t *testing.T, spec *executor.Spec) {
+				must.False(t, spec.Isolation.PrivatePID)
+				must.True(t, spec.Isolation.PrivateIPC)
+			}},
+		{name: "bad pid_mode", tc: TaskConfig{PIDMode: "shared"}, wantErr: `pid_mode must be "private" or "host"`},
+		{name: "chroot_env from the plugin", conf: Config{ChrootEnv: map[string]string{"/opt/tools": "/tools"}}, wantUser: "nobody",
+			check: func(t *testing.T, spec *executor.Spec) {
+				must.Eq(t, map[string]string{"/opt/tools": "/tools"}, spec.Isolation.ChrootEnv)
+			}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			conf := tc.conf
+			conf.Enabled = true
+			d := newTestDriver(t, conf)
+			task := tc.tc
+			task.Command = "/bin/true"
+			cfg := taskConfig(t, task)
+			cfg.User = tc.user
+			_, _, err := d.StartTask(cfg)
+			if tc.wantErr != "" {
+				must.ErrorContains(t, err, tc.wantErr)
+				return
+			}
+			must.NoError(t, err)
+			spec := d.started[len(d.started)-1]
+			must.Eq(t, tc.wantUser, spec.User)
+			if tc.check != nil {
+				tc.check(t, spec)
+			}
+		})
+	}
 }
 
 func TestStartTask_refusesBadInput(t *testing.T) {

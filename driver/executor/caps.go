@@ -167,3 +167,42 @@ func setThreadCaps(keep capSet, narrow bool) error {
 	}
 	return nil
 }
+
+// capsOf is the set of the named capabilities that are also in keep.
+func capsOf(names []string, keep capSet) (capSet, error) {
+	nums, err := ParseCapabilities(names)
+	if err != nil {
+		return 0, err
+	}
+	var set capSet
+	for _, n := range nums {
+		if keep.has(n) {
+			set |= 1 << uint(n)
+		}
+	}
+	return set, nil
+}
+
+// raiseAmbient raises set in the calling thread's ambient set; each must
+// be in its permitted and inheritable sets already.
+func raiseAmbient(set capSet) error {
+	for n := 0; n < 64; n++ {
+		if !set.has(n) {
+			continue
+		}
+		if err := unix.Prctl(unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_RAISE, uintptr(n), 0, 0); err != nil {
+			return fmt.Errorf("failed to raise ambient capability %d: %w", n, err)
+		}
+	}
+	return nil
+}
+
+// KnownCapabilities lists the capability names (without "CAP_") this
+// package knows.
+func KnownCapabilities() []string {
+	out := make([]string, 0, len(capNames))
+	for n := range capNames {
+		out = append(out, n)
+	}
+	return out
+}

@@ -32,12 +32,29 @@ func (p *Process) Exec(ctx context.Context, opts ExecOptions) (int, error) {
 	if p.exited() {
 		return 0, fmt.Errorf("failed to exec in task pid %d: the task is not running", p.state.TaskPID)
 	}
+	prof := p.state.Profile
+	if prof == nil {
+		return 0, fmt.Errorf("failed to exec in task pid %d: the task was started by an older driver that did not record what exec may run with; restart the task to use exec", p.state.TaskPID)
+	}
+	// Only the environment and working directory come from the spec file
+	// (which is outside the task's view); who the command runs as and with
+	// what powers comes from the state the driver keeps with Nomad.
 	var spec Spec
 	if err := readJSON(filepath.Join(p.state.StateDir, specFile), &spec); err != nil {
 		return 0, fmt.Errorf("failed to exec in task pid %d: %w", p.state.TaskPID, err)
 	}
-	spec.Command, spec.Args, spec.Mounts = opts.Command[0], opts.Command[1:], nil
-	cfg := &stageConfig{Spec: spec}
+	cfg := &stageConfig{Spec: Spec{
+		TaskID:              spec.TaskID,
+		Command:             opts.Command[0],
+		Args:                opts.Command[1:],
+		Env:                 spec.Env,
+		Dir:                 spec.Dir,
+		User:                prof.User,
+		Privileged:          prof.Privileged,
+		Capabilities:        prof.Capabilities,
+		AmbientCapabilities: prof.AmbientCapabilities,
+		OOMScoreAdj:         prof.OOMScoreAdj,
+	}, Isolated: prof.Isolated}
 	if p.state.Cgroup.Version != 0 {
 		cg := p.state.Cgroup
 		cfg.Cgroup = &cg
@@ -53,7 +70,9 @@ func (p *Process) Exec(ctx context.Context, opts ExecOptions) (int, error) {
 	if nsFD < 0 {
 		return 0, fmt.Errorf("failed to exec in task pid %d: the task is not running", p.state.TaskPID)
 	}
-	defer unix.Close(nsFD)
+	// Owned by pidfd from here: closed once, by it.
+	pidfd := os.NewFile(uintptr(nsFD), "task-pidfd")
+	defer pidfd.Close()
 
 	cmd := &exec.Cmd{
 		Path:      "/proc/self/exe",
@@ -91,20 +110,22 @@ func (p *Process) Exec(ctx context.Context, opts ExecOptions) (int, error) {
 	}
 
 	// setns(2) changes only the calling thread: start the stage from a
-	// thread of its own that joins the task's mount namespace. The thread
-	// is never unlocked, so the runtime throws it away afterwards.
+	// thread of its own that joins the task's PID and IPC namespaces (a
+	// PID namespace is entered by the children of the thread). The stage
+	// joins the task's cgroup while it still sees the host's cgroup file
+	// system, then its mount namespace, through the pidfd it is handed.
+	// The thread is never unlocked, so the runtime throws it away
+	// afterwards.
 	started := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
-		if err := unix.Unshare(unix.CLONE_FS); err != nil {
-			started <- fmt.Errorf("failed to unshare the filesystem context: %w", err)
-			return
+		if prof.Isolated {
+			if err := unix.Setns(nsFD, unix.CLONE_NEWPID|unix.CLONE_NEWIPC); err != nil {
+				started <- fmt.Errorf("failed to join the task's PID and IPC namespaces: %w", err)
+				return
+			}
 		}
-		if err := unix.Setns(nsFD, unix.CLONE_NEWNS); err != nil {
-			started <- fmt.Errorf("failed to join the task's mount namespace: %w", err)
-			return
-		}
-		started <- startStage(cmd, &cmd.ExtraFiles, cfg)
+		started <- startStage(cmd, &cmd.ExtraFiles, cfg, pidfd)
 	}()
 	if err := <-started; err != nil {
 		if stdinW != nil {

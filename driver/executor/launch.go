@@ -89,16 +89,19 @@ type prebuilt struct {
 	jobs  chan func(pivoted bool)
 	// used is set once a task took the thread.
 	used bool
+	// iso is the isolation the root was built for.
+	iso *Isolation
 }
 
 // prebuild prepares a launching thread with the task's root assembled at
-// root, a directory of its own that is removed once entered.
-func prebuild(root string) *prebuilt {
-	p := &prebuilt{ready: make(chan error, 1), jobs: make(chan func(bool), 1)}
+// root, a directory of its own that is removed once entered, for tasks
+// isolated as iso (nil: with the host's view).
+func prebuild(root string, iso *Isolation) *prebuilt {
+	p := &prebuilt{ready: make(chan error, 1), jobs: make(chan func(bool), 1), iso: iso}
 	go func() {
 		// Never unlocked, like launchTask's thread.
 		runtime.LockOSThread()
-		err := buildNamespace(root)
+		err := buildNamespace(root, iso)
 		p.ready <- err
 		if err != nil {
 			return
@@ -110,11 +113,11 @@ func prebuild(root string) *prebuilt {
 	return p
 }
 
-func buildNamespace(root string) error {
-	if err := unix.Unshare(unix.CLONE_FS | unix.CLONE_NEWNS); err != nil {
-		return fmt.Errorf("failed to make a mount namespace: %w", err)
+func buildNamespace(root string, iso *Isolation) error {
+	if err := unix.Unshare(namespaceFlags(iso)); err != nil {
+		return fmt.Errorf("failed to make the task's namespaces: %w", err)
 	}
-	if err := prepareNamespace(mounter.New(), nil, root); err != nil {
+	if err := prepareNamespace(mounter.New(), nil, root, iso); err != nil {
 		return err
 	}
 	if err := pivotRoot(root); err != nil {
@@ -131,7 +134,7 @@ func buildNamespace(root string) error {
 // take runs job on the prepared thread when it suits spec and was prepared
 // without error; otherwise the thread is let go and take returns false.
 func (p *prebuilt) take(spec *Spec, job func(pivoted bool)) bool {
-	if len(spec.Mounts) > 0 {
+	if len(spec.Mounts) > 0 || !p.iso.equal(spec.Isolation) {
 		close(p.jobs)
 		return false
 	}
@@ -164,18 +167,41 @@ func launchOnThread(spec *Spec, group *cgroups.Group, stdio []*os.File, ctl *os.
 
 	m := mounter.New()
 	root := filepath.Join(spec.StateDir, "root")
-	early, after := splitLate(spec.Mounts, spec.LateMounts)
+	iso := spec.Isolation
+	var early, after []Mount
+	if iso == nil {
+		early, after = splitLate(spec.Mounts, spec.LateMounts)
+	}
+	var trees []*os.File
+	defer func() {
+		for _, t := range trees {
+			_ = t.Close()
+		}
+	}()
 	if !pivoted {
-		// unshare(2) of the mount namespace (and so of the filesystem
-		// context) changes only the calling thread.
-		if err := unix.Unshare(unix.CLONE_FS | unix.CLONE_NEWNS); err != nil {
-			return nil, nil, fmt.Errorf("failed to make the task's mount namespace: %w", err)
+		// unshare(2) of the mount and IPC namespaces (and so of the
+		// filesystem context) changes only the calling thread.
+		if err := unix.Unshare(namespaceFlags(iso)); err != nil {
+			return nil, nil, fmt.Errorf("failed to make the task's namespaces: %w", err)
 		}
-		if err := prepareNamespace(m, spec.Mounts, root); err != nil {
+		if err := prepareNamespace(m, spec.Mounts, root, iso); err != nil {
 			return nil, nil, err
 		}
-		if err := bindAll(m, early, root); err != nil {
-			return nil, nil, err
+		if iso == nil {
+			if err := bindAll(m, early, root); err != nil {
+				return nil, nil, err
+			}
+		} else {
+			// An isolated task's mounts are all attached inside its root,
+			// once entered: its host sources are taken now, while the
+			// host's root is still reachable.
+			for _, mnt := range spec.Mounts {
+				t, err := m.CloneTree(mnt.Source, true)
+				if err != nil {
+					return nil, nil, fmt.Errorf("mount %q: %w", mnt.Target, err)
+				}
+				trees = append(trees, t)
+			}
 		}
 	}
 
@@ -199,6 +225,17 @@ func launchOnThread(spec *Spec, group *cgroups.Group, stdio []*os.File, ctl *os.
 	attr := &syscall.SysProcAttr{
 		Credential: &syscall.Credential{Uid: cred.UID, Gid: cred.GID, Groups: groups},
 	}
+	if cred.UID != 0 {
+		ambient, err := capsOf(spec.AmbientCapabilities, keep)
+		if err != nil {
+			return nil, nil, err
+		}
+		for n := 0; n < 64; n++ {
+			if ambient.has(n) {
+				attr.AmbientCaps = append(attr.AmbientCaps, uintptr(n))
+			}
+		}
+	}
 	if dir := group.UnifiedDir(); dir != "" {
 		fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 		if err != nil {
@@ -209,7 +246,7 @@ func launchOnThread(spec *Spec, group *cgroups.Group, stdio []*os.File, ctl *os.
 	} else if leave, err = group.JoinThread(); err != nil {
 		return nil, nil, err
 	}
-	cmd, err = forkTask(m, spec, attr, root, after, stdio, ctl, pivoted)
+	cmd, err = forkTask(m, spec, attr, root, after, trees, stdio, ctl, pivoted)
 	if err != nil && leave != nil {
 		err = errors.Join(err, leave())
 		leave = nil
@@ -218,41 +255,57 @@ func launchOnThread(spec *Spec, group *cgroups.Group, stdio []*os.File, ctl *os.
 }
 
 // forkTask finishes the task's mounts once the late ones are there, enters
-// its root and forks it.
-func forkTask(m mounter.Interface, spec *Spec, attr *syscall.SysProcAttr, root string, after []Mount, stdio []*os.File, ctl *os.File, pivoted bool) (*exec.Cmd, error) {
+// its root and forks it. early are trees of spec.Mounts taken before, for
+// an isolated task.
+func forkTask(m mounter.Interface, spec *Spec, attr *syscall.SysProcAttr, root string, after []Mount, early []*os.File, stdio []*os.File, ctl *os.File, pivoted bool) (*exec.Cmd, error) {
 	// The root is entered before the wait, so that what is left after the
 	// volumes come is short: their trees are attached at their targets in
 	// the entered root, which is sealed after that. Mounts inside a
 	// volume's target bind host paths, which are reached by their own
-	// names only before the root is entered: then the root waits.
+	// names only before the root is entered: then the root waits. An
+	// isolated task has no such mounts (all its mounts come as trees), so
+	// every target of it is made inside its root, where no path, symlink
+	// or not, leads out.
 	pivotFirst := len(after) == 0
 	if pivotFirst && !pivoted {
 		if err := pivotRoot(root); err != nil {
 			return nil, err
 		}
 	}
+	mounts, trees := spec.Mounts, early
+	if spec.Isolation == nil {
+		mounts, trees = nil, nil
+	}
 	if len(spec.LateMounts) > 0 {
-		late, trees, err := receiveTrees(ctl, spec.LateMounts)
+		late, lateTrees, err := receiveTrees(ctl, spec.LateMounts)
 		if err != nil {
 			return nil, err
 		}
-		at := root
-		if pivotFirst {
-			at = ""
-		}
-		err = attachAll(m, trees, late, at)
-		for _, t := range trees {
-			_ = t.Close()
-		}
-		if err != nil {
-			return nil, err
-		}
-		if err := bindAll(m, after, at); err != nil {
-			return nil, err
-		}
+		defer func() {
+			for _, t := range lateTrees {
+				_ = t.Close()
+			}
+		}()
+		mounts = append(append([]Mount(nil), mounts...), late...)
+		trees = append(append([]*os.File(nil), trees...), lateTrees...)
+	}
+	at := root
+	if pivotFirst {
+		at = "/"
+	}
+	if err := attachAll(m, trees, mounts, at); err != nil {
+		return nil, err
+	}
+	if err := bindAll(m, after, at); err != nil {
+		return nil, err
 	}
 	if !pivotFirst {
 		if err := pivotRoot(root); err != nil {
+			return nil, err
+		}
+	}
+	if spec.Isolation != nil {
+		if err := mountTmp(m, spec.Mounts, spec.LateMounts); err != nil {
 			return nil, err
 		}
 	}
@@ -285,6 +338,14 @@ func forkTask(m mounter.Interface, spec *Spec, attr *syscall.SysProcAttr, root s
 		Stderr:      stdio[2],
 		SysProcAttr: attr,
 	}
+	if spec.Isolation != nil {
+		// Per thread, and inherited: the task and everything it runs can
+		// never gain privileges through setuid binaries or file
+		// capabilities.
+		if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+			return nil, fmt.Errorf("failed to set no_new_privs: %w", err)
+		}
+	}
 	restore, err := setOOMScoreAdj(spec.OOMScoreAdj)
 	if err != nil {
 		return nil, err
@@ -298,6 +359,15 @@ func forkTask(m mounter.Interface, spec *Spec, attr *syscall.SysProcAttr, root s
 		return nil, fmt.Errorf("failed to execute %q: %w", path, err)
 	}
 	return cmd, nil
+}
+
+// namespaceFlags are the unshare(2) flags of a task's launching thread.
+func namespaceFlags(iso *Isolation) int {
+	flags := unix.CLONE_FS | unix.CLONE_NEWNS
+	if iso != nil && iso.PrivateIPC {
+		flags |= unix.CLONE_NEWIPC
+	}
+	return flags
 }
 
 // killStarted kills and reaps a task that started but cannot be kept.

@@ -101,7 +101,7 @@ func validateMounts(m mounter.Interface, spec *Spec) error {
 //
 // prepareNamespace is step 1, and the assembly of the task's root at root
 // when it is set.
-func prepareNamespace(m mounter.Interface, mounts []Mount, root string) error {
+func prepareNamespace(m mounter.Interface, mounts []Mount, root string, iso *Isolation) error {
 	var bidi []string
 	for _, mnt := range mounts {
 		if mnt.Propagation != PropagationBidirectional {
@@ -135,10 +135,14 @@ func prepareNamespace(m mounter.Interface, mounts []Mount, root string) error {
 		}
 	}
 
-	if root != "" {
+	switch {
+	case root == "":
+		return nil
+	case iso != nil:
+		return buildIsolatedRoot(m, root, iso)
+	default:
 		return buildRoot(m, root)
 	}
-	return nil
 }
 
 // bindAll is step 2: parents before children, so that a
@@ -255,21 +259,27 @@ func sealRoot(m mounter.Interface) error {
 func bindOne(m mounter.Interface, mnt Mount, root string) error {
 	source, target := filepath.Clean(mnt.Source), filepath.Clean(mnt.Target)
 	same := source == target
-	if root != "" {
-		target = filepath.Join(root, target)
+	if root == "" {
+		root = "/"
 	}
 	if !same {
 		fi, err := os.Stat(source)
 		if err != nil {
 			return fmt.Errorf("mount %q: %w", mnt.Source, err)
 		}
-		if err := m.EnsureTarget(target, fi.IsDir()); err != nil {
+		// Made without following symlinks; the bind itself goes by path,
+		// as a bind of a shared source must join its peer group.
+		tf, err := m.OpenTarget(root, target, fi.IsDir())
+		if err != nil {
 			return fmt.Errorf("mount %q: %w", mnt.Source, err)
 		}
+		_ = tf.Close()
+		target = filepath.Join(root, target)
 		if err := m.BindMount(source, target, mnt.ReadOnly, true); err != nil {
 			return fmt.Errorf("mount %q: %w", mnt.Source, err)
 		}
 	} else {
+		target = filepath.Join(root, target)
 		isMount, err := m.IsMountPoint(target)
 		if err != nil {
 			return fmt.Errorf("mount %q: %w", mnt.Source, err)
@@ -314,23 +324,39 @@ func setPropagation(m mounter.Interface, propagation, target string) error {
 // its target in the task's namespace, like bindOne does a bind: read-only
 // when asked, with the propagation asked for.
 func attachTree(m mounter.Interface, tree *os.File, mnt Mount, root string) error {
-	target := filepath.Clean(mnt.Target)
-	if root != "" {
-		target = filepath.Join(root, target)
+	if root == "" {
+		root = "/"
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(int(tree.Fd()), &st); err != nil {
 		return fmt.Errorf("mount %q: %w", mnt.Target, err)
 	}
-	if err := m.EnsureTarget(target, st.Mode&unix.S_IFMT == unix.S_IFDIR); err != nil {
+	tf, err := m.OpenTarget(root, filepath.Clean(mnt.Target), st.Mode&unix.S_IFMT == unix.S_IFDIR)
+	if err != nil {
 		return fmt.Errorf("mount %q: %w", mnt.Target, err)
 	}
-	if err := m.AttachTree(tree, target); err != nil {
+	err = m.AttachTreeAt(tree, tf)
+	_ = tf.Close()
+	if err != nil {
 		return fmt.Errorf("mount %q: %w", mnt.Target, err)
 	}
+	target := filepath.Join(root, filepath.Clean(mnt.Target))
 	if mnt.ReadOnly {
 		if err := m.RemountReadOnly(target, true); err != nil {
 			return fmt.Errorf("mount %q: %w", mnt.Target, err)
+		}
+	}
+	if mnt.NoSuid || mnt.NoDev {
+		var set uint64
+		if mnt.NoSuid {
+			set |= unix.MOUNT_ATTR_NOSUID
+		}
+		if mnt.NoDev {
+			set |= unix.MOUNT_ATTR_NODEV
+		}
+		attr := unix.MountAttr{Attr_set: set}
+		if err := unix.MountSetattr(unix.AT_FDCWD, target, unix.AT_RECURSIVE|unix.AT_NO_AUTOMOUNT, &attr); err != nil {
+			return fmt.Errorf("mount %q: failed to make it nosuid/nodev: %w", mnt.Target, err)
 		}
 	}
 	if err := setPropagation(m, mnt.Propagation, target); err != nil {

@@ -271,7 +271,7 @@ cat "$LATER/marker"`)
 
 // setupMounts is what launchTask does for a task without late mounts.
 func setupMounts(m mounter.Interface, mounts []Mount, root string) error {
-	if err := prepareNamespace(m, mounts, root); err != nil {
+	if err := prepareNamespace(m, mounts, root, nil); err != nil {
 		return err
 	}
 	if err := bindAll(m, mounts, root); err != nil {

@@ -111,13 +111,14 @@ func start(logger hclog.Logger, spec *Spec, late func() ([]Mount, error), sp *sp
 		if err != nil {
 			return nil, fmt.Errorf("failed to start task: failed to open %q: %w", logPath, err)
 		}
-		sp, err = startSupervisor(spec.Supervisor, []string{spec.StateDir}, logFile, len(spec.LateMounts) > 0)
+		sp, err = startSupervisor(spec.Supervisor, []string{spec.StateDir}, logFile, len(spec.LateMounts) > 0, privatePID(spec.Isolation))
 		_ = logFile.Close()
 		if err != nil {
 			return nil, fmt.Errorf("failed to start task: %w", err)
 		}
 		logger.Debug("supervisor started", "supervisor_pid", sp.cmd.Process.Pid)
 	}
+	profile := spec.profile()
 	cmd, reportR, ctl, reaped := sp.cmd, sp.reportR, sp.ctl, sp.reaped
 	defer reportR.Close()
 	if ctl != nil {
@@ -169,6 +170,7 @@ func start(logger hclog.Logger, spec *Spec, late func() ([]Mount, error), sp *sp
 			StateDir:      spec.StateDir,
 			Cgroup:        rep.Cgroup,
 			StartedAt:     time.Now().UTC(),
+			Profile:       &profile,
 		},
 	}
 	// Our child cannot be reused before we reap it: its start time and a

@@ -19,6 +19,15 @@ func procStartTime(pid int) (uint64, error) {
 	return parseStatStartTime(string(b))
 }
 
+// procStartTimeAt is procStartTime read in the /proc open at proc.
+func procStartTimeAt(proc, pid int) (uint64, error) {
+	b, err := readAt(proc, fmt.Sprintf("%d/stat", pid))
+	if err != nil {
+		return 0, fmt.Errorf("failed to read the start time of pid %d: %w", pid, err)
+	}
+	return parseStatStartTime(b)
+}
+
 func parseStatStartTime(stat string) (uint64, error) {
 	// The command name (field 2) is in parentheses and may hold spaces
 	// and parentheses itself: the fields resume after the last ')'.

@@ -27,6 +27,9 @@ type Spares struct {
 	// dir, when set, holds a directory per spare for the task root it
 	// prepares ahead (see prebuilt); without it a spare prepares nothing.
 	dir string
+	// iso is the isolation spares prepare for: a spare of an isolation
+	// with a private PID namespace starts in one of its own.
+	iso *Isolation
 }
 
 // spareRootFlag, with a directory after it, makes a spare supervisor
@@ -39,14 +42,15 @@ const spareRootFlag = "--spare-root"
 var spareMaxAge = time.Minute
 
 // SetDir makes later spares prepare the task's root ahead, each in a
-// directory of its own under dir (which must exist).
-func (s *Spares) SetDir(dir string) {
+// directory of its own under dir (which must exist), for tasks isolated as
+// iso (nil: for tasks with the host's view).
+func (s *Spares) SetDir(dir string, iso *Isolation) {
 	if s == nil {
 		return
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.dir = dir
+	s.dir, s.iso = dir, iso
 }
 
 // spare is a supervisor this process started: a spare waiting for its
@@ -61,6 +65,8 @@ type spare struct {
 	// directory is sent first (spareHello), then the late mounts.
 	ctl    *os.File
 	reaped chan struct{}
+	// pidNS is set for a supervisor started in a PID namespace of its own.
+	pidNS bool
 }
 
 // spareHello is the first message a spare supervisor gets.
@@ -73,7 +79,7 @@ type spareHello struct {
 // in the background.
 func (s *Spares) Start(logger hclog.Logger, spec *Spec, late func() ([]Mount, error)) (*Process, error) {
 	defer s.Fill(spec.Supervisor, logger)
-	sp := s.take(spec.Supervisor)
+	sp := s.take(spec.Supervisor, privatePID(spec.Isolation))
 	if sp != nil && sp.root != "" {
 		// Gone by now, unless the spare failed before it got there.
 		defer os.Remove(sp.root)
@@ -98,10 +104,10 @@ func (s *Spares) Fill(binary string, logger hclog.Logger) {
 	}
 	// A placeholder, so that concurrent fills start one spare.
 	s.spares[binary] = &spare{}
-	dir := s.dir
+	dir, iso := s.dir, s.iso
 	s.mu.Unlock()
 	go func() {
-		sp, err := startSpare(binary, dir)
+		sp, err := startSpare(binary, dir, iso)
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		if err != nil || s.closed {
@@ -160,15 +166,16 @@ func (s *Spares) Close() {
 	}
 }
 
-// take removes and returns the spare of binary, if one is ready and alive.
-func (s *Spares) take(binary string) *spare {
+// take removes and returns the spare of binary, if one is ready and alive
+// and in a PID namespace of its own exactly when pidNS is set.
+func (s *Spares) take(binary string, pidNS bool) *spare {
 	if s == nil {
 		return nil
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	sp := s.spares[binary]
-	if sp == nil || sp.cmd == nil {
+	if sp == nil || sp.cmd == nil || sp.pidNS != pidNS {
 		return nil
 	}
 	delete(s.spares, binary)
@@ -181,7 +188,7 @@ func (s *Spares) take(binary string) *spare {
 	}
 }
 
-func startSpare(binary, dir string) (*spare, error) {
+func startSpare(binary, dir string, iso *Isolation) (*spare, error) {
 	var args []string
 	var root string
 	if dir != "" {
@@ -190,8 +197,16 @@ func startSpare(binary, dir string) (*spare, error) {
 			return nil, fmt.Errorf("failed to make a directory for a spare supervisor: %w", err)
 		}
 		args = []string{spareRootFlag, root}
+		if iso != nil {
+			b, err := json.Marshal(iso)
+			if err != nil {
+				removeRoot(root)
+				return nil, err
+			}
+			args = append(args, string(b))
+		}
 	}
-	sp, err := startSupervisor(binary, args, nil, true)
+	sp, err := startSupervisor(binary, args, nil, true, privatePID(iso))
 	if err != nil {
 		removeRoot(root)
 		return nil, err
@@ -200,11 +215,16 @@ func startSpare(binary, dir string) (*spare, error) {
 	return sp, nil
 }
 
+// privatePID reports whether tasks isolated as iso run in a PID namespace
+// of their own.
+func privatePID(iso *Isolation) bool { return iso != nil && iso.PrivatePID }
+
 // startSupervisor starts binary ("" is this binary) as a supervisor with
 // args, its output going to out (nil: /dev/null), with a report pipe and,
 // when control is set, a control socket; the spare's reaped channel is
-// closed once it is reaped.
-func startSupervisor(binary string, args []string, out *os.File, control bool) (*spare, error) {
+// closed once it is reaped. With pidNS the supervisor starts in a new PID
+// namespace, as its init: its task will be the namespace's second process.
+func startSupervisor(binary string, args []string, out *os.File, control, pidNS bool) (*spare, error) {
 	if binary == "" {
 		binary = "/proc/self/exe"
 	}
@@ -231,6 +251,9 @@ func startSupervisor(binary string, args []string, out *os.File, control bool) (
 		ExtraFiles:  extra,
 		SysProcAttr: &syscall.SysProcAttr{Setsid: true},
 	}
+	if pidNS {
+		cmd.SysProcAttr.Cloneflags = unix.CLONE_NEWPID
+	}
 	if out != nil {
 		cmd.Stdout, cmd.Stderr = out, out
 	}
@@ -245,7 +268,7 @@ func startSupervisor(binary string, args []string, out *os.File, control bool) (
 		}
 		return nil, fmt.Errorf("failed to start the supervisor: %w", err)
 	}
-	sp := &spare{cmd: cmd, reportR: reportR, ctl: ctl, reaped: make(chan struct{})}
+	sp := &spare{cmd: cmd, reportR: reportR, ctl: ctl, reaped: make(chan struct{}), pidNS: pidNS}
 	go func() {
 		_ = cmd.Wait()
 		close(sp.reaped)

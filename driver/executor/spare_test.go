@@ -116,7 +116,7 @@ func TestSpares_PreparedRoot_Root(t *testing.T) {
 	requireTaskRoot(t)
 	dir := t.TempDir()
 	s := &Spares{}
-	s.SetDir(dir)
+	s.SetDir(dir, nil)
 	t.Cleanup(s.Close)
 	s.Fill("", hclog.NewNullLogger())
 	waitSpare(t, s, "")

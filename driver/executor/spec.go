@@ -32,6 +32,10 @@ type Mount struct {
 	// Propagation is one of the Propagation* constants; empty means
 	// PropagationPrivate. Bidirectional requires a privileged task.
 	Propagation string `json:"propagation"`
+	// NoSuid and NoDev make the mount (and its submounts) nosuid and
+	// nodev in the task.
+	NoSuid bool `json:"nosuid,omitempty"`
+	NoDev  bool `json:"nodev,omitempty"`
 }
 
 // Spec describes the task process. It is written as JSON into StateDir and
@@ -61,6 +65,14 @@ type Spec struct {
 	// DefaultCapabilities (plus Capabilities, when set, in place of them).
 	Privileged   bool     `json:"privileged"`
 	Capabilities []string `json:"capabilities,omitempty"`
+	// AmbientCapabilities are raised in the ambient set of a task that does
+	// not run as root, so that it holds them after exec (they must be in
+	// Capabilities). A root task holds its Capabilities without them.
+	AmbientCapabilities []string `json:"ambient_capabilities,omitempty"`
+
+	// Isolation, when set, keeps the task from the host: see Isolation.
+	// nil gives the task the host's view (a privileged task).
+	Isolation *Isolation `json:"isolation,omitempty"`
 
 	Mounts []Mount `json:"mounts,omitempty"`
 	// LateMounts are mounts that are not ready when Start is called: CSI
@@ -87,6 +99,62 @@ type Spec struct {
 	// one (driver/executor/shim) starts in a fraction of the time and
 	// memory of the whole driver, whose package initialisation is heavy.
 	Supervisor string `json:"supervisor,omitempty"`
+}
+
+// Isolation is what keeps a task that is not privileged from the host.
+type Isolation struct {
+	// ChrootEnv maps host paths to paths in the task's root: the only host
+	// files the task sees besides its mounts, bound read-only, nosuid and
+	// nodev. A host path that does not exist is left out.
+	ChrootEnv map[string]string `json:"chroot_env"`
+	// PrivatePID runs the task in a PID namespace of its own, whose init is
+	// the task's supervisor, with /proc for that namespace.
+	PrivatePID bool `json:"private_pid"`
+	// PrivateIPC runs the task in an IPC namespace of its own.
+	PrivateIPC bool `json:"private_ipc"`
+}
+
+// equal reports whether two isolations build the same root.
+func (i *Isolation) equal(o *Isolation) bool {
+	if i == nil || o == nil {
+		return i == o
+	}
+	if i.PrivatePID != o.PrivatePID || i.PrivateIPC != o.PrivateIPC || len(i.ChrootEnv) != len(o.ChrootEnv) {
+		return false
+	}
+	for k, v := range i.ChrootEnv {
+		if w, ok := o.ChrootEnv[k]; !ok || w != v {
+			return false
+		}
+	}
+	return true
+}
+
+// Profile is who a process of the task runs as and with what powers: the
+// task's own process and every `nomad alloc exec` in it. It is kept in
+// State, which the driver stores with Nomad, never in a file below the
+// task's reach.
+type Profile struct {
+	User                string   `json:"user,omitempty"`
+	Privileged          bool     `json:"privileged,omitempty"`
+	Capabilities        []string `json:"capabilities,omitempty"`
+	AmbientCapabilities []string `json:"ambient_capabilities,omitempty"`
+	// Isolated is set when the task has an Isolation: its execs get
+	// no_new_privs and join its PID and IPC namespaces.
+	Isolated    bool `json:"isolated,omitempty"`
+	OOMScoreAdj int  `json:"oom_score_adj,omitempty"`
+}
+
+// profile is the spec's Profile.
+func (s *Spec) profile() Profile {
+	return Profile{
+		User:                s.User,
+		Privileged:          s.Privileged,
+		Capabilities:        s.Capabilities,
+		AmbientCapabilities: s.AmbientCapabilities,
+		Isolated:            s.Isolation != nil,
+		OOMScoreAdj:         s.OOMScoreAdj,
+	}
 }
 
 // cgroupName is the name of the task's control group.
@@ -119,6 +187,9 @@ type State struct {
 	StateDir        string        `json:"state_dir"`
 	Cgroup          cgroups.State `json:"cgroup"`
 	StartedAt       time.Time     `json:"started_at"`
+	// Profile is what `nomad alloc exec` runs with. A State written before
+	// it was kept has none: Exec then refuses rather than guess.
+	Profile *Profile `json:"profile,omitempty"`
 }
 
 // TerminalSize is a TTY size for Exec.

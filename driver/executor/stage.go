@@ -23,20 +23,25 @@ const (
 	stageExec       = "__nomad-driver-csi-exec"
 )
 
-// File descriptors of the exec stage (ExtraFiles 0 and 1).
+// File descriptors of the exec stage (ExtraFiles 0, 1 and 2).
 const (
 	stageConfigFD = 3 // read: one stageConfig as JSON
 	stageErrorFD  = 4 // write: an error message, or EOF at exec (CLOEXEC)
+	stageTaskFD   = 5 // a pidfd of the task, whose mount namespace the stage enters
 )
 
 // defaultPath is searched when the task's environment has no PATH.
 const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 // stageConfig is what the exec stage is told over its config pipe. The
-// stage runs in the task's mount namespace already.
+// stage starts in the task's PID and IPC namespaces but the host's mount
+// namespace: it joins the task's cgroup there, then the task's mount
+// namespace.
 type stageConfig struct {
 	Spec   Spec           `json:"spec"`
 	Cgroup *cgroups.State `json:"cgroup,omitempty"`
+	// Isolated gives the command no_new_privs, as the task has.
+	Isolated bool `json:"isolated,omitempty"`
 }
 
 // RunReexec runs an internal stage when os.Args names one, and then exits
@@ -104,11 +109,21 @@ func prepareAndExec(cfg *stageConfig) error {
 			return fmt.Errorf("failed to set oom_score_adj to %d: %w", spec.OOMScoreAdj, err)
 		}
 	}
-	cred, err := resolveUser(spec.User)
+	last, err := lastCap()
 	if err != nil {
 		return err
 	}
-	last, err := lastCap()
+	if err := unix.Unshare(unix.CLONE_FS); err != nil {
+		return fmt.Errorf("failed to unshare the filesystem context: %w", err)
+	}
+	if err := unix.Setns(stageTaskFD, unix.CLONE_NEWNS); err != nil {
+		return fmt.Errorf("failed to join the task's mount namespace: %w", err)
+	}
+	_ = unix.Close(stageTaskFD)
+	if err := os.Chdir("/"); err != nil {
+		return fmt.Errorf("failed to enter the task's root: %w", err)
+	}
+	cred, err := resolveUser(spec.User)
 	if err != nil {
 		return err
 	}
@@ -118,6 +133,19 @@ func prepareAndExec(cfg *stageConfig) error {
 	}
 	if err := dropBoundingSet(keep, last); err != nil {
 		return err
+	}
+	// A task of another user holds no capabilities but its ambient ones,
+	// which it keeps through setuid with PR_SET_KEEPCAPS.
+	var ambient capSet
+	if cred.UID != 0 {
+		if ambient, err = capsOf(spec.AmbientCapabilities, keep); err != nil {
+			return err
+		}
+	}
+	if ambient != 0 {
+		if err := unix.Prctl(unix.PR_SET_KEEPCAPS, 1, 0, 0, 0); err != nil {
+			return fmt.Errorf("failed to keep capabilities across setuid: %w", err)
+		}
 	}
 	groups := make([]int, 0, len(cred.Groups))
 	for _, g := range cred.Groups {
@@ -134,14 +162,22 @@ func prepareAndExec(cfg *stageConfig) error {
 		return fmt.Errorf("failed to set uid %d: %w", cred.UID, err)
 	}
 	// A root task keeps exactly the allowed set; a task of another user
-	// lost its permitted and effective sets with setuid, and its
-	// inheritable set must not hand any back through file capabilities.
+	// only its ambient set, and its inheritable set must not hand any more
+	// back through file capabilities.
 	threadCaps := keep
 	if cred.UID != 0 {
-		threadCaps = 0
+		threadCaps = ambient
 	}
 	if err := setThreadCaps(threadCaps, true); err != nil {
 		return err
+	}
+	if err := raiseAmbient(ambient); err != nil {
+		return err
+	}
+	if cfg.Isolated {
+		if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+			return fmt.Errorf("failed to set no_new_privs: %w", err)
+		}
 	}
 	if spec.Dir != "" {
 		if err := os.Chdir(spec.Dir); err != nil {
@@ -221,7 +257,7 @@ func checkExecutable(path string) error {
 func startStage(cmd interface {
 	Start() error
 	Wait() error
-}, extra *[]*os.File, cfg *stageConfig) error {
+}, extra *[]*os.File, cfg *stageConfig, task *os.File) error {
 	cfgR, cfgW, err := os.Pipe()
 	if err != nil {
 		return fmt.Errorf("failed to make a pipe: %w", err)
@@ -232,7 +268,7 @@ func startStage(cmd interface {
 		_ = cfgW.Close()
 		return fmt.Errorf("failed to make a pipe: %w", err)
 	}
-	*extra = []*os.File{cfgR, errW}
+	*extra = []*os.File{cfgR, errW, task}
 	err = cmd.Start()
 	_ = cfgR.Close()
 	_ = errW.Close()

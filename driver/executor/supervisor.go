@@ -4,12 +4,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"slices"
-	"syscall"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -52,12 +54,28 @@ func runSupervisor(args []string) int {
 		ctl      *os.File
 		pre      *prebuilt
 	)
+	// The host's /proc, for what the supervisor reads of its task: the
+	// launching thread's own /proc is the task's by then, in the task's
+	// PID namespace.
+	hostProc, err := unix.Open("/proc", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		logger.Error("failed to open /proc", "error", err)
+		return 2
+	}
 	switch {
-	case len(args) == 0 || (len(args) == 2 && args[0] == spareRootFlag):
+	case len(args) == 0 || (len(args) >= 2 && args[0] == spareRootFlag):
 		ctl = os.NewFile(supervisorControlFD, "control-socket")
 		unix.CloseOnExec(supervisorControlFD)
-		if len(args) == 2 {
-			pre = prebuild(args[1])
+		if len(args) >= 2 {
+			var iso *Isolation
+			if len(args) == 3 {
+				iso = new(Isolation)
+				if err := json.Unmarshal([]byte(args[2]), iso); err != nil {
+					logger.Error("spare supervisor got a bad isolation", "error", err)
+					return 2
+				}
+			}
+			pre = prebuild(args[1], iso)
 		}
 		warmUp()
 		dir, err := awaitTask(ctl)
@@ -77,10 +95,12 @@ func runSupervisor(args []string) int {
 		return 2
 	}
 
-	// The task is stopped by signalling it, never the supervisor; these
-	// are caught and dropped (not SIG_IGN, which the task would inherit).
+	// The task is stopped by signalling it, never the supervisor: every
+	// signal is caught and dropped (not SIG_IGN, which the task would
+	// inherit). In a PID namespace of the task's, the supervisor is its
+	// init, and a signal the task may send it must not end it.
 	sigs := make(chan os.Signal, 8)
-	signal.Notify(sigs, unix.SIGINT, unix.SIGTERM, unix.SIGHUP, unix.SIGPIPE)
+	signal.Notify(sigs)
 	go func() {
 		for s := range sigs {
 			logger.Debug("ignoring signal", "signal", s.String())
@@ -123,13 +143,20 @@ func runSupervisor(args []string) int {
 	// The report goes out from the launching thread as soon as the task
 	// runs (see launchTask).
 	started := func(cmd *exec.Cmd, group *cgroups.Group) {
-		start, err := procStartTime(cmd.Process.Pid)
+		pid, err := hostPID(hostProc, cmd.Process.Pid)
+		if err != nil {
+			logger.Error("failed to find the task's host pid", "pid", cmd.Process.Pid, "error", err)
+			killStarted(cmd)
+			sendReport(readyReport{Error: err.Error()})
+			return
+		}
+		start, err := procStartTimeAt(hostProc, pid)
 		if err != nil {
 			// The task already exited (and is a zombie we have not reaped,
 			// so this is unexpected): report it anyway, Wait will tell.
-			logger.Warn("failed to read the task's start time", "pid", cmd.Process.Pid, "error", err)
+			logger.Warn("failed to read the task's start time", "pid", pid, "error", err)
 		}
-		sendReport(readyReport{TaskPID: cmd.Process.Pid, TaskStart: start, Cgroup: group.State()})
+		sendReport(readyReport{TaskPID: pid, TaskStart: start, Cgroup: group.State()})
 	}
 	cmd, group, left, err := startTask(&spec, ctl, started, pre)
 	if ctl != nil {
@@ -233,15 +260,91 @@ func warmUp() {
 	_, _ = lastCap()
 }
 
+// reapUntil reaps children until pid exits, and returns its status.
+func reapUntil(pid int) (unix.WaitStatus, error) {
+	for {
+		var ws unix.WaitStatus
+		got, err := unix.Wait4(-1, &ws, 0, nil)
+		switch {
+		case errors.Is(err, unix.EINTR):
+		case err != nil:
+			return ws, err
+		case got == pid:
+			return ws, nil
+		}
+	}
+}
+
+// hostPID turns the pid of a child, as this process sees it, into its pid
+// on the host, through a pidfd read in the host's /proc (hostProc): in a
+// PID namespace of its own the supervisor sees its task as 2 or so, while
+// the driver needs the host's number.
+func hostPID(hostProc, pid int) (int, error) {
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return 0, fmt.Errorf("failed to open a pidfd for the task (pid %d): %w", pid, err)
+	}
+	defer unix.Close(fd)
+	info, err := readAt(hostProc, fmt.Sprintf("self/fdinfo/%d", fd))
+	if err != nil {
+		return 0, fmt.Errorf("failed to read the task's pidfd: %w", err)
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(line, "Pid:"); ok {
+			n, err := strconv.Atoi(strings.TrimSpace(v))
+			if err != nil || n <= 0 {
+				return 0, fmt.Errorf("failed to read the task's host pid from %q", line)
+			}
+			return n, nil
+		}
+	}
+	return 0, errors.New("failed to read the task's host pid: the kernel's pidfd has no Pid field (Linux 5.3 or later is needed)")
+}
+
+// readAt reads a file relative to the directory dir.
+func readAt(dir int, name string) (string, error) {
+	fd, err := unix.Openat(dir, name, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return "", err
+	}
+	f := os.NewFile(uintptr(fd), name)
+	defer f.Close()
+	b, err := io.ReadAll(f)
+	return string(b), err
+}
+
 // logReaderWait bounds how long openLog waits for a reader on a log FIFO.
 const logReaderWait = 10 * time.Second
 
 // openLog opens one of Nomad's log FIFOs (or a file) for writing. A FIFO
 // nobody reads is an error rather than a hang.
+//
+// The FIFOs live in the allocation's directory, which the task can write:
+// a symlink there is never followed, and anything but a FIFO or a regular
+// file (a device node the task made) is refused, since the supervisor
+// writes as root on the host, outside the task's device filter.
 func openLog(path string) (*os.File, error) {
 	if path == "" {
 		return os.OpenFile(os.DevNull, os.O_WRONLY, 0)
 	}
+	pathFD, err := unix.Open(path, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("failed to open log %q: %w", path, err)
+	}
+	defer unix.Close(pathFD)
+	var st unix.Stat_t
+	if err := unix.Fstat(pathFD, &st); err != nil {
+		return nil, fmt.Errorf("failed to open log %q: %w", path, err)
+	}
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFIFO, unix.S_IFREG:
+	case unix.S_IFLNK:
+		return nil, fmt.Errorf("failed to open log %q: it is a symlink, want Nomad's FIFO", path)
+	default:
+		return nil, fmt.Errorf("failed to open log %q: it is not a FIFO (mode %#o)", path, st.Mode)
+	}
+	// Reopened through the handle: the very file checked above.
+	reopen := fmt.Sprintf("/proc/self/fd/%d", pathFD)
 	// Nomad's logmon opens the read side of its FIFOs in the background, so
 	// right after it started there may be no reader yet: wait for one, for
 	// a while, rather than block for ever or fail at once.
@@ -249,7 +352,7 @@ func openLog(path string) (*os.File, error) {
 	var fd int
 	for {
 		var err error
-		fd, err = unix.Open(path, unix.O_WRONLY|unix.O_APPEND|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+		fd, err = unix.Open(reopen, unix.O_WRONLY|unix.O_APPEND|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 		if err == nil {
 			break
 		}
@@ -269,15 +372,17 @@ func openLog(path string) (*os.File, error) {
 }
 
 // waitTask waits for the task's main process, then kills what is left of
-// its group, and says how it ended.
+// its group, and says how it ended. It reaps every child meanwhile: in a
+// PID namespace of the task's, the supervisor is its init, and the task's
+// orphans become its children.
 func waitTask(logger hclog.Logger, cmd *exec.Cmd, group *cgroups.Group) *ExitStatus {
 	status := &ExitStatus{}
-	state, err := cmd.Process.Wait()
+	ws, err := reapUntil(cmd.Process.Pid)
 	status.ExitedAt = time.Now().UTC()
 	if err != nil {
 		status.ExitCode = -1
 		status.Err = fmt.Sprintf("failed to wait for the task: %v", err)
-	} else if ws, ok := state.Sys().(syscall.WaitStatus); ok {
+	} else {
 		switch {
 		case ws.Signaled():
 			status.Signal = int(ws.Signal())
@@ -286,6 +391,16 @@ func waitTask(logger hclog.Logger, cmd *exec.Cmd, group *cgroups.Group) *ExitSta
 			status.ExitCode = ws.ExitStatus()
 		}
 	}
+	// What the kill below leaves behind is reaped too, until the
+	// supervisor exits.
+	go func() {
+		for {
+			var ws unix.WaitStatus
+			if _, err := unix.Wait4(-1, &ws, 0, nil); err != nil && !errors.Is(err, unix.EINTR) {
+				return
+			}
+		}
+	}()
 	oom, err := group.OOMKilled()
 	if err != nil {
 		logger.Warn("failed to check for an OOM kill", "error", err)

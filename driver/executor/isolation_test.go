@@ -1,0 +1,97 @@
+package executor
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/shoenig/test/must"
+)
+
+// isolatedSpec is a test task kept from the host as a task that is not
+// privileged is.
+func isolatedSpec(t *testing.T, script string) *testTask {
+	t.Helper()
+	tt := newTestSpec(t, "/bin/sh", "-c", script)
+	tt.spec.Dir = "/"
+	tt.spec.Capabilities = DefaultCapabilities
+	tt.spec.Isolation = &Isolation{ChrootEnv: DefaultChrootEnv, PrivatePID: true, PrivateIPC: true}
+	return tt
+}
+
+// outputLines maps "key=value" lines of a task's output.
+func outputLines(out string) map[string]string {
+	m := map[string]string{}
+	for _, line := range strings.Split(out, "\n") {
+		if k, v, ok := strings.Cut(line, "="); ok {
+			m[k] = strings.TrimSpace(v)
+		}
+	}
+	return m
+}
+
+func TestIsolation_Root_Root(t *testing.T) {
+	requireTaskRoot(t)
+	marker := fmt.Sprintf("/etc/ncsi-escape-%d", os.Getpid())
+	t.Cleanup(func() { _ = os.Remove(marker) })
+	tt := isolatedSpec(t, `
+echo "pid=$$"
+echo "root=$(ls / | tr '\n' ' ')"
+if touch `+marker+` 2>/dev/null; then echo etc=writable; else echo etc=read-only; fi
+if touch /usr/ncsi-x 2>/dev/null; then echo usr=writable; else echo usr=read-only; fi
+echo "procs=$(ls /proc | grep -c '^[0-9]')"
+if [ -e /proc/1 ]; then echo pid1=visible; else echo pid1=hidden; fi
+if cat /proc/1/mountinfo >/dev/null 2>&1; then echo pid1mounts=readable; else echo pid1mounts=hidden; fi
+echo "cgroupfs=$(ls /sys/fs/cgroup 2>/dev/null | wc -l)"
+if touch /sys/ncsi-x 2>/dev/null; then echo sys=writable; else echo sys=read-only; fi
+echo "dev=$(ls /dev | tr '\n' ' ')"
+if echo x > /proc/sys/kernel/core_pattern 2>/dev/null; then echo sysctl=writable; else echo sysctl=read-only; fi
+if [ ! -e /proc/sysrq-trigger ]; then echo sysrq=read-only; elif (: > /proc/sysrq-trigger) 2>/dev/null; then echo sysrq=writable; else echo sysrq=read-only; fi
+echo "keys=$(cat /proc/keys 2>/dev/null | wc -c)"
+echo "nnp=$(grep NoNewPrivs /proc/self/status | tr -d ' \t' | cut -d: -f2)"
+if touch /tmp/x 2>/dev/null; then echo tmp=writable; else echo tmp=read-only; fi
+if touch /ncsi-top 2>/dev/null; then echo top=writable; else echo top=read-only; fi
+if head -c1 /dev/zero >/dev/null && echo hi > /dev/null; then echo devnull=ok; fi
+`)
+	p := startTest(t, tt)
+	must.Eq(t, 0, waitExit(t, p).ExitCode, must.Sprintf("stderr: %s", readFile(t, tt.stderr)))
+	out := readFile(t, tt.stdout)
+	got := outputLines(out)
+	t.Log(out)
+
+	// The supervisor is init; its threads take the next few numbers.
+	pid, err := strconv.Atoi(got["pid"])
+	must.NoError(t, err)
+	must.Less(t, 64, pid, must.Sprint("the task runs in a PID namespace of its own"))
+	for _, entry := range strings.Fields(got["root"]) {
+		switch entry {
+		case "bin", "etc", "lib", "lib32", "lib64", "sbin", "usr", "run", "dev", "proc", "sys", "tmp", "libx32":
+		default:
+			t.Errorf("unexpected entry %q in the task's root: %s", entry, got["root"])
+		}
+	}
+	for _, key := range []string{"etc", "usr", "sys", "sysctl", "sysrq", "top"} {
+		must.Eq(t, "read-only", got[key], must.Sprintf("%s", key))
+	}
+	_, err = os.Stat(marker)
+	must.True(t, os.IsNotExist(err), must.Sprint("the task wrote the host's /etc"))
+	must.Eq(t, "hidden", got["pid1"])
+	must.Eq(t, "hidden", got["pid1mounts"])
+	must.Eq(t, "0", got["cgroupfs"])
+	must.Eq(t, "0", got["keys"], must.Sprint("/proc/keys is masked"))
+	must.Eq(t, "1", got["nnp"])
+	must.Eq(t, "writable", got["tmp"])
+	must.Eq(t, "ok", got["devnull"])
+	// Only the task's own processes: the shell, the subshell and ls.
+	procs, err := strconv.Atoi(got["procs"])
+	must.NoError(t, err)
+	must.Between(t, 1, procs, 4)
+	for _, want := range []string{"null", "zero", "full", "random", "urandom", "tty", "pts", "shm", "mqueue", "fd", "ptmx"} {
+		must.StrContains(t, " "+got["dev"]+" ", " "+want+" ")
+	}
+	for _, entry := range strings.Fields(got["dev"]) {
+		must.SliceContains(t, []string{"null", "zero", "full", "random", "urandom", "tty", "pts", "shm", "mqueue", "fd", "ptmx", "stdin", "stdout", "stderr"}, entry)
+	}
+}

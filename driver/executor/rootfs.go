@@ -1,0 +1,347 @@
+package executor
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/mounter"
+)
+
+// DefaultChrootEnv is what a task that is not privileged sees of the host
+// when the operator does not set chroot_env: the same list as Nomad's exec
+// driver, bound read-only instead of copied.
+var DefaultChrootEnv = map[string]string{
+	"/bin":                 "/bin",
+	"/etc":                 "/etc",
+	"/lib":                 "/lib",
+	"/lib32":               "/lib32",
+	"/lib64":               "/lib64",
+	"/run/resolvconf":      "/run/resolvconf",
+	"/sbin":                "/sbin",
+	"/usr":                 "/usr",
+	"/run/systemd/resolve": "/run/systemd/resolve",
+}
+
+// devNodes are the host's device nodes bound into a task's /dev: the
+// minimal set every program may expect. The device filter of the task's
+// cgroup allows exactly these (and what Nomad hands over).
+var devNodes = []string{"null", "zero", "full", "random", "urandom", "tty"}
+
+// devLinks are the symlinks of a task's /dev.
+var devLinks = [][2]string{
+	{"/proc/self/fd", "fd"},
+	{"/proc/self/fd/0", "stdin"},
+	{"/proc/self/fd/1", "stdout"},
+	{"/proc/self/fd/2", "stderr"},
+	{"pts/ptmx", "ptmx"},
+}
+
+// procReadOnly are parts of /proc a task may read but never write: a root
+// task could otherwise change the host's kernel settings (/proc/sys, such
+// as kernel.core_pattern, which runs a program on the host) or reboot it
+// (/proc/sysrq-trigger), since these check only file permissions.
+var procReadOnly = []string{"bus", "fs", "irq", "sys", "sysrq-trigger"}
+
+// procMasked are parts of /proc a task does not see at all: kernel memory
+// and keys, and timing details of every process on the host.
+var procMasked = []string{"kcore", "keys", "timer_list", "sched_debug", "latency_stats", "acpi", "scsi"}
+
+// buildIsolatedRoot assembles the root of a task that is not privileged at
+// root, in the task's mount namespace, before pivot_root: a tmpfs holding
+// the chroot_env binds (read-only, nosuid, nodev), a minimal /dev, /proc
+// for the calling thread's PID namespace, a read-only /sys and a /tmp.
+// Nothing else of the host is there. Mounts of the task (Nomad's
+// directories, volumes) are attached later, inside this root.
+//
+// The calling thread must be in the task's IPC namespace already, since
+// /dev/mqueue belongs to the IPC namespace of whoever mounts it, and its
+// active PID namespace must be the task's (the supervisor's own), since
+// /proc shows the PID namespace of whoever mounts it.
+func buildIsolatedRoot(m mounter.Interface, root string, iso *Isolation) error {
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		return fmt.Errorf("failed to create the task's root %q: %w", root, err)
+	}
+	if err := m.Mount("tmpfs", root, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0755"); err != nil {
+		return fmt.Errorf("failed to make the task's root: %w", err)
+	}
+	if err := m.SetPropagation(root, mounter.PropagationUnbindable, false); err != nil {
+		return fmt.Errorf("failed to make the task's root: %w", err)
+	}
+	if err := bindChrootEnv(m, root, iso.ChrootEnv); err != nil {
+		return err
+	}
+	if err := buildDev(m, root, iso.PrivateIPC); err != nil {
+		return fmt.Errorf("failed to make the task's /dev: %w", err)
+	}
+	if err := buildProc(m, root); err != nil {
+		return fmt.Errorf("failed to make the task's /proc: %w", err)
+	}
+	if err := buildSys(m, root); err != nil {
+		return fmt.Errorf("failed to make the task's /sys: %w", err)
+	}
+	return nil
+}
+
+// bindChrootEnv binds each chroot_env entry, parents before children. A
+// host path that is a symlink and keeps its name in the task (/lib ->
+// usr/lib on merged-/usr hosts) is copied as the symlink; under another
+// name its target is bound.
+func bindChrootEnv(m mounter.Interface, root string, env map[string]string) error {
+	type entry struct{ src, dst string }
+	entries := make([]entry, 0, len(env))
+	for src, dst := range env {
+		entries = append(entries, entry{filepath.Clean(src), filepath.Clean(dst)})
+	}
+	sort.Slice(entries, func(i, j int) bool {
+		if di, dj := depth(entries[i].dst), depth(entries[j].dst); di != dj {
+			return di < dj
+		}
+		return entries[i].dst < entries[j].dst
+	})
+	for _, e := range entries {
+		fi, err := os.Lstat(e.src)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("chroot_env %q: %w", e.src, err)
+		}
+		if fi.Mode()&os.ModeSymlink != 0 && e.src == e.dst {
+			link, err := os.Readlink(e.src)
+			if err != nil {
+				return fmt.Errorf("chroot_env %q: %w", e.src, err)
+			}
+			parent, err := m.OpenTarget(root, filepath.Dir(e.dst), true)
+			if err != nil {
+				return fmt.Errorf("chroot_env %q: %w", e.src, err)
+			}
+			err = unix.Symlinkat(link, int(parent.Fd()), filepath.Base(e.dst))
+			_ = parent.Close()
+			if err != nil && !errors.Is(err, unix.EEXIST) {
+				return fmt.Errorf("chroot_env %q: failed to copy the symlink: %w", e.src, err)
+			}
+			continue
+		}
+		st, err := os.Stat(e.src)
+		if errors.Is(err, os.ErrNotExist) {
+			continue // a dangling symlink
+		}
+		if err != nil {
+			return fmt.Errorf("chroot_env %q: %w", e.src, err)
+		}
+		if err := bindReadOnly(m, e.src, root, e.dst, st.IsDir()); err != nil {
+			return fmt.Errorf("chroot_env %q: %w", e.src, err)
+		}
+	}
+	return nil
+}
+
+// bindReadOnly binds the host's src (with its submounts) at dst below
+// root, read-only, nosuid and nodev all the way down.
+func bindReadOnly(m mounter.Interface, src, root, dst string, isDir bool) error {
+	target, err := m.OpenTarget(root, dst, isDir)
+	if err != nil {
+		return err
+	}
+	defer target.Close()
+	tree, err := m.CloneTree(src, true)
+	if err != nil {
+		return err
+	}
+	defer tree.Close()
+	if err := m.AttachTreeAt(tree, target); err != nil {
+		return err
+	}
+	path := filepath.Join(root, dst)
+	if err := m.SetPropagation(path, mounter.PropagationSlave, true); err != nil {
+		return err
+	}
+	return lockDown(path)
+}
+
+// lockDown makes the mount at path and every mount below it read-only,
+// nosuid and nodev.
+func lockDown(path string) error {
+	attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV}
+	if err := unix.MountSetattr(unix.AT_FDCWD, path, unix.AT_RECURSIVE|unix.AT_NO_AUTOMOUNT, &attr); err != nil {
+		return fmt.Errorf("failed to make %q read-only, nosuid and nodev: %w", path, err)
+	}
+	return nil
+}
+
+// buildDev makes /dev: a tmpfs with the host's minimal device nodes bound
+// in, a devpts of the task's own, /dev/shm and /dev/mqueue, sealed
+// read-only once made (the mounts inside stay writable).
+func buildDev(m mounter.Interface, root string, privateIPC bool) error {
+	dev := filepath.Join(root, "dev")
+	if err := os.Mkdir(dev, 0o755); err != nil {
+		return err
+	}
+	if err := m.Mount("tmpfs", dev, "tmpfs", unix.MS_NOSUID|unix.MS_NOEXEC, "mode=0755,size=64k"); err != nil {
+		return err
+	}
+	for _, name := range devNodes {
+		src := "/dev/" + name
+		fi, err := os.Stat(src)
+		if err != nil || fi.Mode()&os.ModeCharDevice == 0 {
+			continue // not on this host
+		}
+		target, err := m.OpenTarget(dev, name, false)
+		if err != nil {
+			return err
+		}
+		tree, err := m.CloneTree(src, false)
+		if err == nil {
+			err = m.AttachTreeAt(tree, target)
+			_ = tree.Close()
+		}
+		_ = target.Close()
+		if err != nil {
+			return err
+		}
+	}
+	for _, dir := range []string{"pts", "shm", "mqueue"} {
+		if err := os.Mkdir(filepath.Join(dev, dir), 0o755); err != nil {
+			return err
+		}
+	}
+	for _, l := range devLinks {
+		if err := os.Symlink(l[0], filepath.Join(dev, l[1])); err != nil {
+			return err
+		}
+	}
+	// A devpts of its own: the task sees its own terminals, not the host's.
+	if err := m.Mount("devpts", filepath.Join(dev, "pts"), "devpts", unix.MS_NOSUID|unix.MS_NOEXEC,
+		"newinstance,ptmxmode=0666,mode=0620"); err != nil {
+		return err
+	}
+	if privateIPC {
+		if err := m.Mount("shm", filepath.Join(dev, "shm"), "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC,
+			"mode=1777,size=65536k"); err != nil {
+			return err
+		}
+	} else if err := bindHostDir(m, "/dev/shm", filepath.Join(dev, "shm")); err != nil {
+		return err
+	}
+	// mqueue shows the IPC namespace of the mounting thread: the task's.
+	if err := m.Mount("mqueue", filepath.Join(dev, "mqueue"), "mqueue", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+		return err
+	}
+	return m.RemountReadOnly(dev, false)
+}
+
+// bindHostDir binds a host directory that may be missing.
+func bindHostDir(m mounter.Interface, src, dst string) error {
+	if _, err := os.Stat(src); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	return m.BindMount(src, dst, false, true)
+}
+
+// buildProc mounts /proc for the PID namespace of the calling thread, with
+// other users' processes hidden (so that a task does not see its
+// supervisor, the namespace's init), the kernel's settings read-only and
+// its secrets masked.
+func buildProc(m mounter.Interface, root string) error {
+	proc := filepath.Join(root, "proc")
+	if err := os.Mkdir(proc, 0o555); err != nil {
+		return err
+	}
+	// hidepid=4 (ptraceable, Linux 5.8) shows a process only to whoever
+	// may ptrace it, whatever their groups (hidepid=2 lets gid 0 see all).
+	// The supervisor holds capabilities the task does not: it is hidden.
+	flags := uintptr(unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC)
+	var err error
+	for _, opts := range []string{"hidepid=4", "hidepid=2", ""} {
+		if err = m.Mount("proc", proc, "proc", flags, opts); err == nil {
+			break
+		}
+	}
+	if err != nil {
+		return err
+	}
+	for _, name := range procReadOnly {
+		p := filepath.Join(proc, name)
+		fi, err := os.Stat(p)
+		if err != nil {
+			continue
+		}
+		if err := m.BindMount(p, p, true, fi.IsDir()); err != nil {
+			return err
+		}
+	}
+	for _, name := range procMasked {
+		p := filepath.Join(proc, name)
+		fi, err := os.Stat(p)
+		if err != nil {
+			continue
+		}
+		if fi.IsDir() {
+			err = m.Mount("tmpfs", p, "tmpfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=0")
+		} else {
+			err = m.BindMount("/dev/null", p, true, false)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// buildSys mounts a sysfs of the task's own, read-only: it shows no
+// cgroup file system, so a task cannot move itself out of its group. A
+// kernel that refuses a new sysfs here gets the host's, read-only.
+func buildSys(m mounter.Interface, root string) error {
+	sys := filepath.Join(root, "sys")
+	if err := os.Mkdir(sys, 0o555); err != nil {
+		return err
+	}
+	flags := uintptr(unix.MS_RDONLY | unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC)
+	if err := m.Mount("sysfs", sys, "sysfs", flags, ""); err == nil {
+		return nil
+	}
+	if err := m.BindMount("/sys", sys, true, true); err != nil {
+		return err
+	}
+	return lockDown(sys)
+}
+
+// mountTmp gives the task a /tmp of its own when none of its mounts is
+// one: a tmpfs, charged to the task's memory.
+func mountTmp(m mounter.Interface, mounts ...[]Mount) error {
+	for _, list := range mounts {
+		for _, mnt := range list {
+			if filepath.Clean(mnt.Target) == "/tmp" {
+				return nil
+			}
+		}
+	}
+	target, err := m.OpenTarget("/", "/tmp", true)
+	if err != nil {
+		return err
+	}
+	_ = target.Close()
+	if err := m.Mount("tmpfs", "/tmp", "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=1777"); err != nil {
+		return fmt.Errorf("failed to make the task's /tmp: %w", err)
+	}
+	return nil
+}
+
+// ReservedTarget says why a task that is not privileged cannot have a mount
+// at target, or "" when it can: a mount on or above what the driver builds
+// for the task would hide it (a host /dev with the host's terminals, the
+// host's /proc or /sys).
+func ReservedTarget(target string) string {
+	t := filepath.Clean(target)
+	for _, kept := range []string{"/proc", "/sys", "/dev/pts", "/dev/shm", "/dev/mqueue"} {
+		if mounter.PathWithin(t, kept) || mounter.PathWithin(kept, t) {
+			return fmt.Sprintf("mount target %q would hide the task's own %s", target, kept)
+		}
+	}
+	return ""
+}

@@ -1,0 +1,253 @@
+package driver
+
+import (
+	"fmt"
+	"os/user"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/hashicorp/nomad/plugins/drivers"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor"
+)
+
+// capAll in allow_caps, cap_add or cap_drop stands for every capability.
+const capAll = "ALL"
+
+// parseCapSet checks a list of capability names under key and returns them
+// normalised ("NET_ADMIN"), "ALL" standing for every one.
+func parseCapSet(key string, names []string) ([]string, error) {
+	out := make([]string, 0, len(names))
+	for _, name := range names {
+		n := strings.TrimPrefix(strings.ToUpper(strings.TrimSpace(name)), "CAP_")
+		if n != capAll {
+			if _, err := executor.ParseCapabilities([]string{n}); err != nil {
+				return nil, fmt.Errorf("%s: unknown capability %q: use names such as \"net_bind_service\" or \"all\"", key, name)
+			}
+		}
+		if !slices.Contains(out, n) {
+			out = append(out, n)
+		}
+	}
+	return out, nil
+}
+
+// allCapabilities lists every capability the executor knows, normalised.
+func allCapabilities() []string {
+	all := executor.KnownCapabilities()
+	sort.Strings(all)
+	return all
+}
+
+// taskCapabilities computes what a task that is not privileged may hold, as
+// Nomad's exec driver does: the default set as far as allow_caps allows
+// it, less cap_drop, plus cap_add, which must lie within allow_caps. It
+// returns the set and the capabilities the task added itself (a task of
+// another user than root holds those, and only those, after exec).
+func taskCapabilities(allowCaps, capAdd, capDrop []string) (set, added []string, err error) {
+	allow, err := parseCapSet("allow_caps", allowCaps)
+	if err != nil {
+		return nil, nil, err
+	}
+	adds, err := parseCapSet("cap_add", capAdd)
+	if err != nil {
+		return nil, nil, err
+	}
+	drops, err := parseCapSet("cap_drop", capDrop)
+	if err != nil {
+		return nil, nil, err
+	}
+	expand := func(list []string) []string {
+		if slices.Contains(list, capAll) {
+			return allCapabilities()
+		}
+		return list
+	}
+	allow, adds, drops = expand(allow), expand(adds), expand(drops)
+	var missing []string
+	for _, c := range adds {
+		if !slices.Contains(allow, c) {
+			missing = append(missing, strings.ToLower(c))
+		}
+	}
+	if len(missing) > 0 {
+		return nil, nil, fmt.Errorf("cap_add: %s not allowed on this node: the operator can add them to allow_caps in the driver's plugin config", strings.Join(missing, ", "))
+	}
+	defaults, _ := parseCapSet("", executor.DefaultCapabilities)
+	for _, c := range defaults {
+		if slices.Contains(allow, c) && !slices.Contains(drops, c) {
+			set = append(set, c)
+		}
+	}
+	for _, c := range adds {
+		if !slices.Contains(set, c) {
+			set = append(set, c)
+		}
+	}
+	sort.Strings(set)
+	sort.Strings(adds)
+	return set, adds, nil
+}
+
+// idRange is an inclusive range of user or group ids.
+type idRange struct{ lo, hi uint64 }
+
+// parseIDRanges parses exec's "0,10-20" form of denied_host_uids and
+// denied_host_gids.
+func parseIDRanges(key, s string) ([]idRange, error) {
+	var out []idRange
+	if strings.TrimSpace(s) == "" {
+		return nil, nil
+	}
+	for _, part := range strings.Split(s, ",") {
+		part = strings.TrimSpace(part)
+		lo, hi, isRange := strings.Cut(part, "-")
+		a, err := strconv.ParseUint(strings.TrimSpace(lo), 10, 32)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %q is not an id or a range such as \"0-999\"", key, part)
+		}
+		b := a
+		if isRange {
+			if b, err = strconv.ParseUint(strings.TrimSpace(hi), 10, 32); err != nil {
+				return nil, fmt.Errorf("%s: %q is not an id or a range such as \"0-999\"", key, part)
+			}
+		}
+		if b < a {
+			return nil, fmt.Errorf("%s: range %q has its lower bound above its upper one", key, part)
+		}
+		out = append(out, idRange{a, b})
+	}
+	return out, nil
+}
+
+func inRanges(ranges []idRange, id uint64) bool {
+	for _, r := range ranges {
+		if id >= r.lo && id <= r.hi {
+			return true
+		}
+	}
+	return false
+}
+
+// checkHostIDs refuses a task user whose uid, or one of whose groups, the
+// operator denied, as Nomad's exec driver does. name is a user name or
+// uid, optionally with ":group".
+func checkHostIDs(conf *Config, name string) error {
+	uids, err := parseIDRanges("denied_host_uids", conf.DeniedHostUIDs)
+	if err != nil {
+		return err
+	}
+	gids, err := parseIDRanges("denied_host_gids", conf.DeniedHostGIDs)
+	if err != nil {
+		return err
+	}
+	if len(uids) == 0 && len(gids) == 0 {
+		return nil
+	}
+	userName, group, hasGroup := strings.Cut(name, ":")
+	var u *user.User
+	if _, err := strconv.ParseUint(userName, 10, 32); err == nil {
+		u, err = user.LookupId(userName)
+		if err != nil {
+			u = &user.User{Uid: userName, Gid: userName}
+		}
+	} else if u, err = user.Lookup(userName); err != nil {
+		return fmt.Errorf("user %q: %w", userName, err)
+	}
+	uid, _ := strconv.ParseUint(u.Uid, 10, 32)
+	if inRanges(uids, uid) {
+		return fmt.Errorf("user %q: running as uid %d is denied on this node (denied_host_uids = %q)", name, uid, conf.DeniedHostUIDs)
+	}
+	groupIDs := []string{u.Gid}
+	if more, err := u.GroupIds(); err == nil {
+		groupIDs = append(groupIDs, more...)
+	}
+	if hasGroup {
+		if _, err := strconv.ParseUint(group, 10, 32); err == nil {
+			groupIDs = append(groupIDs, group)
+		} else if g, err := user.LookupGroup(group); err == nil {
+			groupIDs = append(groupIDs, g.Gid)
+		} else {
+			return fmt.Errorf("user %q: group %q: %w", name, group, err)
+		}
+	}
+	for _, g := range groupIDs {
+		gid, err := strconv.ParseUint(g, 10, 32)
+		if err == nil && inRanges(gids, gid) {
+			return fmt.Errorf("user %q: running with gid %d is denied on this node (denied_host_gids = %q)", name, gid, conf.DeniedHostGIDs)
+		}
+	}
+	return nil
+}
+
+// isolatedTargetReason says why a task that is not privileged cannot have
+// a mount or a chroot_env entry at target, or "".
+func isolatedTargetReason(target string) string { return executor.ReservedTarget(target) }
+
+// allowCaps is the operator's allow_caps, or exec's default list when the
+// configuration did not go through the schema (which has that default).
+func (c *Config) allowCaps() []string {
+	if c.AllowCaps == nil {
+		return executor.DefaultCapabilities
+	}
+	return c.AllowCaps
+}
+
+// chrootEnv is the operator's chroot_env, or exec's default list.
+func (c *Config) chrootEnv() map[string]string {
+	if len(c.ChrootEnv) > 0 {
+		return c.ChrootEnv
+	}
+	return executor.DefaultChrootEnv
+}
+
+// isolation is how a task that is not privileged is kept from the host.
+func (c *Config) isolation(tc *TaskConfig) *executor.Isolation {
+	mode := func(task, def string) bool {
+		if task == "" {
+			task = def
+		}
+		return task != IsolationModeHost
+	}
+	return &executor.Isolation{
+		ChrootEnv:  c.chrootEnv(),
+		PrivatePID: mode(tc.PIDMode, c.DefaultPIDMode),
+		PrivateIPC: mode(tc.IPCMode, c.DefaultIPCMode),
+	}
+}
+
+// defaultIsolation is what spare supervisors prepare for: a task that sets
+// neither pid_mode nor ipc_mode.
+func (c *Config) defaultIsolation() *executor.Isolation { return c.isolation(&TaskConfig{}) }
+
+// nomadDirMounts binds the allocation's directories where Nomad's
+// environment says they are for an image-based driver (/alloc, /local,
+// /secrets) and, for an isolated task, the task's own tmp at /tmp (a
+// privileged task sees the host's).
+func nomadDirMounts(cfg *drivers.TaskConfig, isolated bool) []executor.Mount {
+	if cfg.AllocDir == "" {
+		return nil
+	}
+	td := cfg.TaskDir()
+	dirs := [][2]string{
+		{td.SharedAllocDir, "/alloc"},
+		{td.LocalDir, "/local"},
+		{td.SecretsDir, "/secrets"},
+	}
+	if isolated {
+		dirs = append(dirs, [2]string{td.Dir + "/tmp", "/tmp"})
+	}
+	out := make([]executor.Mount, 0, len(dirs))
+	for _, d := range dirs {
+		out = append(out, executor.Mount{
+			Source:      d[0],
+			Target:      d[1],
+			Propagation: executor.PropagationPrivate,
+			NoSuid:      isolated,
+			NoDev:       isolated,
+		})
+	}
+	return out
+}
