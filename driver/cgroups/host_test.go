@@ -580,7 +580,7 @@ func TestHost_JoinThread(t *testing.T) {
 					r.err = err
 					return
 				}
-				out, cerr := exec.Command("cat", "/proc/self/cgroup").Output()
+				out, cerr := exec.Command("sh", "-c", "cat /proc/self/cgroup; grep Cpus_allowed_list /proc/self/status").Output()
 				probe := exec.Command(os.Args[0])
 				probe.Env = append(os.Environ(), devProbeEnv+"=open "+node)
 				probe.Stdin = strings.NewReader("go\n")
@@ -607,6 +607,9 @@ func TestHost_JoinThread(t *testing.T) {
 				want = "EPERM"
 			}
 			must.Eq(t, "open "+node+": "+want+"\n", r.probe)
+			if l.CpusetCpus != "" {
+				must.StrContains(t, r.child, "Cpus_allowed_list:\t"+l.CpusetCpus+"\n")
+			}
 			now, err := os.ReadFile("/proc/self/cgroup")
 			must.NoError(t, err)
 			must.Eq(t, string(before), string(now), must.Sprint("the process's main thread moved"))
