@@ -23,9 +23,19 @@ type Limits struct {
 	// CpusetCpus pins the group to these CPUs ("0-1,3").
 	CpusetCpus string
 	// CpusetCgroupPath is a cpuset group Nomad made for the task (Nomad's
-	// LinuxResources.CpusetCgroupPath). When set, the task joins it too;
-	// it is Nomad's, so it is never created or removed here.
+	// LinuxResources.CpusetCgroupPath). When set, the task joins it too
+	// (v1), and CpusetCpus, when set, is written to it, as Nomad's own
+	// executors do; it is Nomad's, so it is never created or removed here.
 	CpusetCgroupPath string
+	// Devices, when non-nil, restricts the group to these devices:
+	// everything else is denied (open and mknod). nil means no filter
+	// (privileged tasks). An empty, non-nil list denies every device.
+	//
+	// v1: the group is made in the devices hierarchy too, with "a" in
+	// devices.deny and each rule in devices.allow. v2: a
+	// BPF_PROG_TYPE_CGROUP_DEVICE program is attached to the group's
+	// directory. nil leaves a filter an earlier Create set in place.
+	Devices []DeviceRule
 }
 
 // Stats is one sample of a group's usage.

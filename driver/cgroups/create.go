@@ -36,12 +36,14 @@ func Available() error {
 // Create makes the group parent/name and applies l to it.
 //
 // On cgroup v1 the group is made in the memory, cpu, cpuacct, pids and
-// freezer hierarchies, and in cpuset when l.CpusetCpus is set and
-// l.CpusetCgroupPath is not (a process is in one cpuset group per hierarchy,
-// and when Nomad made one for the task, that one wins, as in Nomad's own
-// executor). On cgroup v2 it is one directory under the unified root, with
-// cpu, memory (pids when offered, cpuset when pinned) enabled in the
-// cgroup.subtree_control of every directory above it.
+// freezer hierarchies, in devices when l.Devices is not nil, and in cpuset
+// when l.CpusetCpus is set and l.CpusetCgroupPath is not (a process is in
+// one cpuset group per hierarchy, and when Nomad made one for the task,
+// that one wins, as in Nomad's own executors, which write l.CpusetCpus to
+// it). On cgroup v2 it is one directory under the unified root, with cpu,
+// memory (pids when offered, cpuset when pinned) enabled in the
+// cgroup.subtree_control of every directory above it, and a device program
+// attached when l.Devices is not nil.
 //
 // parent is relative to the hierarchy root ("" for the root itself) and is
 // made when missing; it is never removed. Create is idempotent for the same
@@ -68,7 +70,7 @@ func Load(st State) (*Group, error) {
 	switch st.Version {
 	case 1:
 		required = v1Controllers
-		allowed = append([]string{"cpuset"}, v1Controllers...)
+		allowed = append([]string{"cpuset", "devices"}, v1Controllers...)
 	case 2:
 		required = []string{unifiedKey}
 		allowed = required
@@ -141,6 +143,11 @@ func validLimits(l Limits) error {
 	}
 	if strings.ContainsAny(l.CpusetCpus, " \n") {
 		return fmt.Errorf("cgroup limit CpusetCpus %q must be a CPU list like \"0-1,3\"", l.CpusetCpus)
+	}
+	for i, r := range l.Devices {
+		if err := r.validate(); err != nil {
+			return fmt.Errorf("cgroup limit Devices[%d] (%s): %w", i, r, err)
+		}
 	}
 	return nil
 }
@@ -216,6 +223,9 @@ func (h *hierarchy) createV1(c *creation, rel string, l Limits) (*Group, error) 
 	ownCpuset := l.CpusetCpus != "" && l.CpusetCgroupPath == ""
 	if ownCpuset {
 		controllers = append(controllers, "cpuset")
+	}
+	if l.Devices != nil {
+		controllers = append(controllers, "devices")
 	}
 	mounts := make(map[string]string, len(controllers))
 	for _, ctrl := range controllers {
@@ -324,6 +334,18 @@ func (g *Group) applyV1(l Limits) error {
 		if err := writeFile(filepath.Join(dir, "cpuset.cpus"), l.CpusetCpus); err != nil {
 			return err
 		}
+	} else if g.cpusetPath != "" && l.CpusetCpus != "" {
+		// Nomad makes a task's group of reserved cores with its memory
+		// nodes only, and leaves the CPUs to the task driver: nothing can
+		// join a cpuset group without CPUs.
+		if err := writeFile(filepath.Join(g.cpusetPath, "cpuset.cpus"), l.CpusetCpus); err != nil {
+			return err
+		}
+	}
+	if dir, ok := g.paths["devices"]; ok {
+		if err := setV1Devices(dir, l.Devices); err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -382,6 +404,11 @@ func (h *hierarchy) createV2(c *creation, rel string, l Limits) (*Group, error) 
 	g := &Group{version: 2, paths: map[string]string{unifiedKey: leaf}}
 	if err := g.applyV2(l); err != nil {
 		return nil, err
+	}
+	if l.Devices != nil {
+		if err := setV2Devices(leaf, l.Devices); err != nil {
+			return nil, err
+		}
 	}
 	return g, nil
 }

@@ -38,6 +38,7 @@ var fakeV1Files = map[string]map[string]string{
 	"pids":    {"pids.max": "max"},
 	"freezer": {"freezer.state": "THAWED"},
 	"cpuset":  {"cpuset.cpus": "", "cpuset.mems": ""},
+	"devices": {"devices.allow": "", "devices.deny": "", "devices.list": "a *:* rwm"},
 }
 
 var fakeV2Files = map[string]string{
@@ -301,8 +302,8 @@ func TestCreate_V1Limits(t *testing.T) {
 			want: map[string]string{"cpu/cpu.cfs_period_us": "100000", "cpu/cpu.cfs_quota_us": "150000"},
 		},
 		{
-			name: "nomad cpuset group wins over our own",
-			l:    Limits{CpusetCpus: "1", CpusetCgroupPath: "/sys/fs/cgroup/cpuset/nomad/reserve/x"},
+			name: "nomad cpuset group without pinning",
+			l:    Limits{CpusetCgroupPath: "/sys/fs/cgroup/cpuset/nomad/share"},
 			none: []string{"cpuset"},
 		},
 	}
@@ -1051,4 +1052,24 @@ func TestPids_PartlyGone(t *testing.T) {
 	must.ErrorIs(t, err, os.ErrNotExist)
 	// Nothing left to kill.
 	must.NoError(t, g.Kill())
+}
+
+// With Nomad's cpuset group and reserved cores, no cpuset group of ours is
+// made and the cores are written to Nomad's group, which Nomad makes
+// without CPUs.
+func TestCreate_V1NomadCpusetReserved(t *testing.T) {
+	h := fakeV1(t, allV1)
+	nomad := filepath.Join(h.root, "cpuset", "nomad", "reserve", "x")
+	must.NoError(t, os.MkdirAll(nomad, 0o755))
+	writeFiles(t, nomad, map[string]string{"cgroup.procs": "", "cpuset.cpus": "", "cpuset.mems": "0"})
+	// Relative paths are taken under the cpuset mount.
+	for _, path := range []string{nomad, "nomad/reserve/x"} {
+		g, err := h.create("nomad/csi", "task1", Limits{CpusetCpus: "1", CpusetCgroupPath: path})
+		must.NoError(t, err)
+		must.MapNotContainsKey(t, g.paths, "cpuset")
+		must.Eq(t, nomad, g.State().CpusetCgroupPath)
+		must.Eq(t, "1", readFake(t, filepath.Join(nomad, "cpuset.cpus")))
+		gone(t, filepath.Join(h.root, "cpuset", "nomad", "csi"))
+		writeFiles(t, nomad, map[string]string{"cpuset.cpus": ""})
+	}
 }

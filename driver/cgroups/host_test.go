@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -26,6 +27,16 @@ const joinSelfEnv = "CGROUPS_TEST_JOIN_SELF"
 func TestMain(m *testing.M) {
 	if st := os.Getenv(joinSelfEnv); st != "" {
 		os.Exit(joinSelf(st))
+	}
+	if tries := os.Getenv(devProbeEnv); tries != "" {
+		os.Exit(devProbe(tries))
+	}
+	if dir := os.Getenv(attachDevicesEnv); dir != "" {
+		if err := setV2Devices(dir, DefaultDevices); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
 	}
 	os.Exit(m.Run())
 }
@@ -107,7 +118,7 @@ func removeParent(t *testing.T, h *hierarchy, parent string) {
 	dirs := []string{filepath.Join(h.root, parent)}
 	if h.version == 1 {
 		dirs = nil
-		for _, c := range append(v1Controllers, "cpuset") {
+		for _, c := range append(v1Controllers, "cpuset", "devices") {
 			dirs = append(dirs, filepath.Join(h.root, c, parent))
 		}
 	}
@@ -289,6 +300,8 @@ func TestHost_KillUnreaped(t *testing.T) {
 	}
 }
 
+// A pinned group without Nomad's cpuset group has a cpuset group of its
+// own, which the task joins.
 func TestHost_Cpuset(t *testing.T) {
 	g := hostGroup(t, Limits{CpusetCpus: "0"})
 	cmd, run := startIn(t, g, "exec sleep 60")
@@ -297,15 +310,19 @@ func TestHost_Cpuset(t *testing.T) {
 		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", cmd.Process.Pid))
 		return err == nil && strings.Contains(string(b), "Cpus_allowed_list:\t0\n")
 	}))
+	if g.version == 1 {
+		pids, err := readPids(g.paths["cpuset"])
+		must.NoError(t, err)
+		must.Eq(t, []int{cmd.Process.Pid}, pids)
+	}
 }
 
-// Nomad's own cpuset group (v1): the task joins it and no cpuset group of
-// ours is made; Destroy leaves Nomad's alone.
-func TestHost_NomadCpusetV1(t *testing.T) {
-	h := needHost(t)
-	if h.version != 1 {
-		t.Skip("Nomad's cpuset group is joined on cgroup v1 only")
-	}
+// nomadCpuset makes a stand-in for the v1 cpuset group Nomad makes for a
+// task: with the parent's CPUs and memory nodes like Nomad's share
+// partition, or, for a task with reserved cores, with the memory nodes only
+// (Nomad leaves the CPUs to the task driver). Cleanup removes it.
+func nomadCpuset(t *testing.T, h *hierarchy, share bool) string {
+	t.Helper()
 	mount, err := h.v1Mount("cpuset")
 	if err != nil {
 		t.Skipf("no cpuset hierarchy: %v", err)
@@ -313,24 +330,70 @@ func TestHost_NomadCpusetV1(t *testing.T) {
 	nomad := filepath.Join(mount, uniqueParent()+"-nomad")
 	must.NoError(t, os.Mkdir(nomad, 0o755))
 	t.Cleanup(func() { must.NoError(t, rmdir(nomad)) })
-	must.NoError(t, copyFile(mount, nomad, "cpuset.cpus"))
+	if share {
+		must.NoError(t, copyFile(mount, nomad, "cpuset.cpus"))
+	}
 	must.NoError(t, copyFile(mount, nomad, "cpuset.mems"))
+	return nomad
+}
 
-	g := hostGroup(t, Limits{CpusetCpus: "0", CpusetCgroupPath: nomad})
-	must.MapNotContainsKey(t, g.paths, "cpuset")
-	cmd := exec.Command("sleep", "60")
-	must.NoError(t, cmd.Start())
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-	})
-	must.NoError(t, g.Join(cmd.Process.Pid))
-	pids, err := readPids(nomad)
+// cpusAllowed reads a process's Cpus_allowed_list.
+func cpusAllowed(t *testing.T, pid int) string {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	must.NoError(t, err)
-	must.Eq(t, []int{cmd.Process.Pid}, pids)
-	must.NoError(t, g.Kill())
-	must.NoError(t, g.Destroy())
-	must.DirExists(t, nomad)
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "Cpus_allowed_list:"); ok {
+			return strings.TrimSpace(v)
+		}
+	}
+	t.Fatalf("no Cpus_allowed_list in /proc/%d/status", pid)
+	return ""
+}
+
+// Nomad's own cpuset group (v1): the task joins it and no cpuset group of
+// ours is made; the reserved cores are written to it; Destroy leaves it.
+func TestHost_NomadCpusetV1(t *testing.T) {
+	h := needHost(t)
+	if h.version != 1 {
+		t.Skip("Nomad's cpuset group is joined on cgroup v1 only")
+	}
+	root, err := h.v1Mount("cpuset")
+	if err != nil {
+		t.Skipf("no cpuset hierarchy: %v", err)
+	}
+	all, err := readString(filepath.Join(root, "cpuset.cpus"))
+	must.NoError(t, err)
+	cases := []struct {
+		name  string
+		share bool
+		cpus  string // Limits.CpusetCpus
+		want  string // the task's Cpus_allowed_list
+	}{
+		{name: "share partition", share: true, want: all},
+		{name: "reserved cores", cpus: "0", want: "0"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			nomad := nomadCpuset(t, h, tc.share)
+			g := hostGroup(t, Limits{CpusetCpus: tc.cpus, CpusetCgroupPath: nomad})
+			must.MapNotContainsKey(t, g.paths, "cpuset")
+			cmd := exec.Command("sleep", "60")
+			must.NoError(t, cmd.Start())
+			t.Cleanup(func() {
+				_ = cmd.Process.Kill()
+				_ = cmd.Wait()
+			})
+			must.NoError(t, g.Join(cmd.Process.Pid))
+			pids, err := readPids(nomad)
+			must.NoError(t, err)
+			must.Eq(t, []int{cmd.Process.Pid}, pids)
+			must.Eq(t, tc.want, cpusAllowed(t, cmd.Process.Pid))
+			must.NoError(t, g.Kill())
+			must.NoError(t, g.Destroy())
+			must.DirExists(t, nomad)
+		})
+	}
 }
 
 // Join(0) moves the calling process: a helper process loads the group from
@@ -462,7 +525,8 @@ func TestHost_StatsBusy(t *testing.T) {
 	must.Positive(t, st.MemoryMaxUsage)
 }
 
-// A thread that joins a v1 group alone forks children into it, leaves the
+// A thread that joins a v1 group alone forks children into it, in every
+// hierarchy of the group (devices and Nomad's cpuset group too), leaves the
 // rest of its process where it was, and goes back on leave; the group is
 // then empty and can be removed.
 func TestHost_JoinThread(t *testing.T) {
@@ -470,44 +534,94 @@ func TestHost_JoinThread(t *testing.T) {
 	if h.version != 1 {
 		t.Skip("a thread joins alone only on cgroup v1")
 	}
-	g := hostGroup(t, Limits{})
-	before, err := os.ReadFile("/proc/self/cgroup")
-	must.NoError(t, err)
+	cases := []struct {
+		name string
+		l    func(t *testing.T) Limits
+		// blocked: the child cannot open a block device node.
+		blocked bool
+	}{
+		{name: "plain", l: func(*testing.T) Limits { return Limits{} }},
+		{name: "devices", l: func(*testing.T) Limits { return Limits{Devices: DefaultDevices} }, blocked: true},
+		{name: "own cpuset", l: func(*testing.T) Limits { return Limits{CpusetCpus: "0"} }},
+		{name: "nomad cpuset", l: func(t *testing.T) Limits {
+			return Limits{CpusetCpus: "0", CpusetCgroupPath: nomadCpuset(t, h, false)}
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			l := tc.l(t)
+			if l.Devices != nil {
+				if _, err := h.v1Mount("devices"); err != nil {
+					t.Skipf("no devices hierarchy: %v", err)
+				}
+			}
+			if l.CpusetCpus != "" {
+				if _, err := h.v1Mount("cpuset"); err != nil {
+					t.Skipf("no cpuset hierarchy: %v", err)
+				}
+			}
+			g := hostGroup(t, l)
+			node := blockNode(t)
+			before, err := os.ReadFile("/proc/self/cgroup")
+			must.NoError(t, err)
 
-	type result struct {
-		child, thread, after string
-		err                  error
+			type result struct {
+				child, probe, thread, after string
+				err                         error
+			}
+			done := make(chan result, 1)
+			go func() {
+				// The thread is thrown away with the goroutine, whatever happens.
+				runtime.LockOSThread()
+				var r result
+				defer func() { done <- r }()
+				leave, err := g.JoinThread()
+				if err != nil {
+					r.err = err
+					return
+				}
+				out, cerr := exec.Command("sh", "-c", "cat /proc/self/cgroup; grep Cpus_allowed_list /proc/self/status").Output()
+				probe := exec.Command(os.Args[0])
+				probe.Env = append(os.Environ(), devProbeEnv+"=open "+node)
+				probe.Stdin = strings.NewReader("go\n")
+				pout, perr := probe.Output()
+				thread, terr := os.ReadFile("/proc/thread-self/cgroup")
+				r.err = errors.Join(cerr, perr, terr, leave())
+				after, aerr := os.ReadFile("/proc/thread-self/cgroup")
+				r.child, r.probe, r.thread, r.after, r.err = string(out), string(pout), string(thread), string(after), errors.Join(r.err, aerr)
+			}()
+			r := <-done
+			must.NoError(t, r.err)
+			targets := maps.Clone(g.paths)
+			if g.cpusetPath != "" {
+				targets["cpuset"] = g.cpusetPath
+			}
+			for ctrl, dir := range targets {
+				rel := ctrl + ":/" + strings.TrimPrefix(strings.TrimPrefix(dir, h.root), "/"+ctrl+"/")
+				must.StrContains(t, r.child, rel)
+				must.StrContains(t, r.thread, rel)
+				must.StrNotContains(t, r.after, rel)
+			}
+			want := "ok"
+			if tc.blocked {
+				want = "EPERM"
+			}
+			must.Eq(t, "open "+node+": "+want+"\n", r.probe)
+			if l.CpusetCpus != "" {
+				must.StrContains(t, r.child, "Cpus_allowed_list:\t"+l.CpusetCpus+"\n")
+			}
+			now, err := os.ReadFile("/proc/self/cgroup")
+			must.NoError(t, err)
+			must.Eq(t, string(before), string(now), must.Sprint("the process's main thread moved"))
+			must.Eq(t, before, []byte(r.after), must.Sprint("leave did not bring the thread back"))
+			pids, err := g.Pids()
+			must.NoError(t, err)
+			must.SliceEmpty(t, pids)
+			if g.cpusetPath != "" {
+				pids, err := readPids(g.cpusetPath)
+				must.NoError(t, err)
+				must.SliceEmpty(t, pids)
+			}
+		})
 	}
-	done := make(chan result, 1)
-	go func() {
-		// The thread is thrown away with the goroutine, whatever happens.
-		runtime.LockOSThread()
-		var r result
-		defer func() { done <- r }()
-		leave, err := g.JoinThread()
-		if err != nil {
-			r.err = err
-			return
-		}
-		out, cerr := exec.Command("cat", "/proc/self/cgroup").Output()
-		thread, terr := os.ReadFile("/proc/thread-self/cgroup")
-		r.err = errors.Join(cerr, terr, leave())
-		after, aerr := os.ReadFile("/proc/thread-self/cgroup")
-		r.child, r.thread, r.after, r.err = string(out), string(thread), string(after), errors.Join(r.err, aerr)
-	}()
-	r := <-done
-	must.NoError(t, r.err)
-	for ctrl, dir := range g.paths {
-		rel := ctrl + ":/" + strings.TrimPrefix(strings.TrimPrefix(dir, h.root), "/"+ctrl+"/")
-		must.StrContains(t, r.child, rel)
-		must.StrContains(t, r.thread, rel)
-		must.StrNotContains(t, r.after, rel)
-	}
-	now, err := os.ReadFile("/proc/self/cgroup")
-	must.NoError(t, err)
-	must.Eq(t, string(before), string(now), must.Sprint("the process's main thread moved"))
-	must.Eq(t, before, []byte(r.after), must.Sprint("leave did not bring the thread back"))
-	pids, err := g.Pids()
-	must.NoError(t, err)
-	must.SliceEmpty(t, pids)
 }
