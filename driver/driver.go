@@ -536,6 +536,10 @@ func (d *Driver) buildSpec(conf *Config, cfg *drivers.TaskConfig, tc *TaskConfig
 		}
 		spec.AmbientCapabilities = added
 		spec.Isolation = conf.isolation(tc)
+		// Only the minimal /dev can be opened; the devices Nomad hands
+		// over and block-device volumes are let in by the executor as
+		// their nodes are bound into the task.
+		spec.Limits.Devices = append([]cgroups.DeviceRule(nil), cgroups.DefaultDevices...)
 		for _, m := range spec.Mounts {
 			if reason := isolatedTargetReason(m.Target); reason != "" {
 				return nil, fmt.Errorf("invalid task config: %s", reason)

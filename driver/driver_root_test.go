@@ -169,7 +169,9 @@ func TestDriver_runsTaskWithLogsAndExitCode(t *testing.T) {
 	must.NoError(t, h.DestroyTask(cfg.ID, false))
 
 	taskDir := cfg.TaskDir()
-	eventually(t, 5*time.Second, fileHas(filepath.Join(taskDir.LogDir, "hello.stdout.0"), "out-hi\n"+taskDir.Dir+"\n"))
+	// Like exec's, the task starts in its root, where Nomad's directories
+	// are (FSIsolation image).
+	eventually(t, 5*time.Second, fileHas(filepath.Join(taskDir.LogDir, "hello.stdout.0"), "out-hi\n/\n"))
 	eventually(t, 5*time.Second, fileHas(filepath.Join(taskDir.LogDir, "hello.stderr.0"), "err\n"))
 }
 
@@ -234,7 +236,12 @@ func TestDriver_stopHonoursSignalAndRecoversAfterRestart(t *testing.T) {
 	must.NoError(t, err)
 	written, err := os.ReadFile(pidFile)
 	must.NoError(t, err)
-	must.Eq(t, strconv.Itoa(pid)+"\n", string(written))
+	// The task sees itself by its number in its own PID namespace; the
+	// driver reports the host's number of the same process.
+	nspid := procNSpid(t, pid)
+	must.Eq(t, strconv.Itoa(nspid[len(nspid)-1])+"\n", string(written))
+	must.Eq(t, pid, nspid[0])
+	must.Greater(t, 1, len(nspid))
 
 	// A new driver process (as after an agent restart) takes the task back
 	// from the handle Nomad stored: same PID, still running.
@@ -487,4 +494,25 @@ func TestDriver_pluginTaskAndVolumeLifecycle(t *testing.T) {
 	waitExit(t, h, plugin.ID, 10*time.Second)
 	must.NoError(t, h.DestroyTask(plugin.ID, false))
 	must.SliceEmpty(t, mountsUnder(t, root))
+}
+
+// procNSpid reads the NSpid line of a host process: its number in each PID
+// namespace it is in, the host's first.
+func procNSpid(t *testing.T, pid int) []int {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	must.NoError(t, err)
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "NSpid:"); ok {
+			var out []int
+			for _, f := range strings.Fields(v) {
+				n, err := strconv.Atoi(f)
+				must.NoError(t, err)
+				out = append(out, n)
+			}
+			return out
+		}
+	}
+	t.Fatalf("no NSpid in /proc/%d/status", pid)
+	return nil
 }

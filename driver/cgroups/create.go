@@ -235,7 +235,7 @@ func (h *hierarchy) createV1(c *creation, rel string, l Limits) (*Group, error) 
 		}
 		mounts[ctrl] = m
 	}
-	g := &Group{version: 1, paths: make(map[string]string), cpusetPath: h.v1CpusetPath(l.CpusetCgroupPath), mounts: mounts}
+	g := &Group{version: 1, paths: make(map[string]string), cpusetPath: h.v1CpusetPath(l.CpusetCgroupPath), mounts: mounts, devices: l.Devices}
 	if _, ok := mounts["cpuset"]; !ok && g.cpusetPath != "" {
 		if m, err := h.v1Mount("cpuset"); err == nil {
 			mounts["cpuset"] = m
@@ -401,7 +401,7 @@ func (h *hierarchy) createV2(c *creation, rel string, l Limits) (*Group, error) 
 	if err != nil {
 		return nil, err
 	}
-	g := &Group{version: 2, paths: map[string]string{unifiedKey: leaf}}
+	g := &Group{version: 2, paths: map[string]string{unifiedKey: leaf}, devices: l.Devices}
 	if err := g.applyV2(l); err != nil {
 		return nil, err
 	}

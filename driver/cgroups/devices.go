@@ -231,3 +231,54 @@ func detachDeviceProgram(fd int, id ebpf.ProgramID) error {
 	defer prog.Close()
 	return link.RawDetachProgram(link.RawDetachProgramOptions{Target: fd, Program: prog, Attach: ebpf.AttachCGroupDevice})
 }
+
+// DeviceAllower opens, while the group's hierarchies are reachable by
+// path, what it takes to let the group open more devices later: a task's
+// launching thread calls allow once it has entered a root where cgroupfs
+// is not mounted, with the block devices of its volumes (known only once
+// they are published). done releases what was opened. A group without a
+// device filter (or one Load found) gets an allow that does nothing.
+func (g *Group) DeviceAllower() (allow func([]DeviceRule) error, done func(), err error) {
+	nothing := func() {}
+	if g.devices == nil {
+		return func([]DeviceRule) error { return nil }, nothing, nil
+	}
+	switch g.version {
+	case 1:
+		dir := g.paths["devices"]
+		fd, err := unix.Open(filepath.Join(dir, "devices.allow"), unix.O_WRONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return nil, nil, fmt.Errorf("failed to open the device filter of cgroup %s: %w", dir, err)
+		}
+		allow := func(rules []DeviceRule) error {
+			for _, r := range rules {
+				if err := r.validate(); err != nil {
+					return err
+				}
+				if _, err := unix.Write(fd, []byte(r.String())); err != nil {
+					return fmt.Errorf("failed to allow device %s in cgroup %s: %w", r, dir, err)
+				}
+			}
+			return nil
+		}
+		return allow, func() { _ = unix.Close(fd) }, nil
+	default:
+		dir := g.paths[unifiedKey]
+		fd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return nil, nil, fmt.Errorf("failed to open cgroup %s: %w", dir, err)
+		}
+		allow := func(rules []DeviceRule) error {
+			for _, r := range rules {
+				if err := r.validate(); err != nil {
+					return err
+				}
+			}
+			all := append(append([]DeviceRule(nil), g.devices...), rules...)
+			// The handle stands for the directory wherever this thread's
+			// root now is.
+			return setV2Devices(fmt.Sprintf("/proc/self/fd/%d", fd), all)
+		}
+		return allow, func() { _ = unix.Close(fd) }, nil
+	}
+}

@@ -47,6 +47,9 @@ type Group struct {
 	// mounts maps a v1 controller to its hierarchy's mount point; set only
 	// by Create (see JoinThread).
 	mounts map[string]string
+	// devices are the rules of the group's device filter; nil when it has
+	// none. Set only by Create (see DeviceAllower).
+	devices []DeviceRule
 }
 
 // State returns what Load needs to find the group again.
@@ -565,4 +568,31 @@ func (g *Group) Destroy() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// Via returns the group with every directory reached through root, a path
+// that stands for the host's root directory, such as /proc/self/fd/N of a
+// handle on it: for a thread that has entered a root of its own, where the
+// host's cgroup file systems are not mounted. The group is the same; only
+// how this thread finds it changes.
+func (g *Group) Via(root string) *Group {
+	via := func(p string) string {
+		if p == "" {
+			return ""
+		}
+		return filepath.Join(root, p)
+	}
+	c := *g
+	c.paths = make(map[string]string, len(g.paths))
+	for k, v := range g.paths {
+		c.paths[k] = via(v)
+	}
+	if g.mounts != nil {
+		c.mounts = make(map[string]string, len(g.mounts))
+		for k, v := range g.mounts {
+			c.mounts[k] = via(v)
+		}
+	}
+	c.cpusetPath = via(g.cpusetPath)
+	return &c
 }

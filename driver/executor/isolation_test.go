@@ -8,6 +8,9 @@ import (
 	"testing"
 
 	"github.com/shoenig/test/must"
+	"golang.org/x/sys/unix"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/cgroups"
 )
 
 // isolatedSpec is a test task kept from the host as a task that is not
@@ -94,4 +97,24 @@ if head -c1 /dev/zero >/dev/null && echo hi > /dev/null; then echo devnull=ok; f
 	for _, entry := range strings.Fields(got["dev"]) {
 		must.SliceContains(t, []string{"null", "zero", "full", "random", "urandom", "tty", "pts", "shm", "mqueue", "fd", "ptmx", "stdin", "stdout", "stderr"}, entry)
 	}
+}
+
+func TestIsolation_Devices_Root(t *testing.T) {
+	requireTaskRoot(t)
+	var st unix.Stat_t
+	if err := unix.Stat("/dev/loop0", &st); err != nil {
+		t.Skip("test needs /dev/loop0 to name a real block device")
+	}
+	tt := isolatedSpec(t, fmt.Sprintf(`
+if mknod /tmp/blk b %d %d 2>/dev/null; then echo mknod=ok; else echo mknod=failed; fi
+if head -c1 /tmp/blk >/dev/null 2>&1; then echo read=ok; else echo read=failed; fi
+if head -c1 /dev/urandom >/dev/null 2>&1; then echo urandom=ok; else echo urandom=failed; fi
+`, unix.Major(st.Rdev), unix.Minor(st.Rdev)))
+	tt.spec.Limits.Devices = cgroups.DefaultDevices
+	p := startTest(t, tt)
+	must.Eq(t, 0, waitExit(t, p).ExitCode, must.Sprintf("stderr: %s", readFile(t, tt.stderr)))
+	got := outputLines(readFile(t, tt.stdout))
+	t.Log(got)
+	must.Eq(t, "failed", got["read"], must.Sprint("a block device node the task made can be read"))
+	must.Eq(t, "ok", got["urandom"])
 }

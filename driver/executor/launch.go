@@ -152,6 +152,13 @@ func (p *prebuilt) discard() { close(p.jobs) }
 // launchOnThread runs on launchTask's thread. It does what does not depend
 // on the late mounts before it waits for them.
 func launchOnThread(spec *Spec, group *cgroups.Group, stdio []*os.File, ctl *os.File, pivoted bool) (cmd *exec.Cmd, leave func() error, err error) {
+	// The thread enters the task's root (or has already): the host's
+	// cgroup file systems, which an isolated root does not mount, are
+	// reached through the supervisor's handle on the host's root, before
+	// and after.
+	if hostRoot >= 0 {
+		group = group.Via(hostRootPath())
+	}
 	cred, err := resolveUser(spec.User)
 	if err != nil {
 		return nil, nil, err
@@ -246,7 +253,15 @@ func launchOnThread(spec *Spec, group *cgroups.Group, stdio []*os.File, ctl *os.
 	} else if leave, err = group.JoinThread(); err != nil {
 		return nil, nil, err
 	}
-	cmd, err = forkTask(m, spec, attr, root, after, trees, stdio, ctl, pivoted)
+	allowDevices, doneDevices, err := group.DeviceAllower()
+	if err != nil {
+		if leave != nil {
+			err = errors.Join(err, leave())
+		}
+		return nil, nil, err
+	}
+	defer doneDevices()
+	cmd, err = forkTask(m, spec, attr, root, after, trees, stdio, ctl, pivoted, allowDevices)
 	if err != nil && leave != nil {
 		err = errors.Join(err, leave())
 		leave = nil
@@ -257,7 +272,7 @@ func launchOnThread(spec *Spec, group *cgroups.Group, stdio []*os.File, ctl *os.
 // forkTask finishes the task's mounts once the late ones are there, enters
 // its root and forks it. early are trees of spec.Mounts taken before, for
 // an isolated task.
-func forkTask(m mounter.Interface, spec *Spec, attr *syscall.SysProcAttr, root string, after []Mount, early []*os.File, stdio []*os.File, ctl *os.File, pivoted bool) (*exec.Cmd, error) {
+func forkTask(m mounter.Interface, spec *Spec, attr *syscall.SysProcAttr, root string, after []Mount, early []*os.File, stdio []*os.File, ctl *os.File, pivoted bool, allowDevices func([]cgroups.DeviceRule) error) (*exec.Cmd, error) {
 	// The root is entered before the wait, so that what is left after the
 	// volumes come is short: their trees are attached at their targets in
 	// the entered root, which is sealed after that. Mounts inside a
@@ -292,6 +307,15 @@ func forkTask(m mounter.Interface, spec *Spec, attr *syscall.SysProcAttr, root s
 	at := root
 	if pivotFirst {
 		at = "/"
+	}
+	// A block-device volume is a device node the task must be able to
+	// open: the device filter learns it now that it is published.
+	if rules, err := deviceRules(trees, mounts); err != nil {
+		return nil, err
+	} else if len(rules) > 0 {
+		if err := allowDevices(rules); err != nil {
+			return nil, err
+		}
 	}
 	if err := attachAll(m, trees, mounts, at); err != nil {
 		return nil, err
@@ -359,6 +383,34 @@ func forkTask(m mounter.Interface, spec *Spec, attr *syscall.SysProcAttr, root s
 		return nil, fmt.Errorf("failed to execute %q: %w", path, err)
 	}
 	return cmd, nil
+}
+
+// deviceRules are the device filter rules for the trees that are device
+// nodes (block-device volumes, devices Nomad hands over), read-only ones
+// for read-only mounts.
+func deviceRules(trees []*os.File, mounts []Mount) ([]cgroups.DeviceRule, error) {
+	var rules []cgroups.DeviceRule
+	for i, t := range trees {
+		var st unix.Stat_t
+		if err := unix.Fstat(int(t.Fd()), &st); err != nil {
+			return nil, fmt.Errorf("mount %q: %w", mounts[i].Target, err)
+		}
+		var typ byte
+		switch st.Mode & unix.S_IFMT {
+		case unix.S_IFBLK:
+			typ = 'b'
+		case unix.S_IFCHR:
+			typ = 'c'
+		default:
+			continue
+		}
+		access := "rw"
+		if mounts[i].ReadOnly {
+			access = "r"
+		}
+		rules = append(rules, cgroups.DeviceRule{Type: typ, Major: int64(unix.Major(st.Rdev)), Minor: int64(unix.Minor(st.Rdev)), Access: access})
+	}
+	return rules, nil
 }
 
 // namespaceFlags are the unshare(2) flags of a task's launching thread.

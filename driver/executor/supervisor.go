@@ -62,6 +62,10 @@ func runSupervisor(args []string) int {
 		logger.Error("failed to open /proc", "error", err)
 		return 2
 	}
+	if err := openHostRoot(); err != nil {
+		logger.Error("failed to open the host's root", "error", err)
+		return 2
+	}
 	switch {
 	case len(args) == 0 || (len(args) >= 2 && args[0] == spareRootFlag):
 		ctl = os.NewFile(supervisorControlFD, "control-socket")
@@ -259,6 +263,24 @@ func warmUp() {
 	_, _ = json.Marshal(readyReport{})
 	_, _ = lastCap()
 }
+
+// hostRoot is a handle on the host's root directory, opened when the
+// supervisor starts, for a launching thread that entered the task's root
+// before its task came (see prebuilt).
+var hostRoot = -1
+
+func openHostRoot() error {
+	fd, err := unix.Open("/", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	hostRoot = fd
+	return nil
+}
+
+// hostRootPath is a path that stands for the host's root directory on any
+// thread of the supervisor whose root has /proc.
+func hostRootPath() string { return fmt.Sprintf("/proc/self/fd/%d", hostRoot) }
 
 // reapUntil reaps children until pid exits, and returns its status.
 func reapUntil(pid int) (unix.WaitStatus, error) {
