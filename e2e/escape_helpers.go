@@ -1,0 +1,298 @@
+//go:build e2e
+
+package e2e
+
+// Helpers for the escape suite (escape_test.go): running one attack job
+// (e2e/jobs/escape-*.hcl) with its arguments, reading the "RESULT <name>
+// OK|FAILED <why>" lines the attack scripts print, host sleepers, and the
+// host facts the attacks are aimed at.
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// escTimeout bounds each wait of the suite: an attack job to finish, a
+// service job to say it is ready.
+const escTimeout = 90 * time.Second
+
+var escCounter atomic.Int64
+
+// escUniq is a name part unique to this run and call: digits only, so that
+// it can follow "sleep 300." in a sleeper's argv.
+func escUniq() string {
+	return fmt.Sprintf("%d%d%d", os.Getpid(), time.Now().UnixNano()%1e6, escCounter.Add(1))
+}
+
+// escRun runs an attack job from e2e/jobs/<name>.hcl as user ("" leaves
+// user unset) with args after its script, and stops and purges it when the
+// test ends.
+func escRun(t *testing.T, a *Agent, name, user string, args []string, extra map[string]string) Job {
+	t.Helper()
+	v := map[string]string{"User": user, "Args": volHCLList(args)}
+	for k, val := range extra {
+		v[k] = val
+	}
+	job := a.RunJob(t, name, v)
+	t.Cleanup(func() { a.stopJobs([]string{job.ID}, escTimeout) })
+	return job
+}
+
+// escFinished waits until an attack job's allocation is complete or failed,
+// logs what the task printed, and fails the test when the task never got
+// to the end of its script (an attack that did not run proves nothing).
+func escFinished(t *testing.T, a *Agent, job Job, task string) (*Allocation, escResults) {
+	t.Helper()
+	al := a.WaitAlloc(t, job.ID, escTimeout, StatusComplete, StatusFailed)
+	out := escLogs(t, a, al.ID, task)
+	if !strings.Contains(out, "DONE") {
+		t.Fatalf("the attack did not run to its end (no DONE in its output):\n%s", al.Describe())
+	}
+	return al, escParse(out)
+}
+
+// escLogs reads and logs a task's stdout and stderr, and returns stdout.
+func escLogs(t *testing.T, a *Agent, allocID, task string) string {
+	t.Helper()
+	stdout, _ := a.Nomad("alloc", "logs", allocID, task)
+	stderr, _ := a.Nomad("alloc", "logs", "-stderr", allocID, task)
+	t.Logf("task %s of allocation %s said:\n%s", task, allocID, strings.TrimRight(stdout, "\n"))
+	if strings.TrimSpace(stderr) != "" {
+		t.Logf("and on stderr:\n%s", strings.TrimRight(stderr, "\n"))
+	}
+	return stdout
+}
+
+// escResult is one "RESULT <name> OK|FAILED <why>" line.
+type escResult struct {
+	OK  bool
+	Why string
+}
+
+type escResults map[string]escResult
+
+func escParse(out string) escResults {
+	res := escResults{}
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		if len(f) < 3 || f[0] != "RESULT" {
+			continue
+		}
+		res[f[1]] = escResult{OK: f[2] == "OK", Why: strings.Join(f[3:], " ")}
+	}
+	return res
+}
+
+// mustFail checks that the attack tried each named step and that the step
+// failed.
+func (r escResults) mustFail(t *testing.T, names ...string) {
+	t.Helper()
+	for _, n := range names {
+		res, ok := r[n]
+		switch {
+		case !ok:
+			t.Errorf("%s: the attack did not report this step", n)
+		case res.OK:
+			t.Errorf("%s: ESCAPED: the step succeeded: %s", n, res.Why)
+		default:
+			t.Logf("%s: contained: %s", n, res.Why)
+		}
+	}
+}
+
+// escSleeper is a host process outside every task, for the tasks to look
+// for and signal.
+type escSleeper struct {
+	PID    int
+	Arg    string // its argument, "300.<unique>"
+	exited chan struct{}
+	err    error
+}
+
+// escStartSleeper starts "sleep 300.<nonce>" on the host and kills it when
+// the test ends.
+func escStartSleeper(t *testing.T, nonce string) *escSleeper {
+	t.Helper()
+	s := &escSleeper{Arg: "300." + nonce, exited: make(chan struct{})}
+	cmd := exec.Command("sleep", s.Arg)
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("failed to start the host sleeper: %v", err)
+	}
+	s.PID = cmd.Process.Pid
+	go func() {
+		s.err = cmd.Wait()
+		close(s.exited)
+	}()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-s.exited
+	})
+	return s
+}
+
+// Alive tells whether the sleeper is still running, and if not, how it
+// ended.
+func (s *escSleeper) Alive() (bool, string) {
+	select {
+	case <-s.exited:
+		return false, fmt.Sprint(s.err)
+	default:
+		return true, ""
+	}
+}
+
+// escHostBlockDevice finds a real block device of the host: the one that
+// holds /, else the first one in /proc/partitions. It returns its major
+// and minor numbers and its /dev path.
+func escHostBlockDevice(t *testing.T) (major, minor uint32, path string) {
+	t.Helper()
+	var st unix.Stat_t
+	if err := unix.Stat("/", &st); err == nil {
+		major, minor = unix.Major(st.Dev), unix.Minor(st.Dev)
+		if name := escBlockName(major, minor); name != "" {
+			return major, minor, "/dev/" + name
+		}
+	}
+	f, err := os.Open("/proc/partitions")
+	if err != nil {
+		t.Fatalf("no block device found: %v", err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) != 4 {
+			continue
+		}
+		ma, err1 := strconv.ParseUint(fields[0], 10, 32)
+		mi, err2 := strconv.ParseUint(fields[1], 10, 32)
+		if err1 == nil && err2 == nil {
+			return uint32(ma), uint32(mi), "/dev/" + fields[3]
+		}
+	}
+	t.Fatalf("no block device in /proc/partitions")
+	return 0, 0, ""
+}
+
+// escBlockName is the kernel's name of block device major:minor ("" when
+// there is none).
+func escBlockName(major, minor uint32) string {
+	b, err := os.ReadFile(fmt.Sprintf("/sys/dev/block/%d:%d/uevent", major, minor))
+	if err != nil {
+		return ""
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "DEVNAME="); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+// escFullCaps is CapEff with every capability this kernel knows.
+func escFullCaps(t *testing.T) uint64 {
+	t.Helper()
+	b, err := os.ReadFile("/proc/sys/kernel/cap_last_cap")
+	if err != nil {
+		t.Fatalf("failed to read the last capability: %v", err)
+	}
+	last, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatalf("failed to read the last capability: %v", err)
+	}
+	return 1<<(last+1) - 1
+}
+
+// escProcsRunning lists the host PIDs whose argv is exactly argv.
+func escProcsRunning(argv ...string) []int {
+	want := strings.Join(argv, "\x00") + "\x00"
+	var pids []int
+	for _, p := range listProcs() {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", p.PID))
+		if err == nil && string(b) == want && procState(p.PID) != "Z" {
+			pids = append(pids, p.PID)
+		}
+	}
+	return pids
+}
+
+// escCgroupOf is a process's /proc/PID/cgroup on one line.
+func escCgroupOf(pid int) string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		return err.Error()
+	}
+	return strings.ReplaceAll(strings.TrimSpace(string(b)), "\n", " ")
+}
+
+// escRemove removes a file or empty directory the attack may have left on
+// the host, and says so.
+func escRemove(t *testing.T, path string) {
+	if _, err := os.Lstat(path); errors.Is(err, os.ErrNotExist) {
+		return
+	}
+	if err := os.Remove(path); err != nil {
+		t.Errorf("failed to remove %s left by the attack: %v", path, err)
+		return
+	}
+	t.Logf("removed %s left by the attack", path)
+}
+
+// escMustNotExist checks the host for a path an attack tried to make.
+func escMustNotExist(t *testing.T, path, what string) {
+	t.Helper()
+	fi, err := os.Lstat(path)
+	switch {
+	case err == nil:
+		t.Errorf("ESCAPED: %s: %s exists on the host (%s, mode %v)", what, path, fi.Name(), fi.Mode())
+	case errors.Is(err, os.ErrNotExist):
+		t.Logf("contained: %s: no %s on the host", what, path)
+	default:
+		t.Errorf("failed to check the host for %s: %v", path, err)
+	}
+}
+
+// escCgroupDirs lists /sys/fs/cgroup/*/<name> directories that exist.
+func escCgroupDirs(name string) []string {
+	dirs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", name))
+	var out []string
+	for _, d := range dirs {
+		if fi, err := os.Lstat(filepath.Dir(d)); err == nil && fi.Mode()&os.ModeSymlink != 0 {
+			continue // cpu -> cpu,cpuacct: the same hierarchy
+		}
+		out = append(out, d)
+	}
+	return out
+}
+
+// escCgroupPIDs lists the processes in a cgroup directory.
+func escCgroupPIDs(dir string) []int {
+	b, _ := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+	var pids []int
+	for _, f := range strings.Fields(string(b)) {
+		if pid, err := strconv.Atoi(f); err == nil {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// escCmdline is a process's argv on one line.
+func escCmdline(pid int) string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil {
+		return err.Error()
+	}
+	return strings.TrimSpace(strings.ReplaceAll(string(b), "\x00", " "))
+}
