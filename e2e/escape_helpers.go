@@ -8,7 +8,6 @@ package e2e
 // host facts the attacks are aimed at.
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"os"
@@ -19,8 +18,6 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 // escTimeout bounds each wait of the suite: an attack job to finish, a
@@ -152,56 +149,34 @@ func (s *escSleeper) Alive() (bool, string) {
 	}
 }
 
-// escHostBlockDevice finds a real block device of the host: the one that
-// holds /, else the first one in /proc/partitions. It returns its major
-// and minor numbers and its /dev path.
-func escHostBlockDevice(t *testing.T) (major, minor uint32, path string) {
+// escLoopDevice attaches a loop device to a 1 MiB file that starts with
+// marker, and detaches it when the test ends.
+func escLoopDevice(t *testing.T, marker string) string {
 	t.Helper()
-	var st unix.Stat_t
-	if err := unix.Stat("/", &st); err == nil {
-		major, minor = unix.Major(st.Dev), unix.Minor(st.Dev)
-		if name := escBlockName(major, minor); name != "" {
-			return major, minor, "/dev/" + name
-		}
+	img := filepath.Join(t.TempDir(), "escape.img")
+	if err := os.WriteFile(img, []byte(marker), 0o600); err != nil {
+		t.Fatalf("%v", err)
 	}
-	f, err := os.Open("/proc/partitions")
+	if err := os.Truncate(img, 1<<20); err != nil {
+		t.Fatalf("%v", err)
+	}
+	out, err := exec.Command("losetup", "--find", "--show", img).CombinedOutput()
 	if err != nil {
-		t.Fatalf("no block device found: %v", err)
+		t.Fatalf("losetup --find --show %s: %v: %s", img, err, out)
 	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) != 4 {
-			continue
+	dev := strings.TrimSpace(string(out))
+	t.Cleanup(func() {
+		if out, err := exec.Command("losetup", "--detach", dev).CombinedOutput(); err != nil {
+			t.Errorf("losetup --detach %s: %v: %s", dev, err, out)
 		}
-		ma, err1 := strconv.ParseUint(fields[0], 10, 32)
-		mi, err2 := strconv.ParseUint(fields[1], 10, 32)
-		if err1 == nil && err2 == nil {
-			return uint32(ma), uint32(mi), "/dev/" + fields[3]
-		}
-	}
-	t.Fatalf("no block device in /proc/partitions")
-	return 0, 0, ""
+	})
+	return dev
 }
 
-// escBlockName is the kernel's name of block device major:minor ("" when
-// there is none).
-func escBlockName(major, minor uint32) string {
-	b, err := os.ReadFile(fmt.Sprintf("/sys/dev/block/%d:%d/uevent", major, minor))
-	if err != nil {
-		return ""
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "DEVNAME="); ok {
-			return v
-		}
-	}
-	return ""
-}
-
-// escFullCaps is CapEff with every capability this kernel knows.
-func escFullCaps(t *testing.T) uint64 {
+// escFullCaps is every capability this kernel knows (kernel), and every
+// capability the host's root has here (host: the test's own bounding set,
+// which on these machines lacks CAP_SYS_RESOURCE).
+func escFullCaps(t *testing.T) (kernel, host uint64) {
 	t.Helper()
 	b, err := os.ReadFile("/proc/sys/kernel/cap_last_cap")
 	if err != nil {
@@ -211,7 +186,15 @@ func escFullCaps(t *testing.T) uint64 {
 	if err != nil {
 		t.Fatalf("failed to read the last capability: %v", err)
 	}
-	return 1<<(last+1) - 1
+	bnd, err := StatusField(os.Getpid(), "CapBnd")
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	host, err = strconv.ParseUint(bnd, 16, 64)
+	if err != nil {
+		t.Fatalf("failed to parse CapBnd %q: %v", bnd, err)
+	}
+	return 1<<(last+1) - 1, host
 }
 
 // escProcsRunning lists the host PIDs whose argv is exactly argv.
@@ -295,4 +278,23 @@ func escCmdline(pid int) string {
 		return err.Error()
 	}
 	return strings.TrimSpace(strings.ReplaceAll(string(b), "\x00", " "))
+}
+
+// escTaskMountAt says whether path is a mount point in the mount namespace
+// of a task's processes, from their /proc/PID/mountinfo.
+func escTaskMountAt(allocID, task, path string) string {
+	pids := TaskPIDs(allocID, task)
+	if len(pids) == 0 {
+		return "no process"
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", pids[0]))
+	if err != nil {
+		return err.Error()
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) > 4 && f[4] == path {
+			return "mounted: " + line
+		}
+	}
+	return "not a mount point"
 }

@@ -1,8 +1,8 @@
 # Escape suite, attack 7: leave the task's cgroup. The task and a
 # background child each write their pid into the root of every hierarchy
 # under /sys/fs/cgroup (tasks, cgroup.procs) and into a new group
-# escape-$2 made there; the child then becomes "sleep 301.$1", which must
-# not outlive the job.
+# escape-$2-<task|child> made there; the child then becomes
+# "sleep 301.$1", which must not outlive the job.
 job "{{.JobID}}" {
   type = "service"
 
@@ -41,8 +41,8 @@ job "{{.JobID}}" {
               for f in tasks cgroup.procs; do
                 [ -e "$h/$f" ] && try "$2:write:$h/$f" putpid "$1" "$h/$f"
               done
-              if try "$2:mkdir:$h/escape-$3" mkdir "$h/escape-$3"; then
-                try "$2:move:$h/escape-$3" putpid "$1" "$h/escape-$3/cgroup.procs"
+              if try "$2:mkdir:$h/escape-$3-$2" mkdir "$h/escape-$3-$2"; then
+                try "$2:move:$h/escape-$3-$2" putpid "$1" "$h/escape-$3-$2/cgroup.procs"
               fi
             done
           }

@@ -1,7 +1,7 @@
 # Escape suite, attack 2: make a node for a host block device (major $1,
 # minor $2) in /tmp and read from it, then read the host's own node ($3).
 # The node is /tmp/escape-blk-$4, removed by the task (and by the test when
-# the task could not).
+# the task could not). A read prints the device's first printable bytes.
 job "{{.JobID}}" {
   type = "batch"
 
@@ -34,9 +34,9 @@ job "{{.JobID}}" {
           }
           echo "uid=$(id -u) $(grep CapEff /proc/self/status)"
           readdev() {
-            n=$(dd if="$1" bs=512 count=1 2>/dev/null | wc -c)
-            [ "$n" -gt 0 ] || { dd if="$1" of=/dev/null bs=512 count=1 2>&1 | head -1; return 1; }
-            echo "read $n bytes"
+            c=$(dd if="$1" bs=512 count=1 2>/dev/null | tr -cd '[:print:]')
+            [ -n "$c" ] || { dd if="$1" of=/dev/null bs=512 count=1 2>&1 | head -1; return 1; }
+            echo "first bytes: $c"
           }
           node=/tmp/escape-blk-$4
           try mknod mknod "$node" b "$1" "$2"

@@ -32,10 +32,11 @@ job "{{.JobID}}" {
             else echo "RESULT $n FAILED rc=$? $(printf '%s' "$out" | tr '\n' ' ')"; return 1; fi
           }
           echo "uid=$(id -u) $(grep CapEff /proc/self/status)"
+          readfile() { c=$(cat "$1") && printf '%s' "$c" | tr -cd '[:print:]'; }
           try list-root-dir ls -la "$1"
-          try read-journal cat "$2"
+          try read-journal readfile "$2"
           try list-secrets-dir ls -la "$3"
-          try read-secret cat "$4"
+          try read-secret readfile "$4"
           echo DONE
         EOT
         , "escape"], {{.Vars.Args}})

@@ -40,7 +40,7 @@ job "{{.JobID}}" {
           }
           scan() {
             for f in /proc/[0-9]*/cmdline; do
-              c=$(tr '\0' ' ' < "$f" 2>/dev/null)
+              c=$(tr '\0' ' ' 2>/dev/null < "$f")
               case "$c" in *"$1"*) echo "$f: $c"; return 0 ;; esac
             done
             echo "none of $(ls -d /proc/[0-9]* | wc -l) processes in /proc runs $1"; return 1
