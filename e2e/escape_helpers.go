@@ -33,11 +33,12 @@ func escUniq() string {
 }
 
 // escRun runs an attack job from e2e/jobs/<name>.hcl as user ("" leaves
-// user unset) with args after its script, and stops and purges it when the
-// test ends.
+// user unset) with args after its script, on the driver under test (the
+// jobs that need the csi driver say so themselves), and stops and purges
+// it when the test ends.
 func escRun(t *testing.T, a *Agent, name, user string, args []string, extra map[string]string) Job {
 	t.Helper()
-	v := map[string]string{"User": user, "Args": volHCLList(args)}
+	v := map[string]string{"User": user, "Args": volHCLList(args), "Driver": testDriver}
 	for k, val := range extra {
 		v[k] = val
 	}

@@ -15,6 +15,12 @@ package e2e
 // and one fixture plugin for the cases with volumes. Each case cleans up
 // what it made on the host (files, directories, cgroups, sleepers) and
 // stops and purges its jobs, also when it fails.
+//
+// E2E_DRIVER=exec runs the attackers of the cases that need no CSI volume
+// of their own on Nomad's exec driver instead (victims and plugins stay on
+// the csi driver), as nobody, which checks that each case passes against
+// isolation that works; the other cases and the root variants are skipped
+// then.
 
 import (
 	"os"
@@ -38,10 +44,13 @@ type escEnv struct {
 }
 
 func TestEscape(t *testing.T) {
-	requireCSI(t)
 	t.Parallel()
 	fixture := csiBin(t, "csi-fixture")
-	a := StartAgent(t, AgentOptions{AllowPrivileged: true})
+	opts := AgentOptions{AllowPrivileged: true, Drivers: []string{DriverName}}
+	if testDriver != DriverName {
+		opts.Drivers = append(opts.Drivers, testDriver)
+	}
+	a := StartAgent(t, opts)
 	// Before the agent closes: workloads first, then the plugins, and
 	// nothing left mounted or journaled.
 	t.Cleanup(func() { volFinalCheck(t, a) })
@@ -67,6 +76,12 @@ func TestEscape(t *testing.T) {
 			t.Parallel()
 			for _, u := range users {
 				t.Run(u.name, func(t *testing.T) {
+					if u.user == "root" && testDriver != DriverName {
+						// With "user.checked_drivers" cleared, exec
+						// still fails here: "unable to apply caps:
+						// operation not permitted".
+						t.Skipf("Nomad's %s driver refuses root (client user.denylist)", testDriver)
+					}
 					t.Parallel()
 					at.run(t, e, u.user)
 				})
@@ -401,6 +416,7 @@ func escLeaveCgroup(t *testing.T, e *escEnv, user string) {
 
 // 8a. A volume destination below an existing host directory.
 func escDestination(t *testing.T, e *escEnv, user string) {
+	requireCSI(t)
 	u := escUniq()
 	dir := "/srv/escape-" + u
 	dest := filepath.Join(dir, "data")
@@ -421,6 +437,7 @@ func escDestination(t *testing.T, e *escEnv, user string) {
 // 8b. A volume destination through a symlink a prestart task made in the
 // shared alloc dir.
 func escSymlinkDestination(t *testing.T, e *escEnv, user string) {
+	requireCSI(t)
 	u := escUniq()
 	hostTarget := "/etc/escape-" + u
 	t.Cleanup(func() { escRemove(t, hostTarget) })
@@ -439,6 +456,7 @@ func escSymlinkDestination(t *testing.T, e *escEnv, user string) {
 
 // The control: a privileged CSI plugin task keeps the host's powers.
 func escPrivilegedPlugin(t *testing.T, e *escEnv) {
+	requireCSI(t)
 	u := escUniq()
 	nonce := escUniq()
 	s := escStartSleeper(t, nonce)

@@ -16,7 +16,7 @@ job "{{.JobID}}" {
     }
 
     task "t" {
-      driver       = "csi"
+      driver       = "{{.Vars.Driver}}"
       kill_signal  = "SIGTERM"
       kill_timeout = "3s"
 {{- if .Vars.User}}
