@@ -32,21 +32,6 @@ func escUniq() string {
 	return fmt.Sprintf("%d%d%d", os.Getpid(), time.Now().UnixNano()%1e6, escCounter.Add(1))
 }
 
-// escRun runs an attack job from e2e/jobs/<name>.hcl as user ("" leaves
-// user unset) with args after its script, on the driver under test (the
-// jobs that need the csi driver say so themselves), and stops and purges
-// it when the test ends.
-func escRun(t *testing.T, a *Agent, name, user string, args []string, extra map[string]string) Job {
-	t.Helper()
-	v := map[string]string{"User": user, "Args": volHCLList(args), "Driver": testDriver}
-	for k, val := range extra {
-		v[k] = val
-	}
-	job := a.RunJob(t, name, v)
-	t.Cleanup(func() { a.stopJobs([]string{job.ID}, escTimeout) })
-	return job
-}
-
 // escFinished waits until an attack job's allocation is complete or failed,
 // logs what the task printed, and fails the test when the task never got
 // to the end of its script (an attack that did not run proves nothing).

@@ -94,6 +94,21 @@ func TestEscape(t *testing.T) {
 	})
 }
 
+// escRun runs an attack job from e2e/jobs/<name>.hcl as user ("" leaves
+// user unset) with args after its script, on the driver under test (the
+// jobs that need the csi driver say so themselves), and stops and purges
+// it when the test ends.
+func escRun(t *testing.T, a *Agent, name, user string, args []string, extra map[string]string) Job {
+	t.Helper()
+	v := map[string]string{"User": user, "Args": volHCLList(args), "Driver": testDriver}
+	for k, val := range extra {
+		v[k] = val
+	}
+	job := a.RunJob(t, name, v)
+	t.Cleanup(func() { a.stopJobs([]string{job.ID}, escTimeout) })
+	return job
+}
+
 // 1. Write files into /etc, /var/tmp and /root of the host.
 func escHostWrite(t *testing.T, e *escEnv, user string) {
 	u := escUniq()
