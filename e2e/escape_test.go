@@ -23,6 +23,7 @@ package e2e
 // then.
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -121,10 +122,11 @@ func escHostWrite(t *testing.T, e *escEnv, user string) {
 	job := escRun(t, e.a, "escape-host-write", user, paths, nil)
 	_, res := escFinished(t, e.a, job, "t")
 	for _, p := range paths {
-		if _, ok := res["write:"+p]; !ok {
+		r, ok := res["write:"+p]
+		if !ok {
 			t.Errorf("the task did not try to write %s", p)
 		}
-		escMustNotExist(t, p, "write:"+p+" ("+res["write:"+p].Why+")")
+		escMustNotExist(t, p, fmt.Sprintf("a task's write (it said ok=%v %s)", r.OK, r.Why))
 	}
 }
 
