@@ -102,14 +102,18 @@ func (r *nativeRun) pluginHealthy(t *testing.T) {
 	}
 	must.StrContains(t, out, "fixture.csi.nomad-driver-csi")
 
-	// With no file system isolation Nomad hands the plugin the socket's
-	// host path, and the plugin listens there.
+	// The driver builds the task's root (FSIsolation image): Nomad hands
+	// the plugin the socket's path in the task, under mount_dir, which the
+	// driver binds to Nomad's plugin directory, where the socket is.
 	sock := filepath.Join(a.NativeCSIDir(), "plugins", al.ID, "csi.sock")
+	fi, err := os.Stat(sock)
+	must.NoError(t, err)
+	must.True(t, fi.Mode()&os.ModeSocket != 0)
 	pids := TaskPIDs(al.ID, "plugin")
 	must.SliceNotEmpty(t, pids)
 	env, err := nativeEnviron(pids[0])
 	must.NoError(t, err)
-	must.SliceContains(t, env, "CSI_ENDPOINT=unix://"+sock)
+	must.SliceContains(t, env, "CSI_ENDPOINT=unix://"+filepath.Join(a.NativePluginVars(pluginFixtureID, true, "")["MountDir"], "csi.sock"))
 }
 
 // examplesValidate checks the files of examples/native with

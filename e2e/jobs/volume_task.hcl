@@ -20,6 +20,9 @@ job "{{.JobID}}" {
 
     task "t" {
       driver       = "csi"
+      # The fixture's volumes belong to root: a task that is not privileged
+      # runs as nobody unless it says otherwise.
+      user         = "root"
       kill_signal  = "SIGTERM"
       kill_timeout = "3s"
 
