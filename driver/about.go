@@ -54,6 +54,14 @@ var configSpec = hclspec.NewObject(map[string]*hclspec.Spec{
 		hclspec.NewAttr("allow_privileged", "bool", false),
 		hclspec.NewLiteral("false"),
 	),
+	"privileged_plugins_only": hclspec.NewDefault(
+		hclspec.NewAttr("privileged_plugins_only", "bool", false),
+		hclspec.NewLiteral("true"),
+	),
+	"allow_cross_namespace_volumes": hclspec.NewDefault(
+		hclspec.NewAttr("allow_cross_namespace_volumes", "bool", false),
+		hclspec.NewLiteral("false"),
+	),
 	"root_dir": hclspec.NewDefault(
 		hclspec.NewAttr("root_dir", "string", false),
 		hclspec.NewLiteral(fmt.Sprintf("%q", DefaultRootDir)),
@@ -92,11 +100,25 @@ var capabilities = &drivers.Capabilities{
 
 // Config is the decoded agent-side configuration.
 type Config struct {
-	Enabled          bool     `codec:"enabled"`
-	AllowPrivileged  bool     `codec:"allow_privileged"`
-	RootDir          string   `codec:"root_dir"`
-	CgroupParent     string   `codec:"cgroup_parent"`
-	PluginSocketDirs []string `codec:"plugin_socket_dirs"`
+	Enabled         bool `codec:"enabled"`
+	AllowPrivileged bool `codec:"allow_privileged"`
+	// PrivilegedPluginsOnly limits privileged = true to CSI plugin tasks:
+	// tasks with this driver's csi_plugin block, and plugin tasks of
+	// Nomad's own task-level csi_plugin block (see nomadPluginTask).
+	PrivilegedPluginsOnly bool `codec:"privileged_plugins_only"`
+	// AllowCrossNamespaceVolumes lets a task use a volume that belongs to
+	// another Nomad namespace on this node (the namespace of the job that
+	// created or first used it).
+	AllowCrossNamespaceVolumes bool     `codec:"allow_cross_namespace_volumes"`
+	RootDir                    string   `codec:"root_dir"`
+	CgroupParent               string   `codec:"cgroup_parent"`
+	PluginSocketDirs           []string `codec:"plugin_socket_dirs"`
+}
+
+// defaultConfig is the configuration of an agent that gives the plugin no
+// config block: what configSpec's defaults make.
+func defaultConfig() Config {
+	return Config{Enabled: true, PrivilegedPluginsOnly: true, RootDir: DefaultRootDir, CgroupParent: DefaultCgroupParent}
 }
 
 // validate checks the agent-side configuration; its errors name the key.
@@ -117,6 +139,12 @@ func (c *Config) validate() error {
 	for i, dir := range c.PluginSocketDirs {
 		if !filepath.IsAbs(dir) {
 			return fmt.Errorf("plugin_socket_dirs[%d] must be an absolute path, got %q", i, dir)
+		}
+		// A task plugin's socket directory under root_dir would be found
+		// again as an operator's socket, by the id its plugin names
+		// itself, which the job chooses.
+		if clean := filepath.Clean(dir); clean == c.RootDir || strings.HasPrefix(clean, c.RootDir+"/") {
+			return fmt.Errorf("plugin_socket_dirs[%d] %q must not be root_dir %q or inside it: the sockets of plugin tasks live there, and a socket found in plugin_socket_dirs is trusted as the operator's", i, dir, c.RootDir)
 		}
 	}
 	return nil
