@@ -527,8 +527,12 @@ func (m *Manager) checkNamespace(req VolumeRequest, volumeID string) error {
 	if !ok || owner == req.Namespace {
 		return nil
 	}
-	return &namespaceError{fmt.Sprintf("volume %q: volume_id %q of CSI plugin %q belongs to namespace %q on node %q (the namespace that created or first used it), not to namespace %q: run the job in namespace %q, or have the operator set allow_cross_namespace_volumes = true in the driver's plugin config",
-		req.Name, volumeID, req.PluginID, owner, m.cfg.NodeName, req.Namespace, owner)}
+	id := fmt.Sprintf("volume_id %q", volumeID)
+	if volumeID != req.VolumeID {
+		id = fmt.Sprintf("volume_id %q (created on this node as %q)", volumeID, req.VolumeID)
+	}
+	return &namespaceError{fmt.Sprintf("volume %q: %s of CSI plugin %q belongs to namespace %q on node %q (the namespace that created or first used it), not to namespace %q: run the job in namespace %q, or have the operator set allow_cross_namespace_volumes = true in the driver's plugin config",
+		req.Name, id, req.PluginID, owner, m.cfg.NodeName, req.Namespace, owner)}
 }
 
 // claimOwner returns the op that records the request's namespace as the

@@ -3,6 +3,7 @@ package csihook
 import (
 	"context"
 	"encoding/binary"
+	"fmt"
 	"hash/crc32"
 	"os"
 	"path/filepath"
@@ -96,6 +97,7 @@ func TestNamespace_createdVolumeBelongsToCreator(t *testing.T) {
 	other.Create = &CreateRequest{CapacityMin: 1 << 20}
 	_, err = h.m.Setup(ctx, "task-b", []VolumeRequest{other})
 	must.ErrorIs(t, err, ErrOtherNamespace)
+	must.ErrorContains(t, err, fmt.Sprintf(`volume_id %q (created on this node as "my-vol") of CSI plugin "p" belongs to namespace "team-a"`, c.VolumeID))
 	must.Eq(t, 0, h.fake.Count(MethodCreateVolume), must.Sprint("the other namespace's create reached the plugin"))
 
 	_, err = h.m.Setup(ctx, "task-b", []VolumeRequest{nsReq("team-b", "data", c.VolumeID)})
