@@ -78,8 +78,16 @@ func (p *pluginTasks) job(id, taskID string) (jobRef, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	cur, ok := p.byID[id]
-	if !ok || cur.config.ID != taskID {
+	if !ok {
 		return jobRef{}, false
+	}
+	if cur.config.ID != taskID {
+		// A new task claimed the id and is starting; the prober still
+		// lists the one it replaces.
+		if cur.prev == nil || cur.prev.config.ID != taskID {
+			return jobRef{}, false
+		}
+		return cur.prev.job, true
 	}
 	return cur.job, true
 }

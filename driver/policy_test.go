@@ -8,10 +8,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/nomad/plugins/drivers"
 	"github.com/shoenig/test/must"
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/csihook"
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor"
 	"github.com/nomad-driver-csi/nomad-driver-csi/fingerprint"
 	"github.com/nomad-driver-csi/nomad-driver-csi/mounter"
 )
@@ -300,4 +302,34 @@ func TestConfig_validatePolicy(t *testing.T) {
 	must.ErrorContains(t, c.validate(), `plugin_socket_dirs[0] "/var/lib/ncsi/plugins" must not be root_dir "/var/lib/ncsi" or inside it`)
 	c.PluginSocketDirs = []string{"/var/lib/ncsi-sockets", "/var/lib"}
 	must.NoError(t, c.validate())
+}
+
+// A plugin task that is gone after a driver restart keeps its id for its
+// job's next task, over a socket that named itself so meanwhile; another
+// job's task cannot take it from the socket.
+func TestRecoverTask_lostPluginTaskKeepsIDForItsJob(t *testing.T) {
+	sockets := shortTempDir(t)
+	d := newTestDriver(t, Config{Enabled: true, PluginSocketDirs: []string{sockets}})
+	withFakePlugins(t, d)
+	plugin := TaskConfig{Command: "/bin/plugin", CSIPlugin: &PluginTaskConfig{ID: "hp", Type: "controller", MountDir: "/csi"}}
+	first := jobTask(t, plugin, "alloc-1", "default", "plugins")
+	handle, _, err := d.StartTask(first)
+	must.NoError(t, err)
+	late := filepath.Join(sockets, "late", "csi.sock")
+	listenUnix(t, late)
+
+	d2 := newTestDriver(t, Config{Enabled: true, PluginSocketDirs: []string{sockets}})
+	fp2 := withFakePlugins(t, d2)
+	fp2.set(late, fingerprint.NewFake(fingerprint.PluginInfo{Name: "hp"}, fingerprint.NodeInfo{NodeID: "n1"}))
+	d2.recover = func(hclog.Logger, executor.State) (taskProcess, error) { return nil, executor.ErrGone }
+	must.ErrorIs(t, d2.RecoverTask(persisted(t, handle)), executor.ErrGone)
+
+	other := jobTask(t, plugin, "alloc-x", "default", "squatter")
+	_, _, err = d2.StartTask(other)
+	must.ErrorContains(t, err, "in plugin_socket_dirs")
+	next := jobTask(t, plugin, "alloc-2", "default", "plugins")
+	_, _, err = d2.StartTask(next)
+	must.NoError(t, err)
+	st, _ := d2.prober.Get("hp")
+	must.Eq(t, next.ID, st.TaskID)
 }
