@@ -199,7 +199,9 @@ func (d *Driver) SetConfig(c *base.Config) error {
 		// are gone lose their volumes, interrupted steps are finished.
 		d.recoverOnce.Do(func() { d.goBackground(d.recoverVolumes) })
 	}
-	d.logger.Debug("configured", "root_dir", cfg.RootDir, "allow_privileged", cfg.AllowPrivileged, "enabled", cfg.Enabled)
+	d.logger.Debug("configured", "root_dir", cfg.RootDir, "allow_privileged", cfg.AllowPrivileged,
+		"privileged_plugins_only", cfg.PrivilegedPluginsOnly, "allow_cross_namespace_volumes", cfg.AllowCrossNamespaceVolumes,
+		"enabled", cfg.Enabled)
 	return nil
 }
 

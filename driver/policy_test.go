@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/nomad/helper/pluginutils/hclutils"
 	"github.com/hashicorp/nomad/plugins/drivers"
 	"github.com/shoenig/test/must"
 
@@ -332,4 +333,22 @@ func TestRecoverTask_lostPluginTaskKeepsIDForItsJob(t *testing.T) {
 	must.NoError(t, err)
 	st, _ := d2.prober.Get("hp")
 	must.Eq(t, next.ID, st.TaskID)
+}
+
+// The agent's plugin config block: the policy keys' defaults and values.
+func TestConfigSpec_policyKeys(t *testing.T) {
+	var c Config
+	hclutils.NewConfigParser(configSpec).ParseHCL(t, `config {
+  allow_privileged = true
+}`, &c)
+	must.True(t, c.PrivilegedPluginsOnly, must.Sprint("privileged_plugins_only must default to true"))
+	must.False(t, c.AllowCrossNamespaceVolumes)
+
+	c = Config{}
+	hclutils.NewConfigParser(configSpec).ParseHCL(t, `config {
+  privileged_plugins_only       = false
+  allow_cross_namespace_volumes = true
+}`, &c)
+	must.False(t, c.PrivilegedPluginsOnly)
+	must.True(t, c.AllowCrossNamespaceVolumes)
 }
