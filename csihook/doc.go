@@ -89,7 +89,7 @@
 //	payload: {"ops": [{"op": "put_vol", "vol": {...}},
 //	                  {"op": "drop_task", "task_id": ..., "name": ...}, ...]}
 //
-// put_vol, put_task and put_created carry a whole record, drop_vol
+// put_vol, put_task, put_created and put_owner carry a whole record, drop_vol
 // (plugin_id, volume_id), drop_task (task_id, name) and drop_created
 // (plugin_id, name) its key. Replay applies the frames in order, later
 // records winning and drops deleting; a batch is replayed whole or not at
@@ -102,7 +102,8 @@
 //	   "access_mode", "attachment_mode", "fs_type", "mount_flags",
 //	   "volume_context", "publish_context", "secrets",
 //	   "controller": ""|"publishing"|"published"|"unpublishing",
-//	   "stage": ""|"staging"|"staged"|"unstaging", "updated"}
+//	   "stage": ""|"staging"|"staged"|"unstaging",
+//	   "server" (who served the plugin id, may be absent), "updated"}
 //	volume of a task
 //	  {"version":1, "task_id", "name", "seq", "plugin_id", "volume_id",
 //	   "target", "destination", "read_only", "access_mode",
@@ -112,6 +113,12 @@
 //	volume created by name
 //	  {"version":1, "plugin_id", "name", "volume_id", "volume_context",
 //	   "updated"}
+//	Nomad namespace a volume belongs to (kept after its release)
+//	  {"version":1, "plugin_id", "volume_id", "namespace", "updated"}
+//
+// "server" and the owner records came later without a new version:
+// journals without them replay as they are, and their volumes are adopted
+// by the first namespace, and the first server, that use them.
 //
 // A task record exists from before the first call made for it until its
 // unpublish finished. The number of users of a volume is never stored: it

@@ -64,7 +64,11 @@ type volRecord struct {
 	// Controller is "", publishing, published or unpublishing.
 	Controller string `json:"controller,omitempty"`
 	// Stage is "", staging, staged or unstaging.
-	Stage   string    `json:"stage,omitempty"`
+	Stage string `json:"stage,omitempty"`
+	// Server is PluginInfo.Server when the volume was set up: who served
+	// the plugin id. Records written before it was kept have none; the
+	// next Setup of the volume fills it in.
+	Server  string    `json:"server,omitempty"`
 	Updated time.Time `json:"updated"`
 }
 
@@ -123,6 +127,22 @@ type createdRecord struct {
 	Updated       time.Time         `json:"updated"`
 }
 
+// ownerRecord says which Nomad namespace a volume of this node belongs to:
+// the namespace of the job that created it here or first used it. It is
+// kept after the volume is released, as long as the journal, so that
+// another namespace cannot take the volume's data once its owner stops.
+//
+// Journals written before owners were recorded have none: each of their
+// volumes is adopted by the first namespace that uses it after the
+// upgrade.
+type ownerRecord struct {
+	Version   int       `json:"version"`
+	PluginID  string    `json:"plugin_id"`
+	VolumeID  string    `json:"volume_id"`
+	Namespace string    `json:"namespace"`
+	Updated   time.Time `json:"updated"`
+}
+
 // The journal is one append-only log, journal.log in the journal
 // directory. Each commit appends one frame holding a batch of operations
 // and is made durable with fdatasync before it returns:
@@ -132,8 +152,10 @@ type createdRecord struct {
 // The CRC covers the magic, the length and the payload, so a frame is
 // whole or it is not a frame: a batch is replayed entirely or not at all.
 // The payload is JSON, {"ops": [...]}, each op one of put_vol, drop_vol,
-// put_task, drop_task, put_created or drop_created; puts carry the whole
-// record, drops its key. JSON never holds the byte 0xff, so the magic
+// put_task, drop_task, put_created, drop_created or put_owner; puts carry
+// the whole record, drops its key. New fields and ops were added without
+// changing journalVersion: records without them still replay (see
+// ownerRecord and volRecord.Server). JSON never holds the byte 0xff, so the magic
 // cannot occur inside a payload and a scan for it finds frame starts only.
 //
 // The file is kept longer than the log, zero-filled: a commit then
@@ -167,6 +189,7 @@ const (
 	opDropTask    = "drop_task"
 	opPutCreated  = "put_created"
 	opDropCreated = "drop_created"
+	opPutOwner    = "put_owner"
 )
 
 // journalOp is one operation of a batch: a put carries the whole record,
@@ -176,6 +199,7 @@ type journalOp struct {
 	Vol      *volRecord     `json:"vol,omitempty"`
 	Task     *taskRecord    `json:"task,omitempty"`
 	Created  *createdRecord `json:"created,omitempty"`
+	Owner    *ownerRecord   `json:"owner,omitempty"`
 	PluginID string         `json:"plugin_id,omitempty"`
 	VolumeID string         `json:"volume_id,omitempty"`
 	TaskID   string         `json:"task_id,omitempty"`
@@ -209,6 +233,11 @@ func createdDrop(plugin, name string) journalOp {
 	return journalOp{Op: opDropCreated, PluginID: plugin, Name: name}
 }
 
+func ownerPut(o ownerRecord) journalOp {
+	o.Version, o.Updated = journalVersion, time.Now().UTC()
+	return journalOp{Op: opPutOwner, Owner: &o}
+}
+
 // target names the record an op writes, for merging ops of one batch.
 func (o journalOp) target() string {
 	switch o.Op {
@@ -224,6 +253,8 @@ func (o journalOp) target() string {
 		return "c\x00" + o.Created.PluginID + "\x00" + o.Created.Name
 	case opDropCreated:
 		return "c\x00" + o.PluginID + "\x00" + o.Name
+	case opPutOwner:
+		return "o\x00" + o.Owner.PluginID + "\x00" + o.Owner.VolumeID
 	}
 	return ""
 }
@@ -252,6 +283,16 @@ func (o journalOp) check() error {
 			return errors.New("created record missing")
 		}
 		return checkCreated(*o.Created)
+	case opPutOwner:
+		if o.Owner == nil {
+			return errors.New("owner record missing")
+		}
+		if err := checkRecord(o.Owner.Version, o.Owner.PluginID, o.Owner.VolumeID); err != nil {
+			return err
+		}
+		if o.Owner.Namespace == "" {
+			return errors.New("namespace missing")
+		}
 	case opDropVol:
 		if o.PluginID == "" || o.VolumeID == "" {
 			return errors.New("plugin or volume id missing")
@@ -281,6 +322,8 @@ func (o journalOp) logAttrs() []any {
 		plugin, volume, task, name = o.Task.PluginID, o.Task.VolumeID, o.Task.TaskID, o.Task.Name
 	case o.Created != nil:
 		plugin, volume, name = o.Created.PluginID, o.Created.VolumeID, o.Created.Name
+	case o.Owner != nil:
+		plugin, volume = o.Owner.PluginID, o.Owner.VolumeID
 	}
 	return []any{"op", o.Op, "plugin_id", plugin, "volume_id", volume, "task_id", task, "name", name}
 }
@@ -333,10 +376,12 @@ type journalState struct {
 	vols    map[volKey]volRecord
 	tasks   map[taskKey]taskRecord
 	created map[createdKey]createdRecord
+	owners  map[volKey]ownerRecord
 }
 
 func newJournalState() *journalState {
-	return &journalState{vols: map[volKey]volRecord{}, tasks: map[taskKey]taskRecord{}, created: map[createdKey]createdRecord{}}
+	return &journalState{vols: map[volKey]volRecord{}, tasks: map[taskKey]taskRecord{}, created: map[createdKey]createdRecord{},
+		owners: map[volKey]ownerRecord{}}
 }
 
 func (s *journalState) apply(ops ...journalOp) {
@@ -354,13 +399,15 @@ func (s *journalState) apply(ops ...journalOp) {
 			s.created[createdKey{o.Created.PluginID, o.Created.Name}] = *o.Created
 		case opDropCreated:
 			delete(s.created, createdKey{o.PluginID, o.Name})
+		case opPutOwner:
+			s.owners[volKey{o.Owner.PluginID, o.Owner.VolumeID}] = *o.Owner
 		}
 	}
 }
 
 // snapshot returns a put of every live record, in a stable order.
 func (s *journalState) snapshot() []journalOp {
-	ops := make([]journalOp, 0, len(s.vols)+len(s.tasks)+len(s.created))
+	ops := make([]journalOp, 0, len(s.vols)+len(s.tasks)+len(s.created)+len(s.owners))
 	for _, v := range s.vols {
 		ops = append(ops, journalOp{Op: opPutVol, Vol: &v})
 	}
@@ -369,6 +416,9 @@ func (s *journalState) snapshot() []journalOp {
 	}
 	for _, c := range s.created {
 		ops = append(ops, journalOp{Op: opPutCreated, Created: &c})
+	}
+	for _, o := range s.owners {
+		ops = append(ops, journalOp{Op: opPutOwner, Owner: &o})
 	}
 	sort.Slice(ops, func(i, j int) bool { return ops[i].target() < ops[j].target() })
 	return ops
@@ -900,6 +950,14 @@ func (j *journal) created(plugin, name string) (createdRecord, bool) {
 	defer j.mu.Unlock()
 	c, ok := j.state.created[createdKey{plugin, name}]
 	return c, ok
+}
+
+// owner returns the namespace a volume belongs to, if it was recorded.
+func (j *journal) owner(plugin, volume string) (string, bool) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	o, ok := j.state.owners[volKey{plugin, volume}]
+	return o.Namespace, ok
 }
 
 // records returns the live volume and task records.

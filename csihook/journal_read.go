@@ -36,6 +36,11 @@ type JournalVolume struct {
 	Stage string
 	// Controller is "", "publishing", "published" or "unpublishing".
 	Controller string
+	// Namespace is the Nomad namespace the volume belongs to ("" when
+	// none is recorded).
+	Namespace string
+	// Server is who served the plugin id when the volume was set up.
+	Server string
 }
 
 // JournalTask is the record of one volume of a task.
@@ -87,7 +92,8 @@ func ReadJournal(dir string) (JournalState, error) {
 	}
 	for _, v := range scan.state.vols {
 		st.Volumes = append(st.Volumes, JournalVolume{PluginID: v.PluginID, VolumeID: v.VolumeID,
-			StagingPath: v.StagingPath, NodeID: v.NodeID, Stage: v.Stage, Controller: v.Controller})
+			StagingPath: v.StagingPath, NodeID: v.NodeID, Stage: v.Stage, Controller: v.Controller,
+			Namespace: scan.state.owners[v.key()].Namespace, Server: v.Server})
 	}
 	for _, t := range scan.state.tasks {
 		st.Tasks = append(st.Tasks, JournalTask{TaskID: t.TaskID, Name: t.Name, PluginID: t.PluginID,

@@ -231,6 +231,33 @@ func (m *Manager) usersAfter(k volKey, ops []journalOp) int {
 	return n
 }
 
+// PluginServers returns who served a plugin id (PluginInfo.Server) when
+// the volumes of it recorded on this node were set up, each once, sorted.
+// Volumes recorded without a server (set up before servers were kept)
+// add nothing. A plugin id with recorded volumes should only be served by
+// what set them up, until they are released: their teardown calls, with
+// their secrets, go to whoever serves the id.
+func (m *Manager) PluginServers(pluginID string) []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	seen := map[string]bool{}
+	var out []string
+	for k, v := range m.vols {
+		if k.plugin == pluginID && v.Server != "" && !seen[v.Server] {
+			seen[v.Server] = true
+			out = append(out, v.Server)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Owner returns the Nomad namespace a volume of this node belongs to, if
+// one is recorded.
+func (m *Manager) Owner(pluginID, volumeID string) (string, bool) {
+	return m.journal.owner(pluginID, volumeID)
+}
+
 func (m *Manager) event(taskID, msg string, ann map[string]string) {
 	m.logger.Info("task event", "task_id", taskID, "event", msg)
 	if m.cfg.Events != nil {
@@ -369,6 +396,11 @@ func (m *Manager) pluginClients(o op) (PluginInfo, Client, Client, error) {
 	if err != nil || info.Socket == "" {
 		return info, nil, nil, unreachable(o, fmt.Sprintf("CSI plugin %q is not running on node %q", o.pluginID, m.cfg.NodeName))
 	}
+	if info.ControllerOnly && nodeMethod(o.method) {
+		// Whatever serves the id now does not run the Node service: the
+		// volume's staging and publishing never go there.
+		return info, nil, nil, unreachable(o, fmt.Sprintf("CSI plugin %q on node %q is a controller plugin without the CSI Node service", o.pluginID, m.cfg.NodeName))
+	}
 	node, err := m.client(info.Socket)
 	if err != nil {
 		return info, nil, nil, unreachable(o, fmt.Sprintf("cannot connect to CSI plugin %q at %q: %v", o.pluginID, info.Socket, err))
@@ -380,6 +412,15 @@ func (m *Manager) pluginClients(o op) (PluginInfo, Client, Client, error) {
 		}
 	}
 	return info, node, ctrl, nil
+}
+
+// nodeMethod reports whether a method is one of the CSI Node service.
+func nodeMethod(method string) bool {
+	switch method {
+	case MethodNodeGetInfo, MethodNodeStageVolume, MethodNodeUnstageVolume, MethodNodePublishVolume, MethodNodeUnpublishVolume:
+		return true
+	}
+	return false
 }
 
 type plan struct {
@@ -443,6 +484,11 @@ func (m *Manager) preflight(taskID string, reqs []VolumeRequest) ([]plan, error)
 			errs = append(errs, fmt.Errorf("volume %q: %w", req.Name, err))
 			continue
 		}
+		if info.ControllerOnly {
+			errs = append(errs, invalidf("volume %q: CSI plugin %q is a controller plugin: it does not run the CSI Node service, so it cannot stage or publish volumes; set plugin_id to a plugin of type node or monolith",
+				req.Name, req.PluginID))
+			continue
+		}
 		if attachment(req) == AttachmentBlockDevice && !info.Block {
 			errs = append(errs, invalidf("volume %q: CSI plugin %q does not serve attachment_mode = %q: use %q or another plugin",
 				req.Name, req.PluginID, AttachmentBlockDevice, AttachmentFileSystem))
@@ -452,6 +498,9 @@ func (m *Manager) preflight(taskID string, reqs []VolumeRequest) ([]plan, error)
 				req.Name, req.PluginID, req.VolumeID))
 		}
 		id, _ := m.resolve(req)
+		if err := m.checkNamespace(req, id); err != nil {
+			errs = append(errs, err)
+		}
 		if err := m.checkShare(taskID, req, id); err != nil {
 			errs = append(errs, err)
 		}
@@ -461,6 +510,42 @@ func (m *Manager) preflight(taskID string, reqs []VolumeRequest) ([]plan, error)
 		return nil, err
 	}
 	return plans, nil
+}
+
+type namespaceError struct{ msg string }
+
+func (e *namespaceError) Error() string        { return e.msg }
+func (e *namespaceError) Is(target error) bool { return target == ErrOtherNamespace }
+
+// checkNamespace refuses a request of a namespace other than the one the
+// volume belongs to on this node, unless the operator allows it.
+func (m *Manager) checkNamespace(req VolumeRequest, volumeID string) error {
+	if req.Namespace == "" || m.cfg.AllowCrossNamespace {
+		return nil
+	}
+	owner, ok := m.journal.owner(req.PluginID, volumeID)
+	if !ok || owner == req.Namespace {
+		return nil
+	}
+	id := fmt.Sprintf("volume_id %q", volumeID)
+	if volumeID != req.VolumeID {
+		id = fmt.Sprintf("volume_id %q (created on this node as %q)", volumeID, req.VolumeID)
+	}
+	return &namespaceError{fmt.Sprintf("volume %q: %s of CSI plugin %q belongs to namespace %q on node %q (the namespace that created or first used it), not to namespace %q: run the job in namespace %q, or have the operator set allow_cross_namespace_volumes = true in the driver's plugin config",
+		req.Name, id, req.PluginID, owner, m.cfg.NodeName, req.Namespace, owner)}
+}
+
+// claimOwner returns the op that records the request's namespace as the
+// volume's owner, or nothing when it has one or the request has no
+// namespace.
+func (m *Manager) claimOwner(req VolumeRequest, volumeID string) []journalOp {
+	if req.Namespace == "" {
+		return nil
+	}
+	if _, ok := m.journal.owner(req.PluginID, volumeID); ok {
+		return nil
+	}
+	return []journalOp{ownerPut(ownerRecord{PluginID: req.PluginID, VolumeID: volumeID, Namespace: req.Namespace})}
 }
 
 type conflictError struct{ msg string }
@@ -520,6 +605,11 @@ func (m *Manager) setupVolume(ctx context.Context, taskID string, p plan) (Publi
 			req.Name, volumeID, req.PluginID, err)
 	}
 	defer unlock()
+	// Checked again under the volume's lock: a task of another namespace
+	// may have claimed the volume since preflight.
+	if err := m.checkNamespace(req, volumeID); err != nil {
+		return Published{}, err
+	}
 	if err := m.checkShare(taskID, req, volumeID); err != nil {
 		return Published{}, err
 	}
@@ -549,14 +639,20 @@ func (m *Manager) setupVolume(ctx context.Context, taskID string, p plan) (Publi
 		ok = false
 	}
 	// New records go out in one batch with the first record of a call,
-	// before that call: nothing is called for the volume until then.
-	var pending []journalOp
+	// before that call: nothing is called for the volume until then. The
+	// first namespace to use the volume becomes its owner with them.
+	pending := m.claimOwner(req, volumeID)
 	if !ok {
 		vol = volRecord{
 			PluginID: req.PluginID, VolumeID: volumeID, StagingPath: m.StagingPath(req.PluginID, volumeID),
 			AccessMode: req.AccessMode, AttachmentMode: attachment(req), FSType: req.FSType,
-			MountFlags: req.MountFlags, VolumeContext: vctx, Secrets: req.Secrets,
+			MountFlags: req.MountFlags, VolumeContext: vctx, Secrets: req.Secrets, Server: info.Server,
 		}
+		pending = append(pending, volPut(vol))
+	} else if vol.Server == "" && info.Server != "" {
+		// Recorded before servers were kept: what serves the id now set
+		// it up as far as anyone can tell.
+		vol.Server = info.Server
 		pending = append(pending, volPut(vol))
 	}
 	if existing, ok := m.taskRec(taskID, req.Name); ok {
@@ -623,7 +719,10 @@ func (m *Manager) create(ctx context.Context, taskID string, req VolumeRequest, 
 	maps.Copy(vctx, resp.GetVolume().GetVolumeContext())
 	m.logger.Info("volume created", "task_id", taskID, "volume", req.Name, "plugin_id", req.PluginID, "volume_id", id)
 	rec := createdRecord{PluginID: req.PluginID, Name: req.VolumeID, VolumeID: id, VolumeContext: resp.GetVolume().GetVolumeContext()}
-	if err := m.journal.commit(createdPut(rec)); err != nil {
+	// The namespace that created the volume owns it from now on, used or
+	// not (unless another owns the id the plugin answered with, which
+	// Setup then refuses).
+	if err := m.journal.commit(append(m.claimOwner(req, id), createdPut(rec))...); err != nil {
 		return "", nil, err
 	}
 	return id, vctx, nil

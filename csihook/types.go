@@ -62,6 +62,11 @@ type VolumeRequest struct {
 	Secrets map[string]string
 	// Create, when set, creates the volume (by name VolumeID) before use.
 	Create *CreateRequest
+	// Namespace is the Nomad namespace of the task's job. A volume belongs
+	// to the namespace that created or first used it on this node; other
+	// namespaces are refused unless Config.AllowCrossNamespace is set. An
+	// empty Namespace neither claims a volume nor is checked.
+	Namespace string
 }
 
 // CreateRequest is the create block of a volume.
@@ -97,6 +102,16 @@ type PluginInfo struct {
 	// capability for it, so the driver sets it from the plugin's
 	// configuration; block-device requests to other plugins are refused.
 	Block bool
+	// ControllerOnly is set when the plugin does not run the CSI Node
+	// service (a plugin of type controller): volumes are never staged or
+	// published through it.
+	ControllerOnly bool
+	// Server says who serves the plugin id now, in words (such as `job
+	// "x" in namespace "y"`). It is recorded with each volume set up
+	// through the plugin, so that the driver can refuse to let another
+	// server take the id over while those volumes are on the node
+	// (Manager.PluginServers).
+	Server string
 }
 
 // PluginLookup returns a plugin's current fingerprint. An error means the
@@ -135,6 +150,10 @@ type Config struct {
 	Events  EventFunc
 	// NodeName names this node in messages; default the hostname.
 	NodeName string
+	// AllowCrossNamespace lets a task use a volume that belongs to
+	// another Nomad namespace (see VolumeRequest.Namespace). Ownership
+	// is recorded either way.
+	AllowCrossNamespace bool
 
 	// RPCTimeout is the deadline of every single RPC; default 1m.
 	RPCTimeout time.Duration

@@ -18,6 +18,10 @@ var ErrInvalid = errors.New("invalid volume request")
 // plugin.
 var ErrPluginNotFound = errors.New("CSI plugin not available")
 
+// ErrOtherNamespace is matched by Setup errors about a volume that belongs
+// to another Nomad namespace on this node.
+var ErrOtherNamespace = errors.New("volume belongs to another namespace")
+
 // ErrConflict is matched by Setup errors about a volume already in use on
 // this node in a way the new request cannot share.
 var ErrConflict = errors.New("volume in use")

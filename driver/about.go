@@ -10,6 +10,8 @@ import (
 	"github.com/hashicorp/nomad/plugins/drivers"
 	"github.com/hashicorp/nomad/plugins/drivers/fsisolation"
 	"github.com/hashicorp/nomad/plugins/shared/hclspec"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor"
 )
 
 const (
@@ -52,6 +54,14 @@ var configSpec = hclspec.NewObject(map[string]*hclspec.Spec{
 	),
 	"allow_privileged": hclspec.NewDefault(
 		hclspec.NewAttr("allow_privileged", "bool", false),
+		hclspec.NewLiteral("false"),
+	),
+	"privileged_plugins_only": hclspec.NewDefault(
+		hclspec.NewAttr("privileged_plugins_only", "bool", false),
+		hclspec.NewLiteral("true"),
+	),
+	"allow_cross_namespace_volumes": hclspec.NewDefault(
+		hclspec.NewAttr("allow_cross_namespace_volumes", "bool", false),
 		hclspec.NewLiteral("false"),
 	),
 	"root_dir": hclspec.NewDefault(
@@ -121,11 +131,19 @@ var capabilities = &drivers.Capabilities{
 
 // Config is the decoded agent-side configuration.
 type Config struct {
-	Enabled          bool     `codec:"enabled"`
-	AllowPrivileged  bool     `codec:"allow_privileged"`
-	RootDir          string   `codec:"root_dir"`
-	CgroupParent     string   `codec:"cgroup_parent"`
-	PluginSocketDirs []string `codec:"plugin_socket_dirs"`
+	Enabled         bool `codec:"enabled"`
+	AllowPrivileged bool `codec:"allow_privileged"`
+	// PrivilegedPluginsOnly limits privileged = true to CSI plugin tasks:
+	// tasks with this driver's csi_plugin block, and plugin tasks of
+	// Nomad's own task-level csi_plugin block (see nomadPluginTask).
+	PrivilegedPluginsOnly bool `codec:"privileged_plugins_only"`
+	// AllowCrossNamespaceVolumes lets a task use a volume that belongs to
+	// another Nomad namespace on this node (the namespace of the job that
+	// created or first used it).
+	AllowCrossNamespaceVolumes bool     `codec:"allow_cross_namespace_volumes"`
+	RootDir                    string   `codec:"root_dir"`
+	CgroupParent               string   `codec:"cgroup_parent"`
+	PluginSocketDirs           []string `codec:"plugin_socket_dirs"`
 
 	ChrootEnv      map[string]string `codec:"chroot_env"`
 	DefaultPIDMode string            `codec:"default_pid_mode"`
@@ -133,6 +151,13 @@ type Config struct {
 	AllowCaps      []string          `codec:"allow_caps"`
 	DeniedHostUIDs string            `codec:"denied_host_uids"`
 	DeniedHostGIDs string            `codec:"denied_host_gids"`
+}
+
+// defaultConfig is the configuration of an agent that gives the plugin no
+// config block: what configSpec's defaults make.
+func defaultConfig() Config {
+	return Config{Enabled: true, PrivilegedPluginsOnly: true, RootDir: DefaultRootDir, CgroupParent: DefaultCgroupParent,
+		DefaultPIDMode: IsolationModePrivate, DefaultIPCMode: IsolationModePrivate, AllowCaps: executor.DefaultCapabilities}
 }
 
 // Isolation modes of pid_mode and ipc_mode, as Nomad's exec driver spells
@@ -168,6 +193,12 @@ func (c *Config) validate() error {
 	for i, dir := range c.PluginSocketDirs {
 		if !filepath.IsAbs(dir) {
 			return fmt.Errorf("plugin_socket_dirs[%d] must be an absolute path, got %q", i, dir)
+		}
+		// A task plugin's socket directory under root_dir would be found
+		// again as an operator's socket, by the id its plugin names
+		// itself, which the job chooses.
+		if clean := filepath.Clean(dir); clean == c.RootDir || strings.HasPrefix(clean, c.RootDir+"/") {
+			return fmt.Errorf("plugin_socket_dirs[%d] %q must not be root_dir %q or inside it: the sockets of plugin tasks live there, and a socket found in plugin_socket_dirs is trusted as the operator's", i, dir, c.RootDir)
 		}
 	}
 	for src, dst := range c.ChrootEnv {

@@ -26,6 +26,7 @@ import (
 	"github.com/hashicorp/nomad/plugins/shared/hclspec"
 	"golang.org/x/sys/unix"
 
+	"github.com/nomad-driver-csi/nomad-driver-csi/csihook"
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/cgroups"
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor"
 	"github.com/nomad-driver-csi/nomad-driver-csi/fingerprint"
@@ -84,7 +85,10 @@ type Driver struct {
 	// config so the lifecycle's events reach the right task.
 	vols         volumeManager
 	eventTargets sync.Map
-	recoverOnce  sync.Once
+	// dialVolume connects the volume lifecycle to a plugin socket
+	// (csihook.DialUnix when nil; tests set a fake).
+	dialVolume  func(socket string) (csihook.Client, error)
+	recoverOnce sync.Once
 	// background counts goroutines that Shutdown waits for.
 	background sync.WaitGroup
 }
@@ -139,7 +143,7 @@ func (d *Driver) SetConfig(c *base.Config) error {
 			return fmt.Errorf("failed to decode the csi plugin config: %w", err)
 		}
 	} else {
-		cfg = Config{Enabled: true, RootDir: DefaultRootDir, CgroupParent: DefaultCgroupParent}
+		cfg = defaultConfig()
 	}
 	cfg.RootDir = filepath.Clean(cfg.RootDir)
 	if err := cfg.validate(); err != nil {
@@ -196,7 +200,9 @@ func (d *Driver) SetConfig(c *base.Config) error {
 		// are gone lose their volumes, interrupted steps are finished.
 		d.recoverOnce.Do(func() { d.goBackground(d.recoverVolumes) })
 	}
-	d.logger.Debug("configured", "root_dir", cfg.RootDir, "allow_privileged", cfg.AllowPrivileged, "enabled", cfg.Enabled)
+	d.logger.Debug("configured", "root_dir", cfg.RootDir, "allow_privileged", cfg.AllowPrivileged,
+		"privileged_plugins_only", cfg.PrivilegedPluginsOnly, "allow_cross_namespace_volumes", cfg.AllowCrossNamespaceVolumes,
+		"enabled", cfg.Enabled)
 	return nil
 }
 
@@ -307,6 +313,9 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 	if err := tc.validate(conf); err != nil {
 		return nil, nil, fmt.Errorf("invalid task config: %w", err)
 	}
+	if err := checkPrivileged(conf, cfg, &tc); err != nil {
+		return nil, nil, fmt.Errorf("invalid task config: %w", err)
+	}
 
 	logger := d.logger.With("alloc_id", cfg.AllocID, "task_name", cfg.Name, "task_id", cfg.ID)
 
@@ -314,14 +323,15 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 	if err != nil {
 		return nil, nil, err
 	}
-	reqs, err := d.checkVolumes(&tc, spec)
+	reqs, err := d.checkVolumes(cfg, &tc, spec)
 	if err != nil {
 		return nil, nil, fmt.Errorf("invalid task config: %w", err)
 	}
 
 	pc := tc.CSIPlugin
+	var reclaim bool
 	if pc != nil {
-		if err := d.plugins.claim(cfg, *pc); err != nil {
+		if reclaim, err = d.claimPlugin(cfg, pc); err != nil {
 			return nil, nil, err
 		}
 		if err := preparePluginDirs(conf, pc); err != nil {
@@ -397,9 +407,14 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 	handle := drivers.NewTaskHandle(taskHandleVersion)
 	handle.Config = cfg
 	handle.State = drivers.TaskStateRunning
-	err = handle.SetDriverState(&TaskState{Process: p.State(), StartedAt: started, Plugin: pc, Volumes: len(reqs) > 0, SharedSources: shared})
+	state := &TaskState{Process: p.State(), StartedAt: started, Plugin: pc, Volumes: len(reqs) > 0, SharedSources: shared}
+	if pc != nil {
+		job := jobOf(cfg)
+		state.Namespace, state.JobID = job.namespace, job.id
+	}
+	err = handle.SetDriverState(state)
 	if err == nil && pc != nil {
-		err = d.startPluginProbe(conf, cfg, pc)
+		err = d.startPluginProbe(conf, cfg, pc, reclaim)
 	}
 	if err != nil {
 		_ = p.Kill()
@@ -565,14 +580,9 @@ func userOrRoot(u string) string {
 }
 
 // isPluginTask reports whether a task serves a CSI plugin: this driver's
-// csi_plugin block, or Nomad's task-level csi_plugin block (Nomad then
-// hands it its plugin socket directory and sets CSI_ENDPOINT).
+// csi_plugin block, or Nomad's task-level csi_plugin block.
 func (d *Driver) isPluginTask(cfg *drivers.TaskConfig, tc *TaskConfig) bool {
-	if tc.CSIPlugin != nil {
-		return true
-	}
-	_, ok := cfg.Env["CSI_ENDPOINT"]
-	return ok
+	return tc.CSIPlugin != nil || nomadPluginTask(cfg)
 }
 
 // resetSparesDir makes dir empty: the roots of spares of an earlier run
@@ -755,10 +765,18 @@ func (d *Driver) RecoverTask(handle *drivers.TaskHandle) error {
 			pc = tc.CSIPlugin
 		}
 	}
+	job := jobOf(handle.Config)
+	if st.JobID != "" {
+		job = jobRef{namespace: st.Namespace, id: st.JobID}
+	}
 	p, err := d.recover(logger, st.Process)
 	if err != nil {
-		// Nomad starts the task afresh; what this one held goes now.
+		// Nomad starts the task afresh; what this one held goes now. Its
+		// plugin id stays its job's for the restart.
 		d.forgetLostTask(logger, handle.Config, volumes)
+		if pc != nil && d.plugins.claimGone(handle.Config, *pc, job) {
+			d.scheduleForget(handle.Config.ID, pc)
+		}
 		return fmt.Errorf("failed to recover task %q: %w", handle.Config.ID, err)
 	}
 	h := newTaskHandle(logger, handle.Config, p, st.StartedAt)
@@ -773,9 +791,11 @@ func (d *Driver) RecoverTask(handle *drivers.TaskHandle) error {
 	if pc != nil {
 		h.plugin = pc
 		if conf := d.currentConfig(); conf != nil {
-			if err := d.plugins.claim(handle.Config, *pc); err != nil {
+			// The task held the id before the restart: it takes it back
+			// over a socket that appeared since.
+			if _, err := d.plugins.claim(handle.Config, *pc, job); err != nil {
 				logger.Warn("failed to take back the plugin", "plugin_id", pc.ID, "error", err)
-			} else if err := d.startPluginProbe(conf, handle.Config, pc); err != nil {
+			} else if err := d.startPluginProbe(conf, handle.Config, pc, true); err != nil {
 				logger.Warn("failed to probe the plugin", "plugin_id", pc.ID, "error", err)
 			}
 		}

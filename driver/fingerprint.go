@@ -84,6 +84,7 @@ func (d *Driver) buildFingerprint() *drivers.Fingerprint {
 	fp.Attributes["driver.csi"] = pstructs.NewBoolAttribute(true)
 	fp.Attributes["driver.csi.version"] = pstructs.NewStringAttribute(Version)
 	fp.Attributes["driver.csi.allow_privileged"] = pstructs.NewBoolAttribute(conf.AllowPrivileged)
+	fp.Attributes["driver.csi.privileged_plugins_only"] = pstructs.NewBoolAttribute(conf.PrivilegedPluginsOnly)
 
 	if err := d.host.Cgroups(); err != nil {
 		fp.Health = drivers.HealthStateUnhealthy

@@ -39,6 +39,10 @@ type TaskState struct {
 	StartedAt time.Time      `json:"started_at"`
 	// Plugin is the task's csi_plugin block, when it serves a CSI plugin.
 	Plugin *PluginTaskConfig `json:"plugin,omitempty"`
+	// Namespace and JobID are the plugin task's job, which keeps the
+	// plugin id across restarts of the driver and of the task.
+	Namespace string `json:"namespace,omitempty"`
+	JobID     string `json:"job_id,omitempty"`
 	// Volumes is set when the task has volume blocks to tear down.
 	Volumes bool `json:"volumes,omitempty"`
 	// SharedSources are the host paths the task holds as shared mount

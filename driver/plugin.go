@@ -27,23 +27,69 @@ type pluginTasks struct {
 type pluginTask struct {
 	config *drivers.TaskConfig
 	plugin PluginTaskConfig
+	// job is the task's job: a later task of the same job takes the id
+	// back (Nomad restarting or updating the plugin).
+	job jobRef
 	// gone is set once the task was destroyed; the plugin stays listed
 	// until a new task takes the id or pluginForgetAfter passes.
 	gone bool
+	// prev is the record this claim replaced, put back by drop.
+	prev *pluginTask
 }
 
 func newPluginTasks() *pluginTasks { return &pluginTasks{byID: map[string]*pluginTask{}} }
 
-// claim reserves a plugin id for a task, refusing an id a live task serves.
-func (p *pluginTasks) claim(cfg *drivers.TaskConfig, pc PluginTaskConfig) error {
+// claim reserves a plugin id for a task, refusing an id a live task
+// serves. It reports whether the task takes back an id its own job (or
+// the task itself) held: the task the claim replaces was of the same job.
+func (p *pluginTasks) claim(cfg *drivers.TaskConfig, pc PluginTaskConfig, job jobRef) (bool, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if cur, ok := p.byID[pc.ID]; ok && !cur.gone && cur.config.ID != cfg.ID {
-		return fmt.Errorf("csi_plugin id %q is already served on this node by task %q of allocation %s: give each plugin task its own id",
+	cur, ok := p.byID[pc.ID]
+	if ok && !cur.gone && cur.config.ID != cfg.ID {
+		return false, fmt.Errorf("csi_plugin id %q is already served on this node by task %q of allocation %s: give each plugin task its own id",
 			pc.ID, cur.config.Name, cur.config.AllocID)
 	}
-	p.byID[pc.ID] = &pluginTask{config: cfg, plugin: pc}
-	return nil
+	if ok {
+		// One record back is enough to undo this claim.
+		cur.prev = nil
+	}
+	p.byID[pc.ID] = &pluginTask{config: cfg, plugin: pc, job: job, prev: cur}
+	return ok && (cur.config.ID == cfg.ID || cur.job == job), nil
+}
+
+// claimGone records a plugin task that is gone already (one that could
+// not be recovered after a restart), so that its job's next task takes
+// the id back as if the driver had never stopped. It does not replace a
+// claim of another task.
+func (p *pluginTasks) claimGone(cfg *drivers.TaskConfig, pc PluginTaskConfig, job jobRef) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if _, ok := p.byID[pc.ID]; ok {
+		return false
+	}
+	p.byID[pc.ID] = &pluginTask{config: cfg, plugin: pc, job: job, gone: true}
+	return true
+}
+
+// job returns the job of the task serving or last serving a plugin id,
+// when that is taskID.
+func (p *pluginTasks) job(id, taskID string) (jobRef, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	cur, ok := p.byID[id]
+	if !ok {
+		return jobRef{}, false
+	}
+	if cur.config.ID != taskID {
+		// A new task claimed the id and is starting; the prober still
+		// lists the one it replaces.
+		if cur.prev == nil || cur.prev.config.ID != taskID {
+			return jobRef{}, false
+		}
+		return cur.prev.job, true
+	}
+	return cur.job, true
 }
 
 // release marks a task's plugin as gone and reports whether the task
@@ -71,12 +117,17 @@ func (p *pluginTasks) forget(taskID, id string) bool {
 	return true
 }
 
-// drop undoes a claim whose task never started.
+// drop undoes a claim whose task never started, putting back the record
+// of the gone task it replaced.
 func (p *pluginTasks) drop(taskID, id string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if cur, ok := p.byID[id]; ok && cur.config.ID == taskID {
-		delete(p.byID, id)
+		if cur.prev != nil && cur.prev.gone && cur.prev.config.ID != taskID {
+			p.byID[id] = cur.prev
+		} else {
+			delete(p.byID, id)
+		}
 	}
 }
 
@@ -128,19 +179,22 @@ func preparePluginDirs(conf *Config, pc *PluginTaskConfig) error {
 	return nil
 }
 
-// startPluginProbe starts fingerprinting a launched plugin.
-func (d *Driver) startPluginProbe(conf *Config, cfg *drivers.TaskConfig, pc *PluginTaskConfig) error {
+// startPluginProbe starts fingerprinting a launched plugin. With reclaim
+// the task takes back an id it or its job held (see claimPlugin).
+func (d *Driver) startPluginProbe(conf *Config, cfg *drivers.TaskConfig, pc *PluginTaskConfig, reclaim bool) error {
 	// The id was claimed, so a task still listed for it is gone: this task
-	// replaces it (Nomad restarting a plugin task).
-	if st, ok := d.prober.Get(pc.ID); ok && st.Source == fingerprint.SourceTask && st.TaskID != cfg.ID {
+	// replaces it (Nomad restarting a plugin task). A reclaim replaces it
+	// in Add, so that no socket owns the id in between.
+	if st, ok := d.prober.Get(pc.ID); !reclaim && ok && st.Source == fingerprint.SourceTask && st.TaskID != cfg.ID {
 		d.prober.Remove(pc.ID)
 	}
 	err := d.prober.Add(fingerprint.PluginSpec{
-		ID:     pc.ID,
-		Type:   fingerprint.PluginType(pc.Type),
-		Socket: conf.pluginSocket(pc.ID),
-		TaskID: cfg.ID,
-		Source: fingerprint.SourceTask,
+		ID:      pc.ID,
+		Type:    fingerprint.PluginType(pc.Type),
+		Socket:  conf.pluginSocket(pc.ID),
+		TaskID:  cfg.ID,
+		Source:  fingerprint.SourceTask,
+		Reclaim: reclaim,
 	})
 	if err != nil {
 		return fmt.Errorf("csi_plugin %q: %w", pc.ID, err)
@@ -155,9 +209,19 @@ func (d *Driver) stopPluginProbe(taskID string, pc *PluginTaskConfig) {
 	if !d.plugins.release(taskID, pc.ID) {
 		return
 	}
+	d.scheduleForget(taskID, pc)
+}
+
+// scheduleForget forgets a gone plugin task after pluginForgetAfter,
+// unless a new task took its id.
+func (d *Driver) scheduleForget(taskID string, pc *PluginTaskConfig) {
 	time.AfterFunc(pluginForgetAfter, func() {
 		if d.plugins.forget(taskID, pc.ID) {
-			d.prober.Remove(pc.ID)
+			if p := d.currentProber(); p != nil {
+				if st, ok := p.Get(pc.ID); ok && st.Source == fingerprint.SourceTask && st.TaskID == taskID {
+					p.Remove(pc.ID)
+				}
+			}
 		}
 	})
 }

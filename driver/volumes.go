@@ -163,14 +163,20 @@ func (d *Driver) volumes() (*csihook.Manager, error) {
 	if err := os.MkdirAll(conf.stageRoot(), 0o700); err != nil {
 		return nil, fmt.Errorf("failed to create the stage root %q: %w", conf.stageRoot(), err)
 	}
+	dial := d.dialVolume
+	if dial == nil {
+		dial = csihook.DialUnix
+	}
 	m, err := csihook.New(csihook.Config{
 		Root:       conf.stageRoot(),
 		JournalDir: filepath.Join(conf.RootDir, "journal"),
 		Lookup:     d.lookupPlugin,
-		Dial:       csihook.DialUnix,
+		Dial:       dial,
 		Mounter:    d.mounter,
 		Logger:     d.logger,
 		Events:     d.volumeEvent,
+		// Read once: Nomad configures a plugin once per process.
+		AllowCrossNamespace: conf.AllowCrossNamespaceVolumes,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("failed to open the volume journal: %w", err)
@@ -214,7 +220,9 @@ func (d *Driver) lookupPlugin(id string) (csihook.PluginInfo, error) {
 	if !ok || st.Conflict != "" {
 		return csihook.PluginInfo{}, fmt.Errorf("not found; plugins on this node: %s", knownPlugins(p))
 	}
-	return lifecyclePluginInfo(st), nil
+	info := lifecyclePluginInfo(st)
+	info.Server = d.pluginServer(st)
+	return info, nil
 }
 
 func lifecyclePluginInfo(st fingerprint.PluginStatus) csihook.PluginInfo {
@@ -227,6 +235,9 @@ func lifecyclePluginInfo(st fingerprint.PluginStatus) csihook.PluginInfo {
 		StageUnstage:      st.NodeCaps.StageUnstageVolume,
 		ControllerPublish: st.ControllerService && st.ControllerCaps.PublishUnpublishVolume,
 		CreateDelete:      st.ControllerService && st.ControllerCaps.CreateDeleteVolume,
+		// A declared controller is never asked for its Node service; a
+		// socket's plugin is, and is known to lack it once probed.
+		ControllerOnly: st.Type == fingerprint.TypeController || (st.Known && !st.NodeService),
 		// CSI has no capability for raw block volumes: the plugin itself
 		// refuses a block capability it does not support.
 		Block: true,
@@ -325,13 +336,20 @@ const (
 
 // checkVolumes reads a task's volume blocks and checks them against each
 // other and against the task's other mounts, before any plugin is called.
-func (d *Driver) checkVolumes(tc *TaskConfig, spec *executor.Spec) ([]csihook.VolumeRequest, error) {
+func (d *Driver) checkVolumes(cfg *drivers.TaskConfig, tc *TaskConfig, spec *executor.Spec) ([]csihook.VolumeRequest, error) {
 	if len(tc.Volumes) == 0 {
 		return nil, nil
 	}
 	reqs, err := volumeRequests(tc.Volumes)
 	if err != nil {
 		return nil, err
+	}
+	// The task's volumes are its namespace's: the first namespace to use
+	// a volume on this node owns it (allow_cross_namespace_volumes lets
+	// others in).
+	ns := jobOf(cfg).namespace
+	for i := range reqs {
+		reqs[i].Namespace = ns
 	}
 	m, err := d.volumes()
 	if err != nil {

@@ -113,7 +113,7 @@ func (r *nativeRun) pluginHealthy(t *testing.T) {
 	must.SliceNotEmpty(t, pids)
 	env, err := nativeEnviron(pids[0])
 	must.NoError(t, err)
-	must.SliceContains(t, env, "CSI_ENDPOINT=unix://"+filepath.Join(a.NativePluginVars(pluginFixtureID, true, "")["MountDir"], "csi.sock"))
+	must.SliceContains(t, env, "CSI_ENDPOINT=unix://"+filepath.Join(a.NativePluginVars("fixture", true, "")["MountDir"], "csi.sock"))
 }
 
 // examplesValidate checks the files of examples/native with

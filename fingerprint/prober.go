@@ -65,7 +65,20 @@ type PluginSpec struct {
 	TaskID string
 	// Source is SourceTask when empty.
 	Source Source
+	// Reclaim is set when the task takes back an id a task held before:
+	// its own after a driver restart, or one of its job's earlier tasks'
+	// after Nomad restarted the task. It then replaces the entry of that
+	// earlier task, and a socket in plugin_socket_dirs that names itself
+	// id (one that appeared while a task served the id) does not stop
+	// it. Without Reclaim, Add refuses an id that a socket in
+	// plugin_socket_dirs serves: a task never takes over an operator's
+	// plugin.
+	Reclaim bool
 }
+
+// ErrServedBySocket is matched by Add's error for a task plugin whose id
+// a socket in plugin_socket_dirs serves.
+var ErrServedBySocket = errors.New("plugin id is served by a socket in plugin_socket_dirs")
 
 // Prober owns the plugin sockets of this node and keeps a PluginStatus for
 // each. Each plugin has one goroutine that keeps one connection open and
@@ -74,12 +87,14 @@ type PluginSpec struct {
 // connection (so again after every reconnect). Any change that shows in
 // Build's attributes is announced on Updates.
 //
-// Plugin ids are unique: Add refuses an id another task already serves. A
-// socket found in plugin_socket_dirs that is the socket of a task plugin is
-// that task's plugin and is not listed twice; one that names itself with
-// the id of a task plugin, or of a discovered socket with a smaller path,
-// is kept, probed, and reported with PluginStatus.Conflict set, never
-// merged with the owner.
+// Plugin ids are unique: Add refuses an id another task already serves,
+// and an id a socket in plugin_socket_dirs serves (unless the task
+// reclaims it, see PluginSpec.Reclaim). A socket found in
+// plugin_socket_dirs that is the socket of a task plugin is that task's
+// plugin and is not listed twice; one that names itself with the id of a
+// task plugin, or of a discovered socket with a smaller path, is kept,
+// probed, and reported with PluginStatus.Conflict set, never merged with
+// the owner: a socket that appears later does not take over a task's id.
 type Prober struct {
 	cfg    Config
 	logger hclog.Logger
@@ -216,15 +231,27 @@ func (p *Prober) Add(spec PluginSpec) error {
 		return errors.New("the plugin prober is closed")
 	}
 	var stopped []*entry
-	if old, ok := p.tasks[spec.ID]; ok {
-		if old.spec.TaskID != spec.TaskID {
+	old, ok := p.tasks[spec.ID]
+	if ok {
+		if old.spec.TaskID != spec.TaskID && !spec.Reclaim {
 			p.mu.Unlock()
 			return fmt.Errorf("plugin id %q is already served by task %q", spec.ID, old.spec.TaskID)
 		}
-		if old.spec == spec {
-			p.mu.Unlock()
-			return nil
+		if same := old.spec; same.TaskID == spec.TaskID {
+			same.Reclaim = spec.Reclaim
+			if same == spec {
+				p.mu.Unlock()
+				return nil
+			}
 		}
+	}
+	if (!ok || old.spec.TaskID != spec.TaskID) && !spec.Reclaim {
+		if sock, served := p.socketServingLocked(spec.ID, spec.Socket); served {
+			p.mu.Unlock()
+			return fmt.Errorf("plugin id %q is already served by socket %q: %w", spec.ID, sock, ErrServedBySocket)
+		}
+	}
+	if ok {
 		p.removeLocked(old)
 		delete(p.tasks, spec.ID)
 		stopped = append(stopped, old)
@@ -250,6 +277,40 @@ func (p *Prober) Add(spec PluginSpec) error {
 	waitStopped(stopped)
 	p.notify()
 	return nil
+}
+
+// socketServingLocked returns the socket found in plugin_socket_dirs, other
+// than own, whose plugin names itself id, if any: the owner when several
+// do. Call with p.mu held.
+func (p *Prober) socketServingLocked(id, own string) (string, bool) {
+	for _, sock := range slices.Sorted(maps.Keys(p.discovered)) {
+		if e := p.discovered[sock]; e.status.ID == id && sock != own {
+			return sock, true
+		}
+	}
+	return "", false
+}
+
+// SocketServing returns the socket in plugin_socket_dirs that serves id,
+// if any. The directories are scanned first, and sockets whose plugin has
+// not told its name yet are asked for it (within ctx), so that a task
+// cannot take an id in the moments before the Prober learns that a
+// socket serves it. A socket whose plugin does not answer within ctx
+// counts for no id.
+func (p *Prober) SocketServing(ctx context.Context, id string) (string, bool) {
+	p.Rescan()
+	p.mu.Lock()
+	var unnamed []*entry
+	for _, e := range p.discovered {
+		if e.status.ID == "" {
+			unnamed = append(unnamed, e)
+		}
+	}
+	p.mu.Unlock()
+	p.kick(ctx, unnamed)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.socketServingLocked(id, "")
 }
 
 // Remove stops probing the plugin added with id and forgets it. It reports
@@ -365,7 +426,13 @@ func (p *Prober) Refresh(ctx context.Context) error {
 		entries = append(entries, e)
 	}
 	p.mu.Unlock()
+	p.kick(ctx, entries)
+	return ctx.Err()
+}
 
+// kick probes entries once, at once, and returns when all have been
+// probed or ctx is done.
+func (p *Prober) kick(ctx context.Context, entries []*entry) {
 	// Kick every plugin at once, so that one hung plugin does not hold
 	// up the others.
 	var wg sync.WaitGroup
@@ -389,7 +456,6 @@ func (p *Prober) Refresh(ctx context.Context) error {
 		}()
 	}
 	wg.Wait()
-	return ctx.Err()
 }
 
 // run is the probe goroutine of one plugin.

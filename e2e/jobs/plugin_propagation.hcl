@@ -56,7 +56,8 @@ job "{{.JobID}}" {
       }
     }
 
-    # The control: privileged too, but not a plugin, so it has no
+    # The control: privileged too, but a controller plugin (the driver
+    # allows privilege only to plugin tasks by default), so it has no
     # bidirectional mount; its tmpfs at {{.Vars.Probe}}-private must stay in
     # its own mount namespace.
     task "private" {
@@ -82,6 +83,11 @@ job "{{.JobID}}" {
           exec sleep 3600
         EOT
         ]
+
+        csi_plugin {
+          id   = "{{.Vars.PluginID}}-private"
+          type = "controller"
+        }
       }
 
       resources {

@@ -1,0 +1,225 @@
+package csihook
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"hash/crc32"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/shoenig/test/must"
+)
+
+// nsReq is req in a namespace, shareable between tasks.
+func nsReq(namespace, name, volumeID string) VolumeRequest {
+	r := req(name, volumeID, "/"+name)
+	r.AccessMode = AccessMultiNodeMultiWriter
+	r.Namespace = namespace
+	return r
+}
+
+// A volume belongs to the namespace that first used it: another namespace
+// is refused before anything is called, also once the volume is released
+// and after a restart; the owner's namespace goes on using it.
+func TestNamespace_otherNamespaceRefused(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	_, err := h.m.Setup(ctx, "task-a", []VolumeRequest{nsReq("team-a", "data", "vol1")})
+	must.NoError(t, err)
+	owner, ok := h.m.Owner("p", "vol1")
+	must.True(t, ok)
+	must.Eq(t, "team-a", owner)
+
+	refused := func() {
+		t.Helper()
+		h.fake.ResetCalls()
+		_, err := h.m.Setup(ctx, "task-b", []VolumeRequest{nsReq("team-b", "data", "vol1")})
+		must.ErrorIs(t, err, ErrOtherNamespace)
+		must.ErrorContains(t, err, `volume_id "vol1" of CSI plugin "p" belongs to namespace "team-a"`)
+		must.ErrorContains(t, err, `not to namespace "team-b"`)
+		must.ErrorContains(t, err, "allow_cross_namespace_volumes = true")
+		must.SliceEmpty(t, h.fake.Methods())
+		must.Eq(t, 0, len(h.m.taskRecs("task-b")))
+	}
+	refused()
+
+	// Released: the volume still belongs to team-a.
+	must.NoError(t, h.m.Teardown(ctx, "task-a"))
+	must.SliceEmpty(t, h.journalRecords())
+	refused()
+	h.restart()
+	refused()
+
+	_, err = h.m.Setup(ctx, "task-c", []VolumeRequest{nsReq("team-a", "data", "vol1")})
+	must.NoError(t, err)
+	must.NoError(t, h.m.Teardown(ctx, "task-c"))
+
+	// A request without a namespace claims nothing and is not checked.
+	_, err = h.m.Setup(ctx, "task-d", []VolumeRequest{nsReq("", "data", "vol2")})
+	must.NoError(t, err)
+	_, ok = h.m.Owner("p", "vol2")
+	must.False(t, ok)
+}
+
+// With allow_cross_namespace_volumes the other namespace may use the
+// volume, and the owner stays recorded.
+func TestNamespace_allowCrossNamespace(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.AllowCrossNamespace = true })
+	ctx := context.Background()
+	_, err := h.m.Setup(ctx, "task-a", []VolumeRequest{nsReq("team-a", "data", "vol1")})
+	must.NoError(t, err)
+	_, err = h.m.Setup(ctx, "task-b", []VolumeRequest{nsReq("team-b", "data", "vol1")})
+	must.NoError(t, err)
+	owner, _ := h.m.Owner("p", "vol1")
+	must.Eq(t, "team-a", owner)
+	must.Eq(t, 2, h.m.Users("p", "vol1"))
+}
+
+// A created volume belongs to the namespace that created it, by its name
+// and by the id the plugin gave it.
+func TestNamespace_createdVolumeBelongsToCreator(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	r := nsReq("team-a", "data", "my-vol")
+	r.Create = &CreateRequest{CapacityMin: 1 << 20}
+	_, err := h.m.Setup(ctx, "task-a", []VolumeRequest{r})
+	must.NoError(t, err)
+	c, ok := h.m.journal.created("p", "my-vol")
+	must.True(t, ok)
+	owner, ok := h.m.Owner("p", c.VolumeID)
+	must.True(t, ok)
+	must.Eq(t, "team-a", owner)
+
+	h.fake.ResetCalls()
+	other := nsReq("team-b", "data", "my-vol")
+	other.Create = &CreateRequest{CapacityMin: 1 << 20}
+	_, err = h.m.Setup(ctx, "task-b", []VolumeRequest{other})
+	must.ErrorIs(t, err, ErrOtherNamespace)
+	must.ErrorContains(t, err, fmt.Sprintf(`volume_id %q (created on this node as "my-vol") of CSI plugin "p" belongs to namespace "team-a"`, c.VolumeID))
+	must.Eq(t, 0, h.fake.Count(MethodCreateVolume), must.Sprint("the other namespace's create reached the plugin"))
+
+	_, err = h.m.Setup(ctx, "task-b", []VolumeRequest{nsReq("team-b", "data", c.VolumeID)})
+	must.ErrorIs(t, err, ErrOtherNamespace)
+	must.SliceEmpty(t, h.fake.Methods())
+}
+
+// rawFrame frames a payload as the journal does, for logs written by
+// hand as an earlier driver wrote them.
+func rawFrame(payload string) []byte {
+	buf := make([]byte, frameHeader, frameHeader+len(payload))
+	copy(buf, frameMagic)
+	binary.LittleEndian.PutUint32(buf[4:], uint32(len(payload)))
+	buf = append(buf, payload...)
+	sum := crc32.Update(crc32.Checksum(buf[:8], castagnoli), castagnoli, []byte(payload))
+	binary.LittleEndian.PutUint32(buf[8:], sum)
+	return buf
+}
+
+// A journal written before namespaces and servers were recorded replays
+// as it is; its volume is adopted by the first namespace that uses it,
+// and takes the server of its next Setup.
+func TestJournal_recordsWithoutNamespaceReplayAndAreAdopted(t *testing.T) {
+	h := newHarness(t)
+	h.m.Close()
+	dir := filepath.Join(h.root, "journal")
+	staging := h.m.StagingPath("p", "old-vol")
+	target := h.m.TargetPath("old-task", "data")
+	// Exactly what the driver before this change wrote: no "server", no
+	// "namespace", no put_owner.
+	payload := `{"ops":[` +
+		`{"op":"put_vol","vol":{"version":1,"plugin_id":"p","volume_id":"old-vol","staging_path":"` + staging + `","node_id":"node-1","access_mode":"multi-node-multi-writer","attachment_mode":"file-system","fs_type":"ext4","mount_flags":["noatime"],"volume_context":{"ctx":"v"},"secrets":{"token":"` + canary + `"},"controller":"published","stage":"staged","updated":"2026-11-01T10:00:00Z"}},` +
+		`{"op":"put_task","task":{"version":1,"task_id":"old-task","name":"data","seq":0,"plugin_id":"p","volume_id":"old-vol","target":"` + target + `","destination":"/data","read_only":false,"access_mode":"multi-node-multi-writer","attachment_mode":"file-system","fs_type":"ext4","mount_flags":["noatime"],"volume_context":{"ctx":"v"},"secrets":{"token":"` + canary + `"},"state":"published","updated":"2026-11-01T10:00:01Z"}}` +
+		`]}`
+	must.NoError(t, os.WriteFile(filepath.Join(dir, logName), rawFrame(payload), 0o600))
+	must.NoError(t, h.mnt.Mount("fake", staging, "ext4", 0, ""))
+	must.NoError(t, h.mnt.Mount("fake", target, "ext4", 0, ""))
+
+	p := fullPlugin("p")
+	p.Server = `job "plugins" in namespace "default"`
+	h.setPlugin(p)
+	h.m = h.newManager()
+	must.Eq(t, []string{"task old-task/data published", "vol p/old-vol staged/published"}, h.journalRecords())
+	must.Eq(t, 1, h.m.Users("p", "old-vol"))
+	_, ok := h.m.Owner("p", "old-vol")
+	must.False(t, ok)
+	must.SliceEmpty(t, h.m.PluginServers("p"))
+
+	ctx := context.Background()
+	r := nsReq("team-b", "data", "old-vol")
+	r.MountFlags, r.FSType = []string{"noatime"}, "ext4"
+	_, err := h.m.Setup(ctx, "task-b", []VolumeRequest{r})
+	must.NoError(t, err)
+	owner, _ := h.m.Owner("p", "old-vol")
+	must.Eq(t, "team-b", owner)
+	must.Eq(t, []string{p.Server}, h.m.PluginServers("p"))
+
+	r.Namespace = "team-c"
+	_, err = h.m.Setup(ctx, "task-c", []VolumeRequest{r})
+	must.ErrorIs(t, err, ErrOtherNamespace)
+	must.ErrorContains(t, err, `belongs to namespace "team-b"`)
+
+	// The owner survives a restart, in the log the new driver writes.
+	h.restart()
+	owner, _ = h.m.Owner("p", "old-vol")
+	must.Eq(t, "team-b", owner)
+	st, err := ReadJournal(dir)
+	must.NoError(t, err)
+	must.Len(t, 1, st.Volumes)
+	must.Eq(t, "team-b", st.Volumes[0].Namespace)
+	must.Eq(t, p.Server, st.Volumes[0].Server)
+}
+
+// PluginServers names what served the plugin id for the volumes recorded
+// now, and nothing once they are released.
+func TestPluginServers(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	p := fullPlugin("p")
+	p.Server = `job "a" in namespace "default"`
+	h.setPlugin(p)
+	_, err := h.m.Setup(ctx, "task-a", []VolumeRequest{nsReq("default", "one", "vol1")})
+	must.NoError(t, err)
+	p.Server = `socket "/run/csi/p.sock"`
+	h.setPlugin(p)
+	_, err = h.m.Setup(ctx, "task-b", []VolumeRequest{nsReq("default", "two", "vol2")})
+	must.NoError(t, err)
+	must.Eq(t, []string{`job "a" in namespace "default"`, `socket "/run/csi/p.sock"`}, h.m.PluginServers("p"))
+	must.SliceEmpty(t, h.m.PluginServers("other"))
+
+	must.NoError(t, h.m.Teardown(ctx, "task-a"))
+	must.NoError(t, h.m.Teardown(ctx, "task-b"))
+	must.SliceEmpty(t, h.m.PluginServers("p"))
+}
+
+// A plugin without the CSI Node service never gets a volume: Setup names
+// the plugin and what to use instead, and calls nothing; a teardown does
+// not go to it either.
+func TestSetup_controllerOnlyPluginRefused(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	ctl := fullPlugin("ctl")
+	ctl.ControllerOnly = true
+	h.setPlugin(ctl)
+	r := req("data", "vol1", "/data")
+	r.PluginID = "ctl"
+	_, err := h.m.Setup(ctx, "task-a", []VolumeRequest{r})
+	must.ErrorIs(t, err, ErrInvalid)
+	must.ErrorContains(t, err, `CSI plugin "ctl" is a controller plugin`)
+	must.ErrorContains(t, err, "set plugin_id to a plugin of type node or monolith")
+	must.SliceEmpty(t, h.fake.Methods())
+	must.SliceEmpty(t, h.journalRecords())
+
+	// The id moves to a controller-only plugin while a volume of it is
+	// published: its teardown waits rather than calling it.
+	_, err = h.m.Setup(ctx, "task-b", []VolumeRequest{req("data", "vol2", "/data")})
+	must.NoError(t, err)
+	p := fullPlugin("p")
+	p.ControllerOnly = true
+	h.setPlugin(p)
+	h.fake.ResetCalls()
+	err = h.m.teardownTask(ctx, "task-b")
+	must.ErrorContains(t, err, "without the CSI Node service")
+	must.Eq(t, 0, h.fake.Count(MethodNodeUnpublishVolume))
+}
