@@ -363,6 +363,7 @@ func chrootEnvHCL(dirs ...string) string {
 		fmt.Fprintf(&b, "      %q = %q\n", k, env[k])
 	}
 	b.WriteString("    }")
+	// (rendered as a block: chroot_env { ... })
 	return b.String()
 }
 
@@ -414,7 +415,7 @@ plugin "nomad-driver-csi" {
     enabled          = true
     allow_privileged = {{.AllowPrivileged}}
     root_dir         = "{{.DriverRoot}}"
-    chroot_env       = {{.ChrootEnv}}
+    chroot_env {{.ChrootEnv}}
   }
 }
 {{.Extra}}

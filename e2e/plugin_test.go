@@ -104,7 +104,7 @@ func TestCSIPluginTasks(t *testing.T) {
 	})
 
 	// 2. A mount made inside a node-plugin task under the stage root
-	// reaches the host and an unprivileged task started before it.
+	// reaches the host and another task with the host's view (a privileged plugin task), started before it.
 	t.Run("bidirectional_propagation", func(t *testing.T) {
 		t.Parallel()
 		x := strconv.FormatInt(time.Now().UnixNano()%1e9, 36)
@@ -160,7 +160,7 @@ func TestCSIPluginTasks(t *testing.T) {
 		// A slave of the host's: host mounts come in, its own would not go
 		// out.
 		must.StrContains(t, info, " master:", must.Sprintf("the watcher's copy of the mount is not a slave of the host's: %s", info))
-		t.Logf("watcher (unprivileged, started before the mount): %s | %s", lineWith(logs, "seen:"), info)
+		t.Logf("watcher (privileged, started before the mount): %s | %s", lineWith(logs, "seen:"), info)
 
 		// The control: a privileged task's own mount, not under a
 		// bidirectional mount of its own, stays in its namespace.

@@ -18,6 +18,34 @@ plugin "nomad-driver-csi" {
     # plugins need it). Off by default, as with Docker's driver.
     allow_privileged = true
 
+    # Only CSI plugin tasks may be privileged (the default).
+    privileged_plugins_only = true
+
+    # What tasks that are not privileged see of the host, read-only (exec's
+    # list, plus where the programs they run are installed).
+    chroot_env {
+      "/bin"                 = "/bin"
+      "/etc"                 = "/etc"
+      "/lib"                 = "/lib"
+      "/lib32"               = "/lib32"
+      "/lib64"               = "/lib64"
+      "/run/resolvconf"      = "/run/resolvconf"
+      "/run/systemd/resolve" = "/run/systemd/resolve"
+      "/sbin"                = "/sbin"
+      "/usr"                 = "/usr"
+    }
+
+    # exec's isolation options, with their defaults.
+    default_pid_mode = "private"
+    default_ipc_mode = "private"
+    allow_caps = ["audit_write", "chown", "dac_override", "fowner", "fsetid", "kill", "mknod",
+    "net_bind_service", "setfcap", "setgid", "setpcap", "setuid", "sys_chroot"]
+
+    # To keep ordinary jobs from running as root on this node (privileged
+    # plugin tasks keep root; the example volume jobs run as root, since the
+    # fixture's volumes belong to root):
+    # denied_host_uids = "0"
+
     # Where the driver keeps task state. Keep it short: CSI socket paths
     # under it must stay below 107 bytes.
     root_dir = "/var/lib/nomad-driver-csi"

@@ -25,6 +25,9 @@ job "{{.JobID}}" {
 
     task "t" {
       driver       = "csi"
+      # The volume belongs to root; a task that is not privileged runs as nobody
+      # unless it names its user.
+      user         = "root"
       kill_timeout = "5s"
 
       config {

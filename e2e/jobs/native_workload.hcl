@@ -28,6 +28,11 @@ job "{{.JobID}}" {
 
     task "t" {
       driver       = "{{.Vars.Driver}}"
+{{- if eq .Vars.Driver "csi"}}
+      # The volume belongs to root; a task of the csi driver that is not
+      # privileged runs as nobody unless it names its user.
+      user         = "root"
+{{- end}}
       kill_timeout = "5s"
 
       volume_mount {

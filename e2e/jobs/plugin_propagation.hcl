@@ -3,7 +3,7 @@
 # the stage root {{.Vars.StageRoot}} into it, shared with the host); once
 # the test creates {{.Vars.Trigger}}, it mounts a tmpfs at {{.Vars.Probe}}
 # from inside its own mount namespace and writes a file there. The main
-# task "watcher", unprivileged and started after the mounter but before the
+# task "watcher", privileged (with the host's view) and started after the mounter but before the
 # mount, waits for the file and prints it and its mountinfo line. The
 # sidecar "private" is the control (see there).
 job "{{.JobID}}" {
@@ -100,8 +100,12 @@ job "{{.JobID}}" {
       driver       = "csi"
       kill_timeout = "3s"
 
+      # It looks at a host path, so it needs the host's view: privileged,
+      # which the driver allows to plugin tasks only (a task that is not
+      # privileged sees none of the host's paths).
       config {
-        command = "/bin/sh"
+        command    = "/bin/sh"
+        privileged = true
         args = ["-c", <<-EOT
           echo "watching mntns=$(readlink /proc/self/ns/mnt)"
           while [ ! -e "{{.Vars.Probe}}/hello" ]; do sleep 0.1; done
@@ -110,6 +114,11 @@ job "{{.JobID}}" {
           exec sleep 3600
         EOT
         ]
+
+        csi_plugin {
+          id   = "{{.Vars.PluginID}}-watcher"
+          type = "controller"
+        }
       }
 
       resources {

@@ -13,6 +13,9 @@ job "volume-writer" {
   group "writer" {
     task "writer" {
       driver = "csi"
+      # The volume belongs to root; a task that is not privileged runs as nobody
+      # unless it names its user.
+      user   = "root"
 
       config {
         command = "/bin/sh"

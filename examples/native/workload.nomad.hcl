@@ -14,6 +14,9 @@ job "native-writer" {
 
     task "writer" {
       driver = "csi"
+      # The volume belongs to root; a task that is not privileged runs as nobody
+      # unless it names its user.
+      user   = "root"
 
       volume_mount {
         volume      = "data"
