@@ -162,14 +162,10 @@ func bindAll(m mounter.Interface, mounts []Mount, root string) error {
 
 func depth(target string) int { return strings.Count(filepath.Clean(target), "/") }
 
-// buildRoot assembles the task's root at root: a tmpfs holding a recursive
-// bind of every top-level entry of the host's root (and its symlinks as
-// they are), so the task sees the host's files and, through the binds
-// (slaves of the host's mounts by now), the host's later mounts under
-// them. The tmpfs is unbindable, so the recursive binds do not copy it into
-// itself; binds of shared mounts (the bidirectional sources) join their
-// peer groups as before.
-func buildRoot(m mounter.Interface, root string) error {
+// mountRootTmpfs makes root, a directory of the task's state, the tmpfs
+// of a task's root: unbindable, so that recursive binds into it never copy
+// it into itself.
+func mountRootTmpfs(m mounter.Interface, root string) error {
 	if err := os.MkdirAll(root, 0o755); err != nil {
 		return fmt.Errorf("failed to create the task's root %q: %w", root, err)
 	}
@@ -178,6 +174,20 @@ func buildRoot(m mounter.Interface, root string) error {
 	}
 	if err := m.SetPropagation(root, mounter.PropagationUnbindable, false); err != nil {
 		return fmt.Errorf("failed to make the task's root: %w", err)
+	}
+	return nil
+}
+
+// buildRoot assembles the task's root at root: a tmpfs holding a recursive
+// bind of every top-level entry of the host's root (and its symlinks as
+// they are), so the task sees the host's files and, through the binds
+// (slaves of the host's mounts by now), the host's later mounts under
+// them. The tmpfs is unbindable, so the recursive binds do not copy it into
+// itself; binds of shared mounts (the bidirectional sources) join their
+// peer groups as before.
+func buildRoot(m mounter.Interface, root string) error {
+	if err := mountRootTmpfs(m, root); err != nil {
+		return err
 	}
 	entries, err := os.ReadDir("/")
 	if err != nil {

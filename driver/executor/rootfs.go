@@ -63,14 +63,8 @@ var procMasked = []string{"kcore", "keys", "timer_list", "sched_debug", "latency
 // active PID namespace must be the task's (the supervisor's own), since
 // /proc shows the PID namespace of whoever mounts it.
 func buildIsolatedRoot(m mounter.Interface, root string, iso *Isolation) error {
-	if err := os.MkdirAll(root, 0o755); err != nil {
-		return fmt.Errorf("failed to create the task's root %q: %w", root, err)
-	}
-	if err := m.Mount("tmpfs", root, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0755"); err != nil {
-		return fmt.Errorf("failed to make the task's root: %w", err)
-	}
-	if err := m.SetPropagation(root, mounter.PropagationUnbindable, false); err != nil {
-		return fmt.Errorf("failed to make the task's root: %w", err)
+	if err := mountRootTmpfs(m, root); err != nil {
+		return err
 	}
 	if err := bindChrootEnv(m, root, iso.ChrootEnv); err != nil {
 		return err
