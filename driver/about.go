@@ -12,6 +12,7 @@ import (
 	"github.com/hashicorp/nomad/plugins/shared/hclspec"
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor"
+	"github.com/nomad-driver-csi/nomad-driver-csi/mounter"
 )
 
 const (
@@ -209,6 +210,12 @@ func (c *Config) validate() error {
 		}
 		if reason := isolatedTargetReason(dst); reason != "" {
 			return fmt.Errorf("chroot_env entry %q = %q: %s", src, dst, reason)
+		}
+		for _, nomadDir := range []string{"/tmp", "/alloc", "/local", "/secrets"} {
+			if mounter.PathWithin(filepath.Clean(dst), nomadDir) || mounter.PathWithin(nomadDir, filepath.Clean(dst)) {
+				return fmt.Errorf("chroot_env entry %q = %q: %s in the task is Nomad's directory for the task and would hide or be hidden by it; bind %q elsewhere, such as \"/opt%s\"",
+					src, dst, nomadDir, src, filepath.Clean(dst))
+			}
 		}
 	}
 	if err := validIsolationMode("default_pid_mode", c.DefaultPIDMode, true); err != nil {

@@ -208,6 +208,15 @@ func TestConfig_validate(t *testing.T) {
 		{"slash root", Config{RootDir: "/", CgroupParent: "nomad-csi"}, "root_dir must not be \"/\""},
 		{"absolute cgroup", Config{RootDir: "/x", CgroupParent: "/nomad"}, "cgroup_parent must be a relative cgroup name"},
 		{"escaping cgroup", Config{RootDir: "/x", CgroupParent: "../x"}, "cgroup_parent must be a relative cgroup name"},
+		{"chroot_env ok", Config{RootDir: "/x", CgroupParent: "c", ChrootEnv: map[string]string{"/opt/bin": "/opt/bin"}}, ""},
+		{"chroot_env relative", Config{RootDir: "/x", CgroupParent: "c", ChrootEnv: map[string]string{"/opt/bin": "bin"}}, "chroot_env entry \"/opt/bin\" = \"bin\" must map an absolute host path"},
+		{"chroot_env under /tmp", Config{RootDir: "/x", CgroupParent: "c", ChrootEnv: map[string]string{"/tmp/ci/bin": "/tmp/ci/bin"}}, "/tmp in the task is Nomad's directory"},
+		{"chroot_env over /local", Config{RootDir: "/x", CgroupParent: "c", ChrootEnv: map[string]string{"/srv": "/local"}}, "/local in the task is Nomad's directory"},
+		{"chroot_env over /proc", Config{RootDir: "/x", CgroupParent: "c", ChrootEnv: map[string]string{"/proc": "/proc"}}, "would hide the task's own /proc"},
+		{"bad pid mode", Config{RootDir: "/x", CgroupParent: "c", DefaultPIDMode: "shared"}, `default_pid_mode must be "private" or "host"`},
+		{"bad allow_caps", Config{RootDir: "/x", CgroupParent: "c", AllowCaps: []string{"cap_flying"}}, `allow_caps: unknown capability "cap_flying"`},
+		{"bad denied uids", Config{RootDir: "/x", CgroupParent: "c", DeniedHostUIDs: "10-1"}, "denied_host_uids: range \"10-1\""},
+		{"bad denied gids", Config{RootDir: "/x", CgroupParent: "c", DeniedHostGIDs: "x"}, "denied_host_gids: \"x\" is not an id"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

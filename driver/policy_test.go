@@ -352,3 +352,25 @@ func TestConfigSpec_policyKeys(t *testing.T) {
 	must.False(t, c.PrivilegedPluginsOnly)
 	must.True(t, c.AllowCrossNamespaceVolumes)
 }
+
+func TestConfigSpec_isolationKeys(t *testing.T) {
+	var c Config
+	hclutils.NewConfigParser(configSpec).ParseHCL(t, `config {}`, &c)
+	must.Eq(t, "private", c.DefaultPIDMode)
+	must.Eq(t, "private", c.DefaultIPCMode)
+	must.Eq(t, []string{"AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD", "NET_BIND_SERVICE", "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT"}, c.AllowCaps)
+	must.MapEmpty(t, c.ChrootEnv)
+
+	c = Config{}
+	hclutils.NewConfigParser(configSpec).ParseHCL(t, `config {
+  chroot_env {
+    "/usr"      = "/usr"
+    "/opt/tool" = "/tool"
+  }
+  default_pid_mode = "host"
+  denied_host_uids = "0"
+}`, &c)
+	must.Eq(t, map[string]string{"/usr": "/usr", "/opt/tool": "/tool"}, c.ChrootEnv)
+	must.Eq(t, "host", c.DefaultPIDMode)
+	must.Eq(t, "0", c.DeniedHostUIDs)
+}

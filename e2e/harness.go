@@ -99,6 +99,13 @@ func PluginDir(root string) string { return filepath.Join(root, "build", "plugin
 // CSIBinDir is where e2e/tools/build.sh puts the CSI binaries.
 func CSIBinDir(root string) string { return filepath.Join(root, "build", "csi") }
 
+// TaskCSIBinDir is where a task that is not privileged finds the CSI
+// binaries: the agents' chroot_env binds CSIBinDir there, as an operator
+// names the directory its plugins are installed in. (A privileged task
+// sees the host's paths.) A fixed path, since the checkout may be under
+// /tmp, which is the task's own.
+const TaskCSIBinDir = "/opt/nomad-driver-csi-e2e/csi"
+
 // CheckPrerequisites reports why the e2e tests cannot run here: not root,
 // or no agent binary.
 func CheckPrerequisites(root string) error {
@@ -259,7 +266,7 @@ func (a *Agent) setup() error {
 		CgroupParent:    a.cgroupParent,
 		AllowPrivileged: a.opts.AllowPrivileged,
 		DriverRoot:      a.DriverRoot,
-		ChrootEnv:       chrootEnvHCL(CSIBinDir(a.Root)),
+		ChrootEnv:       chrootEnvHCL(map[string]string{CSIBinDir(a.Root): TaskCSIBinDir}),
 		Extra:           a.opts.ExtraConfig,
 	}
 	if !a.opts.Persistent {
@@ -343,14 +350,15 @@ type agentConfig struct {
 	Extra     string
 }
 
-// chrootEnvHCL renders the driver's default chroot_env with dirs added.
-func chrootEnvHCL(dirs ...string) string {
+// chrootEnvHCL renders the driver's default chroot_env with the extra
+// host path = task path entries added.
+func chrootEnvHCL(extra map[string]string) string {
 	env := map[string]string{}
 	for k, v := range executor.DefaultChrootEnv {
 		env[k] = v
 	}
-	for _, d := range dirs {
-		env[d] = d
+	for k, v := range extra {
+		env[k] = v
 	}
 	keys := make([]string, 0, len(env))
 	for k := range env {

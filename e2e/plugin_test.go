@@ -327,9 +327,10 @@ func TestCSIPluginPrivilege(t *testing.T) {
 	t.Run("controller_runs_unprivileged", func(t *testing.T) {
 		t.Parallel()
 		const id = "ctrl-fixture"
-		dir := csiTempDir(t)
+		// Not privileged: it sees the fixture where chroot_env binds it,
+		// and its state directory is in its own /tmp.
 		job := a.RunJob(t, "plugin_task", map[string]string{
-			"Command": fixture, "Args": HCLList("--state-dir", filepath.Join(dir, "state")), "Privileged": "false",
+			"Command": filepath.Join(TaskCSIBinDir, "csi-fixture"), "Args": HCLList("--state-dir", "/tmp/state"), "Privileged": "false",
 			"PluginID": id, "Type": "controller",
 		})
 		t.Cleanup(func() { stopAndPurge(t, a, job.ID) })

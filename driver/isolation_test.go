@@ -1,0 +1,65 @@
+package driver
+
+import (
+	"testing"
+
+	"github.com/shoenig/test/must"
+)
+
+func TestTaskCapabilities(t *testing.T) {
+	defaults := []string{"AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD", "NET_BIND_SERVICE", "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT"}
+	cases := []struct {
+		name             string
+		allow, add, drop []string
+		want, wantAdded  []string
+		wantErr          string
+	}{
+		{name: "defaults", allow: defaults, want: defaults, wantAdded: []string{}},
+		{name: "allow narrows the defaults", allow: []string{"chown", "kill"}, want: []string{"CHOWN", "KILL"}, wantAdded: []string{}},
+		{name: "drop", allow: defaults, drop: []string{"cap_kill", "MKNOD"}, want: without(defaults, "KILL", "MKNOD"), wantAdded: []string{}},
+		{name: "drop all, add one", allow: defaults, drop: []string{"all"}, add: []string{"net_bind_service"}, want: []string{"NET_BIND_SERVICE"}, wantAdded: []string{"NET_BIND_SERVICE"}},
+		{name: "add beyond allow", allow: defaults, add: []string{"sys_admin", "net_raw"}, wantErr: "cap_add: sys_admin, net_raw not allowed on this node"},
+		{name: "allow all", allow: []string{"all"}, add: []string{"sys_time"}, want: append(defaults[:len(defaults):len(defaults)], "SYS_TIME"), wantAdded: []string{"SYS_TIME"}},
+		{name: "unknown", allow: defaults, add: []string{"flying"}, wantErr: `cap_add: unknown capability "flying"`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			set, added, err := taskCapabilities(tc.allow, tc.add, tc.drop)
+			if tc.wantErr != "" {
+				must.ErrorContains(t, err, tc.wantErr)
+				return
+			}
+			must.NoError(t, err)
+			must.SliceContainsAll(t, tc.want, set)
+			must.Eq(t, len(tc.want), len(set))
+			must.SliceContainsAll(t, tc.wantAdded, added)
+		})
+	}
+}
+
+func without(list []string, drop ...string) []string {
+	var out []string
+	for _, s := range list {
+		keep := true
+		for _, d := range drop {
+			keep = keep && s != d
+		}
+		if keep {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+func TestParseIDRanges(t *testing.T) {
+	r, err := parseIDRanges("denied_host_uids", "0, 10-20,65534")
+	must.NoError(t, err)
+	for id, want := range map[uint64]bool{0: true, 1: false, 10: true, 15: true, 20: true, 21: false, 65534: true} {
+		must.Eq(t, want, inRanges(r, id), must.Sprintf("id %d", id))
+	}
+	_, err = parseIDRanges("denied_host_uids", "5-")
+	must.ErrorContains(t, err, `denied_host_uids: "5-" is not an id or a range`)
+	r, err = parseIDRanges("denied_host_gids", "")
+	must.NoError(t, err)
+	must.SliceEmpty(t, r)
+}
