@@ -91,6 +91,8 @@ type prebuilt struct {
 	used bool
 	// iso is the isolation the root was built for.
 	iso *Isolation
+	// why says why a task did not take the thread, for the log.
+	why string
 }
 
 // prebuild prepares a launching thread with the task's root assembled at
@@ -124,8 +126,14 @@ func buildNamespace(root string, iso *Isolation) error {
 		return err
 	}
 	// The host's directory is no mount point in this namespace any more:
-	// the root moved off it.
-	if err := os.Remove(root); err != nil {
+	// the root moved off it. An isolated root does not show the host's
+	// paths: the directory is reached through the handle on the host's
+	// root.
+	dir := root
+	if hostRoot >= 0 {
+		dir = filepath.Join(hostRootPath(), root)
+	}
+	if err := os.Remove(dir); err != nil {
 		return fmt.Errorf("failed to remove the spare's root directory %q: %w", root, err)
 	}
 	return nil
@@ -135,10 +143,12 @@ func buildNamespace(root string, iso *Isolation) error {
 // without error; otherwise the thread is let go and take returns false.
 func (p *prebuilt) take(spec *Spec, job func(pivoted bool)) bool {
 	if len(spec.Mounts) > 0 || !p.iso.equal(spec.Isolation) {
+		p.why = "the task's mounts or isolation differ from the prepared root's"
 		close(p.jobs)
 		return false
 	}
 	if err := <-p.ready; err != nil {
+		p.why = "the prepared root failed: " + err.Error()
 		return false
 	}
 	p.used = true

@@ -72,7 +72,7 @@ func buildIsolatedRoot(m mounter.Interface, root string, iso *Isolation) error {
 	if err := buildDev(m, root, iso.PrivateIPC); err != nil {
 		return fmt.Errorf("failed to make the task's /dev: %w", err)
 	}
-	if err := buildProc(m, root); err != nil {
+	if err := buildProc(m, root, iso.PrivatePID); err != nil {
 		return fmt.Errorf("failed to make the task's /proc: %w", err)
 	}
 	if err := buildSys(m, root); err != nil {
@@ -237,11 +237,13 @@ func bindHostDir(m mounter.Interface, src, dst string) error {
 	return m.BindMount(src, dst, false, true)
 }
 
-// buildProc mounts /proc for the PID namespace of the calling thread, with
-// other users' processes hidden (so that a task does not see its
-// supervisor, the namespace's init), the kernel's settings read-only and
-// its secrets masked.
-func buildProc(m mounter.Interface, root string) error {
+// buildProc mounts /proc for the PID namespace of the calling thread, the
+// kernel's settings read-only and its secrets masked. In a PID namespace
+// of the task's, processes the task may not ptrace are hidden, so that it
+// does not see its supervisor, the namespace's init; with the host's PID
+// namespace (pid_mode "host") the task sees the host's processes, as it
+// asked.
+func buildProc(m mounter.Interface, root string, privatePID bool) error {
 	proc := filepath.Join(root, "proc")
 	if err := os.Mkdir(proc, 0o555); err != nil {
 		return err
@@ -250,8 +252,12 @@ func buildProc(m mounter.Interface, root string) error {
 	// may ptrace it, whatever their groups (hidepid=2 lets gid 0 see all).
 	// The supervisor holds capabilities the task does not: it is hidden.
 	flags := uintptr(unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC)
+	options := []string{""}
+	if privatePID {
+		options = []string{"hidepid=4", "hidepid=2", ""}
+	}
 	var err error
-	for _, opts := range []string{"hidepid=4", "hidepid=2", ""} {
+	for _, opts := range options {
 		if err = m.Mount("proc", proc, "proc", flags, opts); err == nil {
 			break
 		}

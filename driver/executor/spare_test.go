@@ -179,3 +179,48 @@ if touch /top-level-file 2>/dev/null; then echo root-writable; else echo root-re
 		return len(entries) == 0
 	})
 }
+
+// A spare prepares an isolated root ahead in a PID namespace of its own:
+// an isolated task with only late mounts runs in it; a task that wants the
+// host's PID namespace does not take that spare.
+func TestSpares_PreparedIsolatedRoot_Root(t *testing.T) {
+	requireTaskRoot(t)
+	dir := t.TempDir()
+	iso := &Isolation{ChrootEnv: DefaultChrootEnv, PrivatePID: true, PrivateIPC: true}
+	s := &Spares{}
+	s.SetDir(dir, iso)
+	t.Cleanup(s.Close)
+	s.Fill("", hclog.NewNullLogger())
+	waitSpare(t, s, "")
+
+	vol := t.TempDir()
+	must.NoError(t, os.WriteFile(vol+"/f", []byte("prepared\n"), 0o644))
+	tt := isolatedSpec(t, `cat /data/f; echo "root=$(ls / | tr '\n' ' ')"; echo "procs=$(ls /proc | grep -c '^[0-9]')"`)
+	tt.spec.LateMounts = []Mount{{Target: "/data"}}
+	p, err := s.Start(hclog.NewNullLogger(), tt.spec, func() ([]Mount, error) {
+		return []Mount{{Source: vol, Target: "/data", ReadOnly: true}}, nil
+	})
+	must.NoError(t, err)
+	t.Cleanup(func() { _ = p.Kill(); _ = p.Destroy() })
+	must.Eq(t, 0, waitExit(t, p).ExitCode, must.Sprintf("stderr: %s", readFile(t, tt.stderr)))
+	out := readFile(t, tt.stdout)
+	must.StrHasPrefix(t, "prepared\n", out)
+	must.StrContains(t, outputLines(out)["root"], "data")
+	must.StrNotContains(t, outputLines(out)["root"], "home")
+	must.StrContains(t, readFile(t, tt.spec.StateDir+"/"+supervisorLogFile), "root_prepared_ahead=true")
+
+	// pid_mode host: the spare (in a PID namespace of its own) cannot
+	// serve; the task gets a supervisor of its own and sees the host's
+	// processes.
+	waitSpare(t, s, "")
+	tt = isolatedSpec(t, `echo "procs=$(ls /proc | grep -c '^[0-9]')"`)
+	tt.spec.Isolation = &Isolation{ChrootEnv: DefaultChrootEnv, PrivateIPC: true}
+	p2, err := s.Start(hclog.NewNullLogger(), tt.spec, nil)
+	must.NoError(t, err)
+	t.Cleanup(func() { _ = p2.Kill(); _ = p2.Destroy() })
+	must.Eq(t, 0, waitExit(t, p2).ExitCode, must.Sprintf("stderr: %s", readFile(t, tt.stderr)))
+	procs, err := strconv.Atoi(outputLines(readFile(t, tt.stdout))["procs"])
+	must.NoError(t, err)
+	must.Greater(t, 10, procs, must.Sprint("pid_mode host sees the host's processes"))
+	must.True(t, s.Waiting(""), must.Sprint("the spare is still there for the next isolated task"))
+}

@@ -107,7 +107,11 @@ func runSupervisor(args []string) int {
 	signal.Notify(sigs)
 	go func() {
 		for s := range sigs {
-			logger.Debug("ignoring signal", "signal", s.String())
+			// The runtime's preemption signal and the children's exits are
+			// the supervisor's daily life, not news.
+			if s != unix.SIGURG && s != unix.SIGCHLD {
+				logger.Debug("ignoring signal", "signal", s.String())
+			}
 		}
 	}()
 
@@ -170,6 +174,9 @@ func runSupervisor(args []string) int {
 		logger.Error("failed to start task", "error", err)
 		sendReport(readyReport{Error: err.Error()})
 		return 1
+	}
+	if pre != nil && !pre.used {
+		logger.Info("the root prepared ahead did not serve", "reason", pre.why)
 	}
 	logger.Info("task started", "pid", cmd.Process.Pid, "root_prepared_ahead", pre != nil && pre.used)
 	if err := <-left; err != nil {
