@@ -125,6 +125,10 @@ func (p *Process) Exec(ctx context.Context, opts ExecOptions) (int, error) {
 				return
 			}
 		}
+		if err := joinTaskNet(nsFD, prof); err != nil {
+			started <- err
+			return
+		}
 		started <- startStage(cmd, &cmd.ExtraFiles, cfg, pidfd)
 	}()
 	if err := <-started; err != nil {

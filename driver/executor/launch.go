@@ -142,6 +142,13 @@ func buildNamespace(root string, iso *Isolation) error {
 // take runs job on the prepared thread when it suits spec and was prepared
 // without error; otherwise the thread is let go and take returns false.
 func (p *prebuilt) take(spec *Spec, job func(pivoted bool)) bool {
+	// A task in a network namespace of its own needs its sysfs mounted
+	// there: see netns.go.
+	if spec.NetNS != "" {
+		p.why = "the task joins a network namespace and the prepared root's sysfs shows the host's network"
+		close(p.jobs)
+		return false
+	}
 	if len(spec.Mounts) > 0 || !p.iso.equal(spec.Isolation) {
 		p.why = "the task's mounts or isolation differ from the prepared root's"
 		close(p.jobs)
@@ -200,6 +207,10 @@ func launchOnThread(spec *Spec, group *cgroups.Group, stdio []*os.File, ctl *os.
 		// filesystem context) changes only the calling thread.
 		if err := unix.Unshare(namespaceFlags(iso)); err != nil {
 			return nil, nil, fmt.Errorf("failed to make the task's namespaces: %w", err)
+		}
+		// Before the root's sysfs is mounted: see netns.go.
+		if err := joinNetNS(spec.NetNS); err != nil {
+			return nil, nil, err
 		}
 		if err := prepareNamespace(m, spec.Mounts, root, iso); err != nil {
 			return nil, nil, err

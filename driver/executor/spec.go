@@ -74,6 +74,10 @@ type Spec struct {
 	// nil gives the task the host's view (a privileged task).
 	Isolation *Isolation `json:"isolation,omitempty"`
 
+	// NetNS is the path of the network namespace the task runs in (the
+	// group's, that Nomad made); "" keeps the host's network. See netns.go.
+	NetNS string `json:"net_ns,omitempty"`
+
 	Mounts []Mount `json:"mounts,omitempty"`
 	// LateMounts are mounts that are not ready when Start is called: CSI
 	// volumes still being staged. Only their targets count here: the
@@ -143,6 +147,9 @@ type Profile struct {
 	// no_new_privs and join its PID and IPC namespaces.
 	Isolated    bool `json:"isolated,omitempty"`
 	OOMScoreAdj int  `json:"oom_score_adj,omitempty"`
+	// NetNS is set when the task runs in a network namespace of its own
+	// (Spec.NetNS): its execs join it.
+	NetNS bool `json:"net_ns,omitempty"`
 }
 
 // profile is the spec's Profile.
@@ -154,6 +161,7 @@ func (s *Spec) profile() Profile {
 		AmbientCapabilities: s.AmbientCapabilities,
 		Isolated:            s.Isolation != nil,
 		OOMScoreAdj:         s.OOMScoreAdj,
+		NetNS:               s.NetNS != "",
 	}
 }
 
