@@ -87,29 +87,44 @@ func TestNetNS_Task_Root(t *testing.T) {
 	})
 }
 
-// A spare's root was prepared in the host's network namespace: a task with
-// NetNS does not take it, and sees its namespace's devices in /sys.
+// A spare's root was prepared in the host's network namespace (and, for an
+// isolated task, its sysfs mounted there): a task with NetNS does not take
+// it, and runs in its namespace.
 func TestNetNS_SpareNotTaken_Root(t *testing.T) {
 	requireTaskRoot(t)
-	iso := &Isolation{ChrootEnv: DefaultChrootEnv, PrivatePID: true, PrivateIPC: true}
-	s := &Spares{}
-	s.SetDir(t.TempDir(), iso)
-	t.Cleanup(s.Close)
-	s.Fill("", hclog.NewNullLogger())
-	waitSpare(t, s, "")
+	for _, tc := range []struct {
+		name string
+		iso  *Isolation
+	}{
+		{"privileged", nil},
+		{"isolated", &Isolation{ChrootEnv: DefaultChrootEnv, PrivatePID: true, PrivateIPC: true}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := &Spares{}
+			s.SetDir(t.TempDir(), tc.iso)
+			t.Cleanup(s.Close)
+			s.Fill("", hclog.NewNullLogger())
+			waitSpare(t, s, "")
 
-	path, link := newTestNetNS(t)
-	tt := isolatedSpec(t, netnsScript)
-	tt.spec.Isolation = iso
-	tt.spec.NetNS = path
-	p, err := s.Start(hclog.NewNullLogger(), tt.spec, nil)
-	must.NoError(t, err)
-	t.Cleanup(func() { _ = p.Kill(); _ = p.Destroy() })
-	must.Eq(t, 0, waitExit(t, p).ExitCode, must.Sprintf("stderr: %s", readFile(t, tt.stderr)))
-	out := outputLines(readFile(t, tt.stdout))
-	must.Eq(t, link, out["net"])
-	must.Eq(t, "lo", out["devices"])
-	must.StrContains(t, readFile(t, tt.spec.StateDir+"/"+supervisorLogFile), "root_prepared_ahead=false")
+			path, link := newTestNetNS(t)
+			tt := isolatedSpec(t, netnsScript)
+			tt.spec.Isolation = tc.iso
+			if tc.iso == nil {
+				tt.spec.Privileged, tt.spec.Capabilities = true, nil
+			}
+			tt.spec.NetNS = path
+			p, err := s.Start(hclog.NewNullLogger(), tt.spec, nil)
+			must.NoError(t, err)
+			t.Cleanup(func() { _ = p.Kill(); _ = p.Destroy() })
+			must.Eq(t, 0, waitExit(t, p).ExitCode, must.Sprintf("stderr: %s", readFile(t, tt.stderr)))
+			out := outputLines(readFile(t, tt.stdout))
+			must.Eq(t, link, out["net"])
+			if tc.iso != nil {
+				must.Eq(t, "lo", out["devices"])
+			}
+			must.StrContains(t, readFile(t, tt.spec.StateDir+"/"+supervisorLogFile), "root_prepared_ahead=false")
+		})
+	}
 }
 
 // nomad alloc exec in a task with NetNS runs in the task's namespace.
