@@ -127,9 +127,16 @@ var capabilities = &drivers.Capabilities{
 	// The driver builds each task's root itself (no chroot copy): Nomad
 	// hands it the allocation's directories to mount at /alloc, /local and
 	// /secrets, as for an image-based driver.
-	FSIsolation:       fsisolation.Image,
-	NetIsolationModes: []drivers.NetIsolationMode{drivers.NetIsolationModeHost},
-	MountConfigs:      drivers.MountConfigSupportAll,
+	FSIsolation: fsisolation.Image,
+	// As exec: the host's network, or the group's network namespace that
+	// Nomad makes (bridge, none, cni/*) and the task joins; the driver
+	// makes none of its own (see network.go).
+	NetIsolationModes: []drivers.NetIsolationMode{
+		drivers.NetIsolationModeHost,
+		drivers.NetIsolationModeGroup,
+	},
+	MustInitiateNetwork: false,
+	MountConfigs:        drivers.MountConfigSupportAll,
 }
 
 // Config is the decoded agent-side configuration.

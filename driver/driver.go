@@ -500,6 +500,13 @@ func (d *Driver) buildSpec(conf *Config, cfg *drivers.TaskConfig, tc *TaskConfig
 	if err != nil {
 		return nil, err
 	}
+	// The group's `dns` block, as exec honours it; a mount of the job's
+	// own at /etc/resolv.conf wins.
+	if dns, err := dnsMount(cfg, hostResolvConf); err != nil {
+		return nil, err
+	} else if dns != nil && !slices.ContainsFunc(mounts, func(o executor.Mount) bool { return o.Target == dns.Target }) {
+		mounts = append(mounts, *dns)
+	}
 	for _, m := range nomadDirMounts(cfg, isolated) {
 		if _, err := os.Stat(m.Source); err != nil || slices.ContainsFunc(mounts, func(o executor.Mount) bool { return o.Target == m.Target }) {
 			continue
@@ -530,6 +537,7 @@ func (d *Driver) buildSpec(conf *Config, cfg *drivers.TaskConfig, tc *TaskConfig
 		StderrPath:   cfg.StderrPath,
 		Privileged:   tc.Privileged,
 		Mounts:       mounts,
+		NetNS:        taskNetNS(cfg),
 		Limits:       taskLimits(cfg),
 		CgroupParent: conf.CgroupParent,
 		// Nomad's task IDs are "alloc/task/invocation": keep them readable
