@@ -146,6 +146,9 @@ type AgentOptions struct {
 	Drivers []string
 	// ExtraConfig is appended to the generated client configuration.
 	ExtraConfig string
+	// ClientConfig is added inside the client block (cni_path,
+	// bridge_network_name, ...).
+	ClientConfig string
 	// Logf receives the harness's progress messages (may be nil).
 	Logf func(format string, args ...any)
 }
@@ -268,6 +271,7 @@ func (a *Agent) setup() error {
 		DriverRoot:      a.DriverRoot,
 		ChrootEnv:       chrootEnvHCL(map[string]string{CSIBinDir(a.Root): TaskCSIBinDir}),
 		Extra:           a.opts.ExtraConfig,
+		ClientExtra:     a.opts.ClientConfig,
 	}
 	if !a.opts.Persistent {
 		cfg.Server = true
@@ -346,8 +350,9 @@ type agentConfig struct {
 	// ChrootEnv is the driver's chroot_env as HCL: exec's list and the
 	// directory of the CSI binaries the tests run as tasks, read-only, as
 	// an operator names where the plugins they run are installed.
-	ChrootEnv string
-	Extra     string
+	ChrootEnv   string
+	Extra       string
+	ClientExtra string
 }
 
 // chrootEnvHCL renders the driver's default chroot_env with the extra
@@ -406,6 +411,9 @@ client {
 {{- if .Client}}
   network_interface = "lo"
   cgroup_parent     = "{{.CgroupParent}}"
+{{- end}}
+{{- if .ClientExtra}}
+{{.ClientExtra}}
 {{- end}}
   options {
     "fingerprint.denylist" = "env_aws,env_gce,env_azure,env_digitalocean"
