@@ -27,6 +27,7 @@ import (
 	"time"
 
 	"github.com/shoenig/test/must"
+	"golang.org/x/sys/unix"
 )
 
 // netAlloc is what the case reads of an allocation in bridge mode.
@@ -205,8 +206,10 @@ func restoreNetwork(before netState, bridge string) []string {
 			// Only the lock and last-reserved files once every lease is
 			// released.
 			_ = os.RemoveAll(d)
-		} else {
-			// Removed only when empty.
+		} else if entries, err := os.ReadDir(d); err == nil && len(entries) == 0 {
+			// Nomad makes the namespace directory a shared mount of its
+			// own, as ip-netns(8) does.
+			_ = unix.Unmount(d, 0)
 			_ = os.Remove(d)
 		}
 	}
@@ -248,6 +251,11 @@ func TestNetwork_Bridge(t *testing.T) {
 		}
 		if _, err := run("ip", "link", "show", bridge); err == nil {
 			t.Errorf("bridge %s is still there after clean-up", bridge)
+		}
+		for _, d := range netDirs {
+			if !before.dirs[d] && after.dirs[d] {
+				t.Errorf("%s is still there after clean-up", d)
+			}
 		}
 	})
 	a := StartAgent(t, AgentOptions{ClientConfig: fmt.Sprintf(`  cni_path              = %q
