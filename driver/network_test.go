@@ -56,7 +56,7 @@ func TestStartTask_network(t *testing.T) {
 			wantNetNS: "/var/run/netns/alloc-1"},
 		{name: "host mode names no namespace", net: &drivers.NetworkIsolationSpec{Mode: drivers.NetIsolationModeHost, Path: "/var/run/netns/x"}},
 		{name: "dns block", net: &drivers.NetworkIsolationSpec{Mode: drivers.NetIsolationModeGroup, Path: "/var/run/netns/alloc-1"},
-			dns: &drivers.DNSConfig{Servers: []string{"192.0.2.53"}, Searches: []string{"svc.example"}, Options: []string{"ndots:1"}},
+			dns:       &drivers.DNSConfig{Servers: []string{"192.0.2.53"}, Searches: []string{"svc.example"}, Options: []string{"ndots:1"}},
 			wantNetNS: "/var/run/netns/alloc-1", wantDNS: "nameserver 192.0.2.53\nsearch svc.example\noptions ndots:1\n"},
 		{name: "the job's own resolv.conf wins", dns: &drivers.DNSConfig{Servers: []string{"192.0.2.53"}}, ownMount: true},
 	}
