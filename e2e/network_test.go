@@ -223,7 +223,9 @@ func TestNetwork_Bridge(t *testing.T) {
 			t.Skipf("bridge networking needs %s on the host (make deps installs it)", cmd)
 		}
 	}
-	probe := csiBin(t, "netprobe")
+	csiBin(t, "netprobe")
+	// The agent's chroot_env binds the CSI binaries' directory there.
+	probe := filepath.Join(TaskCSIBinDir, "netprobe")
 	root, err := RepoRoot()
 	must.NoError(t, err)
 	cniDir := filepath.Join(root, "build", "cni")
