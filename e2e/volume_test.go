@@ -195,6 +195,14 @@ func testVolumeSharedStaging(t *testing.T, a *Agent, fx *VolFixture) {
 	destA, destB := filepath.Join(volDir(a, name), "a"), filepath.Join(volDir(a, name), "b")
 	jobA := a.RunVolJob(t, VolJob{Type: "service", Script: volSleeper, Volumes: []VolSpec{vol(destA)}})
 	alA := a.WaitAlloc(t, jobA.ID, volTimeout, StatusRunning)
+	// A plugin task that starts while the volume is staged (in CI a
+	// restarting plugin of another case did) leaves the host's staging and
+	// publish mounts alone: its namespace's copies of them are peers of the
+	// host's.
+	pathsA := a.VolJournalPaths(fx.VolumeID(name))
+	must.Len(t, 2, VolMountedAmong(pathsA), must.Sprintf("mounted of %v before another plugin starts", pathsA))
+	a.StartVolFixture(t, "fxlate", VolFixtureOptions{Type: "node"})
+	must.Len(t, 2, VolMountedAmong(pathsA), must.Sprintf("mounted of %v after another plugin started", pathsA))
 	jobB := a.RunVolJob(t, VolJob{Type: "service", Script: volSleeper, Volumes: []VolSpec{vol(destB)}})
 	alB := a.WaitAlloc(t, jobB.ID, volTimeout, StatusRunning)
 

@@ -239,6 +239,11 @@ func enterRoot(m mounter.Interface, root string) error {
 // pivotRoot makes root the calling thread's root directory, dropping the
 // host's root from the namespace.
 func pivotRoot(root string) error {
+	oldRoot, err := unix.Open("/", unix.O_DIRECTORY|unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("failed to open the host's root: %w", err)
+	}
+	defer unix.Close(oldRoot)
 	if err := os.Chdir(root); err != nil {
 		return fmt.Errorf("failed to enter the task's root: %w", err)
 	}
@@ -247,6 +252,18 @@ func pivotRoot(root string) error {
 	// old one to live in.
 	if err := unix.PivotRoot(".", "."); err != nil {
 		return fmt.Errorf("failed to enter the task's root: pivot_root: %w", err)
+	}
+	// The old root's copies of bidirectional sources, and of the mounts
+	// inside them (CSI staging and publish mounts), are still shared peers
+	// of the host's: detaching them as they are would unmount the host's
+	// too. As slaves their unmount stays here. Only the old root's tree is
+	// changed (through its descriptor: "." is the new root, under it); the
+	// task's own binds of those sources stay peers.
+	if err := unix.Fchdir(oldRoot); err != nil {
+		return fmt.Errorf("failed to drop the host's root: %w", err)
+	}
+	if err := unix.Mount("", ".", "", unix.MS_SLAVE|unix.MS_REC, ""); err != nil {
+		return fmt.Errorf("failed to drop the host's root: making it a slave: %w", err)
 	}
 	if err := unix.Unmount(".", unix.MNT_DETACH); err != nil {
 		return fmt.Errorf("failed to drop the host's root: %w", err)

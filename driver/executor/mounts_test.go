@@ -176,6 +176,33 @@ func TestMounts_Bidirectional_Root(t *testing.T) {
 	waitExit(t, p)
 }
 
+// A host mount already inside a bidirectional source when the task starts
+// (a CSI staging or publish mount under the driver's mount root, when a
+// plugin task starts) stays mounted on the host: detaching the host's root
+// from the task's namespace, where the source's copy is still a shared
+// peer of the host's, must not unmount it on the host too.
+func TestMounts_BidirectionalKeepsHostMounts_Root(t *testing.T) {
+	requireTaskRoot(t)
+	_, source, target := propagationFixture(t)
+	staged := filepath.Join(source, "sub")
+	must.NoError(t, mounter.New().Mount("host-staging", staged, "tmpfs", 0, "size=1m"))
+	must.NoError(t, os.WriteFile(filepath.Join(staged, "marker"), []byte("staged\n"), 0o644))
+
+	tt := newTestSpec(t, "/bin/sh", "-c", `cat "$T/sub/marker"; echo started; exec sleep 100`)
+	tt.spec.Privileged = true
+	tt.spec.Env = append(tt.spec.Env, "T="+target)
+	tt.spec.Mounts = []Mount{{Source: source, Target: target, Propagation: PropagationBidirectional}}
+	p := startTest(t, tt)
+
+	waitFor(t, "the task to start", func() bool { return strings.HasSuffix(readFile(t, tt.stdout), "started\n") })
+	must.True(t, isMountPoint(t, staged), must.Sprint("the task's start unmounted a host mount inside the bidirectional source"))
+	must.Eq(t, "staged\n", readFile(t, filepath.Join(staged, "marker")))
+	must.Eq(t, "staged\nstarted\n", readFile(t, tt.stdout), must.Sprintf("the task does not see the host's mount; stderr: %s", readFile(t, tt.stderr)))
+
+	must.NoError(t, p.Kill())
+	waitExit(t, p)
+}
+
 func TestMounts_HostToTask_Root(t *testing.T) {
 	requireTaskRoot(t)
 	_, source, target := propagationFixture(t)
