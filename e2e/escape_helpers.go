@@ -3,9 +3,9 @@
 package e2e
 
 // Helpers for the escape suite (escape_test.go): running one attack job
-// (e2e/jobs/escape-*.hcl) with its arguments, reading the "RESULT <name>
-// OK|FAILED <why>" lines the attack scripts print, host sleepers, and the
-// host facts the attacks are aimed at.
+// (e2e/jobs/escape-task.hcl with the attack's script), the shell pieces the
+// attack scripts share, reading the "RESULT <name> OK|FAILED <why>" lines
+// they print, host sleepers, and the host facts the attacks are aimed at.
 
 import (
 	"errors"
@@ -31,6 +31,63 @@ var escCounter atomic.Int64
 func escUniq() string {
 	return fmt.Sprintf("%d%d%d", os.Getpid(), time.Now().UnixNano()%1e6, escCounter.Add(1))
 }
+
+// escJob is an attack (or victim) job rendered from
+// e2e/jobs/escape-task.hcl: one task "t" running Script with /bin/sh -c,
+// $0 "escape" and Args as $1....
+type escJob struct {
+	Type     string // batch (default) or service
+	Driver   string // escRun's default: the driver under test (E2E_DRIVER)
+	User     string // "" leaves user unset
+	Script   string
+	Args     []string
+	Volumes  []VolSpec
+	Prestart string // when set, a prestart task "prestart" runs this script first, as User on Driver
+}
+
+func (j escJob) vars() map[string]string {
+	v := map[string]string{
+		"Type":     j.Type,
+		"Driver":   j.Driver,
+		"User":     j.User,
+		"Script":   volHCLString(j.Script),
+		"Args":     volHCLList(j.Args),
+		"Prestart": "",
+	}
+	if v["Type"] == "" {
+		v["Type"] = "batch"
+	}
+	if j.Prestart != "" {
+		v["Prestart"] = volHCLString(j.Prestart)
+	}
+	var vols strings.Builder
+	for _, vol := range j.Volumes {
+		vols.WriteString(vol.HCL())
+	}
+	v["Volumes"] = vols.String()
+	return v
+}
+
+// The shell pieces the attack scripts share. escTry runs a step of an
+// attack and prints its "RESULT <name> OK|FAILED <why>" line, returning
+// the step's status; escWho prints who the task runs as; escSeen <pid>
+// <pattern> succeeds when /proc/<pid> is visible and its command line holds
+// the pattern.
+const (
+	escTry = `try() {
+  n=$1; shift
+  if out=$("$@" 2>&1); then echo "RESULT $n OK $(printf '%s' "$out" | tr '\n' ' ')"
+  else echo "RESULT $n FAILED rc=$? $(printf '%s' "$out" | tr '\n' ' ')"; return 1; fi
+}
+`
+	escWho = `echo "uid=$(id -u) $(grep CapEff /proc/self/status)"
+`
+	escSeen = `seen() {
+  c=$(tr '\0' ' ' < "/proc/$1/cmdline") || return 1
+  case "$c" in *"$2"*) echo "/proc/$1: $c" ;; *) echo "/proc/$1 is another process: $c"; return 1 ;; esac
+}
+`
+)
 
 // escFinished waits until an attack job's allocation is complete or failed,
 // logs what the task printed, and fails the test when the task never got

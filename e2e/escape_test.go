@@ -95,22 +95,31 @@ func TestEscape(t *testing.T) {
 	})
 }
 
-// escRun runs an attack job from e2e/jobs/<name>.hcl as user ("" leaves
-// user unset) with args after its script, on the driver under test (the
-// jobs that need the csi driver say so themselves), and stops and purges
-// it when the test ends.
-func escRun(t *testing.T, a *Agent, name, user string, args []string, extra map[string]string) Job {
+// escRun runs an attack job on the driver under test (unless the job
+// names its driver) and stops and purges it when the test ends.
+func escRun(t *testing.T, a *Agent, j escJob) Job {
 	t.Helper()
-	v := map[string]string{"User": user, "Args": volHCLList(args), "Driver": testDriver}
-	for k, val := range extra {
-		v[k] = val
+	if j.Driver == "" {
+		j.Driver = testDriver
 	}
-	job := a.RunJob(t, name, v)
+	job := a.RunJob(t, "escape-task", j.vars())
 	t.Cleanup(func() { a.stopJobs([]string{job.ID}, escTimeout) })
 	return job
 }
 
-// 1. Write files into /etc, /var/tmp and /root of the host.
+// Each attack below is a shell script, run by escRun as the task "t" of
+// e2e/jobs/escape-task.hcl with the test's arguments as $1..., that prints
+// a "RESULT <step> OK|FAILED <why>" line for each step it tries (escTry)
+// and DONE at its end; the Go function beside it sets the attack up on the
+// host and checks the host afterwards.
+
+// 1. Write files into /etc, /var/tmp and /root of the host: one
+// "write:<path>" step per path given.
+const escHostWriteScript = escTry + escWho + `put() { echo "written by a non-privileged task" > "$1"; }
+for p in "$@"; do try "write:$p" put "$p"; done
+echo DONE
+`
+
 func escHostWrite(t *testing.T, e *escEnv, user string) {
 	u := escUniq()
 	paths := []string{"/etc/escape-" + u, "/var/tmp/escape-" + u, "/root/escape-" + u}
@@ -119,7 +128,7 @@ func escHostWrite(t *testing.T, e *escEnv, user string) {
 			escRemove(t, p)
 		}
 	})
-	job := escRun(t, e.a, "escape-host-write", user, paths, nil)
+	job := escRun(t, e.a, escJob{User: user, Script: escHostWriteScript, Args: paths})
 	_, res := escFinished(t, e.a, job, "t")
 	for _, p := range paths {
 		r, ok := res["write:"+p]
@@ -134,7 +143,23 @@ func escHostWrite(t *testing.T, e *escEnv, user string) {
 // host's own node too. The device is a loop device the test attaches to a
 // file that starts with a marker (the host's disk, /dev/vda, cannot be
 // opened even by the host's root on these machines); the marker in the
-// task's output means a read got through.
+// task's output means a read got through. The script makes the node
+// (major $1, minor $2) as /tmp/escape-blk-$4, reads it, reads the host's
+// node ($3), and removes its node (the test does when the task could not);
+// a read prints the device's first printable bytes.
+const escMknodScript = escTry + escWho + `readdev() {
+  c=$(dd if="$1" bs=512 count=1 2>/dev/null | tr -cd '[:print:]')
+  [ -n "$c" ] || { dd if="$1" of=/dev/null bs=512 count=1 2>&1 | head -1; return 1; }
+  echo "first bytes: $c"
+}
+node=/tmp/escape-blk-$4
+try mknod mknod "$node" b "$1" "$2"
+try read-node readdev "$node"
+try read-host-node readdev "$3"
+rm -f "$node"
+echo DONE
+`
+
 func escMknod(t *testing.T, e *escEnv, user string) {
 	u := escUniq()
 	marker := "ESCAPE-LOOP-" + u
@@ -146,7 +171,8 @@ func escMknod(t *testing.T, e *escEnv, user string) {
 	major, minor := unix.Major(st.Rdev), unix.Minor(st.Rdev)
 	// Today the task's /tmp is the host's.
 	t.Cleanup(func() { escRemove(t, "/tmp/escape-blk-"+u) })
-	job := escRun(t, e.a, "escape-mknod", user, []string{strconv.Itoa(int(major)), strconv.Itoa(int(minor)), dev, u}, nil)
+	job := escRun(t, e.a, escJob{User: user, Script: escMknodScript,
+		Args: []string{strconv.Itoa(int(major)), strconv.Itoa(int(minor)), dev, u}})
 	al, res := escFinished(t, e.a, job, "t")
 	t.Logf("block device %s (%d:%d); mknod said: OK=%v %s", dev, major, minor, res["mknod"].OK, res["mknod"].Why)
 	res.mustFail(t, "read-node", "read-host-node")
@@ -155,12 +181,33 @@ func escMknod(t *testing.T, e *escEnv, user string) {
 	}
 }
 
-// 3. See and signal a host process; see the Nomad agent.
+// 3. See and signal a host process; see the Nomad agent. The script gets
+// the host sleeper's pid ($1, running "sleep 300.$2") and the agent's pid
+// ($3): can it see them in /proc, or signal the sleeper? The pattern is
+// built at run time so that the task's own argv does not match it.
+const escHostProcessesScript = escTry + escWho + `pat="sleep 300.$2"
+` + escSeen + `scan() {
+  for f in /proc/[0-9]*/cmdline; do
+    c=$(tr '\0' ' ' 2>/dev/null < "$f")
+    case "$c" in *"$1"*) echo "$f: $c"; return 0 ;; esac
+  done
+  echo "none of $(ls -d /proc/[0-9]* | wc -l) processes in /proc runs $1"; return 1
+}
+try see-sleeper seen "$1" "$pat"
+try scan-sleeper scan "$pat"
+try see-agent seen "$3" nomad
+try kill-0 kill -0 "$1"
+try kill-term kill -TERM "$1"
+echo "processes in /proc: $(ls -d /proc/[0-9]* | wc -l)"
+echo DONE
+`
+
 func escHostProcesses(t *testing.T, e *escEnv, user string) {
 	nonce := escUniq()
 	s := escStartSleeper(t, nonce)
 	agentPID := e.a.PID()
-	job := escRun(t, e.a, "escape-signal", user, []string{strconv.Itoa(s.PID), nonce, strconv.Itoa(agentPID)}, nil)
+	job := escRun(t, e.a, escJob{User: user, Script: escHostProcessesScript,
+		Args: []string{strconv.Itoa(s.PID), nonce, strconv.Itoa(agentPID)}})
 	_, res := escFinished(t, e.a, job, "t")
 	if alive, how := s.Alive(); !alive {
 		t.Errorf("ESCAPED: the host sleeper pid %d is gone (%s)", s.PID, how)
@@ -171,14 +218,31 @@ func escHostProcesses(t *testing.T, e *escEnv, user string) {
 }
 
 // 4. Read the driver's root_dir and journal, and another allocation's
-// secrets.
+// secrets: list root_dir ($1), read its journal ($2), list the victim's
+// secrets dir ($3) and read the secret in it ($4).
+const escReadStateScript = escTry + escWho + `readfile() { c=$(cat "$1") && printf '%s' "$c" | tr -cd '[:print:]'; }
+try list-root-dir ls -la "$1"
+try read-journal readfile "$2"
+try list-secrets-dir ls -la "$3"
+try read-secret readfile "$4"
+echo DONE
+`
+
+// escSecretHolderScript is the victim of attack 4, a service task with a
+// CSI volume whose secrets block puts a second secret into the driver's
+// journal: it keeps the secret $1 in its own secrets directory.
+const escSecretHolderScript = `echo "$1" > "$NOMAD_SECRETS_DIR/escape-secret"
+echo "secret written to $NOMAD_SECRETS_DIR/escape-secret"
+exec sleep 3600
+`
+
 func escReadState(t *testing.T, e *escEnv, user string) {
 	u := escUniq()
 	secret, volSecret := "escape-secret-"+u, "escape-journal-secret-"+u
 	vol := VolSpec{Name: "data", Plugin: e.fx.ID, ID: "escape-sec-" + u, Dest: "/escape-data",
 		Create: true, CreateType: "dir", Secrets: map[string]string{"token": volSecret}}
-	holder := e.a.RunJob(t, "escape-secret-holder", map[string]string{"Token": secret, "Volumes": vol.HCL()})
-	t.Cleanup(func() { e.a.stopJobs([]string{holder.ID}, escTimeout) })
+	holder := escRun(t, e.a, escJob{Type: "service", Driver: DriverName, Script: escSecretHolderScript,
+		Args: []string{secret}, Volumes: []VolSpec{vol}})
 	hal := e.a.WaitAlloc(t, holder.ID, escTimeout, StatusRunning)
 	e.a.WaitLogs(t, hal.ID, "t", "secret written", escTimeout)
 
@@ -201,7 +265,8 @@ func escReadState(t *testing.T, e *escEnv, user string) {
 		t.Fatalf("the volume secret %q is not in %s on the host (%v): the attack would prove nothing", volSecret, journal, err)
 	}
 
-	job := escRun(t, e.a, "escape-read-state", user, []string{e.a.DriverRoot, journal, secretsDir, secretFile}, nil)
+	job := escRun(t, e.a, escJob{User: user, Script: escReadStateScript,
+		Args: []string{e.a.DriverRoot, journal, secretsDir, secretFile}})
 	al, res := escFinished(t, e.a, job, "t")
 	res.mustFail(t, "list-root-dir", "read-journal", "list-secrets-dir", "read-secret")
 	// What the task printed is on the host, in Nomad's log files.
@@ -223,7 +288,16 @@ func escLogArgs(allocID string, stderr bool) []string {
 }
 
 // 5. Write into another task's read-only volume through the driver's
-// publish and staging mounts and the plugin's backing directory.
+// publish and staging mounts and the plugin's backing directory: overwrite
+// "file" and create "escape-new" in each path given.
+const escReadOnlyVolumeScript = escTry + escWho + `put() { echo "overwritten by a non-privileged task" > "$1"; }
+for p in "$@"; do
+  try "overwrite:$p" put "$p/file"
+  try "create:$p" put "$p/escape-new"
+done
+echo DONE
+`
+
 func escReadOnlyVolume(t *testing.T, e *escEnv, user string) {
 	u := escUniq()
 	name := "escape-ro-" + u
@@ -272,7 +346,7 @@ func escReadOnlyVolume(t *testing.T, e *escEnv, user string) {
 	}
 	targets = append(targets, backing)
 
-	job := escRun(t, e.a, "escape-ro-volume", user, targets, nil)
+	job := escRun(t, e.a, escJob{User: user, Script: escReadOnlyVolumeScript, Args: targets})
 	_, res := escFinished(t, e.a, job, "t")
 	for _, p := range targets {
 		res.mustFail(t, "overwrite:"+p, "create:"+p)
@@ -287,9 +361,28 @@ func escReadOnlyVolume(t *testing.T, e *escEnv, user string) {
 var escSelfLine = regexp.MustCompile(`SELF CapEff=([0-9a-f]+) uid=(\d+)`)
 
 // 6. Rewrite the driver's spec.json files to say privileged, then see what
-// "nomad alloc exec" runs with.
+// "nomad alloc exec" runs with. The service task prints its own
+// capabilities (for comparison), rewrites every spec.json under
+// root_dir/tasks ($1) it can reach to say privileged, as root, and waits
+// for the test to run "nomad alloc exec" in it.
+const escSpecRewriteScript = escTry + escWho + `echo "SELF CapEff=$(awk '/^CapEff/ {print $2}' /proc/self/status) uid=$(id -u)"
+rewrite() {
+  new=$(sed -e 's/"privileged":false/"privileged":true/' -e 's/"user":"[^"]*"/"user":"root"/' "$1") || return 1
+  printf '%s' "$new" > "$1" || return 1
+  grep -o '"privileged":[a-z]*' "$1"
+}
+found=0
+for f in $(find "$1/tasks" -name spec.json 2>/dev/null); do
+  found=1
+  try "rewrite:$f" rewrite "$f"
+done
+[ "$found" = 1 ] || echo "RESULT find-spec FAILED no spec.json under $1/tasks: $(ls "$1/tasks" 2>&1 | head -1)"
+echo DONE
+exec sleep 3600
+`
+
 func escSpecRewrite(t *testing.T, e *escEnv, user string) {
-	job := escRun(t, e.a, "escape-spec", user, []string{e.a.DriverRoot}, nil)
+	job := escRun(t, e.a, escJob{Type: "service", User: user, Script: escSpecRewriteScript, Args: []string{e.a.DriverRoot}})
 	al := e.a.WaitAlloc(t, job.ID, escTimeout, StatusRunning)
 	e.a.WaitLogs(t, al.ID, "t", "DONE", escTimeout)
 	out := escLogs(t, e.a, al.ID, "t")
@@ -349,7 +442,37 @@ func escLogSpecs(t *testing.T, a *Agent, allocID string) {
 }
 
 // 7. Leave the task's cgroup (the task and a background child), and see
-// whether the child outlives the job.
+// whether the child outlives the job. The service task and a background
+// child each write their pid into the root of every hierarchy under
+// /sys/fs/cgroup (tasks, cgroup.procs) and into a new group
+// escape-$2-<task|child> made there; the child then becomes
+// "sleep 301.$1", which must not outlive the job.
+const escLeaveCgroupScript = escTry + escWho + `putpid() { echo "$1" > "$2"; }
+leave() {
+  for h in /sys/fs/cgroup/*; do
+    [ -d "$h" ] && [ ! -L "$h" ] || continue
+    for f in tasks cgroup.procs; do
+      [ -e "$h/$f" ] && try "$2:write:$h/$f" putpid "$1" "$h/$f"
+    done
+    if try "$2:mkdir:$h/escape-$3-$2" mkdir "$h/escape-$3-$2"; then
+      try "$2:move:$h/escape-$3-$2" putpid "$1" "$h/escape-$3-$2/cgroup.procs"
+    fi
+  done
+}
+(
+  read -r pid _ < /proc/self/stat
+  leave "$pid" child "$2"
+  echo "child cgroups: $(tr '\n' ' ' < /proc/self/cgroup)"
+  echo DONE-child
+  exec sleep "301.$1"
+) &
+sleep 1
+leave "$$" task "$2"
+echo "task cgroups: $(tr '\n' ' ' < /proc/self/cgroup)"
+echo DONE-task
+wait
+`
+
 func escLeaveCgroup(t *testing.T, e *escEnv, user string) {
 	nonce, u := escUniq(), escUniq()
 	argv := []string{"sleep", "301." + nonce}
@@ -388,7 +511,7 @@ func escLeaveCgroup(t *testing.T, e *escEnv, user string) {
 			}
 		}
 	})
-	job := escRun(t, e.a, "escape-cgroup", user, []string{nonce, u}, nil)
+	job := escRun(t, e.a, escJob{Type: "service", User: user, Script: escLeaveCgroupScript, Args: []string{nonce, u}})
 	al := e.a.WaitAlloc(t, job.ID, escTimeout, StatusRunning)
 	allocID = al.ID
 	e.a.WaitLogs(t, al.ID, "t", "DONE-child", escTimeout)
@@ -431,7 +554,11 @@ func escLeaveCgroup(t *testing.T, e *escEnv, user string) {
 	}
 }
 
-// 8a. A volume destination below an existing host directory.
+// 8a. A volume destination below an existing host directory
+// (/srv/escape-<unique>/data, $1) must be made on the task's own root,
+// never on the host. The job needs the csi driver for its volume.
+const escDestinationScript = `echo uid=$(id -u); ls -ld "$1"; echo DONE`
+
 func escDestination(t *testing.T, e *escEnv, user string) {
 	requireCSI(t)
 	u := escUniq()
@@ -446,13 +573,24 @@ func escDestination(t *testing.T, e *escEnv, user string) {
 		escRemove(t, dir)
 	})
 	vol := VolSpec{Name: "data", Plugin: e.fx.ID, ID: "escape-dst-" + u, Dest: dest, Create: true, CreateType: "dir"}
-	job := escRun(t, e.a, "escape-destination", user, nil, map[string]string{"Dest": dest, "Volumes": vol.HCL()})
+	job := escRun(t, e.a, escJob{Driver: DriverName, User: user, Script: escDestinationScript,
+		Args: []string{dest}, Volumes: []VolSpec{vol}})
 	escFinished(t, e.a, job, "t")
 	escMustNotExist(t, dir, "volume destination "+dest)
 }
 
 // 8b. A volume destination through a symlink a prestart task made in the
-// shared alloc dir.
+// shared alloc dir: the prestart task points ${NOMAD_ALLOC_DIR}/data/link
+// at /etc; the main task's volume destination goes through that link,
+// written from the task's environment so that it holds whether the alloc
+// dir is the host path or /alloc. The target must be made inside the
+// task's root, never as /etc/escape-<unique> on the host. Both tasks run
+// on the csi driver, whose volume the main task needs.
+const (
+	escSymlinkPrestart = `mkdir -p "$NOMAD_ALLOC_DIR/data" && ln -sfn /etc "$NOMAD_ALLOC_DIR/data/link" && ls -l "$NOMAD_ALLOC_DIR/data"`
+	escSymlinkScript   = `echo uid=$(id -u); ls -ld "$NOMAD_ALLOC_DIR/data/link" "$NOMAD_ALLOC_DIR/data/link/"*escape* ; echo DONE`
+)
+
 func escSymlinkDestination(t *testing.T, e *escEnv, user string) {
 	requireCSI(t)
 	u := escUniq()
@@ -460,9 +598,10 @@ func escSymlinkDestination(t *testing.T, e *escEnv, user string) {
 	t.Cleanup(func() { escRemove(t, hostTarget) })
 	vol := VolSpec{Name: "data", Plugin: e.fx.ID, ID: "escape-lnk-" + u, Dest: "${NOMAD_ALLOC_DIR}/data/link/escape-" + u,
 		Create: true, CreateType: "dir", Interpolate: true}
-	job := escRun(t, e.a, "escape-symlink", user, nil, map[string]string{"Volumes": vol.HCL()})
+	job := escRun(t, e.a, escJob{Driver: DriverName, User: user, Prestart: escSymlinkPrestart,
+		Script: escSymlinkScript, Volumes: []VolSpec{vol}})
 	al := e.a.WaitAlloc(t, job.ID, escTimeout, StatusComplete, StatusFailed)
-	if !strings.Contains(escLogs(t, e.a, al.ID, "link"), "link -> /etc") {
+	if !strings.Contains(escLogs(t, e.a, al.ID, "prestart"), "link -> /etc") {
 		t.Fatalf("the prestart task did not make the link: the attack did not run:\n%s", al.Describe())
 	}
 	if !strings.Contains(escLogs(t, e.a, al.ID, "t"), "DONE") {
@@ -471,7 +610,19 @@ func escSymlinkDestination(t *testing.T, e *escEnv, user string) {
 	escMustNotExist(t, hostTarget, "volume destination through "+"${NOMAD_ALLOC_DIR}/data/link -> /etc")
 }
 
-// The control: a privileged CSI plugin task keeps the host's powers.
+// The control: a privileged CSI plugin task keeps the host's powers. Its
+// script (e2e/jobs/escape-privileged-plugin.hcl runs it) writes a file into
+// the test's directory ($1), looks for the host sleeper (pid $2,
+// "sleep 300.$3") in /proc, prints its capabilities, and then runs the
+// fixture plugin ($4, state in $5) so that it is a real plugin.
+const escPrivilegedPluginScript = escTry + `put() { echo "written by a privileged plugin task" > "$1"; }
+` + escSeen + `echo "SELF CapEff=$(awk '/^CapEff/ {print $2}' /proc/self/status) uid=$(id -u)"
+try write-host "put" "$1/written-by-plugin"
+try see-sleeper seen "$2" "sleep 300.$3"
+echo DONE
+exec "$4" --state-dir "$5" --node-id e2e-escape-node
+`
+
 func escPrivilegedPlugin(t *testing.T, e *escEnv) {
 	requireCSI(t)
 	u := escUniq()
@@ -483,8 +634,12 @@ func escPrivilegedPlugin(t *testing.T, e *escEnv) {
 	if err := os.MkdirAll(stateDir, 0o755); err != nil {
 		t.Fatalf("%v", err)
 	}
-	job := escRun(t, e.a, "escape-privileged-plugin", "", []string{hostDir, strconv.Itoa(s.PID), nonce, e.fixture, stateDir},
-		map[string]string{"PluginID": pluginID})
+	job := e.a.RunJob(t, "escape-privileged-plugin", map[string]string{
+		"PluginID": pluginID,
+		"Script":   volHCLString(escPrivilegedPluginScript),
+		"Args":     volHCLList([]string{hostDir, strconv.Itoa(s.PID), nonce, e.fixture, stateDir}),
+	})
+	t.Cleanup(func() { e.a.stopJobs([]string{job.ID}, escTimeout) })
 	al := e.a.WaitAlloc(t, job.ID, escTimeout, StatusRunning)
 	e.a.WaitLogs(t, al.ID, "plugin", "DONE", escTimeout)
 	out := escLogs(t, e.a, al.ID, "plugin")

@@ -1,8 +1,9 @@
-# Escape suite, the control: a privileged CSI plugin task (monolith) keeps
-# the host's powers the attacks must not have. It writes a file into the
-# test's directory ($1), looks for the host sleeper (pid $2, "sleep 300.$3")
-# in /proc, prints its capabilities, and then runs the fixture plugin ($4,
-# state in $5) so that it is a real plugin.
+# Escape suite, the control: a privileged CSI plugin task (monolith,
+# plugin id {{.Vars.PluginID}}) that must keep the host's powers the attacks
+# are denied. Its task "plugin" runs the control's shell script (Vars.Script,
+# written in e2e/escape_test.go) with /bin/sh -c, $0 "escape" and Vars.Args
+# as $1...; the script ends by running the fixture plugin, so that the task
+# is a real plugin.
 job "{{.JobID}}" {
   type = "service"
 
@@ -24,24 +25,7 @@ job "{{.JobID}}" {
       config {
         command    = "/bin/sh"
         privileged = true
-        args = concat(["-c", <<-EOT
-          try() {
-            n=$1; shift
-            if out=$("$@" 2>&1); then echo "RESULT $n OK $(printf '%s' "$out" | tr '\n' ' ')"
-            else echo "RESULT $n FAILED rc=$? $(printf '%s' "$out" | tr '\n' ' ')"; return 1; fi
-          }
-          put() { echo "written by a privileged plugin task" > "$1"; }
-          seen() {
-            c=$(tr '\0' ' ' < "/proc/$1/cmdline") || return 1
-            case "$c" in *"$2"*) echo "/proc/$1: $c" ;; *) echo "/proc/$1 is another process: $c"; return 1 ;; esac
-          }
-          echo "SELF CapEff=$(awk '/^CapEff/ {print $2}' /proc/self/status) uid=$(id -u)"
-          try write-host "put" "$1/written-by-plugin"
-          try see-sleeper seen "$2" "sleep 300.$3"
-          echo DONE
-          exec "$4" --state-dir "$5" --node-id e2e-escape-node
-        EOT
-        , "escape"], {{.Vars.Args}})
+        args       = concat(["-c", {{.Vars.Script}}, "escape"], {{.Vars.Args}})
 
         csi_plugin {
           id        = "{{.Vars.PluginID}}"
