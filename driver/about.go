@@ -75,7 +75,7 @@ var configSpec = hclspec.NewObject(map[string]*hclspec.Spec{
 	"plugin_socket_dirs": hclspec.NewAttr("plugin_socket_dirs", "list(string)", false),
 	// Isolation of tasks that are not privileged, with the names and
 	// defaults of Nomad's exec driver.
-	"chroot_env": hclspec.NewAttr("chroot_env", "map(string)", false),
+	"chroot_env": hclspec.NewBlockAttrs("chroot_env", "string", false),
 	"default_pid_mode": hclspec.NewDefault(
 		hclspec.NewAttr("default_pid_mode", "string", false),
 		hclspec.NewLiteral(`"private"`),
