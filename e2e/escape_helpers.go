@@ -18,6 +18,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // escTimeout bounds each wait of the suite: an attack job to finish, a
@@ -289,9 +291,16 @@ func escMustNotExist(t *testing.T, path, what string) {
 	}
 }
 
-// escCgroupDirs lists /sys/fs/cgroup/*/<name> directories that exist.
+// escCgroupDirs lists /sys/fs/cgroup/*/<name> directories that exist, and
+// /sys/fs/cgroup/<name> when /sys/fs/cgroup is the cgroup v2 hierarchy
+// (make e2e-cgroup2).
 func escCgroupDirs(name string) []string {
 	dirs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", name))
+	var st unix.Statfs_t
+	if unix.Statfs("/sys/fs/cgroup", &st) == nil && st.Type == unix.CGROUP2_SUPER_MAGIC {
+		top, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", name))
+		dirs = append(top, dirs...)
+	}
 	var out []string
 	for _, d := range dirs {
 		if fi, err := os.Lstat(filepath.Dir(d)); err == nil && fi.Mode()&os.ModeSymlink != 0 {

@@ -89,6 +89,11 @@ func TestEscape(t *testing.T) {
 			}
 		})
 	}
+	t.Run("mknod_in_volume", func(t *testing.T) {
+		requireCSI(t) // the volume workload runs on the csi driver
+		t.Parallel()
+		escMknodInVolume(t, e)
+	})
 	t.Run("privileged_plugin_keeps_its_powers", func(t *testing.T) {
 		t.Parallel()
 		escPrivilegedPlugin(t, e)

@@ -19,6 +19,9 @@
 // build/plugins first. Environment knobs:
 //
 //	E2E_SKIP_BUILD=1     use the driver already in build/plugins
+//	E2E_PLUGIN_DIR=DIR   load the driver from DIR instead of build/plugins
+//	                     (with E2E_SKIP_BUILD: make e2e-cgroup2 puts a
+//	                     test build of the driver there)
 //	E2E_KEEP=1           keep each agent's /tmp/ncsi-* directory (mounts
 //	                     are still removed)
 //	E2E_DRIVER=raw_exec  run the driver-neutral cases on one of Nomad's
@@ -93,8 +96,13 @@ func RepoRoot() (string, error) {
 // NomadBinary is the pinned agent binary, built by "make nomad".
 func NomadBinary(root string) string { return filepath.Join(root, "build", "nomad") }
 
-// PluginDir is the directory the driver is built into.
-func PluginDir(root string) string { return filepath.Join(root, "build", "plugins") }
+// PluginDir is the directory the driver is built into, or E2E_PLUGIN_DIR.
+func PluginDir(root string) string {
+	if dir := os.Getenv("E2E_PLUGIN_DIR"); dir != "" {
+		return dir
+	}
+	return filepath.Join(root, "build", "plugins")
+}
 
 // CSIBinDir is where e2e/tools/build.sh puts the CSI binaries.
 func CSIBinDir(root string) string { return filepath.Join(root, "build", "csi") }

@@ -477,7 +477,11 @@ func (g *Group) applyV2(l Limits) error {
 		writes = append(writes, struct{ file, v string }{"cpuset.cpus", l.CpusetCpus})
 	}
 	for _, w := range writes {
-		if err := writeFile(filepath.Join(dir, w.file), w.v); err != nil {
+		path := filepath.Join(dir, w.file)
+		if v2LimitsOptional && !exists(path) {
+			continue // see nocontrollers.go
+		}
+		if err := writeFile(path, w.v); err != nil {
 			return err
 		}
 	}

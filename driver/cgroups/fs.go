@@ -27,6 +27,12 @@ var v1Controllers = []string{"memory", "cpu", "cpuacct", "pids", "freezer"}
 // as well when the kernel offers it, and cpuset for a pinned group.
 var v2Controllers = []string{"cpu", "memory"}
 
+// v2LimitsOptional is false in every build but the test build of
+// nocontrollers.go (tag cgroupv2_nocontrollers), which runs the driver in a
+// unified hierarchy without controllers: there a limit, usage or OOM file
+// of a controller the group does not have is skipped instead of failing.
+var v2LimitsOptional = false
+
 // hierarchy is the cgroup layout of the host: either the unified (v2)
 // hierarchy mounted at root, or one v1 hierarchy per controller mounted at
 // root/<controller>. Tests build one over a fake tree in a temporary

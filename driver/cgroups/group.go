@@ -517,6 +517,9 @@ func (g *Group) statsV2() (*Stats, error) {
 		s.MemorySwap = v
 		s.MemoryMeasured = append(s.MemoryMeasured, "Swap")
 	}
+	if v2LimitsOptional && !exists(filepath.Join(dir, "memory.current")) {
+		return s, nil // no memory controller; see nocontrollers.go
+	}
 	if s.MemoryUsage, err = readUint(filepath.Join(dir, "memory.current")); err != nil {
 		return nil, err
 	}
@@ -539,6 +542,9 @@ func (g *Group) OOMKilled() (bool, error) {
 	path := filepath.Join(g.paths["memory"], "memory.oom_control")
 	if g.version == 2 {
 		path = filepath.Join(g.paths[unifiedKey], "memory.events")
+		if v2LimitsOptional && exists(g.paths[unifiedKey]) && !exists(path) {
+			return false, nil // no memory controller; see nocontrollers.go
+		}
 	}
 	kv, err := readKeyed(path)
 	if err != nil {
