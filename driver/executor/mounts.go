@@ -127,8 +127,11 @@ func prepareNamespace(m mounter.Interface, mounts []Mount, root string, iso *Iso
 			continue
 		}
 		if err := m.SetPropagation(mp.Path, mounter.PropagationSlave, false); err != nil {
-			if errors.Is(err, os.ErrNotExist) {
-				// Overmounted or deleted: unreachable by path from the task.
+			if errors.Is(err, os.ErrNotExist) || errors.Is(err, unix.EINVAL) {
+				// Overmounted or deleted, or unmounted on the host since the
+				// table was read (the path is no mount point any more, and
+				// the mount, gone, can no longer reach the host):
+				// unreachable by path from the task.
 				continue
 			}
 			return err

@@ -309,3 +309,26 @@ func setupMounts(m mounter.Interface, mounts []Mount, root string) error {
 	}
 	return nil
 }
+
+// A host mount unmounted between the read of the mount table and its turn
+// to become a slave (EINVAL: no mount point any more) is passed over, as a
+// deleted one is (ENOENT); any other error stops.
+func TestPrepareNamespace_HostMountGoneMeanwhile_Fake(t *testing.T) {
+	f := mounter.NewFake(
+		mounter.MountPoint{ID: 1, Path: "/", Shared: true, PeerGroup: 1},
+		mounter.MountPoint{ID: 2, Path: "/gone", Shared: true, PeerGroup: 2},
+		mounter.MountPoint{ID: 3, Path: "/deleted", Shared: true, PeerGroup: 3},
+	)
+	f.PropagationErrs = map[string]error{"/gone": unix.EINVAL, "/deleted": unix.ENOENT}
+	must.NoError(t, prepareNamespace(f, nil, "", nil))
+	var slaved []string
+	for _, a := range f.GetActions() {
+		if a.Kind == mounter.ActionSetPropagation {
+			slaved = append(slaved, a.Target)
+		}
+	}
+	must.SliceContains(t, slaved, "/")
+
+	f.PropagationErrs = map[string]error{"/gone": unix.EPERM}
+	must.ErrorIs(t, prepareNamespace(f, nil, "", nil), unix.EPERM)
+}
