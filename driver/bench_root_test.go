@@ -84,10 +84,15 @@ func BenchmarkStartTaskWithVolume(b *testing.B) {
 //   - plain-no-dirs: the same without them, the only kind of task whose
 //     isolated start takes the root the spare prepared ahead;
 //   - volume: plain with one fresh volume of the fixture plugin (staged
-//     and published in the start).
+//     and published in the start);
+//   - plain-no-spares: plain with the driver's spare supervisors turned
+//     off. A spare is started in a PID namespace of its own, for the
+//     default (private) pid_mode, so only an isolated task takes it: a
+//     privileged task always starts its own supervisor. Without spares
+//     both do, and the ratio is that of the isolation layers alone.
 //
 // It reports the medians (isolated-ms, privileged-ms) and their ratio
-// (isolated / privileged):
+// (isolated / privileged); ns/op is the mean of the two starts' sum:
 //
 //	go test -run '^$' -bench StartTaskIsolation -benchtime 20x ./driver/
 //
@@ -95,14 +100,20 @@ func BenchmarkStartTaskWithVolume(b *testing.B) {
 func BenchmarkStartTaskIsolation(b *testing.B) {
 	e := newStartBench(b)
 	for _, c := range []struct {
-		name         string
-		dirs, volume bool
+		name                 string
+		dirs, volume, spares bool
 	}{
-		{"plain", true, false},
-		{"plain-no-dirs", false, false},
-		{"volume", true, true},
+		{"plain", true, false, true},
+		{"plain-no-dirs", false, false, true},
+		{"volume", true, true, true},
+		{"plain-no-spares", true, false, false},
 	} {
 		b.Run(c.name, func(b *testing.B) {
+			if !c.spares {
+				spares := e.d.spares
+				e.d.spares = nil
+				defer func() { e.d.spares = spares }()
+			}
 			var isolated, privileged []time.Duration
 			run := func(i int, priv bool) time.Duration {
 				tc := TaskConfig{Command: "/bin/true", Privileged: priv}
@@ -240,11 +251,13 @@ func (e *startBench) task(b *testing.B, name string, tc TaskConfig, dirs bool) *
 	return cfg
 }
 
-// start waits for the spare supervisor, then times the driver's StartTask
+// start waits for the spare supervisor (if the driver has spares), then times the driver's StartTask
 // of task, with the benchmark's timer running only then; the task
 // (/bin/true) is waited for and destroyed afterwards.
 func (e *startBench) start(b *testing.B, task *drivers.TaskConfig) time.Duration {
-	e.spareReady(b)
+	if e.d.spares != nil {
+		e.spareReady(b)
+	}
 	b.StartTimer()
 	start := time.Now()
 	_, _, err := e.d.StartTask(task)
