@@ -15,11 +15,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"sort"
-	"strings"
 	"testing"
 
-	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor"
 	"github.com/nomad-driver-csi/nomad-driver-csi/e2e"
 )
 
@@ -79,15 +76,14 @@ func tweakTasks(b *testing.B, job map[string]any, tweak func(task map[string]any
 // isolated tasks with privileged ones: opts, with a driver that allows
 // privileged tasks that are not plugins. The harness renders the driver's
 // plugin block itself, without privileged_plugins_only, before it knows
-// its own directory; so the block is replaced (the last block of a name
-// wins) by one with a root_dir in a directory of the benchmark's own,
-// which is cleaned up after the agent and set as the agent's DriverRoot.
+// its own directory; so a second block of the same name follows it, whose
+// settings the driver gets (the first block's chroot_env is not kept:
+// chroot_env is the driver's default, exec's list, which has all the
+// benchmarks' tasks run). Its root_dir is in a directory of the
+// benchmark's own, which is cleaned up after the agent and set as the
+// agent's DriverRoot.
 func startIsolationAgent(b *testing.B, opts e2e.AgentOptions) *e2e.Agent {
 	b.Helper()
-	root, err := e2e.RepoRoot()
-	if err != nil {
-		b.Fatal(err)
-	}
 	// /tmp/ncsb-*: not /tmp/ncsi-*, which SweepStale may take from under
 	// a running benchmark in another process.
 	base, err := os.MkdirTemp("/tmp", "ncsb-")
@@ -110,43 +106,17 @@ func startIsolationAgent(b *testing.B, opts e2e.AgentOptions) *e2e.Agent {
 	}
 	opts.AllowPrivileged = true
 	opts.ExtraConfig += fmt.Sprintf(`
-# The isolation benchmarks' driver block (replaces the one above).
+# The isolation benchmarks' driver settings (override the block above).
 plugin "nomad-driver-csi" {
   config {
     enabled                 = true
     allow_privileged        = true
     privileged_plugins_only = false
     root_dir                = %q
-    chroot_env              = %s
   }
 }
-`, driverRoot, chrootEnv(e2e.CSIBinDir(root)))
+`, driverRoot)
 	a := e2e.StartAgent(b, opts)
 	a.DriverRoot = driverRoot
 	return a
-}
-
-// chrootEnv renders the driver's default chroot_env, with dirs added, as
-// HCL: the harness's own, which names the CSI binaries' directory as an
-// operator names where the plugins they run are installed.
-func chrootEnv(dirs ...string) string {
-	env := map[string]string{}
-	for k, v := range executor.DefaultChrootEnv {
-		env[k] = v
-	}
-	for _, d := range dirs {
-		env[d] = d
-	}
-	keys := make([]string, 0, len(env))
-	for k := range env {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	var sb strings.Builder
-	sb.WriteString("{\n")
-	for _, k := range keys {
-		fmt.Fprintf(&sb, "      %q = %q\n", k, env[k])
-	}
-	sb.WriteString("    }")
-	return sb.String()
 }

@@ -170,13 +170,16 @@ func BenchmarkVolumes(b *testing.B) {
 	row(fmt.Sprintf("driver RSS, %d volume tasks running", *volMany), "%s", kb(busyRSS))
 	fmt.Print(sb.String())
 	stop(b, a, restJob)
-	// Free the hung call: stop the job, restart its plugin without --hang
-	// on the same state, and let the driver finish or undo the setup.
+	// Free the hung call: stop the job, run the plugin's own job again
+	// without --hang on the same state (while a plugin's volumes are set
+	// up on the node, the driver lets no other job serve its id), and let
+	// the driver finish or undo the setup.
 	if err := a.PutJSON("DELETE", "/v1/job/"+hungJob, nil, nil); err != nil {
 		b.Fatal(err)
 	}
 	a.VolStopAndWait(b, hang.JobID, time.Minute)
-	a.StartVolFixture(b, "fxhang", e2e.VolFixtureOptions{})
+	rerunWithoutArgs(b, a, hang.JobID, "--hang", "NodeStageVolume")
+	a.WaitVolPluginHealthy(b, hang.ID, time.Minute)
 	volWaitIdle(b, a, 3*time.Minute)
 
 	b.ReportMetric(float64(median(window).Microseconds())/1000, "window-ms")
@@ -184,6 +187,35 @@ func BenchmarkVolumes(b *testing.B) {
 	b.ReportMetric(float64(median(windowPriv).Microseconds())/1000, "window-privileged-ms")
 	b.ReportMetric(float64(median(withVol).Microseconds())/1000, "one-ms")
 	b.ReportMetric(float64(median(withVolPriv).Microseconds())/1000, "one-privileged-ms")
+}
+
+// rerunWithoutArgs registers a stopped job again, as it was, with drop
+// (consecutive arguments) taken out of its tasks' args.
+func rerunWithoutArgs(b *testing.B, a *e2e.Agent, jobID string, drop ...string) {
+	b.Helper()
+	var job map[string]any
+	if err := a.GetJSON("/v1/job/"+jobID, &job); err != nil {
+		b.Fatalf("failed to read job %s: %v", jobID, err)
+	}
+	job["Stop"] = false
+	tweakTasks(b, job, func(task map[string]any) {
+		c := taskConfig(task)
+		args, _ := c["args"].([]any)
+		for i := 0; i+len(drop) <= len(args); i++ {
+			match := true
+			for j, d := range drop {
+				match = match && args[i+j] == d
+			}
+			if match {
+				args = append(args[:i:i], args[i+len(drop):]...)
+				break
+			}
+		}
+		c["args"] = args
+	})
+	if err := a.PutJSON("POST", "/v1/jobs", map[string]any{"Job": job}, nil); err != nil {
+		b.Fatalf("failed to run job %s again: %v", jobID, err)
+	}
 }
 
 type volSample struct {
