@@ -56,8 +56,8 @@ func taskConfig(task map[string]any) map[string]any {
 }
 
 // tweakTasks applies tweak to every task of a parsed job.
-func tweakTasks(b *testing.B, job map[string]any, tweak func(task map[string]any)) {
-	b.Helper()
+func tweakTasks(tb testing.TB, job map[string]any, tweak func(task map[string]any)) {
+	tb.Helper()
 	groups, _ := job["TaskGroups"].([]any)
 	n := 0
 	for _, g := range groups {
@@ -68,7 +68,7 @@ func tweakTasks(b *testing.B, job map[string]any, tweak func(task map[string]any
 		}
 	}
 	if n == 0 {
-		b.Fatalf("no task in the parsed job to change: %v", job)
+		tb.Fatalf("no task in the parsed job to change: %v", job)
 	}
 }
 

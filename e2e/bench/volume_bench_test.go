@@ -201,21 +201,25 @@ func rerunWithoutArgs(b *testing.B, a *e2e.Agent, jobID string, drop ...string) 
 	tweakTasks(b, job, func(task map[string]any) {
 		c := taskConfig(task)
 		args, _ := c["args"].([]any)
-		for i := 0; i+len(drop) <= len(args); i++ {
-			match := true
-			for j, d := range drop {
-				match = match && args[i+j] == d
-			}
-			if match {
-				args = append(args[:i:i], args[i+len(drop):]...)
-				break
-			}
-		}
-		c["args"] = args
+		c["args"] = withoutArgs(args, drop...)
 	})
 	if err := a.PutJSON("POST", "/v1/jobs", map[string]any{"Job": job}, nil); err != nil {
 		b.Fatalf("failed to run job %s again: %v", jobID, err)
 	}
+}
+
+// withoutArgs returns args with the first run of drop taken out.
+func withoutArgs(args []any, drop ...string) []any {
+	for i := 0; i+len(drop) <= len(args); i++ {
+		match := true
+		for j, d := range drop {
+			match = match && args[i+j] == d
+		}
+		if match {
+			return append(args[:i:i], args[i+len(drop):]...)
+		}
+	}
+	return args
 }
 
 type volSample struct {
