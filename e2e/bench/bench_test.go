@@ -8,6 +8,9 @@
 //     with the ratios csi/exec and csi/raw_exec: "submit" is the moment
 //     the job is registered over the HTTP API, "running" is the task's
 //     StartedAt as recorded by the client (same host, same clock);
+//   - with csi, the same for the csi task as root, isolated (csi-root) and
+//     privileged (csi-privileged), interleaved with the others, and their
+//     ratio: what isolation costs (see isolation_test.go);
 //   - the RSS (VmRSS) of the nomad-driver-csi plugin process, a child of
 //     the agent, when idle and with 20 csi tasks running, and the summed
 //     RSS and PSS of the driver's per-task supervisor processes at 20 tasks.
@@ -47,7 +50,11 @@ func BenchmarkDriverOverhead(b *testing.B) {
 	for _, d := range drivers {
 		withCSI = withCSI || d == "csi"
 	}
-	a := e2e.StartAgent(b, e2e.AgentOptions{Drivers: drivers})
+	a := startIsolationAgent(b, e2e.AgentOptions{Drivers: drivers})
+	if withCSI {
+		// Variants of the csi task, run as the drivers are.
+		drivers = append(drivers, variantIsolated, variantPrivileged)
+	}
 
 	// Warm-up: one unmeasured run per driver (first exec run, page cache).
 	for _, d := range drivers {
@@ -98,6 +105,7 @@ func BenchmarkDriverOverhead(b *testing.B) {
 	}
 	fmt.Fprintf(&sb, "%-44s %s\n", "ratio csi/exec", ratio(med["csi"], med["exec"]))
 	fmt.Fprintf(&sb, "%-44s %s\n", "ratio csi/raw_exec", ratio(med["csi"], med["raw_exec"]))
+	fmt.Fprintf(&sb, "%-44s %s\n", "ratio csi as root: isolated/privileged", ratio(med[variantIsolated], med[variantPrivileged]))
 	fmt.Fprintf(&sb, "%-44s %s\n", "plugin RSS, idle", kb(idleRSS))
 	fmt.Fprintf(&sb, "%-44s %s\n", "plugin RSS, 20 csi tasks running", kb(busyRSS))
 	fmt.Fprintf(&sb, "%-44s %d processes, RSS %s, PSS %s\n", "task supervisors, 20 csi tasks running", supCount, kb(supRSS), kb(supPSS))
@@ -132,8 +140,9 @@ func median(ds []time.Duration) time.Duration {
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
-// startOne runs a one-task sleep job on driver d, returns submit->running,
-// and stops and purges the job before returning.
+// startOne runs a one-task sleep job on driver d (or a variant of the csi
+// task, see taskVariants), returns submit->running, and stops and purges
+// the job before returning.
 func startOne(b *testing.B, a *e2e.Agent, d string) time.Duration {
 	b.Helper()
 	t0 := time.Now()
@@ -143,15 +152,24 @@ func startOne(b *testing.B, a *e2e.Agent, d string) time.Duration {
 	return started[0].Sub(t0)
 }
 
-// submit renders e2e/jobs/sleep.hcl, parses it through the agent (not
-// timed), registers it (the "submit" instant is just before the call) and
-// returns the job ID.
+// submit renders e2e/jobs/sleep.hcl for driver (or a variant of the csi
+// task, see taskVariants), registers it (see register) and returns the
+// job ID.
 func submit(b *testing.B, a *e2e.Agent, driver string, count int) string {
 	b.Helper()
-	job, err := a.RenderJob("sleep", map[string]string{"Driver": driver, "Count": strconv.Itoa(count)})
+	job, err := a.RenderJob("sleep", map[string]string{"Driver": variantDriver(driver), "Count": strconv.Itoa(count)})
 	if err != nil {
 		b.Fatal(err)
 	}
+	register(b, a, job, taskVariants[driver])
+	return job.ID
+}
+
+// register parses a rendered job through the agent (not timed), changes
+// its tasks with tweak (when not nil) and registers it: the "submit"
+// instant is just before the call.
+func register(b *testing.B, a *e2e.Agent, job e2e.Job, tweak func(task map[string]any)) {
+	b.Helper()
 	hcl, err := os.ReadFile(job.File)
 	if err != nil {
 		b.Fatal(err)
@@ -160,10 +178,12 @@ func submit(b *testing.B, a *e2e.Agent, driver string, count int) string {
 	if err := a.PutJSON("POST", "/v1/jobs/parse", map[string]any{"JobHCL": string(hcl), "Canonicalize": true}, &parsed); err != nil {
 		b.Fatalf("failed to parse %s: %v", job.File, err)
 	}
+	if tweak != nil {
+		tweakTasks(b, parsed, tweak)
+	}
 	if err := a.PutJSON("POST", "/v1/jobs", map[string]any{"Job": parsed}, nil); err != nil {
 		b.Fatalf("failed to register %s: %v", job.ID, err)
 	}
-	return job.ID
 }
 
 // waitRunning polls until n allocations of the job have their task

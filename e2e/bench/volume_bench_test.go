@@ -13,7 +13,8 @@ package bench
 //     volume, and against the floor measured in the same run: the same
 //     NodeStageVolume + NodePublishVolume issued directly to the same
 //     plugin socket with csihook's client, plus a bare fork/exec of
-//     /bin/true;
+//     /bin/true; and the same volume task privileged, interleaved: what
+//     isolation costs a volume task's start (see isolation_test.go);
 //   - 50 volume tasks at once (one job, count = 50, a dir volume per
 //     allocation): submit -> all running, and the driver's RSS idle and
 //     with the 50 running;
@@ -59,7 +60,7 @@ func BenchmarkVolumes(b *testing.B) {
 			_ = e2e.VolDetachLoops(a.Dir)
 		}
 	})
-	a = e2e.StartAgent(b, e2e.AgentOptions{AllowPrivileged: true})
+	a = startIsolationAgent(b, e2e.AgentOptions{AllowPrivileged: true})
 	var jobs []string
 	b.Cleanup(func() { volStopAll(b, a, jobs) })
 	fx := a.StartVolFixture(b, "fixture", e2e.VolFixtureOptions{})
@@ -71,20 +72,25 @@ func BenchmarkVolumes(b *testing.B) {
 	vol := e2e.VolSpec{Name: "data", Plugin: fx.ID, ID: one, Dest: filepath.Join(a.Dir, "dst", "one"), Access: "single-node-writer"}
 	warm := vol
 	warm.Create, warm.CreateType = true, "dir"
-	volOne(b, a, fx, warm, "") // creates the volume; unmeasured
-	startOne(b, a, "csi")      // warm-up of the plain task
+	volOne(b, a, fx, warm, "", nil) // creates the volume; unmeasured
+	startOne(b, a, "csi")           // warm-up of the plain task
 	volID := fx.VolumeID(one)
+	volOne(b, a, fx, vol, volID, taskVariants[variantPrivileged]) // warm-up of the privileged task
 
 	var withVol, window, setupVol, csiPart, noVol, setupNoVol, csiFloor, execFloor, syncFloor []time.Duration
+	var withVolPriv, windowPriv []time.Duration
 	client, err := csihook.DialUnix(filepath.Join(a.DriverRoot, "plugins", fx.ID, "csi.sock"))
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer client.Close()
 	for i := 0; i < *volRuns; i++ {
-		s := volOne(b, a, fx, vol, volID)
+		s := volOne(b, a, fx, vol, volID, nil)
 		withVol, window, setupVol = append(withVol, s.submitToRunning), append(window, s.stagingToStarted), append(setupVol, s.setupToStarted)
 		csiPart = append(csiPart, s.stagingToPublished)
+		// The same task privileged: root either way (volume_task.hcl).
+		s = volOne(b, a, fx, vol, volID, taskVariants[variantPrivileged])
+		withVolPriv, windowPriv = append(withVolPriv, s.submitToRunning), append(windowPriv, s.stagingToStarted)
 		p := plainOne(b, a)
 		noVol, setupNoVol = append(noVol, p.submitToRunning), append(setupNoVol, p.setupToStarted)
 		csiFloor = append(csiFloor, floorCSI(b, client, a, volID))
@@ -97,7 +103,7 @@ func BenchmarkVolumes(b *testing.B) {
 	manyVol := e2e.VolSpec{Name: "data", Plugin: fx.ID, ID: "bench-many-${NOMAD_ALLOC_INDEX}", Interpolate: true,
 		Dest: filepath.Join(a.Dir, "dst", "many"), Access: "single-node-writer", Create: true, CreateType: "dir"}
 	t0 := time.Now()
-	manyJob := volSubmit(b, a, &jobs, e2e.VolJob{Type: "service", Count: *volMany, Script: "exec sleep 3600", Volumes: []e2e.VolSpec{manyVol}})
+	manyJob := volSubmit(b, a, &jobs, e2e.VolJob{Type: "service", Count: *volMany, Script: "exec sleep 3600", Volumes: []e2e.VolSpec{manyVol}}, nil)
 	manyStarted := waitRunning(b, a, manyJob, *volMany, 5*time.Minute)
 	manyTimes := since(t0, manyStarted)
 	time.Sleep(2 * time.Second)
@@ -107,7 +113,7 @@ func BenchmarkVolumes(b *testing.B) {
 
 	// The same number of tasks without a volume, for comparison.
 	t0 = time.Now()
-	plainJob := volSubmit(b, a, &jobs, e2e.VolJob{Type: "service", Count: *volMany, Script: "exec sleep 3600"})
+	plainJob := volSubmit(b, a, &jobs, e2e.VolJob{Type: "service", Count: *volMany, Script: "exec sleep 3600"}, nil)
 	plainTimes := since(t0, waitRunning(b, a, plainJob, *volMany, 5*time.Minute))
 	stop(b, a, plainJob)
 
@@ -116,8 +122,8 @@ func BenchmarkVolumes(b *testing.B) {
 	hangVol := e2e.VolSpec{Name: "data", Plugin: hang.ID, ID: "bench-hung", Dest: filepath.Join(a.Dir, "dst", "hung"),
 		Access: "single-node-writer", Create: true, CreateType: "dir"}
 	t0 = time.Now()
-	hungJob := volSubmit(b, a, &jobs, e2e.VolJob{Type: "service", Script: "exec sleep 3600", Volumes: []e2e.VolSpec{hangVol}})
-	restJob := volSubmit(b, a, &jobs, e2e.VolJob{Type: "service", Count: *volMany - 1, Script: "exec sleep 3600", Volumes: []e2e.VolSpec{manyVol}})
+	hungJob := volSubmit(b, a, &jobs, e2e.VolJob{Type: "service", Script: "exec sleep 3600", Volumes: []e2e.VolSpec{hangVol}}, nil)
+	restJob := volSubmit(b, a, &jobs, e2e.VolJob{Type: "service", Count: *volMany - 1, Script: "exec sleep 3600", Volumes: []e2e.VolSpec{manyVol}}, nil)
 	restStarted := waitRunning(b, a, restJob, *volMany-1, 5*time.Minute)
 	restTimes := since(t0, restStarted)
 	hungState := "not running"
@@ -150,6 +156,10 @@ func BenchmarkVolumes(b *testing.B) {
 	row("ratio Staging->Published / CSI floor", "%s", ratio(median(csiPart), median(csiFloor)))
 	row("ratio volume-task setup->started / floor", "%s", ratio(median(setupVol), floor))
 	row("added by the volume: submit->running", "%v", (median(withVol) - median(noVol)).Round(time.Millisecond))
+	row("same volume task privileged: submit->running", "%v  (%s)", median(withVolPriv).Round(time.Millisecond), list(withVolPriv))
+	row("privileged: Staging event->Started", "%v  (%s)", median(windowPriv).Round(100*time.Microsecond), list(windowPriv))
+	row("ratio isolated / privileged: Staging->Started", "%s (target <= 1.1x)", ratio(median(window), median(windowPriv)))
+	row("ratio isolated / privileged: submit->running", "%s", ratio(median(withVol), median(withVolPriv)))
 	row(fmt.Sprintf("%d volume tasks at once: submit->all running", *volMany), "%v (median task %v)", maxDur(manyTimes).Round(time.Millisecond), median(manyTimes).Round(time.Millisecond))
 	row(fmt.Sprintf("%d tasks without volumes: submit->all running", *volMany), "%v (median task %v)", maxDur(plainTimes).Round(time.Millisecond), median(plainTimes).Round(time.Millisecond))
 	row(fmt.Sprintf("first %d of those: median / slowest", *volMany-1), "%v / %v", median(sorted49).Round(time.Millisecond), maxDur(sorted49).Round(time.Millisecond))
@@ -160,31 +170,71 @@ func BenchmarkVolumes(b *testing.B) {
 	row(fmt.Sprintf("driver RSS, %d volume tasks running", *volMany), "%s", kb(busyRSS))
 	fmt.Print(sb.String())
 	stop(b, a, restJob)
-	// Free the hung call: stop the job, restart its plugin without --hang
-	// on the same state, and let the driver finish or undo the setup.
+	// Free the hung call: stop the job, run the plugin's own job again
+	// without --hang on the same state (while a plugin's volumes are set
+	// up on the node, the driver lets no other job serve its id), and let
+	// the driver finish or undo the setup.
 	if err := a.PutJSON("DELETE", "/v1/job/"+hungJob, nil, nil); err != nil {
 		b.Fatal(err)
 	}
 	a.VolStopAndWait(b, hang.JobID, time.Minute)
-	a.StartVolFixture(b, "fxhang", e2e.VolFixtureOptions{})
+	rerunWithoutArgs(b, a, hang.JobID, "--hang", "NodeStageVolume")
+	a.WaitVolPluginHealthy(b, hang.ID, time.Minute)
 	volWaitIdle(b, a, 3*time.Minute)
 
 	b.ReportMetric(float64(median(window).Microseconds())/1000, "window-ms")
 	b.ReportMetric(float64(floor.Microseconds())/1000, "floor-ms")
+	b.ReportMetric(float64(median(windowPriv).Microseconds())/1000, "window-privileged-ms")
+	b.ReportMetric(float64(median(withVol).Microseconds())/1000, "one-ms")
+	b.ReportMetric(float64(median(withVolPriv).Microseconds())/1000, "one-privileged-ms")
+}
+
+// rerunWithoutArgs registers a stopped job again, as it was, with drop
+// (consecutive arguments) taken out of its tasks' args.
+func rerunWithoutArgs(b *testing.B, a *e2e.Agent, jobID string, drop ...string) {
+	b.Helper()
+	var job map[string]any
+	if err := a.GetJSON("/v1/job/"+jobID, &job); err != nil {
+		b.Fatalf("failed to read job %s: %v", jobID, err)
+	}
+	job["Stop"] = false
+	tweakTasks(b, job, func(task map[string]any) {
+		c := taskConfig(task)
+		args, _ := c["args"].([]any)
+		c["args"] = withoutArgs(args, drop...)
+	})
+	if err := a.PutJSON("POST", "/v1/jobs", map[string]any{"Job": job}, nil); err != nil {
+		b.Fatalf("failed to run job %s again: %v", jobID, err)
+	}
+}
+
+// withoutArgs returns args with the first run of drop taken out.
+func withoutArgs(args []any, drop ...string) []any {
+	for i := 0; i+len(drop) <= len(args); i++ {
+		match := true
+		for j, d := range drop {
+			match = match && args[i+j] == d
+		}
+		if match {
+			return append(args[:i:i], args[i+len(drop):]...)
+		}
+	}
+	return args
 }
 
 type volSample struct {
 	submitToRunning, stagingToStarted, setupToStarted, stagingToPublished time.Duration
 }
 
-// volOne runs a one-task service job with vol, measures it, stops it, and
-// waits until the volume is unstaged again (volID "" skips that wait).
-func volOne(b *testing.B, a *e2e.Agent, fx *e2e.VolFixture, vol e2e.VolSpec, volID string) volSample {
+// volOne runs a one-task service job with vol, its task changed by tweak
+// (nil: as volume_task.hcl has it), measures it, stops it, and waits until
+// the volume is unstaged again (volID "" skips that wait).
+func volOne(b *testing.B, a *e2e.Agent, fx *e2e.VolFixture, vol e2e.VolSpec, volID string, tweak func(task map[string]any)) volSample {
 	b.Helper()
 	unstaged := fx.Count("NodeUnstageVolume", volID)
 	var jobs []string
 	t0 := time.Now()
-	job := volSubmit(b, a, &jobs, e2e.VolJob{Type: "service", Script: "exec sleep 3600", Volumes: []e2e.VolSpec{vol}})
+	job := volSubmit(b, a, &jobs, e2e.VolJob{Type: "service", Script: "exec sleep 3600", Volumes: []e2e.VolSpec{vol}}, tweak)
 	started := waitRunning(b, a, job, 1, time.Minute)
 	s := volSample{submitToRunning: started[0].Sub(t0)}
 	s.stagingToStarted, s.setupToStarted, s.stagingToPublished = eventWindows(b, a, job)
@@ -203,7 +253,7 @@ func plainOne(b *testing.B, a *e2e.Agent) volSample {
 	b.Helper()
 	var jobs []string
 	t0 := time.Now()
-	job := volSubmit(b, a, &jobs, e2e.VolJob{Type: "service", Script: "exec sleep 3600"})
+	job := volSubmit(b, a, &jobs, e2e.VolJob{Type: "service", Script: "exec sleep 3600"}, nil)
 	started := waitRunning(b, a, job, 1, time.Minute)
 	s := volSample{submitToRunning: started[0].Sub(t0)}
 	_, s.setupToStarted, _ = eventWindows(b, a, job)
@@ -244,26 +294,16 @@ func eventWindows(b *testing.B, a *e2e.Agent, jobID string) (time.Duration, time
 	return window, time.Duration(started - setup), csiPart
 }
 
-// volSubmit renders a workload job, registers it over the API ("submit"
-// is just before the call) and returns its ID.
-func volSubmit(b *testing.B, a *e2e.Agent, jobs *[]string, j e2e.VolJob) string {
+// volSubmit renders a workload job, registers it over the API with its
+// task changed by tweak (see register) and returns its ID.
+func volSubmit(b *testing.B, a *e2e.Agent, jobs *[]string, j e2e.VolJob, tweak func(task map[string]any)) string {
 	b.Helper()
 	job, err := a.RenderVolJob(j)
 	if err != nil {
 		b.Fatal(err)
 	}
-	hcl, err := os.ReadFile(job.File)
-	if err != nil {
-		b.Fatal(err)
-	}
-	var parsed map[string]any
-	if err := a.PutJSON("POST", "/v1/jobs/parse", map[string]any{"JobHCL": string(hcl), "Canonicalize": true}, &parsed); err != nil {
-		b.Fatalf("failed to parse %s: %v", job.File, err)
-	}
 	*jobs = append(*jobs, job.ID)
-	if err := a.PutJSON("POST", "/v1/jobs", map[string]any{"Job": parsed}, nil); err != nil {
-		b.Fatalf("failed to register %s: %v", job.ID, err)
-	}
+	register(b, a, job, tweak)
 	return job.ID
 }
 

@@ -61,6 +61,12 @@ var rows = []row{
 	{label: "volume task start (Staging event → Started): driver vs direct-CSI floor", bench: "Volumes",
 		num: []string{"window-ms"}, numAs: "driver",
 		den: []string{"floor-ms"}, denAs: "NodeStage+NodePublish+fork/exec direct", unit: "ms"},
+	{label: "volume task start (Staging event → Started): isolated vs privileged (both root)", bench: "Volumes",
+		num: []string{"window-ms"}, numAs: "isolated",
+		den: []string{"window-privileged-ms"}, denAs: "privileged", unit: "ms"},
+	{label: "submit → running, volume task: isolated vs privileged (both root)", bench: "Volumes",
+		num: []string{"one-ms"}, numAs: "isolated",
+		den: []string{"one-privileged-ms"}, denAs: "privileged", unit: "ms"},
 	{label: "plugin socket ready → healthy: native csi_plugin vs driver-managed", bench: "PluginHealth",
 		num: []string{"native-socket-ms"}, numAs: "native",
 		den: []string{"driver-socket-ms"}, denAs: "driver-managed", unit: "ms"},
@@ -83,6 +89,8 @@ var rows = []row{
 		num: []string{"csi-ms"}, numAs: "csi", den: []string{"exec-ms"}, denAs: "exec", unit: "ms"},
 	{label: "submit → running, sleep task: csi vs raw_exec", bench: "DriverOverhead",
 		num: []string{"csi-ms"}, numAs: "csi", den: []string{"raw_exec-ms"}, denAs: "raw_exec", unit: "ms"},
+	{label: "submit → running, sleep task: isolated vs privileged (csi, both root)", bench: "DriverOverhead",
+		num: []string{"csi-root-ms"}, numAs: "isolated", den: []string{"csi-privileged-ms"}, denAs: "privileged", unit: "ms"},
 }
 
 // order is the order the benchmarks run in; others follow by name.

@@ -1,0 +1,207 @@
+package executor
+
+import (
+	"os"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/shoenig/test/must"
+	"golang.org/x/sys/unix"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/mounter"
+)
+
+// BenchmarkTaskRoot breaks down what building a task's root costs a
+// supervisor, step by step, isolated (DefaultChrootEnv, private PID and
+// IPC) against privileged (the host's view), in the same iteration. Each
+// build runs on a fresh thread whose mount (and IPC) namespace it
+// unshares, as launchTask's does; the thread ends with the build, and its
+// namespace with it, so nothing is left on the host. The steps are timed
+// one by one and reported as medians, in milliseconds:
+//
+//   - unshare: unshare(2) of the namespaces and prepareNamespace's
+//     propagation pass over the mount table;
+//   - root: the tmpfs root (isolated) or the tmpfs with every entry of
+//     the host's / bound in (privileged, buildRoot);
+//   - chroot_env, dev, proc, sys: buildIsolatedRoot's steps;
+//   - dirs: Nomad's four directories (/alloc, /local, /secrets, /tmp) as
+//     a task gets them: cloned before pivot_root and attached after it
+//     (isolated), bound before it (privileged);
+//   - pivot: pivot_root into the root and the seal (read-only /);
+//   - isolated-ms and privileged-ms are the sums, ratio their quotient.
+//
+// A spare supervisor does unshare, root, chroot_env, dev, proc, sys and
+// pivot ahead of its task, but only a task without mounts (spec.Mounts)
+// can take that root: a task of Nomad has its directories.
+//
+//	go test -run '^$' -bench TaskRoot -benchtime 50x ./driver/executor/
+//
+// It needs root. /proc is mounted here for the benchmark's own PID
+// namespace, the host's, not for a new one as a supervisor's is.
+func BenchmarkTaskRoot(b *testing.B) {
+	if os.Geteuid() != 0 {
+		b.Skip("needs root: builds task roots in mount namespaces")
+	}
+	base := b.TempDir()
+	src := filepath.Join(base, "alloc")
+	var dirs []Mount
+	for _, d := range [][2]string{{"alloc", "/alloc"}, {"local", "/local"}, {"secrets", "/secrets"}, {"tmp", "/tmp"}} {
+		p := filepath.Join(src, d[0])
+		must.NoError(b, os.MkdirAll(p, 0o755))
+		dirs = append(dirs, Mount{Source: p, Target: d[1], Propagation: PropagationPrivate})
+	}
+	iso := &Isolation{ChrootEnv: DefaultChrootEnv, PrivatePID: true, PrivateIPC: true}
+	steps := map[string][]time.Duration{}
+	add := func(prefix string, times map[string]time.Duration) {
+		total := time.Duration(0)
+		for k, d := range times {
+			steps[prefix+k] = append(steps[prefix+k], d)
+			total += d
+		}
+		steps[prefix+"total"] = append(steps[prefix+"total"], total)
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		for j, isolated := range []bool{i%2 == 0, i%2 != 0} {
+			root := filepath.Join(base, "root", string(rune('a'+j)))
+			must.NoError(b, os.MkdirAll(root, 0o755))
+			var times map[string]time.Duration
+			var err error
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				// Never unlocked: the thread ends with the goroutine.
+				runtime.LockOSThread()
+				if isolated {
+					times, err = timeIsolatedRoot(root, iso, dirs)
+				} else {
+					times, err = timePrivilegedRoot(root, dirs)
+				}
+			}()
+			<-done
+			must.NoError(b, err)
+			// The root's directory stays empty on the host: its tmpfs was
+			// in the thread's namespace only.
+			must.NoError(b, os.Remove(root))
+			if isolated {
+				add("isolated-", times)
+			} else {
+				add("privileged-", times)
+			}
+		}
+	}
+	b.StopTimer()
+	names := make([]string, 0, len(steps))
+	for k := range steps {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	for _, k := range names {
+		b.ReportMetric(float64(medianOf(steps[k]).Microseconds())/1000, k+"-ms")
+	}
+	b.ReportMetric(float64(medianOf(steps["isolated-total"]))/float64(medianOf(steps["privileged-total"])), "ratio")
+}
+
+// timeIsolatedRoot builds an isolated task's root at root as
+// launchOnThread does, on the calling (locked) thread, timing each step.
+func timeIsolatedRoot(root string, iso *Isolation, dirs []Mount) (map[string]time.Duration, error) {
+	m := mounter.New()
+	t := map[string]time.Duration{}
+	step := func(name string, f func() error) error {
+		start := time.Now()
+		err := f()
+		t[name] += time.Since(start)
+		return err
+	}
+	var trees []*os.File
+	defer func() {
+		for _, tr := range trees {
+			_ = tr.Close()
+		}
+	}()
+	for _, s := range []struct {
+		name string
+		f    func() error
+	}{
+		{"unshare", func() error {
+			if err := unix.Unshare(namespaceFlags(iso)); err != nil {
+				return err
+			}
+			return prepareNamespace(m, nil, "", iso)
+		}},
+		{"root", func() error {
+			if err := os.MkdirAll(root, 0o755); err != nil {
+				return err
+			}
+			if err := m.Mount("tmpfs", root, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0755"); err != nil {
+				return err
+			}
+			return m.SetPropagation(root, mounter.PropagationUnbindable, false)
+		}},
+		{"chroot_env", func() error { return bindChrootEnv(m, root, iso.ChrootEnv) }},
+		{"dev", func() error { return buildDev(m, root, iso.PrivateIPC) }},
+		{"proc", func() error { return buildProc(m, root) }},
+		{"sys", func() error { return buildSys(m, root) }},
+		{"dirs", func() error {
+			for _, mnt := range dirs {
+				tr, err := m.CloneTree(mnt.Source, true)
+				if err != nil {
+					return err
+				}
+				trees = append(trees, tr)
+			}
+			return nil
+		}},
+		{"pivot", func() error { return pivotRoot(root) }},
+		{"dirs", func() error { return attachAll(m, trees, dirs, "/") }},
+		{"pivot", func() error { return sealRoot(m) }},
+	} {
+		if err := step(s.name, s.f); err != nil {
+			return nil, err
+		}
+	}
+	return t, nil
+}
+
+// timePrivilegedRoot builds a privileged task's root at root as
+// launchOnThread does, on the calling (locked) thread, timing each step.
+func timePrivilegedRoot(root string, dirs []Mount) (map[string]time.Duration, error) {
+	m := mounter.New()
+	t := map[string]time.Duration{}
+	for _, s := range []struct {
+		name string
+		f    func() error
+	}{
+		{"unshare", func() error {
+			if err := unix.Unshare(namespaceFlags(nil)); err != nil {
+				return err
+			}
+			return prepareNamespace(m, nil, "", nil)
+		}},
+		{"root", func() error { return buildRoot(m, root) }},
+		{"dirs", func() error { return bindAll(m, dirs, root) }},
+		{"pivot", func() error {
+			if err := pivotRoot(root); err != nil {
+				return err
+			}
+			return sealRoot(m)
+		}},
+	} {
+		start := time.Now()
+		err := s.f()
+		t[s.name] += time.Since(start)
+		if err != nil {
+			return nil, err
+		}
+	}
+	return t, nil
+}
+
+func medianOf(ds []time.Duration) time.Duration {
+	s := append([]time.Duration(nil), ds...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	return s[len(s)/2]
+}
