@@ -143,7 +143,7 @@ func timeIsolatedRoot(root string, iso *Isolation, dirs []Mount) (map[string]tim
 		}},
 		{"chroot_env", func() error { return bindChrootEnv(m, root, iso.ChrootEnv) }},
 		{"dev", func() error { return buildDev(m, root, iso.PrivateIPC) }},
-		{"proc", func() error { return buildProc(m, root) }},
+		{"proc", func() error { return buildProc(m, root, iso.PrivatePID) }},
 		{"sys", func() error { return buildSys(m, root) }},
 		{"dirs", func() error {
 			for _, mnt := range dirs {
