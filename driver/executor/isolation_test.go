@@ -168,3 +168,20 @@ func TestOpenLog_RefusesWhatATaskCouldPlant(t *testing.T) {
 	must.NoError(t, err)
 	must.NoError(t, w.Close())
 }
+
+// A descriptor the driver inherited without close-on-exec (from the Nomad
+// agent, say) never reaches a task: a directory descriptor would lead out
+// of any root.
+func TestIsolation_InheritedDescriptors_Root(t *testing.T) {
+	requireTaskRoot(t)
+	secret := t.TempDir()
+	fd, err := unix.Open(secret, unix.O_RDONLY|unix.O_DIRECTORY, 0) // no O_CLOEXEC
+	must.NoError(t, err)
+	t.Cleanup(func() { _ = unix.Close(fd) })
+	tt := isolatedSpec(t, `echo "fds=$(ls /proc/self/fd | tr '\n' ' ')"`)
+	p := startTest(t, tt)
+	must.Eq(t, 0, waitExit(t, p).ExitCode, must.Sprintf("stderr: %s", readFile(t, tt.stderr)))
+	got := outputLines(readFile(t, tt.stdout))
+	// 0-2, and the descriptor ls opens on /proc/self/fd itself.
+	must.Eq(t, "0 1 2 3", strings.TrimSpace(got["fds"]), must.Sprintf("descriptor %d leaked into the task", fd))
+}

@@ -52,12 +52,61 @@ func RunReexec() bool {
 		return false
 	}
 	switch os.Args[1] {
+	case stageSupervisor, stageExec:
+		hardenStage()
+	}
+	switch os.Args[1] {
 	case stageSupervisor:
 		os.Exit(runSupervisor(os.Args[2:]))
 	case stageExec:
 		runTaskStage()
 	}
 	return false
+}
+
+// hardenStage runs first in a supervisor or exec stage, which hold every
+// capability in the host's mount namespace while they set a task up:
+//
+//   - Not dumpable: an exec stage shares the task's PID namespace and, once
+//     its launching thread has dropped to the task's capabilities, a task
+//     running as root could pass the ptrace check against that thread and
+//     write the memory its other, fully privileged threads run. A process
+//     that is not dumpable is out of reach of anyone without CAP_SYS_PTRACE
+//     (execve makes the task's command dumpable again, as its own
+//     credentials say).
+//   - Every descriptor above stderr closed at exec: descriptors the Nomad
+//     agent or the driver inherited without close-on-exec would otherwise
+//     reach every task (a directory descriptor is a way out of any root).
+//     The stage's own descriptors (3, 4, 5) are used before the exec.
+func hardenStage() {
+	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
+		fmt.Fprintf(os.Stderr, "nomad-driver-csi: failed to make the stage not dumpable: %v\n", err)
+		os.Exit(2)
+	}
+	if err := closeOnExecFrom(3); err != nil {
+		fmt.Fprintf(os.Stderr, "nomad-driver-csi: failed to close inherited descriptors: %v\n", err)
+		os.Exit(2)
+	}
+}
+
+// closeOnExecFrom marks every descriptor from fd up close-on-exec.
+func closeOnExecFrom(fd int) error {
+	err := unix.CloseRange(uint(fd), ^uint(0), unix.CLOSE_RANGE_CLOEXEC)
+	if err == nil || !errors.Is(err, unix.ENOSYS) && !errors.Is(err, unix.EINVAL) {
+		return err
+	}
+	// Before Linux 5.11: one at a time.
+	entries, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		n, err := strconv.Atoi(e.Name())
+		if err == nil && n >= fd {
+			unix.CloseOnExec(n)
+		}
+	}
+	return nil
 }
 
 // runTaskStage is the exec stage, started in the task's mount namespace
