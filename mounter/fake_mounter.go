@@ -20,6 +20,7 @@ const (
 	ActionEnsureTarget    = "ensure-target"
 	ActionCloneTree       = "clone-tree"
 	ActionAttachTree      = "attach-tree"
+	ActionLockTree        = "lock-tree"
 )
 
 // FakeAction is one call recorded by Fake.
@@ -315,6 +316,23 @@ func (f *Fake) OpenTarget(root, path string, isDir bool) (*os.File, error) {
 // AttachTreeAt is AttachTree at the target's name.
 func (f *Fake) AttachTreeAt(tree, target *os.File) error {
 	return f.AttachTree(tree, target.Name())
+}
+
+// LockTree records an ActionLockTree with the tree's source, ReadOnly and
+// (as Data) "nosuid"/"nodev".
+func (f *Fake) LockTree(tree *os.File, readOnly, noSuid, noDev bool) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var flags []string
+	if noSuid {
+		flags = append(flags, "nosuid")
+	}
+	if noDev {
+		flags = append(flags, "nodev")
+	}
+	source, _ := strings.CutPrefix(tree.Name(), fakeTreePrefix)
+	f.record(FakeAction{Kind: ActionLockTree, Source: source, ReadOnly: readOnly, Data: strings.Join(flags, ",")})
+	return nil
 }
 
 // SetUnmountErr makes Unmount of target fail with err from now on (nil:

@@ -88,6 +88,11 @@ type Interface interface {
 	// AttachTreeAt is AttachTree onto a target from OpenTarget: the mount
 	// lands on the very directory or file that was opened.
 	AttachTreeAt(tree, target *os.File) error
+	// LockTree makes a detached tree from CloneTree (every mount in it)
+	// read-only, nosuid or nodev, as asked, before it is attached: so the
+	// flags are on the mounts themselves, never applied later by a path
+	// that someone could have swapped meanwhile.
+	LockTree(tree *os.File, readOnly, noSuid, noDev bool) error
 }
 
 // SanitizeOptions joins options for logging, with every sensitive option
@@ -372,6 +377,27 @@ func (m *mounter) AttachTreeAt(tree, target *os.File) error {
 	err := unix.MoveMount(int(tree.Fd()), "", int(target.Fd()), "", unix.MOVE_MOUNT_F_EMPTY_PATH|unix.MOVE_MOUNT_T_EMPTY_PATH)
 	if err != nil {
 		return fmt.Errorf("failed to attach the mount tree of %q at %q: %w", tree.Name(), target.Name(), err)
+	}
+	return nil
+}
+
+func (m *mounter) LockTree(tree *os.File, readOnly, noSuid, noDev bool) error {
+	var set uint64
+	if readOnly {
+		set |= unix.MOUNT_ATTR_RDONLY
+	}
+	if noSuid {
+		set |= unix.MOUNT_ATTR_NOSUID
+	}
+	if noDev {
+		set |= unix.MOUNT_ATTR_NODEV
+	}
+	if set == 0 {
+		return nil
+	}
+	attr := unix.MountAttr{Attr_set: set}
+	if err := unix.MountSetattr(int(tree.Fd()), "", unix.AT_EMPTY_PATH|unix.AT_RECURSIVE, &attr); err != nil {
+		return fmt.Errorf("failed to set the flags of the mount tree of %q: %w", tree.Name(), err)
 	}
 	return nil
 }

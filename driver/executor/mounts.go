@@ -361,6 +361,13 @@ func attachTree(m mounter.Interface, tree *os.File, mnt Mount, root string) erro
 	if err := unix.Fstat(int(tree.Fd()), &st); err != nil {
 		return fmt.Errorf("mount %q: %w", mnt.Target, err)
 	}
+	// The flags go on the detached tree: the target's path may lie where
+	// another task of the allocation can swap it (under /alloc), so nothing
+	// is done by path between the attach and the task's start but setting
+	// the propagation, which cannot widen anything.
+	if err := m.LockTree(tree, mnt.ReadOnly, mnt.NoSuid, mnt.NoDev); err != nil {
+		return fmt.Errorf("mount %q: %w", mnt.Target, err)
+	}
 	tf, err := m.OpenTarget(root, filepath.Clean(mnt.Target), st.Mode&unix.S_IFMT == unix.S_IFDIR)
 	if err != nil {
 		return fmt.Errorf("mount %q: %w", mnt.Target, err)
@@ -371,24 +378,6 @@ func attachTree(m mounter.Interface, tree *os.File, mnt Mount, root string) erro
 		return fmt.Errorf("mount %q: %w", mnt.Target, err)
 	}
 	target := filepath.Join(root, filepath.Clean(mnt.Target))
-	if mnt.ReadOnly {
-		if err := m.RemountReadOnly(target, true); err != nil {
-			return fmt.Errorf("mount %q: %w", mnt.Target, err)
-		}
-	}
-	if mnt.NoSuid || mnt.NoDev {
-		var set uint64
-		if mnt.NoSuid {
-			set |= unix.MOUNT_ATTR_NOSUID
-		}
-		if mnt.NoDev {
-			set |= unix.MOUNT_ATTR_NODEV
-		}
-		attr := unix.MountAttr{Attr_set: set}
-		if err := unix.MountSetattr(unix.AT_FDCWD, target, unix.AT_RECURSIVE|unix.AT_NO_AUTOMOUNT, &attr); err != nil {
-			return fmt.Errorf("mount %q: failed to make it nosuid/nodev: %w", mnt.Target, err)
-		}
-	}
 	if err := setPropagation(m, mnt.Propagation, target); err != nil {
 		return fmt.Errorf("mount %q: %w", mnt.Target, err)
 	}

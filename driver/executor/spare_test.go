@@ -195,7 +195,8 @@ func TestSpares_PreparedIsolatedRoot_Root(t *testing.T) {
 
 	vol := t.TempDir()
 	must.NoError(t, os.WriteFile(vol+"/f", []byte("prepared\n"), 0o644))
-	tt := isolatedSpec(t, `cat /data/f; echo "root=$(ls / | tr '\n' ' ')"; echo "procs=$(ls /proc | grep -c '^[0-9]')"`)
+	tt := isolatedSpec(t, `cat /data/f; echo "root=$(ls / | tr '\n' ' ')"; echo "procs=$(ls /proc | grep -c '^[0-9]')"
+if touch /data/x 2>/dev/null; then echo vol=writable; else echo vol=read-only; fi`)
 	tt.spec.LateMounts = []Mount{{Target: "/data"}}
 	p, err := s.Start(hclog.NewNullLogger(), tt.spec, func() ([]Mount, error) {
 		return []Mount{{Source: vol, Target: "/data", ReadOnly: true}}, nil
@@ -207,6 +208,9 @@ func TestSpares_PreparedIsolatedRoot_Root(t *testing.T) {
 	must.StrHasPrefix(t, "prepared\n", out)
 	must.StrContains(t, outputLines(out)["root"], "data")
 	must.StrNotContains(t, outputLines(out)["root"], "home")
+	must.Eq(t, "read-only", outputLines(out)["vol"])
+	_, err = os.Stat(vol + "/x")
+	must.True(t, os.IsNotExist(err))
 	must.StrContains(t, readFile(t, tt.spec.StateDir+"/"+supervisorLogFile), "root_prepared_ahead=true")
 
 	// pid_mode host: the spare (in a PID namespace of its own) cannot
