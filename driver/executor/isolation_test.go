@@ -152,9 +152,22 @@ func TestOpenLog_RefusesWhatATaskCouldPlant(t *testing.T) {
 	_, err = openLog(sock)
 	must.ErrorContains(t, err, "not a FIFO")
 
-	b, err := os.ReadFile(target)
-	must.NoError(t, err)
-	must.Eq(t, "precious\n", string(b))
+	// A logs/ directory a task replaced with a link to a host directory
+	// that happens to hold a file of the FIFO's name.
+	hostDir := filepath.Join(dir, "host-dir")
+	must.NoError(t, os.Mkdir(hostDir, 0o700))
+	must.NoError(t, os.WriteFile(filepath.Join(hostDir, ".t.stdout.fifo"), []byte("precious\n"), 0o600))
+	alloc := filepath.Join(dir, "alloc")
+	must.NoError(t, os.Mkdir(alloc, 0o777))
+	must.NoError(t, os.Symlink(hostDir, filepath.Join(alloc, "logs")))
+	_, err = openLog(filepath.Join(alloc, "logs", ".t.stdout.fifo"))
+	must.ErrorContains(t, err, "symlink")
+
+	for _, f := range []string{target, filepath.Join(hostDir, ".t.stdout.fifo")} {
+		b, err := os.ReadFile(f)
+		must.NoError(t, err)
+		must.Eq(t, "precious\n", string(b))
+	}
 
 	// Nomad's FIFO, with a reader, opens.
 	fifo := filepath.Join(dir, "task.stdout.fifo")

@@ -342,6 +342,29 @@ func readAt(dir int, name string) (string, error) {
 	return string(b), err
 }
 
+// openLogPath opens a log path as an O_PATH handle. Nomad's FIFOs are
+// <alloc>/alloc/logs/<file>, and a task can rename and replace what is in
+// /alloc, its logs/ directory included: the last two elements are resolved
+// below their parent without following any symlink (openat2
+// RESOLVE_NO_SYMLINKS), the directories above them being Nomad's own.
+func openLogPath(path string) (int, error) {
+	dir := filepath.Dir(filepath.Dir(path))
+	rel := filepath.Join(filepath.Base(filepath.Dir(path)), filepath.Base(path))
+	dirFD, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, err
+	}
+	defer unix.Close(dirFD)
+	fd, err := unix.Openat2(dirFD, rel, &unix.OpenHow{
+		Flags:   unix.O_PATH | unix.O_NOFOLLOW | unix.O_CLOEXEC,
+		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
+	})
+	if errors.Is(err, unix.ELOOP) {
+		return -1, fmt.Errorf("%w: a symlink on the way is never followed", err)
+	}
+	return fd, err
+}
+
 // logReaderWait bounds how long openLog waits for a reader on a log FIFO.
 const logReaderWait = 10 * time.Second
 
@@ -356,7 +379,7 @@ func openLog(path string) (*os.File, error) {
 	if path == "" {
 		return os.OpenFile(os.DevNull, os.O_WRONLY, 0)
 	}
-	pathFD, err := unix.Open(path, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	pathFD, err := openLogPath(path)
 	if err != nil {
 		return nil, fmt.Errorf("failed to open log %q: %w", path, err)
 	}
