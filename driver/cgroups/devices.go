@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -106,6 +107,34 @@ func DeviceRuleFor(path, access string) (DeviceRule, error) {
 	if err := unix.Stat(path, &st); err != nil {
 		return DeviceRule{}, fmt.Errorf("failed to stat device %s: %w", path, err)
 	}
+	r, ok := deviceRuleOf(&st, access)
+	if !ok {
+		return DeviceRule{}, fmt.Errorf("device %s must be a character or block device node", path)
+	}
+	if err := r.validate(); err != nil {
+		return DeviceRule{}, fmt.Errorf("invalid rule for device %s: %w", path, err)
+	}
+	return r, nil
+}
+
+// DeviceRuleForFile is DeviceRuleFor for an open file (a mount tree whose
+// root is a device node, say); ok is false when it is no device node.
+func DeviceRuleForFile(f *os.File, access string) (r DeviceRule, ok bool, err error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return DeviceRule{}, false, fmt.Errorf("failed to stat %s: %w", f.Name(), err)
+	}
+	if r, ok = deviceRuleOf(&st, access); !ok {
+		return DeviceRule{}, false, nil
+	}
+	if err := r.validate(); err != nil {
+		return DeviceRule{}, false, fmt.Errorf("invalid rule for device %s: %w", f.Name(), err)
+	}
+	return r, true, nil
+}
+
+// deviceRuleOf is the rule for the device node st describes, if it is one.
+func deviceRuleOf(st *unix.Stat_t, access string) (DeviceRule, bool) {
 	r := DeviceRule{
 		// Rdev is 32 bits wide on some architectures.
 		Major:  int64(unix.Major(uint64(st.Rdev))),
@@ -118,12 +147,9 @@ func DeviceRuleFor(path, access string) (DeviceRule, error) {
 	case unix.S_IFBLK:
 		r.Type = 'b'
 	default:
-		return DeviceRule{}, fmt.Errorf("device %s must be a character or block device node", path)
+		return DeviceRule{}, false
 	}
-	if err := r.validate(); err != nil {
-		return DeviceRule{}, fmt.Errorf("invalid rule for device %s: %w", path, err)
-	}
-	return r, nil
+	return r, true
 }
 
 // setV1Devices denies every device to the v1 devices group dir, then

@@ -406,3 +406,20 @@ func TestHost_DevicesV2(t *testing.T) {
 
 	checkFilter(t, g)
 }
+
+func TestDeviceRuleForFile(t *testing.T) {
+	f, err := os.Open("/dev/null")
+	must.NoError(t, err)
+	defer f.Close()
+	r, ok, err := DeviceRuleForFile(f, "r")
+	must.NoError(t, err)
+	must.True(t, ok)
+	must.Eq(t, "c 1:3 r", r.String())
+
+	plain, err := os.Open(t.TempDir())
+	must.NoError(t, err)
+	defer plain.Close()
+	_, ok, err = DeviceRuleForFile(plain, "rw")
+	must.NoError(t, err)
+	must.False(t, ok)
+}

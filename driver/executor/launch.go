@@ -412,24 +412,17 @@ func forkTask(m mounter.Interface, spec *Spec, attr *syscall.SysProcAttr, root s
 func deviceRules(trees []*os.File, mounts []Mount) ([]cgroups.DeviceRule, error) {
 	var rules []cgroups.DeviceRule
 	for i, t := range trees {
-		var st unix.Stat_t
-		if err := unix.Fstat(int(t.Fd()), &st); err != nil {
-			return nil, fmt.Errorf("mount %q: %w", mounts[i].Target, err)
-		}
-		var typ byte
-		switch st.Mode & unix.S_IFMT {
-		case unix.S_IFBLK:
-			typ = 'b'
-		case unix.S_IFCHR:
-			typ = 'c'
-		default:
-			continue
-		}
 		access := "rw"
 		if mounts[i].ReadOnly {
 			access = "r"
 		}
-		rules = append(rules, cgroups.DeviceRule{Type: typ, Major: int64(unix.Major(st.Rdev)), Minor: int64(unix.Minor(st.Rdev)), Access: access})
+		r, ok, err := cgroups.DeviceRuleForFile(t, access)
+		if err != nil {
+			return nil, fmt.Errorf("mount %q: %w", mounts[i].Target, err)
+		}
+		if ok {
+			rules = append(rules, r)
+		}
 	}
 	return rules, nil
 }
