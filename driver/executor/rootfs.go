@@ -148,24 +148,13 @@ func bindReadOnly(m mounter.Interface, src, root, dst string, isDir bool) error 
 		return err
 	}
 	defer tree.Close()
+	if err := m.LockTree(tree, true, true, true); err != nil {
+		return err
+	}
 	if err := m.AttachTreeAt(tree, target); err != nil {
 		return err
 	}
-	path := filepath.Join(root, dst)
-	if err := m.SetPropagation(path, mounter.PropagationSlave, true); err != nil {
-		return err
-	}
-	return lockDown(path)
-}
-
-// lockDown makes the mount at path and every mount below it read-only,
-// nosuid and nodev.
-func lockDown(path string) error {
-	attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV}
-	if err := unix.MountSetattr(unix.AT_FDCWD, path, unix.AT_RECURSIVE|unix.AT_NO_AUTOMOUNT, &attr); err != nil {
-		return fmt.Errorf("failed to make %q read-only, nosuid and nodev: %w", path, err)
-	}
-	return nil
+	return m.SetPropagation(filepath.Join(root, dst), mounter.PropagationSlave, true)
 }
 
 // buildDev makes /dev: a tmpfs with the host's minimal device nodes bound
@@ -305,10 +294,7 @@ func buildSys(m mounter.Interface, root string) error {
 	if err := m.Mount("sysfs", sys, "sysfs", flags, ""); err == nil {
 		return nil
 	}
-	if err := m.BindMount("/sys", sys, true, true); err != nil {
-		return err
-	}
-	return lockDown(sys)
+	return bindReadOnly(m, "/sys", root, "/sys", true)
 }
 
 // mountTmp gives the task a /tmp of its own when none of its mounts is
