@@ -19,9 +19,10 @@ func procStartTime(pid int) (uint64, error) {
 	return parseStatStartTime(string(b))
 }
 
-// procStartTimeAt is procStartTime read in the /proc open at proc.
-func procStartTimeAt(proc, pid int) (uint64, error) {
-	b, err := readAt(proc, fmt.Sprintf("%d/stat", pid))
+// hostProcStartTime is procStartTime read in the host's /proc, through
+// the supervisor's handle on the host's root (see openHostRoot).
+func hostProcStartTime(pid int) (uint64, error) {
+	b, err := readAt(hostRoot, fmt.Sprintf("proc/%d/stat", pid))
 	if err != nil {
 		return 0, fmt.Errorf("failed to read the start time of pid %d: %w", pid, err)
 	}

@@ -54,14 +54,9 @@ func runSupervisor(args []string) int {
 		ctl      *os.File
 		pre      *prebuilt
 	)
-	// The host's /proc, for what the supervisor reads of its task: the
-	// launching thread's own /proc is the task's by then, in the task's
-	// PID namespace.
-	hostProc, err := unix.Open("/proc", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		logger.Error("failed to open /proc", "error", err)
-		return 2
-	}
+	// The host's root, for what the supervisor reads of its task in the
+	// host's /proc (the launching thread's own /proc is the task's by then,
+	// in the task's PID namespace) and for the host's cgroup file systems.
 	if err := openHostRoot(); err != nil {
 		logger.Error("failed to open the host's root", "error", err)
 		return 2
@@ -151,14 +146,14 @@ func runSupervisor(args []string) int {
 	// The report goes out from the launching thread as soon as the task
 	// runs (see launchTask).
 	started := func(cmd *exec.Cmd, group *cgroups.Group) {
-		pid, err := hostPID(hostProc, cmd.Process.Pid)
+		pid, err := hostPID(cmd.Process.Pid)
 		if err != nil {
 			logger.Error("failed to find the task's host pid", "pid", cmd.Process.Pid, "error", err)
 			killStarted(cmd)
 			sendReport(readyReport{Error: err.Error()})
 			return
 		}
-		start, err := procStartTimeAt(hostProc, pid)
+		start, err := hostProcStartTime(pid)
 		if err != nil {
 			// The task already exited (and is a zombie we have not reaped,
 			// so this is unexpected): report it anyway, Wait will tell.
@@ -305,16 +300,16 @@ func reapUntil(pid int) (unix.WaitStatus, error) {
 }
 
 // hostPID turns the pid of a child, as this process sees it, into its pid
-// on the host, through a pidfd read in the host's /proc (hostProc): in a
+// on the host, through a pidfd read in the host's /proc (through hostRoot): in a
 // PID namespace of its own the supervisor sees its task as 2 or so, while
 // the driver needs the host's number.
-func hostPID(hostProc, pid int) (int, error) {
+func hostPID(pid int) (int, error) {
 	fd, err := unix.PidfdOpen(pid, 0)
 	if err != nil {
 		return 0, fmt.Errorf("failed to open a pidfd for the task (pid %d): %w", pid, err)
 	}
 	defer unix.Close(fd)
-	info, err := readAt(hostProc, fmt.Sprintf("self/fdinfo/%d", fd))
+	info, err := readAt(hostRoot, fmt.Sprintf("proc/self/fdinfo/%d", fd))
 	if err != nil {
 		return 0, fmt.Errorf("failed to read the task's pidfd: %w", err)
 	}
