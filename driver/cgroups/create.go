@@ -3,6 +3,7 @@ package cgroups
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -486,4 +487,46 @@ func (g *Group) applyV2(l Limits) error {
 		}
 	}
 	return nil
+}
+
+// Find returns the group parent/name as Create made it in the host's
+// hierarchy, for a caller that never got its State (a start that was cut
+// short). Only the directories that exist are in it; the error wraps
+// fs.ErrNotExist when none does.
+func Find(parent, name string) (*Group, error) {
+	h, err := hostHierarchy()
+	if err != nil {
+		return nil, err
+	}
+	return h.find(parent, name)
+}
+
+func (h *hierarchy) find(parent, name string) (*Group, error) {
+	if err := validName("parent", parent, true, true); err != nil {
+		return nil, err
+	}
+	if err := validName("name", name, false, false); err != nil {
+		return nil, err
+	}
+	rel := filepath.Join(parent, name)
+	g := &Group{version: h.version, paths: map[string]string{}}
+	if h.version == 2 {
+		if dir := filepath.Join(h.root, rel); exists(filepath.Join(dir, "cgroup.procs")) {
+			g.paths[unifiedKey] = dir
+		}
+	} else {
+		for _, ctrl := range append([]string{"cpuset", "devices"}, v1Controllers...) {
+			m, err := h.v1Mount(ctrl)
+			if err != nil {
+				continue
+			}
+			if dir := filepath.Join(m, rel); exists(filepath.Join(dir, "cgroup.procs")) {
+				g.paths[ctrl] = dir
+			}
+		}
+	}
+	if len(g.paths) == 0 {
+		return nil, fmt.Errorf("failed to find cgroup %s: %w", rel, fs.ErrNotExist)
+	}
+	return g, nil
 }

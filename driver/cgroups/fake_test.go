@@ -1,6 +1,7 @@
 package cgroups
 
 import (
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -1071,5 +1072,34 @@ func TestCreate_V1NomadCpusetReserved(t *testing.T) {
 		must.Eq(t, "1", readFake(t, filepath.Join(nomad, "cpuset.cpus")))
 		gone(t, filepath.Join(h.root, "cpuset", "nomad", "csi"))
 		writeFiles(t, nomad, map[string]string{"cpuset.cpus": ""})
+	}
+}
+
+func TestFind(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		h    func(t *testing.T) *hierarchy
+	}{
+		{"v1", func(t *testing.T) *hierarchy { return fakeV1(t, allV1) }},
+		{"v2", func(t *testing.T) *hierarchy { return fakeV2(t, "cpu memory pids cpuset") }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := tc.h(t)
+			made, err := h.create("p", "t", Limits{MemoryBytes: 1 << 20, CpusetCpus: "0"})
+			must.NoError(t, err)
+			// A group of the same parent with another name is not found.
+			_, err = h.create("p", "other", Limits{})
+			must.NoError(t, err)
+
+			found, err := h.find("p", "t")
+			must.NoError(t, err)
+			must.Eq(t, made.State().Paths, found.State().Paths)
+
+			must.NoError(t, found.Destroy())
+			_, err = h.find("p", "t")
+			must.ErrorIs(t, err, fs.ErrNotExist)
+			_, err = h.find("p", "../t")
+			must.Error(t, err)
+		})
 	}
 }

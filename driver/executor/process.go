@@ -94,12 +94,17 @@ func start(logger hclog.Logger, spec *Spec, late func() ([]Mount, error), sp *sp
 	}
 	logPath := filepath.Join(spec.StateDir, supervisorLogFile)
 	if sp != nil {
-		if err := sp.hand(spec.StateDir); err != nil {
+		err := recordSupervisor(spec.StateDir, sp.cmd.Process.Pid)
+		if err == nil {
+			err = sp.hand(spec.StateDir)
+		}
+		if err != nil {
 			logger.Debug("spare supervisor unusable, starting one", "error", err)
 			sp.stop()
 			sp = nil
 		}
 	}
+	spared := sp != nil
 	if sp != nil {
 		if len(spec.LateMounts) == 0 {
 			_ = sp.ctl.Close()
@@ -117,6 +122,15 @@ func start(logger hclog.Logger, spec *Spec, late func() ([]Mount, error), sp *sp
 			return nil, fmt.Errorf("failed to start task: %w", err)
 		}
 		logger.Debug("supervisor started", "supervisor_pid", sp.cmd.Process.Pid)
+	}
+	// Before the supervisor gets its mounts or starts anything: a driver
+	// that dies from here on leaves a record Discard can end it by. (A
+	// spare's record is written before it is handed the task.)
+	if !spared {
+		if err := recordSupervisor(spec.StateDir, sp.cmd.Process.Pid); err != nil {
+			sp.stop()
+			return nil, fmt.Errorf("failed to start task: %w", err)
+		}
 	}
 	profile := spec.profile()
 	cmd, reportR, ctl, reaped := sp.cmd, sp.reportR, sp.ctl, sp.reaped
@@ -213,9 +227,13 @@ func Recover(logger hclog.Logger, st State) (*Process, error) {
 	if p.supFD < 0 {
 		status, err := readExitStatus(st.StateDir)
 		if err != nil {
+			// Nomad forgets the task on this error and never destroys it:
+			// the cgroup goes now, with whatever was left in it.
 			if group != nil {
 				if kerr := group.Kill(); kerr != nil {
 					logger.Warn("failed to kill the rest of a lost task", "error", kerr)
+				} else if derr := group.Destroy(); derr != nil {
+					logger.Warn("failed to remove the cgroup of a lost task", "error", derr)
 				}
 			}
 			return nil, fmt.Errorf("failed to recover task with supervisor pid %d: %w (%v)", st.SupervisorPID, ErrGone, err)

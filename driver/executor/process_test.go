@@ -228,8 +228,12 @@ func TestRecover_SupervisorKilled_Root(t *testing.T) {
 	// The task went with its cgroup.
 	waitFor(t, "task to die", func() bool { return unix.Kill(p.Pid(), 0) != nil })
 
+	must.True(t, cgroupExists(tt.spec.CgroupParent, tt.spec.TaskID))
 	_, err := Recover(hclog.NewNullLogger(), p.State())
 	must.ErrorIs(t, err, ErrGone)
+	// Nomad forgets a task it cannot recover and never destroys it: its
+	// cgroup must not be left behind.
+	must.False(t, cgroupExists(tt.spec.CgroupParent, tt.spec.TaskID))
 }
 
 func TestStart_Errors_Root(t *testing.T) {

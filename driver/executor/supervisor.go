@@ -25,6 +25,9 @@ const (
 	specFile          = "spec.json"
 	exitFile          = "exit.json"
 	supervisorLogFile = "supervisor.log"
+	// supervisorFile names the supervisor (supervisorRecord) from the
+	// moment it runs, so that a start cut short can still be ended.
+	supervisorFile = "supervisor.json"
 )
 
 // supervisorReportFD is where the supervisor writes its one readyReport

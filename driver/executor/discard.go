@@ -1,0 +1,114 @@
+package executor
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"golang.org/x/sys/unix"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/cgroups"
+)
+
+// supervisorRecord names a supervisor for good: its PID and its start time.
+type supervisorRecord struct {
+	PID   int    `json:"pid"`
+	Start uint64 `json:"start"`
+}
+
+// recordSupervisor writes the supervisor record of a task's state
+// directory. pid is the caller's unreaped child, so its start time names
+// it; a supervisor that already exited is recorded as gone (start 0).
+func recordSupervisor(stateDir string, pid int) error {
+	start, _ := procStartTime(pid)
+	return writeJSON(filepath.Join(stateDir, supervisorFile), supervisorRecord{PID: pid, Start: start}, 0o600, false)
+}
+
+// discardWait bounds how long Discard waits for a killed supervisor.
+var discardWait = 10 * time.Second
+
+// Discard ends what a task start left in stateDir when the driver that made
+// it died before the task was handed over (Nomad then has no handle for it
+// and never recovers or destroys it): the supervisor first, so that it
+// starts nothing more, then every process in the task's cgroup; the cgroup
+// and stateDir are removed. It needs only the files Start writes before the
+// supervisor runs (spec.json, supervisor.json), and is idempotent: a
+// directory that is gone, or one where nothing was started, is removed
+// without error.
+func Discard(logger hclog.Logger, stateDir string) error {
+	var spec Spec
+	err := readJSON(filepath.Join(stateDir, specFile), &spec)
+	if errors.Is(err, fs.ErrNotExist) {
+		// Start writes the spec before it starts anything.
+		return removeStateDir(stateDir)
+	}
+	if err != nil {
+		return fmt.Errorf("failed to discard task in %q: %w", stateDir, err)
+	}
+	logger = logger.Named("executor").With("task_id", spec.TaskID)
+	var rec supervisorRecord
+	if err := readJSON(filepath.Join(stateDir, supervisorFile), &rec); err == nil {
+		if err := killSupervisor(rec); err != nil {
+			return fmt.Errorf("failed to discard task %q: %w", spec.TaskID, err)
+		}
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("failed to discard task %q: %w", spec.TaskID, err)
+	}
+	// With the supervisor gone, nothing adds to the group any more: a task
+	// in the host's PID namespace outlives its supervisor, and goes here.
+	group, err := cgroups.Find(spec.CgroupParent, spec.cgroupName())
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+	case err != nil:
+		return fmt.Errorf("failed to discard task %q: %w", spec.TaskID, err)
+	default:
+		if err := group.Kill(); err != nil {
+			return fmt.Errorf("failed to discard task %q: %w", spec.TaskID, err)
+		}
+		if err := group.Destroy(); err != nil {
+			return fmt.Errorf("failed to discard task %q: %w", spec.TaskID, err)
+		}
+	}
+	logger.Info("discarded a task whose start was cut short", "state_dir", stateDir)
+	return removeStateDir(stateDir)
+}
+
+// killSupervisor kills the supervisor rec names, if it still runs, and
+// waits for it to exit. A supervisor that is init of the task's PID
+// namespace takes the task with it.
+func killSupervisor(rec supervisorRecord) error {
+	fd := openVerifiedPidfd(rec.PID, rec.Start)
+	if fd < 0 {
+		return nil
+	}
+	defer unix.Close(fd)
+	if err := unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0); err != nil && !errors.Is(err, unix.ESRCH) {
+		return fmt.Errorf("failed to kill supervisor pid %d: %w", rec.PID, err)
+	}
+	deadline := time.Now().Add(discardWait)
+	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+	for {
+		left := time.Until(deadline)
+		if left <= 0 {
+			return fmt.Errorf("supervisor pid %d did not exit within %s of SIGKILL", rec.PID, discardWait)
+		}
+		n, err := unix.Poll(fds, int(left.Milliseconds())+1)
+		if err != nil && !errors.Is(err, unix.EINTR) {
+			return fmt.Errorf("failed to wait for supervisor pid %d: %w", rec.PID, err)
+		}
+		if n > 0 {
+			return nil
+		}
+	}
+}
+
+func removeStateDir(dir string) error {
+	if err := os.RemoveAll(dir); err != nil {
+		return fmt.Errorf("failed to remove state dir %q: %w", dir, err)
+	}
+	return nil
+}

@@ -1,0 +1,89 @@
+package executor
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"testing"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/shoenig/test/must"
+	"golang.org/x/sys/unix"
+)
+
+// startOrphan starts tt's spec from a throw-away driver process and kills
+// that driver once the task runs, as a driver dies before StartTask
+// returns: the supervisor and the task live on with nobody to end them.
+func startOrphan(t *testing.T, tt *testTask) State {
+	t.Helper()
+	specPath := filepath.Join(t.TempDir(), "spec.json")
+	must.NoError(t, writeJSONAtomic(specPath, tt.spec, 0o600))
+	driver := exec.Command("/proc/self/exe", "-test.run=^$")
+	driver.Env = append(os.Environ(), envStartHelper+"="+specPath)
+	out, err := driver.StdoutPipe()
+	must.NoError(t, err)
+	must.NoError(t, driver.Start())
+	t.Cleanup(func() { _ = driver.Process.Kill(); _ = driver.Wait() })
+	line, err := bufio.NewReader(out).ReadBytes('\n')
+	must.NoError(t, err)
+	var st State
+	must.NoError(t, json.Unmarshal(line, &st))
+	must.NoError(t, driver.Process.Signal(syscall.SIGKILL))
+	_ = driver.Wait()
+	must.NoError(t, unix.Kill(st.TaskPID, 0))
+	return st
+}
+
+func TestDiscard_StartCutShort_Root(t *testing.T) {
+	requireTaskRoot(t)
+	for _, tc := range []struct {
+		name     string
+		isolated bool
+	}{
+		// The task outlives its supervisor: only the cgroup ends it.
+		{"host pid namespace", false},
+		// The supervisor is the task's init: killing it ends the task.
+		{"private pid namespace", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tt := newTestSpec(t, "sleep", "1000")
+			if tc.isolated {
+				tt = isolatedSpec(t, "exec sleep 1000")
+			}
+			st := startOrphan(t, tt)
+
+			must.NoError(t, Discard(hclog.NewNullLogger(), tt.spec.StateDir))
+			for _, pid := range []int{st.TaskPID, st.SupervisorPID} {
+				// Dead, or a zombie nobody of ours reaps yet.
+				if err := unix.Kill(pid, 0); err == nil {
+					stat := readFile(t, fmt.Sprintf("/proc/%d/stat", pid))
+					must.StrContains(t, stat, ") Z ", must.Sprintf("pid %d still runs", pid))
+				}
+			}
+			must.False(t, cgroupExists(tt.spec.CgroupParent, tt.spec.TaskID))
+			_, err := os.Stat(tt.spec.StateDir)
+			must.True(t, os.IsNotExist(err))
+
+			// Again: nothing left to do is not an error.
+			must.NoError(t, Discard(hclog.NewNullLogger(), tt.spec.StateDir))
+		})
+	}
+}
+
+func TestDiscard_NothingStarted(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "state")
+	must.NoError(t, os.Mkdir(dir, 0o700))
+	must.NoError(t, os.WriteFile(filepath.Join(dir, "other"), nil, 0o600))
+	must.NoError(t, Discard(hclog.NewNullLogger(), dir))
+	_, err := os.Stat(dir)
+	must.True(t, os.IsNotExist(err))
+
+	// A spec that cannot be read is an error, not a guess.
+	must.NoError(t, os.Mkdir(dir, 0o700))
+	must.NoError(t, os.WriteFile(filepath.Join(dir, specFile), []byte("{"), 0o600))
+	must.Error(t, Discard(hclog.NewNullLogger(), dir))
+}
