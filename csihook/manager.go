@@ -361,8 +361,22 @@ func (m *Manager) client(socket string) (Client, error) {
 	if err != nil {
 		return nil, err
 	}
+	m.pruneClientsLocked()
 	m.clients[socket] = c
 	return c, nil
+}
+
+// pruneClientsLocked closes the cached clients whose socket is gone: a
+// plugin task that ended removed it, and a new one dials its own. Run on
+// each new dial, so the cache holds no more than the sockets that exist
+// plus those dialled since.
+func (m *Manager) pruneClientsLocked() {
+	for socket, c := range m.clients {
+		if _, err := os.Lstat(socket); errors.Is(err, fs.ErrNotExist) {
+			_ = c.Close()
+			delete(m.clients, socket)
+		}
+	}
 }
 
 type pluginError struct{ msg string }

@@ -15,7 +15,11 @@ import (
 // succeeds, starting after a backoff since cause just failed.
 func (m *Manager) scheduleTeardown(taskID string, cause error) {
 	m.background("task:"+taskID, taskID, cause, func(ctx context.Context) error {
-		return m.teardownTask(ctx, taskID)
+		err := m.teardownTask(ctx, taskID)
+		if err == nil && m.cfg.Released != nil {
+			m.cfg.Released(taskID)
+		}
+		return err
 	})
 }
 

@@ -148,6 +148,9 @@ type Config struct {
 	Mounter mounter.Interface
 	Logger  hclog.Logger
 	Events  EventFunc
+	// Released, when set, is called once a teardown that Teardown left to
+	// the background has finished: no event goes to the task after that.
+	Released func(taskID string)
 	// NodeName names this node in messages; default the hostname.
 	NodeName string
 	// AllowCrossNamespace lets a task use a volume that belongs to
