@@ -69,6 +69,9 @@ type Driver struct {
 	// production and fakes in unit tests.
 	start   func(hclog.Logger, *executor.Spec, func() ([]executor.Mount, error)) (taskProcess, error)
 	recover func(hclog.Logger, executor.State) (taskProcess, error)
+	// discard ends what a start cut short left in a state directory
+	// (executor.Discard; tests record it).
+	discard func(hclog.Logger, string) error
 	// host answers the fingerprint's questions about this machine.
 	host hostProbe
 	// mounter makes the host side of bidirectional mounts; shared tracks
@@ -81,6 +84,9 @@ type Driver struct {
 	prober  *fingerprint.Prober
 	plugins *pluginTasks
 
+	// invocations says which task state directories are alive (see
+	// invocations.go).
+	invocations *invocations
 	// vols is the volume lifecycle; eventTargets maps a task ID to its
 	// config so the lifecycle's events reach the right task.
 	vols         volumeManager
@@ -105,9 +111,12 @@ func NewPlugin(logger hclog.Logger) *Driver {
 		cancel:  cancel,
 		spares:  &executor.Spares{},
 		recover: recoverExecutor,
+		discard: executor.Discard,
 		host:    realHost{},
 		mounter: mounter.NewWithLogger(logger),
 		plugins: newPluginTasks(),
+
+		invocations: newInvocations(),
 	}
 	d.start = d.startExecutor
 	return d
@@ -196,9 +205,18 @@ func (d *Driver) SetConfig(c *base.Config) error {
 	prober.SetSocketDirs(cfg.PluginSocketDirs)
 	if cfg.Enabled {
 		d.checkRootPropagation(&cfg)
-		// Settle volumes left by an earlier driver process: its tasks that
-		// are gone lose their volumes, interrupted steps are finished.
-		d.recoverOnce.Do(func() { d.goBackground(d.recoverVolumes) })
+		// Settle what an earlier driver process left: starts it never
+		// finished are ended, tasks that are gone lose their volumes,
+		// interrupted steps are finished. The scan comes first, before
+		// Nomad can start or recover a task.
+		conf := &cfg
+		d.recoverOnce.Do(func() {
+			orphans := d.invocations.scanTaskDirs(d.logger, conf.tasksDir())
+			d.goBackground(func() {
+				d.discardOrphans(conf, orphans)
+				d.recoverVolumes()
+			})
+		})
 	}
 	d.logger.Debug("configured", "root_dir", cfg.RootDir, "allow_privileged", cfg.AllowPrivileged,
 		"privileged_plugins_only", cfg.PrivilegedPluginsOnly, "allow_cross_namespace_volumes", cfg.AllowCrossNamespaceVolumes,
@@ -319,6 +337,20 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 
 	logger := d.logger.With("alloc_id", cfg.AllocID, "task_name", cfg.Name, "task_id", cfg.ID)
 
+	// One StartTask per task ID at a time, and none while a clean-up of an
+	// earlier start with this ID runs.
+	release, err := d.invocations.claim(d.ctx, cfg.ID)
+	if err != nil {
+		return nil, nil, errors.New("the csi driver is shutting down")
+	}
+	defer release()
+	if _, ok := d.tasks.Get(cfg.ID); ok {
+		return nil, nil, fmt.Errorf("task with ID %q is already started", cfg.ID)
+	}
+	if err := d.endEarlierInvocations(logger, conf, cfg, len(tc.Volumes) > 0); err != nil {
+		return nil, nil, err
+	}
+
 	spec, err := d.buildSpec(conf, cfg, &tc)
 	if err != nil {
 		return nil, nil, err
@@ -345,9 +377,9 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 	// same way, unless one is bidirectional: then a spare supervisor's
 	// namespace, prepared before they existed, can serve the task.
 	var (
-		late                 func() ([]executor.Mount, error)
-		volumesUp, volumeErr bool
-		nomadMounts          []executor.Mount
+		late        func() ([]executor.Mount, error)
+		volumesUp   bool
+		nomadMounts []executor.Mount
 	)
 	if len(bidirectionalSources(spec.Mounts)) == 0 {
 		nomadMounts, spec.Mounts = spec.Mounts, nil
@@ -372,32 +404,32 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 		late = sync.OnceValues(func() ([]executor.Mount, error) {
 			r := <-ready
 			if r.err != nil {
-				volumeErr = true
 				return nil, r.err
 			}
 			volumesUp = true
 			return inOrderOf(spec.LateMounts, append(nomadMounts, r.mounts...))
 		})
 	}
+	// undoVolumes tears down what the task got; the task's event target
+	// goes with it, or once the lifecycle's background retry is done (see
+	// volumesReleased).
 	undoVolumes := func() {
-		if !volumesUp {
-			return
+		if volumesUp {
+			if err := d.teardownVolumes(cfg.ID); err != nil {
+				logger.Warn("failed to tear down volumes of a task that did not start; retrying in the background", "error", err)
+				return
+			}
 		}
-		if err := d.teardownVolumes(cfg.ID); err != nil {
-			logger.Warn("failed to tear down volumes of a task that did not start; retrying in the background", "error", err)
-		}
+		d.eventTargets.Delete(cfg.ID)
 	}
 
-	started, p, shared, err := d.startProcess(logger, spec, late)
+	started, p, shared, err := d.startProcess(logger, cfg, spec, late)
 	if err != nil {
 		if late != nil {
 			// The process may have failed before it asked for them.
 			_, _ = late()
 		}
 		undoVolumes()
-		if volumeErr {
-			d.eventTargets.Delete(cfg.ID)
-		}
 		if pc != nil {
 			d.plugins.drop(cfg.ID, pc.ID)
 		}
@@ -413,6 +445,10 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 		state.Namespace, state.JobID = job.namespace, job.id
 	}
 	err = handle.SetDriverState(state)
+	if err == nil {
+		// From here on, a driver that dies leaves the task to Nomad.
+		err = markHanded(spec.StateDir)
+	}
 	if err == nil && pc != nil {
 		err = d.startPluginProbe(conf, cfg, pc, reclaim)
 	}
@@ -440,14 +476,15 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 // startProcess prepares the host side of the task's mounts and starts its
 // process, with late for its late mounts; on error nothing is left behind
 // (but what late set up, which is the caller's).
-func (d *Driver) startProcess(logger hclog.Logger, spec *executor.Spec, late func() ([]executor.Mount, error)) (time.Time, taskProcess, []string, error) {
+func (d *Driver) startProcess(logger hclog.Logger, cfg *drivers.TaskConfig, spec *executor.Spec, late func() ([]executor.Mount, error)) (time.Time, taskProcess, []string, error) {
 	shared := bidirectionalSources(spec.Mounts)
 	if err := d.sharedSources().acquire(shared); err != nil {
 		return time.Time{}, nil, nil, fmt.Errorf("failed to prepare mounts: %w", err)
 	}
-	if err := os.MkdirAll(spec.StateDir, 0o700); err != nil {
+	if err := writeInvocation(spec.StateDir, cfg); err != nil {
+		_ = os.RemoveAll(spec.StateDir)
 		d.sharedSources().release(shared)
-		return time.Time{}, nil, nil, fmt.Errorf("failed to create task state directory %q: %w", spec.StateDir, err)
+		return time.Time{}, nil, nil, err
 	}
 	started := time.Now()
 	p, err := d.start(logger, spec, late)
@@ -778,6 +815,8 @@ func (d *Driver) RecoverTask(handle *drivers.TaskHandle) error {
 		job = jobRef{namespace: st.Namespace, id: st.JobID}
 	}
 	p, err := d.recover(logger, st.Process)
+	// Nomad has decided on the task either way: it is no longer waited for.
+	defer d.invocations.settled(handle.Config.ID)
 	if err != nil {
 		// Nomad starts the task afresh; what this one held goes now. Its
 		// plugin id stays its job's for the restart.

@@ -127,7 +127,7 @@ type testDriver struct {
 	procs   []*fakeProcess
 }
 
-func newTestDriver(t *testing.T, cfg Config) *testDriver {
+func newTestDriver(t *testing.T, cfg Config, before ...func(*Driver)) *testDriver {
 	t.Helper()
 	d := NewPlugin(hclog.NewNullLogger())
 	td := &testDriver{Driver: d}
@@ -167,6 +167,9 @@ func newTestDriver(t *testing.T, cfg Config) *testDriver {
 		cfg.CgroupParent = DefaultCgroupParent
 	}
 	d.mounter = mounter.NewFake(mounter.MountPoint{Path: "/", Shared: true, PeerGroup: 1})
+	for _, f := range before {
+		f(d)
+	}
 	must.NoError(t, setConfig(d, cfg))
 	return td
 }

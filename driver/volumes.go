@@ -175,6 +175,7 @@ func (d *Driver) volumes() (*csihook.Manager, error) {
 		Mounter:    d.mounter,
 		Logger:     d.logger,
 		Events:     d.volumeEvent,
+		Released:   d.volumesReleased,
 		// Read once: Nomad configures a plugin once per process.
 		AllowCrossNamespace: conf.AllowCrossNamespaceVolumes,
 	})
@@ -187,22 +188,20 @@ func (d *Driver) volumes() (*csihook.Manager, error) {
 
 // recoverVolumes settles the journal after the driver started: volumes of
 // tasks that are gone are torn down, interrupted steps of live ones
-// finished. A task is live while this driver knows it or its state
-// directory exists (Nomad has not destroyed it yet and may still recover
-// it).
+// finished. A task is live while this driver knows it, a start works on
+// it, or Nomad holds its handle and has not said yet what became of it
+// (see invocations).
 func (d *Driver) recoverVolumes() {
 	m, err := d.volumes()
 	if err != nil {
 		d.logger.Warn("cannot recover volumes yet", "error", err)
 		return
 	}
-	conf := d.currentConfig()
 	live := func(taskID string) bool {
 		if _, ok := d.tasks.Get(taskID); ok {
 			return true
 		}
-		_, err := os.Stat(conf.taskStateDir(taskID))
-		return err == nil
+		return d.invocations.alive(taskID)
 	}
 	if err := m.Recover(live); err != nil {
 		d.logger.Warn("failed to recover volumes", "error", err)
@@ -266,6 +265,14 @@ func (d *Driver) volumeEvent(taskID, msg string, annotations map[string]string) 
 		return
 	}
 	d.emitEvent(cfg.(*drivers.TaskConfig), msg, annotations)
+}
+
+// volumesReleased lets go of the event target of a task whose teardown
+// the lifecycle finished in the background: nothing more is said to it.
+func (d *Driver) volumesReleased(taskID string) {
+	if _, ok := d.tasks.Get(taskID); !ok {
+		d.eventTargets.Delete(taskID)
+	}
 }
 
 // setupVolumes stages and publishes a task's volumes and returns the bind
@@ -389,6 +396,7 @@ func (d *Driver) releaseVolumes(h *taskHandle) {
 // volumes (torn down in the background when the plugin is not there yet)
 // and its state directory.
 func (d *Driver) forgetLostTask(logger hclog.Logger, cfg *drivers.TaskConfig, volumes bool) {
+	d.invocations.settled(cfg.ID)
 	conf := d.currentConfig()
 	if conf == nil {
 		return
@@ -400,4 +408,46 @@ func (d *Driver) forgetLostTask(logger hclog.Logger, cfg *drivers.TaskConfig, vo
 		}
 	}
 	_ = os.RemoveAll(conf.taskStateDir(cfg.ID))
+}
+
+// endEarlierInvocations ends what earlier starts of cfg's task left that
+// Nomad will never recover: a start with this very task ID (Nomad retries a
+// start with the same ID when the driver died during it, and that start's
+// supervisor may run), and earlier invocations of the same task of the
+// same allocation handed to an earlier driver process (Nomad starts a task
+// anew only once it is done with the last one). Their processes are
+// killed before this start runs anything, so two instances never share a
+// volume; their volumes are torn down first too, or, when that cannot be
+// done now, a task with volumes of its own is refused with the reason.
+func (d *Driver) endEarlierInvocations(logger hclog.Logger, conf *Config, cfg *drivers.TaskConfig, hasVolumes bool) error {
+	ids := d.invocations.superseded(cfg)
+	if exists(conf.taskStateDir(cfg.ID)) {
+		d.invocations.settled(cfg.ID)
+		ids = append(ids, cfg.ID)
+	}
+	for _, id := range ids {
+		if id != cfg.ID {
+			release, err := d.invocations.claim(d.ctx, id)
+			if err != nil {
+				return errors.New("the csi driver is shutting down")
+			}
+			defer release()
+			if _, ok := d.tasks.Get(id); ok {
+				continue
+			}
+		}
+		logger.Info("ending an earlier start of the task that Nomad has no handle for", "earlier_task_id", id)
+		err := d.discardInvocation(conf, id)
+		if err == nil {
+			continue
+		}
+		if exists(conf.taskStateDir(id)) {
+			return fmt.Errorf("failed to end an earlier start of this task (task ID %q), so it is not started twice: %w", id, err)
+		}
+		if hasVolumes {
+			return fmt.Errorf("an earlier start of this task (task ID %q) still holds volumes: %w", id, err)
+		}
+		logger.Warn("volumes of an earlier start of the task not torn down yet", "earlier_task_id", id, "error", err)
+	}
+	return nil
 }

@@ -1,0 +1,271 @@
+package driver
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/nomad/plugins/drivers"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor"
+)
+
+// Files the driver keeps in a task's state directory, beside the
+// executor's own.
+const (
+	// invocationFile names the Nomad task a state directory is for. It is
+	// written before anything is started for the task.
+	invocationFile = "invocation.json"
+	// handedFile is written once StartTask hands the task's handle to
+	// Nomad. Without it, Nomad has no handle for the task and will never
+	// recover or destroy it.
+	handedFile = "handed"
+)
+
+// invocation is the content of invocationFile. Nomad gives each start of a
+// task (an invocation) its own task ID, made of the allocation ID, the task
+// name and a random suffix.
+type invocation struct {
+	TaskID   string `json:"task_id"`
+	AllocID  string `json:"alloc_id"`
+	TaskName string `json:"task_name"`
+}
+
+func (iv invocation) slot() string { return iv.AllocID + "\x00" + iv.TaskName }
+
+// invocations decides which task state directories are alive, by what
+// Nomad and the supervisors tell:
+//
+//   - a task this driver process started or recovered is alive;
+//   - a task ID a StartTask or a clean-up is working on is alive;
+//   - a task an earlier driver process handed to Nomad is alive until Nomad
+//     recovers it (it is then known), fails to (RecoverTask forgets it), or
+//     starts the same task of the same allocation anew (Nomad runs one
+//     invocation of a task at a time, so the earlier one is dead to it);
+//   - a task whose start an earlier driver process never finished is dead:
+//     Nomad got no handle for it. Its supervisor is killed and its volumes
+//     are torn down.
+type invocations struct {
+	mu sync.Mutex
+	// busy holds the task IDs a StartTask or a clean-up works on; the
+	// channel is closed when it is done.
+	busy map[string]chan struct{}
+	// waiting holds the tasks an earlier driver process handed to Nomad
+	// that Nomad has not taken back yet, by task ID.
+	waiting map[string]invocation
+	// cutShort holds the starts an earlier driver process never finished
+	// and that are not ended yet, by task ID.
+	cutShort map[string]invocation
+}
+
+func newInvocations() *invocations {
+	return &invocations{busy: map[string]chan struct{}{}, waiting: map[string]invocation{}, cutShort: map[string]invocation{}}
+}
+
+// claim waits until no one else works on id, then holds it until release.
+func (iv *invocations) claim(ctx context.Context, id string) (release func(), err error) {
+	for {
+		iv.mu.Lock()
+		ch, ok := iv.busy[id]
+		if !ok {
+			done := make(chan struct{})
+			iv.busy[id] = done
+			iv.mu.Unlock()
+			return func() {
+				iv.mu.Lock()
+				delete(iv.busy, id)
+				iv.mu.Unlock()
+				close(done)
+			}, nil
+		}
+		iv.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// tryClaim is claim without the wait.
+func (iv *invocations) tryClaim(id string) (release func(), ok bool) {
+	iv.mu.Lock()
+	defer iv.mu.Unlock()
+	if _, ok := iv.busy[id]; ok {
+		return nil, false
+	}
+	done := make(chan struct{})
+	iv.busy[id] = done
+	return func() {
+		iv.mu.Lock()
+		delete(iv.busy, id)
+		iv.mu.Unlock()
+		close(done)
+	}, true
+}
+
+// alive reports whether id is worked on or waits for Nomad.
+func (iv *invocations) alive(id string) bool {
+	iv.mu.Lock()
+	defer iv.mu.Unlock()
+	_, busy := iv.busy[id]
+	_, waiting := iv.waiting[id]
+	return busy || waiting
+}
+
+// settled says Nomad took the task back, or gave it up.
+func (iv *invocations) settled(id string) {
+	iv.mu.Lock()
+	defer iv.mu.Unlock()
+	delete(iv.waiting, id)
+}
+
+// superseded returns the task IDs, other than cfg's, of earlier invocations
+// of cfg's task that wait for Nomad or are not ended yet, and stops
+// waiting for them: a new invocation means Nomad is done with them.
+func (iv *invocations) superseded(cfg *drivers.TaskConfig) []string {
+	slot := invocation{AllocID: cfg.AllocID, TaskName: cfg.Name}.slot()
+	iv.mu.Lock()
+	defer iv.mu.Unlock()
+	var out []string
+	for _, set := range []map[string]invocation{iv.waiting, iv.cutShort} {
+		for id, inv := range set {
+			if id != cfg.ID && inv.AllocID != "" && inv.slot() == slot {
+				out = append(out, id)
+				delete(iv.waiting, id)
+			}
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// ended says a start cut short is ended.
+func (iv *invocations) ended(id string) {
+	iv.mu.Lock()
+	defer iv.mu.Unlock()
+	delete(iv.cutShort, id)
+}
+
+// scanTaskDirs reads the state directories an earlier driver process left:
+// handed-over tasks wait for Nomad; the task IDs of starts that never
+// finished are returned as orphans. A directory from a driver version that
+// wrote no invocation file, but started a supervisor, is taken as handed
+// over, as that version did.
+func (iv *invocations) scanTaskDirs(logger hclog.Logger, tasksDir string) (orphans []string) {
+	entries, err := os.ReadDir(tasksDir)
+	if err != nil {
+		if !errors.Is(err, fs.ErrNotExist) {
+			logger.Warn("failed to read the task state directories", "path", tasksDir, "error", err)
+		}
+		return nil
+	}
+	iv.mu.Lock()
+	defer iv.mu.Unlock()
+	for _, e := range entries {
+		if !e.IsDir() {
+			continue
+		}
+		dir := filepath.Join(tasksDir, e.Name())
+		var inv invocation
+		b, err := os.ReadFile(filepath.Join(dir, invocationFile))
+		if err == nil {
+			err = json.Unmarshal(b, &inv)
+		}
+		switch {
+		case err == nil && inv.TaskID != "" && filepath.Base(dir) == shortID(inv.TaskID):
+			if exists(filepath.Join(dir, handedFile)) {
+				iv.waiting[inv.TaskID] = inv
+			} else {
+				iv.cutShort[inv.TaskID] = inv
+				orphans = append(orphans, inv.TaskID)
+			}
+		case errors.Is(err, fs.ErrNotExist) && exists(filepath.Join(dir, "spec.json")):
+			// Written by a driver before invocation files: its task ID is
+			// in the spec. Nomad decides, as it did then.
+			var spec executor.Spec
+			if b, err := os.ReadFile(filepath.Join(dir, "spec.json")); err == nil && json.Unmarshal(b, &spec) == nil && spec.TaskID != "" {
+				iv.waiting[spec.TaskID] = invocation{TaskID: spec.TaskID}
+				continue
+			}
+			logger.Warn("task state directory names no task; leaving it alone", "path", dir)
+		default:
+			// Nothing was started from it (the invocation file comes
+			// first), or it is not ours to judge.
+			logger.Warn("task state directory names no task; leaving it alone", "path", dir, "error", err)
+		}
+	}
+	return orphans
+}
+
+func exists(path string) bool {
+	_, err := os.Lstat(path)
+	return err == nil
+}
+
+// writeInvocation makes the task's state directory and names the task in
+// it, before anything is started.
+func writeInvocation(dir string, cfg *drivers.TaskConfig) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("failed to create task state directory %q: %w", dir, err)
+	}
+	b, err := json.Marshal(invocation{TaskID: cfg.ID, AllocID: cfg.AllocID, TaskName: cfg.Name})
+	if err != nil {
+		return err
+	}
+	if err := writeFileAtomic(filepath.Join(dir, invocationFile), b, 0o600); err != nil {
+		return fmt.Errorf("failed to write the task's invocation file: %w", err)
+	}
+	return nil
+}
+
+// markHanded records that Nomad gets the task's handle.
+func markHanded(dir string) error {
+	if err := writeFileAtomic(filepath.Join(dir, handedFile), nil, 0o600); err != nil {
+		return fmt.Errorf("failed to record the task's start: %w", err)
+	}
+	return nil
+}
+
+// discardInvocation ends a task Nomad will never recover or destroy: its
+// supervisor and processes are killed, its state directory removed and its
+// volumes torn down (retried in the background when the plugin cannot
+// answer now; the error says so). The caller holds the task ID.
+func (d *Driver) discardInvocation(conf *Config, taskID string) error {
+	logger := d.logger.With("task_id", taskID)
+	if err := d.discard(d.logger, conf.taskStateDir(taskID)); err != nil {
+		return err
+	}
+	if err := d.teardownVolumes(taskID); err != nil {
+		return err
+	}
+	logger.Info("ended a task Nomad has no handle for")
+	return nil
+}
+
+// discardOrphans ends the starts an earlier driver process never finished,
+// but those a StartTask of this process works on (Nomad retries a start
+// with the same task ID when the driver died during it): that StartTask
+// ends them itself.
+func (d *Driver) discardOrphans(conf *Config, orphans []string) {
+	for _, id := range orphans {
+		release, ok := d.invocations.tryClaim(id)
+		if !ok {
+			continue
+		}
+		if _, known := d.tasks.Get(id); !known {
+			if err := d.discardInvocation(conf, id); err != nil {
+				d.logger.Warn("failed to end a task whose start was cut short", "task_id", id, "error", err)
+			}
+		}
+		d.invocations.ended(id)
+		release()
+	}
+}

@@ -1,0 +1,284 @@
+package driver
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/nomad/plugins/drivers"
+	"github.com/shoenig/test/must"
+	"github.com/shoenig/test/wait"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/csihook"
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor"
+	"github.com/nomad-driver-csi/nomad-driver-csi/fingerprint"
+	"github.com/nomad-driver-csi/nomad-driver-csi/mounter"
+)
+
+// invocationCase is a node with a plugin task and a workload holding a
+// single-node-writer volume, whose driver process then goes away without
+// tearing anything down, as a driver killed by the kernel does.
+type invocationCase struct {
+	root string
+	// mnt is the host's mount table, which outlives the driver.
+	mnt          *mounter.Fake
+	plugin, work *drivers.TaskConfig
+	pluginHandle *drivers.TaskHandle
+	workHandle   *drivers.TaskHandle
+}
+
+func volumeWorkload(t *testing.T, alloc, id string) *drivers.TaskConfig {
+	cfg := jobTask(t, TaskConfig{Command: "/bin/sleep", Volumes: map[string]VolumeConfig{"data": {
+		PluginID: "hp", VolumeID: "v1", Destination: "/data", AccessMode: "single-node-writer", AttachmentMode: "file-system",
+	}}}, alloc, "default", "web")
+	cfg.ID = alloc + "/t/" + id
+	return cfg
+}
+
+func startVolumeNode(t *testing.T) *invocationCase {
+	t.Helper()
+	c := &invocationCase{root: shortTempDir(t)}
+	d := newTestDriver(t, Config{Enabled: true, AllowPrivileged: true, RootDir: c.root})
+	c.mnt = d.mounter.(*mounter.Fake)
+	fp := withFakePlugins(t, d)
+	c.plugin = jobTask(t, TaskConfig{Command: "/bin/plugin", Privileged: true, CSIPlugin: &PluginTaskConfig{ID: "hp", Type: "monolith", MountDir: "/csi"}}, "alloc-p", "default", "plugin")
+	var err error
+	c.pluginHandle, _, err = d.StartTask(c.plugin)
+	must.NoError(t, err)
+	waitHealthy(t, d, "hp")
+	c.work = volumeWorkload(t, "alloc-w", "first")
+	c.workHandle, _, err = d.StartTask(c.work)
+	must.NoError(t, err)
+	must.Eq(t, 1, fp.vols.Count(csihook.MethodNodePublishVolume))
+	// The driver process goes; its tasks and the journal stay.
+	d.Shutdown()
+	return c
+}
+
+// restart starts a new driver process on the node's root_dir, its plugins
+// answering from fakes, and takes the plugin task back as Nomad does.
+func (c *invocationCase) restart(t *testing.T, before ...func(*Driver)) (*testDriver, *fakePlugins) {
+	t.Helper()
+	var fp *fakePlugins
+	d := newTestDriver(t, Config{Enabled: true, AllowPrivileged: true, RootDir: c.root}, append(before, func(d *Driver) {
+		d.mounter = c.mnt
+		fp = &fakePlugins{fakes: map[string]*fingerprint.Fake{}, vols: csihook.NewFakeClient(c.mnt)}
+		d.dialVolume = fp.vols.Dial
+		d.prober = fingerprint.NewProber(fingerprint.Config{
+			Interval: time.Hour, ScanInterval: time.Hour, Dial: fp.dial,
+			StatSocket: func(string) error { return nil }, OnHealthChange: d.onPluginHealth,
+		})
+	})...)
+	must.NoError(t, d.RecoverTask(persisted(t, c.pluginHandle)))
+	waitHealthy(t, d, "hp")
+	return d, fp
+}
+
+func (c *invocationCase) forgetHanded(t *testing.T) {
+	t.Helper()
+	conf := Config{RootDir: c.root}
+	must.NoError(t, os.Remove(filepath.Join(conf.taskStateDir(c.work.ID), handedFile)))
+}
+
+func journalTasks(t *testing.T, d *testDriver) int {
+	t.Helper()
+	m, err := d.volumes()
+	must.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	must.NoError(t, m.WaitIdle(ctx))
+	return m.Users("hp", "v1")
+}
+
+// Nomad starts a task anew, under a new task ID, when the agent restarted
+// and it held no handle for the last start. That start's volume must not
+// stay held: a single-node-writer volume would refuse the new start for
+// good.
+func TestInvocations_newStartOfTheSameTaskEndsTheOneNomadForgot(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// handed: the earlier start returned its handle, but Nomad lost it
+		// (an agent killed before it stored the handle).
+		handed bool
+	}{
+		{"start cut short", false},
+		{"handle lost by the agent", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := startVolumeNode(t)
+			if !tc.handed {
+				c.forgetHanded(t)
+			}
+			d, fp := c.restart(t)
+			again := volumeWorkload(t, "alloc-w", "second")
+			_, _, err := d.StartTask(again)
+			must.NoError(t, err)
+			must.Eq(t, 1, fp.vols.Count(csihook.MethodNodeUnpublishVolume))
+			must.Eq(t, 1, fp.vols.Count(csihook.MethodNodePublishVolume))
+			_, err = os.Stat(d.currentConfig().taskStateDir(c.work.ID))
+			must.True(t, os.IsNotExist(err), must.Sprint("the earlier start's state directory is left"))
+			must.Eq(t, 1, journalTasks(t, d))
+
+			must.NoError(t, d.DestroyTask(again.ID, true))
+			must.Eq(t, 0, journalTasks(t, d))
+		})
+	}
+}
+
+// A start Nomad never got a handle for is ended by the next driver process
+// even when Nomad never starts that task again (its allocation was
+// stopped meanwhile).
+func TestInvocations_startCutShortIsEndedAtDriverStart(t *testing.T) {
+	c := startVolumeNode(t)
+	c.forgetHanded(t)
+	d, fp := c.restart(t)
+	must.Wait(t, wait.InitialSuccess(
+		wait.BoolFunc(func() bool { return fp.vols.Count(csihook.MethodNodeUnpublishVolume) == 1 }),
+		wait.Timeout(20*time.Second), wait.Gap(10*time.Millisecond)))
+	must.Eq(t, 0, journalTasks(t, d))
+	_, err := os.Stat(d.currentConfig().taskStateDir(c.work.ID))
+	must.True(t, os.IsNotExist(err))
+}
+
+// Nomad retries a start with the same task ID when the driver died during
+// it: the earlier attempt's process and volume go first, then the task
+// starts once. The driver may have died before or after it recorded the
+// hand-over; only in the first case can its start-up sweep get there first.
+func TestInvocations_sameIDRetryStartsOnce(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		handed bool
+	}{
+		{"before the hand-over", false},
+		{"after the hand-over", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := startVolumeNode(t)
+			if !tc.handed {
+				c.forgetHanded(t)
+			}
+			var (
+				mu        sync.Mutex
+				discarded []string
+				started   bool
+			)
+			d, fp := c.restart(t, func(d *Driver) {
+				d.discard = func(l hclog.Logger, stateDir string) error {
+					mu.Lock()
+					defer mu.Unlock()
+					// The earlier attempt is ended before this one starts
+					// anything.
+					must.False(t, started)
+					discarded = append(discarded, stateDir)
+					return executor.Discard(l, stateDir)
+				}
+			})
+			dir := d.currentConfig().taskStateDir(c.work.ID)
+			start := d.start
+			d.start = func(l hclog.Logger, s *executor.Spec, late func() ([]executor.Mount, error)) (taskProcess, error) {
+				mu.Lock()
+				started = true
+				mu.Unlock()
+				return start(l, s, late)
+			}
+			_, _, err := d.StartTask(c.work)
+			must.NoError(t, err)
+			mu.Lock()
+			must.Eq(t, []string{dir}, discarded)
+			mu.Unlock()
+			must.Eq(t, 1, journalTasks(t, d))
+			must.Eq(t, 1, fp.vols.Count(csihook.MethodNodeUnpublishVolume))
+			must.Eq(t, 1, fp.vols.Count(csihook.MethodNodePublishVolume))
+			must.True(t, exists(filepath.Join(dir, handedFile)))
+			must.NoError(t, d.DestroyTask(c.work.ID, true))
+			must.Eq(t, 0, journalTasks(t, d))
+		})
+	}
+}
+
+// A task handed to Nomad keeps its volume across a driver restart until
+// Nomad says what became of it: recovered, it keeps it.
+func TestInvocations_handedTaskKeepsItsVolume(t *testing.T) {
+	c := startVolumeNode(t)
+	d, fp := c.restart(t)
+	must.Eq(t, 1, journalTasks(t, d))
+	must.NoError(t, d.RecoverTask(persisted(t, c.workHandle)))
+	must.Eq(t, 1, journalTasks(t, d))
+	must.Eq(t, 0, fp.vols.Count(csihook.MethodNodeUnpublishVolume))
+	must.False(t, d.invocations.alive(c.work.ID), must.Sprint("a recovered task is still waited for"))
+}
+
+func TestInvocations_scanTaskDirs(t *testing.T) {
+	d := newTestDriver(t, Config{Enabled: true})
+	conf := d.currentConfig()
+	mk := func(id string, files ...string) string {
+		dir := conf.taskStateDir(id)
+		must.NoError(t, os.MkdirAll(dir, 0o700))
+		for _, f := range files {
+			var b []byte
+			switch f {
+			case invocationFile:
+				b = []byte(`{"task_id":"` + id + `","alloc_id":"a","task_name":"t"}`)
+			case "spec.json":
+				b = []byte(`{"task_id":"` + id + `"}`)
+			}
+			must.NoError(t, os.WriteFile(filepath.Join(dir, f), b, 0o600))
+		}
+		return dir
+	}
+	mk("a/t/handed", invocationFile, "spec.json", handedFile)
+	mk("a/t/cut", invocationFile, "spec.json")
+	mk("a/t/legacy", "spec.json")
+	mk("a/t/empty")
+	// An invocation file in another task's directory is not believed.
+	must.NoError(t, os.WriteFile(filepath.Join(mk("a/t/moved"), invocationFile), []byte(`{"task_id":"a/t/other"}`), 0o600))
+
+	iv := newInvocations()
+	orphans := iv.scanTaskDirs(d.logger, conf.tasksDir())
+	must.Eq(t, []string{"a/t/cut"}, orphans)
+	must.True(t, iv.alive("a/t/handed"))
+	must.True(t, iv.alive("a/t/legacy"))
+	must.False(t, iv.alive("a/t/cut"))
+	must.False(t, iv.alive("a/t/other"))
+	// A new start of the task supersedes the handed one and the one cut
+	// short, never the legacy one, whose allocation is unknown.
+	must.Eq(t, []string{"a/t/cut", "a/t/handed"}, iv.superseded(&drivers.TaskConfig{ID: "a/t/new", AllocID: "a", Name: "t"}))
+	must.False(t, iv.alive("a/t/handed"))
+	must.True(t, iv.alive("a/t/legacy"))
+}
+
+// A start that fails lets go of everything it took, the task's event
+// target among them, once its volumes are torn down.
+func TestStartTask_failureKeepsNoEventTarget(t *testing.T) {
+	d := newTestDriver(t, Config{Enabled: true, AllowPrivileged: true})
+	fp := withFakePlugins(t, d)
+	_, _, err := d.StartTask(jobTask(t, TaskConfig{Command: "/bin/plugin", Privileged: true,
+		CSIPlugin: &PluginTaskConfig{ID: "hp", Type: "monolith", MountDir: "/csi"}}, "alloc-p", "default", "plugin"))
+	must.NoError(t, err)
+	waitHealthy(t, d, "hp")
+	start := d.start
+	d.start = func(l hclog.Logger, s *executor.Spec, late func() ([]executor.Mount, error)) (taskProcess, error) {
+		if late != nil {
+			if _, err := late(); err != nil {
+				return nil, err
+			}
+		}
+		return nil, errors.New("exec failed")
+	}
+	for _, cfg := range []*drivers.TaskConfig{
+		volumeWorkload(t, "alloc-v", "one"),
+		jobTask(t, TaskConfig{Command: "/bin/sleep"}, "alloc-n", "default", "web"),
+	} {
+		_, _, err := d.StartTask(cfg)
+		must.ErrorContains(t, err, "exec failed")
+		_, kept := d.eventTargets.Load(cfg.ID)
+		must.False(t, kept, must.Sprintf("task %s", cfg.ID))
+	}
+	must.Eq(t, 1, fp.vols.Count(csihook.MethodNodeUnpublishVolume))
+	d.start = start
+}
