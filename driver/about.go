@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"time"
 
 	"github.com/hashicorp/nomad/plugins/base"
 	"github.com/hashicorp/nomad/plugins/drivers"
@@ -117,6 +118,10 @@ var taskConfigSpec = hclspec.NewObject(map[string]*hclspec.Spec{
 		"mount_dir": hclspec.NewDefault(
 			hclspec.NewAttr("mount_dir", "string", false),
 			hclspec.NewLiteral(fmt.Sprintf("%q", DefaultPluginMountDir)),
+		),
+		"health_timeout": hclspec.NewDefault(
+			hclspec.NewAttr("health_timeout", "string", false),
+			hclspec.NewLiteral(fmt.Sprintf("%q", DefaultPluginHealthTimeout)),
 		),
 	})),
 })
@@ -266,6 +271,32 @@ type PluginTaskConfig struct {
 	// MountDir is where the task finds its socket directory; the driver
 	// sets CSI_ENDPOINT to the socket in it.
 	MountDir string `codec:"mount_dir"`
+	// HealthTimeout is how long a starting plugin may take to become
+	// healthy before it is reported unhealthy (a duration; Nomad's
+	// csi_plugin health_timeout). Empty in states written before it was
+	// kept: DefaultPluginHealthTimeout.
+	HealthTimeout string `codec:"health_timeout"`
+}
+
+// DefaultPluginHealthTimeout is csi_plugin's health_timeout when unset, as
+// Nomad's.
+const DefaultPluginHealthTimeout = "30s"
+
+// maxPluginHealthTimeout bounds health_timeout: a plugin that takes longer
+// to start is better reported unhealthy.
+const maxPluginHealthTimeout = time.Hour
+
+// healthTimeout is HealthTimeout parsed; validate has checked it.
+func (p *PluginTaskConfig) healthTimeout() time.Duration {
+	s := p.HealthTimeout
+	if s == "" {
+		s = DefaultPluginHealthTimeout
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d < 0 {
+		return 0
+	}
+	return min(d, maxPluginHealthTimeout)
 }
 
 // validate checks a task's configuration against the agent's; its errors
@@ -333,6 +364,12 @@ func (p *PluginTaskConfig) validate(cfg *Config, privileged bool) error {
 	}
 	if !filepath.IsAbs(p.MountDir) || filepath.Clean(p.MountDir) == "/" {
 		return fmt.Errorf("csi_plugin mount_dir must be an absolute path other than \"/\", got %q", p.MountDir)
+	}
+	if p.HealthTimeout != "" {
+		d, err := time.ParseDuration(p.HealthTimeout)
+		if err != nil || d < 0 || d > maxPluginHealthTimeout {
+			return fmt.Errorf("csi_plugin health_timeout %q must be a duration from \"0s\" to \"%s\", such as \"30s\"", p.HealthTimeout, maxPluginHealthTimeout)
+		}
 	}
 	if sock := cfg.pluginSocket(p.ID); len(sock) > maxSocketPath {
 		return fmt.Errorf("csi_plugin id %q is too long for this node: its socket %q would pass the %d-byte limit of unix socket paths; use an id of at most %d bytes or a shorter root_dir",

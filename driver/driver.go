@@ -450,7 +450,7 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 		err = markHanded(spec.StateDir)
 	}
 	if err == nil && pc != nil {
-		err = d.startPluginProbe(conf, cfg, pc, reclaim)
+		err = d.startPluginProbe(conf, cfg, pc, reclaim, started)
 	}
 	if err != nil {
 		_ = p.Kill()
@@ -842,7 +842,7 @@ func (d *Driver) RecoverTask(handle *drivers.TaskHandle) error {
 			// over a socket that appeared since.
 			if _, err := d.plugins.claim(handle.Config, *pc, job); err != nil {
 				logger.Warn("failed to take back the plugin", "plugin_id", pc.ID, "error", err)
-			} else if err := d.startPluginProbe(conf, handle.Config, pc, true); err != nil {
+			} else if err := d.startPluginProbe(conf, handle.Config, pc, true, st.StartedAt); err != nil {
 				logger.Warn("failed to probe the plugin", "plugin_id", pc.ID, "error", err)
 			}
 		}

@@ -179,9 +179,11 @@ func preparePluginDirs(conf *Config, pc *PluginTaskConfig) error {
 	return nil
 }
 
-// startPluginProbe starts fingerprinting a launched plugin. With reclaim
-// the task takes back an id it or its job held (see claimPlugin).
-func (d *Driver) startPluginProbe(conf *Config, cfg *drivers.TaskConfig, pc *PluginTaskConfig, reclaim bool) error {
+// startPluginProbe starts fingerprinting a launched plugin, started at
+// started: until its health_timeout has passed since, it is starting, not
+// unhealthy. With reclaim the task takes back an id it or its job held
+// (see claimPlugin).
+func (d *Driver) startPluginProbe(conf *Config, cfg *drivers.TaskConfig, pc *PluginTaskConfig, reclaim bool, started time.Time) error {
 	// The id was claimed, so a task still listed for it is gone: this task
 	// replaces it (Nomad restarting a plugin task). A reclaim replaces it
 	// in Add, so that no socket owns the id in between.
@@ -195,6 +197,8 @@ func (d *Driver) startPluginProbe(conf *Config, cfg *drivers.TaskConfig, pc *Plu
 		TaskID:  cfg.ID,
 		Source:  fingerprint.SourceTask,
 		Reclaim: reclaim,
+
+		StartingUntil: started.Add(pc.healthTimeout()),
 	})
 	if err != nil {
 		return fmt.Errorf("csi_plugin %q: %w", pc.ID, err)

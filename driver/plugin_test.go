@@ -31,6 +31,11 @@ func TestPluginTaskConfig_validate(t *testing.T) {
 		{"relative mount_dir", PluginTaskConfig{ID: "n", Type: "node", MountDir: "csi"}, true, "mount_dir must be an absolute path"},
 		{"root mount_dir", PluginTaskConfig{ID: "n", Type: "node", MountDir: "/"}, true, "mount_dir must be an absolute path other than"},
 		{"long id", PluginTaskConfig{ID: strings.Repeat("x", 80), Type: "node", MountDir: "/csi"}, true, "too long for this node"},
+		{"health_timeout", PluginTaskConfig{ID: "n", Type: "node", MountDir: "/csi", HealthTimeout: "2m"}, true, ""},
+		{"health_timeout zero", PluginTaskConfig{ID: "n", Type: "node", MountDir: "/csi", HealthTimeout: "0s"}, true, ""},
+		{"health_timeout no unit", PluginTaskConfig{ID: "n", Type: "node", MountDir: "/csi", HealthTimeout: "30"}, true, `csi_plugin health_timeout "30" must be a duration from "0s" to "1h0m0s", such as "30s"`},
+		{"health_timeout negative", PluginTaskConfig{ID: "n", Type: "node", MountDir: "/csi", HealthTimeout: "-1s"}, true, `health_timeout "-1s" must be a duration`},
+		{"health_timeout too long", PluginTaskConfig{ID: "n", Type: "node", MountDir: "/csi", HealthTimeout: "2h"}, true, `health_timeout "2h" must be a duration`},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

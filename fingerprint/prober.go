@@ -74,6 +74,12 @@ type PluginSpec struct {
 	// plugin_socket_dirs serves: a task never takes over an operator's
 	// plugin.
 	Reclaim bool
+	// StartingUntil is the end of a starting plugin's grace period (as
+	// Nomad's csi_plugin health_timeout): until then, a plugin that has
+	// not been healthy yet is reported as starting (HealthDescription
+	// "starting: ...", not healthy), without an OnHealthChange call, since
+	// a plugin takes a moment to make its socket. Zero: no grace.
+	StartingUntil time.Time
 }
 
 // ErrServedBySocket is matched by Add's error for a task plugin whose id
@@ -134,6 +140,9 @@ type entry struct {
 	removed   bool
 	reported  int
 	goneSince time.Time
+	// wasHealthy is set by the first healthy probe: a grace period
+	// (PluginSpec.StartingUntil) is over then.
+	wasHealthy bool
 
 	// Owned by the probe goroutine.
 	client      Client
@@ -690,6 +699,11 @@ func (p *Prober) apply(e *entry, out outcome) {
 	if firstProbe || st.Healthy != out.healthy {
 		st.Since = time.Now()
 	}
+	e.wasHealthy = e.wasHealthy || out.healthy
+	starting := !e.wasHealthy && time.Now().Before(e.spec.StartingUntil)
+	if starting {
+		out.reason = startingPrefix + out.reason
+	}
 	e.probed = true
 	st.Healthy = out.healthy
 	st.HealthDescription = out.reason
@@ -707,7 +721,7 @@ func (p *Prober) apply(e *entry, out outcome) {
 	report := false
 	id, healthy, reason, socket := st.ID, st.Healthy, st.HealthDescription, st.Socket
 	vendor, version := st.Info.Name, st.Info.VendorVersion
-	if id != "" && st.Conflict == "" {
+	if id != "" && st.Conflict == "" && !starting {
 		want := reportedUnhealthy
 		if healthy {
 			want = reportedHealthy
@@ -733,6 +747,10 @@ func (p *Prober) apply(e *entry, out outcome) {
 		}
 	}
 }
+
+// startingPrefix begins the health description of a plugin in its grace
+// period (see PluginSpec.StartingUntil).
+const startingPrefix = "starting: "
 
 // resolveLocked marks discovered sockets whose id is already served, by a
 // task plugin or by a discovered socket with a smaller path.

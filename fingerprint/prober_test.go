@@ -13,6 +13,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/shoenig/test/must"
+	"github.com/shoenig/test/wait"
 )
 
 // fakeDialer hands out one Fake per socket and counts dials.
@@ -611,4 +612,93 @@ func TestProber_socketDirs(t *testing.T) {
 	// Dropping the directory forgets its sockets.
 	p.SetSocketDirs(nil)
 	must.Len(t, 0, p.Snapshot())
+}
+
+// A plugin task takes a moment to make its socket: within its grace period
+// a plugin that was never healthy is starting, not unhealthy, and nobody is
+// told it failed; once healthy, or once the grace is over, the truth is told.
+func TestProber_startingGrace(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		grace  time.Duration
+		events []healthEvent
+	}{
+		{"within the grace", time.Hour, []healthEvent{{"p", true, ""}}},
+		{"without a grace", 0, []healthEvent{
+			{"p", false, `socket "/csi/a.sock" does not exist`},
+			{"p", true, ""},
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := newFakeDialer()
+			f := nodeFake()
+			d.set("/csi/a.sock", f)
+			events := &eventLog{}
+			var mu sync.Mutex
+			missing := true
+			p := NewProber(Config{
+				Interval: time.Hour,
+				Dial:     d.dial,
+				StatSocket: func(path string) error {
+					mu.Lock()
+					defer mu.Unlock()
+					if missing {
+						return fmt.Errorf("socket %q does not exist", path)
+					}
+					return nil
+				},
+				OnHealthChange: events.record,
+			})
+			defer p.Close()
+			var until time.Time
+			if tc.grace > 0 {
+				until = time.Now().Add(tc.grace)
+			}
+			must.NoError(t, p.Add(PluginSpec{ID: "p", Type: TypeNode, Socket: "/csi/a.sock", TaskID: "t", StartingUntil: until}))
+			settle(t, p)
+			st, _ := p.Get("p")
+			must.False(t, st.Healthy)
+			want := `socket "/csi/a.sock" does not exist`
+			if tc.grace > 0 {
+				want = "starting: " + want
+			}
+			must.Eq(t, want, st.HealthDescription)
+
+			mu.Lock()
+			missing = false
+			mu.Unlock()
+			refresh(t, p)
+			st, _ = p.Get("p")
+			must.True(t, st.Healthy)
+			must.Eq(t, tc.events, events.get())
+
+			// A plugin that was healthy and fails is unhealthy at once,
+			// grace or not.
+			f.Update(func(f *Fake) { f.NotReady = true })
+			refresh(t, p)
+			st, _ = p.Get("p")
+			must.False(t, st.Healthy)
+			must.StrNotContains(t, st.HealthDescription, "starting", must.Sprint(st.HealthDescription, events.get()))
+			got := events.get()
+			must.False(t, got[len(got)-1].healthy)
+		})
+	}
+}
+
+// Once the grace is over, a plugin that never became healthy is reported
+// unhealthy, with its reason.
+func TestProber_startingGraceExpires(t *testing.T) {
+	d := newFakeDialer()
+	events := &eventLog{}
+	p := NewProber(Config{
+		Interval:       20 * time.Millisecond,
+		Dial:           d.dial,
+		StatSocket:     func(path string) error { return fmt.Errorf("socket %q does not exist", path) },
+		OnHealthChange: events.record,
+	})
+	defer p.Close()
+	must.NoError(t, p.Add(PluginSpec{ID: "p", Type: TypeNode, Socket: "/csi/a.sock", TaskID: "t", StartingUntil: time.Now().Add(100 * time.Millisecond)}))
+	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool { return len(events.get()) == 1 }),
+		wait.Timeout(10*time.Second), wait.Gap(10*time.Millisecond)))
+	must.Eq(t, []healthEvent{{"p", false, `socket "/csi/a.sock" does not exist`}}, events.get())
 }
