@@ -722,6 +722,9 @@ type journal struct {
 	compactions int
 }
 
+// createTemp makes a compaction's new log; tests make it fail.
+var createTemp = os.CreateTemp
+
 // compactDelay is how long the log may keep what a compaction removes
 // (above all secrets no record needs any more) after the commit that made
 // it so; commits meanwhile share the one compaction.
@@ -1129,7 +1132,7 @@ func (j *journal) compactLocked() error {
 	}
 	size := int64(len(buf))
 	buf = append(buf, make([]byte, roundUp(size+1, preallocate)-size)...)
-	f, err := os.CreateTemp(j.dir, ".tmp-")
+	f, err := createTemp(j.dir, ".tmp-")
 	if err != nil {
 		return fmt.Errorf("failed to compact journal %q: %w", path, err)
 	}
