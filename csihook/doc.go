@@ -123,18 +123,28 @@
 // A task record exists from before the first call made for it until its
 // unpublish finished. The number of users of a volume is never stored: it
 // is the number of task records naming it, so it cannot drift from what is
-// really published. The records hold the volume's secrets so that an
-// interrupted call can be re-issued and ControllerUnpublishVolume sent
-// after a restart; they never reach a log line.
+// really published. The records hold the volume's secrets only while a
+// call that takes them may still be made from them, so that an
+// interrupted ControllerPublish, NodeStage or NodePublish can be re-issued
+// and ControllerUnpublishVolume sent after a restart; once none is left
+// (published; staged and not attached) the record is written without them
+// and a compaction soon removes them from the file. They never reach a
+// log line.
 //
-// At start the log is replayed and then compacted: the live records are
-// written to a temp file, fsynced, renamed over the log, and the directory
-// fsynced. The same happens while running once the log passes 1 MiB and
-// twice the size of the live records. A frame cut short by a crash at the
-// end of the log is dropped with a warning. A damaged frame followed by
+// At start the log is replayed without writing anything that needs free
+// space (a torn tail is cut off by truncating), so a full disk cannot keep
+// the journal, and recovery, from opening. A compaction writes the live
+// records to a temp file in frames of about 1 MiB, fsyncs it, renames it
+// over the log, and fsyncs the directory; it runs once the log passes
+// 1 MiB and twice the size of the live records, and soon after a commit
+// or a start that leaves the log holding what only a compaction removes
+// (secrets no record needs, damage, records moved in). One that fails
+// leaves the old log in use and is tried again later. A frame cut short
+// by a crash at the end of the log is dropped with a warning. A damaged frame followed by
 // intact ones is skipped with an error and the frames after it are kept
 // (they are newer and say what is mounted now); a copy of the log as it
-// was is kept as journal.log.<time>.bad, mode 0600, and what the lost
+// was is kept as journal.log.<time>.bad, mode 0600 (the newest three; a
+// copy that cannot be made yet is made before the next compaction), and what the lost
 // records described must be cleaned up by hand. Records of another version
 // are skipped the same way, never guessed at.
 //

@@ -10,9 +10,9 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
-	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -74,6 +74,16 @@ type volRecord struct {
 
 func (v volRecord) key() volKey { return volKey{v.PluginID, v.VolumeID} }
 
+// needsSecrets reports whether a call that takes secrets may still be
+// made from the record: a ControllerPublishVolume or NodeStageVolume that
+// recovery re-issues, or the ControllerUnpublishVolume of an attached
+// volume. NodeUnstageVolume takes none. A record that needs none is
+// written without them (journalOp.forDisk), so that secrets stay on disk
+// only as long as a call needs them.
+func (v volRecord) needsSecrets() bool {
+	return v.Controller != phaseNone || v.Stage == phaseStaging
+}
+
 // taskRecord is the journal entry of one volume of one task: its publish
 // state at Target.
 type taskRecord struct {
@@ -105,6 +115,13 @@ type taskRecord struct {
 }
 
 func (t taskRecord) key() volKey { return volKey{t.PluginID, t.VolumeID} }
+
+// needsSecrets reports whether the NodePublishVolume of the record may
+// still be made (or re-issued by recovery): once it is published, only
+// NodeUnpublishVolume is left, which takes no secrets.
+func (t taskRecord) needsSecrets() bool {
+	return t.State == phasePending || t.State == phasePublishing
+}
 func (t taskRecord) block() bool { return t.AttachmentMode == AttachmentBlockDevice }
 
 // shortHash is 16 hex characters of the SHA-256 of parts joined by NUL.
@@ -173,8 +190,6 @@ const (
 	// compacted; above it, it is compacted once it is twice the size of
 	// the live records.
 	defaultCompactMin = 1 << 20
-	// snapshotChunk is how many records go into one frame of a snapshot.
-	snapshotChunk = 256
 	// preallocate is the step in which the file grows ahead of the log.
 	preallocate = 256 << 10
 )
@@ -209,6 +224,24 @@ type journalOp struct {
 func volPut(v volRecord) journalOp {
 	v.Version, v.Updated = journalVersion, time.Now().UTC()
 	return journalOp{Op: opPutVol, Vol: &v}
+}
+
+// forDisk is the op as the log holds it: without the secrets of a record
+// that needs none any more (see volRecord.needsSecrets). The manager's
+// records in memory keep them, to redact a plugin's messages and to stage
+// again in this process.
+func (o journalOp) forDisk() journalOp {
+	switch {
+	case o.Vol != nil && len(o.Vol.Secrets) > 0 && !o.Vol.needsSecrets():
+		v := *o.Vol
+		v.Secrets = nil
+		o.Vol = &v
+	case o.Task != nil && len(o.Task.Secrets) > 0 && !o.Task.needsSecrets():
+		t := *o.Task
+		t.Secrets = nil
+		o.Task = &t
+	}
+	return o
 }
 
 func volDrop(k volKey) journalOp {
@@ -328,6 +361,9 @@ func (o journalOp) logAttrs() []any {
 	return []any{"op", o.Op, "plugin_id", plugin, "volume_id", volume, "task_id", task, "name", name}
 }
 
+func (o journalOp) logPlugin() string { return o.logAttrs()[3].(string) }
+func (o journalOp) logVolume() string { return o.logAttrs()[5].(string) }
+
 func checkRecord(version int, plugin, volume string) error {
 	if version != journalVersion {
 		return fmt.Errorf("record version %d, want %d", version, journalVersion)
@@ -377,6 +413,10 @@ type journalState struct {
 	tasks   map[taskKey]taskRecord
 	created map[createdKey]createdRecord
 	owners  map[volKey]ownerRecord
+	// staleSecrets is set once a record holding secrets was replaced by
+	// one without them (or other ones) or dropped: the log still holds
+	// secrets no live record does, until a compaction rewrites it.
+	staleSecrets bool
 }
 
 func newJournalState() *journalState {
@@ -388,12 +428,16 @@ func (s *journalState) apply(ops ...journalOp) {
 	for _, o := range ops {
 		switch o.Op {
 		case opPutVol:
+			s.replacesSecrets(s.vols[o.Vol.key()].Secrets, o.Vol.Secrets)
 			s.vols[o.Vol.key()] = *o.Vol
 		case opDropVol:
+			s.replacesSecrets(s.vols[volKey{o.PluginID, o.VolumeID}].Secrets, nil)
 			delete(s.vols, volKey{o.PluginID, o.VolumeID})
 		case opPutTask:
+			s.replacesSecrets(s.tasks[taskKey{o.Task.TaskID, o.Task.Name}].Secrets, o.Task.Secrets)
 			s.tasks[taskKey{o.Task.TaskID, o.Task.Name}] = *o.Task
 		case opDropTask:
+			s.replacesSecrets(s.tasks[taskKey{o.TaskID, o.Name}].Secrets, nil)
 			delete(s.tasks, taskKey{o.TaskID, o.Name})
 		case opPutCreated:
 			s.created[createdKey{o.Created.PluginID, o.Created.Name}] = *o.Created
@@ -403,6 +447,37 @@ func (s *journalState) apply(ops ...journalOp) {
 			s.owners[volKey{o.Owner.PluginID, o.Owner.VolumeID}] = *o.Owner
 		}
 	}
+}
+
+func (s *journalState) replacesSecrets(old, new map[string]string) {
+	if len(old) > 0 && !maps.Equal(old, new) {
+		s.staleSecrets = true
+	}
+}
+
+// dropUnneededSecrets removes the secrets of records that need none any
+// more (written before records were kept without them), and reports
+// whether it removed any.
+func (s *journalState) dropUnneededSecrets() bool {
+	dropped := false
+	for k, v := range s.vols {
+		if len(v.Secrets) > 0 && !v.needsSecrets() {
+			v.Secrets = nil
+			s.vols[k] = v
+			dropped = true
+		}
+	}
+	for k, t := range s.tasks {
+		if len(t.Secrets) > 0 && !t.needsSecrets() {
+			t.Secrets = nil
+			s.tasks[k] = t
+			dropped = true
+		}
+	}
+	if dropped {
+		s.staleSecrets = true
+	}
+	return dropped
 }
 
 // snapshot returns a put of every live record, in a stable order.
@@ -437,12 +512,56 @@ func encodeFrame(ops []journalOp) ([]byte, error) {
 	if len(payload) > maxFrame {
 		return nil, fmt.Errorf("journal batch of %d bytes is larger than the limit of %d", len(payload), maxFrame)
 	}
-	buf := make([]byte, frameHeader, frameHeader+len(payload))
-	copy(buf, frameMagic)
-	binary.LittleEndian.PutUint32(buf[4:], uint32(len(payload)))
-	buf = append(buf, payload...)
-	sum := crc32.Update(crc32.Checksum(buf[:8], castagnoli), castagnoli, payload)
-	binary.LittleEndian.PutUint32(buf[8:], sum)
+	return appendFrame(make([]byte, 0, frameHeader+len(payload)), payload), nil
+}
+
+// appendFrame appends the frame of payload, at most maxFrame bytes, to
+// buf.
+func appendFrame(buf, payload []byte) []byte {
+	start := len(buf)
+	buf = append(buf, frameMagic...)
+	buf = binary.LittleEndian.AppendUint32(buf, uint32(len(payload)))
+	sum := crc32.Update(crc32.Checksum(buf[start:start+8], castagnoli), castagnoli, payload)
+	buf = binary.LittleEndian.AppendUint32(buf, sum)
+	return append(buf, payload...)
+}
+
+// snapshotFrame is the size a frame of a snapshot grows to before the
+// next record goes into a new frame.
+const snapshotFrame = 1 << 20
+
+// encodeSnapshot frames ops as batches of about snapshotFrame bytes: a
+// snapshot is never one frame too large to write or to read back, however
+// many records there are. A record larger than snapshotFrame has a frame
+// of its own; a record larger than maxFrame cannot be written.
+func encodeSnapshot(ops []journalOp) ([]byte, error) {
+	var buf, payload []byte
+	flush := func() {
+		if len(payload) > 0 {
+			buf = appendFrame(buf, append(payload, "]}"...))
+			payload = payload[:0]
+		}
+	}
+	for _, o := range ops {
+		rec, err := json.Marshal(o)
+		if err != nil {
+			return nil, fmt.Errorf("failed to encode journal record: %w", err)
+		}
+		if len(rec)+len(`{"ops":[]}`) > maxFrame {
+			return nil, fmt.Errorf("journal record of volume %q of CSI plugin %q is %d bytes, larger than the limit of %d",
+				o.logVolume(), o.logPlugin(), len(rec), maxFrame)
+		}
+		if len(payload) > 0 && len(payload)+len(rec)+len("]}")+1 > snapshotFrame {
+			flush()
+		}
+		if len(payload) == 0 {
+			payload = append(payload, `{"ops":[`...)
+		} else {
+			payload = append(payload, ',')
+		}
+		payload = append(payload, rec...)
+	}
+	flush()
 	return buf, nil
 }
 
@@ -584,7 +703,40 @@ type journal struct {
 	unsynced, flushing bool
 	// batches and syncs count committed batches and fdatasyncs, for tests.
 	batches, syncs int
+
+	// cleanup is set while the log holds what only a compaction removes:
+	// secrets no live record holds (state.staleSecrets), damaged bytes,
+	// records moved in from the file-per-record format (migrated, whose
+	// files are removed once the log holds them) or the rest of a torn
+	// batch that could not be cut off. A compaction is then scheduled
+	// (compactArmed) within compactDelay; one that fails leaves the log as
+	// it is, in use, and is tried again after compactBackoff.
+	cleanup        bool
+	migrated       []string
+	compactArmed   bool
+	compactBackoff time.Duration
+	// badCopy is set while a damaged log waits for its copy (*.bad): no
+	// compaction drops the damaged bytes before it is made.
+	badCopy bool
+	// compactions counts compactions, for tests.
+	compactions int
 }
+
+// createTemp makes a compaction's new log; tests make it fail.
+var createTemp = os.CreateTemp
+
+// compactDelay is how long the log may keep what a compaction removes
+// (above all secrets no record needs any more) after the commit that made
+// it so; commits meanwhile share the one compaction.
+var compactDelay = time.Second
+
+// maxCompactBackoff caps the wait before a failed cleanup compaction is
+// tried again (on a full disk, say).
+const maxCompactBackoff = time.Minute
+
+// keepBadCopies is how many copies of a damaged log (*.bad) are kept, the
+// newest; they hold secrets, so older ones are removed.
+const keepBadCopies = 3
 
 // lazySyncDelay is how long a lazy commit may stay unsynced when no other
 // commit syncs it first.
@@ -635,12 +787,18 @@ func (j *journal) close() {
 
 func (j *journal) logPath() string { return filepath.Join(j.dir, logName) }
 
-// load replays the log, takes in records of the file-per-record format,
-// and writes the live records as a fresh log. Leftover temp files are
-// removed. A torn tail is dropped with a warning. Damage before the tail
-// is skipped with an error, and a copy of the log as it was is kept
-// beside it (*.bad, mode 0600), since what the lost records describe can
-// no longer be undone automatically.
+// load replays the log and takes in records of the file-per-record
+// format, without writing anything that needs free space: a full disk
+// must not keep the journal from opening, and with it recovery. Leftover
+// temp files are removed. A torn tail is dropped with a warning and cut
+// off (truncating needs no space). Damage before the tail is skipped with
+// an error, and a copy of the log as it was is kept beside it (*.bad,
+// mode 0600, the newest keepBadCopies), since what the lost records
+// describe can no longer be undone automatically; when the copy cannot be
+// made, the log is left as it is until it can. What the log holds that
+// only a compaction removes (damage, moved records, secrets no record
+// needs) is compacted away soon after, and a compaction that fails leaves
+// the log in use as it is.
 func (j *journal) load() error {
 	entries, err := os.ReadDir(j.dir)
 	if err != nil {
@@ -653,46 +811,91 @@ func (j *journal) load() error {
 	}
 	path := j.logPath()
 	data, err := os.ReadFile(path)
-	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+	created := errors.Is(err, fs.ErrNotExist)
+	if err != nil && !created {
 		return fmt.Errorf("failed to read journal %q: %w", path, err)
 	}
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return fmt.Errorf("failed to open journal %q: %w", path, err)
+	}
+	j.f = f
+	if created {
+		// The first commit's fdatasync does not make the new name durable.
+		if err := syncDir(j.dir); err != nil {
+			return err
+		}
+	}
 	scan := scanLog(data, j.logger)
+	j.state = scan.state
+	j.size, j.alloc = int64(scan.end), int64(len(data))
 	if scan.torn > 0 {
 		j.logger.Warn("journal ends in a partly written batch, as after a crash during a write; dropped it",
 			"path", path, "offset", scan.end, "bytes", scan.torn)
+		if err := f.Truncate(j.size); err != nil {
+			// Commits overwrite it; until then the next start drops it again.
+			j.logger.Warn("cannot cut the partly written batch off the journal; later commits overwrite it",
+				"path", path, "error", err)
+			j.cleanup = true
+		} else {
+			j.alloc = j.size
+		}
 	}
 	if scan.damaged > 0 || scan.badOps > 0 {
-		bad := path + "." + time.Now().UTC().Format("20060102T150405.000000000Z") + ".bad"
-		if err := writeFileSync(bad, bytes.TrimRight(data, "\x00")); err != nil {
-			return fmt.Errorf("failed to keep a copy of damaged journal %q: %w", path, err)
+		j.cleanup, j.badCopy = true, true
+		copyPath, err := j.keepBadCopy(data)
+		if err != nil {
+			j.logger.Error("journal is damaged: records in the damaged parts are lost, what they describe must be cleaned up by hand; no copy of it could be kept yet, so it is left as it is",
+				"path", path, "damaged_bytes", scan.damaged, "unusable_records", scan.badOps, "error", err)
+		} else {
+			j.logger.Error("journal is damaged: records in the damaged parts are lost, what they describe must be cleaned up by hand; a copy of it as it was is kept (mode 0600, it holds secrets)",
+				"path", path, "copy", copyPath, "damaged_bytes", scan.damaged, "unusable_records", scan.badOps)
 		}
-		j.logger.Error("journal is damaged: records in the damaged parts are lost, what they describe must be cleaned up by hand",
-			"path", path, "copy", bad, "damaged_bytes", scan.damaged, "unusable_records", scan.badOps)
 	}
-	j.state = scan.state
 	migrated, err := j.migrate(entries)
 	if err != nil {
 		return err
 	}
-	j.mu.Lock()
-	err = j.compactLocked()
-	j.mu.Unlock()
-	if err != nil {
-		return err
-	}
-	// Only once the log holds them durably do the old files go.
-	for _, p := range migrated {
-		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			return fmt.Errorf("failed to remove journal record %q after moving it into %q: %w", p, path, err)
-		}
-	}
-	if len(migrated) > 0 {
-		if err := syncDir(j.dir); err != nil {
-			return err
-		}
-		j.logger.Info("moved journal records from one file each into the log", "records", len(migrated), "path", path)
+	j.migrated = migrated
+	j.state.dropUnneededSecrets()
+	j.cleanup = j.cleanup || len(migrated) > 0 || j.state.staleSecrets
+	// Compacted once it grows past compactMin; the first compaction sets
+	// the limit from the live records.
+	j.limit = j.compactMin
+	if j.cleanup {
+		j.mu.Lock()
+		j.scheduleCompactLocked(0)
+		j.mu.Unlock()
 	}
 	return nil
+}
+
+// keepBadCopy keeps a copy of a damaged log, data, beside it
+// (journal.log.<time>.bad, mode 0600), removes all but the newest
+// keepBadCopies copies, and returns the copy's path.
+func (j *journal) keepBadCopy(data []byte) (string, error) {
+	path := j.logPath()
+	bad := path + "." + time.Now().UTC().Format("20060102T150405.000000000Z") + ".bad"
+	if err := writeFileSync(bad, bytes.TrimRight(data, "\x00")); err != nil {
+		os.Remove(bad)
+		return "", fmt.Errorf("failed to keep a copy of damaged journal %q: %w", path, err)
+	}
+	j.badCopy = false
+	copies, err := filepath.Glob(path + ".*.bad")
+	if err != nil || len(copies) <= keepBadCopies {
+		return bad, nil
+	}
+	// The time in the name sorts as it reads.
+	sort.Strings(copies)
+	old := copies[:len(copies)-keepBadCopies]
+	for _, c := range old {
+		if err := os.Remove(c); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			j.logger.Warn("cannot remove an old copy of a damaged journal", "copy", c, "error", err)
+		}
+	}
+	j.logger.Info("removed old copies of a damaged journal; the newest are kept", "removed", old,
+		"kept", copies[len(copies)-keepBadCopies:])
+	return bad, nil
 }
 
 // commit appends ops as one batch and returns once it is durable: replayed
@@ -713,6 +916,11 @@ func (j *journal) enqueue(lazy bool, ops []journalOp) error {
 		return nil
 	}
 	ops = merge(ops)
+	disk := make([]journalOp, len(ops))
+	for i, o := range ops {
+		disk[i] = o.forDisk()
+	}
+	ops = disk
 	frame, err := encodeFrame(ops)
 	if err != nil {
 		return err
@@ -795,6 +1003,11 @@ func (j *journal) writeQueueLocked() {
 				j.limit = 2 * j.size
 				j.logger.Warn("failed to compact the journal; it goes on growing", "path", j.logPath(), "error", err)
 			}
+		}
+		if err == nil && j.state.staleSecrets {
+			// The log holds secrets no record needs any more.
+			j.cleanup = true
+			j.scheduleCompactLocked(compactDelay)
 		}
 	}
 }
@@ -896,22 +1109,30 @@ func (j *journal) failedLocked(f *os.File, off int64, err error) {
 
 // compactLocked writes the live records to a new log and renames it over
 // the old one: temp file, fsync, rename, fsync of the directory. A crash
-// leaves the old log or the new one. The caller holds j.mu or has the
-// journal to itself.
+// leaves the old log or the new one, and so does a failure before the
+// rename (a full disk, say): the old log stays in use as it was. A
+// damaged log is copied first (see load). The caller holds j.mu and has
+// set j.writing, or has the journal to itself.
 func (j *journal) compactLocked() error {
-	ops := j.state.snapshot()
-	var buf []byte
-	for chunk := range slices.Chunk(ops, snapshotChunk) {
-		frame, err := encodeFrame(chunk)
-		if err != nil {
-			return err
+	path := j.logPath()
+	if j.badCopy {
+		data, err := os.ReadFile(path)
+		bad := ""
+		if err == nil {
+			bad, err = j.keepBadCopy(data)
 		}
-		buf = append(buf, frame...)
+		if err != nil {
+			return fmt.Errorf("failed to compact journal %q: %w", path, err)
+		}
+		j.logger.Error("kept a copy of the damaged journal before compacting it", "path", path, "copy", bad)
+	}
+	buf, err := encodeSnapshot(j.state.snapshot())
+	if err != nil {
+		return fmt.Errorf("failed to compact journal %q: %w", path, err)
 	}
 	size := int64(len(buf))
 	buf = append(buf, make([]byte, roundUp(size+1, preallocate)-size)...)
-	path := j.logPath()
-	f, err := os.CreateTemp(j.dir, ".tmp-")
+	f, err := createTemp(j.dir, ".tmp-")
 	if err != nil {
 		return fmt.Errorf("failed to compact journal %q: %w", path, err)
 	}
@@ -937,11 +1158,70 @@ func (j *journal) compactLocked() error {
 	}
 	j.f, j.size, j.alloc = f, size, int64(len(buf))
 	j.limit = max(j.compactMin, 2*j.size)
+	// The new file is synced: lazy commits before it are durable.
+	j.unsynced = false
+	j.compactions++
 	if err := syncDir(j.dir); err != nil {
 		j.broken = fmt.Errorf("journal %q refuses writes after a failed compaction (restart the driver to replay it): %w", path, err)
 		return err
 	}
+	j.state.staleSecrets, j.cleanup = false, false
+	// Only once the log holds them durably do the old files go.
+	if migrated := j.migrated; len(migrated) > 0 {
+		j.migrated = nil
+		for _, p := range migrated {
+			if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				j.logger.Warn("cannot remove a journal record file after moving it into the log", "record", p, "path", path, "error", err)
+			}
+		}
+		if err := syncDir(j.dir); err != nil {
+			j.logger.Warn("cannot sync the journal directory after removing moved record files", "path", j.dir, "error", err)
+		}
+		j.logger.Info("moved journal records from one file each into the log", "records", len(migrated), "path", path)
+	}
 	return nil
+}
+
+// scheduleCompactLocked runs a cleanup compaction (see journal.cleanup)
+// after delay, unless one is scheduled already.
+func (j *journal) scheduleCompactLocked(delay time.Duration) {
+	if j.compactArmed {
+		return
+	}
+	j.compactArmed = true
+	time.AfterFunc(delay, j.compactForCleanup)
+}
+
+func (j *journal) compactForCleanup() {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.compactArmed = false
+	if !j.cleanup || j.usableLocked() != nil {
+		return
+	}
+	if j.writing {
+		j.scheduleCompactLocked(max(compactDelay, 10*time.Millisecond))
+		return
+	}
+	j.writing = true
+	err := j.compactLocked()
+	j.writing = false
+	if err != nil {
+		j.compactBackoff = min(max(2*j.compactBackoff, time.Second), maxCompactBackoff)
+		j.logger.Warn("failed to compact the journal; the log stays in use as it is, compacting is tried again later",
+			"path", j.logPath(), "retry_in", j.compactBackoff, "error", err)
+		if j.usableLocked() == nil {
+			j.scheduleCompactLocked(j.compactBackoff)
+		}
+	} else {
+		j.compactBackoff = 0
+	}
+	// Commits that came meanwhile waited for the compaction to end.
+	if len(j.queue) > 0 {
+		j.writing = true
+		j.writeQueueLocked()
+		j.writing = false
+	}
 }
 
 // created returns the record of a volume created under name, if any.

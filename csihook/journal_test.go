@@ -112,8 +112,20 @@ func TestJournal_ReplayOrderAndDrops(t *testing.T) {
 	vols, tasks := j2.records()
 	must.Len(t, 2, vols)
 	must.Len(t, 1, tasks)
-	must.Eq(t, canary, tasks[0].Secrets["token"])
+	// Published, the task record needs its secrets no more.
+	must.MapEmpty(t, tasks[0].Secrets)
 	must.StrNotContains(t, logs.String(), canary)
+}
+
+// waitCleanedUp waits for the compaction a journal schedules when its log
+// holds what only a compaction removes.
+func waitCleanedUp(t *testing.T, j *journal) {
+	t.Helper()
+	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+		j.mu.Lock()
+		defer j.mu.Unlock()
+		return !j.cleanup && !j.compactArmed
+	}), wait.Timeout(10*time.Second), wait.Gap(5*time.Millisecond)))
 }
 
 // TestJournal_BatchAtomicOnTornTail cuts the last batch at every byte, as a
@@ -159,6 +171,10 @@ func TestJournal_BatchAtomicOnTornTail(t *testing.T) {
 	j2, logs := openTestJournal(t, dir)
 	must.Eq(t, before, j2.state.encoded(t))
 	must.StrContains(t, logs.String(), "journal ends in a partly written batch")
+	must.StrContains(t, logs.String(), fmt.Sprintf("offset=%d bytes=%d", start, (end-start)/2))
+	must.StrNotContains(t, logs.String(), "journal is damaged")
+	bad, _ := filepath.Glob(filepath.Join(dir, "*.bad"))
+	must.SliceEmpty(t, bad)
 	must.StrNotContains(t, logs.String(), canary)
 	scan := scanLog(readLog(t, dir), null)
 	must.Eq(t, 0, scan.torn+scan.damaged)
@@ -229,6 +245,7 @@ func TestJournal_DamageInTheMiddle(t *testing.T) {
 	must.NoError(t, j.commit(volPut(testVol("v1", phaseStaged)), taskPut(testTask("t1", "v1", phasePublished))))
 	second := int(j.size)
 	must.NoError(t, j.commit(taskPut(testTask("t2", "v1", phasePublished))))
+	third := int(j.size)
 	must.NoError(t, j.commit(volPut(testVol("v2", phaseStaging))))
 	must.NoError(t, j.commit(volPut(testVol("v2", phaseStaged))))
 	j.close()
@@ -238,20 +255,26 @@ func TestJournal_DamageInTheMiddle(t *testing.T) {
 	must.NoError(t, os.WriteFile(path, data, 0o600))
 
 	j2, logs := openTestJournal(t, dir)
+	// Kept: the batches before and after the damaged one (t2 is lost).
 	must.Eq(t, []string{"task t1/data v1 published", "vol p/v1 staged", "vol p/v2 staged"}, j2.state.summary())
+	// Reported: what is lost, how much, and where the copy is.
 	must.StrContains(t, logs.String(), "journal is damaged")
 	must.StrContains(t, logs.String(), "[ERROR]")
+	must.StrContains(t, logs.String(), fmt.Sprintf("damaged_bytes=%d unusable_records=0", third-second))
 	must.StrNotContains(t, logs.String(), canary)
 	bad, err := filepath.Glob(filepath.Join(dir, logName+".*.bad"))
 	must.NoError(t, err)
 	must.Len(t, 1, bad)
+	must.StrContains(t, logs.String(), "path="+path+" copy="+bad[0])
 	kept, err := os.ReadFile(bad[0])
 	must.NoError(t, err)
 	must.Eq(t, bytes.TrimRight(data, "\x00"), kept)
 	fi, err := os.Stat(bad[0])
 	must.NoError(t, err)
 	must.Eq(t, os.FileMode(0o600), fi.Mode().Perm())
-	// The log itself is whole again.
+	// The log itself is whole again once the compaction scheduled at
+	// open is done.
+	waitCleanedUp(t, j2)
 	scan := scanLog(readLog(t, dir), hclog.NewNullLogger())
 	must.Eq(t, 0, scan.torn+scan.damaged+scan.badOps)
 }
@@ -314,12 +337,23 @@ func TestJournal_CompactionKeepsLiveRecords(t *testing.T) {
 	must.Len(t, 2, entries) // .lock and the log, no temp file left
 	j.close()
 
-	// Opening compacts too: the log is then the live records alone.
+	// Opening writes nothing (it must work on a full disk): the log is
+	// replayed as it is, and compacted with a later commit once it has
+	// grown past its limit.
+	before := readLog(t, dir)
 	j2, _ := openTestJournal(t, dir)
 	must.Eq(t, live, j2.state.encoded(t))
-	snapshot, err := encodeFrame(j2.state.snapshot())
+	must.Eq(t, before, readLog(t, dir))
+	must.Eq(t, 0, j2.compactions)
+	j2.mu.Lock()
+	j2.limit = 0 // as when it has grown past its limit
+	j2.mu.Unlock()
+	must.NoError(t, j2.commit(volPut(testVol("v-last", phaseStaged))))
+	must.Eq(t, 1, j2.compactions)
+	snapshot, err := encodeSnapshot(j2.state.snapshot())
 	must.NoError(t, err)
 	must.Eq(t, int64(len(snapshot)), j2.size)
+	must.Eq(t, j2.state.encoded(t), diskJournal(t, dir).encoded(t))
 }
 
 func TestJournal_ConcurrentCommits(t *testing.T) {
@@ -398,10 +432,14 @@ func TestJournal_MigratesFilePerRecordFormat(t *testing.T) {
 	j, logs := openTestJournal(t, dir)
 	want := []string{"created p/made v-made", "task t1/data v1 published", "vol p/v1 staged"}
 	must.Eq(t, want, j.state.summary())
+	// The files go once the log holds their records, after the
+	// compaction scheduled at open.
+	waitCleanedUp(t, j)
 	c, ok := j.created("p", "made")
 	must.True(t, ok)
 	must.Eq(t, "v", c.VolumeContext["k"])
-	must.Eq(t, canary, j.state.vols[volKey{"p", "v1"}].Secrets["token"])
+	// A staged volume without an attachment needs its secrets no more.
+	must.MapEmpty(t, j.state.vols[volKey{"p", "v1"}].Secrets)
 	entries, err := os.ReadDir(dir)
 	must.NoError(t, err)
 	var names []string
@@ -442,6 +480,7 @@ func TestJournal_MigrationOverLog(t *testing.T) {
 	writeOldRecord(t, dir, volPut(testVol("v1", phaseStaged)))
 	j2, _ := openTestJournal(t, dir)
 	must.Eq(t, []string{"task t1/data v1 pending", "vol p/v1 staged"}, j2.state.summary())
+	waitCleanedUp(t, j2)
 	matches, _ := filepath.Glob(filepath.Join(dir, "*.json"))
 	must.SliceEmpty(t, matches)
 }

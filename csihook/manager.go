@@ -652,6 +652,12 @@ func (m *Manager) setupVolume(ctx context.Context, taskID string, p plan) (Publi
 		}
 		ok = false
 	}
+	if ok && len(vol.Secrets) == 0 {
+		// The log keeps secrets only while a call needs them: loaded
+		// after a restart, a staged volume has none, and staging it
+		// again takes the request's.
+		vol.Secrets = req.Secrets
+	}
 	// New records go out in one batch with the first record of a call,
 	// before that call: nothing is called for the volume until then. The
 	// first namespace to use the volume becomes its owner with them.

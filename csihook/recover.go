@@ -225,6 +225,14 @@ func (m *Manager) reconcile(ctx context.Context, k volKey, live func(string) boo
 			fix = append(fix, t)
 		}
 	}
+	// The log keeps secrets only while a call needs them (see
+	// volRecord.needsSecrets): a call made again here takes those of a
+	// record that still has them.
+	for _, t := range keep {
+		if len(vol.Secrets) == 0 && len(t.Secrets) > 0 {
+			vol.Secrets = t.Secrets
+		}
+	}
 	info, _ := m.cfg.Lookup(k.plugin)
 	restage := len(fix) > 0 && vol.Stage == phaseStaged
 	var staged []journalOp
@@ -236,6 +244,9 @@ func (m *Manager) reconcile(ctx context.Context, k volKey, live func(string) boo
 	}
 	for _, t := range fix {
 		m.event(t.TaskID, fmt.Sprintf("Re-publishing volume %q after a driver restart", t.Name), annotations(t.Name, t.PluginID, t.VolumeID))
+		if len(t.Secrets) == 0 {
+			t.Secrets = vol.Secrets
+		}
 		if err := m.ensurePublished(ctx, info, vol, t, nil); err != nil {
 			errs = append(errs, err)
 		}

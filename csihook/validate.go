@@ -37,6 +37,74 @@ func invalidf(format string, args ...any) error {
 
 var safeName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$`)
 
+// Limits on the sizes a job controls. Each is far above what the CSI spec
+// allows (128 bytes for a string, 4 KiB for a map or for all mount flags
+// together), so a request a plugin could accept never meets them; they
+// keep every journal record, and so every batch, small enough to write
+// and to read back (see maxFrame), and keep errors and events short.
+const (
+	// MaxIDBytes bounds plugin_id, volume_id and fs_type.
+	MaxIDBytes = 1024
+	// MaxDestinationBytes bounds destination (PATH_MAX).
+	MaxDestinationBytes = 4096
+	// MaxMapBytes bounds context, secrets and create.parameters, each: the
+	// bytes of their keys and values together.
+	MaxMapBytes = 64 << 10
+	// MaxMountFlagsBytes bounds the bytes of all mount flags together.
+	MaxMountFlagsBytes = 64 << 10
+)
+
+// quoted quotes s for a message, cut short when it is long.
+func quoted(s string) string {
+	const n = 64
+	if len(s) > n {
+		return fmt.Sprintf("%q... (%d bytes)", s[:n], len(s))
+	}
+	return fmt.Sprintf("%q", s)
+}
+
+func mapBytes(m map[string]string) int {
+	n := 0
+	for k, v := range m {
+		n += len(k) + len(v)
+	}
+	return n
+}
+
+// sizeLimits reports each field of req larger than its limit.
+func sizeLimits(req VolumeRequest, fail func(format string, args ...any)) {
+	for _, f := range []struct {
+		field string
+		n     int
+		max   int
+		what  string
+	}{
+		{"plugin_id", len(req.PluginID), MaxIDBytes, "bytes"},
+		{"volume_id", len(req.VolumeID), MaxIDBytes, "bytes"},
+		{"destination", len(req.Destination), MaxDestinationBytes, "bytes"},
+		{"mount_options.fs_type", len(req.FSType), MaxIDBytes, "bytes"},
+		{"mount_options.mount_flags", len(strings.Join(req.MountFlags, "")), MaxMountFlagsBytes, "bytes of all flags together"},
+		{"context", mapBytes(req.Context), MaxMapBytes, "bytes of keys and values together"},
+		{"secrets", mapBytes(req.Secrets), MaxMapBytes, "bytes of keys and values together"},
+	} {
+		if f.n > f.max {
+			fail("%s is %d %s: it must be at most %d (%s)", f.field, f.n, f.what, f.max, humanBytes(f.max))
+		}
+	}
+	if c := req.Create; c != nil {
+		if n := mapBytes(c.Parameters); n > MaxMapBytes {
+			fail("create.parameters is %d bytes of keys and values together: it must be at most %d (%s)", n, MaxMapBytes, humanBytes(MaxMapBytes))
+		}
+	}
+}
+
+func humanBytes(n int) string {
+	if n%1024 == 0 {
+		return fmt.Sprintf("%d KiB", n/1024)
+	}
+	return fmt.Sprintf("%d bytes", n)
+}
+
 var accessModes = map[string]csi.VolumeCapability_AccessMode_Mode{
 	AccessSingleNodeWriter:      csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER,
 	AccessSingleNodeReaderOnly:  csi.VolumeCapability_AccessMode_SINGLE_NODE_READER_ONLY,
@@ -71,12 +139,18 @@ func validate(reqs []VolumeRequest) error {
 	names := map[string]bool{}
 	dests := map[string]string{}
 	for i, req := range reqs {
-		label := req.Name
-		if label == "" {
-			label = fmt.Sprintf("#%d", i+1)
+		label := quoted(req.Name)
+		if req.Name == "" {
+			label = fmt.Sprintf("%q", fmt.Sprintf("#%d", i+1))
 		}
 		fail := func(format string, args ...any) {
-			errs = append(errs, invalidf("volume %q: %s", label, fmt.Sprintf(format, args...)))
+			errs = append(errs, invalidf("volume %s: %s", label, fmt.Sprintf(format, args...)))
+		}
+		// Sizes first: the checks below quote values.
+		before := len(errs)
+		sizeLimits(req, fail)
+		if len(errs) > before {
+			continue
 		}
 		switch {
 		case req.Name == "":
@@ -111,7 +185,7 @@ func validate(reqs []VolumeRequest) error {
 		default:
 			clean := filepath.Clean(dest)
 			if other, ok := dests[clean]; ok {
-				fail("destination %q is also the destination of volume %q", dest, other)
+				fail("destination %q is also the destination of volume %s", dest, other)
 			} else {
 				dests[clean] = label
 			}

@@ -144,6 +144,75 @@ func parseSize(volume, field, s string) (int64, error) {
 type volumeManager struct {
 	mu      sync.Mutex
 	manager *csihook.Manager
+	// deferred holds the tasks whose teardown was asked for while the
+	// journal could not be opened: recoverVolumes tears them down once it
+	// opens.
+	deferred map[string]bool
+}
+
+// The pace at which recoverVolumes tries to open the journal again while
+// it cannot (another process holds it, its directory is unreadable).
+var (
+	journalRetryBase = time.Second
+	journalRetryMax  = time.Minute
+)
+
+// openVolumesRetrying returns the volume lifecycle, trying to make it again
+// with capped exponential backoff until it succeeds, or nil once the
+// driver shuts down.
+func (d *Driver) openVolumesRetrying() *csihook.Manager {
+	wait := journalRetryBase
+	for {
+		m, err := d.volumes()
+		if err == nil {
+			return m
+		}
+		d.logger.Warn("cannot recover volumes yet; trying again", "error", err, "retry_in", wait)
+		t := time.NewTimer(wait)
+		select {
+		case <-d.ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
+		wait = min(2*wait, journalRetryMax)
+	}
+}
+
+// deferTeardown keeps a task's teardown for when the journal opens, or
+// returns the volume lifecycle when it is open by now.
+func (d *Driver) deferTeardown(taskID string) *csihook.Manager {
+	d.vols.mu.Lock()
+	defer d.vols.mu.Unlock()
+	if d.vols.manager != nil {
+		return d.vols.manager
+	}
+	if d.vols.deferred == nil {
+		d.vols.deferred = map[string]bool{}
+	}
+	d.vols.deferred[taskID] = true
+	return nil
+}
+
+// runDeferredTeardowns tears down, each in the background, the volumes of
+// the tasks whose teardown waited for the journal to open.
+func (d *Driver) runDeferredTeardowns() {
+	d.vols.mu.Lock()
+	ids := d.vols.deferred
+	d.vols.deferred = nil
+	d.vols.mu.Unlock()
+	for id := range ids {
+		d.goBackground(func() {
+			if err := d.teardownVolumes(id); err != nil {
+				d.logger.Warn("volumes not torn down yet; retrying in the background", "task_id", id, "error", err)
+				return
+			}
+			d.logger.Info("tore down the volumes of a task once the journal opened", "task_id", id)
+			if _, ok := d.tasks.Get(id); !ok {
+				d.eventTargets.Delete(id)
+			}
+		})
+	}
 }
 
 // volumes returns the volume lifecycle, making it on first use.
@@ -191,12 +260,15 @@ func (d *Driver) volumes() (*csihook.Manager, error) {
 // finished. A task is live while this driver knows it, a start works on
 // it, or Nomad holds its handle and has not said yet what became of it
 // (see invocations).
+//
+// While the journal cannot be opened it is tried again until it opens or
+// the driver shuts down; teardowns asked for meanwhile run once it opens.
 func (d *Driver) recoverVolumes() {
-	m, err := d.volumes()
-	if err != nil {
-		d.logger.Warn("cannot recover volumes yet", "error", err)
+	m := d.openVolumesRetrying()
+	if m == nil {
 		return
 	}
+	defer d.runDeferredTeardowns()
 	live := func(taskID string) bool {
 		if _, ok := d.tasks.Get(taskID); ok {
 			return true
@@ -323,10 +395,15 @@ func inOrderOf(want, mounts []executor.Mount) ([]executor.Mount, error) {
 
 // teardownVolumes unpublishes a task's volumes; on failure the lifecycle
 // keeps retrying in the background, and the error says so.
+//
+// When the journal cannot be opened, the teardown is kept and done once
+// recoverVolumes opens it.
 func (d *Driver) teardownVolumes(taskID string) error {
 	m, err := d.volumes()
 	if err != nil {
-		return err
+		if m = d.deferTeardown(taskID); m == nil {
+			return fmt.Errorf("%w (the teardown is done once the journal opens)", err)
+		}
 	}
 	ctx, cancel := context.WithTimeout(d.ctx, volumeTeardownTimeout)
 	defer cancel()

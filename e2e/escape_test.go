@@ -266,8 +266,11 @@ func escReadState(t *testing.T, e *escEnv, user string) {
 			t.Fatalf("%v", err)
 		}
 	}
-	if b, err := os.ReadFile(journal); err != nil || !strings.Contains(string(b), volSecret) {
-		t.Fatalf("the volume secret %q is not in %s on the host (%v): the attack would prove nothing", volSecret, journal, err)
+	// The journal keeps a volume's secrets only while a call needs them
+	// (they leave it about a second after the publish); the journal itself
+	// must still be out of the task's reach.
+	if _, err := os.Stat(journal); err != nil {
+		t.Fatalf("no journal at %s on the host (%v): the attack would prove nothing", journal, err)
 	}
 
 	job := escRun(t, e.a, escJob{User: user, Script: escReadStateScript,
