@@ -156,19 +156,60 @@ func FuzzTaskConfig(f *testing.F) {
 		if p := tc.CSIPlugin; p != nil && (p.ID == "" || strings.ContainsAny(p.ID, "/\x00") || p.ID == "." || p.ID == "..") {
 			t.Fatalf("csi_plugin id %q accepted: it is not one path element", p.ID)
 		}
-		dests := map[string]bool{}
-		for _, r := range reqs {
-			clean := filepath.Clean(r.Destination)
-			if !filepath.IsAbs(r.Destination) || clean == "/" || dests[clean] {
-				t.Fatalf("volume %q destination %q accepted", r.Name, r.Destination)
-			}
-			dests[clean] = true
-			if strings.ContainsAny(r.PluginID, "/\x00") || r.PluginID == "" || r.PluginID == "." || r.PluginID == ".." {
-				t.Fatalf("volume %q plugin_id %q accepted", r.Name, r.PluginID)
-			}
-			if c := r.Create; c != nil && (c.CapacityMin < 0 || c.CapacityMax < 0 || (c.CapacityMax > 0 && c.CapacityMin > c.CapacityMax)) {
-				t.Fatalf("volume %q sizes %d..%d accepted", r.Name, c.CapacityMin, c.CapacityMax)
-			}
+		checkAccepted(t, reqs)
+	})
+}
+
+// checkAccepted fails when a volume request that passed every check has
+// what the checks promise it cannot: a destination that is relative, "/"
+// or another's, a plugin id that is not one path element, sizes out of
+// order.
+func checkAccepted(t *testing.T, reqs []csihook.VolumeRequest) {
+	t.Helper()
+	dests := map[string]bool{}
+	for _, r := range reqs {
+		clean := filepath.Clean(r.Destination)
+		if !filepath.IsAbs(r.Destination) || clean == "/" || dests[clean] {
+			t.Fatalf("volume %q destination %q accepted", r.Name, r.Destination)
+		}
+		dests[clean] = true
+		if strings.ContainsAny(r.PluginID, "/\x00") || r.PluginID == "" || r.PluginID == "." || r.PluginID == ".." {
+			t.Fatalf("volume %q plugin_id %q accepted", r.Name, r.PluginID)
+		}
+		if c := r.Create; c != nil && (c.CapacityMin < 0 || c.CapacityMax < 0 || (c.CapacityMax > 0 && c.CapacityMin > c.CapacityMax)) {
+			t.Fatalf("volume %q sizes %d..%d accepted", r.Name, c.CapacityMin, c.CapacityMax)
+		}
+	}
+}
+
+// FuzzVolumeRequest fills one volume block's fields directly (faster to
+// reach odd values than through JSON) and runs volumeRequests and
+// csihook's Validate: errors clean, accepted requests as checkAccepted
+// wants.
+func FuzzVolumeRequest(f *testing.F) {
+	f.Add("data", "hostpath", "db", "/srv/data", "single-node-writer", "file-system", "ext4", "noatime", "1GiB", "2GiB", false)
+	f.Add("blk", "p", "v", "/dev/xvdb", "single-node-reader-only", "block-device", "", "", "", "10MiB", true)
+	f.Add("x", "p/q", "", "relative", "bogus", "bogus", "", "", "2k", "1k", true)
+	f.Fuzz(func(t *testing.T, name, plugin, volume, dest, access, attach, fsType, flag, capMin, capMax string, readOnly bool) {
+		v := VolumeConfig{PluginID: plugin, VolumeID: volume, Destination: dest, ReadOnly: readOnly,
+			AccessMode: access, AttachmentMode: attach, Secrets: map[string]string{"token": fuzzCanary}}
+		if fsType != "" || flag != "" {
+			v.MountOptions = &MountOptions{FSType: fsType, MountFlags: []string{flag}}
+		}
+		if capMin != "" || capMax != "" {
+			v.Create = &VolumeCreateBlock{CapacityMin: capMin, CapacityMax: capMax}
+		}
+		// A second volume, so that destinations can collide.
+		vols := map[string]VolumeConfig{name: v, "zz-other": {PluginID: "p", VolumeID: "o", Destination: "/other"}}
+		reqs, err := volumeRequests(vols)
+		checkCleanError(t, err)
+		if err != nil {
+			return
+		}
+		err = (*csihook.Manager)(nil).Validate(reqs)
+		checkCleanError(t, err)
+		if err == nil {
+			checkAccepted(t, reqs)
 		}
 	})
 }
