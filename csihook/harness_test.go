@@ -200,7 +200,9 @@ func (h *harness) waitIdle() {
 
 // mountPaths returns the fake mount table's paths.
 func (h *harness) mountPaths() []string {
-	mps, _ := h.mnt.List()
+	h.t.Helper()
+	mps, err := h.mnt.List()
+	must.NoError(h.t, err)
 	var out []string
 	for _, mp := range mps {
 		out = append(out, mp.Path)

@@ -3,13 +3,17 @@ package csihook
 import (
 	"context"
 	"errors"
+	"io/fs"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/shoenig/test/must"
 	"github.com/shoenig/test/wait"
 	"google.golang.org/grpc/codes"
@@ -725,23 +729,97 @@ func TestTeardown_NotFoundIsSuccess(t *testing.T) {
 	must.SliceEmpty(t, h.journalRecords())
 }
 
+// lyingClient is a plugin that answers OK to NodeUnpublishVolume or
+// NodeUnstageVolume (the method in lieOn) without taking its mount away,
+// while lying is set.
+type lyingClient struct {
+	*FakeClient
+	lieOn string
+	lying atomic.Bool
+}
+
+func (c *lyingClient) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {
+	if c.lieOn == MethodNodeUnpublishVolume && c.lying.Load() {
+		err := c.begin(ctx, FakeCall{Method: MethodNodeUnpublishVolume, VolumeID: req.GetVolumeId(), TargetPath: req.GetTargetPath()})
+		return &csi.NodeUnpublishVolumeResponse{}, err
+	}
+	return c.FakeClient.NodeUnpublishVolume(ctx, req)
+}
+
+func (c *lyingClient) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolumeRequest) (*csi.NodeUnstageVolumeResponse, error) {
+	if c.lieOn == MethodNodeUnstageVolume && c.lying.Load() {
+		err := c.begin(ctx, FakeCall{Method: MethodNodeUnstageVolume, VolumeID: req.GetVolumeId(), StagingPath: req.GetStagingTargetPath()})
+		return &csi.NodeUnstageVolumeResponse{}, err
+	}
+	return c.FakeClient.NodeUnstageVolume(ctx, req)
+}
+
+// A plugin that says it took its mount away while the path is still
+// mounted must not be believed: the teardown fails with Internal naming
+// the path, keeps the volume's records, makes no later call that needs
+// the mount gone (no unstage under a published target, no detach under a
+// staged volume), and finishes in the background once the plugin really
+// unmounts.
 func TestTeardown_PluginLiesAboutUnmount(t *testing.T) {
-	h := newHarness(t)
-	ctx := context.Background()
-	_, err := h.m.Setup(ctx, "task-a", []VolumeRequest{req("data", "vol1", "/data")})
-	must.NoError(t, err)
-	// The plugin says OK but leaves the mount: the fake's unmount fails
-	// silently when told to, so emulate with an error-free plugin and a
-	// mount that stays.
-	target := h.m.TargetPath("task-a", "data")
-	h.mnt.SetUnmountErr(target, errors.New("busy"))
-	err = h.m.Teardown(ctx, "task-a")
-	must.Error(t, err)
-	must.Len(t, 2, h.journalRecords())
-	// The background retry reads the errors meanwhile.
-	h.mnt.SetUnmountErr(target, nil)
-	h.waitIdle()
-	must.SliceEmpty(t, h.journalRecords())
+	cases := []struct {
+		lieOn     string
+		path      func(*Manager) string
+		records   []string
+		notCalled []string
+	}{{
+		lieOn:     MethodNodeUnpublishVolume,
+		path:      func(m *Manager) string { return m.TargetPath("task-a", "data") },
+		records:   []string{"task task-a/data unpublishing", "vol p/vol1 staged/published"},
+		notCalled: []string{MethodNodeUnstageVolume, MethodControllerUnpublishVolume},
+	}, {
+		lieOn:     MethodNodeUnstageVolume,
+		path:      func(m *Manager) string { return m.StagingPath("p", "vol1") },
+		records:   []string{"vol p/vol1 unstaging/published"},
+		notCalled: []string{MethodControllerUnpublishVolume},
+	}}
+	for _, tc := range cases {
+		t.Run(tc.lieOn, func(t *testing.T) {
+			var plugin *lyingClient
+			h := newHarness(t, func(cfg *Config) {
+				cfg.Dial = func(string) (Client, error) { return plugin, nil }
+			})
+			plugin = &lyingClient{FakeClient: h.fake, lieOn: tc.lieOn}
+			ctx := context.Background()
+			_, err := h.m.Setup(ctx, "task-a", []VolumeRequest{req("data", "vol1", "/data")})
+			must.NoError(t, err)
+			path := tc.path(h.m)
+			plugin.lying.Store(true)
+			h.fake.ResetCalls()
+
+			err = h.m.Teardown(ctx, "task-a")
+			must.ErrorContains(t, err, "retrying in the background")
+			var oe *OpError
+			must.True(t, errors.As(err, &oe))
+			must.Eq(t, tc.lieOn, oe.Method)
+			must.Eq(t, codes.Internal, oe.Code)
+			must.StrContains(t, oe.Message, "the plugin reported success but "+strconv.Quote(path)+" is still mounted")
+			must.SliceContains(t, h.mountPaths(), path)
+			must.True(t, h.fake.Count(tc.lieOn) >= 1)
+			// While the plugin lies, the background retries ask it again and
+			// get the same answer: nothing beyond the lying call is made, the
+			// records stay.
+			must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+				return h.fake.Count(tc.lieOn) >= 3
+			}), wait.Timeout(10*time.Second), wait.Gap(5*time.Millisecond)))
+			for _, m := range tc.notCalled {
+				must.Eq(t, 0, h.fake.Count(m), must.Sprintf("%s called although %q is still mounted", m, path))
+			}
+			must.Eq(t, tc.records, h.journalRecords())
+
+			plugin.lying.Store(false)
+			h.waitIdle()
+			must.SliceEmpty(t, h.journalRecords())
+			must.SliceEmpty(t, h.mountPaths())
+			for _, m := range tc.notCalled {
+				must.Eq(t, 1, h.fake.Count(m))
+			}
+		})
+	}
 }
 
 func TestTeardown_PermanentFailureIsNotRetried(t *testing.T) {
@@ -840,10 +918,13 @@ func TestBadInput_LeavesNothingBehind(t *testing.T) {
 			must.SliceEmpty(t, h.journalRecords())
 			must.SliceEmpty(t, h.mnt.GetActions())
 			must.SliceEmpty(t, h.eventMsgs())
-			entries, _ := os.ReadDir(filepath.Join(h.root, "publish"))
-			must.SliceEmpty(t, entries)
-			entries, _ = os.ReadDir(filepath.Join(h.root, "staging"))
-			must.SliceEmpty(t, entries)
+			for _, dir := range []string{"publish", "staging"} {
+				entries, err := os.ReadDir(filepath.Join(h.root, dir))
+				if !errors.Is(err, fs.ErrNotExist) {
+					must.NoError(t, err)
+				}
+				must.SliceEmpty(t, entries)
+			}
 		})
 	}
 }

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"github.com/hashicorp/go-version"
 	"github.com/hashicorp/nomad/nomad/structs"
 	"github.com/hashicorp/nomad/plugins/base"
 	"github.com/hashicorp/nomad/plugins/drivers"
@@ -665,15 +664,4 @@ func shortTempDir(t testing.TB) string {
 	must.NoError(t, err)
 	t.Cleanup(func() { _ = os.RemoveAll(dir) })
 	return dir
-}
-
-// Nomad refuses to load a plugin whose version is not semver, so the
-// version the build stamps (make dev: "0.1.0-dev+<commit>[.dirty]") must be.
-func TestVersionIsSemver(t *testing.T) {
-	for _, v := range []string{Version, "0.1.0-dev+c80d0ec", "0.1.0-dev+c80d0ec.dirty", "0.1.0-dev+556f293"} {
-		_, err := version.NewVersion(v)
-		must.NoError(t, err, must.Sprintf("version %q", v))
-	}
-	_, err := version.NewVersion("c80d0ec")
-	must.Error(t, err)
 }

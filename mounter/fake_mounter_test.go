@@ -71,9 +71,13 @@ func TestFake_PerPathErrors(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			f := NewFake(MountPoint{ID: 1, Path: "/"}, MountPoint{ID: 2, Path: "/t"})
+			table := []MountPoint{{ID: 1, Path: "/"}, {ID: 2, Path: "/t", Options: []string{"rw"}}}
+			f := NewFake(table...)
 			tc.set(f)
 			must.ErrorIs(t, tc.call(f), boom)
+			// A failed call changes nothing.
+			must.Eq(t, table, f.MountPoints)
+			must.MapEmpty(t, f.Targets)
 		})
 	}
 }

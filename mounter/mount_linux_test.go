@@ -2,9 +2,11 @@ package mounter
 
 import (
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/shoenig/test/must"
@@ -30,11 +32,65 @@ func cleanupMount(t *testing.T, target string) {
 	})
 }
 
+// privateDir returns a temporary directory made a private mount of its
+// own, so that what a test mounts under it propagates nowhere, whatever
+// the host's / is.
+func privateDir(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	cleanupMount(t, dir)
+	must.NoError(t, unix.Mount(dir, dir, "", unix.MS_BIND, ""))
+	must.NoError(t, unix.Mount("", dir, "", unix.MS_PRIVATE, ""))
+	return dir
+}
+
+// mountTmpfs mounts a small tmpfs at path (made first) until the test ends.
+func mountTmpfs(t *testing.T, path string) {
+	t.Helper()
+	must.NoError(t, os.MkdirAll(path, 0o755))
+	cleanupMount(t, path)
+	must.NoError(t, unix.Mount("tmpfs", path, "tmpfs", 0, "size=1m"))
+}
+
+// mountAt returns the mountinfo entry whose mount point is path.
+func mountAt(t *testing.T, m Interface, path string) (MountPoint, bool) {
+	t.Helper()
+	mounts, err := m.List()
+	must.NoError(t, err)
+	for i := len(mounts) - 1; i >= 0; i-- {
+		if mounts[i].Path == path {
+			return mounts[i], true
+		}
+	}
+	return MountPoint{}, false
+}
+
+// writable reports whether a file can be made in dir; it fails the test
+// on any error but EROFS.
+func writable(t *testing.T, dir string) bool {
+	t.Helper()
+	err := os.WriteFile(filepath.Join(dir, "probe"), nil, 0o644)
+	if errors.Is(err, unix.EROFS) {
+		return false
+	}
+	must.NoError(t, err)
+	must.NoError(t, os.Remove(filepath.Join(dir, "probe")))
+	return true
+}
+
+// The source has a submount (a tmpfs at sub): a recursive bind brings it
+// along and, read-only, makes it read-only too (ro in its own mountinfo
+// line, EROFS on write); a non-recursive bind leaves it out. The source
+// and its submount stay writable.
 func TestMounter_BindMount_Root(t *testing.T) {
 	requireRoot(t)
 	m := New()
-	src := t.TempDir()
+	dir := privateDir(t)
+	src := filepath.Join(dir, "src")
+	must.NoError(t, os.Mkdir(src, 0o755))
 	must.NoError(t, os.WriteFile(filepath.Join(src, "f"), []byte("x"), 0o644))
+	mountTmpfs(t, filepath.Join(src, "sub"))
+	must.NoError(t, os.WriteFile(filepath.Join(src, "sub", "f"), []byte("in sub"), 0o644))
 
 	cases := []struct {
 		name      string
@@ -43,11 +99,12 @@ func TestMounter_BindMount_Root(t *testing.T) {
 	}{
 		{"read-write", false, false},
 		{"read-only", true, false},
+		{"read-write recursive", false, true},
 		{"read-only recursive", true, true},
 	}
-	for _, tc := range cases {
+	for i, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			target := filepath.Join(t.TempDir(), "a", "b")
+			target := filepath.Join(dir, fmt.Sprint("dst", i), "a", "b")
 			must.NoError(t, m.EnsureTarget(target, true))
 			cleanupMount(t, target)
 			must.NoError(t, m.BindMount(src, target, tc.readOnly, tc.recursive))
@@ -58,16 +115,37 @@ func TestMounter_BindMount_Root(t *testing.T) {
 			b, err := os.ReadFile(filepath.Join(target, "f"))
 			must.NoError(t, err)
 			must.Eq(t, "x", string(b))
+			mp, ok := mountAt(t, m, target)
+			must.True(t, ok)
+			must.Eq(t, tc.readOnly, slices.Contains(mp.Options, "ro"), must.Sprintf("options %v", mp.Options))
+			must.Eq(t, !tc.readOnly, writable(t, target))
 
-			err = os.WriteFile(filepath.Join(target, "g"), nil, 0o644)
-			if tc.readOnly {
-				must.ErrorIs(t, err, unix.EROFS)
-			} else {
+			sub := filepath.Join(target, "sub")
+			smp, ok := mountAt(t, m, sub)
+			must.Eq(t, tc.recursive, ok, must.Sprint("is the submount there"))
+			if tc.recursive {
+				must.Eq(t, "tmpfs", smp.FSType)
+				must.Eq(t, tc.readOnly, slices.Contains(smp.Options, "ro"), must.Sprintf("submount options %v", smp.Options))
+				must.Eq(t, !tc.readOnly, writable(t, sub))
+				b, err := os.ReadFile(filepath.Join(sub, "f"))
 				must.NoError(t, err)
+				must.Eq(t, "in sub", string(b))
+			} else {
+				// The source's own directory, not its tmpfs.
+				_, err := os.Stat(filepath.Join(sub, "f"))
+				must.ErrorIs(t, err, fs.ErrNotExist)
 			}
-			// The source itself stays writable.
-			must.NoError(t, os.WriteFile(filepath.Join(src, "h"), nil, 0o644))
 
+			// The source and its submount stay writable.
+			must.True(t, writable(t, src))
+			must.True(t, writable(t, filepath.Join(src, "sub")))
+			smp, ok = mountAt(t, m, filepath.Join(src, "sub"))
+			must.True(t, ok)
+			must.SliceContains(t, smp.Options, "rw")
+
+			if tc.recursive {
+				must.NoError(t, m.Unmount(sub))
+			}
 			must.NoError(t, m.Unmount(target))
 			ok, err = m.IsMountPoint(target)
 			must.NoError(t, err)
@@ -75,6 +153,31 @@ func TestMounter_BindMount_Root(t *testing.T) {
 			// Unmounting again, or a missing path, is success.
 			must.NoError(t, m.Unmount(target))
 			must.NoError(t, m.Unmount(filepath.Join(target, "missing")))
+		})
+	}
+}
+
+// RemountReadOnly of a tree: recursive reaches the submount, non-recursive
+// does not.
+func TestMounter_RemountReadOnly_Root(t *testing.T) {
+	requireRoot(t)
+	m := New()
+	for _, recursive := range []bool{false, true} {
+		t.Run(fmt.Sprint("recursive=", recursive), func(t *testing.T) {
+			dir := privateDir(t)
+			top := filepath.Join(dir, "top")
+			mountTmpfs(t, top)
+			sub := filepath.Join(top, "sub")
+			mountTmpfs(t, sub)
+
+			must.NoError(t, m.RemountReadOnly(top, recursive))
+			for _, path := range []string{top, sub} {
+				mp, ok := mountAt(t, m, path)
+				must.True(t, ok)
+				wantRO := path == top || recursive
+				must.Eq(t, wantRO, slices.Contains(mp.Options, "ro"), must.Sprintf("%s options %v", path, mp.Options))
+				must.Eq(t, !wantRO, writable(t, path))
+			}
 		})
 	}
 }
@@ -107,32 +210,143 @@ func TestMounter_ReadOnlyKeepsFlags_Root(t *testing.T) {
 func TestMounter_SetPropagation_Root(t *testing.T) {
 	requireRoot(t)
 	m := New()
-	dir := t.TempDir()
-	cleanupMount(t, dir)
-	must.NoError(t, m.BindMount(dir, dir, false, false))
+	dir := privateDir(t)
+	target := filepath.Join(dir, "t")
+	mountTmpfs(t, target)
 
-	for _, mode := range []string{PropagationShared, PropagationSlave, PropagationPrivate} {
+	for _, mode := range []string{PropagationShared, PropagationPrivate, PropagationUnbindable} {
 		t.Run(mode, func(t *testing.T) {
-			if mode == PropagationSlave {
-				// Slave of a shared mount needs a master: make it shared
-				// first, then demote it.
-				must.NoError(t, m.SetPropagation(dir, PropagationShared, false))
-			}
-			must.NoError(t, m.SetPropagation(dir, mode, false))
-			mounts, err := m.List()
-			must.NoError(t, err)
-			mp, ok := FindMount(mounts, dir)
+			must.NoError(t, m.SetPropagation(target, mode, false))
+			mp, ok := mountAt(t, m, target)
 			must.True(t, ok)
-			if mode == PropagationSlave {
-				// Without other peers a demoted shared mount has no master
-				// left and reads as private.
-				must.False(t, mp.Shared)
-				return
+			want := mode
+			if mode == PropagationUnbindable {
+				want = "unbindable"
 			}
-			must.Eq(t, mode, mp.Propagation())
+			must.Eq(t, want, mp.Propagation())
+			if mode == PropagationShared {
+				must.Positive(t, mp.PeerGroup)
+			}
 		})
 	}
-	must.ErrorContains(t, m.SetPropagation(dir, "bogus", false), "unknown propagation mode")
+	must.ErrorContains(t, m.SetPropagation(target, "bogus", false), "unknown propagation mode")
+}
+
+// A bind of a shared mount (with a shared submount) is in the source's
+// peer groups; made a slave it shows master:<the source's group> and no
+// shared:, receives the source's new mounts and sends none back. A
+// recursive change reaches the submount too; a non-recursive one leaves
+// it shared.
+func TestMounter_SetPropagationSlave_Root(t *testing.T) {
+	requireRoot(t)
+	m := New()
+	for _, recursive := range []bool{false, true} {
+		t.Run(fmt.Sprint("recursive=", recursive), func(t *testing.T) {
+			dir := privateDir(t)
+			master := filepath.Join(dir, "master")
+			mountTmpfs(t, master)
+			must.NoError(t, m.SetPropagation(master, PropagationShared, false))
+			mountTmpfs(t, filepath.Join(master, "sub"))
+			must.NoError(t, m.SetPropagation(filepath.Join(master, "sub"), PropagationShared, false))
+			for _, d := range []string{"fromMaster", "fromSlave", "sub/fromMaster"} {
+				must.NoError(t, os.Mkdir(filepath.Join(master, d), 0o755))
+			}
+			mmp, ok := mountAt(t, m, master)
+			must.True(t, ok)
+			msub, ok := mountAt(t, m, filepath.Join(master, "sub"))
+			must.True(t, ok)
+			must.True(t, mmp.Shared && msub.Shared)
+
+			slave := filepath.Join(dir, "slave")
+			must.NoError(t, os.Mkdir(slave, 0o755))
+			cleanupMount(t, slave)
+			must.NoError(t, m.BindMount(master, slave, false, true))
+			smp, ok := mountAt(t, m, slave)
+			must.True(t, ok)
+			must.Eq(t, mmp.PeerGroup, smp.PeerGroup, must.Sprint("the bind joins the source's peer group"))
+
+			must.NoError(t, m.SetPropagation(slave, PropagationSlave, recursive))
+
+			smp, ok = mountAt(t, m, slave)
+			must.True(t, ok)
+			must.Eq(t, PropagationSlave, smp.Propagation())
+			must.False(t, smp.Shared, must.Sprint("a slave has no shared: tag"))
+			must.Eq(t, mmp.PeerGroup, smp.Master, must.Sprint("master: names the source's peer group"))
+			ssub, ok := mountAt(t, m, filepath.Join(slave, "sub"))
+			must.True(t, ok)
+			if recursive {
+				must.Eq(t, PropagationSlave, ssub.Propagation())
+				must.Eq(t, msub.PeerGroup, ssub.Master)
+			} else {
+				must.Eq(t, PropagationShared, ssub.Propagation())
+				must.Eq(t, msub.PeerGroup, ssub.PeerGroup)
+			}
+			// The source stays shared.
+			mmp2, ok := mountAt(t, m, master)
+			must.True(t, ok)
+			must.Eq(t, PropagationShared, mmp2.Propagation())
+
+			// Mounts go from the master to the slave, not back.
+			mountTmpfs(t, filepath.Join(master, "fromMaster"))
+			_, ok = mountAt(t, m, filepath.Join(slave, "fromMaster"))
+			must.True(t, ok, must.Sprint("a mount on the master reaches the slave"))
+			mountTmpfs(t, filepath.Join(slave, "fromSlave"))
+			_, ok = mountAt(t, m, filepath.Join(master, "fromSlave"))
+			must.False(t, ok, must.Sprint("a mount on the slave reaches the master"))
+			mountTmpfs(t, filepath.Join(master, "sub", "fromMaster"))
+			_, ok = mountAt(t, m, filepath.Join(slave, "sub", "fromMaster"))
+			must.True(t, ok, must.Sprint("a mount on the master's submount reaches the slave's"))
+		})
+	}
+}
+
+// A recursive clone of a tree with a submount, locked read-only, nosuid
+// and nodev, shows those flags on every mount of the copy once attached;
+// the source keeps its own. A non-recursive clone leaves the submount out.
+func TestMounter_CloneLockTree_Root(t *testing.T) {
+	requireRoot(t)
+	m := New()
+	for _, recursive := range []bool{false, true} {
+		t.Run(fmt.Sprint("recursive=", recursive), func(t *testing.T) {
+			dir := privateDir(t)
+			src := filepath.Join(dir, "src")
+			mountTmpfs(t, src)
+			sub := filepath.Join(src, "sub")
+			mountTmpfs(t, sub)
+
+			tree, err := m.CloneTree(src, recursive)
+			must.NoError(t, err)
+			defer tree.Close()
+			must.NoError(t, m.LockTree(tree, true, true, true))
+			target := filepath.Join(dir, "dst")
+			must.NoError(t, os.Mkdir(target, 0o755))
+			cleanupMount(t, target)
+			must.NoError(t, m.AttachTree(tree, target))
+
+			paths := []string{target}
+			if recursive {
+				paths = append(paths, filepath.Join(target, "sub"))
+			} else {
+				_, ok := mountAt(t, m, filepath.Join(target, "sub"))
+				must.False(t, ok, must.Sprint("a non-recursive clone brought the submount"))
+			}
+			for _, path := range paths {
+				mp, ok := mountAt(t, m, path)
+				must.True(t, ok, must.Sprintf("%s is not mounted", path))
+				for _, opt := range []string{"ro", "nosuid", "nodev"} {
+					must.SliceContains(t, mp.Options, opt, must.Sprintf("%s options", path))
+				}
+				must.False(t, writable(t, path))
+			}
+			for _, path := range []string{src, sub} {
+				mp, ok := mountAt(t, m, path)
+				must.True(t, ok)
+				must.SliceContains(t, mp.Options, "rw", must.Sprintf("%s options", path))
+				must.SliceNotContains(t, mp.Options, "nosuid", must.Sprintf("%s options", path))
+				must.True(t, writable(t, path))
+			}
+		})
+	}
 }
 
 func TestMounter_SensitiveErrorsAreMasked_Root(t *testing.T) {

@@ -2,6 +2,7 @@ package mounter
 
 import (
 	"bufio"
+	"bytes"
 	"fmt"
 	"io"
 	"strconv"
@@ -67,6 +68,7 @@ func ParseMountInfo(r io.Reader) ([]MountPoint, error) {
 	var out []MountPoint
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 64*1024), 1024*1024)
+	sc.Split(scanLines)
 	lineNo := 0
 	for sc.Scan() {
 		lineNo++
@@ -84,6 +86,19 @@ func ParseMountInfo(r io.Reader) ([]MountPoint, error) {
 		return nil, fmt.Errorf("failed to read mountinfo: %w", err)
 	}
 	return out, nil
+}
+
+// scanLines splits at '\n' only: unlike bufio.ScanLines it keeps a '\r'
+// before it, which the kernel does not escape in super options (an
+// overlay's lowerdir= a directory whose name ends in '\r').
+func scanLines(data []byte, atEOF bool) (advance int, token []byte, err error) {
+	if i := bytes.IndexByte(data, '\n'); i >= 0 {
+		return i + 1, data[:i], nil
+	}
+	if atEOF && len(data) > 0 {
+		return len(data), data, nil
+	}
+	return 0, nil, nil
 }
 
 func parseMountInfoLine(line string) (MountPoint, error) {

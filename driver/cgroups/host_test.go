@@ -274,19 +274,79 @@ func TestHost_KillForkBomb(t *testing.T) {
 	must.SliceEmpty(t, pids)
 }
 
+// Available on the host's hierarchy, and on every other cgroup2 mount
+// (on a hybrid host, /sys/fs/cgroup/unified, so the v2 path runs in plain
+// make unit too), agrees with what the kernel shows, read here on its own:
+// v1 needs every controller in v1Controllers mounted at root/<name>; v2
+// needs every one in v2Controllers listed in root/cgroup.controllers, and
+// names the first one missing and the root.
 func TestHost_Available(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: Available reports unwritable hierarchies otherwise")
 	}
 	h, err := hostHierarchy()
 	must.NoError(t, err)
-	err = Available()
-	t.Logf("cgroup v%d at %s: Available() = %v", h.version, h.root, err)
-	if h.version == 1 {
-		if _, merr := h.v1Mount("memory"); merr == nil {
+	want := wantAvailable(t, h.root)
+	t.Logf("cgroup v%d at %s: want %q", h.version, h.root, want)
+	checkAvailable(t, Available(), want)
+
+	// Every other cgroup2 mount, as the v2 hierarchy it would be.
+	mi, err := os.ReadFile("/proc/self/mountinfo")
+	must.NoError(t, err)
+	for _, line := range strings.Split(string(mi), "\n") {
+		pre, post, ok := strings.Cut(line, " - ")
+		if !ok || !strings.HasPrefix(post, "cgroup2 ") {
+			continue
+		}
+		root := strings.Fields(pre)[4]
+		if root == h.root {
+			continue
+		}
+		t.Run(root, func(t *testing.T) {
+			v2, err := detect(root, statfsMagic)
 			must.NoError(t, err)
+			must.Eq(t, 2, v2.version)
+			want := wantAvailable(t, root)
+			t.Logf("cgroup v2 at %s: want %q", root, want)
+			checkAvailable(t, v2.available(), want)
+		})
+	}
+}
+
+// wantAvailable reads what the kernel shows at root and returns the start
+// of the error Available must give ("" for none).
+func wantAvailable(t *testing.T, root string) string {
+	t.Helper()
+	var st unix.Statfs_t
+	must.NoError(t, unix.Statfs(root, &st))
+	if st.Type != unix.CGROUP2_SUPER_MAGIC {
+		for _, c := range v1Controllers {
+			var cst unix.Statfs_t
+			if err := unix.Statfs(filepath.Join(root, c), &cst); err != nil || cst.Type != unix.CGROUP_SUPER_MAGIC {
+				return fmt.Sprintf("the %s cgroup controller is not mounted at %s", c, filepath.Join(root, c))
+			}
+		}
+		return ""
+	}
+	b, err := os.ReadFile(filepath.Join(root, "cgroup.controllers"))
+	must.NoError(t, err)
+	have := strings.Fields(string(b))
+	for _, c := range v2Controllers {
+		if !slices.Contains(have, c) {
+			return fmt.Sprintf("the %s controller is not available in the cgroup v2 hierarchy at %s", c, root)
 		}
 	}
+	return ""
+}
+
+func checkAvailable(t *testing.T, err error, want string) {
+	t.Helper()
+	if want == "" {
+		must.NoError(t, err)
+		return
+	}
+	must.Error(t, err)
+	must.StrHasPrefix(t, want, err.Error())
 }
 
 // A killed child that its parent has not reaped yet is a zombie: it is not

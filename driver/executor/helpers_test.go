@@ -138,9 +138,12 @@ func cgroupExists(parent, name string) bool {
 }
 
 // processesMentioning lists PIDs whose command line holds s.
-func processesMentioning(s string) []string {
+func processesMentioning(t *testing.T, s string) []string {
+	t.Helper()
 	var out []string
-	entries, _ := os.ReadDir("/proc")
+	entries, err := os.ReadDir("/proc")
+	must.NoError(t, err)
+	must.SliceNotEmpty(t, entries)
 	for _, e := range entries {
 		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
 		if err == nil && strings.Contains(string(b), s) {

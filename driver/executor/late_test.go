@@ -71,7 +71,7 @@ func TestStart_LateMountsError_Root(t *testing.T) {
 	must.Nil(t, p)
 	must.ErrorIs(t, err, boom)
 	must.False(t, cgroupExists(tt.spec.CgroupParent, tt.spec.TaskID))
-	must.Eq(t, 0, len(processesMentioning(tt.spec.StateDir)))
+	must.Eq(t, 0, len(processesMentioning(t, tt.spec.StateDir)))
 	must.Eq(t, "", readFile(t, tt.stdout))
 
 	// A source that is gone fails the start with a message naming it.
@@ -83,7 +83,7 @@ func TestStart_LateMountsError_Root(t *testing.T) {
 	must.Nil(t, p)
 	must.ErrorContains(t, err, `"/nonexistent/volume"`)
 	must.False(t, cgroupExists(tt.spec.CgroupParent, tt.spec.TaskID))
-	must.Eq(t, 0, len(processesMentioning(tt.spec.StateDir)))
+	must.Eq(t, 0, len(processesMentioning(t, tt.spec.StateDir)))
 
 	// Mounts for other targets than the spec's are refused.
 	tt = newTestSpec(t, "/bin/sh", "-c", "echo ran")

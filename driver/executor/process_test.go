@@ -106,7 +106,7 @@ func TestProcess_Signals_Root(t *testing.T) {
 		must.NoError(t, p.Kill())
 		st := waitExit(t, p)
 		must.Eq(t, int(syscall.SIGKILL), st.Signal)
-		must.Eq(t, 0, len(processesMentioning(tt.spec.TaskID)))
+		must.Eq(t, 0, len(processesMentioning(t, tt.spec.TaskID)))
 	})
 
 	t.Run("supervisor ignores termination signals", func(t *testing.T) {
@@ -270,7 +270,7 @@ func TestStart_Errors_Root(t *testing.T) {
 			must.Nil(t, p)
 			must.ErrorContains(t, err, tc.err)
 			must.False(t, cgroupExists(tt.spec.CgroupParent, tt.spec.TaskID))
-			must.Eq(t, 0, len(processesMentioning(tt.spec.StateDir)))
+			must.Eq(t, 0, len(processesMentioning(t, tt.spec.StateDir)))
 		})
 	}
 }

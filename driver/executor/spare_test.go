@@ -175,7 +175,8 @@ if touch /top-level-file 2>/dev/null; then echo root-writable; else echo root-re
 	})
 	s.Close()
 	waitFor(t, "no spare directories", func() bool {
-		entries, _ := os.ReadDir(dir)
+		entries, err := os.ReadDir(dir)
+		must.NoError(t, err)
 		return len(entries) == 0
 	})
 }
