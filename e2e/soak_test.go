@@ -44,6 +44,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shoenig/test"
 	"github.com/shoenig/test/must"
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/internal/debugstats"
@@ -141,13 +142,13 @@ func TestSoak(t *testing.T) {
 	s.samples = append(s.samples, end)
 	s.report(cycles)
 	t.Logf("soak: %d cycles in %v (restarts after cycles %v)\n%s", cycles, wall.Round(time.Second), s.restarts, SoakTable(s.samples))
-	must.SliceEmpty(t, left, must.Sprintf("left over once every job stopped: %v", left))
-	must.Eq(t, 0, end.MountsRoot, must.Sprintf("mounts under root_dir: %v", end.Left))
-	must.Eq(t, 0, end.MountsAgent, must.Sprintf("mounts under the agent's directory: %v", end.Left))
-	must.Eq(t, 0, end.Cgroups, must.Sprintf("cgroups under the driver's cgroup parent: %v", end.Left))
-	must.Eq(t, 0, end.Procs, must.Sprintf("task processes: %v", end.Left))
-	must.Eq(t, 0, end.JournalRecords, must.Sprintf("journal records: %v", s.a.VolJournalLeft()))
-	must.LessEq(t, 1, end.Spares, must.Sprintf("spare supervisors: %v", end.Left))
+	test.SliceEmpty(t, left, test.Sprintf("left over once every job stopped: %v", left))
+	test.Eq(t, 0, end.MountsRoot, test.Sprintf("mounts under root_dir: %v", end.Left))
+	test.Eq(t, 0, end.MountsAgent, test.Sprintf("mounts under the agent's directory: %v", end.Left))
+	test.Eq(t, 0, end.Cgroups, test.Sprintf("cgroups under the driver's cgroup parent: %v", end.Left))
+	test.Eq(t, 0, end.Procs, test.Sprintf("task processes: %v", end.Left))
+	test.Eq(t, 0, end.JournalRecords, test.Sprintf("journal records: %v", s.a.VolJournalLeft()))
+	test.LessEq(t, 1, end.Spares, test.Sprintf("spare supervisors: %v", end.Left))
 	// With the client agent stopped, its driver's spare goes too: no
 	// process of the soak is left.
 	must.NoError(t, s.a.Stop(30*time.Second))
@@ -157,14 +158,14 @@ func TestSoak(t *testing.T) {
 			break
 		}
 	}
-	must.SliceEmpty(t, append(procs, spares...), must.Sprint("processes left once the client agent stopped"))
+	test.SliceEmpty(t, append(procs, spares...), test.Sprint("processes left once the client agent stopped"))
 
 	// Loose bounds on growth within one driver process.
 	for _, seg := range soakSegments(s.samples) {
 		first, last := seg[0], seg[len(seg)-1]
-		must.LessEq(t, first.FDs+soakMaxFDGrowth, last.FDs, must.Sprintf(
+		test.LessEq(t, first.FDs+soakMaxFDGrowth, last.FDs, test.Sprintf(
 			"driver pid %d: fds grew from %d (cycle %d) to %d (cycle %d)", first.DriverPID, first.FDs, first.Cycle, last.FDs, last.Cycle))
-		must.LessEq(t, first.Goroutines+soakMaxGoroutineGrowth, last.Goroutines, must.Sprintf(
+		test.LessEq(t, first.Goroutines+soakMaxGoroutineGrowth, last.Goroutines, test.Sprintf(
 			"driver pid %d: goroutines grew from %d (cycle %d) to %d (cycle %d); see %s.goroutines",
 			first.DriverPID, first.Goroutines, first.Cycle, last.Goroutines, last.Cycle, s.statsPath))
 	}
@@ -173,7 +174,7 @@ func TestSoak(t *testing.T) {
 	id := fx.VolumeID("soak-shared")
 	stages, publishes := fx.Count("NodeStageVolume", id), fx.Count("NodePublishVolume", id)
 	t.Logf("shared volume %s: %d NodeStageVolume, %d NodePublishVolume", id, stages, publishes)
-	must.Less(t, publishes, stages, must.Sprint("the shared volume was never published to two tasks under one staging"))
+	test.Less(t, publishes, stages, test.Sprint("the shared volume was never published to two tasks under one staging"))
 }
 
 // setup starts the two plugins - the fixture as a driver-managed plugin
