@@ -26,7 +26,7 @@ package e2e
 //
 //	SOAK_CYCLES=1000 go test -tags e2e -count=1 -run TestSoak -v -timeout 4h ./e2e/
 //
-// make soak runs 1000 cycles, make soak-short 40 with one restart.
+// make soak runs 1000 cycles, make soak-short 20 with one restart.
 // SOAK_SAMPLE_EVERY (default 100, or a quarter of a short run),
 // SOAK_RESTART_EVERY (default 250, or half of a short run; 0: never) and
 // SOAK_REPORT (a file for the table) shape it.
