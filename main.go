@@ -4,11 +4,15 @@
 package main
 
 import (
+	"fmt"
+	"os"
+
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/nomad/plugins"
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver"
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor"
+	"github.com/nomad-driver-csi/nomad-driver-csi/internal/debugstats"
 )
 
 func main() {
@@ -17,6 +21,12 @@ func main() {
 	if executor.RunReexec() {
 		return
 	}
+	// A debugging aid, off unless the agent's environment names a file.
+	stop, err := debugstats.StartFromEnv()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+	}
+	defer stop()
 	plugins.Serve(func(logger hclog.Logger) interface{} {
 		return driver.NewPlugin(logger)
 	})

@@ -159,6 +159,9 @@ type AgentOptions struct {
 	ClientConfig string
 	// Logf receives the harness's progress messages (may be nil).
 	Logf func(format string, args ...any)
+	// Env is added to the agents' environment (KEY=VALUE), which Nomad
+	// passes on to the driver plugin.
+	Env []string
 }
 
 // Agent is a running Nomad agent: one -dev agent, or (Persistent) a server
@@ -462,7 +465,7 @@ func (a *Agent) startProc(p *proc) error {
 	fmt.Fprintf(logFile, "==== harness: starting %s %s at %s\n", NomadBinary(a.Root), strings.Join(p.args, " "), time.Now().Format(time.RFC3339Nano))
 	cmd := exec.Command(NomadBinary(a.Root), p.args...)
 	cmd.Dir = a.Dir
-	cmd.Env = cleanEnv()
+	cmd.Env = append(cleanEnv(), a.opts.Env...)
 	cmd.Stdout = logFile
 	cmd.Stderr = logFile
 	// Its own process group: a ^C to the test must not reach it before the

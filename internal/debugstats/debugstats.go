@@ -1,0 +1,129 @@
+// Package debugstats is a debugging aid: when the driver's environment
+// names a file in NOMAD_DRIVER_CSI_DEBUG_STATS, the driver rewrites that
+// file every second with its goroutine count and heap figures, and a
+// second file beside it (FILE.goroutines) with its goroutines grouped by
+// stack. Soak tests read them to see whether the driver leaks goroutines;
+// an operator hunting a leak can set the variable in the Nomad agent's
+// environment, which Nomad passes on to its plugins.
+//
+// Nothing starts when the variable is unset (the default): no listener,
+// no signal handler, no goroutine. The files are written atomically
+// (temp file + rename) with mode 0600.
+package debugstats
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"runtime/pprof"
+	"time"
+)
+
+// Env is the environment variable that names the stats file.
+const Env = "NOMAD_DRIVER_CSI_DEBUG_STATS"
+
+// Interval is how often the files are rewritten.
+const Interval = time.Second
+
+// Stats is the content of the stats file.
+type Stats struct {
+	PID         int       `json:"pid"`
+	Time        time.Time `json:"time"`
+	Goroutines  int       `json:"goroutines"`
+	HeapAlloc   uint64    `json:"heap_alloc"`
+	HeapObjects uint64    `json:"heap_objects"`
+	NumGC       uint32    `json:"num_gc"`
+}
+
+// StartFromEnv starts writing the stats file named by Env, if it is set,
+// and returns a function that stops it (a no-op when nothing started).
+// An invalid value (a relative path) starts nothing and is reported.
+func StartFromEnv() (stop func(), err error) {
+	path := os.Getenv(Env)
+	if path == "" {
+		return func() {}, nil
+	}
+	if !filepath.IsAbs(path) {
+		return func() {}, fmt.Errorf("%s must be an absolute file path, got %q", Env, path)
+	}
+	return Start(path, Interval), nil
+}
+
+// Start writes the stats file at path now and then every interval until
+// stop is called.
+func Start(path string, interval time.Duration) (stop func()) {
+	done := make(chan struct{})
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			_ = Write(path)
+			select {
+			case <-done:
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return func() {
+		close(done)
+		<-finished
+	}
+}
+
+// Write writes the stats file at path and the goroutine profile at
+// path+".goroutines" once.
+func Write(path string) error {
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	st := Stats{
+		PID:         os.Getpid(),
+		Time:        time.Now().UTC(),
+		Goroutines:  runtime.NumGoroutine(),
+		HeapAlloc:   ms.HeapAlloc,
+		HeapObjects: ms.HeapObjects,
+		NumGC:       ms.NumGC,
+	}
+	b, err := json.Marshal(st)
+	if err != nil {
+		return err
+	}
+	var prof bytes.Buffer
+	if p := pprof.Lookup("goroutine"); p != nil {
+		_ = p.WriteTo(&prof, 1)
+	}
+	if err := writeAtomic(path+".goroutines", prof.Bytes()); err != nil {
+		return err
+	}
+	return writeAtomic(path, append(b, '\n'))
+}
+
+// Read reads a stats file.
+func Read(path string) (Stats, error) {
+	var st Stats
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return st, err
+	}
+	if err := json.Unmarshal(b, &st); err != nil {
+		return st, fmt.Errorf("failed to decode the debug stats file %s: %w", path, err)
+	}
+	return st, nil
+}
+
+func writeAtomic(path string, b []byte) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return fmt.Errorf("failed to write the debug stats file %s: %w", tmp, err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		_ = os.Remove(tmp)
+		return fmt.Errorf("failed to write the debug stats file %s: %w", path, err)
+	}
+	return nil
+}

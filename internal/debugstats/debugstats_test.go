@@ -1,0 +1,111 @@
+package debugstats
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/shoenig/test/must"
+)
+
+func TestStartFromEnv(t *testing.T) {
+	cases := []struct {
+		name    string
+		value   string
+		wantErr string
+		wantRun bool
+	}{
+		{name: "unset starts nothing", value: ""},
+		{name: "relative path refused", value: "stats.json", wantErr: "must be an absolute file path"},
+		{name: "absolute path starts", value: "ABS", wantRun: true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			path := filepath.Join(dir, "stats.json")
+			value := tc.value
+			if value == "ABS" {
+				value = path
+			}
+			t.Setenv(Env, value)
+			stop, err := StartFromEnv()
+			if tc.wantErr != "" {
+				must.ErrorContains(t, err, tc.wantErr)
+			} else {
+				must.NoError(t, err)
+			}
+			stop()
+			entries, err := os.ReadDir(dir)
+			must.NoError(t, err)
+			if !tc.wantRun {
+				must.SliceEmpty(t, entries)
+				return
+			}
+			st, err := Read(path)
+			must.NoError(t, err)
+			must.Eq(t, os.Getpid(), st.PID)
+			must.Positive(t, st.Goroutines)
+			must.Positive(t, st.HeapAlloc)
+			prof, err := os.ReadFile(path + ".goroutines")
+			must.NoError(t, err)
+			must.StrContains(t, string(prof), "goroutine profile: total")
+		})
+	}
+}
+
+// The count follows the process: goroutines started after a write show in
+// the next one.
+func TestWriteCountsGoroutines(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "stats.json")
+	must.NoError(t, Write(path))
+	before, err := Read(path)
+	must.NoError(t, err)
+
+	const extra = 25
+	release := make(chan struct{})
+	started := make(chan struct{}, extra)
+	for range extra {
+		go func() {
+			started <- struct{}{}
+			<-release
+		}()
+	}
+	for range extra {
+		<-started
+	}
+	must.NoError(t, Write(path))
+	during, err := Read(path)
+	close(release)
+	must.NoError(t, err)
+	must.GreaterEq(t, before.Goroutines+extra, during.Goroutines)
+	prof, err := os.ReadFile(path + ".goroutines")
+	must.NoError(t, err)
+	must.True(t, strings.Contains(string(prof), "TestWriteCountsGoroutines"), must.Sprint("the profile names the waiting goroutines' function"))
+}
+
+// Start keeps rewriting the file until stop returns; no temp file is left.
+func TestStartRewrites(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "stats.json")
+	stop := Start(path, 10*time.Millisecond)
+	first := time.Now()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		st, err := Read(path)
+		if err == nil && st.Time.After(first) {
+			break
+		}
+		must.True(t, time.Now().Before(deadline), must.Sprint("the stats file was not rewritten"))
+		time.Sleep(5 * time.Millisecond)
+	}
+	stop()
+	entries, err := os.ReadDir(dir)
+	must.NoError(t, err)
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	must.SliceContainsAll(t, []string{"stats.json", "stats.json.goroutines"}, names)
+}
