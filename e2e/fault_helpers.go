@@ -403,6 +403,9 @@ func (ft *faultTable) Markdown(command string) string {
 }
 
 func mdCell(s string) string {
+	if r := []rune(s); len(r) > 240 {
+		s = string(r[:240]) + "…"
+	}
 	s = strings.ReplaceAll(s, "|", "\\|")
 	return strings.ReplaceAll(s, "\n", " ")
 }

@@ -20,6 +20,8 @@ package e2e
 // of its agent.
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -75,6 +77,9 @@ type faultCase struct {
 	row  *faultRow
 	jobs []string
 	vols []string // names the volumes were created under
+	// before are the mounts under the staging and publish roots when the
+	// case began: what an earlier fault of the agent left is its own.
+	before []string
 }
 
 // runFault runs fn as a subtest and then, whatever happened, stops the
@@ -82,7 +87,8 @@ type faultCase struct {
 // left.
 func runFault(t *testing.T, a *Agent, fx *VolFixture, group, fault string, fn func(c *faultCase)) {
 	t.Run(strings.NewReplacer(" ", "_", ",", "").Replace(fault), func(t *testing.T) {
-		c := &faultCase{t: t, a: a, fx: fx, row: &faultRow{Group: group, Fault: fault, Outcome: "did not get far"}}
+		c := &faultCase{t: t, a: a, fx: fx, row: &faultRow{Group: group, Fault: fault, Outcome: "did not get far"},
+			before: a.VolMounts()}
 		faultRows.add(c.row)
 		start := time.Now()
 		defer func() {
@@ -175,6 +181,13 @@ func (c *faultCase) finish() {
 	var left FaultLeft
 	for {
 		left = a.faultLeftovers(allocs, vols, false)
+		var mounts []string
+		for _, m := range left.Mounts {
+			if !contains(c.before, m) {
+				mounts = append(mounts, m)
+			}
+		}
+		left.Mounts = mounts
 		// Other files in the journal directory (a *.bad copy of a
 		// damaged log) are not records: they go in the note.
 		var recs, files []string
@@ -266,9 +279,19 @@ func (c *faultCase) laterTask(name, dest, canary string) {
 // nothing is mounted under the driver's staging and publish roots.
 func (c *faultCase) waitVolumeClear(name string) {
 	t := c.t
-	left := c.a.WaitVolJournalClear(faultWait, name, c.fx.VolumeID(name))
+	id := c.fx.VolumeID(name)
+	// Its staging path, and its publish targets while the journal still
+	// names them.
+	paths := append(c.a.VolJournalPaths(id), filepath.Join("staging", c.fx.ID, faultShortHash(id)))
+	left := c.a.WaitVolJournalClear(faultWait, name, id)
 	must.SliceEmpty(t, left, must.Sprintf("journal records of volume %s", name))
-	must.SliceEmpty(t, c.a.WaitVolMountsGone(faultWait), must.Sprint("mounts under the staging and publish roots"))
+	must.SliceEmpty(t, c.a.WaitVolMountsGone(faultWait, paths...), must.Sprintf("mounts of volume %s", name))
+}
+
+// faultShortHash is how csihook names a volume's staging directory.
+func faultShortHash(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(sum[:8])
 }
 
 // ---- The driver plugin killed during each CSI call ----
@@ -395,7 +418,11 @@ func faultStopPlugin(c *faultCase) {
 	id := c.fx.VolumeID(name)
 	must.NotEq(t, 0, len(a.VolJournalMentions(id)), must.Sprint("the journal forgot a volume it could not tear down"))
 	c.outcome("task stopped with the plugin gone; teardown retrying")
-	c.fx = a.StartVolFixture(t, c.fx.ID, VolFixtureOptions{Args: []string{"--controller-publish"}})
+	// The same job again: the driver keeps a plugin id to the job that
+	// set its volumes up until they are released.
+	out, err := a.Nomad("job", "start", "-detach", c.fx.JobID)
+	must.NoError(t, err, must.Sprintf("nomad job start %s: %s", c.fx.JobID, out))
+	a.WaitVolPluginHealthy(t, c.fx.ID, faultWait)
 	c.waitVolumeClear(name)
 	c.laterTask(name, dest, canary)
 	c.outcome("teardown finished once the plugin was back; a later task read the data")
@@ -638,5 +665,6 @@ func faultCode(c *faultCase, code, name string) {
 	must.StrContains(t, eventsText(al, "t"), "("+code, must.Sprintf("a volume event names the code:\n%s", al.Describe()))
 	must.NoError(t, fx.ClearFaults())
 	c.laterTask(name, dest, "")
-	c.outcome("task failed naming %s and what to do (%s); a later task used the volume", code, hint[1])
+	what, _, _ := strings.Cut(hint[1], " (undoing")
+	c.outcome("task failed naming %s and what to do (%s); a later task used the volume", code, what)
 }
