@@ -59,7 +59,8 @@ func TestFaultRuleMatches(t *testing.T) {
 		{"NodeStageVolume data hang", "NodeStageVolume", "vol-9", "other", false},
 		{"* data hang", "CreateVolume", "", "data", true},
 		{"* * hang", "ControllerUnpublishVolume", "vol-2", "", true},
-		// "*" never reaches the calls that keep the plugin healthy.
+		// Calls without a volume (those that keep the plugin healthy)
+		// are never matched.
 		{"* * hang", "Probe", "", "", false},
 		{"* * hang", "NodeGetInfo", "", "", false},
 		{"NodeGetInfo * hang", "NodeGetInfo", "", "", false}, // no volume
