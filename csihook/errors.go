@@ -177,6 +177,10 @@ func hint(method string, code codes.Code, volumeID, pluginID, nodeID string) str
 		return fmt.Sprintf("plugin %q has another operation on volume %q in progress: retry later", pluginID, volumeID)
 	case codes.Internal, codes.Unknown:
 		return fmt.Sprintf("see the logs of plugin %q", pluginID)
+	case codes.Canceled:
+		return fmt.Sprintf("plugin %q says the call was cancelled: retry, and see its logs if it keeps happening", pluginID)
+	case codes.DataLoss:
+		return fmt.Sprintf("plugin %q reports lost or corrupt data on volume %q: check the volume's storage before using it again", pluginID, volumeID)
 	}
 	return ""
 }

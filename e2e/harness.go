@@ -162,6 +162,9 @@ type AgentOptions struct {
 	// Env is added to the agents' environment (KEY=VALUE), which Nomad
 	// passes on to the driver plugin.
 	Env []string
+	// Prepare runs once the agent's directories exist, before any agent
+	// starts (the fault suite mounts a small file system on DriverRoot).
+	Prepare func(a *Agent) error
 }
 
 // Agent is a running Nomad agent: one -dev agent, or (Persistent) a server
@@ -263,6 +266,11 @@ func NewAgent(opts AgentOptions) (*Agent, error) {
 func (a *Agent) setup() error {
 	for _, d := range []string{a.DataDir, a.DriverRoot, filepath.Join(a.Dir, "jobs")} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
+			return err
+		}
+	}
+	if a.opts.Prepare != nil {
+		if err := a.opts.Prepare(a); err != nil {
 			return err
 		}
 	}

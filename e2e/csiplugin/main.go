@@ -13,7 +13,10 @@
 // stderr and, with --log-calls, to a file the tests count lines in.
 //
 // Test knobs: --hang METHOD makes that RPC block until the client gives up;
-// --fail-once METHOD=CODE makes its first call fail with CODE.
+// --fail-once METHOD=CODE makes its first call fail with CODE; fault rules
+// in a control file (--faults, default <state-dir>/faults; see faults.go)
+// hang or fail chosen calls of chosen volumes while the fixture runs, until
+// the test changes the file.
 package main
 
 import (
@@ -53,6 +56,7 @@ type config struct {
 	logCalls          string
 	hang              map[string]bool
 	failOnce          map[string]codes.Code
+	faults            string
 }
 
 // plugin serves all three CSI services.
@@ -64,9 +68,10 @@ type plugin struct {
 	cfg   config
 	store *store
 
-	mu       sync.Mutex // guards callLog and failOnce
-	callLog  *os.File
-	failOnce map[string]codes.Code
+	mu        sync.Mutex // guards callLog, failOnce and faultUses
+	callLog   *os.File
+	failOnce  map[string]codes.Code
+	faultUses map[string]int // fault rule text -> calls it failed
 }
 
 func main() {
@@ -114,8 +119,12 @@ func parseFlags(args []string) (config, error) {
 		cfg.failOnce[m] = code
 		return nil
 	})
+	fs.StringVar(&cfg.faults, "faults", "", "test mode: control file of fault rules read on every call (default <state-dir>/faults; see faults.go)")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
+	}
+	if cfg.faults == "" {
+		cfg.faults = filepath.Join(cfg.stateDir, "faults")
 	}
 	if cfg.endpoint == "" {
 		cfg.endpoint = os.Getenv("CSI_ENDPOINT")
@@ -148,7 +157,7 @@ func run(cfg config) error {
 	if err != nil {
 		return err
 	}
-	p := &plugin{cfg: cfg, store: st, failOnce: cfg.failOnce}
+	p := &plugin{cfg: cfg, store: st, failOnce: cfg.failOnce, faultUses: map[string]int{}}
 	if cfg.logCalls != "" {
 		if p.callLog, err = os.OpenFile(cfg.logCalls, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644); err != nil {
 			return fmt.Errorf("failed to open call log %q: %w", cfg.logCalls, err)
@@ -222,6 +231,18 @@ func (p *plugin) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 	}
 	p.logCall(method, vol)
 	start := time.Now()
+	volumeID, name := "", ""
+	if r, ok := req.(interface{ GetVolumeId() string }); ok && r.GetVolumeId() != "" {
+		volumeID = r.GetVolumeId()
+		if v, ok := p.store.get(volumeID); ok {
+			name = v.Name
+		}
+	} else if r, ok := req.(*csi.CreateVolumeRequest); ok {
+		name = r.GetName()
+	}
+	if err := p.applyFaults(ctx, method, volumeID, name); err != nil {
+		return nil, err
+	}
 	if p.cfg.hang[method] {
 		log.Printf("hanging method=%s volume_id=%s", method, vol)
 		<-ctx.Done()
