@@ -159,6 +159,8 @@ type AgentOptions struct {
 	ClientConfig string
 	// Logf receives the harness's progress messages (may be nil).
 	Logf func(format string, args ...any)
+	// PluginDir is the client's plugin_dir; empty means PluginDir(root).
+	PluginDir string
 }
 
 // Agent is a running Nomad agent: one -dev agent, or (Persistent) a server
@@ -268,6 +270,9 @@ func (a *Agent) setup() error {
 		return err
 	}
 	plugins := "-plugin-dir=" + PluginDir(a.Root)
+	if a.opts.PluginDir != "" {
+		plugins = "-plugin-dir=" + a.opts.PluginDir
+	}
 	cfg := agentConfig{
 		Name:            filepath.Base(a.Dir),
 		HTTP:            ports[0],
