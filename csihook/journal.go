@@ -122,7 +122,6 @@ func (t taskRecord) key() volKey { return volKey{t.PluginID, t.VolumeID} }
 func (t taskRecord) needsSecrets() bool {
 	return t.State == phasePending || t.State == phasePublishing
 }
-func (t taskRecord) block() bool { return t.AttachmentMode == AttachmentBlockDevice }
 
 // shortHash is 16 hex characters of the SHA-256 of parts joined by NUL.
 func shortHash(parts ...string) string {

@@ -408,6 +408,7 @@ func TestCSIFixtureLifecycle(t *testing.T) {
 	must.Greater(t, before+48<<20, after, must.Sprintf("filesystem grew from %d to %d bytes", before, after))
 	b, err = os.ReadFile(filepath.Join(ro, "hello"))
 	must.NoError(t, err, must.Sprint("the read-only target after expansion"))
+	must.Eq(t, "csi", string(b), must.Sprint("the data after expansion"))
 
 	unpublishAndUnstage()
 	for _, p := range []string{rw, ro} {

@@ -165,6 +165,8 @@ type AgentOptions struct {
 	// Prepare runs once the agent's directories exist, before any agent
 	// starts (the fault suite mounts a small file system on DriverRoot).
 	Prepare func(a *Agent) error
+	// PluginDir is the client's plugin_dir; empty means PluginDir(root).
+	PluginDir string
 }
 
 // Agent is a running Nomad agent: one -dev agent, or (Persistent) a server
@@ -279,6 +281,9 @@ func (a *Agent) setup() error {
 		return err
 	}
 	plugins := "-plugin-dir=" + PluginDir(a.Root)
+	if a.opts.PluginDir != "" {
+		plugins = "-plugin-dir=" + a.opts.PluginDir
+	}
 	cfg := agentConfig{
 		Name:            filepath.Base(a.Dir),
 		HTTP:            ports[0],

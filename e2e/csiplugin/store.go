@@ -167,7 +167,8 @@ func (s *store) save(v *volume) error {
 		return fmt.Errorf("failed to save volume %q: %w", v.ID, err)
 	}
 	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(b); err == nil {
+	_, err = tmp.Write(b)
+	if err == nil {
 		err = tmp.Sync()
 	}
 	if cerr := tmp.Close(); err == nil {

@@ -24,7 +24,7 @@ job "{{.JobID}}" {
     }
 
     task "t" {
-      driver       = "csi"
+      driver = "csi"
       # The volume belongs to root; a task that is not privileged runs as nobody
       # unless it names its user.
       user         = "root"

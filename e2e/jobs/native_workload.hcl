@@ -27,7 +27,7 @@ job "{{.JobID}}" {
     }
 
     task "t" {
-      driver       = "{{.Vars.Driver}}"
+      driver = "{{.Vars.Driver}}"
 {{- if eq .Vars.Driver "csi"}}
       # The volume belongs to root; a task of the csi driver that is not
       # privileged runs as nobody unless it names its user.

@@ -19,7 +19,7 @@ job "{{.JobID}}" {
     }
 
     task "t" {
-      driver       = "csi"
+      driver = "csi"
       # The fixture's volumes belong to root: a task that is not privileged
       # runs as nobody unless it says otherwise.
       user         = "root"

@@ -15,7 +15,7 @@ job "volume-writer" {
       driver = "csi"
       # The volume belongs to root; a task that is not privileged runs as nobody
       # unless it names its user.
-      user   = "root"
+      user = "root"
 
       config {
         command = "/bin/sh"

@@ -38,8 +38,8 @@ job "csi-fixture-plugin" {
       driver = "csi"
 
       config {
-        command    = var.plugin_command
-        args       = var.plugin_args
+        command = var.plugin_command
+        args    = var.plugin_args
         # The plugin mounts volumes that must reach the host: the driver
         # refuses Nomad's bidirectional plugin mounts without it.
         privileged = true

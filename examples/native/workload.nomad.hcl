@@ -16,7 +16,7 @@ job "native-writer" {
       driver = "csi"
       # The volume belongs to root; a task that is not privileged runs as nobody
       # unless it names its user.
-      user   = "root"
+      user = "root"
 
       volume_mount {
         volume      = "data"
