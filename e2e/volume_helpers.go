@@ -56,6 +56,7 @@ type VolFixture struct {
 	StateDir string // --state-dir: the fixture's volumes and records
 	CallLog  string // --log-calls: one line "Method volume_id" per RPC
 	agent    *Agent
+	t        testing.TB // fails when the call log cannot be read
 }
 
 // StartVolFixture runs build/csi/csi-fixture as a plugin task with id
@@ -75,6 +76,7 @@ func (a *Agent) StartVolFixture(t testing.TB, id string, opts VolFixtureOptions)
 		StateDir: filepath.Join(dir, "state"),
 		CallLog:  filepath.Join(dir, "calls.log"),
 		agent:    a,
+		t:        t,
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatalf("%v", err)
@@ -127,9 +129,15 @@ func (p *VolFixture) PID() int {
 	return 0
 }
 
-// Calls returns the fixture's call log, one "Method volume_id" per RPC.
+// Calls returns the fixture's call log, one "Method volume_id" per RPC. The
+// fixture makes the file when it starts: a log that cannot be read fails
+// the test that started the fixture, so that no count reads as zero for
+// want of a file.
 func (p *VolFixture) Calls() []string {
-	b, _ := os.ReadFile(p.CallLog)
+	b, err := os.ReadFile(p.CallLog)
+	if err != nil {
+		p.t.Errorf("failed to read the call log of CSI plugin %s: %v", p.ID, err)
+	}
 	var out []string
 	for _, line := range strings.Split(string(b), "\n") {
 		if line != "" {
@@ -389,15 +397,24 @@ func (a *Agent) WaitVolJournalClear(timeout time.Duration, ids ...string) []stri
 }
 
 // VolMounts lists what is mounted under the driver's staging and
-// publish roots (root_dir/mnt/staging, root_dir/mnt/publish).
+// publish roots (root_dir/mnt/staging, root_dir/mnt/publish). A mount table
+// that cannot be read is listed as a line saying so, so that a check for
+// "nothing mounted" fails.
 func (a *Agent) VolMounts() []string {
 	var out []string
 	for _, d := range []string{"staging", "publish"} {
-		m, _ := MountsUnder(filepath.Join(a.DriverRoot, "mnt", d))
+		m, err := MountsUnder(filepath.Join(a.DriverRoot, "mnt", d))
+		if err != nil {
+			out = append(out, volReadError(err))
+		}
 		out = append(out, m...)
 	}
 	return out
 }
+
+// volReadError is the line the mount listings give for a mount table
+// they could not read.
+func volReadError(err error) string { return "(failed to read the mount table: " + err.Error() + ")" }
 
 // WaitVolMountsGone waits until nothing under the staging and publish
 // roots whose path contains one of substrs (any when none) is mounted, and
@@ -407,7 +424,7 @@ func (a *Agent) WaitVolMountsGone(timeout time.Duration, substrs ...string) []st
 	for {
 		var left []string
 		for _, m := range a.VolMounts() {
-			if len(substrs) == 0 {
+			if len(substrs) == 0 || strings.HasPrefix(m, "(failed") {
 				left = append(left, m)
 				continue
 			}
@@ -509,7 +526,8 @@ func (a *Agent) VolWaitAllocs(t testing.TB, jobID string, n int, timeout time.Du
 // VolJournalPaths lists the staging paths (volume records) and publish
 // targets (task records) the journal holds for a volume id; tests read
 // them while a volume is in use and check later that none is still
-// mounted.
+// mounted. A journal that cannot be read gives none: callers check how
+// many they got.
 func (a *Agent) VolJournalPaths(volID string) []string {
 	var out []string
 	st, _ := a.VolJournal()
@@ -528,13 +546,15 @@ func (a *Agent) VolJournalPaths(volID string) []string {
 }
 
 // VolMountedAmong returns the paths that are mount points (or have mounts
-// below them).
+// below them); a mount table that cannot be read is a line saying so.
 func VolMountedAmong(paths []string) []string {
 	var out []string
 	for _, p := range paths {
-		if m, _ := MountsUnder(p); len(m) > 0 {
-			out = append(out, m...)
+		m, err := MountsUnder(p)
+		if err != nil {
+			return append(out, volReadError(err))
 		}
+		out = append(out, m...)
 	}
 	return out
 }
