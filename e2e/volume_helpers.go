@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/csihook"
+	"github.com/nomad-driver-csi/nomad-driver-csi/mounter"
 )
 
 // VolCSIBinDir is where e2e/tools/build.sh puts the CSI test binaries.
@@ -556,5 +557,55 @@ func VolMountedAmong(paths []string) []string {
 		}
 		out = append(out, m...)
 	}
+	return out
+}
+
+// TaskMounts lists the mount points of a running task's mount namespace as
+// the task sees them: /proc/<pid>/mountinfo of one of its processes
+// (whose mount points are relative to that process's root).
+func TaskMounts(allocID, task string) ([]string, error) {
+	pids := TaskPIDs(allocID, task)
+	if len(pids) == 0 {
+		return nil, fmt.Errorf("task %s of allocation %s has no process", task, allocID)
+	}
+	f, err := os.Open(fmt.Sprintf("/proc/%d/mountinfo", pids[0]))
+	if err != nil {
+		return nil, fmt.Errorf("failed to read the mount table of task %s of allocation %s: %w", task, allocID, err)
+	}
+	defer f.Close()
+	table, err := mounter.ParseMountInfo(f)
+	if err != nil {
+		return nil, fmt.Errorf("failed to read the mount table of task %s of allocation %s: %w", task, allocID, err)
+	}
+	out := make([]string, 0, len(table))
+	for _, mp := range table {
+		out = append(out, mp.Path)
+	}
+	return out, nil
+}
+
+// volMountsNaming lists, sorted, the host's mount points whose mount point
+// or root (the directory of the source file system a bind mount shows)
+// has one of the volume ids as a path element: the staging paths and
+// targets of the fixture's dir volumes. Empty ids are skipped.
+func volMountsNaming(t testing.TB, ids ...string) []string {
+	t.Helper()
+	table, err := mounter.New().List()
+	if err != nil {
+		t.Fatalf("failed to read the mount table: %v", err)
+	}
+	var out []string
+	for _, mp := range table {
+		for _, id := range ids {
+			if id == "" {
+				continue
+			}
+			if slices.Contains(strings.Split(mp.Root, "/"), id) || slices.Contains(strings.Split(mp.Path, "/"), id) {
+				out = append(out, mp.Path)
+				break
+			}
+		}
+	}
+	sort.Strings(out)
 	return out
 }
