@@ -172,9 +172,22 @@ func TestAgentRestartRecoversTask(t *testing.T) {
 	must.NoError(t, a.Restart())
 	t.Logf("agent restarted, pid=%d", a.PID())
 
-	// Give the restored task runner time to recover the task (and to kill
-	// it, were recovery broken) before looking.
-	time.Sleep(3 * time.Second)
+	// The restored task runner has the task back once "nomad alloc exec"
+	// reaches it through the driver (and with the csi driver, once the
+	// driver says it recovered it); a task runner that could not recover
+	// it would have started it again, which the checks below see.
+	if testDriver == DriverName {
+		volWaitRecovered(t, a, []string{al.ID}, 30*time.Second)
+	}
+	var execOut string
+	var execErr error
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		if execOut, execErr = a.AllocExec(al.ID, "t", "echo", "reached"); execErr == nil {
+			break
+		}
+	}
+	must.NoError(t, execErr, must.Sprintf("nomad alloc exec after the restart: %s", execOut))
+	must.StrContains(t, execOut, "reached")
 	al = a.WaitAllocID(t, al.ID, 30*time.Second, StatusRunning)
 	ts := al.Task("t")
 	must.Eq(t, "running", ts.State, must.Sprint(al.Describe()))

@@ -119,6 +119,8 @@ func TestVolumes(t *testing.T) {
 	t.Run("bad_input", func(t *testing.T) { t.Parallel(); testVolumeBadInput(t, a, fx) })
 	t.Run("secrets_not_leaked", func(t *testing.T) { t.Parallel(); testVolumeSecrets(t, a, fx) })
 	t.Run("controller_publish", func(t *testing.T) { t.Parallel(); testVolumeControllerPublish(t, a) })
+	t.Run("csi_test_mock_driver", func(t *testing.T) { t.Parallel(); testVolumeK8sMock(t, a) })
+	t.Run("gocsi_mock", func(t *testing.T) { t.Parallel(); testVolumeGocsiMock(t, a) })
 }
 
 // 1. A job writes into an ext4 volume it creates; a second job naming the
