@@ -253,7 +253,7 @@ func (a *Agent) removeCgroups() {
 				return filepath.SkipDir
 			}
 			base := filepath.Base(p)
-			if strings.Contains(p, "/"+a.cgroupParent) {
+			if a.ownsCgroup(rel) {
 				dirs = append(dirs, p)
 				return nil
 			}
@@ -268,8 +268,26 @@ func (a *Agent) removeCgroups() {
 	}
 	sort.Slice(dirs, func(i, j int) bool { return len(dirs[i]) > len(dirs[j]) })
 	for _, d := range dirs {
-		_ = unix.Rmdir(d)
+		if err := unix.Rmdir(d); err != nil && !errors.Is(err, unix.ENOENT) {
+			a.opts.Logf("cgroup %s of this agent is left: %v", d, err)
+		}
 	}
+}
+
+// ownsCgroup tells whether a cgroup path (relative to its hierarchy's
+// root) is or is under one of this agent's cgroup parents: Nomad's client
+// cgroup_parent or the csi driver's. Whole path elements are compared, so
+// that the parent of another run whose name starts the same is not taken.
+func (a *Agent) ownsCgroup(rel string) bool {
+	if a.cgroupParent == "" {
+		return false
+	}
+	for _, el := range strings.Split(rel, "/") {
+		if el == a.cgroupParent || el == a.DriverCgroupParent() {
+			return true
+		}
+	}
+	return false
 }
 
 // MountsUnder lists the mount points at or below dir, from
@@ -342,7 +360,7 @@ func SweepStale(logf func(format string, args ...any)) {
 		a := &Agent{
 			Dir:          dir,
 			DataDir:      filepath.Join(dir, "data"),
-			cgroupParent: "ncsi-e2e-" + filepath.Base(dir)[len("ncsi-"):],
+			cgroupParent: cgroupParentOf(dir),
 			opts:         AgentOptions{Logf: logf},
 			children:     map[int]string{},
 		}

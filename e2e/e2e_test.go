@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"regexp"
@@ -14,6 +15,8 @@ import (
 
 	"github.com/shoenig/test/must"
 	"golang.org/x/sys/unix"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor"
 )
 
 const (
@@ -169,9 +172,22 @@ func TestAgentRestartRecoversTask(t *testing.T) {
 	must.NoError(t, a.Restart())
 	t.Logf("agent restarted, pid=%d", a.PID())
 
-	// Give the restored task runner time to recover the task (and to kill
-	// it, were recovery broken) before looking.
-	time.Sleep(3 * time.Second)
+	// The restored task runner has the task back once "nomad alloc exec"
+	// reaches it through the driver (and with the csi driver, once the
+	// driver says it recovered it); a task runner that could not recover
+	// it would have started it again, which the checks below see.
+	if testDriver == DriverName {
+		volWaitRecovered(t, a, []string{al.ID}, 30*time.Second)
+	}
+	var execOut string
+	var execErr error
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		if execOut, execErr = a.AllocExec(al.ID, "t", "echo", "reached"); execErr == nil {
+			break
+		}
+	}
+	must.NoError(t, execErr, must.Sprintf("nomad alloc exec after the restart: %s", execOut))
+	must.StrContains(t, execOut, "reached")
 	al = a.WaitAllocID(t, al.ID, 30*time.Second, StatusRunning)
 	ts := al.Task("t")
 	must.Eq(t, "running", ts.State, must.Sprint(al.Describe()))
@@ -281,9 +297,12 @@ func TestBadTaskConfig(t *testing.T) {
 			} else {
 				al := a.WaitAlloc(t, job.ID, startTimeout, StatusFailed)
 				said, where = eventsText(al, "t"), "in the task events"
-				// The task must never have run ("not started yet" when
-				// Nomad has no log for it).
-				logs, _ := a.Nomad("alloc", "logs", al.ID, "t")
+				// The task must never have run: Nomad has no log for it
+				// ("not started yet"), or one without its output.
+				logs, err := a.Nomad("alloc", "logs", al.ID, "t")
+				if err != nil {
+					must.StrContains(t, logs, "not started yet", must.Sprintf("nomad alloc logs failed: %v", err))
+				}
 				must.StrNotContains(t, logs, "should-not-run")
 			}
 			for _, name := range tc.names {
@@ -302,4 +321,95 @@ func lineWith(s, sub string) string {
 		}
 	}
 	return ""
+}
+
+// 5b. What "nomad alloc exec" runs with in a task that has capabilities:
+// in a root task that is not privileged, exactly the default set the
+// driver gives such a task (no CAP_SYS_ADMIN), the task's own; as nobody
+// (TestAllocExec) there would be none to see. The privileged case is in
+// TestCSIPluginTasks, whose agent allows privileged plugin tasks.
+func TestAllocExecCapabilities(t *testing.T) {
+	requireCSI(t)
+	t.Parallel()
+	a := shared(t)
+	want := defaultCapMask(t)
+
+	job := a.RunJob(t, "escape-task", escJob{Type: "service", Driver: DriverName, User: "root",
+		Script: "echo ready; exec sleep 3600"}.vars())
+	t.Cleanup(func() { a.stopJobs([]string{job.ID}, escTimeout) })
+	al := a.WaitAlloc(t, job.ID, startTimeout, StatusRunning)
+	a.WaitLogs(t, al.ID, "t", "ready", 20*time.Second)
+	pid, err := TaskPIDByComm(al.ID, "t", "sleep")
+	must.NoError(t, err)
+	taskCaps, err := CapEff(pid)
+	must.NoError(t, err)
+	must.Eq(t, want, taskCaps, must.Sprintf("the root task pid %d has CapEff %016x, want the default set %016x", pid, taskCaps, want))
+	// The task's cgroups are under this agent's own driver cgroup_parent,
+	// which no other run shares.
+	cg, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	must.NoError(t, err)
+	must.StrContains(t, string(cg), "/"+a.DriverCgroupParent()+"/", must.Sprintf("task pid %d is not under cgroup parent %s", pid, a.DriverCgroupParent()))
+
+	st := execStatus(t, a, al.ID, "t")
+	t.Logf("root task: CapEff=%016x; alloc exec: CapEff=%016x CapBnd=%016x Uid=%s", taskCaps, st.capEff, st.capBnd, st.uid)
+	must.Eq(t, "0", st.uid, must.Sprint("alloc exec in a root task did not run as root"))
+	must.Eq(t, uint64(0), st.capEff&capSysAdmin, must.Sprintf("alloc exec in a root task has CAP_SYS_ADMIN: CapEff=%016x", st.capEff))
+	must.Eq(t, want, st.capEff, must.Sprintf("alloc exec in a root task has CapEff %016x, want the default set %016x", st.capEff, want))
+	must.Eq(t, want, st.capBnd, must.Sprintf("alloc exec in a root task has CapBnd %016x, want the default set %016x", st.capBnd, want))
+}
+
+// defaultCapMask is the default capability set of a task that is not
+// privileged, as the kernel's mask.
+func defaultCapMask(t *testing.T) uint64 {
+	t.Helper()
+	nums, err := executor.ParseCapabilities(executor.DefaultCapabilities)
+	must.NoError(t, err)
+	var mask uint64
+	for _, n := range nums {
+		mask |= 1 << uint(n)
+	}
+	return mask
+}
+
+// procStatus is what the tests read of a /proc/<pid>/status.
+type procStatus struct {
+	capEff, capBnd uint64
+	uid            string // the real uid
+}
+
+// execStatus runs "cat /proc/self/status" in a running task with
+// "nomad alloc exec" and parses what the command itself ran with.
+func execStatus(t *testing.T, a *Agent, allocID, task string) procStatus {
+	t.Helper()
+	out, err := a.AllocExec(allocID, task, "cat", "/proc/self/status")
+	must.NoError(t, err, must.Sprintf("nomad alloc exec cat /proc/self/status: %s", out))
+	var st procStatus
+	seen := map[string]bool{}
+	for _, line := range strings.Split(out, "\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if !ok {
+			continue
+		}
+		f := strings.Fields(v)
+		if len(f) == 0 {
+			continue
+		}
+		switch k {
+		case "CapEff", "CapBnd":
+			n, err := strconv.ParseUint(f[0], 16, 64)
+			must.NoError(t, err, must.Sprintf("%s in %q", k, line))
+			if k == "CapEff" {
+				st.capEff = n
+			} else {
+				st.capBnd = n
+			}
+		case "Uid":
+			st.uid = f[0]
+		default:
+			continue
+		}
+		seen[k] = true
+	}
+	must.MapLen(t, 3, seen, must.Sprintf("alloc exec's /proc/self/status lacks CapEff, CapBnd or Uid:\n%s", out))
+	return st
 }

@@ -107,13 +107,31 @@ func escFinished(t *testing.T, a *Agent, job Job, task string) (*Allocation, esc
 // escLogs reads and logs a task's stdout and stderr, and returns stdout.
 func escLogs(t *testing.T, a *Agent, allocID, task string) string {
 	t.Helper()
-	stdout, _ := a.Nomad("alloc", "logs", allocID, task)
-	stderr, _ := a.Nomad("alloc", "logs", "-stderr", allocID, task)
+	stdout, stderr := escRead(t, a, allocID, task, false), escRead(t, a, allocID, task, true)
 	t.Logf("task %s of allocation %s said:\n%s", task, allocID, strings.TrimRight(stdout, "\n"))
 	if strings.TrimSpace(stderr) != "" {
 		t.Logf("and on stderr:\n%s", strings.TrimRight(stderr, "\n"))
 	}
 	return stdout
+}
+
+// escRead reads a task's stdout or stderr: "" for a task that never
+// started (Nomad says "not started yet"); any other failure to read fails
+// the test, so that an empty read never passes for an empty output.
+func escRead(t *testing.T, a *Agent, allocID, task string, stderr bool) string {
+	t.Helper()
+	args := []string{"alloc", "logs"}
+	if stderr {
+		args = append(args, "-stderr")
+	}
+	out, err := a.Nomad(append(args, allocID, task)...)
+	if err != nil {
+		if strings.Contains(out, "not started yet") {
+			return ""
+		}
+		t.Fatalf("nomad %s %s %s failed: %v\n%s", strings.Join(args, " "), allocID, task, err, out)
+	}
+	return out
 }
 
 // escResult is one "RESULT <name> OK|FAILED <why>" line.

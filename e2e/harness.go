@@ -38,6 +38,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/url"
@@ -46,6 +47,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -157,6 +159,14 @@ type AgentOptions struct {
 	// ClientConfig is added inside the client block (cni_path,
 	// bridge_network_name, ...).
 	ClientConfig string
+	// DriverRoot replaces the csi driver's root_dir (default Dir/csi).
+	DriverRoot string
+	// DriverConfig is added inside the csi driver's config block
+	// (plugin_socket_dirs, privileged_plugins_only, ...). Set driver
+	// options here rather than with a second plugin block in ExtraConfig:
+	// that block would replace the harness's, and with it the cgroup_parent
+	// unique to this agent.
+	DriverConfig string
 	// Logf receives the harness's progress messages (may be nil).
 	Logf func(format string, args ...any)
 	// Env is added to the agents' environment (KEY=VALUE), which Nomad
@@ -241,6 +251,28 @@ func NewAgent(opts AgentOptions) (*Agent, error) {
 	if opts.Logf == nil {
 		opts.Logf = func(string, ...any) {}
 	}
+	// A port the harness found free may be taken before the agent binds
+	// it (by another run's agent): start again on other ports then.
+	for attempt := 1; ; attempt++ {
+		a, err := newAgent(root, opts)
+		if err == nil {
+			return a, nil
+		}
+		if !errors.Is(err, errPortTaken) || attempt == agentStartAttempts {
+			return nil, err
+		}
+		opts.Logf("the agent could not bind its ports (attempt %d of %d); starting again on other ports: %v", attempt, agentStartAttempts, err)
+	}
+}
+
+// agentStartAttempts bounds the starts of an agent whose ports were taken.
+const agentStartAttempts = 3
+
+// errPortTaken marks an agent start that failed because one of its ports
+// was taken between the harness's check and the agent's bind.
+var errPortTaken = errors.New("a port of the agent was taken")
+
+func newAgent(root string, opts AgentOptions) (*Agent, error) {
 	dir, err := os.MkdirTemp("/tmp", "ncsi-")
 	if err != nil {
 		return nil, err
@@ -253,16 +285,37 @@ func NewAgent(opts AgentOptions) (*Agent, error) {
 		ConfigPath:   filepath.Join(dir, "agent.hcl"),
 		LogPath:      filepath.Join(dir, "agent.log"),
 		opts:         opts,
-		cgroupParent: "ncsi-e2e-" + filepath.Base(dir)[len("ncsi-"):],
+		cgroupParent: cgroupParentOf(dir),
 		http:         &http.Client{Timeout: 15 * time.Second},
 		children:     map[int]string{},
 	}
+	if opts.DriverRoot != "" {
+		a.DriverRoot = opts.DriverRoot
+	}
 	if err := a.setup(); err != nil {
 		tail := a.LogTail(60)
+		if portTaken(a.LogPath) || (a.server != nil && portTaken(a.server.logPath)) {
+			err = fmt.Errorf("%w: %w", errPortTaken, err)
+		}
 		a.Close()
 		return nil, fmt.Errorf("%w\nagent log tail:\n%s", err, tail)
 	}
 	return a, nil
+}
+
+// cgroupParentOf is the cgroup parent of the agent whose directory is dir:
+// Nomad's client puts its tasks' cgroups under it, and the csi driver its
+// tasks' under DriverCgroupParent, so that concurrent runs never share a
+// group and Close can remove them.
+func cgroupParentOf(dir string) string { return "ncsi-e2e-" + filepath.Base(dir)[len("ncsi-"):] }
+
+// DriverCgroupParent is the csi driver's cgroup_parent for this agent.
+func (a *Agent) DriverCgroupParent() string { return a.cgroupParent + "-drv" }
+
+// portTaken tells whether an agent's log says it could not bind a port.
+func portTaken(logPath string) bool {
+	b, err := os.ReadFile(logPath)
+	return err == nil && bytes.Contains(b, []byte("address already in use"))
 }
 
 func (a *Agent) setup() error {
@@ -291,6 +344,8 @@ func (a *Agent) setup() error {
 		Serf:            ports[2],
 		Client:          true,
 		CgroupParent:    a.cgroupParent,
+		DriverCgroup:    a.DriverCgroupParent(),
+		DriverConfig:    a.opts.DriverConfig,
 		AllowPrivileged: a.opts.AllowPrivileged,
 		DriverRoot:      a.DriverRoot,
 		ChrootEnv:       chrootEnvHCL(map[string]string{CSIBinDir(a.Root): TaskCSIBinDir}),
@@ -343,23 +398,66 @@ func (a *Agent) setup() error {
 	return a.waitReady(90 * time.Second)
 }
 
+// freePorts picks n distinct ports that are free for TCP and UDP (serf
+// uses both) on 127.0.0.1. They come from below the kernel's ephemeral
+// range, so that no connection the tests or agents make can be given one
+// by the kernel between this check and the agent's bind; only another run
+// can pick the same port then, and NewAgent starts again when it did.
 func freePorts(n int) ([]int, error) {
+	low := ephemeralLow()
+	const first = 10000
+	if low-first < 1000 {
+		return nil, fmt.Errorf("no room for agent ports below the ephemeral range starting at %d", low)
+	}
+	seen := map[int]bool{}
 	var ports []int
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			l.Close()
+	for tries := 0; len(ports) < n; tries++ {
+		if tries > 1000 {
+			return nil, fmt.Errorf("failed to find %d free ports in %d-%d", n, first, low-1)
 		}
-	}()
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, fmt.Errorf("failed to find a free port: %w", err)
+		p := first + rand.IntN(low-first)
+		if seen[p] {
+			continue
 		}
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+		seen[p] = true
+		if portFree(p) {
+			ports = append(ports, p)
+		}
 	}
 	return ports, nil
+}
+
+// ephemeralLow is the first port of the kernel's ephemeral range.
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 32768
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 32768
+	}
+	n, err := strconv.Atoi(f[0])
+	if err != nil {
+		return 32768
+	}
+	return n
+}
+
+// portFree tells whether 127.0.0.1:port can be bound for TCP and UDP.
+func portFree(port int) bool {
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return false
+	}
+	defer l.Close()
+	u, err := net.ListenPacket("udp", addr)
+	if err != nil {
+		return false
+	}
+	u.Close()
+	return true
 }
 
 type agentConfig struct {
@@ -369,6 +467,8 @@ type agentConfig struct {
 	Client          bool
 	Servers         string // a client-only agent's server RPC address
 	CgroupParent    string
+	DriverCgroup    string // the csi driver's cgroup_parent
+	DriverConfig    string // more of the csi driver's config block
 	AllowPrivileged bool
 	DriverRoot      string
 	// ChrootEnv is the driver's chroot_env as HCL: exec's list and the
@@ -455,7 +555,11 @@ plugin "nomad-driver-csi" {
     enabled          = true
     allow_privileged = {{.AllowPrivileged}}
     root_dir         = "{{.DriverRoot}}"
+    cgroup_parent    = "{{.DriverCgroup}}"
     chroot_env {{.ChrootEnv}}
+{{- if .DriverConfig}}
+{{.DriverConfig}}
+{{- end}}
   }
 }
 {{.Extra}}
@@ -848,8 +952,22 @@ func tailFile(path string, n int) string {
 	return strings.Join(lines, "\n")
 }
 
-// Log returns the whole log of the agent that runs the tasks.
+// Log returns the whole log of the agent that runs the tasks, or "" when
+// it cannot be read: for messages. A check on what the log says uses
+// ReadLog.
 func (a *Agent) Log() string {
-	b, _ := os.ReadFile(a.LogPath)
-	return string(b)
+	s, _ := a.ReadLog()
+	return s
+}
+
+// ReadLog returns the whole log of the agent that runs the tasks.
+func (a *Agent) ReadLog() (string, error) {
+	b, err := os.ReadFile(a.LogPath)
+	if err != nil {
+		return "", fmt.Errorf("failed to read the agent log: %w", err)
+	}
+	if len(b) == 0 {
+		return "", fmt.Errorf("the agent log %s is empty", a.LogPath)
+	}
+	return string(b), nil
 }

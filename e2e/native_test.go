@@ -222,6 +222,11 @@ func (r *nativeRun) bothWorlds(t *testing.T) {
 	_, err = a.NativePlugin("managed")
 	must.Error(t, err, must.Sprint("a driver-managed plugin must stay unknown to Nomad's servers"))
 
+	// What is mounted under root_dir before the driver-managed volume:
+	// the stage root's own self-bind, while a node plugin of the driver
+	// runs.
+	driverMountsBefore, err := MountsUnder(a.DriverRoot)
+	must.NoError(t, err)
 	nativeDest := filepath.Join(a.Dir, "mnt", "native")
 	managedDest := filepath.Join(a.Dir, "mnt", "managed")
 	nat := r.workload(t, "data", DriverName, "service", "single-node-writer", nativeDest,
@@ -242,9 +247,17 @@ func (r *nativeRun) bothWorlds(t *testing.T) {
 	a.WaitLogs(t, mal.ID, "t", "managed wrote managed", 30*time.Second)
 	t.Logf("both worlds running %.1fs after the first submit", time.Since(start).Seconds())
 	r.mustHaveVolumeMounts(t, "fixture", true)
-	stageMounts, err := MountsUnder(filepath.Join(a.DriverRoot))
+	// The driver-managed volume is staged and published under the
+	// driver's root_dir: the journal's staging path and publish target of
+	// this volume are mount points that were not there before it.
+	volPaths := r.managedVolumePaths(t, "managed")
+	driverMounts, err := MountsUnder(a.DriverRoot)
 	must.NoError(t, err)
-	must.SliceNotEmpty(t, stageMounts, must.Sprint("the driver-managed volume is staged under the driver's root_dir"))
+	for _, p := range volPaths {
+		must.SliceContains(t, driverMounts, p, must.Sprintf("the driver-managed volume's %s is not mounted; mounts under root_dir: %v", p, driverMounts))
+		must.SliceNotContains(t, driverMountsBefore, p, must.Sprintf("%s was mounted before the volume", p))
+	}
+	t.Logf("driver-managed volume mounted at %v (before it: %v)", volPaths, driverMountsBefore)
 
 	a.StopJob(t, nat)
 	a.StopJob(t, job.ID)
@@ -253,6 +266,33 @@ func (r *nativeRun) bothWorlds(t *testing.T) {
 	r.waitReleased(t, "data")
 	r.mustHaveVolumeMounts(t, "fixture", false)
 	r.mustHaveNoVolumeMountsInDriverRoot(t)
+	driverMounts, err = MountsUnder(a.DriverRoot)
+	must.NoError(t, err)
+	must.SliceEmpty(t, VolMountedAmong(volPaths), must.Sprint("the driver-managed volume is still mounted after its task stopped"))
+	must.Eq(t, driverMountsBefore, driverMounts, must.Sprint("mounts under root_dir after the driver-managed volume is gone, and before it"))
+}
+
+// managedVolumePaths returns the staging path and the publish target the
+// driver's journal holds for the one volume of a driver-managed plugin,
+// checking that both are below root_dir/mnt.
+func (r *nativeRun) managedVolumePaths(t *testing.T, pluginID string) []string {
+	t.Helper()
+	st, err := r.a.VolJournal()
+	must.NoError(t, err)
+	var vols []string
+	for _, v := range st.Volumes {
+		if v.PluginID == pluginID {
+			vols = append(vols, v.VolumeID)
+		}
+	}
+	must.SliceLen(t, 1, vols, must.Sprintf("volume records of plugin %s in the journal: %+v", pluginID, st.Volumes))
+	paths := r.a.VolJournalPaths(vols[0])
+	must.SliceLen(t, 2, paths, must.Sprintf("journal paths of volume %s (a staging path and a target)", vols[0]))
+	stageRoot := filepath.Join(r.a.DriverRoot, "mnt")
+	for _, p := range paths {
+		must.True(t, strings.HasPrefix(p, stageRoot+"/"), must.Sprintf("%s is not below the stage root %s", p, stageRoot))
+	}
+	return paths
 }
 
 // unprivilegedRefused runs a native plugin task without privileged: Nomad

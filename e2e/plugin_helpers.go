@@ -22,19 +22,16 @@ import (
 )
 
 // PluginAgent is a -dev agent whose csi driver allows privileged tasks and
-// scans SocketDir (plugin_socket_dirs). The harness renders the driver's
-// plugin block itself, without plugin_socket_dirs, and cannot know its own
-// temporary directory before it writes the configuration; so the agent
-// gets a second plugin "nomad-driver-csi" block through ExtraConfig (the
-// last block of a name wins in Nomad's plugin loader), with root_dir and
-// the socket directory in a directory of this helper's own, Base, which is
-// cleaned up after the agent: processes, mounts, files.
+// scans SocketDir (plugin_socket_dirs). Its root_dir and socket directory
+// are in a directory of this helper's own, Base (the harness cannot know
+// its own temporary directory before it writes the configuration), which
+// is cleaned up after the agent: processes, mounts, files.
 type PluginAgent struct {
 	*Agent
 	// Base is /tmp/ncsp-*: not /tmp/ncsi-*, which SweepStale may take
 	// from under a running test in another process.
 	Base string
-	// RootDir is the driver's root_dir (Agent.DriverRoot is not used).
+	// RootDir is the driver's root_dir (Agent.DriverRoot too).
 	RootDir string
 	// SocketDir is the driver's plugin_socket_dirs entry.
 	SocketDir string
@@ -64,18 +61,8 @@ func StartPluginAgent(t testing.TB) *PluginAgent {
 			t.Fatalf("%v", err)
 		}
 	}
-	extra := fmt.Sprintf(`
-# The plugin agent's own driver block (replaces the one above).
-plugin "nomad-driver-csi" {
-  config {
-    enabled            = true
-    allow_privileged   = true
-    root_dir           = %q
-    plugin_socket_dirs = [%q]
-  }
-}
-`, p.RootDir, p.SocketDir)
-	p.Agent = StartAgent(t, AgentOptions{AllowPrivileged: true, ExtraConfig: extra})
+	p.Agent = StartAgent(t, AgentOptions{AllowPrivileged: true, DriverRoot: p.RootDir,
+		DriverConfig: fmt.Sprintf("    plugin_socket_dirs = [%q]", p.SocketDir)})
 	return p
 }
 

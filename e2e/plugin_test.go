@@ -225,6 +225,32 @@ func TestCSIPluginTasks(t *testing.T) {
 		must.GreaterEq(t, 2, strings.Count(text, fmt.Sprintf("CSI plugin %q healthy", id)), must.Sprint("want a healthy event before and after the kill"))
 	})
 
+	// 4b. "nomad alloc exec" in a privileged plugin task runs with the
+	// host root's full capability set, as the plugin does.
+	t.Run("alloc_exec_privileged_plugin", func(t *testing.T) {
+		t.Parallel()
+		const id = "fixture-exec"
+		job := p.RunJob(t, "plugin_task", map[string]string{
+			"Command": fixture, "Args": HCLList("--state-dir", filepath.Join(p.Base, "exec-state"), "--node-id", "e2e-exec"),
+			"Privileged": "true", "PluginID": id, "Type": "monolith",
+		})
+		al := p.WaitAlloc(t, job.ID, startTimeout, StatusRunning)
+		_, _, err := p.WaitPluginAttr(id, "healthy", "true", 50*time.Millisecond, time.Minute)
+		must.NoError(t, err, must.Sprint(p.Allocation(t, al.ID).Describe()))
+		pid, err := TaskPIDByComm(al.ID, "plugin", "csi-fixture")
+		must.NoError(t, err)
+		pluginCaps, err := CapEff(pid)
+		must.NoError(t, err)
+		_, host := escFullCaps(t)
+		st := execStatus(t, p.Agent, al.ID, "plugin")
+		t.Logf("privileged plugin: CapEff=%016x; alloc exec: CapEff=%016x CapBnd=%016x Uid=%s; host root's set %016x",
+			pluginCaps, st.capEff, st.capBnd, st.uid, host)
+		must.Eq(t, host, pluginCaps, must.Sprintf("the privileged plugin pid %d has CapEff %016x, want the host root's %016x", pid, pluginCaps, host))
+		must.Eq(t, "0", st.uid)
+		must.Eq(t, host, st.capEff, must.Sprintf("alloc exec in a privileged plugin task has CapEff %016x, want the host root's %016x", st.capEff, host))
+		must.Eq(t, host, st.capBnd, must.Sprintf("alloc exec in a privileged plugin task has CapBnd %016x, want the host root's %016x", st.capBnd, host))
+	})
+
 	// 5. A plugin started outside Nomad in plugin_socket_dirs is found,
 	// fingerprinted the same way, and reported unhealthy once it dies.
 	t.Run("socket_dir_plugin", func(t *testing.T) {

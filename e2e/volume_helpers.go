@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/csihook"
+	"github.com/nomad-driver-csi/nomad-driver-csi/mounter"
 )
 
 // VolCSIBinDir is where e2e/tools/build.sh puts the CSI test binaries.
@@ -56,6 +57,7 @@ type VolFixture struct {
 	StateDir string // --state-dir: the fixture's volumes and records
 	CallLog  string // --log-calls: one line "Method volume_id" per RPC
 	agent    *Agent
+	t        testing.TB // fails when the call log cannot be read
 }
 
 // StartVolFixture runs build/csi/csi-fixture as a plugin task with id
@@ -75,6 +77,7 @@ func (a *Agent) StartVolFixture(t testing.TB, id string, opts VolFixtureOptions)
 		StateDir: filepath.Join(dir, "state"),
 		CallLog:  filepath.Join(dir, "calls.log"),
 		agent:    a,
+		t:        t,
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatalf("%v", err)
@@ -127,9 +130,15 @@ func (p *VolFixture) PID() int {
 	return 0
 }
 
-// Calls returns the fixture's call log, one "Method volume_id" per RPC.
+// Calls returns the fixture's call log, one "Method volume_id" per RPC. The
+// fixture makes the file when it starts: a log that cannot be read fails
+// the test that started the fixture, so that no count reads as zero for
+// want of a file.
 func (p *VolFixture) Calls() []string {
-	b, _ := os.ReadFile(p.CallLog)
+	b, err := os.ReadFile(p.CallLog)
+	if err != nil {
+		p.t.Errorf("failed to read the call log of CSI plugin %s: %v", p.ID, err)
+	}
 	var out []string
 	for _, line := range strings.Split(string(b), "\n") {
 		if line != "" {
@@ -389,15 +398,24 @@ func (a *Agent) WaitVolJournalClear(timeout time.Duration, ids ...string) []stri
 }
 
 // VolMounts lists what is mounted under the driver's staging and
-// publish roots (root_dir/mnt/staging, root_dir/mnt/publish).
+// publish roots (root_dir/mnt/staging, root_dir/mnt/publish). A mount table
+// that cannot be read is listed as a line saying so, so that a check for
+// "nothing mounted" fails.
 func (a *Agent) VolMounts() []string {
 	var out []string
 	for _, d := range []string{"staging", "publish"} {
-		m, _ := MountsUnder(filepath.Join(a.DriverRoot, "mnt", d))
+		m, err := MountsUnder(filepath.Join(a.DriverRoot, "mnt", d))
+		if err != nil {
+			out = append(out, volReadError(err))
+		}
 		out = append(out, m...)
 	}
 	return out
 }
+
+// volReadError is the line the mount listings give for a mount table
+// they could not read.
+func volReadError(err error) string { return "(failed to read the mount table: " + err.Error() + ")" }
 
 // WaitVolMountsGone waits until nothing under the staging and publish
 // roots whose path contains one of substrs (any when none) is mounted, and
@@ -407,7 +425,7 @@ func (a *Agent) WaitVolMountsGone(timeout time.Duration, substrs ...string) []st
 	for {
 		var left []string
 		for _, m := range a.VolMounts() {
-			if len(substrs) == 0 {
+			if len(substrs) == 0 || strings.HasPrefix(m, "(failed") {
 				left = append(left, m)
 				continue
 			}
@@ -509,7 +527,8 @@ func (a *Agent) VolWaitAllocs(t testing.TB, jobID string, n int, timeout time.Du
 // VolJournalPaths lists the staging paths (volume records) and publish
 // targets (task records) the journal holds for a volume id; tests read
 // them while a volume is in use and check later that none is still
-// mounted.
+// mounted. A journal that cannot be read gives none: callers check how
+// many they got.
 func (a *Agent) VolJournalPaths(volID string) []string {
 	var out []string
 	st, _ := a.VolJournal()
@@ -528,13 +547,65 @@ func (a *Agent) VolJournalPaths(volID string) []string {
 }
 
 // VolMountedAmong returns the paths that are mount points (or have mounts
-// below them).
+// below them); a mount table that cannot be read is a line saying so.
 func VolMountedAmong(paths []string) []string {
 	var out []string
 	for _, p := range paths {
-		if m, _ := MountsUnder(p); len(m) > 0 {
-			out = append(out, m...)
+		m, err := MountsUnder(p)
+		if err != nil {
+			return append(out, volReadError(err))
+		}
+		out = append(out, m...)
+	}
+	return out
+}
+
+// TaskMounts lists the mount points of a running task's mount namespace as
+// the task sees them: /proc/<pid>/mountinfo of one of its processes
+// (whose mount points are relative to that process's root).
+func TaskMounts(allocID, task string) ([]string, error) {
+	pids := TaskPIDs(allocID, task)
+	if len(pids) == 0 {
+		return nil, fmt.Errorf("task %s of allocation %s has no process", task, allocID)
+	}
+	f, err := os.Open(fmt.Sprintf("/proc/%d/mountinfo", pids[0]))
+	if err != nil {
+		return nil, fmt.Errorf("failed to read the mount table of task %s of allocation %s: %w", task, allocID, err)
+	}
+	defer f.Close()
+	table, err := mounter.ParseMountInfo(f)
+	if err != nil {
+		return nil, fmt.Errorf("failed to read the mount table of task %s of allocation %s: %w", task, allocID, err)
+	}
+	out := make([]string, 0, len(table))
+	for _, mp := range table {
+		out = append(out, mp.Path)
+	}
+	return out, nil
+}
+
+// volMountsNaming lists, sorted, the host's mount points whose mount point
+// or root (the directory of the source file system a bind mount shows)
+// has one of the volume ids as a path element: the staging paths and
+// targets of the fixture's dir volumes. Empty ids are skipped.
+func volMountsNaming(t testing.TB, ids ...string) []string {
+	t.Helper()
+	table, err := mounter.New().List()
+	if err != nil {
+		t.Fatalf("failed to read the mount table: %v", err)
+	}
+	var out []string
+	for _, mp := range table {
+		for _, id := range ids {
+			if id == "" {
+				continue
+			}
+			if slices.Contains(strings.Split(mp.Root, "/"), id) || slices.Contains(strings.Split(mp.Path, "/"), id) {
+				out = append(out, mp.Path)
+				break
+			}
 		}
 	}
+	sort.Strings(out)
 	return out
 }

@@ -16,6 +16,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"path/filepath"
+	"slices"
+	"sort"
 	"strconv"
 	"strings"
 	"testing"
@@ -80,7 +82,10 @@ func volFinalCheck(t *testing.T, a *Agent) {
 	a.stopJobs(plugins, volTimeout)
 	var left []string
 	for end := time.Now().Add(15 * time.Second); time.Now().Before(end); time.Sleep(200 * time.Millisecond) {
-		left, _ = MountsUnder(a.DriverRoot)
+		var err error
+		if left, err = MountsUnder(a.DriverRoot); err != nil {
+			left = []string{volReadError(err)}
+		}
 		if len(left) == 0 {
 			break
 		}
@@ -114,6 +119,8 @@ func TestVolumes(t *testing.T) {
 	t.Run("bad_input", func(t *testing.T) { t.Parallel(); testVolumeBadInput(t, a, fx) })
 	t.Run("secrets_not_leaked", func(t *testing.T) { t.Parallel(); testVolumeSecrets(t, a, fx) })
 	t.Run("controller_publish", func(t *testing.T) { t.Parallel(); testVolumeControllerPublish(t, a) })
+	t.Run("csi_test_mock_driver", func(t *testing.T) { t.Parallel(); testVolumeK8sMock(t, a) })
+	t.Run("gocsi_mock", func(t *testing.T) { t.Parallel(); testVolumeGocsiMock(t, a) })
 }
 
 // 1. A job writes into an ext4 volume it creates; a second job naming the
@@ -323,6 +330,14 @@ func testVolumeBadInput(t *testing.T, a *Agent, fx *VolFixture) {
 		Create: true, CreateType: "dir"}}})
 	heldAlloc := a.WaitAlloc(t, heldJob.ID, volTimeout, StatusRunning)
 	heldID := fx.VolumeID(held)
+	heldDest := filepath.Join(volDir(a, held), "data")
+	// The held volume's mounts on the host (its staging path and the held
+	// task's target) and in the held task's namespace (its destination).
+	heldHost := volMountsNaming(t, heldID)
+	must.SliceLen(t, 2, heldHost, must.Sprintf("host mounts of volume %s", heldID))
+	heldNS, err := TaskMounts(heldAlloc.ID, "t")
+	must.NoError(t, err)
+	must.SliceContains(t, heldNS, heldDest, must.Sprint("the held task's own namespace lacks its volume"))
 
 	type tc struct {
 		name string
@@ -392,8 +407,18 @@ func testVolumeBadInput(t *testing.T, a *Agent, fx *VolFixture) {
 					must.SliceEmpty(t, fx.VolumeCalls(id)[1:], must.Sprintf("node calls for %s after CreateVolume", id))
 				}
 			}
-			m, _ := MountsUnder(s.dir)
-			must.SliceEmpty(t, m, must.Sprint("mounted under the destination's parent"))
+			// A refused task never ran: no process, so no mount namespace
+			// a destination of it could be mounted in. Its volumes'
+			// staging paths and targets on the host hold their ids.
+			must.SliceEmpty(t, TaskPIDs(al.ID, "t"), must.Sprint("the refused task has processes"))
+			must.SliceEmpty(t, volMountsNaming(t, ids...), must.Sprint("host mounts of the refused task's volumes"))
+			// Nor did its destination land in the namespace of the task
+			// that runs beside it.
+			ns, err := TaskMounts(heldAlloc.ID, "t")
+			must.NoError(t, err)
+			for _, mp := range ns {
+				must.False(t, mounter.PathWithin(mp, s.dir), must.Sprintf("%s is mounted in the held task's namespace", mp))
+			}
 			var msg string
 			for _, e := range al.Events("t") {
 				if e.DriverError != "" {
@@ -403,7 +428,12 @@ func testVolumeBadInput(t *testing.T, a *Agent, fx *VolFixture) {
 			t.Logf("%s: %s", s.name, msg)
 		})
 	}
-	// The held volume is untouched by the refused second writer.
+	// The held volume is untouched by the refused second writer: the same
+	// mounts on the host, its destination still in the held task.
+	must.Eq(t, heldHost, volMountsNaming(t, heldID), must.Sprintf("host mounts of volume %s", heldID))
+	heldNS, err = TaskMounts(heldAlloc.ID, "t")
+	must.NoError(t, err)
+	must.SliceContains(t, heldNS, heldDest)
 	must.Eq(t, 1, fx.Count("NodePublishVolume", heldID), must.Sprintf("calls: %v", fx.VolumeCalls(heldID)))
 	must.Eq(t, 0, fx.Count("NodeUnpublishVolume", heldID), must.Sprintf("calls: %v", fx.VolumeCalls(heldID)))
 	must.Eq(t, 2, len(a.VolJournalPaths(heldID)), must.Sprintf("journal paths: %v", a.VolJournalPaths(heldID)))
@@ -445,11 +475,15 @@ func testVolumeSecrets(t *testing.T, a *Agent, fx *VolFixture) {
 			must.StrNotContains(t, a.AllocLogs(t, al.ID, "t", false)+a.AllocLogs(t, al.ID, "t", true), canary)
 		}
 	}
-	must.StrNotContains(t, a.Log(), canary, must.Sprint("the agent log shows the secret"))
+	agentLog, err := a.ReadLog()
+	must.NoError(t, err)
+	// The log was there to read: it has the driver's lines of this case.
+	must.StrContains(t, agentLog, badAlloc.ID, must.Sprint("the agent log does not name the failed allocation"))
+	must.StrNotContains(t, agentLog, canary, must.Sprint("the agent log shows the secret"))
 	pluginLogs := a.AllocLogs(t, fx.AllocID, "plugin", false) + a.AllocLogs(t, fx.AllocID, "plugin", true)
 	must.StrNotContains(t, pluginLogs, canary, must.Sprint("the plugin's log shows the secret"))
 	t.Logf("secrets: canary absent from the agent log (%d bytes), plugin logs (%d bytes) and the events of 2 allocations; failure was: %s",
-		len(a.Log()), len(pluginLogs), volDriverError(badAlloc))
+		len(agentLog), len(pluginLogs), volDriverError(badAlloc))
 }
 
 func volDriverError(al *Allocation) string {
@@ -491,10 +525,10 @@ func TestVolumeAgentRestart(t *testing.T) {
 	a := volAgent(t, true)
 	fx := a.StartVolFixture(t, "fixture", VolFixtureOptions{})
 	type task struct {
-		name, dest string
-		job        Job
-		alloc      string
-		pids       []int
+		name, dest, volID string
+		job               Job
+		alloc             string
+		pids              []int
 	}
 	var tasks []*task
 	for i, typ := range []string{"dir", "dir", "ext4"} {
@@ -509,22 +543,40 @@ func TestVolumeAgentRestart(t *testing.T) {
 			Volumes: []VolSpec{{Name: "data", Plugin: fx.ID, ID: name, Dest: tk.dest, Access: access, Create: true, CreateType: typ}}})
 		tasks = append(tasks, tk)
 	}
+	// Each volume is staged at one path and published at one target, both
+	// mounted, and nothing else is mounted under the staging and publish
+	// roots.
+	var paths []string
 	for _, tk := range tasks {
 		tk.alloc = a.WaitAlloc(t, tk.job.ID, volTimeout, StatusRunning).ID
 		a.WaitLogs(t, tk.alloc, "t", "started", volTimeout)
 		tk.pids = TaskPIDs(tk.alloc, "t")
 		must.SliceNotEmpty(t, tk.pids)
+		tk.volID = fx.VolumeID(tk.name)
+		must.NotEq(t, "", tk.volID)
+		p := a.VolJournalPaths(tk.volID)
+		must.SliceLen(t, 2, p, must.Sprintf("journal paths of volume %s (a staging path and a target)", tk.volID))
+		paths = append(paths, p...)
 	}
+	sort.Strings(paths)
+	stageRoot := filepath.Join(a.DriverRoot, "mnt")
+	mountsBefore := volMountIDs(t, stageRoot)
+	must.Eq(t, paths, volVolumeMounts(stageRoot, mountsBefore), must.Sprintf("mounts under %s: %v", stageRoot, mountsBefore))
 	callsBefore := fx.Calls()
-	mountsBefore := volMountIDs(t, filepath.Join(a.DriverRoot, "mnt"))
 	t.Logf("before the restart: %d calls, mounts %v", len(callsBefore), mountsBefore)
 
 	restartAt := time.Now()
 	must.NoError(t, a.Restart())
 	t.Logf("client restarted in %v", time.Since(restartAt).Round(time.Millisecond))
 	a.WaitVolPluginHealthy(t, fx.ID, volTimeout)
-	// Let the driver's recovery settle (it runs in the background).
-	time.Sleep(3 * time.Second)
+	// The driver has taken every task back (its volumes' recovery runs at
+	// its start, before that); the exact calls of each volume, checked
+	// after the teardown below, cover any call made later.
+	var allocs []string
+	for _, tk := range tasks {
+		allocs = append(allocs, tk.alloc)
+	}
+	volWaitRecovered(t, a, allocs, volTimeout)
 	for _, tk := range tasks {
 		al := a.WaitAllocID(t, tk.alloc, volTimeout, StatusRunning)
 		must.Eq(t, tk.pids, TaskPIDs(tk.alloc, "t"), must.Sprintf("task %s has other processes after the restart", tk.name))
@@ -541,19 +593,67 @@ func TestVolumeAgentRestart(t *testing.T) {
 		}
 		must.Eq(t, before, after, must.Sprintf("%s calls before and after the restart", m))
 	}
-	must.Eq(t, mountsBefore, volMountIDs(t, filepath.Join(a.DriverRoot, "mnt")), must.Sprint("mounts under the stage root changed"))
+	must.Eq(t, mountsBefore, volMountIDs(t, stageRoot), must.Sprint("mounts under the stage root changed"))
 
-	var paths []string
 	for _, tk := range tasks {
-		paths = append(paths, a.VolJournalPaths(fx.VolumeID(tk.name))...)
 		a.VolStopAndWait(t, tk.job.ID, volTimeout)
 	}
+	want := []string{"NodeStageVolume", "NodePublishVolume", "NodeUnpublishVolume", "NodeUnstageVolume"}
 	for _, tk := range tasks {
-		volWaitCount(t, fx, "NodeUnstageVolume", fx.VolumeID(tk.name), 1, 30*time.Second)
+		volWaitCount(t, fx, "NodeUnstageVolume", tk.volID, 1, 30*time.Second)
+		must.Eq(t, want, fx.VolumeCalls(tk.volID), must.Sprintf("calls for volume %s across the restart", tk.volID))
 	}
 	must.SliceEmpty(t, a.WaitVolMountsGone(10*time.Second), must.Sprint("mounted after the tasks stopped"))
 	must.SliceEmpty(t, VolMountedAmong(paths))
+	ids := make([]string, 0, len(tasks))
+	for _, tk := range tasks {
+		ids = append(ids, tk.volID)
+	}
+	must.SliceEmpty(t, a.WaitVolJournalClear(10*time.Second, ids...), must.Sprint("journal records left"))
 	t.Logf("restart: %v; calls after the restart: %v", time.Since(start).Round(time.Millisecond), fx.Calls()[len(callsBefore):])
+}
+
+// volVolumeMounts lists, sorted, the mount points of mounts (volMountIDs of
+// the stage root) strictly below the stage root: the volumes' staging
+// paths and targets, without the stage root's own self-bind.
+func volVolumeMounts(stageRoot string, mounts map[string]string) []string {
+	var out []string
+	for p := range mounts {
+		if p != stageRoot {
+			out = append(out, p)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// volWaitRecovered waits until the log of the agent's current process says
+// the driver recovered the task of each allocation.
+func volWaitRecovered(t *testing.T, a *Agent, allocIDs []string, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		log, err := a.ReadLog()
+		must.NoError(t, err)
+		if i := strings.LastIndex(log, "==== harness: starting"); i >= 0 {
+			log = log[i:]
+		}
+		var missing []string
+		for _, id := range allocIDs {
+			if !slices.ContainsFunc(strings.Split(log, "\n"), func(line string) bool {
+				return strings.Contains(line, "task recovered") && strings.Contains(line, "alloc_id="+id)
+			}) {
+				missing = append(missing, id)
+			}
+		}
+		if len(missing) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the driver did not recover the tasks of allocations %v within %v; its log lines:\n%s", missing, timeout, a.driverLogLines(30))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 }
 
 // volMountIDs maps each mount point at or below dir to its mount id (field 1

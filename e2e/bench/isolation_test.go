@@ -12,7 +12,6 @@ package bench
 // (privileged_plugins_only = false) for that.
 
 import (
-	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -74,14 +73,10 @@ func tweakTasks(tb testing.TB, job map[string]any, tweak func(task map[string]an
 
 // startIsolationAgent starts the agent of a benchmark that compares
 // isolated tasks with privileged ones: opts, with a driver that allows
-// privileged tasks that are not plugins. The harness renders the driver's
-// plugin block itself, without privileged_plugins_only, before it knows
-// its own directory; so a second block of the same name follows it, whose
-// settings the driver gets (the first block's chroot_env is not kept:
-// chroot_env is the driver's default, exec's list, which has all the
-// benchmarks' tasks run). Its root_dir is in a directory of the
-// benchmark's own, which is cleaned up after the agent and set as the
-// agent's DriverRoot.
+// privileged tasks that are not plugins (privileged_plugins_only = false
+// in the harness's driver block, whose cgroup_parent is the agent's own).
+// Its root_dir is in a directory of the benchmark's own, which is cleaned
+// up after the agent.
 func startIsolationAgent(b *testing.B, opts e2e.AgentOptions) *e2e.Agent {
 	b.Helper()
 	// /tmp/ncsb-*: not /tmp/ncsi-*, which SweepStale may take from under
@@ -105,18 +100,7 @@ func startIsolationAgent(b *testing.B, opts e2e.AgentOptions) *e2e.Agent {
 		b.Fatal(err)
 	}
 	opts.AllowPrivileged = true
-	opts.ExtraConfig += fmt.Sprintf(`
-# The isolation benchmarks' driver settings (override the block above).
-plugin "nomad-driver-csi" {
-  config {
-    enabled                 = true
-    allow_privileged        = true
-    privileged_plugins_only = false
-    root_dir                = %q
-  }
-}
-`, driverRoot)
-	a := e2e.StartAgent(b, opts)
-	a.DriverRoot = driverRoot
-	return a
+	opts.DriverRoot = driverRoot
+	opts.DriverConfig += "\n    privileged_plugins_only = false"
+	return e2e.StartAgent(b, opts)
 }
