@@ -100,6 +100,7 @@ func (h *harness) config() Config {
 			h.events = append(h.events, recordedEvent{taskID, msg, ann})
 		},
 		NodeName:            "n1",
+		PluginWait:          20 * time.Millisecond,
 		RPCTimeout:          2 * time.Second,
 		RetryAttempts:       3,
 		RetryBase:           time.Millisecond,

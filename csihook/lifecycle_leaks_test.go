@@ -7,6 +7,7 @@ import (
 	"sort"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/shoenig/test/must"
 	"google.golang.org/grpc/codes"
@@ -105,4 +106,26 @@ func TestTeardown_ReleasedAfterBackgroundRetry(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	must.Eq(t, []string{"task-a"}, released)
+}
+
+// A plugin that is not there yet (its task starts with the workload, or a
+// driver that just restarted has not taken it back) is waited for, up to
+// PluginWait; one that never comes fails the start as before.
+func TestSetup_WaitsForAPluginThatIsNotThereYet(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.PluginWait = 10 * time.Second })
+	h.removePlugin("p")
+	go func() {
+		time.Sleep(300 * time.Millisecond)
+		h.setPlugin(fullPlugin("p"))
+	}()
+	_, err := h.m.Setup(context.Background(), "task-a", []VolumeRequest{req("data", "vol1", "/data")})
+	must.NoError(t, err)
+	must.True(t, containsEvent(h.eventMsgs(), `Waiting up to 10s for CSI plugin "p": CSI plugin "p" is not running on node`))
+	must.NoError(t, h.m.Teardown(context.Background(), "task-a"))
+
+	h2 := newHarness(t, func(c *Config) { c.PluginWait = 300 * time.Millisecond })
+	h2.removePlugin("p")
+	_, err = h2.m.Setup(context.Background(), "task-b", []VolumeRequest{req("data", "vol1", "/data")})
+	must.ErrorContains(t, err, `CSI plugin "p" is not running on node`)
+	must.Eq(t, 0, h2.fake.Count(MethodNodeStageVolume))
 }

@@ -81,6 +81,7 @@ func New(cfg Config) (*Manager, error) {
 	if cfg.NodeName == "" {
 		cfg.NodeName, _ = os.Hostname()
 	}
+	setDefault(&cfg.PluginWait, defaultPluginWait)
 	setDefault(&cfg.RPCTimeout, defaultRPCTimeout)
 	setDefault(&cfg.RetryBase, defaultRetryBase)
 	setDefault(&cfg.RetryMax, defaultRetryMax)
@@ -384,6 +385,42 @@ type pluginError struct{ msg string }
 func (e *pluginError) Error() string        { return e.msg }
 func (e *pluginError) Is(target error) bool { return target == ErrPluginNotFound }
 
+// awaitPlugins waits, up to PluginWait and within ctx, until every plugin
+// reqs name is healthy, telling the task once per plugin that it waits.
+// Whatever the outcome, preflight then judges the plugins.
+func (m *Manager) awaitPlugins(ctx context.Context, taskID string, reqs []VolumeRequest) {
+	if m.cfg.PluginWait <= 0 {
+		return
+	}
+	deadline := time.NewTimer(m.cfg.PluginWait)
+	defer deadline.Stop()
+	told := map[string]bool{}
+	for _, req := range reqs {
+		for {
+			_, err := m.lookupHealthy(req.PluginID)
+			if err == nil {
+				break
+			}
+			if !told[req.PluginID] {
+				told[req.PluginID] = true
+				m.event(taskID, fmt.Sprintf("Waiting up to %s for CSI plugin %q: %v", roundDuration(m.cfg.PluginWait), req.PluginID, err), nil)
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-m.ctx.Done():
+				return
+			case <-deadline.C:
+				return
+			case <-time.After(pluginPollInterval):
+			}
+		}
+	}
+}
+
+// pluginPollInterval is how often awaitPlugins asks again.
+const pluginPollInterval = 200 * time.Millisecond
+
 // lookupHealthy finds a plugin for Setup: it must be known and healthy.
 func (m *Manager) lookupHealthy(id string) (PluginInfo, error) {
 	info, err := m.cfg.Lookup(id)
@@ -455,6 +492,7 @@ func (m *Manager) Setup(ctx context.Context, taskID string, reqs []VolumeRequest
 	if err := validate(reqs); err != nil {
 		return nil, err
 	}
+	m.awaitPlugins(ctx, taskID, reqs)
 	plans, err := m.preflight(taskID, reqs)
 	if err != nil {
 		return nil, err

@@ -19,6 +19,7 @@ const (
 	AttachmentFileSystem         = "file-system"
 	AttachmentBlockDevice        = "block-device"
 	defaultRPCTimeout            = time.Minute
+	defaultPluginWait            = 30 * time.Second
 	defaultRetryAttempts         = 5
 	defaultRetryBase             = 500 * time.Millisecond
 	defaultRetryMax              = 8 * time.Second
@@ -157,6 +158,12 @@ type Config struct {
 	// another Nomad namespace (see VolumeRequest.Namespace). Ownership
 	// is recorded either way.
 	AllowCrossNamespace bool
+
+	// PluginWait is how long Setup waits for a plugin that is not known
+	// or not healthy yet before it fails: a plugin task started with the
+	// workload, or taken back by a driver that just restarted, takes a
+	// moment. Default 30s; negative: no wait.
+	PluginWait time.Duration
 
 	// RPCTimeout is the deadline of every single RPC; default 1m.
 	RPCTimeout time.Duration

@@ -93,7 +93,10 @@ type Driver struct {
 	eventTargets sync.Map
 	// dialVolume connects the volume lifecycle to a plugin socket
 	// (csihook.DialUnix when nil; tests set a fake).
-	dialVolume  func(socket string) (csihook.Client, error)
+	dialVolume func(socket string) (csihook.Client, error)
+	// pluginWait is how long a volume setup waits for its plugin
+	// (csihook's default when zero; tests shorten it).
+	pluginWait  time.Duration
 	recoverOnce sync.Once
 	// background counts goroutines that Shutdown waits for.
 	background sync.WaitGroup

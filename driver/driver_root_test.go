@@ -50,6 +50,8 @@ func requireRoot(t testing.TB) {
 func harnessDriver(t *testing.T, cfg Config) (*dtestutil.DriverHarness, *Driver) {
 	t.Helper()
 	d := NewPlugin(hclog.NewNullLogger())
+	// A volume whose plugin is missing fails within a test's patience.
+	d.pluginWait = 200 * time.Millisecond
 	h := dtestutil.NewDriverHarness(t, d)
 	if cfg.CgroupParent == "" {
 		cfg.CgroupParent = "nomad-csi-test"
@@ -479,7 +481,8 @@ func TestDriver_pluginTaskAndVolumeLifecycle(t *testing.T) {
 	eventually(t, 5*time.Second, fileHas(filepath.Join(reader.TaskDir().LogDir, "reader.stdout.0"), "written-by-task\n"))
 	must.NoError(t, h.DestroyTask(reader.ID, false))
 
-	// An unknown plugin fails the task at once, naming the plugin.
+	// An unknown plugin fails the task once the wait for it is over,
+	// naming the plugin.
 	bad := realTask(t, "bad", TaskConfig{
 		Command: "/bin/true",
 		Volumes: map[string]VolumeConfig{"data": {PluginID: "nope", VolumeID: "v", Destination: dest, AccessMode: "single-node-writer"}},

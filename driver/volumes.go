@@ -245,6 +245,7 @@ func (d *Driver) volumes() (*csihook.Manager, error) {
 		Logger:     d.logger,
 		Events:     d.volumeEvent,
 		Released:   d.volumesReleased,
+		PluginWait: d.pluginWait,
 		// Read once: Nomad configures a plugin once per process.
 		AllowCrossNamespace: conf.AllowCrossNamespaceVolumes,
 	})
