@@ -260,6 +260,11 @@ func (m *Manager) Owner(pluginID, volumeID string) (string, bool) {
 }
 
 func (m *Manager) event(taskID, msg string, ann map[string]string) {
+	if taskID == "" {
+		// Recovery's work on a volume no task of this process knows.
+		m.logger.Info("volume event", "event", msg)
+		return
+	}
 	m.logger.Info("task event", "task_id", taskID, "event", msg)
 	if m.cfg.Events != nil {
 		m.cfg.Events(taskID, msg, ann)

@@ -235,16 +235,20 @@ func markHanded(dir string) error {
 }
 
 // discardInvocation ends a task Nomad will never recover or destroy: its
-// supervisor and processes are killed, its state directory removed and its
-// volumes torn down (retried in the background when the plugin cannot
-// answer now; the error says so). The caller holds the task ID.
-func (d *Driver) discardInvocation(conf *Config, taskID string) error {
+// supervisor and processes are killed and its state directory removed.
+// With volumes, its volumes are torn down too (retried in the background
+// when the plugin cannot answer now; the error says so): only for a task ID
+// that is never used again, since that retry tears down whatever the ID
+// holds then. The caller holds the task ID.
+func (d *Driver) discardInvocation(conf *Config, taskID string, volumes bool) error {
 	logger := d.logger.With("task_id", taskID)
 	if err := d.discard(d.logger, conf.taskStateDir(taskID)); err != nil {
 		return err
 	}
-	if err := d.teardownVolumes(taskID); err != nil {
-		return err
+	if volumes {
+		if err := d.teardownVolumes(taskID); err != nil {
+			return err
+		}
 	}
 	logger.Info("ended a task Nomad has no handle for")
 	return nil
@@ -253,7 +257,10 @@ func (d *Driver) discardInvocation(conf *Config, taskID string) error {
 // discardOrphans ends the starts an earlier driver process never finished,
 // but those a StartTask of this process works on (Nomad retries a start
 // with the same task ID when the driver died during it): that StartTask
-// ends them itself.
+// ends them itself. Their volumes are left to recoverVolumes, which tears
+// down those of tasks that are not alive when it gets to them: Nomad may
+// retry the start with the same ID meanwhile, and its volumes are then
+// the new start's.
 func (d *Driver) discardOrphans(conf *Config, orphans []string) {
 	for _, id := range orphans {
 		release, ok := d.invocations.tryClaim(id)
@@ -261,7 +268,7 @@ func (d *Driver) discardOrphans(conf *Config, orphans []string) {
 			continue
 		}
 		if _, known := d.tasks.Get(id); !known {
-			if err := d.discardInvocation(conf, id); err != nil {
+			if err := d.discardInvocation(conf, id, false); err != nil {
 				d.logger.Warn("failed to end a task whose start was cut short", "task_id", id, "error", err)
 			}
 		}

@@ -515,7 +515,9 @@ func (d *Driver) endEarlierInvocations(logger hclog.Logger, conf *Config, cfg *d
 			}
 		}
 		logger.Info("ending an earlier start of the task that Nomad has no handle for", "earlier_task_id", id)
-		err := d.discardInvocation(conf, id)
+		// Volumes of the same task ID are this start's to take over
+		// (setting a volume up again is idempotent); an older ID's go.
+		err := d.discardInvocation(conf, id, id != cfg.ID)
 		if err == nil {
 			continue
 		}
