@@ -5,9 +5,11 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/shoenig/test/must"
+	"golang.org/x/sys/unix"
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/mounter"
 )
@@ -131,4 +133,50 @@ if touch /top-level-file 2>/dev/null; then echo root-writable; else echo root-re
 	must.Eq(t, "w\n", readFile(t, filepath.Join(vol, "w")))
 	_, err = os.Stat(top)
 	must.True(t, os.IsNotExist(err), must.Sprintf("%s exists on the host: %v", top, err))
+}
+
+// Nomad's log collector stops reading a FIFO for good once its last writer
+// closes it. A supervisor waiting for its late mounts, which dies with its
+// driver, must therefore not have opened the task's output yet: the start
+// Nomad retries writes its output into that FIFO.
+func TestStart_OutputOpenedOnlyOnceTheTaskRuns_Root(t *testing.T) {
+	requireTaskRoot(t)
+	fifo := filepath.Join(t.TempDir(), "stdout.fifo")
+	must.NoError(t, unix.Mkfifo(fifo, 0o600))
+	rfd, err := unix.Open(fifo, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	must.NoError(t, err)
+	reader := os.NewFile(uintptr(rfd), fifo)
+	defer reader.Close()
+	// writers reports whether anyone holds the FIFO open for writing: a
+	// non-blocking read sees EOF without one, EAGAIN with one.
+	writers := func() bool {
+		_, err := unix.Read(rfd, make([]byte, 64))
+		return errors.Is(err, unix.EAGAIN)
+	}
+
+	src := t.TempDir()
+	tt := newTestSpec(t, "/bin/sh", "-c", "echo through-the-fifo")
+	tt.spec.StdoutPath = fifo
+	tt.spec.LateMounts = []Mount{{Target: "/late"}}
+	p, err := Start(hclog.NewNullLogger(), tt.spec, func() ([]Mount, error) {
+		// The supervisor runs and waits for these; give it every chance
+		// to open the FIFO early.
+		for i := 0; i < 20; i++ {
+			must.False(t, writers(), must.Sprint("the supervisor opened the task's output before it had its mounts"))
+			time.Sleep(25 * time.Millisecond)
+		}
+		return []Mount{{Source: src, Target: "/late"}}, nil
+	})
+	must.NoError(t, err)
+	t.Cleanup(func() { _ = p.Kill(); _ = p.Destroy() })
+	must.Eq(t, 0, waitExit(t, p).ExitCode)
+	var out []byte
+	waitFor(t, "the task's output", func() bool {
+		buf := make([]byte, 64)
+		n, _ := unix.Read(rfd, buf)
+		if n > 0 {
+			out = append(out, buf[:n]...)
+		}
+		return string(out) == "through-the-fifo\n"
+	})
 }

@@ -49,7 +49,7 @@ const lateMessageMax = 64 << 10
 // way out: left says when it is not, and nothing may look for the group's
 // processes before (see cgroups.Group.JoinThread). On error nothing was
 // forked, and the thread has left the group.
-func launchTask(spec *Spec, group *cgroups.Group, stdio []*os.File, ctl *os.File, started func(*exec.Cmd), pre *prebuilt) (cmd *exec.Cmd, left <-chan error, err error) {
+func launchTask(spec *Spec, group *cgroups.Group, stdio func() ([]*os.File, error), ctl *os.File, started func(*exec.Cmd), pre *prebuilt) (cmd *exec.Cmd, left <-chan error, err error) {
 	type result struct {
 		cmd *exec.Cmd
 		err error
@@ -168,7 +168,7 @@ func (p *prebuilt) discard() { close(p.jobs) }
 
 // launchOnThread runs on launchTask's thread. It does what does not depend
 // on the late mounts before it waits for them.
-func launchOnThread(spec *Spec, group *cgroups.Group, stdio []*os.File, ctl *os.File, pivoted bool) (cmd *exec.Cmd, leave func() error, err error) {
+func launchOnThread(spec *Spec, group *cgroups.Group, stdio func() ([]*os.File, error), ctl *os.File, pivoted bool) (cmd *exec.Cmd, leave func() error, err error) {
 	// The thread enters the task's root (or has already): the host's
 	// cgroup file systems, which an isolated root does not mount, are
 	// reached through the supervisor's handle on the host's root, before
@@ -293,7 +293,7 @@ func launchOnThread(spec *Spec, group *cgroups.Group, stdio []*os.File, ctl *os.
 // forkTask finishes the task's mounts once the late ones are there, enters
 // its root and forks it. early are trees of spec.Mounts taken before, for
 // an isolated task.
-func forkTask(m mounter.Interface, spec *Spec, attr *syscall.SysProcAttr, root string, after []Mount, early []*os.File, stdio []*os.File, ctl *os.File, pivoted bool, allowDevices func([]cgroups.DeviceRule) error) (*exec.Cmd, error) {
+func forkTask(m mounter.Interface, spec *Spec, attr *syscall.SysProcAttr, root string, after []Mount, early []*os.File, stdio func() ([]*os.File, error), ctl *os.File, pivoted bool, allowDevices func([]cgroups.DeviceRule) error) (*exec.Cmd, error) {
 	// The root is entered before the wait, so that what is left after the
 	// volumes come is short: their trees are attached at their targets in
 	// the entered root, which is sealed after that. Mounts inside a
@@ -373,14 +373,18 @@ func forkTask(m mounter.Interface, spec *Spec, attr *syscall.SysProcAttr, root s
 	if env == nil {
 		env = []string{}
 	}
+	files, err := stdio()
+	if err != nil {
+		return nil, err
+	}
 	cmd := &exec.Cmd{
 		Path:        path,
 		Args:        append([]string{spec.Command}, spec.Args...),
 		Env:         env,
 		Dir:         spec.Dir,
-		Stdin:       stdio[0],
-		Stdout:      stdio[1],
-		Stderr:      stdio[2],
+		Stdin:       files[0],
+		Stdout:      files[1],
+		Stderr:      files[2],
 		SysProcAttr: attr,
 	}
 	if spec.Isolation != nil {

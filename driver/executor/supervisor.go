@@ -207,21 +207,40 @@ func startTask(spec *Spec, ctl *os.File, started func(*exec.Cmd, *cgroups.Group)
 			}
 		}()
 	}
-	stdin, err := os.Open(os.DevNull)
-	if err != nil {
-		return nil, nil, nil, err
+	// The task's output is opened only once it is about to run: Nomad's
+	// log collector stops reading a FIFO for good once its last writer
+	// closes it, so a supervisor that dies waiting for its mounts (its
+	// driver died) must not have opened it, or the start Nomad retries
+	// writes its output into a pipe nobody reads.
+	var opened []*os.File
+	defer func() {
+		for _, f := range opened {
+			_ = f.Close()
+		}
+	}()
+	stdio := func() ([]*os.File, error) {
+		if opened != nil {
+			return opened, nil
+		}
+		type result struct {
+			files []*os.File
+			err   error
+		}
+		ch := make(chan result, 1)
+		// On a thread of its own: the caller may have entered the task's
+		// root, where the log paths are not.
+		go func() {
+			var r result
+			r.files, r.err = openStdio(spec)
+			ch <- r
+		}()
+		r := <-ch
+		if r.err != nil {
+			return nil, r.err
+		}
+		opened = r.files
+		return opened, nil
 	}
-	defer stdin.Close()
-	stdout, err := openLog(spec.StdoutPath)
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	defer stdout.Close()
-	stderr, err := openLog(spec.StderrPath)
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	defer stderr.Close()
 
 	group, err := cgroups.Create(spec.CgroupParent, spec.cgroupName(), spec.Limits)
 	if err != nil {
@@ -229,7 +248,7 @@ func startTask(spec *Spec, ctl *os.File, started func(*exec.Cmd, *cgroups.Group)
 	}
 	taken := pre
 	pre = nil
-	cmd, left, err := launchTask(spec, group, []*os.File{stdin, stdout, stderr}, ctl,
+	cmd, left, err := launchTask(spec, group, stdio, ctl,
 		func(cmd *exec.Cmd) { started(cmd, group) }, taken)
 	if err != nil {
 		// Nothing was forked, so there is nothing to kill (and a kill could
@@ -463,4 +482,24 @@ func waitTask(logger hclog.Logger, cmd *exec.Cmd, group *cgroups.Group) *ExitSta
 		}
 	}
 	return status
+}
+
+// openStdio opens the task's stdin (/dev/null), stdout and stderr.
+func openStdio(spec *Spec) ([]*os.File, error) {
+	stdin, err := os.Open(os.DevNull)
+	if err != nil {
+		return nil, err
+	}
+	stdout, err := openLog(spec.StdoutPath)
+	if err != nil {
+		_ = stdin.Close()
+		return nil, err
+	}
+	stderr, err := openLog(spec.StderrPath)
+	if err != nil {
+		_ = stdin.Close()
+		_ = stdout.Close()
+		return nil, err
+	}
+	return []*os.File{stdin, stdout, stderr}, nil
 }
