@@ -414,7 +414,7 @@ func faultStopPlugin(c *faultCase) {
 	must.StrContains(t, volExec(t, a, al.ID, "echo "+canary+" > "+dest+"/f && cat "+dest+"/f"), canary)
 	a.VolStopAndWait(t, c.fx.JobID, faultWait)
 	a.VolStopAndWait(t, job.ID, faultWait)
-	al = volWaitEvent(t, a, al.ID, "retrying", faultWait)
+	volWaitEvent(t, a, al.ID, "retrying", faultWait)
 	id := c.fx.VolumeID(name)
 	must.NotEq(t, 0, len(a.VolJournalMentions(id)), must.Sprint("the journal forgot a volume it could not tear down"))
 	c.outcome("task stopped with the plugin gone; teardown retrying")

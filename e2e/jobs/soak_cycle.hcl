@@ -25,14 +25,14 @@ job "{{.JobID}}" {
     }
 
     task "t" {
-      driver       = "csi"
+      driver = "csi"
       # The fixture's volumes belong to root.
       user         = "root"
       kill_timeout = "3s"
 
       config {
         command = "/bin/sh"
-        args    = ["-c", <<-EOT
+        args = ["-c", <<-EOT
 {{.Vars.Script}}
 EOT
         ]
@@ -105,7 +105,7 @@ EOT
 
       config {
         command = "/bin/sh"
-        args    = ["-c", <<-EOT
+        args = ["-c", <<-EOT
 {{.Vars.Script}}
 EOT
         ]
