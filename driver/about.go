@@ -286,17 +286,25 @@ const DefaultPluginHealthTimeout = "30s"
 // to start is better reported unhealthy.
 const maxPluginHealthTimeout = time.Hour
 
-// healthTimeout is HealthTimeout parsed; validate has checked it.
-func (p *PluginTaskConfig) healthTimeout() time.Duration {
+// parseHealthTimeout reads HealthTimeout (DefaultPluginHealthTimeout when
+// empty); the error says what would be right.
+func (p *PluginTaskConfig) parseHealthTimeout() (time.Duration, error) {
 	s := p.HealthTimeout
 	if s == "" {
 		s = DefaultPluginHealthTimeout
 	}
 	d, err := time.ParseDuration(s)
-	if err != nil || d < 0 {
-		return 0
+	if err != nil || d < 0 || d > maxPluginHealthTimeout {
+		return 0, fmt.Errorf("csi_plugin health_timeout %q must be a duration from \"0s\" to \"%s\", such as \"30s\"", p.HealthTimeout, maxPluginHealthTimeout)
 	}
-	return min(d, maxPluginHealthTimeout)
+	return d, nil
+}
+
+// healthTimeout is HealthTimeout parsed; validate has checked it, so an
+// error here (a state written by a driver that did not check) means none.
+func (p *PluginTaskConfig) healthTimeout() time.Duration {
+	d, _ := p.parseHealthTimeout()
+	return d
 }
 
 // validate checks a task's configuration against the agent's; its errors
@@ -365,11 +373,8 @@ func (p *PluginTaskConfig) validate(cfg *Config, privileged bool) error {
 	if !filepath.IsAbs(p.MountDir) || filepath.Clean(p.MountDir) == "/" {
 		return fmt.Errorf("csi_plugin mount_dir must be an absolute path other than \"/\", got %q", p.MountDir)
 	}
-	if p.HealthTimeout != "" {
-		d, err := time.ParseDuration(p.HealthTimeout)
-		if err != nil || d < 0 || d > maxPluginHealthTimeout {
-			return fmt.Errorf("csi_plugin health_timeout %q must be a duration from \"0s\" to \"%s\", such as \"30s\"", p.HealthTimeout, maxPluginHealthTimeout)
-		}
+	if _, err := p.parseHealthTimeout(); err != nil {
+		return err
 	}
 	if sock := cfg.pluginSocket(p.ID); len(sock) > maxSocketPath {
 		return fmt.Errorf("csi_plugin id %q is too long for this node: its socket %q would pass the %d-byte limit of unix socket paths; use an id of at most %d bytes or a shorter root_dir",

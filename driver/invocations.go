@@ -72,34 +72,25 @@ func newInvocations() *invocations {
 // claim waits until no one else works on id, then holds it until release.
 func (iv *invocations) claim(ctx context.Context, id string) (release func(), err error) {
 	for {
-		iv.mu.Lock()
-		ch, ok := iv.busy[id]
-		if !ok {
-			done := make(chan struct{})
-			iv.busy[id] = done
-			iv.mu.Unlock()
-			return func() {
-				iv.mu.Lock()
-				delete(iv.busy, id)
-				iv.mu.Unlock()
-				close(done)
-			}, nil
+		release, busy := iv.tryClaim(id)
+		if release != nil {
+			return release, nil
 		}
-		iv.mu.Unlock()
 		select {
-		case <-ch:
+		case <-busy:
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}
 	}
 }
 
-// tryClaim is claim without the wait.
-func (iv *invocations) tryClaim(id string) (release func(), ok bool) {
+// tryClaim holds id until release when no one else works on it; otherwise
+// it returns a channel closed when the one who does is done.
+func (iv *invocations) tryClaim(id string) (release func(), busy <-chan struct{}) {
 	iv.mu.Lock()
 	defer iv.mu.Unlock()
-	if _, ok := iv.busy[id]; ok {
-		return nil, false
+	if ch, ok := iv.busy[id]; ok {
+		return nil, ch
 	}
 	done := make(chan struct{})
 	iv.busy[id] = done
@@ -108,7 +99,7 @@ func (iv *invocations) tryClaim(id string) (release func(), ok bool) {
 		delete(iv.busy, id)
 		iv.mu.Unlock()
 		close(done)
-	}, true
+	}, nil
 }
 
 // alive reports whether id is worked on or waits for Nomad.
@@ -187,12 +178,12 @@ func (iv *invocations) scanTaskDirs(logger hclog.Logger, tasksDir string) (orpha
 				iv.cutShort[inv.TaskID] = inv
 				orphans = append(orphans, inv.TaskID)
 			}
-		case errors.Is(err, fs.ErrNotExist) && exists(filepath.Join(dir, "spec.json")):
+		case errors.Is(err, fs.ErrNotExist):
 			// Written by a driver before invocation files: its task ID is
-			// in the spec. Nomad decides, as it did then.
-			var spec executor.Spec
-			if b, err := os.ReadFile(filepath.Join(dir, "spec.json")); err == nil && json.Unmarshal(b, &spec) == nil && spec.TaskID != "" {
-				iv.waiting[spec.TaskID] = invocation{TaskID: spec.TaskID}
+			// in the spec, if it started anything. Nomad decides, as it
+			// did then.
+			if id, serr := executor.StartedTaskID(dir); serr == nil && id != "" {
+				iv.waiting[id] = invocation{TaskID: id}
 				continue
 			}
 			logger.Warn("task state directory names no task; leaving it alone", "path", dir)
@@ -263,8 +254,8 @@ func (d *Driver) discardInvocation(conf *Config, taskID string, volumes bool) er
 // the new start's.
 func (d *Driver) discardOrphans(conf *Config, orphans []string) {
 	for _, id := range orphans {
-		release, ok := d.invocations.tryClaim(id)
-		if !ok {
+		release, _ := d.invocations.tryClaim(id)
+		if release == nil {
 			continue
 		}
 		if _, known := d.tasks.Get(id); !known {
@@ -275,4 +266,48 @@ func (d *Driver) discardOrphans(conf *Config, orphans []string) {
 		d.invocations.ended(id)
 		release()
 	}
+}
+
+// endEarlierInvocations ends what earlier starts of cfg's task left that
+// Nomad will never recover: a start with this very task ID (Nomad retries a
+// start with the same ID when the driver died during it, and that start's
+// supervisor may run), and earlier invocations of the same task of the
+// same allocation handed to an earlier driver process (Nomad starts a task
+// anew only once it is done with the last one). Their processes are
+// killed before this start runs anything, so two instances never share a
+// volume; their volumes are torn down first too, or, when that cannot be
+// done now, a task with volumes of its own is refused with the reason.
+func (d *Driver) endEarlierInvocations(logger hclog.Logger, conf *Config, cfg *drivers.TaskConfig, hasVolumes bool) error {
+	ids := d.invocations.superseded(cfg)
+	if exists(conf.taskStateDir(cfg.ID)) {
+		d.invocations.settled(cfg.ID)
+		ids = append(ids, cfg.ID)
+	}
+	for _, id := range ids {
+		if id != cfg.ID {
+			release, err := d.invocations.claim(d.ctx, id)
+			if err != nil {
+				return errors.New("the csi driver is shutting down")
+			}
+			defer release()
+			if _, ok := d.tasks.Get(id); ok {
+				continue
+			}
+		}
+		logger.Info("ending an earlier start of the task that Nomad has no handle for", "earlier_task_id", id)
+		// Volumes of the same task ID are this start's to take over
+		// (setting a volume up again is idempotent); an older ID's go.
+		err := d.discardInvocation(conf, id, id != cfg.ID)
+		if err == nil {
+			continue
+		}
+		if exists(conf.taskStateDir(id)) {
+			return fmt.Errorf("failed to end an earlier start of this task (task ID %q), so it is not started twice: %w", id, err)
+		}
+		if hasVolumes {
+			return fmt.Errorf("an earlier start of this task (task ID %q) still holds volumes: %w", id, err)
+		}
+		logger.Warn("volumes of an earlier start of the task not torn down yet", "earlier_task_id", id, "error", err)
+	}
+	return nil
 }

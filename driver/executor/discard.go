@@ -106,6 +106,20 @@ func killSupervisor(rec supervisorRecord) error {
 	}
 }
 
+// StartedTaskID is the task ID of the spec a start wrote in stateDir; ""
+// when it wrote none (nothing was started from the directory).
+func StartedTaskID(stateDir string) (string, error) {
+	var spec Spec
+	err := readJSON(filepath.Join(stateDir, specFile), &spec)
+	if errors.Is(err, fs.ErrNotExist) {
+		return "", nil
+	}
+	if err != nil {
+		return "", err
+	}
+	return spec.TaskID, nil
+}
+
 func removeStateDir(dir string) error {
 	if err := os.RemoveAll(dir); err != nil {
 		return fmt.Errorf("failed to remove state dir %q: %w", dir, err)
