@@ -18,7 +18,6 @@ import (
 	"time"
 
 	"github.com/shoenig/test/must"
-	"golang.org/x/sys/unix"
 )
 
 // upgradeVersion is the version the replacement driver is stamped with.
@@ -134,8 +133,16 @@ func TestDriverUpgrade(t *testing.T) {
 	volWaitCount(t, fx, "NodeUnstageVolume", fx.VolumeID(name), 1, 30*time.Second)
 	must.SliceEmpty(t, a.WaitVolMountsGone(10*time.Second), must.Sprint("mounted after the task stopped"))
 	must.SliceEmpty(t, VolMountedAmong(paths))
-	must.Error(t, unix.Kill(taskPID, 0), must.Sprintf("task process %d alive after the stop", taskPID))
-	must.Error(t, unix.Kill(supervisor.PPID, 0), must.Sprintf("supervisor %d alive after the stop", supervisor.PPID))
+	// Exited is enough: after the upgrade the old supervisor's parent is
+	// whichever process reaps orphans on this host, and it reaps when it
+	// likes, so an exited supervisor can still be a zombie here.
+	for _, p := range []struct {
+		what string
+		pid  int
+	}{{"task process", taskPID}, {"supervisor", supervisor.PPID}} {
+		st := procState(p.pid)
+		must.True(t, st == "?" || st == "Z", must.Sprintf("%s %d still running after the stop (state %s)", p.what, p.pid, st))
+	}
 	t.Logf("upgraded %s -> %s; calls after the upgrade: %v", oldVersion, version, fx.Calls()[len(callsBefore):])
 }
 
