@@ -293,6 +293,14 @@ func (c *faultCase) waitVolumeClear(name string) {
 	must.SliceEmpty(t, c.a.WaitVolMountsGone(faultWait, paths...), must.Sprintf("mounts of volume %s", name))
 }
 
+// faultBadCopies lists the copies of a damaged journal the driver kept.
+func faultBadCopies(t *testing.T, a *Agent) []string {
+	t.Helper()
+	bad, err := filepath.Glob(filepath.Join(a.DriverRoot, "journal", "*.bad"))
+	must.NoError(t, err)
+	return bad
+}
+
 // faultShortHash is how csihook names a volume's staging directory.
 func faultShortHash(s string) string {
 	sum := sha256.Sum256([]byte(s))
@@ -539,6 +547,21 @@ func faultJournal(c *faultCase, corrupt bool) {
 	al = a.WaitAllocID(t, al.ID, faultWait, StatusRunning)
 	must.Eq(t, pids, TaskPIDs(al.ID, "t"), must.Sprint("the task's processes changed across the restart"))
 	must.StrContains(t, volExec(t, a, al.ID, "cat "+dest+"/f"), canary)
+	if corrupt {
+		// The driver keeps a copy of the damaged log for the operator
+		// (it holds secrets: owner only) and goes on without it; the
+		// operator removes it once they have looked.
+		bad := faultBadCopies(t, a)
+		must.SliceLen(t, 1, bad, must.Sprintf("copies of the damaged journal: %v", bad))
+		fi, err := os.Stat(bad[0])
+		must.NoError(t, err)
+		must.Eq(t, os.FileMode(0o600), fi.Mode().Perm(), must.Sprintf("mode of %s", bad[0]))
+		must.NoError(t, os.Remove(bad[0]))
+		c.outcome("driver started on the damaged journal (%s); a copy kept 0600 for the operator", what)
+	} else {
+		// A torn tail is what any crash mid-write leaves: nothing to keep.
+		must.SliceEmpty(t, faultBadCopies(t, a), must.Sprint("copies of a journal with a torn tail"))
+	}
 	a.VolStopAndWait(t, job.ID, faultWait)
 	c.waitVolumeClear(name)
 	c.laterTask(name, dest, canary)
