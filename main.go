@@ -12,7 +12,7 @@ import (
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver"
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor"
-	"github.com/nomad-driver-csi/nomad-driver-csi/internal/debugstats"
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/debugstats"
 )
 
 func main() {

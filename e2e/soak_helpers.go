@@ -14,7 +14,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nomad-driver-csi/nomad-driver-csi/internal/debugstats"
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/debugstats"
 )
 
 // SoakSample is what the soak measures at one point, with every workload

@@ -47,7 +47,7 @@ import (
 	"github.com/shoenig/test"
 	"github.com/shoenig/test/must"
 
-	"github.com/nomad-driver-csi/nomad-driver-csi/internal/debugstats"
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/debugstats"
 )
 
 // The loose bounds on how much one driver process may grow between its
