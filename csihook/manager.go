@@ -975,6 +975,15 @@ func (m *Manager) ensurePublished(ctx context.Context, info PluginInfo, vol volR
 	if err != nil {
 		return err
 	}
+	// Creating target_path is the plugin's job (CSI spec); a plugin that
+	// answers OK without it did not publish anything, and the task must
+	// not start on an empty directory of ours.
+	if _, err := m.cfg.Mounter.IsMountPoint(tr.Target); errors.Is(err, fs.ErrNotExist) {
+		return &OpError{Method: o.method, Volume: o.name, VolumeID: o.volumeID, PluginID: o.pluginID, Code: codes.Internal,
+			Message: fmt.Sprintf("the plugin reported success but did not create the target path %q, which the CSI spec leaves to the plugin", tr.Target),
+			Hint: fmt.Sprintf("plugin %q did not publish the volume on this node (a mock plugin does not); check the plugin's logs, "+
+				"or use a plugin that mounts volumes at target_path", o.pluginID)}
+	}
 	tr.State = phasePublished
 	if err := m.commitLazy(append(pending, taskPut(tr))...); err != nil {
 		return err

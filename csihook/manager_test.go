@@ -3,6 +3,7 @@ package csihook
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io/fs"
 	"math/rand/v2"
 	"os"
@@ -70,6 +71,27 @@ func TestSetupTeardown_CallOrder(t *testing.T) {
 	h.fake.ResetCalls()
 	must.NoError(t, h.m.Teardown(ctx, "task-a"))
 	must.SliceEmpty(t, h.fake.Methods())
+}
+
+// A plugin that answers NodePublishVolume with OK but never makes the
+// target (csi-test's and gocsi's mocks do this) published nothing: the
+// setup fails naming the target, and what was done is undone.
+func TestSetup_PluginDidNotCreateTarget(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	target := h.m.TargetPath("task-a", "data")
+	h.mnt.IsMountPointErrs = map[string]error{target: fmt.Errorf("failed to resolve %q: %w", target, fs.ErrNotExist)}
+
+	_, err := h.m.Setup(ctx, "task-a", []VolumeRequest{req("data", "vol1", "/data")})
+	var oe *OpError
+	must.True(t, errors.As(err, &oe), must.Sprintf("error %v", err))
+	must.Eq(t, MethodNodePublishVolume, oe.Method)
+	must.StrContains(t, err.Error(), "did not create the target path \""+target+"\"")
+	must.StrContains(t, err.Error(), `plugin "p" did not publish the volume`)
+	must.Eq(t, []string{MethodControllerPublishVolume, MethodNodeStageVolume, MethodNodePublishVolume,
+		MethodNodeUnpublishVolume, MethodNodeUnstageVolume, MethodControllerUnpublishVolume}, h.fake.Methods())
+	must.SliceEmpty(t, h.journalRecords())
+	must.Eq(t, 0, h.m.Users("p", "vol1"))
 }
 
 func TestSetup_PluginWithoutControllerOrStaging(t *testing.T) {

@@ -193,12 +193,14 @@ func testVolumeMock(t *testing.T, a *Agent, m *volMock, want []string) {
 	}
 
 	// The mock made no target: the task never started, and its failure
-	// names the target the plugin was asked to make.
+	// says the plugin published nothing and names the target it was asked
+	// to make.
 	for _, e := range al.Events("t") {
 		must.NotEq(t, "Started", e.Type, must.Sprintf("the task started without its volume:\n%s", text))
 	}
 	must.SliceEmpty(t, TaskPIDs(al.ID, "t"), must.Sprint("the refused task has processes"))
 	must.StrContains(t, volDriverError(al), target, must.Sprintf("the failure does not name the target:\n%s", text))
+	must.StrContains(t, volDriverError(al), "did not create the target path", must.Sprintf("the failure does not say the plugin published nothing:\n%s", text))
 
 	// Nothing is left: no journal record, no mount, no directory of the
 	// volume under root_dir.

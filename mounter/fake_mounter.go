@@ -59,8 +59,11 @@ type Fake struct {
 	// CloneErrs fail CloneTree by source (AttachTree fails by target
 	// through MountErrs).
 	CloneErrs map[string]error
-	ListErr   error
-	nextID    int
+	// IsMountPointErrs fail IsMountPoint by path (fs.ErrNotExist stands
+	// for a path that is not there).
+	IsMountPointErrs map[string]error
+	ListErr          error
+	nextID           int
 }
 
 var _ Interface = (*Fake)(nil)
@@ -246,6 +249,9 @@ func (f *Fake) IsMountPoint(path string) (bool, error) {
 		return false, f.ListErr
 	}
 	path = filepath.Clean(path)
+	if err := f.IsMountPointErrs[path]; err != nil {
+		return false, err
+	}
 	return isMountPoint(f.MountPoints, path), nil
 }
 
