@@ -15,6 +15,7 @@ package e2e
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -120,26 +121,32 @@ type netState struct {
 // the directory of the namespace files.
 var netDirs = []string{"/var/run/cni/nomad", "/var/run/cni", "/var/run/netns"}
 
-func iptablesRules(table string) []string {
+func iptablesRules(table string) ([]string, error) {
 	out, err := run("iptables", "-w", "-t", table, "-S")
 	if err != nil {
-		return nil
+		return nil, fmt.Errorf("iptables -t %s -S: %w", table, err)
 	}
-	return strings.Split(strings.TrimSpace(out), "\n")
+	return strings.Split(strings.TrimSpace(out), "\n"), nil
 }
 
-func readNetState() netState {
+// readNetState reads the host's network state; a part it cannot read is
+// an error, so that a comparison never passes on two empty reads.
+func readNetState() (netState, error) {
 	s := netState{rules: map[string][]string{}, dirs: map[string]bool{}}
+	var errs []error
 	for _, table := range []string{"filter", "nat"} {
-		s.rules[table] = iptablesRules(table)
+		rules, err := iptablesRules(table)
+		errs = append(errs, err)
+		s.rules[table] = rules
 	}
-	b, _ := os.ReadFile("/proc/sys/net/ipv4/ip_forward")
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_forward")
+	errs = append(errs, err)
 	s.ipForward = strings.TrimSpace(string(b))
 	for _, d := range netDirs {
 		_, err := os.Stat(d)
 		s.dirs[d] = err == nil
 	}
-	return s
+	return s, errors.Join(errs...)
 }
 
 // restoreNetwork removes what the case's agent left of its network and
@@ -164,7 +171,11 @@ func restoreNetwork(before netState, bridge string) []string {
 	}
 	for _, table := range []string{"filter", "nat"} {
 		var newChains, newRules []string
-		for _, r := range iptablesRules(table) {
+		rules, err := iptablesRules(table)
+		if err != nil {
+			left = append(left, err.Error())
+		}
+		for _, r := range rules {
 			if slices.Contains(before.rules[table], r) {
 				continue
 			}
@@ -193,7 +204,10 @@ func restoreNetwork(before netState, bridge string) []string {
 			}
 		}
 	}
-	if b, _ := os.ReadFile("/proc/sys/net/ipv4/ip_forward"); strings.TrimSpace(string(b)) != before.ipForward {
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_forward"); err != nil {
+		left = append(left, "ip_forward unreadable: "+err.Error())
+		_ = os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte(before.ipForward), 0)
+	} else if strings.TrimSpace(string(b)) != before.ipForward {
 		left = append(left, "ip_forward="+strings.TrimSpace(string(b)))
 		_ = os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte(before.ipForward), 0)
 	}
@@ -239,13 +253,20 @@ func TestNetwork_Bridge(t *testing.T) {
 	pid := os.Getpid()
 	bridge := fmt.Sprintf("ncsi%d", pid%100000)
 	subnet := netip.MustParsePrefix(fmt.Sprintf("172.26.%d.0/24", 64+pid%64))
-	before := readNetState()
+	before, err := readNetState()
+	must.NoError(t, err, must.Sprint("the host's network state before the case"))
 	// Registered before the agent's Close, so it runs after it.
 	t.Cleanup(func() {
 		if left := restoreNetwork(before, bridge); len(left) > 0 {
 			t.Logf("removed what the agent left of its network:\n  %s", strings.Join(left, "\n  "))
 		}
-		after := readNetState()
+		after, err := readNetState()
+		if err != nil {
+			t.Errorf("failed to read the host's network state after clean-up: %v", err)
+		}
+		if after.ipForward != before.ipForward {
+			t.Errorf("ip_forward is %q after clean-up, was %q", after.ipForward, before.ipForward)
+		}
 		for _, table := range []string{"filter", "nat"} {
 			if !slices.Equal(before.rules[table], after.rules[table]) {
 				t.Errorf("iptables %s rules differ after clean-up:\nbefore: %q\nafter:  %q", table, before.rules[table], after.rules[table])
