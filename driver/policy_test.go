@@ -112,9 +112,15 @@ type fakePlugins struct {
 	vols  *csihook.FakeClient
 }
 
-func withFakePlugins(t *testing.T, d *testDriver) *fakePlugins {
+// withFakePlugins gives d a prober that dials fakes; before runs ahead of
+// the prober's first scan, so that sockets already in place are probed
+// with the fakes it sets.
+func withFakePlugins(t *testing.T, d *testDriver, before ...func(*fakePlugins)) *fakePlugins {
 	t.Helper()
 	fp := &fakePlugins{fakes: map[string]*fingerprint.Fake{}, vols: csihook.NewFakeClient(d.mounter.(*mounter.Fake))}
+	for _, f := range before {
+		f(fp)
+	}
 	d.Driver.mu.Lock()
 	old := d.prober
 	d.prober = fingerprint.NewProber(fingerprint.Config{
@@ -211,9 +217,13 @@ func TestStartTask_pluginIDOfSocketDirRefused(t *testing.T) {
 	// A new driver process finds the socket first, and the task takes its
 	// id back.
 	d2 := newTestDriver(t, Config{Enabled: true, PluginSocketDirs: []string{sockets}})
-	fp2 := withFakePlugins(t, d2)
-	fp2.set(ext, fingerprint.NewFake(fingerprint.PluginInfo{Name: "operators"}, fingerprint.NodeInfo{NodeID: "n1"}))
-	fp2.set(late, fingerprint.NewFake(fingerprint.PluginInfo{Name: "mine"}, fingerprint.NodeInfo{NodeID: "n1"}))
+	// Its prober scans the sockets as it starts: their fakes must be there
+	// first, or a socket is probed as the default fake named after its
+	// directory.
+	withFakePlugins(t, d2, func(fp2 *fakePlugins) {
+		fp2.set(ext, fingerprint.NewFake(fingerprint.PluginInfo{Name: "operators"}, fingerprint.NodeInfo{NodeID: "n1"}))
+		fp2.set(late, fingerprint.NewFake(fingerprint.PluginInfo{Name: "mine"}, fingerprint.NodeInfo{NodeID: "n1"}))
+	})
 	_, found := d2.currentProber().SocketServing(t.Context(), "mine")
 	must.True(t, found)
 	must.NoError(t, d2.RecoverTask(persisted(t, handle)))
@@ -320,8 +330,9 @@ func TestRecoverTask_lostPluginTaskKeepsIDForItsJob(t *testing.T) {
 	listenUnix(t, late)
 
 	d2 := newTestDriver(t, Config{Enabled: true, PluginSocketDirs: []string{sockets}})
-	fp2 := withFakePlugins(t, d2)
-	fp2.set(late, fingerprint.NewFake(fingerprint.PluginInfo{Name: "hp"}, fingerprint.NodeInfo{NodeID: "n1"}))
+	withFakePlugins(t, d2, func(fp2 *fakePlugins) {
+		fp2.set(late, fingerprint.NewFake(fingerprint.PluginInfo{Name: "hp"}, fingerprint.NodeInfo{NodeID: "n1"}))
+	})
 	d2.recover = func(hclog.Logger, executor.State) (taskProcess, error) { return nil, executor.ErrGone }
 	must.ErrorIs(t, d2.RecoverTask(persisted(t, handle)), executor.ErrGone)
 
