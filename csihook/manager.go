@@ -8,6 +8,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -230,6 +231,26 @@ func (m *Manager) usersAfter(k volKey, ops []journalOp) int {
 		}
 	}
 	return n
+}
+
+// Tasks returns the IDs of the tasks this node's journal holds volumes
+// for: published ones, and those whose volumes are still to be released,
+// sorted.
+func (m *Manager) Tasks() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	seen := map[string]bool{}
+	for id, recs := range m.tasks {
+		if len(recs) > 0 {
+			seen[id] = true
+		}
+	}
+	for id, keys := range m.unreleased {
+		if len(keys) > 0 {
+			seen[id] = true
+		}
+	}
+	return slices.Sorted(maps.Keys(seen))
 }
 
 // PluginServers returns who served a plugin id (PluginInfo.Server) when

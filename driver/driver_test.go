@@ -17,6 +17,7 @@ import (
 	pstructs "github.com/hashicorp/nomad/plugins/shared/structs"
 	"github.com/shoenig/test/must"
 
+	"github.com/nomad-driver-csi/nomad-driver-csi/csihook"
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/cgroups"
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor"
 	"github.com/nomad-driver-csi/nomad-driver-csi/mounter"
@@ -124,6 +125,18 @@ type testDriver struct {
 	mu      sync.Mutex
 	started []*executor.Spec
 	procs   []*fakeProcess
+	// volDial is what the driver's volume lifecycle dials plugins with,
+	// read at each dial: the lifecycle may be made in the background
+	// before a test swaps in its fakes.
+	volDial func(socket string) (csihook.Client, error)
+}
+
+// setVolumeDial makes the volume lifecycle dial plugins with dial from now
+// on.
+func (td *testDriver) setVolumeDial(dial func(socket string) (csihook.Client, error)) {
+	td.mu.Lock()
+	defer td.mu.Unlock()
+	td.volDial = dial
 }
 
 func newTestDriver(t *testing.T, cfg Config, before ...func(*Driver)) *testDriver {
@@ -166,6 +179,15 @@ func newTestDriver(t *testing.T, cfg Config, before ...func(*Driver)) *testDrive
 		cfg.CgroupParent = DefaultCgroupParent
 	}
 	d.mounter = mounter.NewFake(mounter.MountPoint{Path: "/", Shared: true, PeerGroup: 1})
+	d.dialVolume = func(socket string) (csihook.Client, error) {
+		td.mu.Lock()
+		dial := td.volDial
+		td.mu.Unlock()
+		if dial == nil {
+			return csihook.DialUnix(socket)
+		}
+		return dial(socket)
+	}
 	for _, f := range before {
 		f(d)
 	}

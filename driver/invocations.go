@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 	"sync"
 
 	"github.com/hashicorp/go-hclog"
@@ -309,5 +310,52 @@ func (d *Driver) endEarlierInvocations(logger hclog.Logger, conf *Config, cfg *d
 		}
 		logger.Warn("volumes of an earlier start of the task not torn down yet", "earlier_task_id", id, "error", err)
 	}
+	return d.releaseEarlierVolumes(logger, cfg, hasVolumes)
+}
+
+// releaseEarlierVolumes tears down the volumes the journal still holds for
+// earlier invocations of cfg's task whose state directory is gone already:
+// another driver process (Nomad's plugin loader runs one briefly at agent
+// start) ended the invocation, but its volumes wait for a background
+// retry, and a single-node-writer volume would refuse this start until
+// then.
+func (d *Driver) releaseEarlierVolumes(logger hclog.Logger, cfg *drivers.TaskConfig, hasVolumes bool) error {
+	m, err := d.volumes()
+	if err != nil {
+		// Without the journal nothing is set up either; the setup says so.
+		return nil
+	}
+	for _, id := range m.Tasks() {
+		if id == cfg.ID || !sameTask(id, cfg) {
+			continue
+		}
+		release, err := d.invocations.claim(d.ctx, id)
+		if err != nil {
+			return errors.New("the csi driver is shutting down")
+		}
+		// Nomad starts a task anew only once it is done with the earlier
+		// invocation: unless this process runs it, it is over.
+		if _, known := d.tasks.Get(id); known {
+			release()
+			continue
+		}
+		logger.Info("releasing the volumes of an earlier start of the task", "earlier_task_id", id)
+		err = d.teardownVolumes(id)
+		release()
+		if err == nil {
+			continue
+		}
+		if hasVolumes {
+			return fmt.Errorf("an earlier start of this task (task ID %q) still holds volumes: %w", id, err)
+		}
+		logger.Warn("volumes of an earlier start of the task not torn down yet", "earlier_task_id", id, "error", err)
+	}
 	return nil
+}
+
+// sameTask tells whether a Nomad task ID (alloc ID/task name/suffix) names
+// an invocation of cfg's task of cfg's allocation.
+func sameTask(id string, cfg *drivers.TaskConfig) bool {
+	rest, ok := strings.CutPrefix(id, cfg.AllocID+"/"+cfg.Name+"/")
+	return ok && cfg.AllocID != "" && rest != "" && !strings.Contains(rest, "/")
 }

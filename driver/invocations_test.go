@@ -13,6 +13,8 @@ import (
 	"github.com/hashicorp/nomad/plugins/drivers"
 	"github.com/shoenig/test/must"
 	"github.com/shoenig/test/wait"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/csihook"
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor"
@@ -30,6 +32,9 @@ type invocationCase struct {
 	plugin, work *drivers.TaskConfig
 	pluginHandle *drivers.TaskHandle
 	workHandle   *drivers.TaskHandle
+	// plugins, when set, readies the next driver process's fake plugins
+	// before it starts.
+	plugins func(*fakePlugins)
 }
 
 func volumeWorkload(t *testing.T, alloc, id string) *drivers.TaskConfig {
@@ -64,10 +69,12 @@ func startVolumeNode(t *testing.T) *invocationCase {
 // answering from fakes, and takes the plugin task back as Nomad does.
 func (c *invocationCase) restart(t *testing.T, before ...func(*Driver)) (*testDriver, *fakePlugins) {
 	t.Helper()
-	var fp *fakePlugins
+	fp := &fakePlugins{fakes: map[string]*fingerprint.Fake{}, vols: csihook.NewFakeClient(c.mnt)}
+	if c.plugins != nil {
+		c.plugins(fp)
+	}
 	d := newTestDriver(t, Config{Enabled: true, AllowPrivileged: true, RootDir: c.root}, append(before, func(d *Driver) {
 		d.mounter = c.mnt
-		fp = &fakePlugins{fakes: map[string]*fingerprint.Fake{}, vols: csihook.NewFakeClient(c.mnt)}
 		d.dialVolume = fp.vols.Dial
 		d.prober = fingerprint.NewProber(fingerprint.Config{
 			Interval: time.Hour, ScanInterval: time.Hour, Dial: fp.dial,
@@ -128,6 +135,38 @@ func TestInvocations_newStartOfTheSameTaskEndsTheOneNomadForgot(t *testing.T) {
 			must.Eq(t, 0, journalTasks(t, d))
 		})
 	}
+}
+
+// Another driver process (Nomad's plugin loader runs one briefly when the
+// agent starts) ended the earlier start and removed its state directory,
+// but could not tear its volume down; this process's first attempt failed
+// too and waits for its retry. The new start of the same task releases the
+// volume itself instead of failing on its own single-node-writer volume.
+func TestInvocations_newStartReleasesVolumesOfAnEndedEarlierStart(t *testing.T) {
+	c := startVolumeNode(t)
+	conf := Config{RootDir: c.root}
+	must.NoError(t, os.RemoveAll(conf.taskStateDir(c.work.ID)))
+	c.plugins = func(fp *fakePlugins) {
+		fp.vols.SetNextError(csihook.MethodNodeUnpublishVolume, status.Error(codes.Internal, "plugin busy"))
+	}
+	d, fp := c.restart(t)
+	// The driver's own attempt failed; its retry is seconds away.
+	must.Wait(t, wait.InitialSuccess(
+		wait.BoolFunc(func() bool { return fp.vols.Count(csihook.MethodNodeUnpublishVolume) == 1 }),
+		wait.Timeout(20*time.Second), wait.Gap(10*time.Millisecond)))
+	m, err := d.volumes()
+	must.NoError(t, err)
+	must.Eq(t, []string{c.work.ID}, m.Tasks())
+
+	again := volumeWorkload(t, "alloc-w", "second")
+	_, _, err = d.StartTask(again)
+	must.NoError(t, err)
+	must.Eq(t, 2, fp.vols.Count(csihook.MethodNodeUnpublishVolume))
+	must.Eq(t, 1, fp.vols.Count(csihook.MethodNodePublishVolume))
+	must.Eq(t, []string{again.ID}, m.Tasks())
+
+	must.NoError(t, d.DestroyTask(again.ID, true))
+	must.Eq(t, 0, journalTasks(t, d))
 }
 
 // A start Nomad never got a handle for is ended by the next driver process
@@ -200,7 +239,13 @@ func TestInvocations_sameIDRetryStartsOnce(t *testing.T) {
 			mounted, err := c.mnt.IsMountPoint(m.TargetPath(c.work.ID, "data"))
 			must.NoError(t, err)
 			must.True(t, mounted)
-			must.Eq(t, fp.vols.Count(csihook.MethodNodeUnpublishVolume), fp.vols.Count(csihook.MethodNodePublishVolume))
+			// Published at most once more: after recovery unpublished it
+			// (1, 1), taken over as it was (0, 0), or published again
+			// over a record recovery had marked unpublishing but could
+			// not act on yet, the plugin not being back (1, 0; publishing
+			// is idempotent).
+			pub, unpub := fp.vols.Count(csihook.MethodNodePublishVolume), fp.vols.Count(csihook.MethodNodeUnpublishVolume)
+			must.True(t, pub <= 1 && unpub <= pub, must.Sprintf("%d NodePublishVolume and %d NodeUnpublishVolume calls", pub, unpub))
 			must.True(t, exists(filepath.Join(dir, handedFile)))
 			must.NoError(t, d.DestroyTask(c.work.ID, true))
 			must.Eq(t, 0, journalTasks(t, d))
@@ -288,4 +333,23 @@ func TestStartTask_failureKeepsNoEventTarget(t *testing.T) {
 	}
 	must.Eq(t, 1, fp.vols.Count(csihook.MethodNodeUnpublishVolume))
 	d.start = start
+}
+
+func TestSameTask(t *testing.T) {
+	cfg := &drivers.TaskConfig{AllocID: "a1", Name: "web"}
+	for _, tc := range []struct {
+		id   string
+		want bool
+	}{
+		{"a1/web/1234abcd", true},
+		{"a1/web/", false},
+		{"a1/web", false},
+		{"a1/web/x/y", false},
+		{"a1/webx/1234abcd", false},
+		{"a2/web/1234abcd", false},
+		{"a1/we/b/1234abcd", false},
+	} {
+		must.Eq(t, tc.want, sameTask(tc.id, cfg), must.Sprint(tc.id))
+	}
+	must.False(t, sameTask("/web/1234abcd", &drivers.TaskConfig{Name: "web"}), must.Sprint("a config without an alloc ID"))
 }

@@ -127,8 +127,8 @@ func withFakePlugins(t *testing.T, d *testDriver, before ...func(*fakePlugins)) 
 		Interval: time.Hour, ScanInterval: time.Hour, Dial: fp.dial,
 		StatSocket: func(string) error { return nil }, OnHealthChange: d.onPluginHealth,
 	})
-	d.dialVolume = fp.vols.Dial
 	d.Driver.mu.Unlock()
+	d.setVolumeDial(fp.vols.Dial)
 	old.Close()
 	must.NoError(t, setConfig(d.Driver, *d.currentConfig()))
 	return fp
