@@ -148,19 +148,45 @@ func (d *Driver) PluginInfo() (*base.PluginInfoResponse, error) { return pluginI
 func (d *Driver) ConfigSchema() (*hclspec.Spec, error) { return configSpec, nil }
 
 // SetConfig takes the agent's configuration for the plugin.
+//
+// Nomad's plugin loader first starts the plugin once only to check its
+// configuration, with no agent configuration, and kills it right after;
+// the driver manager then starts the plugin that serves, always with one.
+// That first call only decodes and validates: it must not settle what an
+// earlier driver process left (ending tasks, tearing down volumes, opening
+// the journal) in a process killed at any moment.
 func (d *Driver) SetConfig(c *base.Config) error {
+	if c != nil && c.AgentConfig == nil {
+		_, err := decodeConfig(c)
+		return err
+	}
+	cfg, err := decodeConfig(c)
+	if err != nil {
+		return err
+	}
+	return d.setConfig(c, cfg)
+}
+
+// decodeConfig decodes and validates the plugin's configuration.
+func decodeConfig(c *base.Config) (Config, error) {
 	var cfg Config
 	if c != nil && len(c.PluginConfig) != 0 {
 		if err := base.MsgPackDecode(c.PluginConfig, &cfg); err != nil {
-			return fmt.Errorf("failed to decode the csi plugin config: %w", err)
+			return cfg, fmt.Errorf("failed to decode the csi plugin config: %w", err)
 		}
 	} else {
 		cfg = defaultConfig()
 	}
 	cfg.RootDir = filepath.Clean(cfg.RootDir)
 	if err := cfg.validate(); err != nil {
-		return fmt.Errorf("invalid csi plugin config: %w", err)
+		return cfg, fmt.Errorf("invalid csi plugin config: %w", err)
 	}
+	return cfg, nil
+}
+
+// setConfig makes cfg the driver's configuration and settles what an
+// earlier driver process left, once.
+func (d *Driver) setConfig(c *base.Config, cfg Config) error {
 	var shim string
 	if cfg.Enabled {
 		if err := os.MkdirAll(cfg.tasksDir(), 0o700); err != nil {

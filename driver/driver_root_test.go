@@ -65,7 +65,7 @@ func harnessDriver(t *testing.T, cfg Config) (*dtestutil.DriverHarness, *Driver)
 	cfg.Enabled = true
 	var buf []byte
 	must.NoError(t, base.MsgPackEncode(&buf, &cfg))
-	must.NoError(t, h.SetConfig(&base.Config{PluginConfig: buf}))
+	must.NoError(t, h.SetConfig(&base.Config{PluginConfig: buf, AgentConfig: &base.AgentConfig{Driver: &base.ClientDriverConfig{}}}))
 	return h, d
 }
 

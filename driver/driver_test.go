@@ -200,7 +200,7 @@ func setConfig(d *Driver, cfg Config) error {
 	if err := base.MsgPackEncode(&buf, &cfg); err != nil {
 		return err
 	}
-	return d.SetConfig(&base.Config{PluginConfig: buf})
+	return d.SetConfig(&base.Config{PluginConfig: buf, AgentConfig: &base.AgentConfig{Driver: &base.ClientDriverConfig{}}})
 }
 
 func taskConfig(t *testing.T, tc TaskConfig) *drivers.TaskConfig {

@@ -3,6 +3,7 @@ package driver
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"sync"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/nomad/plugins/base"
 	"github.com/hashicorp/nomad/plugins/drivers"
 	"github.com/shoenig/test/must"
 	"github.com/shoenig/test/wait"
@@ -352,4 +354,43 @@ func TestSameTask(t *testing.T) {
 		must.Eq(t, tc.want, sameTask(tc.id, cfg), must.Sprint(tc.id))
 	}
 	must.False(t, sameTask("/web/1234abcd", &drivers.TaskConfig{Name: "web"}), must.Sprint("a config without an alloc ID"))
+}
+
+// Nomad's plugin loader starts the driver once only to check its config
+// (no agent config) and kills it right after: that call validates and
+// touches nothing an earlier driver process left.
+func TestSetConfig_loaderValidationTouchesNothing(t *testing.T) {
+	c := startVolumeNode(t)
+	c.forgetHanded(t)
+	snapshot := func() []string {
+		var out []string
+		must.NoError(t, filepath.WalkDir(c.root, func(path string, e os.DirEntry, err error) error {
+			if err != nil {
+				return err
+			}
+			fi, err := e.Info()
+			if err != nil {
+				return err
+			}
+			out = append(out, fmt.Sprintf("%s %v %d %d", path, fi.Mode(), fi.Size(), fi.ModTime().UnixNano()))
+			return nil
+		}))
+		return out
+	}
+	before := snapshot()
+
+	d := NewPlugin(hclog.NewNullLogger())
+	t.Cleanup(d.Shutdown)
+	d.mounter = c.mnt
+	d.spares = nil
+	var buf []byte
+	must.NoError(t, base.MsgPackEncode(&buf, &Config{Enabled: true, AllowPrivileged: true, RootDir: c.root, CgroupParent: DefaultCgroupParent}))
+	must.NoError(t, d.SetConfig(&base.Config{PluginConfig: buf}))
+	must.Nil(t, d.currentConfig())
+	must.Eq(t, before, snapshot())
+
+	// A bad config is still refused, naming the key.
+	buf = nil
+	must.NoError(t, base.MsgPackEncode(&buf, &Config{Enabled: true, RootDir: "relative/dir", CgroupParent: DefaultCgroupParent}))
+	must.ErrorContains(t, d.SetConfig(&base.Config{PluginConfig: buf}), "root_dir")
 }
