@@ -11,8 +11,8 @@ import (
 	"github.com/hashicorp/nomad/plugins"
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver"
-	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor"
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/debugstats"
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor"
 )
 
 func main() {
