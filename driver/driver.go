@@ -156,12 +156,8 @@ func (d *Driver) ConfigSchema() (*hclspec.Spec, error) { return configSpec, nil 
 // earlier driver process left (ending tasks, tearing down volumes, opening
 // the journal) in a process killed at any moment.
 func (d *Driver) SetConfig(c *base.Config) error {
-	if c != nil && c.AgentConfig == nil {
-		_, err := decodeConfig(c)
-		return err
-	}
 	cfg, err := decodeConfig(c)
-	if err != nil {
+	if err != nil || (c != nil && c.AgentConfig == nil) {
 		return err
 	}
 	return d.setConfig(c, cfg)

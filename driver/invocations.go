@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -280,6 +281,7 @@ func (d *Driver) discardOrphans(conf *Config, orphans []string) {
 // done now, a task with volumes of its own is refused with the reason.
 func (d *Driver) endEarlierInvocations(logger hclog.Logger, conf *Config, cfg *drivers.TaskConfig, hasVolumes bool) error {
 	ids := d.invocations.superseded(cfg)
+	ids = append(ids, d.earlierInJournal(cfg, ids)...)
 	if exists(conf.taskStateDir(cfg.ID)) {
 		d.invocations.settled(cfg.ID)
 		ids = append(ids, cfg.ID)
@@ -310,47 +312,30 @@ func (d *Driver) endEarlierInvocations(logger hclog.Logger, conf *Config, cfg *d
 		}
 		logger.Warn("volumes of an earlier start of the task not torn down yet", "earlier_task_id", id, "error", err)
 	}
-	return d.releaseEarlierVolumes(logger, cfg, hasVolumes)
+	return nil
 }
 
-// releaseEarlierVolumes tears down the volumes the journal still holds for
-// earlier invocations of cfg's task whose state directory is gone already:
-// another driver process (Nomad's plugin loader runs one briefly at agent
-// start) ended the invocation, but its volumes wait for a background
-// retry, and a single-node-writer volume would refuse this start until
-// then.
-func (d *Driver) releaseEarlierVolumes(logger hclog.Logger, cfg *drivers.TaskConfig, hasVolumes bool) error {
+// earlierInJournal lists the earlier invocations of cfg's task, but those
+// in known, that the journal still holds volumes for: another driver
+// process (Nomad's plugin loader ran one at agent start, before it only
+// validated) may have ended such an invocation and removed its state
+// directory, its volumes waiting for a background retry, and a
+// single-node-writer volume would refuse this start until then. Ending
+// them as the others are releases their volumes now (Discard of a state
+// directory that is gone only returns).
+func (d *Driver) earlierInJournal(cfg *drivers.TaskConfig, known []string) []string {
 	m, err := d.volumes()
 	if err != nil {
 		// Without the journal nothing is set up either; the setup says so.
 		return nil
 	}
+	var out []string
 	for _, id := range m.Tasks() {
-		if id == cfg.ID || !sameTask(id, cfg) {
-			continue
+		if id != cfg.ID && sameTask(id, cfg) && !slices.Contains(known, id) {
+			out = append(out, id)
 		}
-		release, err := d.invocations.claim(d.ctx, id)
-		if err != nil {
-			return errors.New("the csi driver is shutting down")
-		}
-		// Nomad starts a task anew only once it is done with the earlier
-		// invocation: unless this process runs it, it is over.
-		if _, known := d.tasks.Get(id); known {
-			release()
-			continue
-		}
-		logger.Info("releasing the volumes of an earlier start of the task", "earlier_task_id", id)
-		err = d.teardownVolumes(id)
-		release()
-		if err == nil {
-			continue
-		}
-		if hasVolumes {
-			return fmt.Errorf("an earlier start of this task (task ID %q) still holds volumes: %w", id, err)
-		}
-		logger.Warn("volumes of an earlier start of the task not torn down yet", "earlier_task_id", id, "error", err)
 	}
-	return nil
+	return out
 }
 
 // sameTask tells whether a Nomad task ID (alloc ID/task name/suffix) names
