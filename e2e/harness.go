@@ -19,6 +19,8 @@
 // build/plugins first. Environment knobs:
 //
 //	E2E_SKIP_BUILD=1     use the driver already in build/plugins
+//	E2E_NOMAD_BIN=FILE   run this Nomad agent instead of build/nomad (make
+//	                     e2e-matrix: one Nomad minor line at a time)
 //	E2E_PLUGIN_DIR=DIR   load the driver from DIR instead of build/plugins
 //	                     (with E2E_SKIP_BUILD: make e2e-cgroup2 puts a
 //	                     test build of the driver there)
@@ -95,8 +97,15 @@ func RepoRoot() (string, error) {
 	}
 }
 
-// NomadBinary is the pinned agent binary, built by "make nomad".
-func NomadBinary(root string) string { return filepath.Join(root, "build", "nomad") }
+// NomadBinary is the pinned agent binary, built by "make nomad", or
+// E2E_NOMAD_BIN: make e2e-matrix runs the core cases against each Nomad of
+// its matrix this way.
+func NomadBinary(root string) string {
+	if bin := os.Getenv("E2E_NOMAD_BIN"); bin != "" {
+		return bin
+	}
+	return filepath.Join(root, "build", "nomad")
+}
 
 // PluginDir is the directory the driver is built into, or E2E_PLUGIN_DIR.
 func PluginDir(root string) string {
