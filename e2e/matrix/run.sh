@@ -20,6 +20,7 @@ table=$out/matrix.md
 # driver-managed volume, a native (Nomad-scheduled) volume. A subtest
 # pattern applies to every test that has subtests.
 cases=(
+  "agent is this version|TestNomadVersion"
   "driver loads|TestFingerprint"
   "lifecycle|TestBatchLogsAndExitCode TestStopSignal"
   "agent restart|TestAgentRestartRecoversTask"
@@ -27,7 +28,7 @@ cases=(
   "driver-managed volume|TestVolumes"
   "native volume|TestNativeCSI"
 )
-top='^(TestFingerprint|TestBatchLogsAndExitCode|TestStopSignal|TestAgentRestartRecoversTask|TestCSIPluginTasks|TestVolumes|TestNativeCSI)$'
+top='^(TestNomadVersion|TestFingerprint|TestBatchLogsAndExitCode|TestStopSignal|TestAgentRestartRecoversTask|TestCSIPluginTasks|TestVolumes|TestNativeCSI)$'
 sub='^(exit_.*|trapped|ignored|example_job_serves_plugin|persist|monolith_plugin_healthy|volume_write_read_release|teardown_leaves_nothing)$'
 
 [ $# -gt 0 ] || { echo "usage: $0 VERSION..." >&2; exit 2; }
@@ -42,7 +43,7 @@ for v in "$@"; do
   [ -x "$bin" ] || { echo "no $bin: run make nomad-matrix" >&2; exit 1; }
   log=$out/$v.log
   echo "==> Nomad $v ($("$bin" version | head -1)): log in $log"
-  if E2E_NOMAD_BIN=$bin E2E_SKIP_BUILD=1 go test -tags e2e -count=1 \
+  if E2E_NOMAD_BIN=$bin E2E_NOMAD_VERSION=$v E2E_SKIP_BUILD=1 go test -tags e2e -count=1 \
     -timeout "${E2E_MATRIX_TIMEOUT:-15m}" -v -run "$top/$sub" "$repo/e2e/" >"$log" 2>&1; then
     :
   else
