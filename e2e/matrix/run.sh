@@ -17,7 +17,9 @@ table=$out/matrix.md
 
 # The core cases: the driver loads, task lifecycle (exit codes, stop
 # signals), an agent restart recovers a task, a CSI plugin as a task, a
-# driver-managed volume, a native (Nomad-scheduled) volume. A subtest
+# driver-managed volume, a native (Nomad-scheduled) volume, and the cluster
+# case (a plugin system job on three clients, volumes placed by
+# constraint). A subtest
 # pattern applies to every test that has subtests.
 cases=(
   "agent is this version|TestNomadVersion"
@@ -27,9 +29,10 @@ cases=(
   "plugin task|TestCSIPluginTasks"
   "driver-managed volume|TestVolumes"
   "native volume|TestNativeCSI"
+  "cluster, 3 clients|TestCluster"
 )
-top='^(TestNomadVersion|TestFingerprint|TestBatchLogsAndExitCode|TestStopSignal|TestAgentRestartRecoversTask|TestCSIPluginTasks|TestVolumes|TestNativeCSI)$'
-sub='^(exit_.*|trapped|ignored|example_job_serves_plugin|persist|monolith_plugin_healthy|volume_write_read_release|teardown_leaves_nothing)$'
+top='^(TestNomadVersion|TestFingerprint|TestBatchLogsAndExitCode|TestStopSignal|TestAgentRestartRecoversTask|TestCSIPluginTasks|TestVolumes|TestNativeCSI|TestCluster)$'
+sub='^(exit_.*|trapped|ignored|example_job_serves_plugin|persist|monolith_plugin_healthy|volume_write_read_release|teardown_leaves_nothing|clients_distinct|plugin_on_every_client|volumes_spread_by_constraint)$'
 
 [ $# -gt 0 ] || { echo "usage: $0 VERSION..." >&2; exit 2; }
 
