@@ -101,6 +101,7 @@ type AllocStub struct {
 	ID            string
 	Name          string
 	JobID         string
+	NodeID        string
 	TaskGroup     string
 	ClientStatus  string
 	DesiredStatus string

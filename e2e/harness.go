@@ -19,6 +19,8 @@
 // build/plugins first. Environment knobs:
 //
 //	E2E_SKIP_BUILD=1     use the driver already in build/plugins
+//	E2E_NOMAD_BIN=FILE   run this Nomad agent instead of build/nomad (make
+//	                     e2e-matrix: one Nomad minor line at a time)
 //	E2E_PLUGIN_DIR=DIR   load the driver from DIR instead of build/plugins
 //	                     (with E2E_SKIP_BUILD: make e2e-cgroup2 puts a
 //	                     test build of the driver there)
@@ -95,8 +97,15 @@ func RepoRoot() (string, error) {
 	}
 }
 
-// NomadBinary is the pinned agent binary, built by "make nomad".
-func NomadBinary(root string) string { return filepath.Join(root, "build", "nomad") }
+// NomadBinary is the pinned agent binary, built by "make nomad", or
+// E2E_NOMAD_BIN: make e2e-matrix runs the core cases against each Nomad of
+// its matrix this way.
+func NomadBinary(root string) string {
+	if bin := os.Getenv("E2E_NOMAD_BIN"); bin != "" {
+		return bin
+	}
+	return filepath.Join(root, "build", "nomad")
+}
 
 // PluginDir is the directory the driver is built into, or E2E_PLUGIN_DIR.
 func PluginDir(root string) string {
@@ -177,6 +186,10 @@ type AgentOptions struct {
 	Prepare func(a *Agent) error
 	// PluginDir is the client's plugin_dir; empty means PluginDir(root).
 	PluginDir string
+	// Join runs only a client agent, which registers with Join's server
+	// (Join must be Persistent); its API address is that server's. A
+	// cluster is a Persistent agent and clients joining it (cluster.go).
+	Join *Agent
 }
 
 // Agent is a running Nomad agent: one -dev agent, or (Persistent) a server
@@ -196,6 +209,7 @@ type Agent struct {
 	opts         AgentOptions
 	cgroupParent string
 	http         *http.Client
+	serverRPC    string // the server's RPC address (Persistent mode)
 
 	mu       sync.Mutex
 	client   *proc // runs the tasks (the -dev agent in dev mode)
@@ -352,6 +366,14 @@ func (a *Agent) setup() error {
 		Extra:           a.opts.ExtraConfig,
 		ClientExtra:     a.opts.ClientConfig,
 	}
+	if j := a.opts.Join; j != nil {
+		if j.serverRPC == "" {
+			return errors.New("AgentOptions.Join must be a Persistent agent, which runs a server")
+		}
+		a.Addr = j.Addr
+		cfg.Servers = j.serverRPC
+		return a.startClient(cfg, plugins)
+	}
 	if !a.opts.Persistent {
 		cfg.Server = true
 		a.Addr = fmt.Sprintf("http://127.0.0.1:%d", cfg.HTTP)
@@ -387,6 +409,13 @@ func (a *Agent) setup() error {
 		return err
 	}
 	cfg.Servers = fmt.Sprintf("127.0.0.1:%d", srv.RPC)
+	a.serverRPC = cfg.Servers
+	return a.startClient(cfg, plugins)
+}
+
+// startClient starts a client-only agent registering with cfg.Servers and
+// waits until its node is ready.
+func (a *Agent) startClient(cfg agentConfig, plugins string) error {
 	if err := writeAgentConfig(a.ConfigPath, cfg); err != nil {
 		return err
 	}
@@ -397,6 +426,9 @@ func (a *Agent) setup() error {
 	}
 	return a.waitReady(90 * time.Second)
 }
+
+// NodeName is the name of the agent's client node (the agent's name).
+func (a *Agent) NodeName() string { return "e2e-" + filepath.Base(a.Dir) }
 
 // freePorts picks n distinct ports that are free for TCP and UDP (serf
 // uses both) on 127.0.0.1. They come from below the kernel's ephemeral
@@ -734,8 +766,9 @@ func (a *Agent) waitReady(timeout time.Duration) error {
 			last = err.Error()
 		} else if len(nodes) == 0 {
 			last = "no node registered yet"
+		} else if n, ok := a.ownNode(nodes); !ok {
+			last = fmt.Sprintf("node %s not registered yet", a.NodeName())
 		} else {
-			n := nodes[0]
 			missing := a.missingDrivers(n.Drivers)
 			switch {
 			case n.Status != "ready":
@@ -762,6 +795,20 @@ func (a *Agent) waitReady(timeout time.Duration) error {
 		time.Sleep(250 * time.Millisecond)
 	}
 	return fmt.Errorf("the agent at %s was not ready within %v: %s", a.Addr, timeout, last)
+}
+
+// ownNode picks the agent's node from the server's list: the only one,
+// or, when clients share a server (AgentOptions.Join), the one of its name.
+func (a *Agent) ownNode(nodes []NodeStub) (NodeStub, bool) {
+	if a.opts.Join == nil && a.serverRPC == "" {
+		return nodes[0], true
+	}
+	for _, n := range nodes {
+		if n.Name == a.NodeName() {
+			return n, true
+		}
+	}
+	return NodeStub{}, false
 }
 
 // registeredAgain tells whether the current client process has registered

@@ -297,6 +297,9 @@ type VolJob struct {
 	Count   int    // default 1
 	Script  string
 	Volumes []VolSpec
+	// Node places the job on the client node of this name (a constraint
+	// on ${node.unique.name}); empty places it anywhere.
+	Node string
 }
 
 func (j VolJob) vars() map[string]string {
@@ -310,11 +313,16 @@ func (j VolJob) vars() map[string]string {
 	for _, v := range j.Volumes {
 		vols.WriteString(v.HCL())
 	}
+	constraint := ""
+	if j.Node != "" {
+		constraint = fmt.Sprintf("    constraint {\n      attribute = \"${node.unique.name}\"\n      value     = %s\n    }\n", volHCLString(j.Node))
+	}
 	return map[string]string{
-		"Type":    j.Type,
-		"Count":   strconv.Itoa(j.Count),
-		"Script":  volHCLString(j.Script),
-		"Volumes": vols.String(),
+		"Type":       j.Type,
+		"Count":      strconv.Itoa(j.Count),
+		"Script":     volHCLString(j.Script),
+		"Volumes":    vols.String(),
+		"Constraint": constraint,
 	}
 }
 

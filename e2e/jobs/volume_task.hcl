@@ -7,6 +7,7 @@ job "{{.JobID}}" {
 
   group "g" {
     count = {{.Vars.Count}}
+{{.Vars.Constraint}}
 
     restart {
       attempts = 0

@@ -1,0 +1,125 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// Cluster is one Nomad server and several clients on this host. Each
+// client is an Agent of its own: its own data dir, ports, node name,
+// cgroup_parent, and the csi driver's own root_dir and cgroup parent. The
+// first client runs beside the server (a Persistent agent); the others
+// join it (AgentOptions.Join). Every agent's API address is the server's.
+type Cluster struct {
+	// Server is the agent that runs the server, with Clients[0].
+	Server  *Agent
+	Clients []*Agent
+}
+
+// StartCluster starts a server and n clients with opts (Persistent and
+// Join are set here) and stops everything when the test ends: first every
+// job, newest first, while all clients still run (a workload's volumes are
+// torn down before the plugin that serves them stops), then the clients
+// that joined, then the server with its client.
+func StartCluster(t testing.TB, n int, opts AgentOptions) *Cluster {
+	t.Helper()
+	if n < 1 {
+		t.Fatalf("a cluster needs at least one client, not %d", n)
+	}
+	first := opts
+	first.Persistent = true
+	first.Join = nil
+	c := &Cluster{}
+	c.Server = StartAgent(t, first)
+	c.Clients = append(c.Clients, c.Server)
+	for i := 1; i < n; i++ {
+		o := opts
+		o.Persistent = false
+		o.Join = c.Server
+		c.Clients = append(c.Clients, StartAgent(t, o))
+	}
+	// Registered last, so it runs before the agents' Close.
+	t.Cleanup(c.stopJobs)
+	return c
+}
+
+// stopJobs stops the jobs submitted through any agent of the cluster,
+// newest first within each agent, the joined clients' first, and waits for
+// each to finish before the next.
+func (c *Cluster) stopJobs() {
+	for i := len(c.Clients) - 1; i >= 0; i-- {
+		a := c.Clients[i]
+		a.mu.Lock()
+		jobs := append([]string(nil), a.jobs...)
+		a.mu.Unlock()
+		for j := len(jobs) - 1; j >= 0; j-- {
+			a.stopJobs([]string{jobs[j]}, 60*time.Second)
+		}
+	}
+}
+
+// Client returns the client whose node has id nodeID, or nil.
+func (c *Cluster) Client(nodeID string) *Agent {
+	for _, a := range c.Clients {
+		if a.NodeID == nodeID {
+			return a
+		}
+	}
+	return nil
+}
+
+// ClusterFixture is the e2e CSI fixture run as a system job on every
+// client (jobs/cluster_plugin.hcl), each instance with its state and call
+// log under StateBase/<node name>.
+type ClusterFixture struct {
+	ID        string
+	JobID     string
+	StateBase string
+}
+
+// StartClusterFixture runs the fixture as a system job with plugin id id
+// and waits until every client says it is healthy; it returns how long that
+// took from the submission.
+func (c *Cluster) StartClusterFixture(t testing.TB, id string) (*ClusterFixture, time.Duration) {
+	t.Helper()
+	fx := &ClusterFixture{ID: id, StateBase: filepath.Join(c.Server.Dir, "fx-"+id)}
+	for _, a := range c.Clients {
+		// The call log is opened before the fixture makes its state dir.
+		if err := os.MkdirAll(filepath.Join(fx.StateBase, a.NodeName()), 0o755); err != nil {
+			t.Fatalf("%v", err)
+		}
+	}
+	start := time.Now()
+	job := c.Server.RunJob(t, "cluster_plugin", map[string]string{
+		"PluginID":  id,
+		"Command":   filepath.Join(VolCSIBinDir(c.Server.Root), "csi-fixture"),
+		"StateBase": fx.StateBase,
+	})
+	fx.JobID = job.ID
+	for _, a := range c.Clients {
+		a.WaitVolPluginHealthy(t, id, 2*time.Minute)
+	}
+	return fx, time.Since(start)
+}
+
+// On is the fixture instance on client a, for its call counts and volume
+// records (VolFixture's Count, VolumeCalls, VolumeID).
+func (fx *ClusterFixture) On(t testing.TB, a *Agent) *VolFixture {
+	dir := filepath.Join(fx.StateBase, a.NodeName())
+	return &VolFixture{
+		ID:       fx.ID,
+		JobID:    fx.JobID,
+		StateDir: filepath.Join(dir, "state"),
+		CallLog:  filepath.Join(dir, "calls.log"),
+		agent:    a,
+		t:        t,
+	}
+}
+
+// String names the fixture for messages.
+func (fx *ClusterFixture) String() string { return fmt.Sprintf("plugin %s (job %s)", fx.ID, fx.JobID) }
