@@ -1,4 +1,4 @@
-package executor
+package wire
 
 import (
 	"encoding/json"
@@ -11,25 +11,15 @@ import (
 
 // procStartTime returns field 22 (starttime, clock ticks since boot) of
 // /proc/PID/stat. Together with the PID it names one process for good.
-func procStartTime(pid int) (uint64, error) {
+func ProcStartTime(pid int) (uint64, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		return 0, fmt.Errorf("failed to read the start time of pid %d: %w", pid, err)
 	}
-	return parseStatStartTime(string(b))
+	return ParseStatStartTime(string(b))
 }
 
-// hostProcStartTime is procStartTime read in the host's /proc, through
-// the supervisor's handle on the host's root (see openHostRoot).
-func hostProcStartTime(pid int) (uint64, error) {
-	b, err := readAt(hostRoot, fmt.Sprintf("proc/%d/stat", pid))
-	if err != nil {
-		return 0, fmt.Errorf("failed to read the start time of pid %d: %w", pid, err)
-	}
-	return parseStatStartTime(b)
-}
-
-func parseStatStartTime(stat string) (uint64, error) {
+func ParseStatStartTime(stat string) (uint64, error) {
 	// The command name (field 2) is in parentheses and may hold spaces
 	// and parentheses itself: the fields resume after the last ')'.
 	i := strings.LastIndexByte(stat, ')')
@@ -50,14 +40,14 @@ func parseStatStartTime(stat string) (uint64, error) {
 
 // writeJSONAtomic writes v as JSON to path through a temporary file in the
 // same directory, synced and renamed over path.
-func writeJSONAtomic(path string, v any, perm os.FileMode) error {
-	return writeJSON(path, v, perm, true)
+func WriteJSONAtomic(path string, v any, perm os.FileMode) error {
+	return WriteJSON(path, v, perm, true)
 }
 
 // writeJSON is writeJSONAtomic, with the fsync only when sync is set: a
 // reader sees the old file or the new one either way, but after a crash of
 // the host an unsynced file may be empty.
-func writeJSON(path string, v any, perm os.FileMode, sync bool) error {
+func WriteJSON(path string, v any, perm os.FileMode, sync bool) error {
 	b, err := json.Marshal(v)
 	if err != nil {
 		return fmt.Errorf("failed to encode %q: %w", path, err)
@@ -91,7 +81,7 @@ func writeJSON(path string, v any, perm os.FileMode, sync bool) error {
 }
 
 // readJSON decodes the JSON file at path into v.
-func readJSON(path string, v any) error {
+func ReadJSON(path string, v any) error {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return err
