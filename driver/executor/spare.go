@@ -59,7 +59,7 @@ type spare struct {
 	root    string
 	reportR *os.File
 	// ctl is the driver's end of the control socket: the task's state
-	// directory is sent first (spareHello), then the late mounts.
+	// directory is sent first (wire.SpareHello), then the late mounts.
 	ctl    *os.File
 	reaped chan struct{}
 	// pidNS is set for a supervisor started in a PID namespace of its own.

@@ -38,7 +38,7 @@ import (
 // pivot ahead of its task, but only a task without mounts (spec.Mounts)
 // can take that root: a task of Nomad has its directories.
 //
-//	go test -run '^$' -bench TaskRoot -benchtime 50x ./driver/executor/
+//	go test -run '^$' -bench TaskRoot -benchtime 50x ./driver/executor/supervisor/
 //
 // It needs root. /proc is mounted here for the benchmark's own PID
 // namespace, the host's, not for a new one as a supervisor's is.

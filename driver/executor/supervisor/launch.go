@@ -470,7 +470,7 @@ func attachAll(m mounter.Interface, trees []*os.File, late []wire.Mount, root st
 	return nil
 }
 
-// receiveTrees waits for Start's lateMessage and returns its mounts and
+// receiveTrees waits for Start's wire.LateMessage and returns its mounts and
 // their trees, checked against the spec's late mounts.
 func receiveTrees(ctl *os.File, want []wire.Mount) ([]wire.Mount, []*os.File, error) {
 	if ctl == nil {

@@ -6,7 +6,7 @@ import (
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor/wire"
 )
 
-// hostProcStartTime is procStartTime read in the host's /proc, through
+// hostProcStartTime is wire.ProcStartTime read in the host's /proc, through
 // the supervisor's handle on the host's root (see openHostRoot).
 func hostProcStartTime(pid int) (uint64, error) {
 	b, err := readAt(hostRoot, fmt.Sprintf("proc/%d/stat", pid))

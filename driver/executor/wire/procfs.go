@@ -9,7 +9,7 @@ import (
 	"strings"
 )
 
-// procStartTime returns field 22 (starttime, clock ticks since boot) of
+// ProcStartTime returns field 22 (starttime, clock ticks since boot) of
 // /proc/PID/stat. Together with the PID it names one process for good.
 func ProcStartTime(pid int) (uint64, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
@@ -19,6 +19,7 @@ func ProcStartTime(pid int) (uint64, error) {
 	return ParseStatStartTime(string(b))
 }
 
+// ParseStatStartTime reads the start time out of the text of /proc/PID/stat.
 func ParseStatStartTime(stat string) (uint64, error) {
 	// The command name (field 2) is in parentheses and may hold spaces
 	// and parentheses itself: the fields resume after the last ')'.
@@ -38,13 +39,13 @@ func ParseStatStartTime(stat string) (uint64, error) {
 	return n, nil
 }
 
-// writeJSONAtomic writes v as JSON to path through a temporary file in the
+// WriteJSONAtomic writes v as JSON to path through a temporary file in the
 // same directory, synced and renamed over path.
 func WriteJSONAtomic(path string, v any, perm os.FileMode) error {
 	return WriteJSON(path, v, perm, true)
 }
 
-// writeJSON is writeJSONAtomic, with the fsync only when sync is set: a
+// WriteJSON is WriteJSONAtomic, with the fsync only when sync is set: a
 // reader sees the old file or the new one either way, but after a crash of
 // the host an unsynced file may be empty.
 func WriteJSON(path string, v any, perm os.FileMode, sync bool) error {
@@ -80,7 +81,7 @@ func WriteJSON(path string, v any, perm os.FileMode, sync bool) error {
 	return nil
 }
 
-// readJSON decodes the JSON file at path into v.
+// ReadJSON decodes the JSON file at path into v.
 func ReadJSON(path string, v any) error {
 	b, err := os.ReadFile(path)
 	if err != nil {

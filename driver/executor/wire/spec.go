@@ -1,10 +1,3 @@
-// Package executor runs one task's process so that it outlives the driver:
-// a small supervisor (the shim, or this binary re-executed) sets up a mount
-// namespace, control group and capabilities for the task on one OS thread
-// of its own, forks the task from that thread as the user asked for, waits
-// for it, and writes its exit status to the task's state directory. The
-// driver finds the supervisor again by PID after a restart and reads the
-// status when the task ends.
 package wire
 
 import (
@@ -98,7 +91,7 @@ type Spec struct {
 
 	// Supervisor is the binary run as the task's supervisor (and as the
 	// exec stage of nomad alloc exec): any program whose main calls
-	// RunReexec first. Empty means this process's own binary. A small
+	// supervisor.RunReexec first. Empty means this process's own binary. A small
 	// one (driver/executor/shim) starts in a fraction of the time and
 	// memory of the whole driver, whose package initialisation is heavy.
 	Supervisor string `json:"supervisor,omitempty"`
@@ -133,7 +126,7 @@ func (i *Isolation) Equal(o *Isolation) bool {
 	return true
 }
 
-// cgroupName is the name of the task's control group.
+// GroupName is the name of the task's control group.
 func (s *Spec) GroupName() string {
 	if s.CgroupName != "" {
 		return s.CgroupName

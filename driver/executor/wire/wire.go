@@ -2,7 +2,8 @@ package wire
 
 import "github.com/nomad-driver-csi/nomad-driver-csi/driver/cgroups"
 
-// Internal subcommands of this binary (os.Args[1]).
+// Subcommands (os.Args[1]) that make a program run as a supervisor or as
+// the exec stage: see supervisor.RunReexec.
 const (
 	StageSupervisor = "__nomad-driver-csi-supervisor"
 	StageExec       = "__nomad-driver-csi-exec"
@@ -10,7 +11,7 @@ const (
 
 // File descriptors of the exec stage (ExtraFiles 0, 1 and 2).
 const (
-	StageConfigFD = 3 // read: one stageConfig as JSON
+	StageConfigFD = 3 // read: one StageConfig as JSON
 	StageErrorFD  = 4 // write: an error message, or EOF at exec (CLOEXEC)
 	StageTaskFD   = 5 // a pidfd of the task, whose mount namespace the stage enters
 )
@@ -20,16 +21,16 @@ const (
 	SpecFile          = "spec.json"
 	ExitFile          = "exit.json"
 	SupervisorLogFile = "supervisor.log"
-	// supervisorFile names the supervisor (supervisorRecord) from the
+	// SupervisorFile names the supervisor (SupervisorRecord) from the
 	// moment it runs, so that a start cut short can still be ended.
 	SupervisorFile = "supervisor.json"
 )
 
-// supervisorReportFD is where the supervisor writes its one readyReport
+// ReportFD is where the supervisor writes its one ReadyReport
 // (ExtraFiles 0 of the supervisor).
 const ReportFD = 3
 
-// readyReport is the supervisor's one line to Start: the task is running,
+// ReadyReport is the supervisor's one line to Start: the task is running,
 // or why it could not be started.
 type ReadyReport struct {
 	TaskPID   int           `json:"task_pid,omitempty"`
@@ -38,12 +39,12 @@ type ReadyReport struct {
 	Error     string        `json:"error,omitempty"`
 }
 
-// supervisorControlFD is the supervisor's end of the socket over which
+// ControlFD is the supervisor's end of the socket over which
 // Start hands it the late mounts (ExtraFiles 1 of the supervisor, present
 // only when the spec has late mounts).
 const ControlFD = 4
 
-// lateMessage is what Start sends the supervisor once the late mounts are
+// LateMessage is what Start sends the supervisor once the late mounts are
 // ready: the mounts, in Spec.LateMounts' order and with its targets, and
 // their trees (mounter.CloneTree of each Source) attached as SCM_RIGHTS in
 // the same order. With Error set there is nothing else and the task must
@@ -53,10 +54,10 @@ type LateMessage struct {
 	Error  string  `json:"error,omitempty"`
 }
 
-// lateMessageMax bounds a lateMessage on the wire.
+// LateMessageMax bounds a LateMessage on the socket.
 const LateMessageMax = 64 << 10
 
-// stageConfig is what the exec stage is told over its config pipe. The
+// StageConfig is what the exec stage is told over its config pipe. The
 // stage starts in the task's PID and IPC namespaces but the host's mount
 // namespace: it joins the task's cgroup there, then the task's mount
 // namespace.
@@ -67,16 +68,16 @@ type StageConfig struct {
 	Isolated bool `json:"isolated,omitempty"`
 }
 
-// spareRootFlag, with a directory after it, makes a spare supervisor
+// SpareRootFlag, with a directory after it, makes a spare supervisor
 // prepare a task's root there ahead of its task.
 const SpareRootFlag = "--spare-root"
 
-// spareHello is the first message a spare supervisor gets.
+// SpareHello is the first message a spare supervisor gets.
 type SpareHello struct {
 	StateDir string `json:"state_dir"`
 }
 
-// supervisorRecord names a supervisor for good: its PID and its start time.
+// SupervisorRecord names a supervisor for good: its PID and its start time.
 type SupervisorRecord struct {
 	PID   int    `json:"pid"`
 	Start uint64 `json:"start"`
