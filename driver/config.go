@@ -7,11 +7,44 @@ import (
 	"strings"
 	"time"
 
+	"github.com/hashicorp/nomad/plugins/base"
+	"github.com/hashicorp/nomad/plugins/drivers"
 	"github.com/hashicorp/nomad/plugins/shared/hclspec"
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor"
 	"github.com/nomad-driver-csi/nomad-driver-csi/mounter"
 )
+
+// decodeConfig decodes the agent's `config` block for the plugin (what
+// configSpec's defaults make when there is none) and validates it.
+func decodeConfig(c *base.Config) (Config, error) {
+	var cfg Config
+	if c != nil && len(c.PluginConfig) != 0 {
+		if err := base.MsgPackDecode(c.PluginConfig, &cfg); err != nil {
+			return Config{}, fmt.Errorf("failed to decode the csi plugin config: %w", err)
+		}
+	} else {
+		cfg = defaultConfig()
+	}
+	cfg.RootDir = filepath.Clean(cfg.RootDir)
+	if err := cfg.validate(); err != nil {
+		return Config{}, fmt.Errorf("invalid csi plugin config: %w", err)
+	}
+	return cfg, nil
+}
+
+// decodeTaskConfig decodes a task's `config` block and validates it against
+// the agent's configuration.
+func decodeTaskConfig(cfg *drivers.TaskConfig, conf *Config) (*TaskConfig, error) {
+	var tc TaskConfig
+	if err := cfg.DecodeDriverConfig(&tc); err != nil {
+		return nil, fmt.Errorf("failed to decode task config: %w", err)
+	}
+	if err := tc.validate(conf); err != nil {
+		return nil, fmt.Errorf("invalid task config: %w", err)
+	}
+	return &tc, nil
+}
 
 // configSpec is the agent-side configuration, the `config` block of
 // `plugin "nomad-driver-csi"`.
