@@ -34,7 +34,7 @@ var shimModules = []string{
 }
 
 // shimPackages are the packages of this module the shim may link: the
-// supervisor, the contract it shares with the driver, and the two leaves
+// supervisor, the contract it shares with the driver, and the leaves
 // below them. Never the driver side (driver, driver/executor), which speaks
 // Nomad.
 var shimPackages = []string{
@@ -42,6 +42,7 @@ var shimPackages = []string{
 	"driver/executor/shim",
 	"driver/executor/supervisor",
 	"driver/executor/wire",
+	"internal/atomicfile",
 	"mounter",
 }
 

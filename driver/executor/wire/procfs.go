@@ -1,10 +1,8 @@
 package wire
 
 import (
-	"encoding/json"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 )
@@ -37,58 +35,4 @@ func ParseStatStartTime(stat string) (uint64, error) {
 		return 0, fmt.Errorf("failed to parse start time %q: %w", fields[19], err)
 	}
 	return n, nil
-}
-
-// WriteJSONAtomic writes v as JSON to path through a temporary file in the
-// same directory, synced and renamed over path.
-func WriteJSONAtomic(path string, v any, perm os.FileMode) error {
-	return WriteJSON(path, v, perm, true)
-}
-
-// WriteJSON is WriteJSONAtomic, with the fsync only when sync is set: a
-// reader sees the old file or the new one either way, but after a crash of
-// the host an unsynced file may be empty.
-func WriteJSON(path string, v any, perm os.FileMode, sync bool) error {
-	b, err := json.Marshal(v)
-	if err != nil {
-		return fmt.Errorf("failed to encode %q: %w", path, err)
-	}
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return fmt.Errorf("failed to write %q: %w", path, err)
-	}
-	defer os.Remove(tmp.Name()) // no-op after the rename
-	if err := tmp.Chmod(perm); err != nil {
-		_ = tmp.Close()
-		return fmt.Errorf("failed to write %q: %w", path, err)
-	}
-	if _, err := tmp.Write(b); err != nil {
-		_ = tmp.Close()
-		return fmt.Errorf("failed to write %q: %w", path, err)
-	}
-	if sync {
-		if err := tmp.Sync(); err != nil {
-			_ = tmp.Close()
-			return fmt.Errorf("failed to sync %q: %w", path, err)
-		}
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("failed to write %q: %w", path, err)
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return fmt.Errorf("failed to rename into %q: %w", path, err)
-	}
-	return nil
-}
-
-// ReadJSON decodes the JSON file at path into v.
-func ReadJSON(path string, v any) error {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return err
-	}
-	if err := json.Unmarshal(b, v); err != nil {
-		return fmt.Errorf("failed to decode %q: %w", path, err)
-	}
-	return nil
 }
