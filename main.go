@@ -12,13 +12,13 @@ import (
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver"
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/debugstats"
-	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor"
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor/supervisor"
 )
 
 func main() {
 	// The driver re-executes this binary as a task's supervisor and init
 	// stage; those never return from here.
-	if executor.RunReexec() {
+	if supervisor.RunReexec() {
 		return
 	}
 	// A debugging aid, off unless the agent's environment names a file.

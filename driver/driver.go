@@ -163,23 +163,6 @@ func (d *Driver) SetConfig(c *base.Config) error {
 	return d.setConfig(c, cfg)
 }
 
-// decodeConfig decodes and validates the plugin's configuration.
-func decodeConfig(c *base.Config) (Config, error) {
-	var cfg Config
-	if c != nil && len(c.PluginConfig) != 0 {
-		if err := base.MsgPackDecode(c.PluginConfig, &cfg); err != nil {
-			return cfg, fmt.Errorf("failed to decode the csi plugin config: %w", err)
-		}
-	} else {
-		cfg = defaultConfig()
-	}
-	cfg.RootDir = filepath.Clean(cfg.RootDir)
-	if err := cfg.validate(); err != nil {
-		return cfg, fmt.Errorf("invalid csi plugin config: %w", err)
-	}
-	return cfg, nil
-}
-
 // setConfig makes cfg the driver's configuration and settles what an
 // earlier driver process left, once.
 func (d *Driver) setConfig(c *base.Config, cfg Config) error {
@@ -349,14 +332,11 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 		return nil, nil, errors.New("the csi driver is disabled on this node: set enabled = true in the agent's config for this driver (plugin \"nomad-driver-csi\")")
 	}
 
-	var tc TaskConfig
-	if err := cfg.DecodeDriverConfig(&tc); err != nil {
-		return nil, nil, fmt.Errorf("failed to decode task config: %w", err)
+	tc, err := decodeTaskConfig(cfg, conf)
+	if err != nil {
+		return nil, nil, err
 	}
-	if err := tc.validate(conf); err != nil {
-		return nil, nil, fmt.Errorf("invalid task config: %w", err)
-	}
-	if err := checkPrivileged(conf, cfg, &tc); err != nil {
+	if err := checkPrivileged(conf, cfg, tc); err != nil {
 		return nil, nil, fmt.Errorf("invalid task config: %w", err)
 	}
 
@@ -376,14 +356,19 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 		return nil, nil, err
 	}
 
-	spec, err := d.buildSpec(conf, cfg, &tc)
+	spec, err := d.buildSpec(conf, cfg, tc)
 	if err != nil {
 		return nil, nil, err
 	}
-	reqs, err := d.checkVolumes(cfg, &tc, spec)
+	reqs, err := d.checkVolumes(cfg, tc, spec)
 	if err != nil {
 		return nil, nil, fmt.Errorf("invalid task config: %w", err)
 	}
+
+	// What the steps below set up goes again, last first, unless the task
+	// is handed to Nomad.
+	var u undo
+	defer u.run()
 
 	pc := tc.CSIPlugin
 	var reclaim bool
@@ -391,8 +376,8 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 		if reclaim, err = d.claimPlugin(cfg, pc); err != nil {
 			return nil, nil, err
 		}
+		u.push(func() { d.plugins.drop(cfg.ID, pc.ID) })
 		if err := preparePluginDirs(conf, pc); err != nil {
-			d.plugins.drop(cfg.ID, pc.ID)
 			return nil, nil, err
 		}
 	}
@@ -435,10 +420,10 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 			return inOrderOf(spec.LateMounts, append(nomadMounts, r.mounts...))
 		})
 	}
-	// undoVolumes tears down what the task got; the task's event target
-	// goes with it, or once the lifecycle's background retry is done (see
+	// The volumes go with what the task got; the task's event target goes
+	// with them, or once the lifecycle's background retry is done (see
 	// volumesReleased).
-	undoVolumes := func() {
+	u.push(func() {
 		if volumesUp {
 			if err := d.teardownVolumes(cfg.ID); err != nil {
 				logger.Warn("failed to tear down volumes of a task that did not start; retrying in the background", "error", err)
@@ -446,20 +431,23 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 			}
 		}
 		d.eventTargets.Delete(cfg.ID)
+	})
+	if late != nil {
+		// The process may fail before it asks for them: their set-up is
+		// waited for before they are torn down.
+		u.push(func() { _, _ = late() })
 	}
 
 	started, p, shared, err := d.startProcess(logger, cfg, spec, late)
 	if err != nil {
-		if late != nil {
-			// The process may have failed before it asked for them.
-			_, _ = late()
-		}
-		undoVolumes()
-		if pc != nil {
-			d.plugins.drop(cfg.ID, pc.ID)
-		}
 		return nil, nil, err
 	}
+	u.push(func() {
+		_ = p.Kill()
+		_, _ = p.Wait(context.Background())
+		_ = p.Destroy()
+		d.sharedSources().release(shared)
+	})
 
 	handle := drivers.NewTaskHandle(taskHandleVersion)
 	handle.Config = cfg
@@ -478,16 +466,9 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 		err = d.startPluginProbe(conf, cfg, pc, reclaim, started)
 	}
 	if err != nil {
-		_ = p.Kill()
-		_, _ = p.Wait(context.Background())
-		_ = p.Destroy()
-		d.sharedSources().release(shared)
-		undoVolumes()
-		if pc != nil {
-			d.plugins.drop(cfg.ID, pc.ID)
-		}
 		return nil, nil, err
 	}
+	u.release()
 
 	h := newTaskHandle(logger, cfg, p, started)
 	h.sharedSources = shared

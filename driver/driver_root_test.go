@@ -23,14 +23,14 @@ import (
 	"github.com/shoenig/test/must"
 	"golang.org/x/sys/unix"
 
-	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor"
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor/supervisor"
 	"github.com/nomad-driver-csi/nomad-driver-csi/mounter"
 )
 
 // The driver's tests start real tasks: the test binary must also be able to
 // act as the supervisor the executor re-executes.
 func TestMain(m *testing.M) {
-	if executor.RunReexec() {
+	if supervisor.RunReexec() {
 		return
 	}
 	// Tasks run from this test binary, never from an embedded shim that may

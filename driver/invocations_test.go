@@ -394,3 +394,24 @@ func TestSetConfig_loaderValidationTouchesNothing(t *testing.T) {
 	must.NoError(t, base.MsgPackEncode(&buf, &Config{Enabled: true, RootDir: "relative/dir", CgroupParent: DefaultCgroupParent}))
 	must.ErrorContains(t, d.SetConfig(&base.Config{PluginConfig: buf}), "root_dir")
 }
+
+// A plugin task whose process fails to start leaves its plugin id free:
+// another task may serve it next.
+func TestStartTask_failedPluginStartFreesItsID(t *testing.T) {
+	d := newTestDriver(t, Config{Enabled: true, AllowPrivileged: true})
+	withFakePlugins(t, d)
+	plugin := func(alloc string) *drivers.TaskConfig {
+		return jobTask(t, TaskConfig{Command: "/bin/plugin", Privileged: true,
+			CSIPlugin: &PluginTaskConfig{ID: "hp", Type: "monolith", MountDir: "/csi"}}, alloc, "default", alloc)
+	}
+	start := d.start
+	d.start = func(hclog.Logger, *executor.Spec, func() ([]executor.Mount, error)) (taskProcess, error) {
+		return nil, errors.New("exec failed")
+	}
+	_, _, err := d.StartTask(plugin("alloc-a"))
+	must.ErrorContains(t, err, "exec failed")
+	d.start = start
+	_, _, err = d.StartTask(plugin("alloc-b"))
+	must.NoError(t, err)
+	must.NoError(t, d.DestroyTask("alloc-b/t/1", true))
+}

@@ -14,67 +14,11 @@ import (
 	"github.com/dustin/go-humanize"
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/nomad/plugins/drivers"
-	"github.com/hashicorp/nomad/plugins/shared/hclspec"
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/csihook"
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor"
 	"github.com/nomad-driver-csi/nomad-driver-csi/fingerprint"
 )
-
-// volumeSpec is a task's `volume "<name>" { ... }` block.
-var volumeSpec = hclspec.NewBlockMap("volume", []string{"name"}, hclspec.NewObject(map[string]*hclspec.Spec{
-	"plugin_id":   hclspec.NewAttr("plugin_id", "string", true),
-	"volume_id":   hclspec.NewAttr("volume_id", "string", true),
-	"destination": hclspec.NewAttr("destination", "string", true),
-	"read_only":   hclspec.NewAttr("read_only", "bool", false),
-	"access_mode": hclspec.NewDefault(
-		hclspec.NewAttr("access_mode", "string", false),
-		hclspec.NewLiteral(`"single-node-writer"`),
-	),
-	"attachment_mode": hclspec.NewDefault(
-		hclspec.NewAttr("attachment_mode", "string", false),
-		hclspec.NewLiteral(`"file-system"`),
-	),
-	"mount_options": hclspec.NewBlock("mount_options", false, hclspec.NewObject(map[string]*hclspec.Spec{
-		"fs_type":     hclspec.NewAttr("fs_type", "string", false),
-		"mount_flags": hclspec.NewAttr("mount_flags", "list(string)", false),
-	})),
-	"context": hclspec.NewBlockAttrs("context", "string", false),
-	"secrets": hclspec.NewBlockAttrs("secrets", "string", false),
-	"create": hclspec.NewBlock("create", false, hclspec.NewObject(map[string]*hclspec.Spec{
-		"capacity_min": hclspec.NewAttr("capacity_min", "string", false),
-		"capacity_max": hclspec.NewAttr("capacity_max", "string", false),
-		"parameters":   hclspec.NewBlockAttrs("parameters", "string", false),
-	})),
-}))
-
-// VolumeConfig is one decoded volume block.
-type VolumeConfig struct {
-	PluginID       string             `codec:"plugin_id"`
-	VolumeID       string             `codec:"volume_id"`
-	Destination    string             `codec:"destination"`
-	ReadOnly       bool               `codec:"read_only"`
-	AccessMode     string             `codec:"access_mode"`
-	AttachmentMode string             `codec:"attachment_mode"`
-	MountOptions   *MountOptions      `codec:"mount_options"`
-	Context        map[string]string  `codec:"context"`
-	Secrets        map[string]string  `codec:"secrets"`
-	Create         *VolumeCreateBlock `codec:"create"`
-}
-
-// MountOptions is a volume's mount_options block.
-type MountOptions struct {
-	FSType     string   `codec:"fs_type"`
-	MountFlags []string `codec:"mount_flags"`
-}
-
-// VolumeCreateBlock is a volume's create block. Sizes are written as Nomad
-// writes them: "10GiB", "512MiB".
-type VolumeCreateBlock struct {
-	CapacityMin string            `codec:"capacity_min"`
-	CapacityMax string            `codec:"capacity_max"`
-	Parameters  map[string]string `codec:"parameters"`
-}
 
 // volumeRequests turns a task's volume blocks into the volume lifecycle's
 // requests, in a stable order, checking what needs no plugin.

@@ -20,6 +20,8 @@ import (
 	"runtime"
 	"runtime/pprof"
 	"time"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/atomicfile"
 )
 
 // Env is the environment variable that names the stats file.
@@ -117,13 +119,8 @@ func Read(path string) (Stats, error) {
 }
 
 func writeAtomic(path string, b []byte) error {
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return fmt.Errorf("failed to write the debug stats file %s: %w", tmp, err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		_ = os.Remove(tmp)
-		return fmt.Errorf("failed to write the debug stats file %s: %w", path, err)
+	if err := atomicfile.Write(path, b, 0o600, false); err != nil {
+		return fmt.Errorf("failed to write the debug stats file: %w", err)
 	}
 	return nil
 }

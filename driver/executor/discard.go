@@ -12,20 +12,15 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/cgroups"
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor/wire"
 )
-
-// supervisorRecord names a supervisor for good: its PID and its start time.
-type supervisorRecord struct {
-	PID   int    `json:"pid"`
-	Start uint64 `json:"start"`
-}
 
 // recordSupervisor writes the supervisor record of a task's state
 // directory. pid is the caller's unreaped child, so its start time names
 // it; a supervisor that already exited is recorded as gone (start 0).
 func recordSupervisor(stateDir string, pid int) error {
-	start, _ := procStartTime(pid)
-	return writeJSON(filepath.Join(stateDir, supervisorFile), supervisorRecord{PID: pid, Start: start}, 0o600, false)
+	start, _ := wire.ProcStartTime(pid)
+	return wire.WriteJSON(filepath.Join(stateDir, wire.SupervisorFile), wire.SupervisorRecord{PID: pid, Start: start}, 0o600, false)
 }
 
 // discardWait bounds how long Discard waits for a killed supervisor.
@@ -41,7 +36,7 @@ var discardWait = 10 * time.Second
 // without error.
 func Discard(logger hclog.Logger, stateDir string) error {
 	var spec Spec
-	err := readJSON(filepath.Join(stateDir, specFile), &spec)
+	err := wire.ReadJSON(filepath.Join(stateDir, wire.SpecFile), &spec)
 	if errors.Is(err, fs.ErrNotExist) {
 		// Start writes the spec before it starts anything.
 		return removeStateDir(stateDir)
@@ -50,8 +45,8 @@ func Discard(logger hclog.Logger, stateDir string) error {
 		return fmt.Errorf("failed to discard task in %q: %w", stateDir, err)
 	}
 	logger = logger.Named("executor").With("task_id", spec.TaskID)
-	var rec supervisorRecord
-	if err := readJSON(filepath.Join(stateDir, supervisorFile), &rec); err == nil {
+	var rec wire.SupervisorRecord
+	if err := wire.ReadJSON(filepath.Join(stateDir, wire.SupervisorFile), &rec); err == nil {
 		if err := killSupervisor(rec); err != nil {
 			return fmt.Errorf("failed to discard task %q: %w", spec.TaskID, err)
 		}
@@ -60,7 +55,7 @@ func Discard(logger hclog.Logger, stateDir string) error {
 	}
 	// With the supervisor gone, nothing adds to the group any more: a task
 	// in the host's PID namespace outlives its supervisor, and goes here.
-	group, err := cgroups.Find(spec.CgroupParent, spec.cgroupName())
+	group, err := cgroups.Find(spec.CgroupParent, spec.GroupName())
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 	case err != nil:
@@ -80,7 +75,7 @@ func Discard(logger hclog.Logger, stateDir string) error {
 // killSupervisor kills the supervisor rec names, if it still runs, and
 // waits for it to exit. A supervisor that is init of the task's PID
 // namespace takes the task with it.
-func killSupervisor(rec supervisorRecord) error {
+func killSupervisor(rec wire.SupervisorRecord) error {
 	fd := openVerifiedPidfd(rec.PID, rec.Start)
 	if fd < 0 {
 		return nil
@@ -110,7 +105,7 @@ func killSupervisor(rec supervisorRecord) error {
 // when it wrote none (nothing was started from the directory).
 func StartedTaskID(stateDir string) (string, error) {
 	var spec Spec
-	err := readJSON(filepath.Join(stateDir, specFile), &spec)
+	err := wire.ReadJSON(filepath.Join(stateDir, wire.SpecFile), &spec)
 	if errors.Is(err, fs.ErrNotExist) {
 		return "", nil
 	}

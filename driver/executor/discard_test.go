@@ -13,6 +13,8 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/shoenig/test/must"
 	"golang.org/x/sys/unix"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor/wire"
 )
 
 // startOrphan starts tt's spec from a throw-away driver process and kills
@@ -21,7 +23,7 @@ import (
 func startOrphan(t *testing.T, tt *testTask) State {
 	t.Helper()
 	specPath := filepath.Join(t.TempDir(), "spec.json")
-	must.NoError(t, writeJSONAtomic(specPath, tt.spec, 0o600))
+	must.NoError(t, wire.WriteJSONAtomic(specPath, tt.spec, 0o600))
 	driver := exec.Command("/proc/self/exe", "-test.run=^$")
 	driver.Env = append(os.Environ(), envStartHelper+"="+specPath)
 	out, err := driver.StdoutPipe()
@@ -84,6 +86,6 @@ func TestDiscard_NothingStarted(t *testing.T) {
 
 	// A spec that cannot be read is an error, not a guess.
 	must.NoError(t, os.Mkdir(dir, 0o700))
-	must.NoError(t, os.WriteFile(filepath.Join(dir, specFile), []byte("{"), 0o600))
+	must.NoError(t, os.WriteFile(filepath.Join(dir, wire.SpecFile), []byte("{"), 0o600))
 	must.Error(t, Discard(hclog.NewNullLogger(), dir))
 }

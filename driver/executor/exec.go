@@ -2,6 +2,7 @@ package executor
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -15,6 +16,8 @@ import (
 
 	"github.com/creack/pty"
 	"golang.org/x/sys/unix"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor/wire"
 )
 
 // execOutputDrain bounds how long Exec waits for the last output of a
@@ -40,10 +43,10 @@ func (p *Process) Exec(ctx context.Context, opts ExecOptions) (int, error) {
 	// (which is outside the task's view); who the command runs as and with
 	// what powers comes from the state the driver keeps with Nomad.
 	var spec Spec
-	if err := readJSON(filepath.Join(p.state.StateDir, specFile), &spec); err != nil {
+	if err := wire.ReadJSON(filepath.Join(p.state.StateDir, wire.SpecFile), &spec); err != nil {
 		return 0, fmt.Errorf("failed to exec in task pid %d: %w", p.state.TaskPID, err)
 	}
-	cfg := &stageConfig{Spec: Spec{
+	cfg := &wire.StageConfig{Spec: Spec{
 		TaskID:              spec.TaskID,
 		Command:             opts.Command[0],
 		Args:                opts.Command[1:],
@@ -76,7 +79,7 @@ func (p *Process) Exec(ctx context.Context, opts ExecOptions) (int, error) {
 
 	cmd := &exec.Cmd{
 		Path:      "/proc/self/exe",
-		Args:      []string{os.Args[0], stageExec},
+		Args:      []string{os.Args[0], wire.StageExec},
 		Env:       []string{},
 		WaitDelay: execOutputDrain,
 	}
@@ -220,4 +223,69 @@ func (p *Process) Exec(ctx context.Context, opts ExecOptions) (int, error) {
 		return code, fmt.Errorf("failed to exec in task pid %d: %w", p.state.TaskPID, werr)
 	}
 	return code, nil
+}
+
+// joinTaskNet makes the calling thread of `nomad alloc exec` join the
+// network namespace of the task behind pidfd, when the task has one of its
+// own (prof.NetNS): the command forked from the thread starts in it.
+func joinTaskNet(pidfd int, prof *Profile) error {
+	if !prof.NetNS {
+		return nil
+	}
+	if err := unix.Setns(pidfd, unix.CLONE_NEWNET); err != nil {
+		return fmt.Errorf("failed to join the task's network namespace: %w", err)
+	}
+	return nil
+}
+
+// startStage starts the exec stage with cmd (whose Path, Args and
+// stdio are set by the caller), sends it cfg, and waits until it has
+// exec'd the task's command. On a stage error the stage has exited: it is
+// reaped and the error returned.
+func startStage(cmd interface {
+	Start() error
+	Wait() error
+}, extra *[]*os.File, cfg *wire.StageConfig, task *os.File) error {
+	cfgR, cfgW, err := os.Pipe()
+	if err != nil {
+		return fmt.Errorf("failed to make a pipe: %w", err)
+	}
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		_ = cfgR.Close()
+		_ = cfgW.Close()
+		return fmt.Errorf("failed to make a pipe: %w", err)
+	}
+	*extra = []*os.File{cfgR, errW, task}
+	err = cmd.Start()
+	_ = cfgR.Close()
+	_ = errW.Close()
+	if err != nil {
+		_ = cfgW.Close()
+		_ = errR.Close()
+		return fmt.Errorf("failed to start the task stage: %w", err)
+	}
+	defer errR.Close()
+
+	// The pipe buffer may be smaller than the config (a large env): write
+	// while the stage reads.
+	werr := make(chan error, 1)
+	go func() {
+		err := json.NewEncoder(cfgW).Encode(cfg)
+		_ = cfgW.Close()
+		werr <- err
+	}()
+	msg, rerr := io.ReadAll(errR)
+	if err := <-werr; err != nil && len(msg) == 0 {
+		_ = cmd.Wait()
+		return fmt.Errorf("failed to send the task stage its config: %w", err)
+	}
+	if rerr != nil {
+		return fmt.Errorf("failed to read the task stage's answer: %w", rerr)
+	}
+	if len(msg) > 0 {
+		_ = cmd.Wait()
+		return errors.New(string(msg))
+	}
+	return nil
 }

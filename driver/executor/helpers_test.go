@@ -16,6 +16,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/cgroups"
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor/supervisor"
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor/wire"
 )
 
 // envStartHelper makes the test binary act as a throw-away driver: it
@@ -24,7 +26,7 @@ import (
 const envStartHelper = "EXECUTOR_TEST_START_SPEC"
 
 func TestMain(m *testing.M) {
-	RunReexec()
+	supervisor.RunReexec()
 	if path := os.Getenv(envStartHelper); path != "" {
 		os.Exit(runStartHelper(path))
 	}
@@ -33,7 +35,7 @@ func TestMain(m *testing.M) {
 
 func runStartHelper(path string) int {
 	var spec Spec
-	if err := readJSON(path, &spec); err != nil {
+	if err := wire.ReadJSON(path, &spec); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}

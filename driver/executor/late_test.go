@@ -104,13 +104,6 @@ func TestStart_LateMountsError_Root(t *testing.T) {
 	must.ErrorContains(t, err, "late mounts")
 }
 
-func TestSplitLate(t *testing.T) {
-	mounts := []Mount{{Target: "/alloc"}, {Target: "/data/sub"}, {Target: "/data"}, {Target: "/database"}}
-	early, after := splitLate(mounts, []Mount{{Target: "/data/"}})
-	must.Eq(t, []Mount{{Target: "/alloc"}, {Target: "/database"}}, early)
-	must.Eq(t, []Mount{{Target: "/data/sub"}, {Target: "/data"}}, after)
-}
-
 // Without mounts inside them, late mounts are attached in the entered root,
 // which is sealed only after: a top-level target is made on the task's own
 // root and the root is read-only for the task.

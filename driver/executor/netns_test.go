@@ -14,6 +14,8 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/shoenig/test/must"
 	"golang.org/x/sys/unix"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor/wire"
 )
 
 // newTestNetNS makes a network namespace (with only a loopback device, as
@@ -122,7 +124,7 @@ func TestNetNS_SpareNotTaken_Root(t *testing.T) {
 			if tc.iso != nil {
 				must.Eq(t, "lo", out["devices"])
 			}
-			must.StrContains(t, readFile(t, tt.spec.StateDir+"/"+supervisorLogFile), "root_prepared_ahead=false")
+			must.StrContains(t, readFile(t, tt.spec.StateDir+"/"+wire.SupervisorLogFile), "root_prepared_ahead=false")
 		})
 	}
 }

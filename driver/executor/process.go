@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/cgroups"
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor/wire"
 	"github.com/nomad-driver-csi/nomad-driver-csi/mounter"
 )
 
@@ -89,10 +90,10 @@ func start(logger hclog.Logger, spec *Spec, late func() ([]Mount, error), sp *sp
 	}
 	// Not synced: the spec matters only while the host is up, and a task
 	// does not outlive a crash of the host.
-	if err := writeJSON(filepath.Join(spec.StateDir, specFile), spec, 0o600, false); err != nil {
+	if err := wire.WriteJSON(filepath.Join(spec.StateDir, wire.SpecFile), spec, 0o600, false); err != nil {
 		return fail(fmt.Errorf("failed to start task: %w", err))
 	}
-	logPath := filepath.Join(spec.StateDir, supervisorLogFile)
+	logPath := filepath.Join(spec.StateDir, wire.SupervisorLogFile)
 	if sp != nil {
 		err := recordSupervisor(spec.StateDir, sp.cmd.Process.Pid)
 		if err == nil {
@@ -132,7 +133,7 @@ func start(logger hclog.Logger, spec *Spec, late func() ([]Mount, error), sp *sp
 			return nil, fmt.Errorf("failed to start task: %w", err)
 		}
 	}
-	profile := spec.profile()
+	profile := profileOf(spec)
 	cmd, reportR, ctl, reaped := sp.cmd, sp.reportR, sp.ctl, sp.reaped
 	defer reportR.Close()
 	if ctl != nil {
@@ -189,7 +190,7 @@ func start(logger hclog.Logger, spec *Spec, late func() ([]Mount, error), sp *sp
 	}
 	// Our child cannot be reused before we reap it: its start time and a
 	// pidfd are safe to take now.
-	if p.state.SupervisorStart, err = procStartTime(cmd.Process.Pid); err != nil {
+	if p.state.SupervisorStart, err = wire.ProcStartTime(cmd.Process.Pid); err != nil {
 		logger.Warn("failed to read the supervisor's start time", "error", err)
 	}
 	if fd, err := unix.PidfdOpen(cmd.Process.Pid, 0); err == nil {
@@ -261,39 +262,12 @@ func openVerifiedPidfd(pid int, start uint64) int {
 	if err != nil {
 		return -1
 	}
-	got, err := procStartTime(pid)
+	got, err := wire.ProcStartTime(pid)
 	if err != nil || got != start {
 		_ = unix.Close(fd)
 		return -1
 	}
 	return fd
-}
-
-func validateSpec(spec *Spec) error {
-	switch {
-	case spec.TaskID == "":
-		return errors.New("task_id must not be empty")
-	case spec.Command == "":
-		return errors.New("command must not be empty")
-	case strings.Contains(spec.cgroupName(), "/"):
-		return fmt.Errorf("cgroup name %q must not contain a slash", spec.cgroupName())
-	case !filepath.IsAbs(spec.StateDir):
-		return fmt.Errorf("state_dir %q must be an absolute path", spec.StateDir)
-	}
-	if fi, err := os.Stat(spec.StateDir); err != nil {
-		return fmt.Errorf("state_dir %q: %w", spec.StateDir, err)
-	} else if !fi.IsDir() {
-		return fmt.Errorf("state_dir %q is not a directory", spec.StateDir)
-	}
-	if spec.Dir != "" && !filepath.IsAbs(spec.Dir) {
-		return fmt.Errorf("dir %q must be an absolute path", spec.Dir)
-	}
-	if spec.Capabilities != nil {
-		if _, err := ParseCapabilities(spec.Capabilities); err != nil {
-			return err
-		}
-	}
-	return validateMounts(mounter.New(), spec)
 }
 
 // supervisorEnv is the supervisor's environment: only what a Go program
@@ -309,7 +283,7 @@ func supervisorEnv() []string {
 }
 
 // readReport reads the supervisor's one report line, for at most timeout.
-func readReport(r *os.File, timeout time.Duration) (*readyReport, error) {
+func readReport(r *os.File, timeout time.Duration) (*wire.ReadyReport, error) {
 	// The pipe is in the runtime's poller, so the read can have a deadline.
 	if err := r.SetReadDeadline(time.Now().Add(timeout)); err != nil {
 		return nil, fmt.Errorf("failed to wait for the supervisor's report: %w", err)
@@ -321,7 +295,7 @@ func readReport(r *os.File, timeout time.Duration) (*readyReport, error) {
 	if len(line) == 0 {
 		return nil, fmt.Errorf("supervisor exited before reporting: %w", err)
 	}
-	var rep readyReport
+	var rep wire.ReadyReport
 	if err := json.Unmarshal(line, &rep); err != nil {
 		return nil, fmt.Errorf("failed to decode the supervisor's report %q: %w", line, err)
 	}
@@ -343,7 +317,7 @@ func logTail(path string) string {
 
 func readExitStatus(stateDir string) (*ExitStatus, error) {
 	var st ExitStatus
-	if err := readJSON(filepath.Join(stateDir, exitFile), &st); err != nil {
+	if err := wire.ReadJSON(filepath.Join(stateDir, wire.ExitFile), &st); err != nil {
 		return nil, err
 	}
 	return &st, nil
@@ -523,4 +497,66 @@ func (p *Process) Destroy() error {
 	}
 	p.destroyed = true
 	return nil
+}
+
+// sendTrees clones the late mounts' sources on the host and sends them to
+// the supervisor; with cause set it tells the supervisor to give up
+// instead.
+func sendTrees(ctl *os.File, m mounter.Interface, mounts []Mount, cause error) error {
+	send := func(lm wire.LateMessage, fds []int) error {
+		if err := sendControl(ctl, lm, fds); err != nil {
+			return fmt.Errorf("failed to hand the task's volumes to its supervisor: %w", err)
+		}
+		return nil
+	}
+	if cause != nil {
+		return send(wire.LateMessage{Error: "the task's volumes could not be set up: " + cause.Error()}, nil)
+	}
+	var (
+		trees []*os.File
+		fds   []int
+	)
+	defer func() {
+		for _, t := range trees {
+			_ = t.Close()
+		}
+	}()
+	for _, mnt := range mounts {
+		t, err := m.CloneTree(mnt.Source, true)
+		if err != nil {
+			err = fmt.Errorf("mount %q: %w", mnt.Target, err)
+			_ = send(wire.LateMessage{Error: err.Error()}, nil)
+			return err
+		}
+		trees = append(trees, t)
+		fds = append(fds, int(t.Fd()))
+	}
+	return send(wire.LateMessage{Mounts: mounts}, fds)
+}
+
+// sendControl sends v as one JSON message over a supervisor's control
+// socket, with fds attached as SCM_RIGHTS.
+func sendControl(ctl *os.File, v any, fds []int) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	var oob []byte
+	if len(fds) > 0 {
+		oob = unix.UnixRights(fds...)
+	}
+	return unix.Sendmsg(int(ctl.Fd()), b, oob, nil, 0)
+}
+
+// profileOf is the spec's Profile.
+func profileOf(s *Spec) Profile {
+	return Profile{
+		User:                s.User,
+		Privileged:          s.Privileged,
+		Capabilities:        s.Capabilities,
+		AmbientCapabilities: s.AmbientCapabilities,
+		Isolated:            s.Isolation != nil,
+		OOMScoreAdj:         s.OOMScoreAdj,
+		NetNS:               s.NetNS != "",
+	}
 }

@@ -17,6 +17,8 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/shoenig/test/must"
 	"golang.org/x/sys/unix"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor/wire"
 )
 
 func TestStart_ExitCodeAndOutput_Root(t *testing.T) {
@@ -39,10 +41,10 @@ func TestStart_ExitCodeAndOutput_Root(t *testing.T) {
 
 	// The spec holds the env: it must not be readable by others, and the
 	// supervisor log must not show it.
-	fi, err := os.Stat(filepath.Join(tt.spec.StateDir, specFile))
+	fi, err := os.Stat(filepath.Join(tt.spec.StateDir, wire.SpecFile))
 	must.NoError(t, err)
 	must.Eq(t, os.FileMode(0o600), fi.Mode().Perm())
-	must.StrNotContains(t, readFile(t, filepath.Join(tt.spec.StateDir, supervisorLogFile)), "hunter2")
+	must.StrNotContains(t, readFile(t, filepath.Join(tt.spec.StateDir, wire.SupervisorLogFile)), "hunter2")
 
 	must.True(t, cgroupExists(tt.spec.CgroupParent, tt.spec.TaskID))
 	must.NoError(t, p.Destroy())
@@ -162,7 +164,7 @@ func TestRecover_FreshProcessValue_Root(t *testing.T) {
 	must.Eq(t, 7, waitExit(t, p3).ExitCode)
 
 	// A reused PID (wrong start time) and no record: gone.
-	must.NoError(t, os.Remove(filepath.Join(st.StateDir, exitFile)))
+	must.NoError(t, os.Remove(filepath.Join(st.StateDir, wire.ExitFile)))
 	bad := decoded
 	bad.SupervisorStart++
 	_, err = Recover(hclog.NewNullLogger(), bad)
@@ -175,7 +177,7 @@ func TestRecover_OutlivesDriver_Root(t *testing.T) {
 	requireTaskRoot(t)
 	tt := newTestSpec(t, "/bin/sh", "-c", `echo up; while [ ! -e release ]; do sleep 0.05; done; exit 42`)
 	specPath := filepath.Join(t.TempDir(), "spec.json")
-	must.NoError(t, writeJSONAtomic(specPath, tt.spec, 0o600))
+	must.NoError(t, wire.WriteJSONAtomic(specPath, tt.spec, 0o600))
 
 	driver := exec.Command("/proc/self/exe", "-test.run=^$")
 	driver.Env = append(os.Environ(), envStartHelper+"="+specPath)
@@ -200,7 +202,7 @@ func TestRecover_OutlivesDriver_Root(t *testing.T) {
 
 	// The task lives on with the same PID.
 	must.NoError(t, unix.Kill(st.TaskPID, 0))
-	start, err := procStartTime(st.TaskPID)
+	start, err := wire.ProcStartTime(st.TaskPID)
 	must.NoError(t, err)
 	must.Eq(t, st.TaskStart, start)
 
@@ -347,97 +349,6 @@ func TestStart_OOMKilled_Root(t *testing.T) {
 	st := waitExit(t, p)
 	must.True(t, st.OOMKilled, must.Sprintf("status %+v", st))
 	must.Eq(t, int(syscall.SIGKILL), st.Signal)
-}
-
-func TestParseStatStartTime(t *testing.T) {
-	cases := []struct {
-		stat string
-		want uint64
-		err  bool
-	}{
-		{"1 (init) S 0 1 1 0 -1 4194560 1 2 3 4 5 6 7 8 20 0 1 0 42 1000 10", 42, false},
-		{"7 (a b) c)) R 1 7 7 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 99 1 1", 99, false},
-		{"7 (short) R 1", 0, true},
-		{"garbage", 0, true},
-	}
-	for _, tc := range cases {
-		t.Run(tc.stat, func(t *testing.T) {
-			got, err := parseStatStartTime(tc.stat)
-			if tc.err {
-				must.Error(t, err)
-				return
-			}
-			must.NoError(t, err)
-			must.Eq(t, tc.want, got)
-		})
-	}
-	self, err := procStartTime(os.Getpid())
-	must.NoError(t, err)
-	must.Positive(t, self)
-}
-
-func TestParseCapabilities(t *testing.T) {
-	cases := []struct {
-		in   []string
-		want []int
-		err  string
-	}{
-		{[]string{"CAP_SYS_ADMIN", "sys_admin", "Net_Raw"}, []int{unix.CAP_SYS_ADMIN, unix.CAP_NET_RAW}, ""},
-		{[]string{}, []int{}, ""},
-		{[]string{"cap_bogus"}, nil, `unknown capability "cap_bogus"`},
-	}
-	for _, tc := range cases {
-		t.Run(fmt.Sprint(tc.in), func(t *testing.T) {
-			got, err := ParseCapabilities(tc.in)
-			if tc.err != "" {
-				must.EqError(t, err, tc.err)
-				return
-			}
-			must.NoError(t, err)
-			must.Eq(t, tc.want, got)
-		})
-	}
-	_, err := ParseCapabilities(DefaultCapabilities)
-	must.NoError(t, err)
-}
-
-func TestLookPath(t *testing.T) {
-	dir := t.TempDir()
-	exe := filepath.Join(dir, "tool")
-	must.NoError(t, os.WriteFile(exe, []byte("#!/bin/sh\n"), 0o755))
-	must.NoError(t, os.WriteFile(filepath.Join(dir, "data"), nil, 0o644))
-	cases := []struct {
-		cmd  string
-		env  []string
-		want string
-		err  string
-	}{
-		{"tool", []string{"PATH=/nonexistent:" + dir}, exe, ""},
-		{exe, nil, exe, ""},
-		{"tool", []string{"PATH=/nonexistent"}, "", `command "tool" not found in PATH`},
-		{"sh", nil, "/usr/local/sbin/sh", "skip"},
-		{filepath.Join(dir, "missing"), nil, "", "no such file"},
-		{"", nil, "", "command is empty"},
-	}
-	for _, tc := range cases {
-		t.Run(tc.cmd, func(t *testing.T) {
-			got, err := lookPath(tc.cmd, tc.env)
-			switch tc.err {
-			case "skip":
-				must.NoError(t, err)
-				must.StrHasSuffix(t, "/sh", got)
-			case "":
-				must.NoError(t, err)
-				must.Eq(t, tc.want, got)
-			default:
-				must.ErrorContains(t, err, tc.err)
-			}
-		})
-	}
-	if os.Geteuid() != 0 {
-		_, err := lookPath(filepath.Join(dir, "data"), nil)
-		must.ErrorContains(t, err, "not executable")
-	}
 }
 
 // Nomad's logmon opens the read side of its FIFOs in the background: a task

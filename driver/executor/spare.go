@@ -2,7 +2,6 @@ package executor
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -12,6 +11,8 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor/wire"
 )
 
 // Spares keeps one supervisor started ahead of need for each supervisor
@@ -31,10 +32,6 @@ type Spares struct {
 	// with a private PID namespace starts in one of its own.
 	iso *Isolation
 }
-
-// spareRootFlag, with a directory after it, makes a spare supervisor
-// prepare a task's root there ahead of its task.
-const spareRootFlag = "--spare-root"
 
 // spareMaxAge bounds how old a spare's prepared namespace gets before the
 // spare is replaced: its copy of the host's mounts may miss mounts made on
@@ -62,16 +59,11 @@ type spare struct {
 	root    string
 	reportR *os.File
 	// ctl is the driver's end of the control socket: the task's state
-	// directory is sent first (spareHello), then the late mounts.
+	// directory is sent first (wire.SpareHello), then the late mounts.
 	ctl    *os.File
 	reaped chan struct{}
 	// pidNS is set for a supervisor started in a PID namespace of its own.
 	pidNS bool
-}
-
-// spareHello is the first message a spare supervisor gets.
-type spareHello struct {
-	StateDir string `json:"state_dir"`
 }
 
 // Start is the package's Start, run by a spare supervisor of
@@ -196,7 +188,7 @@ func startSpare(binary, dir string, iso *Isolation) (*spare, error) {
 		if root, err = os.MkdirTemp(dir, "spare-"); err != nil {
 			return nil, fmt.Errorf("failed to make a directory for a spare supervisor: %w", err)
 		}
-		args = []string{spareRootFlag, root}
+		args = []string{wire.SpareRootFlag, root}
 		if iso != nil {
 			b, err := json.Marshal(iso)
 			if err != nil {
@@ -246,7 +238,7 @@ func startSupervisor(binary string, args []string, out *os.File, control, pidNS 
 	}
 	cmd := &exec.Cmd{
 		Path:        binary,
-		Args:        append([]string{os.Args[0], stageSupervisor}, args...),
+		Args:        append([]string{os.Args[0], wire.StageSupervisor}, args...),
 		Env:         supervisorEnv(),
 		ExtraFiles:  extra,
 		SysProcAttr: &syscall.SysProcAttr{Setsid: true},
@@ -278,7 +270,7 @@ func startSupervisor(binary string, args []string, out *os.File, control, pidNS 
 
 // hand gives the spare its task's state directory.
 func (sp *spare) hand(stateDir string) error {
-	if err := sendControl(sp.ctl, spareHello{StateDir: stateDir}, nil); err != nil {
+	if err := sendControl(sp.ctl, wire.SpareHello{StateDir: stateDir}, nil); err != nil {
 		return fmt.Errorf("failed to hand the task to a spare supervisor: %w", err)
 	}
 	return nil
@@ -305,36 +297,4 @@ func (sp *spare) closeFiles() {
 		_ = sp.ctl.Close()
 	}
 	_ = sp.reportR.Close()
-}
-
-// awaitTask is a spare supervisor's wait for its task: the state directory
-// from the control socket, with the supervisor's log there made its stdout
-// and stderr. It returns "" when the driver went away instead.
-func awaitTask(ctl *os.File) (string, error) {
-	buf := make([]byte, 4096)
-	n, _, _, _, err := unix.Recvmsg(int(ctl.Fd()), buf, nil, 0)
-	if err != nil {
-		return "", fmt.Errorf("failed to read the task from the control socket: %w", err)
-	}
-	if n == 0 {
-		return "", nil
-	}
-	var h spareHello
-	if err := json.Unmarshal(buf[:n], &h); err != nil {
-		return "", fmt.Errorf("failed to decode the task from the control socket: %w", err)
-	}
-	if h.StateDir == "" {
-		return "", errors.New("the driver sent no state directory")
-	}
-	log, err := os.OpenFile(h.StateDir+"/"+supervisorLogFile, os.O_WRONLY|os.O_CREATE|os.O_APPEND|unix.O_CLOEXEC, 0o600)
-	if err != nil {
-		return "", fmt.Errorf("failed to open the supervisor log: %w", err)
-	}
-	defer log.Close()
-	for _, fd := range []int{1, 2} {
-		if err := unix.Dup3(int(log.Fd()), fd, 0); err != nil {
-			return "", fmt.Errorf("failed to send output to the supervisor log: %w", err)
-		}
-	}
-	return h.StateDir, nil
 }

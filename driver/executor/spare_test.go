@@ -8,6 +8,8 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/shoenig/test/must"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor/wire"
 )
 
 // waitSpare waits until s has a spare of binary ready and returns its pid.
@@ -52,7 +54,7 @@ func TestSpares_StartUsesSpare_Root(t *testing.T) {
 	must.Eq(t, spare, p.State().SupervisorPID)
 	must.Eq(t, 0, waitExit(t, p).ExitCode, must.Sprintf("stderr: %s", readFile(t, tt.stderr)))
 	must.Eq(t, "through a spare\n", readFile(t, tt.stdout))
-	must.StrContains(t, readFile(t, tt.spec.StateDir+"/"+supervisorLogFile), "task started")
+	must.StrContains(t, readFile(t, tt.spec.StateDir+"/"+wire.SupervisorLogFile), "task started")
 
 	next := waitSpare(t, s, "")
 	must.NotEq(t, spare, next)
@@ -141,7 +143,7 @@ if touch /top-level-file 2>/dev/null; then echo root-writable; else echo root-re
 	t.Cleanup(func() { _ = p.Kill(); _ = p.Destroy() })
 	must.Eq(t, 0, waitExit(t, p).ExitCode, must.Sprintf("stderr: %s", readFile(t, tt.stderr)))
 	must.Eq(t, "prepared\nroot-read-only\n", readFile(t, tt.stdout))
-	must.StrContains(t, readFile(t, tt.spec.StateDir+"/"+supervisorLogFile), "root_prepared_ahead=true")
+	must.StrContains(t, readFile(t, tt.spec.StateDir+"/"+wire.SupervisorLogFile), "root_prepared_ahead=true")
 	_, err = os.Stat(top)
 	must.True(t, os.IsNotExist(err))
 
@@ -156,7 +158,7 @@ if touch /top-level-file 2>/dev/null; then echo root-writable; else echo root-re
 	t.Cleanup(func() { _ = p2.Kill(); _ = p2.Destroy() })
 	must.Eq(t, 0, waitExit(t, p2).ExitCode, must.Sprintf("stderr: %s", readFile(t, tt.stderr)))
 	must.Eq(t, "early\n", readFile(t, tt.stdout))
-	must.StrContains(t, readFile(t, tt.spec.StateDir+"/"+supervisorLogFile), "root_prepared_ahead=false")
+	must.StrContains(t, readFile(t, tt.spec.StateDir+"/"+wire.SupervisorLogFile), "root_prepared_ahead=false")
 
 	// Spares are replaced when they get old, and leave no directory.
 	old := spareMaxAge
@@ -212,7 +214,7 @@ if touch /data/x 2>/dev/null; then echo vol=writable; else echo vol=read-only; f
 	must.Eq(t, "read-only", outputLines(out)["vol"])
 	_, err = os.Stat(vol + "/x")
 	must.True(t, os.IsNotExist(err))
-	must.StrContains(t, readFile(t, tt.spec.StateDir+"/"+supervisorLogFile), "root_prepared_ahead=true")
+	must.StrContains(t, readFile(t, tt.spec.StateDir+"/"+wire.SupervisorLogFile), "root_prepared_ahead=true")
 
 	// pid_mode host: the spare (in a PID namespace of its own) cannot
 	// serve; the task gets a supervisor of its own and sees the host's

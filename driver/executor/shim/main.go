@@ -9,11 +9,11 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor"
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor/supervisor"
 )
 
 func main() {
-	if executor.RunReexec() {
+	if supervisor.RunReexec() {
 		return
 	}
 	fmt.Fprintln(os.Stderr, "nomad-driver-csi-shim is started by nomad-driver-csi for each task; it is not run by hand")

@@ -1,4 +1,4 @@
-package executor
+package supervisor
 
 import (
 	"errors"
@@ -10,68 +10,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor/wire"
 	"github.com/nomad-driver-csi/nomad-driver-csi/mounter"
 )
-
-// validateMounts checks the mounts of a spec in the caller's (the host's)
-// mount namespace: absolute paths, known propagation, an existing source,
-// and for bidirectional propagation a privileged task and a source that is
-// a shared mount point of its own.
-func validateMounts(m mounter.Interface, spec *Spec) error {
-	for _, mnt := range spec.LateMounts {
-		if !filepath.IsAbs(mnt.Target) {
-			return fmt.Errorf("late mount: target %q must be an absolute path", mnt.Target)
-		}
-		switch mnt.Propagation {
-		case "", PropagationPrivate, PropagationHostToTask:
-		default:
-			return fmt.Errorf("late mount %q: propagation %q: want %q or %q", mnt.Target, mnt.Propagation,
-				PropagationPrivate, PropagationHostToTask)
-		}
-	}
-	var table []mounter.MountPoint
-	for _, mnt := range spec.Mounts {
-		if !filepath.IsAbs(mnt.Source) {
-			return fmt.Errorf("mount %q: source must be an absolute path", mnt.Source)
-		}
-		if !filepath.IsAbs(mnt.Target) {
-			return fmt.Errorf("mount %q: target %q must be an absolute path", mnt.Source, mnt.Target)
-		}
-		if _, err := os.Stat(mnt.Source); err != nil {
-			return fmt.Errorf("mount %q: %w", mnt.Source, err)
-		}
-		switch mnt.Propagation {
-		case "", PropagationPrivate, PropagationHostToTask:
-			continue
-		case PropagationBidirectional:
-		default:
-			return fmt.Errorf("mount %q: unknown propagation %q: want %q, %q or %q", mnt.Source, mnt.Propagation,
-				PropagationPrivate, PropagationHostToTask, PropagationBidirectional)
-		}
-		if !spec.Privileged {
-			return fmt.Errorf("mount %q: bidirectional propagation needs a privileged task", mnt.Source)
-		}
-		if table == nil {
-			var err error
-			if table, err = m.List(); err != nil {
-				return fmt.Errorf("failed to check mount %q: %w", mnt.Source, err)
-			}
-		}
-		src, err := filepath.EvalSymlinks(mnt.Source)
-		if err != nil {
-			return fmt.Errorf("mount %q: %w", mnt.Source, err)
-		}
-		mp, ok := mounter.FindMount(table, src)
-		if !ok || !mp.Shared {
-			return fmt.Errorf("mount %q: bidirectional propagation needs %q on a shared mount on the host", mnt.Source, src)
-		}
-		if mp.Path != src {
-			return fmt.Errorf("mount %q: bidirectional propagation needs %q to be a shared mount point of its own on the host (it is inside %q; bind it onto itself and make it shared)",
-				mnt.Source, src, mp.Path)
-		}
-	}
-	return nil
-}
 
 // prepareNamespace and bindAll make the task's mounts in its fresh mount
 // namespace (a copy of the host's, where the copies of shared mounts are
@@ -101,10 +42,10 @@ func validateMounts(m mounter.Interface, spec *Spec) error {
 //
 // prepareNamespace is step 1, and the assembly of the task's root at root
 // when it is set.
-func prepareNamespace(m mounter.Interface, mounts []Mount, root string, iso *Isolation) error {
+func prepareNamespace(m mounter.Interface, mounts []wire.Mount, root string, iso *wire.Isolation) error {
 	var bidi []string
 	for _, mnt := range mounts {
-		if mnt.Propagation != PropagationBidirectional {
+		if mnt.Propagation != wire.PropagationBidirectional {
 			continue
 		}
 		src, err := filepath.EvalSymlinks(mnt.Source)
@@ -150,8 +91,8 @@ func prepareNamespace(m mounter.Interface, mounts []Mount, root string, iso *Iso
 
 // bindAll is step 2: parents before children, so that a
 // target inside another mount's target lands on top of it.
-func bindAll(m mounter.Interface, mounts []Mount, root string) error {
-	ordered := append([]Mount(nil), mounts...)
+func bindAll(m mounter.Interface, mounts []wire.Mount, root string) error {
+	ordered := append([]wire.Mount(nil), mounts...)
 	sort.SliceStable(ordered, func(i, j int) bool {
 		return depth(ordered[i].Target) < depth(ordered[j].Target)
 	})
@@ -286,7 +227,7 @@ func sealRoot(m mounter.Interface) error {
 	return nil
 }
 
-func bindOne(m mounter.Interface, mnt Mount, root string) error {
+func bindOne(m mounter.Interface, mnt wire.Mount, root string) error {
 	source, target := filepath.Clean(mnt.Source), filepath.Clean(mnt.Target)
 	same := source == target
 	if root == "" {
@@ -338,11 +279,11 @@ func bindOne(m mounter.Interface, mnt Mount, root string) error {
 // propagation a Mount asks for.
 func setPropagation(m mounter.Interface, propagation, target string) error {
 	switch propagation {
-	case "", PropagationPrivate:
+	case "", wire.PropagationPrivate:
 		return m.SetPropagation(target, mounter.PropagationPrivate, true)
-	case PropagationHostToTask:
+	case wire.PropagationHostToTask:
 		return m.SetPropagation(target, mounter.PropagationSlave, true)
-	case PropagationBidirectional:
+	case wire.PropagationBidirectional:
 		// Stays a peer of the host's source.
 		return nil
 	default:
@@ -353,7 +294,7 @@ func setPropagation(m mounter.Interface, propagation, target string) error {
 // attachTree mounts a volume's tree (from mounter.CloneTree on the host) at
 // its target in the task's namespace, like bindOne does a bind: read-only
 // when asked, with the propagation asked for.
-func attachTree(m mounter.Interface, tree *os.File, mnt Mount, root string) error {
+func attachTree(m mounter.Interface, tree *os.File, mnt wire.Mount, root string) error {
 	if root == "" {
 		root = "/"
 	}

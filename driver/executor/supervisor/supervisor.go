@@ -1,4 +1,4 @@
-package executor
+package supervisor
 
 import (
 	"encoding/json"
@@ -18,30 +18,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/cgroups"
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor/wire"
 )
-
-// Files in Spec.StateDir.
-const (
-	specFile          = "spec.json"
-	exitFile          = "exit.json"
-	supervisorLogFile = "supervisor.log"
-	// supervisorFile names the supervisor (supervisorRecord) from the
-	// moment it runs, so that a start cut short can still be ended.
-	supervisorFile = "supervisor.json"
-)
-
-// supervisorReportFD is where the supervisor writes its one readyReport
-// (ExtraFiles 0 of the supervisor).
-const supervisorReportFD = 3
-
-// readyReport is the supervisor's one line to Start: the task is running,
-// or why it could not be started.
-type readyReport struct {
-	TaskPID   int           `json:"task_pid,omitempty"`
-	TaskStart uint64        `json:"task_start,omitempty"`
-	Cgroup    cgroups.State `json:"cgroup"`
-	Error     string        `json:"error,omitempty"`
-}
 
 // runSupervisor is the supervisor stage: args are [StateDir], or nothing
 // for a spare supervisor, which gets its state directory over the control
@@ -65,13 +43,13 @@ func runSupervisor(args []string) int {
 		return 2
 	}
 	switch {
-	case len(args) == 0 || (len(args) >= 2 && args[0] == spareRootFlag):
-		ctl = os.NewFile(supervisorControlFD, "control-socket")
-		unix.CloseOnExec(supervisorControlFD)
+	case len(args) == 0 || (len(args) >= 2 && args[0] == wire.SpareRootFlag):
+		ctl = os.NewFile(wire.ControlFD, "control-socket")
+		unix.CloseOnExec(wire.ControlFD)
 		if len(args) >= 2 {
-			var iso *Isolation
+			var iso *wire.Isolation
 			if len(args) == 3 {
-				iso = new(Isolation)
+				iso = new(wire.Isolation)
 				if err := json.Unmarshal([]byte(args[2]), iso); err != nil {
 					logger.Error("spare supervisor got a bad isolation", "error", err)
 					return 2
@@ -113,13 +91,13 @@ func runSupervisor(args []string) int {
 		}
 	}()
 
-	report := os.NewFile(supervisorReportFD, "report-pipe")
+	report := os.NewFile(wire.ReportFD, "report-pipe")
 	if report == nil {
 		logger.Error("supervisor started without its report pipe")
 		return 2
 	}
-	unix.CloseOnExec(supervisorReportFD)
-	sendReport := func(r readyReport) {
+	unix.CloseOnExec(wire.ReportFD)
+	sendReport := func(r wire.ReadyReport) {
 		b, _ := json.Marshal(r)
 		if _, err := report.Write(append(b, '\n')); err != nil {
 			logger.Warn("failed to report to the driver", "error", err)
@@ -128,20 +106,20 @@ func runSupervisor(args []string) int {
 		_ = report.Close()
 	}
 
-	var spec Spec
-	if err := readJSON(filepath.Join(stateDir, specFile), &spec); err != nil {
+	var spec wire.Spec
+	if err := wire.ReadJSON(filepath.Join(stateDir, wire.SpecFile), &spec); err != nil {
 		if pre != nil {
 			pre.discard()
 		}
-		sendReport(readyReport{Error: fmt.Sprintf("failed to read the task spec: %v", err)})
+		sendReport(wire.ReadyReport{Error: fmt.Sprintf("failed to read the task spec: %v", err)})
 		return 1
 	}
 	logger = logger.With("task_id", spec.TaskID)
 
 	switch {
 	case len(spec.LateMounts) > 0 && ctl == nil:
-		ctl = os.NewFile(supervisorControlFD, "control-socket")
-		unix.CloseOnExec(supervisorControlFD)
+		ctl = os.NewFile(wire.ControlFD, "control-socket")
+		unix.CloseOnExec(wire.ControlFD)
 	case len(spec.LateMounts) == 0 && ctl != nil:
 		_ = ctl.Close()
 		ctl = nil
@@ -153,7 +131,7 @@ func runSupervisor(args []string) int {
 		if err != nil {
 			logger.Error("failed to find the task's host pid", "pid", cmd.Process.Pid, "error", err)
 			killStarted(cmd)
-			sendReport(readyReport{Error: err.Error()})
+			sendReport(wire.ReadyReport{Error: err.Error()})
 			return
 		}
 		start, err := hostProcStartTime(pid)
@@ -162,7 +140,7 @@ func runSupervisor(args []string) int {
 			// so this is unexpected): report it anyway, Wait will tell.
 			logger.Warn("failed to read the task's start time", "pid", pid, "error", err)
 		}
-		sendReport(readyReport{TaskPID: pid, TaskStart: start, Cgroup: group.State()})
+		sendReport(wire.ReadyReport{TaskPID: pid, TaskStart: start, Cgroup: group.State()})
 	}
 	cmd, group, left, err := startTask(&spec, ctl, started, pre)
 	if ctl != nil {
@@ -170,7 +148,7 @@ func runSupervisor(args []string) int {
 	}
 	if err != nil {
 		logger.Error("failed to start task", "error", err)
-		sendReport(readyReport{Error: err.Error()})
+		sendReport(wire.ReadyReport{Error: err.Error()})
 		return 1
 	}
 	if pre != nil && !pre.used {
@@ -183,7 +161,7 @@ func runSupervisor(args []string) int {
 	}
 
 	status := waitTask(logger, cmd, group)
-	if err := writeJSONAtomic(filepath.Join(stateDir, exitFile), status, 0o600); err != nil {
+	if err := wire.WriteJSONAtomic(filepath.Join(stateDir, wire.ExitFile), status, 0o600); err != nil {
 		logger.Error("failed to record the exit status", "error", err)
 		return 1
 	}
@@ -198,7 +176,7 @@ func runSupervisor(args []string) int {
 //
 // The supervisor, not Start, makes the cgroup, so that everything the task
 // owns is made and removed by the one process that outlives the driver.
-func startTask(spec *Spec, ctl *os.File, started func(*exec.Cmd, *cgroups.Group), pre *prebuilt) (*exec.Cmd, *cgroups.Group, <-chan error, error) {
+func startTask(spec *wire.Spec, ctl *os.File, started func(*exec.Cmd, *cgroups.Group), pre *prebuilt) (*exec.Cmd, *cgroups.Group, <-chan error, error) {
 	if pre != nil {
 		// Until launchTask takes it, an error leaves the thread to go.
 		defer func() {
@@ -242,7 +220,7 @@ func startTask(spec *Spec, ctl *os.File, started func(*exec.Cmd, *cgroups.Group)
 		return opened, nil
 	}
 
-	group, err := cgroups.Create(spec.CgroupParent, spec.cgroupName(), spec.Limits)
+	group, err := cgroups.Create(spec.CgroupParent, spec.GroupName(), spec.Limits)
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("failed to create the task's cgroup: %w", err)
 	}
@@ -280,11 +258,11 @@ func waitThreadsLeft(group *cgroups.Group) {
 // built on first use. A task's start then spends less CPU beside its
 // volume calls.
 func warmUp() {
-	var spec Spec
+	var spec wire.Spec
 	_ = json.Unmarshal([]byte(`{"mounts":[{}],"late_mounts":[{}],"limits":{}}`), &spec)
-	var lm lateMessage
+	var lm wire.LateMessage
 	_ = json.Unmarshal([]byte(`{"mounts":[{}]}`), &lm)
-	_, _ = json.Marshal(readyReport{})
+	_, _ = json.Marshal(wire.ReadyReport{})
 	_, _ = lastCap()
 }
 
@@ -444,8 +422,8 @@ func openLog(path string) (*os.File, error) {
 // its group, and says how it ended. It reaps every child meanwhile: in a
 // PID namespace of the task's, the supervisor is its init, and the task's
 // orphans become its children.
-func waitTask(logger hclog.Logger, cmd *exec.Cmd, group *cgroups.Group) *ExitStatus {
-	status := &ExitStatus{}
+func waitTask(logger hclog.Logger, cmd *exec.Cmd, group *cgroups.Group) *wire.ExitStatus {
+	status := &wire.ExitStatus{}
 	ws, err := reapUntil(cmd.Process.Pid)
 	status.ExitedAt = time.Now().UTC()
 	if err != nil {
@@ -485,7 +463,7 @@ func waitTask(logger hclog.Logger, cmd *exec.Cmd, group *cgroups.Group) *ExitSta
 }
 
 // openStdio opens the task's stdin (/dev/null), stdout and stderr.
-func openStdio(spec *Spec) ([]*os.File, error) {
+func openStdio(spec *wire.Spec) ([]*os.File, error) {
 	stdin, err := os.Open(os.DevNull)
 	if err != nil {
 		return nil, err

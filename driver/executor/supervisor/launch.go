@@ -1,4 +1,4 @@
-package executor
+package supervisor
 
 import (
 	"encoding/json"
@@ -15,26 +15,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/cgroups"
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor/wire"
 	"github.com/nomad-driver-csi/nomad-driver-csi/mounter"
 )
-
-// supervisorControlFD is the supervisor's end of the socket over which
-// Start hands it the late mounts (ExtraFiles 1 of the supervisor, present
-// only when the spec has late mounts).
-const supervisorControlFD = 4
-
-// lateMessage is what Start sends the supervisor once the late mounts are
-// ready: the mounts, in Spec.LateMounts' order and with its targets, and
-// their trees (mounter.CloneTree of each Source) attached as SCM_RIGHTS in
-// the same order. With Error set there is nothing else and the task must
-// not start.
-type lateMessage struct {
-	Mounts []Mount `json:"mounts,omitempty"`
-	Error  string  `json:"error,omitempty"`
-}
-
-// lateMessageMax bounds a lateMessage on the wire.
-const lateMessageMax = 64 << 10
 
 // launchTask starts the task from an OS thread of the supervisor's own
 // that becomes the task's environment first: a fresh mount namespace with
@@ -49,7 +32,7 @@ const lateMessageMax = 64 << 10
 // way out: left says when it is not, and nothing may look for the group's
 // processes before (see cgroups.Group.JoinThread). On error nothing was
 // forked, and the thread has left the group.
-func launchTask(spec *Spec, group *cgroups.Group, stdio func() ([]*os.File, error), ctl *os.File, started func(*exec.Cmd), pre *prebuilt) (cmd *exec.Cmd, left <-chan error, err error) {
+func launchTask(spec *wire.Spec, group *cgroups.Group, stdio func() ([]*os.File, error), ctl *os.File, started func(*exec.Cmd), pre *prebuilt) (cmd *exec.Cmd, left <-chan error, err error) {
 	type result struct {
 		cmd *exec.Cmd
 		err error
@@ -90,7 +73,7 @@ type prebuilt struct {
 	// used is set once a task took the thread.
 	used bool
 	// iso is the isolation the root was built for.
-	iso *Isolation
+	iso *wire.Isolation
 	// why says why a task did not take the thread, for the log.
 	why string
 }
@@ -98,7 +81,7 @@ type prebuilt struct {
 // prebuild prepares a launching thread with the task's root assembled at
 // root, a directory of its own that is removed once entered, for tasks
 // isolated as iso (nil: with the host's view).
-func prebuild(root string, iso *Isolation) *prebuilt {
+func prebuild(root string, iso *wire.Isolation) *prebuilt {
 	p := &prebuilt{ready: make(chan error, 1), jobs: make(chan func(bool), 1), iso: iso}
 	go func() {
 		// Never unlocked, like launchTask's thread.
@@ -115,7 +98,7 @@ func prebuild(root string, iso *Isolation) *prebuilt {
 	return p
 }
 
-func buildNamespace(root string, iso *Isolation) error {
+func buildNamespace(root string, iso *wire.Isolation) error {
 	if err := unix.Unshare(namespaceFlags(iso)); err != nil {
 		return fmt.Errorf("failed to make the task's namespaces: %w", err)
 	}
@@ -141,7 +124,7 @@ func buildNamespace(root string, iso *Isolation) error {
 
 // take runs job on the prepared thread when it suits spec and was prepared
 // without error; otherwise the thread is let go and take returns false.
-func (p *prebuilt) take(spec *Spec, job func(pivoted bool)) bool {
+func (p *prebuilt) take(spec *wire.Spec, job func(pivoted bool)) bool {
 	// A task in a network namespace of its own needs its sysfs mounted
 	// there: see netns.go.
 	if spec.NetNS != "" {
@@ -149,7 +132,7 @@ func (p *prebuilt) take(spec *Spec, job func(pivoted bool)) bool {
 		close(p.jobs)
 		return false
 	}
-	if len(spec.Mounts) > 0 || !p.iso.equal(spec.Isolation) {
+	if len(spec.Mounts) > 0 || !p.iso.Equal(spec.Isolation) {
 		p.why = "the task's mounts or isolation differ from the prepared root's"
 		close(p.jobs)
 		return false
@@ -168,7 +151,7 @@ func (p *prebuilt) discard() { close(p.jobs) }
 
 // launchOnThread runs on launchTask's thread. It does what does not depend
 // on the late mounts before it waits for them.
-func launchOnThread(spec *Spec, group *cgroups.Group, stdio func() ([]*os.File, error), ctl *os.File, pivoted bool) (cmd *exec.Cmd, leave func() error, err error) {
+func launchOnThread(spec *wire.Spec, group *cgroups.Group, stdio func() ([]*os.File, error), ctl *os.File, pivoted bool) (cmd *exec.Cmd, leave func() error, err error) {
 	// The thread enters the task's root (or has already): the host's
 	// cgroup file systems, which an isolated root does not mount, are
 	// reached through the supervisor's handle on the host's root, before
@@ -192,7 +175,7 @@ func launchOnThread(spec *Spec, group *cgroups.Group, stdio func() ([]*os.File, 
 	m := mounter.New()
 	root := filepath.Join(spec.StateDir, "root")
 	iso := spec.Isolation
-	var early, after []Mount
+	var early, after []wire.Mount
 	if iso == nil {
 		early, after = splitLate(spec.Mounts, spec.LateMounts)
 	}
@@ -293,7 +276,7 @@ func launchOnThread(spec *Spec, group *cgroups.Group, stdio func() ([]*os.File, 
 // forkTask finishes the task's mounts once the late ones are there, enters
 // its root and forks it. early are trees of spec.Mounts taken before, for
 // an isolated task.
-func forkTask(m mounter.Interface, spec *Spec, attr *syscall.SysProcAttr, root string, after []Mount, early []*os.File, stdio func() ([]*os.File, error), ctl *os.File, pivoted bool, allowDevices func([]cgroups.DeviceRule) error) (*exec.Cmd, error) {
+func forkTask(m mounter.Interface, spec *wire.Spec, attr *syscall.SysProcAttr, root string, after []wire.Mount, early []*os.File, stdio func() ([]*os.File, error), ctl *os.File, pivoted bool, allowDevices func([]cgroups.DeviceRule) error) (*exec.Cmd, error) {
 	// The root is entered before the wait, so that what is left after the
 	// volumes come is short: their trees are attached at their targets in
 	// the entered root, which is sealed after that. Mounts inside a
@@ -322,7 +305,7 @@ func forkTask(m mounter.Interface, spec *Spec, attr *syscall.SysProcAttr, root s
 				_ = t.Close()
 			}
 		}()
-		mounts = append(append([]Mount(nil), mounts...), late...)
+		mounts = append(append([]wire.Mount(nil), mounts...), late...)
 		trees = append(append([]*os.File(nil), trees...), lateTrees...)
 	}
 	at := root
@@ -413,7 +396,7 @@ func forkTask(m mounter.Interface, spec *Spec, attr *syscall.SysProcAttr, root s
 // deviceRules are the device filter rules for the trees that are device
 // nodes (block-device volumes, devices Nomad hands over), read-only ones
 // for read-only mounts.
-func deviceRules(trees []*os.File, mounts []Mount) ([]cgroups.DeviceRule, error) {
+func deviceRules(trees []*os.File, mounts []wire.Mount) ([]cgroups.DeviceRule, error) {
 	var rules []cgroups.DeviceRule
 	for i, t := range trees {
 		access := "rw"
@@ -432,7 +415,7 @@ func deviceRules(trees []*os.File, mounts []Mount) ([]cgroups.DeviceRule, error)
 }
 
 // namespaceFlags are the unshare(2) flags of a task's launching thread.
-func namespaceFlags(iso *Isolation) int {
+func namespaceFlags(iso *wire.Isolation) int {
 	flags := unix.CLONE_FS | unix.CLONE_NEWNS
 	if iso != nil && iso.PrivateIPC {
 		flags |= unix.CLONE_NEWIPC
@@ -449,7 +432,7 @@ func killStarted(cmd *exec.Cmd) {
 // splitLate divides mounts into those set up before the late mounts and
 // those whose targets lie inside a late mount's target, which must wait
 // for it.
-func splitLate(mounts, late []Mount) (early, after []Mount) {
+func splitLate(mounts, late []wire.Mount) (early, after []wire.Mount) {
 	for _, mnt := range mounts {
 		inside := false
 		for _, l := range late {
@@ -468,7 +451,7 @@ func splitLate(mounts, late []Mount) (early, after []Mount) {
 }
 
 // attachAll attaches the late mounts' trees, parents before children.
-func attachAll(m mounter.Interface, trees []*os.File, late []Mount, root string) error {
+func attachAll(m mounter.Interface, trees []*os.File, late []wire.Mount, root string) error {
 	order := make([]int, len(late))
 	for i := range order {
 		order[i] = i
@@ -487,20 +470,20 @@ func attachAll(m mounter.Interface, trees []*os.File, late []Mount, root string)
 	return nil
 }
 
-// receiveTrees waits for Start's lateMessage and returns its mounts and
+// receiveTrees waits for Start's wire.LateMessage and returns its mounts and
 // their trees, checked against the spec's late mounts.
-func receiveTrees(ctl *os.File, want []Mount) ([]Mount, []*os.File, error) {
+func receiveTrees(ctl *os.File, want []wire.Mount) ([]wire.Mount, []*os.File, error) {
 	if ctl == nil {
 		return nil, nil, errors.New("the task has late mounts but the supervisor has no control socket")
 	}
-	buf := make([]byte, lateMessageMax)
+	buf := make([]byte, wire.LateMessageMax)
 	oob := make([]byte, unix.CmsgSpace(4*len(want)))
 	nr, noob, flags, _, err := unix.Recvmsg(int(ctl.Fd()), buf, oob, unix.MSG_CMSG_CLOEXEC)
 	if err != nil {
 		return nil, nil, fmt.Errorf("failed to receive the task's volumes: %w", err)
 	}
 	var trees []*os.File
-	fail := func(err error) ([]Mount, []*os.File, error) {
+	fail := func(err error) ([]wire.Mount, []*os.File, error) {
 		for _, t := range trees {
 			_ = t.Close()
 		}
@@ -525,7 +508,7 @@ func receiveTrees(ctl *os.File, want []Mount) ([]Mount, []*os.File, error) {
 	case flags&(unix.MSG_CTRUNC|unix.MSG_TRUNC) != 0:
 		return fail(errors.New("failed to receive the task's volumes: the message was truncated"))
 	}
-	var lm lateMessage
+	var lm wire.LateMessage
 	if err := json.Unmarshal(buf[:nr], &lm); err != nil {
 		return fail(fmt.Errorf("failed to decode the driver's message about the task's volumes: %w", err))
 	}
@@ -542,55 +525,6 @@ func receiveTrees(ctl *os.File, want []Mount) ([]Mount, []*os.File, error) {
 		}
 	}
 	return lm.Mounts, trees, nil
-}
-
-// sendTrees clones the late mounts' sources on the host and sends them to
-// the supervisor; with cause set it tells the supervisor to give up
-// instead.
-func sendTrees(ctl *os.File, m mounter.Interface, mounts []Mount, cause error) error {
-	send := func(lm lateMessage, fds []int) error {
-		if err := sendControl(ctl, lm, fds); err != nil {
-			return fmt.Errorf("failed to hand the task's volumes to its supervisor: %w", err)
-		}
-		return nil
-	}
-	if cause != nil {
-		return send(lateMessage{Error: "the task's volumes could not be set up: " + cause.Error()}, nil)
-	}
-	var (
-		trees []*os.File
-		fds   []int
-	)
-	defer func() {
-		for _, t := range trees {
-			_ = t.Close()
-		}
-	}()
-	for _, mnt := range mounts {
-		t, err := m.CloneTree(mnt.Source, true)
-		if err != nil {
-			err = fmt.Errorf("mount %q: %w", mnt.Target, err)
-			_ = send(lateMessage{Error: err.Error()}, nil)
-			return err
-		}
-		trees = append(trees, t)
-		fds = append(fds, int(t.Fd()))
-	}
-	return send(lateMessage{Mounts: mounts}, fds)
-}
-
-// sendControl sends v as one JSON message over a supervisor's control
-// socket, with fds attached as SCM_RIGHTS.
-func sendControl(ctl *os.File, v any, fds []int) error {
-	b, err := json.Marshal(v)
-	if err != nil {
-		return err
-	}
-	var oob []byte
-	if len(fds) > 0 {
-		oob = unix.UnixRights(fds...)
-	}
-	return unix.Sendmsg(int(ctl.Fd()), b, oob, nil, 0)
 }
 
 // setOOMScoreAdj gives this process, and so the task forked next, the

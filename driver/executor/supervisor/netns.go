@@ -1,4 +1,4 @@
-package executor
+package supervisor
 
 import (
 	"fmt"
@@ -39,19 +39,6 @@ func joinNetNS(path string) error {
 	// setns(2) refuses a file that is not a network namespace.
 	if err := unix.Setns(fd, unix.CLONE_NEWNET); err != nil {
 		return fmt.Errorf("failed to join the task's network namespace %q: %w", path, err)
-	}
-	return nil
-}
-
-// joinTaskNet makes the calling thread of `nomad alloc exec` join the
-// network namespace of the task behind pidfd, when the task has one of its
-// own (prof.NetNS): the command forked from the thread starts in it.
-func joinTaskNet(pidfd int, prof *Profile) error {
-	if !prof.NetNS {
-		return nil
-	}
-	if err := unix.Setns(pidfd, unix.CLONE_NEWNET); err != nil {
-		return fmt.Errorf("failed to join the task's network namespace: %w", err)
 	}
 	return nil
 }

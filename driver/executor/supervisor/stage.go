@@ -1,4 +1,4 @@
-package executor
+package supervisor
 
 import (
 	"encoding/json"
@@ -15,34 +15,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/cgroups"
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor/wire"
 )
-
-// Internal subcommands of this binary (os.Args[1]).
-const (
-	stageSupervisor = "__nomad-driver-csi-supervisor"
-	stageExec       = "__nomad-driver-csi-exec"
-)
-
-// File descriptors of the exec stage (ExtraFiles 0, 1 and 2).
-const (
-	stageConfigFD = 3 // read: one stageConfig as JSON
-	stageErrorFD  = 4 // write: an error message, or EOF at exec (CLOEXEC)
-	stageTaskFD   = 5 // a pidfd of the task, whose mount namespace the stage enters
-)
-
-// defaultPath is searched when the task's environment has no PATH.
-const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-
-// stageConfig is what the exec stage is told over its config pipe. The
-// stage starts in the task's PID and IPC namespaces but the host's mount
-// namespace: it joins the task's cgroup there, then the task's mount
-// namespace.
-type stageConfig struct {
-	Spec   Spec           `json:"spec"`
-	Cgroup *cgroups.State `json:"cgroup,omitempty"`
-	// Isolated gives the command no_new_privs, as the task has.
-	Isolated bool `json:"isolated,omitempty"`
-}
 
 // RunReexec runs an internal stage when os.Args names one, and then exits
 // the process; otherwise it returns false at once. main (and TestMain of
@@ -52,13 +26,13 @@ func RunReexec() bool {
 		return false
 	}
 	switch os.Args[1] {
-	case stageSupervisor, stageExec:
+	case wire.StageSupervisor, wire.StageExec:
 		hardenStage()
 	}
 	switch os.Args[1] {
-	case stageSupervisor:
+	case wire.StageSupervisor:
 		os.Exit(runSupervisor(os.Args[2:]))
-	case stageExec:
+	case wire.StageExec:
 		runTaskStage()
 	}
 	return false
@@ -116,7 +90,7 @@ func runTaskStage() {
 	// capset(2) is per thread: set it and exec from the same thread.
 	runtime.LockOSThread()
 
-	errPipe := os.NewFile(stageErrorFD, "error-pipe")
+	errPipe := os.NewFile(wire.StageErrorFD, "error-pipe")
 	fail := func(err error) {
 		_, _ = io.WriteString(errPipe, err.Error())
 		os.Exit(1)
@@ -129,10 +103,10 @@ func runTaskStage() {
 	if errPipe == nil {
 		os.Exit(2)
 	}
-	unix.CloseOnExec(stageErrorFD)
+	unix.CloseOnExec(wire.StageErrorFD)
 
-	cfgPipe := os.NewFile(stageConfigFD, "config-pipe")
-	var cfg stageConfig
+	cfgPipe := os.NewFile(wire.StageConfigFD, "config-pipe")
+	var cfg wire.StageConfig
 	err := json.NewDecoder(cfgPipe).Decode(&cfg)
 	_ = cfgPipe.Close()
 	if err != nil {
@@ -142,7 +116,7 @@ func runTaskStage() {
 }
 
 // prepareAndExec returns only on error.
-func prepareAndExec(cfg *stageConfig) error {
+func prepareAndExec(cfg *wire.StageConfig) error {
 	spec := &cfg.Spec
 	if cfg.Cgroup != nil {
 		g, err := cgroups.Load(*cfg.Cgroup)
@@ -165,10 +139,10 @@ func prepareAndExec(cfg *stageConfig) error {
 	if err := unix.Unshare(unix.CLONE_FS); err != nil {
 		return fmt.Errorf("failed to unshare the filesystem context: %w", err)
 	}
-	if err := unix.Setns(stageTaskFD, unix.CLONE_NEWNS); err != nil {
+	if err := unix.Setns(wire.StageTaskFD, unix.CLONE_NEWNS); err != nil {
 		return fmt.Errorf("failed to join the task's mount namespace: %w", err)
 	}
-	_ = unix.Close(stageTaskFD)
+	_ = unix.Close(wire.StageTaskFD)
 	if err := os.Chdir("/"); err != nil {
 		return fmt.Errorf("failed to enter the task's root: %w", err)
 	}
@@ -299,54 +273,5 @@ func checkExecutable(path string) error {
 	return nil
 }
 
-// startStage starts the exec stage with cmd (whose Path, Args and
-// stdio are set by the caller), sends it cfg, and waits until it has
-// exec'd the task's command. On a stage error the stage has exited: it is
-// reaped and the error returned.
-func startStage(cmd interface {
-	Start() error
-	Wait() error
-}, extra *[]*os.File, cfg *stageConfig, task *os.File) error {
-	cfgR, cfgW, err := os.Pipe()
-	if err != nil {
-		return fmt.Errorf("failed to make a pipe: %w", err)
-	}
-	errR, errW, err := os.Pipe()
-	if err != nil {
-		_ = cfgR.Close()
-		_ = cfgW.Close()
-		return fmt.Errorf("failed to make a pipe: %w", err)
-	}
-	*extra = []*os.File{cfgR, errW, task}
-	err = cmd.Start()
-	_ = cfgR.Close()
-	_ = errW.Close()
-	if err != nil {
-		_ = cfgW.Close()
-		_ = errR.Close()
-		return fmt.Errorf("failed to start the task stage: %w", err)
-	}
-	defer errR.Close()
-
-	// The pipe buffer may be smaller than the config (a large env): write
-	// while the stage reads.
-	werr := make(chan error, 1)
-	go func() {
-		err := json.NewEncoder(cfgW).Encode(cfg)
-		_ = cfgW.Close()
-		werr <- err
-	}()
-	msg, rerr := io.ReadAll(errR)
-	if err := <-werr; err != nil && len(msg) == 0 {
-		_ = cmd.Wait()
-		return fmt.Errorf("failed to send the task stage its config: %w", err)
-	}
-	if rerr != nil {
-		return fmt.Errorf("failed to read the task stage's answer: %w", rerr)
-	}
-	if len(msg) > 0 {
-		_ = cmd.Wait()
-		return errors.New(string(msg))
-	}
-	return nil
-}
+// defaultPath is searched when the task's environment has no PATH.
+const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"

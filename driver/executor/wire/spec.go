@@ -1,14 +1,6 @@
-// Package executor runs one task's process so that it outlives the driver:
-// a small supervisor (the shim, or this binary re-executed) sets up a mount
-// namespace, control group and capabilities for the task on one OS thread
-// of its own, forks the task from that thread as the user asked for, waits
-// for it, and writes its exit status to the task's state directory. The
-// driver finds the supervisor again by PID after a restart and reads the
-// status when the task ends.
-package executor
+package wire
 
 import (
-	"io"
 	"time"
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/cgroups"
@@ -99,7 +91,7 @@ type Spec struct {
 
 	// Supervisor is the binary run as the task's supervisor (and as the
 	// exec stage of nomad alloc exec): any program whose main calls
-	// RunReexec first. Empty means this process's own binary. A small
+	// supervisor.RunReexec first. Empty means this process's own binary. A small
 	// one (driver/executor/shim) starts in a fraction of the time and
 	// memory of the whole driver, whose package initialisation is heavy.
 	Supervisor string `json:"supervisor,omitempty"`
@@ -119,7 +111,7 @@ type Isolation struct {
 }
 
 // equal reports whether two isolations build the same root.
-func (i *Isolation) equal(o *Isolation) bool {
+func (i *Isolation) Equal(o *Isolation) bool {
 	if i == nil || o == nil {
 		return i == o
 	}
@@ -134,39 +126,8 @@ func (i *Isolation) equal(o *Isolation) bool {
 	return true
 }
 
-// Profile is who a process of the task runs as and with what powers: the
-// task's own process and every `nomad alloc exec` in it. It is kept in
-// State, which the driver stores with Nomad, never in a file below the
-// task's reach.
-type Profile struct {
-	User                string   `json:"user,omitempty"`
-	Privileged          bool     `json:"privileged,omitempty"`
-	Capabilities        []string `json:"capabilities,omitempty"`
-	AmbientCapabilities []string `json:"ambient_capabilities,omitempty"`
-	// Isolated is set when the task has an Isolation: its execs get
-	// no_new_privs and join its PID and IPC namespaces.
-	Isolated    bool `json:"isolated,omitempty"`
-	OOMScoreAdj int  `json:"oom_score_adj,omitempty"`
-	// NetNS is set when the task runs in a network namespace of its own
-	// (Spec.NetNS): its execs join it.
-	NetNS bool `json:"net_ns,omitempty"`
-}
-
-// profile is the spec's Profile.
-func (s *Spec) profile() Profile {
-	return Profile{
-		User:                s.User,
-		Privileged:          s.Privileged,
-		Capabilities:        s.Capabilities,
-		AmbientCapabilities: s.AmbientCapabilities,
-		Isolated:            s.Isolation != nil,
-		OOMScoreAdj:         s.OOMScoreAdj,
-		NetNS:               s.NetNS != "",
-	}
-}
-
-// cgroupName is the name of the task's control group.
-func (s *Spec) cgroupName() string {
+// GroupName is the name of the task's control group.
+func (s *Spec) GroupName() string {
 	if s.CgroupName != "" {
 		return s.CgroupName
 	}
@@ -180,37 +141,4 @@ type ExitStatus struct {
 	OOMKilled bool      `json:"oom_killed"`
 	Err       string    `json:"err,omitempty"`
 	ExitedAt  time.Time `json:"exited_at"`
-}
-
-// State is what Recover needs to take a running task back. It is stored in
-// Nomad's TaskState for the task.
-type State struct {
-	SupervisorPID int `json:"supervisor_pid"`
-	// SupervisorStart is the supervisor's start time in clock ticks since
-	// boot (field 22 of /proc/PID/stat): it tells a live supervisor from a
-	// reused PID.
-	SupervisorStart uint64        `json:"supervisor_start"`
-	TaskPID         int           `json:"task_pid"`
-	TaskStart       uint64        `json:"task_start"`
-	StateDir        string        `json:"state_dir"`
-	Cgroup          cgroups.State `json:"cgroup"`
-	StartedAt       time.Time     `json:"started_at"`
-	// Profile is what `nomad alloc exec` runs with. A State written before
-	// it was kept has none: Exec then refuses rather than guess.
-	Profile *Profile `json:"profile,omitempty"`
-}
-
-// TerminalSize is a TTY size for Exec.
-type TerminalSize struct {
-	Height, Width int
-}
-
-// ExecOptions is a command to run inside a running task (nomad alloc exec).
-type ExecOptions struct {
-	Command []string
-	Tty     bool
-	Stdin   io.Reader
-	Stdout  io.Writer
-	Stderr  io.Writer
-	Resize  <-chan TerminalSize
 }

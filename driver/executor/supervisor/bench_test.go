@@ -1,4 +1,4 @@
-package executor
+package supervisor
 
 import (
 	"os"
@@ -11,6 +11,7 @@ import (
 	"github.com/shoenig/test/must"
 	"golang.org/x/sys/unix"
 
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor/wire"
 	"github.com/nomad-driver-csi/nomad-driver-csi/mounter"
 )
 
@@ -37,7 +38,7 @@ import (
 // pivot ahead of its task, but only a task without mounts (spec.Mounts)
 // can take that root: a task of Nomad has its directories.
 //
-//	go test -run '^$' -bench TaskRoot -benchtime 50x ./driver/executor/
+//	go test -run '^$' -bench TaskRoot -benchtime 50x ./driver/executor/supervisor/
 //
 // It needs root. /proc is mounted here for the benchmark's own PID
 // namespace, the host's, not for a new one as a supervisor's is.
@@ -47,13 +48,13 @@ func BenchmarkTaskRoot(b *testing.B) {
 	}
 	base := b.TempDir()
 	src := filepath.Join(base, "alloc")
-	var dirs []Mount
+	var dirs []wire.Mount
 	for _, d := range [][2]string{{"alloc", "/alloc"}, {"local", "/local"}, {"secrets", "/secrets"}, {"tmp", "/tmp"}} {
 		p := filepath.Join(src, d[0])
 		must.NoError(b, os.MkdirAll(p, 0o755))
-		dirs = append(dirs, Mount{Source: p, Target: d[1], Propagation: PropagationPrivate})
+		dirs = append(dirs, wire.Mount{Source: p, Target: d[1], Propagation: wire.PropagationPrivate})
 	}
-	iso := &Isolation{ChrootEnv: DefaultChrootEnv, PrivatePID: true, PrivateIPC: true}
+	iso := &wire.Isolation{ChrootEnv: wire.DefaultChrootEnv, PrivatePID: true, PrivateIPC: true}
 	steps := map[string][]time.Duration{}
 	add := func(prefix string, times map[string]time.Duration) {
 		total := time.Duration(0)
@@ -107,7 +108,7 @@ func BenchmarkTaskRoot(b *testing.B) {
 
 // timeIsolatedRoot builds an isolated task's root at root as
 // launchOnThread does, on the calling (locked) thread, timing each step.
-func timeIsolatedRoot(root string, iso *Isolation, dirs []Mount) (map[string]time.Duration, error) {
+func timeIsolatedRoot(root string, iso *wire.Isolation, dirs []wire.Mount) (map[string]time.Duration, error) {
 	m := mounter.New()
 	t := map[string]time.Duration{}
 	step := func(name string, f func() error) error {
@@ -168,7 +169,7 @@ func timeIsolatedRoot(root string, iso *Isolation, dirs []Mount) (map[string]tim
 
 // timePrivilegedRoot builds a privileged task's root at root as
 // launchOnThread does, on the calling (locked) thread, timing each step.
-func timePrivilegedRoot(root string, dirs []Mount) (map[string]time.Duration, error) {
+func timePrivilegedRoot(root string, dirs []wire.Mount) (map[string]time.Duration, error) {
 	m := mounter.New()
 	t := map[string]time.Duration{}
 	for _, s := range []struct {

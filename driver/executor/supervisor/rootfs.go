@@ -1,4 +1,4 @@
-package executor
+package supervisor
 
 import (
 	"errors"
@@ -9,23 +9,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor/wire"
 	"github.com/nomad-driver-csi/nomad-driver-csi/mounter"
 )
-
-// DefaultChrootEnv is what a task that is not privileged sees of the host
-// when the operator does not set chroot_env: the same list as Nomad's exec
-// driver, bound read-only instead of copied.
-var DefaultChrootEnv = map[string]string{
-	"/bin":                 "/bin",
-	"/etc":                 "/etc",
-	"/lib":                 "/lib",
-	"/lib32":               "/lib32",
-	"/lib64":               "/lib64",
-	"/run/resolvconf":      "/run/resolvconf",
-	"/sbin":                "/sbin",
-	"/usr":                 "/usr",
-	"/run/systemd/resolve": "/run/systemd/resolve",
-}
 
 // devNodes are the host's device nodes bound into a task's /dev: the
 // minimal set every program may expect. The device filter of the task's
@@ -62,7 +48,7 @@ var procMasked = []string{"kcore", "keys", "timer_list", "sched_debug", "latency
 // /dev/mqueue belongs to the IPC namespace of whoever mounts it, and its
 // active PID namespace must be the task's (the supervisor's own), since
 // /proc shows the PID namespace of whoever mounts it.
-func buildIsolatedRoot(m mounter.Interface, root string, iso *Isolation) error {
+func buildIsolatedRoot(m mounter.Interface, root string, iso *wire.Isolation) error {
 	if err := mountRootTmpfs(m, root); err != nil {
 		return err
 	}
@@ -299,7 +285,7 @@ func buildSys(m mounter.Interface, root string) error {
 
 // mountTmp gives the task a /tmp of its own when none of its mounts is
 // one: a tmpfs, charged to the task's memory.
-func mountTmp(m mounter.Interface, mounts ...[]Mount) error {
+func mountTmp(m mounter.Interface, mounts ...[]wire.Mount) error {
 	for _, list := range mounts {
 		for _, mnt := range list {
 			if filepath.Clean(mnt.Target) == "/tmp" {
@@ -316,18 +302,4 @@ func mountTmp(m mounter.Interface, mounts ...[]Mount) error {
 		return fmt.Errorf("failed to make the task's /tmp: %w", err)
 	}
 	return nil
-}
-
-// ReservedTarget says why a task that is not privileged cannot have a mount
-// at target, or "" when it can: a mount on or above what the driver builds
-// for the task would hide it (a host /dev with the host's terminals, the
-// host's /proc or /sys).
-func ReservedTarget(target string) string {
-	t := filepath.Clean(target)
-	for _, kept := range []string{"/proc", "/sys", "/dev/pts", "/dev/shm", "/dev/mqueue"} {
-		if mounter.PathWithin(t, kept) || mounter.PathWithin(kept, t) {
-			return fmt.Sprintf("mount target %q would hide the task's own %s", target, kept)
-		}
-	}
-	return ""
 }

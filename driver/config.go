@@ -1,0 +1,436 @@
+package driver
+
+import (
+	"fmt"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/nomad/plugins/base"
+	"github.com/hashicorp/nomad/plugins/drivers"
+	"github.com/hashicorp/nomad/plugins/shared/hclspec"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor"
+	"github.com/nomad-driver-csi/nomad-driver-csi/mounter"
+)
+
+// decodeConfig decodes the agent's `config` block for the plugin (what
+// configSpec's defaults make when there is none) and validates it.
+func decodeConfig(c *base.Config) (Config, error) {
+	var cfg Config
+	if c != nil && len(c.PluginConfig) != 0 {
+		if err := base.MsgPackDecode(c.PluginConfig, &cfg); err != nil {
+			return Config{}, fmt.Errorf("failed to decode the csi plugin config: %w", err)
+		}
+	} else {
+		cfg = defaultConfig()
+	}
+	cfg.RootDir = filepath.Clean(cfg.RootDir)
+	if err := cfg.validate(); err != nil {
+		return Config{}, fmt.Errorf("invalid csi plugin config: %w", err)
+	}
+	return cfg, nil
+}
+
+// decodeTaskConfig decodes a task's `config` block and validates it against
+// the agent's configuration.
+func decodeTaskConfig(cfg *drivers.TaskConfig, conf *Config) (*TaskConfig, error) {
+	var tc TaskConfig
+	if err := cfg.DecodeDriverConfig(&tc); err != nil {
+		return nil, fmt.Errorf("failed to decode task config: %w", err)
+	}
+	if err := tc.validate(conf); err != nil {
+		return nil, fmt.Errorf("invalid task config: %w", err)
+	}
+	return &tc, nil
+}
+
+// configSpec is the agent-side configuration, the `config` block of
+// `plugin "nomad-driver-csi"`.
+var configSpec = hclspec.NewObject(map[string]*hclspec.Spec{
+	"enabled": hclspec.NewDefault(
+		hclspec.NewAttr("enabled", "bool", false),
+		hclspec.NewLiteral("true"),
+	),
+	"allow_privileged": hclspec.NewDefault(
+		hclspec.NewAttr("allow_privileged", "bool", false),
+		hclspec.NewLiteral("false"),
+	),
+	"privileged_plugins_only": hclspec.NewDefault(
+		hclspec.NewAttr("privileged_plugins_only", "bool", false),
+		hclspec.NewLiteral("true"),
+	),
+	"allow_cross_namespace_volumes": hclspec.NewDefault(
+		hclspec.NewAttr("allow_cross_namespace_volumes", "bool", false),
+		hclspec.NewLiteral("false"),
+	),
+	"root_dir": hclspec.NewDefault(
+		hclspec.NewAttr("root_dir", "string", false),
+		hclspec.NewLiteral(fmt.Sprintf("%q", DefaultRootDir)),
+	),
+	"cgroup_parent": hclspec.NewDefault(
+		hclspec.NewAttr("cgroup_parent", "string", false),
+		hclspec.NewLiteral(fmt.Sprintf("%q", DefaultCgroupParent)),
+	),
+	"plugin_socket_dirs": hclspec.NewAttr("plugin_socket_dirs", "list(string)", false),
+	// Isolation of tasks that are not privileged, with the names and
+	// defaults of Nomad's exec driver.
+	// A block of quoted keys, as exec's client chroot_env: the agent's
+	// configuration is HCL1, which hands a map attribute over as a list.
+	"chroot_env": hclspec.NewBlockAttrs("chroot_env", "string", false),
+	"default_pid_mode": hclspec.NewDefault(
+		hclspec.NewAttr("default_pid_mode", "string", false),
+		hclspec.NewLiteral(`"private"`),
+	),
+	"default_ipc_mode": hclspec.NewDefault(
+		hclspec.NewAttr("default_ipc_mode", "string", false),
+		hclspec.NewLiteral(`"private"`),
+	),
+	"allow_caps": hclspec.NewDefault(
+		hclspec.NewAttr("allow_caps", "list(string)", false),
+		hclspec.NewLiteral(defaultAllowCapsHCL),
+	),
+	"denied_host_uids": hclspec.NewAttr("denied_host_uids", "string", false),
+	"denied_host_gids": hclspec.NewAttr("denied_host_gids", "string", false),
+})
+
+// defaultAllowCapsHCL is allow_caps when the operator does not set it: the
+// capabilities a task has by default (Nomad exec's list), so cap_add can
+// add nothing beyond them unless the operator says so.
+const defaultAllowCapsHCL = `["AUDIT_WRITE","CHOWN","DAC_OVERRIDE","FOWNER","FSETID","KILL","MKNOD","NET_BIND_SERVICE","SETFCAP","SETGID","SETPCAP","SETUID","SYS_CHROOT"]`
+
+// taskConfigSpec is the `config` block of a task with `driver = "csi"`.
+var taskConfigSpec = hclspec.NewObject(map[string]*hclspec.Spec{
+	"command":    hclspec.NewAttr("command", "string", true),
+	"args":       hclspec.NewAttr("args", "list(string)", false),
+	"work_dir":   hclspec.NewAttr("work_dir", "string", false),
+	"privileged": hclspec.NewAttr("privileged", "bool", false),
+	"pid_mode":   hclspec.NewAttr("pid_mode", "string", false),
+	"ipc_mode":   hclspec.NewAttr("ipc_mode", "string", false),
+	"cap_add":    hclspec.NewAttr("cap_add", "list(string)", false),
+	"cap_drop":   hclspec.NewAttr("cap_drop", "list(string)", false),
+	"volume":     volumeSpec,
+	"csi_plugin": hclspec.NewBlock("csi_plugin", false, hclspec.NewObject(map[string]*hclspec.Spec{
+		"id":   hclspec.NewAttr("id", "string", true),
+		"type": hclspec.NewAttr("type", "string", true),
+		"mount_dir": hclspec.NewDefault(
+			hclspec.NewAttr("mount_dir", "string", false),
+			hclspec.NewLiteral(fmt.Sprintf("%q", DefaultPluginMountDir)),
+		),
+		"health_timeout": hclspec.NewDefault(
+			hclspec.NewAttr("health_timeout", "string", false),
+			hclspec.NewLiteral(fmt.Sprintf("%q", DefaultPluginHealthTimeout)),
+		),
+	})),
+})
+
+// volumeSpec is a task's `volume "<name>" { ... }` block.
+var volumeSpec = hclspec.NewBlockMap("volume", []string{"name"}, hclspec.NewObject(map[string]*hclspec.Spec{
+	"plugin_id":   hclspec.NewAttr("plugin_id", "string", true),
+	"volume_id":   hclspec.NewAttr("volume_id", "string", true),
+	"destination": hclspec.NewAttr("destination", "string", true),
+	"read_only":   hclspec.NewAttr("read_only", "bool", false),
+	"access_mode": hclspec.NewDefault(
+		hclspec.NewAttr("access_mode", "string", false),
+		hclspec.NewLiteral(`"single-node-writer"`),
+	),
+	"attachment_mode": hclspec.NewDefault(
+		hclspec.NewAttr("attachment_mode", "string", false),
+		hclspec.NewLiteral(`"file-system"`),
+	),
+	"mount_options": hclspec.NewBlock("mount_options", false, hclspec.NewObject(map[string]*hclspec.Spec{
+		"fs_type":     hclspec.NewAttr("fs_type", "string", false),
+		"mount_flags": hclspec.NewAttr("mount_flags", "list(string)", false),
+	})),
+	"context": hclspec.NewBlockAttrs("context", "string", false),
+	"secrets": hclspec.NewBlockAttrs("secrets", "string", false),
+	"create": hclspec.NewBlock("create", false, hclspec.NewObject(map[string]*hclspec.Spec{
+		"capacity_min": hclspec.NewAttr("capacity_min", "string", false),
+		"capacity_max": hclspec.NewAttr("capacity_max", "string", false),
+		"parameters":   hclspec.NewBlockAttrs("parameters", "string", false),
+	})),
+}))
+
+// Config is the decoded agent-side configuration.
+type Config struct {
+	Enabled         bool `codec:"enabled"`
+	AllowPrivileged bool `codec:"allow_privileged"`
+	// PrivilegedPluginsOnly limits privileged = true to CSI plugin tasks:
+	// tasks with this driver's csi_plugin block, and plugin tasks of
+	// Nomad's own task-level csi_plugin block (see nomadPluginTask).
+	PrivilegedPluginsOnly bool `codec:"privileged_plugins_only"`
+	// AllowCrossNamespaceVolumes lets a task use a volume that belongs to
+	// another Nomad namespace on this node (the namespace of the job that
+	// created or first used it).
+	AllowCrossNamespaceVolumes bool     `codec:"allow_cross_namespace_volumes"`
+	RootDir                    string   `codec:"root_dir"`
+	CgroupParent               string   `codec:"cgroup_parent"`
+	PluginSocketDirs           []string `codec:"plugin_socket_dirs"`
+
+	ChrootEnv      map[string]string `codec:"chroot_env"`
+	DefaultPIDMode string            `codec:"default_pid_mode"`
+	DefaultIPCMode string            `codec:"default_ipc_mode"`
+	AllowCaps      []string          `codec:"allow_caps"`
+	DeniedHostUIDs string            `codec:"denied_host_uids"`
+	DeniedHostGIDs string            `codec:"denied_host_gids"`
+}
+
+// defaultConfig is the configuration of an agent that gives the plugin no
+// config block: what configSpec's defaults make.
+func defaultConfig() Config {
+	return Config{Enabled: true, PrivilegedPluginsOnly: true, RootDir: DefaultRootDir, CgroupParent: DefaultCgroupParent,
+		DefaultPIDMode: IsolationModePrivate, DefaultIPCMode: IsolationModePrivate, AllowCaps: executor.DefaultCapabilities}
+}
+
+func validIsolationMode(key, mode string, allowEmpty bool) error {
+	switch {
+	case mode == IsolationModePrivate, mode == IsolationModeHost, mode == "" && allowEmpty:
+		return nil
+	}
+	return fmt.Errorf("%s must be %q or %q, got %q", key, IsolationModePrivate, IsolationModeHost, mode)
+}
+
+// validate checks the agent-side configuration; its errors name the key.
+func (c *Config) validate() error {
+	if c.RootDir == "" || !filepath.IsAbs(c.RootDir) {
+		return fmt.Errorf("root_dir must be an absolute path, got %q", c.RootDir)
+	}
+	if filepath.Clean(c.RootDir) == "/" {
+		return fmt.Errorf("root_dir must not be \"/\": choose a directory the driver owns, such as %q", DefaultRootDir)
+	}
+	if c.CgroupParent == "" || strings.Contains(c.CgroupParent, "..") || filepath.IsAbs(c.CgroupParent) {
+		return fmt.Errorf("cgroup_parent must be a relative cgroup name such as %q, got %q", DefaultCgroupParent, c.CgroupParent)
+	}
+	if room := maxSocketPath - len(c.RootDir) - len("/plugins//"+pluginSocketName); room < minPluginIDRoom {
+		return fmt.Errorf("root_dir %q is too long: CSI socket paths under it must fit in %d bytes, which leaves plugin ids only %d bytes; use a root_dir of at most %d bytes",
+			c.RootDir, maxSocketPath, max(room, 0), len(c.RootDir)-(minPluginIDRoom-room))
+	}
+	for i, dir := range c.PluginSocketDirs {
+		if !filepath.IsAbs(dir) {
+			return fmt.Errorf("plugin_socket_dirs[%d] must be an absolute path, got %q", i, dir)
+		}
+		// A task plugin's socket directory under root_dir would be found
+		// again as an operator's socket, by the id its plugin names
+		// itself, which the job chooses.
+		if clean := filepath.Clean(dir); clean == c.RootDir || strings.HasPrefix(clean, c.RootDir+"/") {
+			return fmt.Errorf("plugin_socket_dirs[%d] %q must not be root_dir %q or inside it: the sockets of plugin tasks live there, and a socket found in plugin_socket_dirs is trusted as the operator's", i, dir, c.RootDir)
+		}
+	}
+	for src, dst := range c.ChrootEnv {
+		if !filepath.IsAbs(src) || !filepath.IsAbs(dst) || filepath.Clean(dst) == "/" {
+			return fmt.Errorf("chroot_env entry %q = %q must map an absolute host path to an absolute path other than \"/\" in the task", src, dst)
+		}
+		if reason := isolatedTargetReason(dst); reason != "" {
+			return fmt.Errorf("chroot_env entry %q = %q: %s", src, dst, reason)
+		}
+		for _, nomadDir := range []string{"/tmp", "/alloc", "/local", "/secrets"} {
+			if mounter.PathWithin(filepath.Clean(dst), nomadDir) || mounter.PathWithin(nomadDir, filepath.Clean(dst)) {
+				return fmt.Errorf("chroot_env entry %q = %q: %s in the task is Nomad's directory for the task and would hide or be hidden by it; bind %q elsewhere, such as \"/opt%s\"",
+					src, dst, nomadDir, src, filepath.Clean(dst))
+			}
+		}
+	}
+	if err := validIsolationMode("default_pid_mode", c.DefaultPIDMode, true); err != nil {
+		return err
+	}
+	if err := validIsolationMode("default_ipc_mode", c.DefaultIPCMode, true); err != nil {
+		return err
+	}
+	if _, err := parseCapSet("allow_caps", c.AllowCaps); err != nil {
+		return err
+	}
+	if _, err := parseIDRanges("denied_host_uids", c.DeniedHostUIDs); err != nil {
+		return err
+	}
+	if _, err := parseIDRanges("denied_host_gids", c.DeniedHostGIDs); err != nil {
+		return err
+	}
+	return nil
+}
+
+// TaskConfig is the decoded `config` block of a task.
+type TaskConfig struct {
+	Command    string                  `codec:"command"`
+	Args       []string                `codec:"args"`
+	WorkDir    string                  `codec:"work_dir"`
+	Privileged bool                    `codec:"privileged"`
+	CSIPlugin  *PluginTaskConfig       `codec:"csi_plugin"`
+	Volumes    map[string]VolumeConfig `codec:"volume"`
+	PIDMode    string                  `codec:"pid_mode"`
+	IPCMode    string                  `codec:"ipc_mode"`
+	CapAdd     []string                `codec:"cap_add"`
+	CapDrop    []string                `codec:"cap_drop"`
+}
+
+// PluginTaskConfig is a task's csi_plugin block: the task is a CSI plugin.
+type PluginTaskConfig struct {
+	// ID names the plugin on this node; volumes refer to it.
+	ID string `codec:"id"`
+	// Type is node, controller or monolith.
+	Type string `codec:"type"`
+	// MountDir is where the task finds its socket directory; the driver
+	// sets CSI_ENDPOINT to the socket in it.
+	MountDir string `codec:"mount_dir"`
+	// HealthTimeout is how long a starting plugin may take to become
+	// healthy before it is reported unhealthy (a duration; Nomad's
+	// csi_plugin health_timeout). Empty in states written before it was
+	// kept: DefaultPluginHealthTimeout.
+	HealthTimeout string `codec:"health_timeout"`
+}
+
+// DefaultPluginHealthTimeout is csi_plugin's health_timeout when unset, as
+// Nomad's.
+const DefaultPluginHealthTimeout = "30s"
+
+// maxPluginHealthTimeout bounds health_timeout: a plugin that takes longer
+// to start is better reported unhealthy.
+const maxPluginHealthTimeout = time.Hour
+
+// parseHealthTimeout reads HealthTimeout (DefaultPluginHealthTimeout when
+// empty); the error says what would be right.
+func (p *PluginTaskConfig) parseHealthTimeout() (time.Duration, error) {
+	s := p.HealthTimeout
+	if s == "" {
+		s = DefaultPluginHealthTimeout
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d < 0 || d > maxPluginHealthTimeout {
+		return 0, fmt.Errorf("csi_plugin health_timeout %q must be a duration from \"0s\" to \"%s\", such as \"30s\"", p.HealthTimeout, maxPluginHealthTimeout)
+	}
+	return d, nil
+}
+
+// healthTimeout is HealthTimeout parsed; validate has checked it, so an
+// error here (a state written by a driver that did not check) means none.
+func (p *PluginTaskConfig) healthTimeout() time.Duration {
+	d, _ := p.parseHealthTimeout()
+	return d
+}
+
+// validate checks a task's configuration against the agent's; its errors
+// name the field and say what would be right.
+func (tc *TaskConfig) validate(cfg *Config) error {
+	if strings.TrimSpace(tc.Command) == "" {
+		return fmt.Errorf("command must not be empty: give the program to run, such as \"/bin/sh\"")
+	}
+	if tc.WorkDir != "" && !filepath.IsAbs(tc.WorkDir) {
+		return fmt.Errorf("work_dir must be an absolute path, got %q", tc.WorkDir)
+	}
+	if p := tc.CSIPlugin; p != nil {
+		if err := p.validate(cfg, tc.Privileged); err != nil {
+			return err
+		}
+	}
+	if err := validIsolationMode("pid_mode", tc.PIDMode, true); err != nil {
+		return err
+	}
+	if err := validIsolationMode("ipc_mode", tc.IPCMode, true); err != nil {
+		return err
+	}
+	if _, err := parseCapSet("cap_add", tc.CapAdd); err != nil {
+		return err
+	}
+	if _, err := parseCapSet("cap_drop", tc.CapDrop); err != nil {
+		return err
+	}
+	if tc.Privileged && !cfg.AllowPrivileged {
+		return fmt.Errorf("privileged = true is not allowed on this node: the operator must set allow_privileged = true in the agent's config for this driver (plugin \"nomad-driver-csi\")")
+	}
+	return nil
+}
+
+// maxSocketPath is the longest unix socket path the kernel accepts
+// (sun_path is 108 bytes with the terminating NUL).
+const maxSocketPath = 107
+
+// minPluginIDRoom is the shortest plugin id root_dir must leave room for.
+const minPluginIDRoom = 16
+
+// validPluginID matches the plugin ids the driver accepts: they name a
+// directory and appear in attribute keys.
+var validPluginID = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]*$`)
+
+func (p *PluginTaskConfig) validate(cfg *Config, privileged bool) error {
+	if !validPluginID.MatchString(p.ID) {
+		return fmt.Errorf("csi_plugin id %q must start with a letter or digit and hold only letters, digits, '.', '_' and '-'", p.ID)
+	}
+	switch p.Type {
+	case PluginTypeNode, PluginTypeMonolith:
+		if !privileged {
+			return fmt.Errorf("csi_plugin type %q needs privileged = true: node plugins mount volumes for the host", p.Type)
+		}
+	case PluginTypeController:
+	default:
+		return fmt.Errorf("csi_plugin type %q must be one of \"node\", \"controller\" or \"monolith\"", p.Type)
+	}
+	if !filepath.IsAbs(p.MountDir) || filepath.Clean(p.MountDir) == "/" {
+		return fmt.Errorf("csi_plugin mount_dir must be an absolute path other than \"/\", got %q", p.MountDir)
+	}
+	if _, err := p.parseHealthTimeout(); err != nil {
+		return err
+	}
+	if sock := cfg.pluginSocket(p.ID); len(sock) > maxSocketPath {
+		return fmt.Errorf("csi_plugin id %q is too long for this node: its socket %q would pass the %d-byte limit of unix socket paths; use an id of at most %d bytes or a shorter root_dir",
+			p.ID, sock, maxSocketPath, len(p.ID)-(len(sock)-maxSocketPath))
+	}
+	return nil
+}
+
+// VolumeConfig is one decoded volume block.
+type VolumeConfig struct {
+	PluginID       string             `codec:"plugin_id"`
+	VolumeID       string             `codec:"volume_id"`
+	Destination    string             `codec:"destination"`
+	ReadOnly       bool               `codec:"read_only"`
+	AccessMode     string             `codec:"access_mode"`
+	AttachmentMode string             `codec:"attachment_mode"`
+	MountOptions   *MountOptions      `codec:"mount_options"`
+	Context        map[string]string  `codec:"context"`
+	Secrets        map[string]string  `codec:"secrets"`
+	Create         *VolumeCreateBlock `codec:"create"`
+}
+
+// MountOptions is a volume's mount_options block.
+type MountOptions struct {
+	FSType     string   `codec:"fs_type"`
+	MountFlags []string `codec:"mount_flags"`
+}
+
+// VolumeCreateBlock is a volume's create block. Sizes are written as Nomad
+// writes them: "10GiB", "512MiB".
+type VolumeCreateBlock struct {
+	CapacityMin string            `codec:"capacity_min"`
+	CapacityMax string            `codec:"capacity_max"`
+	Parameters  map[string]string `codec:"parameters"`
+}
+
+// Isolation modes of pid_mode and ipc_mode, as Nomad's exec driver spells
+// them.
+const (
+	IsolationModePrivate = "private"
+	IsolationModeHost    = "host"
+)
+
+// Plugin types, as in Nomad's csi_plugin block.
+const (
+	PluginTypeNode       = "node"
+	PluginTypeController = "controller"
+	PluginTypeMonolith   = "monolith"
+)
+
+// pluginSocketDir is the host directory holding a launched plugin's socket.
+func (c *Config) pluginSocketDir(id string) string { return filepath.Join(c.RootDir, "plugins", id) }
+
+// pluginSocket is the host path of a launched plugin's socket.
+func (c *Config) pluginSocket(id string) string {
+	return filepath.Join(c.RootDir, "plugins", id, pluginSocketName)
+}
+
+// pluginSocketName is the socket's name in its directory, as Nomad's.
+const pluginSocketName = "csi.sock"
+
+// stageRoot is where volumes are staged and published. Node and monolith
+// plugin tasks see it at the same path with bidirectional propagation, so
+// a path the driver hands to a plugin means the same on both sides.
+func (c *Config) stageRoot() string { return filepath.Join(c.RootDir, "mnt") }

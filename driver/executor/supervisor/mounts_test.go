@@ -1,0 +1,142 @@
+package supervisor
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/shoenig/test/must"
+	"golang.org/x/sys/unix"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor/wire"
+	"github.com/nomad-driver-csi/nomad-driver-csi/mounter"
+)
+
+func TestSetupMounts_SlavesAllButBidirectional_Fake(t *testing.T) {
+	dir, err := filepath.EvalSymlinks(t.TempDir())
+	must.NoError(t, err)
+	bidi := filepath.Join(dir, "bidi")
+	priv := filepath.Join(dir, "priv")
+	h2t := filepath.Join(dir, "h2t")
+	for _, d := range []string{bidi, priv, h2t} {
+		must.NoError(t, os.Mkdir(d, 0o755))
+	}
+	file := filepath.Join(dir, "file")
+	must.NoError(t, os.WriteFile(file, nil, 0o644))
+
+	f := mounter.NewFake(
+		mounter.MountPoint{ID: 1, Path: "/", Shared: true, PeerGroup: 1},
+		mounter.MountPoint{ID: 2, Path: "/proc"},
+		mounter.MountPoint{ID: 3, Path: bidi, Shared: true, PeerGroup: 3},
+		mounter.MountPoint{ID: 4, Path: bidi + "/sub", Shared: true, PeerGroup: 4},
+		mounter.MountPoint{ID: 5, Path: priv, Shared: true, PeerGroup: 5},
+	)
+	mounts := []wire.Mount{
+		{Source: priv, Target: "/task/priv", ReadOnly: true},
+		{Source: h2t, Target: "/task/h2t", Propagation: wire.PropagationHostToTask},
+		{Source: bidi, Target: "/task/bidi", Propagation: wire.PropagationBidirectional},
+		{Source: file, Target: "/task/file"},
+		{Source: bidi, Target: bidi, Propagation: wire.PropagationBidirectional, ReadOnly: true},
+	}
+	must.NoError(t, setupMounts(f, mounts, ""))
+
+	var got []string
+	for _, a := range f.GetActions() {
+		switch a.Kind {
+		case mounter.ActionSetPropagation:
+			got = append(got, a.Kind+" "+a.Target+" "+a.Mode+" "+boolWord(a.Recursive, "rec"))
+		case mounter.ActionBindMount:
+			got = append(got, a.Kind+" "+a.Source+" "+a.Target+" "+boolWord(a.ReadOnly, "ro"))
+		case mounter.ActionEnsureTarget:
+			got = append(got, a.Kind+" "+a.Target+" "+boolWord(a.IsDir, "dir"))
+		case mounter.ActionRemountReadOnly:
+			got = append(got, a.Kind+" "+a.Target)
+		}
+	}
+	want := []string{
+		// Step 1: shared mounts outside the bidirectional source become
+		// slaves, one by one (deepest first); /proc is private already.
+		"propagation " + priv + " slave -",
+		"propagation / slave -",
+		// Step 2, parents first.
+		"ensure-target /task/priv dir",
+		"bind " + priv + " /task/priv ro",
+		"propagation /task/priv private rec",
+		"ensure-target /task/h2t dir",
+		"bind " + h2t + " /task/h2t -",
+		"propagation /task/h2t slave rec",
+		"ensure-target /task/bidi dir",
+		"bind " + bidi + " /task/bidi -",
+		"ensure-target /task/file -",
+		"bind " + file + " /task/file -",
+		"propagation /task/file private rec",
+		// A target equal to its source (and a mount point already) only
+		// gets its read-only flag.
+		"remount-ro " + bidi,
+	}
+	must.Eq(t, want, got)
+
+	// The bidirectional bind joined the source's peer group.
+	table, err := f.List()
+	must.NoError(t, err)
+	mp, ok := mounter.FindMount(table, "/task/bidi")
+	must.True(t, ok)
+	must.True(t, mp.Shared)
+	must.Eq(t, 3, mp.PeerGroup)
+}
+
+func TestSetupMounts_ErrorStops_Fake(t *testing.T) {
+	dir := t.TempDir()
+	f := mounter.NewFake(mounter.MountPoint{ID: 1, Path: "/"})
+	f.MountErrs = map[string]error{"/task/a": unix.EPERM}
+	err := setupMounts(f, []wire.Mount{{Source: dir, Target: "/task/a"}, {Source: dir, Target: "/task/b/c"}}, "")
+	must.ErrorIs(t, err, unix.EPERM)
+	must.StrContains(t, err.Error(), dir)
+	for _, a := range f.GetActions() {
+		must.NotEq(t, "/task/b/c", a.Target)
+	}
+}
+
+func boolWord(b bool, word string) string {
+	if b {
+		return word
+	}
+	return "-"
+}
+
+// setupMounts is what launchTask does for a task without late mounts.
+func setupMounts(m mounter.Interface, mounts []wire.Mount, root string) error {
+	if err := prepareNamespace(m, mounts, root, nil); err != nil {
+		return err
+	}
+	if err := bindAll(m, mounts, root); err != nil {
+		return err
+	}
+	if root != "" {
+		return enterRoot(m, root)
+	}
+	return nil
+}
+
+// A host mount unmounted between the read of the mount table and its turn
+// to become a slave (EINVAL: no mount point any more) is passed over, as a
+// deleted one is (ENOENT); any other error stops.
+func TestPrepareNamespace_HostMountGoneMeanwhile_Fake(t *testing.T) {
+	f := mounter.NewFake(
+		mounter.MountPoint{ID: 1, Path: "/", Shared: true, PeerGroup: 1},
+		mounter.MountPoint{ID: 2, Path: "/gone", Shared: true, PeerGroup: 2},
+		mounter.MountPoint{ID: 3, Path: "/deleted", Shared: true, PeerGroup: 3},
+	)
+	f.PropagationErrs = map[string]error{"/gone": unix.EINVAL, "/deleted": unix.ENOENT}
+	must.NoError(t, prepareNamespace(f, nil, "", nil))
+	var slaved []string
+	for _, a := range f.GetActions() {
+		if a.Kind == mounter.ActionSetPropagation {
+			slaved = append(slaved, a.Target)
+		}
+	}
+	must.SliceContains(t, slaved, "/")
+
+	f.PropagationErrs = map[string]error{"/gone": unix.EPERM}
+	must.ErrorIs(t, prepareNamespace(f, nil, "", nil), unix.EPERM)
+}

@@ -1,0 +1,48 @@
+package supervisor
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/shoenig/test/must"
+)
+
+func TestLookPath(t *testing.T) {
+	dir := t.TempDir()
+	exe := filepath.Join(dir, "tool")
+	must.NoError(t, os.WriteFile(exe, []byte("#!/bin/sh\n"), 0o755))
+	must.NoError(t, os.WriteFile(filepath.Join(dir, "data"), nil, 0o644))
+	cases := []struct {
+		cmd  string
+		env  []string
+		want string
+		err  string
+	}{
+		{"tool", []string{"PATH=/nonexistent:" + dir}, exe, ""},
+		{exe, nil, exe, ""},
+		{"tool", []string{"PATH=/nonexistent"}, "", `command "tool" not found in PATH`},
+		{"sh", nil, "/usr/local/sbin/sh", "skip"},
+		{filepath.Join(dir, "missing"), nil, "", "no such file"},
+		{"", nil, "", "command is empty"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.cmd, func(t *testing.T) {
+			got, err := lookPath(tc.cmd, tc.env)
+			switch tc.err {
+			case "skip":
+				must.NoError(t, err)
+				must.StrHasSuffix(t, "/sh", got)
+			case "":
+				must.NoError(t, err)
+				must.Eq(t, tc.want, got)
+			default:
+				must.ErrorContains(t, err, tc.err)
+			}
+		})
+	}
+	if os.Geteuid() != 0 {
+		_, err := lookPath(filepath.Join(dir, "data"), nil)
+		must.ErrorContains(t, err, "not executable")
+	}
+}

@@ -1,0 +1,84 @@
+package wire
+
+import "github.com/nomad-driver-csi/nomad-driver-csi/driver/cgroups"
+
+// Subcommands (os.Args[1]) that make a program run as a supervisor or as
+// the exec stage: see supervisor.RunReexec.
+const (
+	StageSupervisor = "__nomad-driver-csi-supervisor"
+	StageExec       = "__nomad-driver-csi-exec"
+)
+
+// File descriptors of the exec stage (ExtraFiles 0, 1 and 2).
+const (
+	StageConfigFD = 3 // read: one StageConfig as JSON
+	StageErrorFD  = 4 // write: an error message, or EOF at exec (CLOEXEC)
+	StageTaskFD   = 5 // a pidfd of the task, whose mount namespace the stage enters
+)
+
+// Files in Spec.StateDir.
+const (
+	SpecFile          = "spec.json"
+	ExitFile          = "exit.json"
+	SupervisorLogFile = "supervisor.log"
+	// SupervisorFile names the supervisor (SupervisorRecord) from the
+	// moment it runs, so that a start cut short can still be ended.
+	SupervisorFile = "supervisor.json"
+)
+
+// ReportFD is where the supervisor writes its one ReadyReport
+// (ExtraFiles 0 of the supervisor).
+const ReportFD = 3
+
+// ReadyReport is the supervisor's one line to Start: the task is running,
+// or why it could not be started.
+type ReadyReport struct {
+	TaskPID   int           `json:"task_pid,omitempty"`
+	TaskStart uint64        `json:"task_start,omitempty"`
+	Cgroup    cgroups.State `json:"cgroup"`
+	Error     string        `json:"error,omitempty"`
+}
+
+// ControlFD is the supervisor's end of the socket over which
+// Start hands it the late mounts (ExtraFiles 1 of the supervisor, present
+// only when the spec has late mounts).
+const ControlFD = 4
+
+// LateMessage is what Start sends the supervisor once the late mounts are
+// ready: the mounts, in Spec.LateMounts' order and with its targets, and
+// their trees (mounter.CloneTree of each Source) attached as SCM_RIGHTS in
+// the same order. With Error set there is nothing else and the task must
+// not start.
+type LateMessage struct {
+	Mounts []Mount `json:"mounts,omitempty"`
+	Error  string  `json:"error,omitempty"`
+}
+
+// LateMessageMax bounds a LateMessage on the socket.
+const LateMessageMax = 64 << 10
+
+// StageConfig is what the exec stage is told over its config pipe. The
+// stage starts in the task's PID and IPC namespaces but the host's mount
+// namespace: it joins the task's cgroup there, then the task's mount
+// namespace.
+type StageConfig struct {
+	Spec   Spec           `json:"spec"`
+	Cgroup *cgroups.State `json:"cgroup,omitempty"`
+	// Isolated gives the command no_new_privs, as the task has.
+	Isolated bool `json:"isolated,omitempty"`
+}
+
+// SpareRootFlag, with a directory after it, makes a spare supervisor
+// prepare a task's root there ahead of its task.
+const SpareRootFlag = "--spare-root"
+
+// SpareHello is the first message a spare supervisor gets.
+type SpareHello struct {
+	StateDir string `json:"state_dir"`
+}
+
+// SupervisorRecord names a supervisor for good: its PID and its start time.
+type SupervisorRecord struct {
+	PID   int    `json:"pid"`
+	Start uint64 `json:"start"`
+}
