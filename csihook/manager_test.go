@@ -18,6 +18,8 @@ import (
 	"github.com/shoenig/test/wait"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/fingerprint/csiclient"
 )
 
 func TestSetupTeardown_CallOrder(t *testing.T) {
@@ -472,7 +474,7 @@ func TestRetryPolicy(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.code.String(), func(t *testing.T) {
-			must.Eq(t, tc.retry, Retryable(tc.code))
+			must.Eq(t, tc.retry, csiclient.Retryable(MethodNodeStageVolume, tc.code))
 			h := newHarness(t)
 			h.fake.SetNextError(MethodNodeStageVolume, status.Error(tc.code, "boom"))
 			_, err := h.m.Setup(context.Background(), "t", []VolumeRequest{req("data", "vol1", "/data")})
