@@ -33,7 +33,7 @@ func TestSetupTeardown_CallOrder(t *testing.T) {
 	staging := h.m.StagingPath("p", "vol1")
 	must.Eq(t, Published{Name: "data", HostPath: target, Destination: "/data"}, pubs[0])
 	must.StrHasPrefix(t, filepath.Join(h.root, "publish")+"/", target)
-	must.Eq(t, filepath.Join(h.root, "staging", "p", shortHash("vol1")), staging)
+	must.Eq(t, filepath.Join(h.root, "staging", "p", ShortHash("vol1")), staging)
 
 	must.Eq(t, []string{MethodControllerPublishVolume, MethodNodeStageVolume, MethodNodePublishVolume}, h.fake.Methods())
 	calls := h.fake.Calls()
@@ -419,10 +419,10 @@ func TestRecover_OrphansAndLostMounts(t *testing.T) {
 		got = append(got, c.Method+" "+c.VolumeID+" "+filepath.Base(filepath.Dir(c.TargetPath)))
 	}
 	must.SliceContainsAll(t, []string{
-		MethodNodeUnpublishVolume + " shared " + shortHash("task-a"),
+		MethodNodeUnpublishVolume + " shared " + ShortHash("task-a"),
 		MethodNodeStageVolume + " shared .",
-		MethodNodePublishVolume + " shared " + shortHash("task-c"),
-		MethodNodeUnpublishVolume + " solo " + shortHash("task-d"),
+		MethodNodePublishVolume + " shared " + ShortHash("task-c"),
+		MethodNodeUnpublishVolume + " solo " + ShortHash("task-d"),
 		MethodNodeUnstageVolume + " solo .",
 		MethodControllerUnpublishVolume + " solo .",
 	}, got)

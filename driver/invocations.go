@@ -14,6 +14,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/nomad/plugins/drivers"
 
+	"github.com/nomad-driver-csi/nomad-driver-csi/csihook"
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor"
 )
 
@@ -171,7 +172,7 @@ func (iv *invocations) scanTaskDirs(logger hclog.Logger, tasksDir string) (orpha
 			err = json.Unmarshal(b, &inv)
 		}
 		switch {
-		case err == nil && inv.TaskID != "" && filepath.Base(dir) == shortID(inv.TaskID):
+		case err == nil && inv.TaskID != "" && filepath.Base(dir) == csihook.ShortHash(inv.TaskID):
 			if exists(filepath.Join(dir, handedFile)) {
 				iv.waiting[inv.TaskID] = inv
 			} else {

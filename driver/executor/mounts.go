@@ -123,7 +123,7 @@ func prepareNamespace(m mounter.Interface, mounts []Mount, root string, iso *Iso
 		return strings.Count(table[i].Path, "/") > strings.Count(table[j].Path, "/")
 	})
 	for _, mp := range table {
-		if !mp.Shared || withinAny(mp.Path, bidi) {
+		if !mp.Shared || mounter.WithinAny(mp.Path, bidi) {
 			continue
 		}
 		if err := m.SetPropagation(mp.Path, mounter.PropagationSlave, false); err != nil {
@@ -382,13 +382,4 @@ func attachTree(m mounter.Interface, tree *os.File, mnt Mount, root string) erro
 		return fmt.Errorf("mount %q: %w", mnt.Target, err)
 	}
 	return nil
-}
-
-func withinAny(path string, dirs []string) bool {
-	for _, d := range dirs {
-		if mounter.PathWithin(path, d) {
-			return true
-		}
-	}
-	return false
 }
