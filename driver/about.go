@@ -13,6 +13,7 @@ import (
 	"github.com/hashicorp/nomad/plugins/shared/hclspec"
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor"
+	"github.com/nomad-driver-csi/nomad-driver-csi/fingerprint"
 	"github.com/nomad-driver-csi/nomad-driver-csi/mounter"
 )
 
@@ -339,11 +340,11 @@ func (tc *TaskConfig) validate(cfg *Config) error {
 	return nil
 }
 
-// Plugin types, as in Nomad's csi_plugin block.
+// Plugin types, as in Nomad's csi_plugin block: the fingerprint's words.
 const (
-	PluginTypeNode       = "node"
-	PluginTypeController = "controller"
-	PluginTypeMonolith   = "monolith"
+	PluginTypeNode       = string(fingerprint.TypeNode)
+	PluginTypeController = string(fingerprint.TypeController)
+	PluginTypeMonolith   = string(fingerprint.TypeMonolith)
 )
 
 // maxSocketPath is the longest unix socket path the kernel accepts
