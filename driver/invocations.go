@@ -312,3 +312,29 @@ func (d *Driver) endEarlierInvocations(logger hclog.Logger, conf *Config, cfg *d
 	}
 	return nil
 }
+
+// TaskDirs is what the task state directories under a root_dir say of the
+// tasks a driver process left, read as a starting driver reads them
+// (scanTaskDirs) and changing nothing.
+type TaskDirs struct {
+	// Handed are the task IDs handed to Nomad: alive until Nomad says
+	// otherwise, which only the driver hears.
+	Handed []string
+	// Unfinished are the task IDs whose start never finished: the next
+	// driver process kills their supervisors and tears down their volumes.
+	Unfinished []string
+}
+
+// ReadTaskDirs reads the task state directories under rootDir. A task ID in
+// neither list has no state directory: no driver process will take it back.
+func ReadTaskDirs(rootDir string) TaskDirs {
+	iv := newInvocations()
+	var td TaskDirs
+	td.Unfinished = iv.scanTaskDirs(hclog.NewNullLogger(), filepath.Join(rootDir, "tasks"))
+	for id := range iv.waiting {
+		td.Handed = append(td.Handed, id)
+	}
+	sort.Strings(td.Handed)
+	sort.Strings(td.Unfinished)
+	return td
+}
