@@ -71,7 +71,9 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	if err == nil {
 		return 0
 	}
-	fmt.Fprintln(stderr, "error:", err)
+	// Errors quote what they name, but a wrapped error may carry a
+	// plugin's own words.
+	fmt.Fprintln(stderr, "error:", Printable(err.Error()))
 	var ue *usageError
 	if errors.As(err, &ue) {
 		fmt.Fprint(stderr, "\n"+Usage)
@@ -105,7 +107,7 @@ func run(args []string, stdout io.Writer) error {
 	}
 	cmd, ok := commands[name]
 	if !ok {
-		return usagef("unknown command %q: use volumes, probe, stats or cleanup", Printable(name))
+		return usagef("unknown command %q: use volumes, probe, stats or cleanup", name)
 	}
 	e := &env{out: stdout}
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
@@ -120,7 +122,7 @@ func run(args []string, stdout io.Writer) error {
 	rest := args[1:]
 	for {
 		if err := fs.Parse(rest); err != nil {
-			return usagef("%s: %s", name, Printable(err.Error()))
+			return usagef("%s: %s", name, err.Error())
 		}
 		if fs.NArg() == 0 {
 			break
@@ -140,14 +142,14 @@ func run(args []string, stdout io.Writer) error {
 // checkRootDir says what is wrong with a -root-dir before anything reads it.
 func checkRootDir(dir string) error {
 	if !strings.HasPrefix(dir, "/") {
-		return usagef("-root-dir must be an absolute path, got %q", Printable(dir))
+		return usagef("-root-dir must be an absolute path, got %q", dir)
 	}
 	fi, err := os.Stat(dir)
 	if err != nil {
-		return fmt.Errorf("-root-dir %q is not usable (%w): give the root_dir of the driver's plugin config", Printable(dir), errors.Unwrap(err))
+		return fmt.Errorf("-root-dir %q is not usable (%w): give the root_dir of the driver's plugin config", dir, errors.Unwrap(err))
 	}
 	if !fi.IsDir() {
-		return fmt.Errorf("-root-dir %q is not a directory; give the root_dir of the driver's plugin config", Printable(dir))
+		return fmt.Errorf("-root-dir %q is not a directory; give the root_dir of the driver's plugin config", dir)
 	}
 	return nil
 }
@@ -158,7 +160,7 @@ func wantArgs(cmd string, args []string, names ...string) error {
 		return usagef("%s needs %s", cmd, strings.Join(names, " "))
 	}
 	if len(args) > len(names) {
-		return usagef("%s takes %d argument(s), got unexpected %q", cmd, len(names), Printable(args[len(names)]))
+		return usagef("%s takes %d argument(s), got unexpected %q", cmd, len(names), args[len(names)])
 	}
 	return nil
 }

@@ -28,7 +28,7 @@ func resolveSocket(rootDir, arg string) (string, error) {
 	} else if !filepath.IsAbs(arg) {
 		abs, err := filepath.Abs(arg)
 		if err != nil {
-			return "", fmt.Errorf("socket path %q: %w", Printable(arg), err)
+			return "", fmt.Errorf("socket path %q: %w", arg, err)
 		}
 		sock = abs
 	}
@@ -36,11 +36,11 @@ func resolveSocket(rootDir, arg string) (string, error) {
 	switch {
 	case err != nil && !strings.Contains(arg, "/"):
 		return "", fmt.Errorf("no plugin task %q on this node: its socket %q is not there (%w); give a running csi_plugin id or the path of a plugin socket",
-			Printable(arg), Printable(sock), errors.Unwrap(err))
+			arg, sock, errors.Unwrap(err))
 	case err != nil:
-		return "", fmt.Errorf("socket %q is not there: %w", Printable(sock), errors.Unwrap(err))
+		return "", fmt.Errorf("socket %q is not there: %w", sock, errors.Unwrap(err))
 	case fi.Mode()&os.ModeSocket == 0:
-		return "", fmt.Errorf("%q is not a unix socket", Printable(sock))
+		return "", fmt.Errorf("%q is not a unix socket", sock)
 	}
 	return sock, nil
 }
@@ -129,11 +129,11 @@ func probe(ctx context.Context, sock string) (probeView, error) {
 	}
 	switch {
 	case v.Info == nil:
-		return v, fmt.Errorf("plugin at %q did not say who it is: %s", Printable(sock), Printable(v.Errors[csiclient.GetPluginInfo]))
+		return v, fmt.Errorf("plugin at %q did not say who it is: %s", sock, v.Errors[csiclient.GetPluginInfo])
 	case v.Ready == nil:
-		return v, fmt.Errorf("plugin at %q did not answer Probe: %s", Printable(sock), Printable(v.Errors[csiclient.Probe]))
+		return v, fmt.Errorf("plugin at %q did not answer Probe: %s", sock, v.Errors[csiclient.Probe])
 	case !*v.Ready:
-		return v, fmt.Errorf("plugin at %q says it is not ready", Printable(sock))
+		return v, fmt.Errorf("plugin at %q says it is not ready", sock)
 	}
 	return v, nil
 }

@@ -69,13 +69,13 @@ func runStats(e *env, args []string, socket string) error {
 	switch {
 	case len(found) == 0:
 		return fmt.Errorf("no published volume %q in the journal under %q: give a volume_id or volume name that `volumes` lists as published",
-			Printable(args[0]), Printable(e.rootDir))
+			args[0], e.rootDir)
 	case len(found) > 1:
 		var names []string
 		for _, t := range found {
-			names = append(names, fmt.Sprintf("%q of plugin %q", Printable(t.VolumeID), Printable(t.PluginID)))
+			names = append(names, fmt.Sprintf("%q of plugin %q", t.VolumeID, t.PluginID))
 		}
-		return fmt.Errorf("%q names more than one published volume (%s): give its volume_id", Printable(args[0]), strings.Join(names, ", "))
+		return fmt.Errorf("%q names more than one published volume (%s): give its volume_id", args[0], strings.Join(names, ", "))
 	}
 	t := found[0]
 	if socket == "" {
@@ -83,7 +83,7 @@ func runStats(e *env, args []string, socket string) error {
 	}
 	sock, err := resolveSocket(e.rootDir, socket)
 	if err != nil {
-		return fmt.Errorf("plugin of volume %q: %w (give -socket when the plugin is not a plugin task of this driver)", Printable(t.VolumeID), err)
+		return fmt.Errorf("plugin of volume %q: %w (give -socket when the plugin is not a plugin task of this driver)", t.VolumeID, err)
 	}
 	var staging string
 	for _, vol := range st.Volumes {
@@ -132,14 +132,14 @@ func volumeStats(ctx context.Context, sock string, t csihook.JournalTask, stagin
 	caps, err := fc.NodeCapabilities(ctx)
 	fc.Close()
 	if err != nil {
-		return v, fmt.Errorf("failed to read the node capabilities of plugin %q: %w", Printable(t.PluginID), err)
+		return v, fmt.Errorf("failed to read the node capabilities of plugin %q: %w", t.PluginID, err)
 	}
 	if !caps.GetVolumeStats {
-		return v, fmt.Errorf("plugin %q does not offer volume stats (no GET_VOLUME_STATS node capability): nothing to ask it", Printable(t.PluginID))
+		return v, fmt.Errorf("plugin %q does not offer volume stats (no GET_VOLUME_STATS node capability): nothing to ask it", t.PluginID)
 	}
 	conn, err := csiclient.Dial(sock, csiclient.Options{})
 	if err != nil {
-		return v, fmt.Errorf("failed to create a client for plugin socket %q: %w", Printable(sock), err)
+		return v, fmt.Errorf("failed to create a client for plugin socket %q: %w", sock, err)
 	}
 	defer conn.Close()
 	var resp *csi.NodeGetVolumeStatsResponse
@@ -149,8 +149,8 @@ func volumeStats(ctx context.Context, sock string, t csihook.JournalTask, stagin
 		return err
 	}, nil, nil)
 	if err != nil {
-		return v, fmt.Errorf("NodeGetVolumeStats of volume %q on plugin %q failed: %s", Printable(t.VolumeID), Printable(t.PluginID),
-			Printable(err.Error()))
+		return v, fmt.Errorf("NodeGetVolumeStats of volume %q on plugin %q failed: %s", t.VolumeID, t.PluginID,
+			err.Error())
 	}
 	v.Usage = []usageView{}
 	for _, u := range resp.GetUsage() {
