@@ -152,6 +152,9 @@ type Policy struct {
 	// Rand returns a number in [0, 1) for the jitter; rand.Float64 when
 	// nil.
 	Rand func() float64
+	// Code reads the code of a failed attempt; csiclient.Code when nil. A
+	// user whose calls return errors of its own passes its reader.
+	Code func(error) codes.Code
 }
 
 // Attempt describes a failed attempt that will be retried.
@@ -177,6 +180,10 @@ func (p Policy) Do(ctx context.Context, method string, fn func(ctx context.Conte
 	if rnd == nil {
 		rnd = rand.Float64
 	}
+	codeOf := p.Code
+	if codeOf == nil {
+		codeOf = Code
+	}
 	for attempt := 0; ; attempt++ {
 		cctx, cancel := context.WithTimeout(ctx, timeout)
 		err := fn(cctx)
@@ -184,7 +191,7 @@ func (p Policy) Do(ctx context.Context, method string, fn func(ctx context.Conte
 		if err == nil || (done != nil && done(err)) {
 			return attempt + 1, nil
 		}
-		code := Code(err)
+		code := codeOf(err)
 		if !Retryable(method, code) || attempt+1 >= p.Attempts || ctx.Err() != nil {
 			return attempt + 1, err
 		}
