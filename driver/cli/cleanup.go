@@ -78,6 +78,12 @@ func runCleanup(e *env, args []string, apply bool) error {
 		// Deepest first: a volume's submounts before the volume.
 		sort.Slice(v.OrphanMounts, func(i, j int) bool { return len(v.OrphanMounts[i]) > len(v.OrphanMounts[j]) })
 		for _, p := range v.OrphanMounts {
+			// The mount table gives real paths: one that no longer
+			// resolves to itself had a symlink put on the way.
+			if real, err := filepath.EvalSymlinks(p); err != nil || real != p {
+				v.Failed[p] = "the path no longer resolves to the mount (a symlink on the way?): left alone"
+				continue
+			}
 			if err := m.Unmount(p); err != nil {
 				v.Failed[p] = err.Error()
 				continue
