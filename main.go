@@ -1,6 +1,7 @@
 // Command nomad-driver-csi is a Nomad task driver plugin. Nomad starts it
 // from its plugin_dir; the same binary also serves as each task's
-// supervisor, re-executed by the driver.
+// supervisor, re-executed by the driver, and, run by an operator, as the
+// operator's command line (driver/cli).
 package main
 
 import (
@@ -9,8 +10,10 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/nomad/plugins"
+	"github.com/hashicorp/nomad/plugins/base"
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver"
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/cli"
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/debugstats"
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor/supervisor"
 )
@@ -20,6 +23,11 @@ func main() {
 	// stage; those never return from here.
 	if supervisor.RunReexec() {
 		return
+	}
+	// Nomad starts plugins with its handshake cookie in the environment;
+	// without it, a person runs the binary.
+	if os.Getenv(base.Handshake.MagicCookieKey) != base.Handshake.MagicCookieValue {
+		os.Exit(cli.Main(os.Args[1:], os.Stdout, os.Stderr))
 	}
 	// A debugging aid, off unless the agent's environment names a file.
 	stop, err := debugstats.StartFromEnv()

@@ -6,8 +6,8 @@ import (
 	"path/filepath"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/fingerprint/csiclient"
 )
 
 // Client is the part of a CSI plugin's Controller and Node services the
@@ -27,18 +27,18 @@ type Client interface {
 
 // Names of the RPCs, as used by FakeClient and in logs.
 const (
-	MethodNodeGetInfo               = "NodeGetInfo"
-	MethodCreateVolume              = "CreateVolume"
-	MethodControllerPublishVolume   = "ControllerPublishVolume"
-	MethodControllerUnpublishVolume = "ControllerUnpublishVolume"
-	MethodNodeStageVolume           = "NodeStageVolume"
-	MethodNodeUnstageVolume         = "NodeUnstageVolume"
-	MethodNodePublishVolume         = "NodePublishVolume"
-	MethodNodeUnpublishVolume       = "NodeUnpublishVolume"
+	MethodNodeGetInfo               = csiclient.NodeGetInfo
+	MethodCreateVolume              = csiclient.CreateVolume
+	MethodControllerPublishVolume   = csiclient.ControllerPublishVolume
+	MethodControllerUnpublishVolume = csiclient.ControllerUnpublishVolume
+	MethodNodeStageVolume           = csiclient.NodeStageVolume
+	MethodNodeUnstageVolume         = csiclient.NodeUnstageVolume
+	MethodNodePublishVolume         = csiclient.NodePublishVolume
+	MethodNodeUnpublishVolume       = csiclient.NodeUnpublishVolume
 )
 
 type grpcClient struct {
-	conn *grpc.ClientConn
+	conn *csiclient.Conn
 	node csi.NodeClient
 	ctrl csi.ControllerClient
 }
@@ -52,11 +52,11 @@ func DialUnix(path string) (Client, error) {
 	if !filepath.IsAbs(path) {
 		return nil, fmt.Errorf("CSI socket path %q must be absolute", path)
 	}
-	conn, err := grpc.NewClient("unix://"+path, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := csiclient.Dial(path, csiclient.Options{})
 	if err != nil {
 		return nil, fmt.Errorf("failed to create a client for CSI socket %q: %w", path, err)
 	}
-	return &grpcClient{conn: conn, node: csi.NewNodeClient(conn), ctrl: csi.NewControllerClient(conn)}, nil
+	return &grpcClient{conn: conn, node: conn.Node, ctrl: conn.Controller}, nil
 }
 
 func (c *grpcClient) NodeGetInfo(ctx context.Context, req *csi.NodeGetInfoRequest) (*csi.NodeGetInfoResponse, error) {

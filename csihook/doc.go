@@ -170,9 +170,11 @@
 //
 // # Retries
 //
-// Every RPC runs under Config.RPCTimeout. Unavailable, ResourceExhausted,
-// Aborted and DeadlineExceeded are retried in line with capped, jittered
-// exponential backoff (RetryAttempts, RetryBase, RetryMax); other codes
+// Every RPC runs under Config.RPCTimeout. The codes the table
+// fingerprint/csiclient.Rules retries for the method (for every volume
+// call: Unavailable, ResourceExhausted, Aborted and DeadlineExceeded) are
+// retried in line with capped, jittered exponential backoff
+// (RetryAttempts, RetryBase, RetryMax); other codes
 // are final and become an *OpError whose message says what to do. A
 // teardown that fails for any reason but InvalidArgument or Unimplemented
 // is retried in the background (BackgroundRetryBase..BackgroundRetryMax)

@@ -1,7 +1,6 @@
 package csihook
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"sort"
@@ -9,6 +8,8 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/fingerprint/csiclient"
 )
 
 // OpError is a failed CSI call (or a failure to reach the plugin for one),
@@ -64,16 +65,7 @@ func Code(err error) codes.Code {
 	if errors.As(err, &oe) {
 		return oe.Code
 	}
-	switch {
-	case errors.Is(err, context.DeadlineExceeded):
-		return codes.DeadlineExceeded
-	case errors.Is(err, context.Canceled):
-		return codes.Canceled
-	}
-	if st, ok := status.FromError(err); ok {
-		return st.Code()
-	}
-	return codes.Unknown
+	return csiclient.Code(err)
 }
 
 // message returns the plugin's message of a call error.
@@ -82,17 +74,6 @@ func message(err error) string {
 		return st.Message()
 	}
 	return err.Error()
-}
-
-// Retryable reports whether a failed call may be retried as it is: the
-// codes the CSI spec calls transient. Unimplemented, InvalidArgument,
-// NotFound, AlreadyExists, FailedPrecondition and the rest are final.
-func Retryable(code codes.Code) bool {
-	switch code {
-	case codes.Unavailable, codes.ResourceExhausted, codes.Aborted, codes.DeadlineExceeded:
-		return true
-	}
-	return false
 }
 
 // permanent reports whether a teardown failure cannot get better by

@@ -2,9 +2,7 @@ package csihook
 
 import (
 	"bytes"
-	"crypto/sha256"
 	"encoding/binary"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -121,12 +119,6 @@ func (t taskRecord) key() volKey { return volKey{t.PluginID, t.VolumeID} }
 // NodeUnpublishVolume is left, which takes no secrets.
 func (t taskRecord) needsSecrets() bool {
 	return t.State == phasePending || t.State == phasePublishing
-}
-
-// shortHash is 16 hex characters of the SHA-256 of parts joined by NUL.
-func shortHash(parts ...string) string {
-	sum := sha256.Sum256([]byte(strings.Join(parts, "\x00")))
-	return hex.EncodeToString(sum[:8])
 }
 
 // createdRecord remembers what a plugin answered to CreateVolume: the id

@@ -91,11 +91,11 @@ func decodeRecordFile(kind string, data []byte) (journalOp, error) {
 func (o journalOp) fileName() string {
 	switch o.Op {
 	case opPutVol:
-		return "v-" + shortHash(o.Vol.PluginID, o.Vol.VolumeID) + ".json"
+		return "v-" + ShortHash(o.Vol.PluginID, o.Vol.VolumeID) + ".json"
 	case opPutTask:
-		return "t-" + shortHash(o.Task.TaskID) + "-" + shortHash(o.Task.Name) + ".json"
+		return "t-" + ShortHash(o.Task.TaskID) + "-" + ShortHash(o.Task.Name) + ".json"
 	case opPutCreated:
-		return "c-" + shortHash(o.Created.PluginID, o.Created.Name) + ".json"
+		return "c-" + ShortHash(o.Created.PluginID, o.Created.Name) + ".json"
 	}
 	return ""
 }

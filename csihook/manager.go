@@ -181,9 +181,9 @@ func (m *Manager) WaitIdle(ctx context.Context) error {
 func (m *Manager) StagingPath(pluginID, volumeID string) string {
 	dir := pluginID
 	if !safeName.MatchString(dir) {
-		dir = "h-" + shortHash(pluginID)
+		dir = "h-" + ShortHash(pluginID)
 	}
-	return filepath.Join(m.cfg.Root, "staging", dir, shortHash(volumeID))
+	return filepath.Join(m.cfg.Root, "staging", dir, ShortHash(volumeID))
 }
 
 // TargetPath is where a task's volume is published on this node.
@@ -192,7 +192,7 @@ func (m *Manager) TargetPath(taskID, name string) string {
 }
 
 func (m *Manager) taskDir(taskID string) string {
-	return filepath.Join(m.cfg.Root, "publish", shortHash(taskID))
+	return filepath.Join(m.cfg.Root, "publish", ShortHash(taskID))
 }
 
 // Users returns how many task volumes use a volume on this node.

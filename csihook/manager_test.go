@@ -19,6 +19,8 @@ import (
 	"github.com/shoenig/test/wait"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/fingerprint/csiclient"
 )
 
 func TestSetupTeardown_CallOrder(t *testing.T) {
@@ -32,7 +34,7 @@ func TestSetupTeardown_CallOrder(t *testing.T) {
 	staging := h.m.StagingPath("p", "vol1")
 	must.Eq(t, Published{Name: "data", HostPath: target, Destination: "/data"}, pubs[0])
 	must.StrHasPrefix(t, filepath.Join(h.root, "publish")+"/", target)
-	must.Eq(t, filepath.Join(h.root, "staging", "p", shortHash("vol1")), staging)
+	must.Eq(t, filepath.Join(h.root, "staging", "p", ShortHash("vol1")), staging)
 
 	must.Eq(t, []string{MethodControllerPublishVolume, MethodNodeStageVolume, MethodNodePublishVolume}, h.fake.Methods())
 	calls := h.fake.Calls()
@@ -439,10 +441,10 @@ func TestRecover_OrphansAndLostMounts(t *testing.T) {
 		got = append(got, c.Method+" "+c.VolumeID+" "+filepath.Base(filepath.Dir(c.TargetPath)))
 	}
 	must.SliceContainsAll(t, []string{
-		MethodNodeUnpublishVolume + " shared " + shortHash("task-a"),
+		MethodNodeUnpublishVolume + " shared " + ShortHash("task-a"),
 		MethodNodeStageVolume + " shared .",
-		MethodNodePublishVolume + " shared " + shortHash("task-c"),
-		MethodNodeUnpublishVolume + " solo " + shortHash("task-d"),
+		MethodNodePublishVolume + " shared " + ShortHash("task-c"),
+		MethodNodeUnpublishVolume + " solo " + ShortHash("task-d"),
 		MethodNodeUnstageVolume + " solo .",
 		MethodControllerUnpublishVolume + " solo .",
 	}, got)
@@ -494,7 +496,7 @@ func TestRetryPolicy(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.code.String(), func(t *testing.T) {
-			must.Eq(t, tc.retry, Retryable(tc.code))
+			must.Eq(t, tc.retry, csiclient.Retryable(MethodNodeStageVolume, tc.code))
 			h := newHarness(t)
 			h.fake.SetNextError(MethodNodeStageVolume, status.Error(tc.code, "boom"))
 			_, err := h.m.Setup(context.Background(), "t", []VolumeRequest{req("data", "vol1", "/data")})

@@ -2,32 +2,16 @@ package csihook
 
 import (
 	"context"
-	"math/rand/v2"
 	"time"
 
 	"google.golang.org/grpc/codes"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/fingerprint/csiclient"
 )
 
-// backoff returns the wait before retry number attempt (0-based): base
-// doubled per attempt and capped at max, then jittered down to between half
-// and all of it, so that retries of many volumes spread out and never wait
-// longer than max.
-func backoff(attempt int, base, max time.Duration, rnd func() float64) time.Duration {
-	if base <= 0 {
-		base = time.Millisecond
-	}
-	if max < base {
-		max = base
-	}
-	d := max
-	if attempt < 62 {
-		if v := base << uint(attempt); v > 0 && v < max {
-			d = v
-		}
-	}
-	half := d / 2
-	return half + time.Duration(rnd()*float64(d-half))
-}
+// backoff is the shared client's capped, jittered backoff; the background
+// retries of teardown wait by it too.
+var backoff = csiclient.Backoff
 
 // op describes one CSI call for retries, logs and errors. Secrets are only
 // used to redact the plugin's message.
@@ -44,38 +28,40 @@ type op struct {
 }
 
 // call runs fn under a deadline of RPCTimeout, retrying with backoff on
-// retryable codes up to RetryAttempts times while ctx lasts. NotFound is
-// success when o.notFoundOK. A final failure is an *OpError.
+// the codes csiclient.Rules retries for the method, up to RetryAttempts
+// times while ctx lasts. NotFound is success when o.notFoundOK. A final
+// failure is an *OpError.
 func (m *Manager) call(ctx context.Context, o op, fn func(ctx context.Context) error) error {
-	for attempt := 0; ; attempt++ {
-		cctx, cancel := context.WithTimeout(ctx, m.cfg.RPCTimeout)
-		start := time.Now()
-		err := fn(cctx)
-		cancel()
-		code := Code(err)
-		if err == nil || (o.notFoundOK && code == codes.NotFound) {
-			m.logger.Debug("CSI call done", "method", o.method, "task_id", o.taskID, "plugin_id", o.pluginID,
-				"volume_id", o.volumeID, "path", o.path, "code", code.String(), "duration", time.Since(start))
-			return nil
-		}
-		if Retryable(code) && attempt+1 < m.cfg.RetryAttempts && ctx.Err() == nil {
-			d := backoff(attempt, m.cfg.RetryBase, m.cfg.RetryMax, rand.Float64)
-			m.logger.Warn("CSI call failed, retrying", "method", o.method, "task_id", o.taskID, "plugin_id", o.pluginID,
-				"volume_id", o.volumeID, "code", code.String(), "attempt", attempt+1, "backoff", d)
-			t := time.NewTimer(d)
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return m.opError(o, err)
-			case <-t.C:
-			}
-			continue
-		}
-		oe := m.opError(o, err)
-		m.logger.Error("CSI call failed", "method", o.method, "task_id", o.taskID, "plugin_id", o.pluginID,
-			"volume_id", o.volumeID, "path", o.path, "code", code.String(), "attempts", attempt+1, "error", oe.Message)
-		return oe
+	var (
+		start   time.Time
+		last    error
+		retried int
+	)
+	p := csiclient.Policy{Attempts: m.cfg.RetryAttempts, Base: m.cfg.RetryBase, Max: m.cfg.RetryMax, Timeout: m.cfg.RPCTimeout, Code: Code}
+	attempts, err := p.Do(ctx, o.method, func(ctx context.Context) error {
+		start = time.Now()
+		last = fn(ctx)
+		return last
+	}, func(err error) bool {
+		return o.notFoundOK && Code(err) == codes.NotFound
+	}, func(a csiclient.Attempt) {
+		retried = a.N
+		m.logger.Warn("CSI call failed, retrying", "method", o.method, "task_id", o.taskID, "plugin_id", o.pluginID,
+			"volume_id", o.volumeID, "code", a.Code.String(), "attempt", a.N, "backoff", a.Backoff)
+	})
+	if err == nil {
+		m.logger.Debug("CSI call done", "method", o.method, "task_id", o.taskID, "plugin_id", o.pluginID,
+			"volume_id", o.volumeID, "path", o.path, "code", Code(last).String(), "duration", time.Since(start))
+		return nil
 	}
+	oe := m.opError(o, err)
+	// A call whose context ended while it waited to retry was given up,
+	// not failed: whoever ended the context says why.
+	if attempts != retried {
+		m.logger.Error("CSI call failed", "method", o.method, "task_id", o.taskID, "plugin_id", o.pluginID,
+			"volume_id", o.volumeID, "path", o.path, "code", Code(err).String(), "attempts", attempts, "error", oe.Message)
+	}
+	return oe
 }
 
 func (m *Manager) opError(o op, err error) *OpError {

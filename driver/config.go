@@ -12,6 +12,7 @@ import (
 	"github.com/hashicorp/nomad/plugins/shared/hclspec"
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor"
+	"github.com/nomad-driver-csi/nomad-driver-csi/fingerprint"
 	"github.com/nomad-driver-csi/nomad-driver-csi/mounter"
 )
 
@@ -412,11 +413,11 @@ const (
 	IsolationModeHost    = "host"
 )
 
-// Plugin types, as in Nomad's csi_plugin block.
+// Plugin types, as in Nomad's csi_plugin block: the fingerprint's words.
 const (
-	PluginTypeNode       = "node"
-	PluginTypeController = "controller"
-	PluginTypeMonolith   = "monolith"
+	PluginTypeNode       = string(fingerprint.TypeNode)
+	PluginTypeController = string(fingerprint.TypeController)
+	PluginTypeMonolith   = string(fingerprint.TypeMonolith)
 )
 
 // pluginSocketDir is the host directory holding a launched plugin's socket.

@@ -6,8 +6,6 @@ package driver
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -268,12 +266,7 @@ func (d *Driver) sharedSources() *sharedSources {
 // taskStateDir is the directory private to one task. Nomad's task IDs hold
 // slashes, so the directory is named by a hash of the ID.
 func (c *Config) taskStateDir(taskID string) string {
-	return filepath.Join(c.tasksDir(), shortID(taskID))
-}
-
-func shortID(taskID string) string {
-	sum := sha256.Sum256([]byte(taskID))
-	return hex.EncodeToString(sum[:8])
+	return filepath.Join(c.tasksDir(), csihook.ShortHash(taskID))
 }
 
 // TaskConfigSchema is the schema of a task's `config` block.

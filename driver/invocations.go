@@ -16,6 +16,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/nomad/plugins/drivers"
 
+	"github.com/nomad-driver-csi/nomad-driver-csi/csihook"
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor"
 )
 
@@ -173,7 +174,7 @@ func (iv *invocations) scanTaskDirs(logger hclog.Logger, tasksDir string) (orpha
 			err = json.Unmarshal(b, &inv)
 		}
 		switch {
-		case err == nil && inv.TaskID != "" && filepath.Base(dir) == shortID(inv.TaskID):
+		case err == nil && inv.TaskID != "" && filepath.Base(dir) == csihook.ShortHash(inv.TaskID):
 			if exists(filepath.Join(dir, handedFile)) {
 				iv.waiting[inv.TaskID] = inv
 			} else {
@@ -343,4 +344,30 @@ func (d *Driver) earlierInJournal(cfg *drivers.TaskConfig, known []string) []str
 func sameTask(id string, cfg *drivers.TaskConfig) bool {
 	rest, ok := strings.CutPrefix(id, cfg.AllocID+"/"+cfg.Name+"/")
 	return ok && cfg.AllocID != "" && rest != "" && !strings.Contains(rest, "/")
+}
+
+// TaskDirs is what the task state directories under a root_dir say of the
+// tasks a driver process left, read as a starting driver reads them
+// (scanTaskDirs) and changing nothing.
+type TaskDirs struct {
+	// Handed are the task IDs handed to Nomad: alive until Nomad says
+	// otherwise, which only the driver hears.
+	Handed []string
+	// Unfinished are the task IDs whose start never finished: the next
+	// driver process kills their supervisors and tears down their volumes.
+	Unfinished []string
+}
+
+// ReadTaskDirs reads the task state directories under rootDir. A task ID in
+// neither list has no state directory: no driver process will take it back.
+func ReadTaskDirs(rootDir string) TaskDirs {
+	iv := newInvocations()
+	var td TaskDirs
+	td.Unfinished = iv.scanTaskDirs(hclog.NewNullLogger(), filepath.Join(rootDir, "tasks"))
+	for id := range iv.waiting {
+		td.Handed = append(td.Handed, id)
+	}
+	sort.Strings(td.Handed)
+	sort.Strings(td.Unfinished)
+	return td
 }

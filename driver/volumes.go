@@ -182,7 +182,7 @@ func (d *Driver) volumes() (*csihook.Manager, error) {
 	}
 	m, err := csihook.New(csihook.Config{
 		Root:       conf.stageRoot(),
-		JournalDir: filepath.Join(conf.RootDir, "journal"),
+		JournalDir: JournalDir(conf.RootDir),
 		Lookup:     d.lookupPlugin,
 		Dial:       dial,
 		Mounter:    d.mounter,

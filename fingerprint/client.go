@@ -4,23 +4,19 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	csi "github.com/container-storage-interface/spec/lib/go/csi"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/connectivity"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/fingerprint/csiclient"
 )
 
 // DefaultRPCTimeout bounds every CSI call made by a Client from NewClient
-// when no other timeout is given.
-const DefaultRPCTimeout = 2 * time.Second
+// when no other timeout is given: the Rules table's deadline of the calls
+// that read what a plugin is.
+const DefaultRPCTimeout = csiclient.InfoDeadline
 
 // ErrUnimplemented is matched (errors.Is) by a Client error when the plugin
 // answered codes.Unimplemented: it does not offer that service. A plugin of
@@ -116,20 +112,11 @@ type Client interface {
 	Close() error
 }
 
-// grpcClient is the Client over a gRPC connection to a unix socket.
+// grpcClient is the Client over a csiclient connection to a unix socket.
 type grpcClient struct {
-	socket  string
-	timeout time.Duration
-	conn    *grpc.ClientConn
-
-	identity   csi.IdentityClient
-	node       csi.NodeClient
-	controller csi.ControllerClient
-
-	dials   atomic.Uint64
-	changed chan struct{}
-	cancel  context.CancelFunc
-	wg      sync.WaitGroup
+	socket string
+	conn   *csiclient.Conn
+	policy csiclient.Policy
 }
 
 var _ Client = (*grpcClient)(nil)
@@ -138,84 +125,39 @@ var _ Client = (*grpcClient)(nil)
 // at socket. It does not connect: the first call does, and a call made
 // while the plugin is away fails at once rather than waiting for it. Each
 // call runs under rpcTimeout (DefaultRPCTimeout when zero or less) or the
-// caller's deadline, whichever is sooner.
+// caller's deadline, whichever is sooner. Calls are not retried: the
+// prober's next round is the retry.
 func NewClient(socket string, rpcTimeout time.Duration) (Client, error) {
 	if rpcTimeout <= 0 {
 		rpcTimeout = DefaultRPCTimeout
 	}
-	c := &grpcClient{socket: socket, timeout: rpcTimeout, changed: make(chan struct{}, 1)}
-	dialer := func(ctx context.Context, _ string) (net.Conn, error) {
-		var d net.Dialer
-		conn, err := d.DialContext(ctx, "unix", socket)
-		if err == nil {
-			c.dials.Add(1)
-		}
-		return conn, err
-	}
-	conn, err := grpc.NewClient("unix://"+socket,
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithContextDialer(dialer),
+	conn, err := csiclient.Dial(socket, csiclient.Options{
 		// A plugin that comes back must be reachable within a period or
 		// two, not after gRPC's default backoff of up to two minutes.
-		grpc.WithConnectParams(grpc.ConnectParams{
-			Backoff: backoff.Config{
-				BaseDelay:  100 * time.Millisecond,
-				Multiplier: 1.6,
-				Jitter:     0.2,
-				MaxDelay:   time.Second,
-			},
-			MinConnectTimeout: rpcTimeout,
-		}),
-	)
+		ReconnectMax:   time.Second,
+		ConnectTimeout: rpcTimeout,
+		Watch:          true,
+	})
 	if err != nil {
 		return nil, fmt.Errorf("failed to create a client for plugin socket %q: %w", socket, err)
 	}
-	c.conn = conn
-	c.identity = csi.NewIdentityClient(conn)
-	c.node = csi.NewNodeClient(conn)
-	c.controller = csi.NewControllerClient(conn)
-
-	ctx, cancel := context.WithCancel(context.Background())
-	c.cancel = cancel
-	c.wg.Add(1)
-	go c.watch(ctx)
-	return c, nil
+	return &grpcClient{socket: socket, conn: conn, policy: csiclient.Policy{Attempts: 1, Timeout: rpcTimeout}}, nil
 }
 
-// watch turns connection state changes into a coalesced signal on changed.
-func (c *grpcClient) watch(ctx context.Context) {
-	defer c.wg.Done()
-	for {
-		s := c.conn.GetState()
-		if s == connectivity.Shutdown || !c.conn.WaitForStateChange(ctx, s) {
-			return
-		}
-		select {
-		case c.changed <- struct{}{}:
-		default:
-		}
-	}
-}
+func (c *grpcClient) Generation() uint64 { return c.conn.Generation() }
 
-func (c *grpcClient) Generation() uint64 { return c.dials.Load() }
-
-func (c *grpcClient) Changed() <-chan struct{} { return c.changed }
+func (c *grpcClient) Changed() <-chan struct{} { return c.conn.Changed() }
 
 func (c *grpcClient) Close() error {
-	c.cancel()
-	err := c.conn.Close()
-	c.wg.Wait()
-	if err != nil {
+	if err := c.conn.Close(); err != nil {
 		return fmt.Errorf("failed to close the connection to plugin socket %q: %w", c.socket, err)
 	}
 	return nil
 }
 
-// call runs one RPC under the client's deadline and wraps its error.
+// call runs one RPC under the client's policy and wraps its error.
 func (c *grpcClient) call(ctx context.Context, method string, fn func(ctx context.Context) error) error {
-	ctx, cancel := context.WithTimeout(ctx, c.timeout)
-	defer cancel()
-	err := fn(ctx)
+	_, err := c.policy.Do(ctx, method, fn, nil, nil)
 	if err == nil {
 		return nil
 	}
@@ -227,8 +169,8 @@ func (c *grpcClient) call(ctx context.Context, method string, fn func(ctx contex
 
 func (c *grpcClient) PluginInfo(ctx context.Context) (PluginInfo, error) {
 	var resp *csi.GetPluginInfoResponse
-	err := c.call(ctx, "GetPluginInfo", func(ctx context.Context) (err error) {
-		resp, err = c.identity.GetPluginInfo(ctx, &csi.GetPluginInfoRequest{})
+	err := c.call(ctx, csiclient.GetPluginInfo, func(ctx context.Context) (err error) {
+		resp, err = c.conn.Identity.GetPluginInfo(ctx, &csi.GetPluginInfoRequest{})
 		return err
 	})
 	if err != nil {
@@ -242,8 +184,8 @@ func (c *grpcClient) PluginInfo(ctx context.Context) (PluginInfo, error) {
 
 func (c *grpcClient) Probe(ctx context.Context) (bool, error) {
 	var resp *csi.ProbeResponse
-	err := c.call(ctx, "Probe", func(ctx context.Context) (err error) {
-		resp, err = c.identity.Probe(ctx, &csi.ProbeRequest{})
+	err := c.call(ctx, csiclient.Probe, func(ctx context.Context) (err error) {
+		resp, err = c.conn.Identity.Probe(ctx, &csi.ProbeRequest{})
 		return err
 	})
 	if err != nil {
@@ -262,8 +204,8 @@ func probeReady(resp *csi.ProbeResponse) bool {
 
 func (c *grpcClient) PluginCapabilities(ctx context.Context) (PluginCapabilities, error) {
 	var resp *csi.GetPluginCapabilitiesResponse
-	err := c.call(ctx, "GetPluginCapabilities", func(ctx context.Context) (err error) {
-		resp, err = c.identity.GetPluginCapabilities(ctx, &csi.GetPluginCapabilitiesRequest{})
+	err := c.call(ctx, csiclient.GetPluginCapabilities, func(ctx context.Context) (err error) {
+		resp, err = c.conn.Identity.GetPluginCapabilities(ctx, &csi.GetPluginCapabilitiesRequest{})
 		return err
 	})
 	if err != nil {
@@ -301,8 +243,8 @@ func pluginCapabilities(resp *csi.GetPluginCapabilitiesResponse) PluginCapabilit
 
 func (c *grpcClient) ControllerCapabilities(ctx context.Context) (ControllerCapabilities, error) {
 	var resp *csi.ControllerGetCapabilitiesResponse
-	err := c.call(ctx, "ControllerGetCapabilities", func(ctx context.Context) (err error) {
-		resp, err = c.controller.ControllerGetCapabilities(ctx, &csi.ControllerGetCapabilitiesRequest{})
+	err := c.call(ctx, csiclient.ControllerGetCapabilities, func(ctx context.Context) (err error) {
+		resp, err = c.conn.Controller.ControllerGetCapabilities(ctx, &csi.ControllerGetCapabilitiesRequest{})
 		return err
 	})
 	if err != nil {
@@ -352,8 +294,8 @@ func controllerCapabilities(resp *csi.ControllerGetCapabilitiesResponse) Control
 
 func (c *grpcClient) NodeInfo(ctx context.Context) (NodeInfo, error) {
 	var resp *csi.NodeGetInfoResponse
-	err := c.call(ctx, "NodeGetInfo", func(ctx context.Context) (err error) {
-		resp, err = c.node.NodeGetInfo(ctx, &csi.NodeGetInfoRequest{})
+	err := c.call(ctx, csiclient.NodeGetInfo, func(ctx context.Context) (err error) {
+		resp, err = c.conn.Node.NodeGetInfo(ctx, &csi.NodeGetInfoRequest{})
 		return err
 	})
 	if err != nil {
@@ -374,8 +316,8 @@ func (c *grpcClient) NodeInfo(ctx context.Context) (NodeInfo, error) {
 
 func (c *grpcClient) NodeCapabilities(ctx context.Context) (NodeCapabilities, error) {
 	var resp *csi.NodeGetCapabilitiesResponse
-	err := c.call(ctx, "NodeGetCapabilities", func(ctx context.Context) (err error) {
-		resp, err = c.node.NodeGetCapabilities(ctx, &csi.NodeGetCapabilitiesRequest{})
+	err := c.call(ctx, csiclient.NodeGetCapabilities, func(ctx context.Context) (err error) {
+		resp, err = c.conn.Node.NodeGetCapabilities(ctx, &csi.NodeGetCapabilitiesRequest{})
 		return err
 	})
 	if err != nil {

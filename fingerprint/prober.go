@@ -16,6 +16,8 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"google.golang.org/grpc/status"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/mounter"
 )
 
 // Defaults of Config.
@@ -877,7 +879,7 @@ func (p *Prober) Rescan() {
 		if found[sock] {
 			continue
 		}
-		forget := !withinAny(sock, dirs)
+		forget := !mounter.WithinAny(sock, dirs)
 		if !forget && d.goneSince.IsZero() {
 			d.goneSince = now
 		} else if !forget && now.Sub(d.goneSince) >= p.cfg.ForgetAfter {
@@ -900,15 +902,6 @@ func (p *Prober) Rescan() {
 	if changed {
 		p.notify()
 	}
-}
-
-func withinAny(path string, dirs []string) bool {
-	for _, d := range dirs {
-		if strings.HasPrefix(path, d+string(filepath.Separator)) {
-			return true
-		}
-	}
-	return false
 }
 
 // findSockets returns the unix sockets named *.sock in dir and in its

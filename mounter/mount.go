@@ -135,6 +135,16 @@ func PathWithin(path, dir string) bool {
 	return strings.HasPrefix(path, dir+"/")
 }
 
+// WithinAny reports whether path is within (PathWithin) any of dirs.
+func WithinAny(path string, dirs []string) bool {
+	for _, d := range dirs {
+		if PathWithin(path, d) {
+			return true
+		}
+	}
+	return false
+}
+
 type mounter struct {
 	logger        hclog.Logger
 	mountInfoPath string

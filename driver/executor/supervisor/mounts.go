@@ -64,7 +64,7 @@ func prepareNamespace(m mounter.Interface, mounts []wire.Mount, root string, iso
 		return strings.Count(table[i].Path, "/") > strings.Count(table[j].Path, "/")
 	})
 	for _, mp := range table {
-		if !mp.Shared || withinAny(mp.Path, bidi) {
+		if !mp.Shared || mounter.WithinAny(mp.Path, bidi) {
 			continue
 		}
 		if err := m.SetPropagation(mp.Path, mounter.PropagationSlave, false); err != nil {
@@ -323,13 +323,4 @@ func attachTree(m mounter.Interface, tree *os.File, mnt wire.Mount, root string)
 		return fmt.Errorf("mount %q: %w", mnt.Target, err)
 	}
 	return nil
-}
-
-func withinAny(path string, dirs []string) bool {
-	for _, d := range dirs {
-		if mounter.PathWithin(path, d) {
-			return true
-		}
-	}
-	return false
 }

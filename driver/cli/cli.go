@@ -1,0 +1,209 @@
+// Package cli is the operator's command line of nomad-driver-csi, run from
+// the driver's own binary on a client node: volumes, probe, stats and
+// cleanup. Every command is safe while the driver runs: it reads the
+// journal without its lock and writes nothing, and only cleanup -apply
+// acts, and only when no driver holds the journal.
+package cli
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"unicode"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver"
+)
+
+// Usage is printed for no command, help and bad input.
+const Usage = `Usage: nomad-driver-csi <command> [flags] [arguments]
+
+nomad-driver-csi is a Nomad task driver plugin: Nomad starts it from its
+plugin_dir. Run by an operator on a client node, it inspects what the
+driver keeps there. Each command is safe while the driver runs.
+
+Commands:
+  volumes                         volumes, their tasks, states and mounts, from the journal
+  probe <plugin id | socket path> ask a CSI plugin who it is, what it can do and if it is ready
+  stats <volume>                  NodeGetVolumeStats of a published volume (volume_id or name)
+  cleanup [-apply]                mounts and journal records no task owns; unmounts orphan
+                                  mounts only with -apply, and only while the driver is stopped
+
+Flags of every command:
+  -root-dir DIR   the driver's root_dir (default ` + driver.DefaultRootDir + `)
+  -json           print JSON instead of text
+`
+
+// usageError is a mistake in the command line; Main prints the usage
+// after it.
+type usageError struct{ msg string }
+
+func (e *usageError) Error() string { return e.msg }
+
+func usagef(format string, args ...any) error { return &usageError{msg: fmt.Sprintf(format, args...)} }
+
+// env is what a command runs with.
+type env struct {
+	rootDir string
+	json    bool
+	out     io.Writer
+}
+
+// command is one subcommand: extra flags, the names of its arguments, and
+// run with the arguments.
+type command struct {
+	flags func(fs *flag.FlagSet)
+	args  []string
+	run   func(e *env, args []string) error
+}
+
+// Main runs the command line args (without the program name) and returns
+// the exit code: 0 done, 1 failed, 2 bad command line.
+func Main(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "-help" || args[0] == "--help" {
+		fmt.Fprint(stdout, Usage)
+		return 0
+	}
+	err := run(args, stdout)
+	if err == nil {
+		return 0
+	}
+	// Errors quote what they name, but a wrapped error may carry a
+	// plugin's own words.
+	fmt.Fprintln(stderr, "error:", Printable(err.Error()))
+	var ue *usageError
+	if errors.As(err, &ue) {
+		fmt.Fprint(stderr, "\n"+Usage)
+		return 2
+	}
+	return 1
+}
+
+func run(args []string, stdout io.Writer) error {
+	name := args[0]
+	var (
+		apply  bool
+		socket string
+	)
+	commands := map[string]command{
+		"volumes": {run: runVolumes},
+		"probe":   {run: runProbe, args: []string{"<plugin id | socket path>"}},
+		"stats": {
+			args: []string{"<volume>"},
+			flags: func(fs *flag.FlagSet) {
+				fs.StringVar(&socket, "socket", "", "the plugin's socket, when it is not a plugin task of this driver")
+			},
+			run: func(e *env, args []string) error { return runStats(e, args, socket) },
+		},
+		"cleanup": {
+			flags: func(fs *flag.FlagSet) {
+				fs.BoolVar(&apply, "apply", false, "unmount the orphan mounts (default: only show them)")
+			},
+			run: func(e *env, args []string) error { return runCleanup(e, args, apply) },
+		},
+	}
+	cmd, ok := commands[name]
+	if !ok {
+		return usagef("unknown command %q: use volumes, probe, stats or cleanup", name)
+	}
+	e := &env{out: stdout}
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.StringVar(&e.rootDir, "root-dir", driver.DefaultRootDir, "the driver's root_dir")
+	fs.BoolVar(&e.json, "json", false, "print JSON")
+	if cmd.flags != nil {
+		cmd.flags(fs)
+	}
+	// Flags may come before and after the arguments.
+	var pos []string
+	rest := args[1:]
+	for {
+		if err := fs.Parse(rest); err != nil {
+			return usagef("%s: %s", name, err.Error())
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		pos = append(pos, fs.Arg(0))
+		rest = fs.Args()[1:]
+	}
+	if err := wantArgs(name, pos, cmd.args...); err != nil {
+		return err
+	}
+	if err := checkRootDir(e.rootDir); err != nil {
+		return err
+	}
+	return cmd.run(e, pos)
+}
+
+// checkRootDir says what is wrong with a -root-dir before anything reads it.
+func checkRootDir(dir string) error {
+	if !strings.HasPrefix(dir, "/") {
+		return usagef("-root-dir must be an absolute path, got %q", dir)
+	}
+	fi, err := os.Stat(dir)
+	if err != nil {
+		return fmt.Errorf("-root-dir %q is not usable (%w): give the root_dir of the driver's plugin config", dir, errors.Unwrap(err))
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("-root-dir %q is not a directory; give the root_dir of the driver's plugin config", dir)
+	}
+	return nil
+}
+
+// wantArgs checks the number of positional arguments of a command.
+func wantArgs(cmd string, args []string, names ...string) error {
+	if len(args) < len(names) {
+		return usagef("%s needs %s", cmd, strings.Join(names, " "))
+	}
+	if len(args) > len(names) {
+		return usagef("%s takes %d argument(s), got unexpected %q", cmd, len(names), args[len(names)])
+	}
+	return nil
+}
+
+// Printable returns s with every character that is not printable (control
+// characters, terminal escapes, bidirectional overrides) written as a Go
+// escape, so a string a task or plugin chose cannot drive the terminal it
+// is printed on.
+func Printable(s string) string {
+	clean := true
+	for _, r := range s {
+		if !unicode.IsGraphic(r) || r == unicode.ReplacementChar {
+			clean = false
+			break
+		}
+	}
+	if clean {
+		return s
+	}
+	var b strings.Builder
+	for i, r := range s {
+		switch {
+		case r == unicode.ReplacementChar:
+			// Invalid UTF-8 decodes as U+FFFD: show the byte.
+			if strings.HasPrefix(s[i:], string(unicode.ReplacementChar)) {
+				b.WriteRune(r)
+			} else {
+				fmt.Fprintf(&b, `\x%02x`, s[i])
+			}
+		case unicode.IsGraphic(r):
+			b.WriteRune(r)
+		case r < 0x10000:
+			fmt.Fprintf(&b, `\u%04x`, r)
+		default:
+			fmt.Fprintf(&b, `\U%08x`, r)
+		}
+	}
+	return b.String()
+}
+
+// writeJSON prints v indented. encoding/json escapes control characters.
+func (e *env) writeJSON(v any) error {
+	enc := json.NewEncoder(e.out)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}

@@ -1,0 +1,295 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	csi "github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/hashicorp/go-hclog"
+	"github.com/shoenig/test/must"
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/csihook"
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver"
+	"github.com/nomad-driver-csi/nomad-driver-csi/mounter"
+)
+
+// runCLI runs the command line and returns its exit code and outputs.
+func runCLI(args ...string) (int, string, string) {
+	var out, errOut bytes.Buffer
+	code := Main(args, &out, &errOut)
+	return code, out.String(), errOut.String()
+}
+
+// shortDir is a temporary directory with a short path, so that plugin
+// sockets under it fit in a unix socket path.
+func shortDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "ncli")
+	must.NoError(t, err)
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
+// escTask is a task ID holding terminal escapes: a string a job controls
+// (as it controls volume ids and a plugin's answers) must reach the
+// operator's terminal escaped.
+const escTask = "task-\x1b]0;owned\x07\x1b[2J\u202e"
+
+// writeJournal sets up volumes through csihook with a fake plugin and a
+// fake mounter, so the journal under root is the real thing. The returned
+// manager holds the journal's lock until closed.
+func writeJournal(t *testing.T, root string, tasks map[string][]string) *csihook.Manager {
+	t.Helper()
+	fake := csihook.NewFakeClient(mounter.NewFake())
+	m, err := csihook.New(csihook.Config{
+		Root:       driver.StageRoot(root),
+		JournalDir: driver.JournalDir(root),
+		Lookup: func(id string) (csihook.PluginInfo, error) {
+			return csihook.PluginInfo{ID: id, Socket: driver.PluginSocketPath(root, id), NodeID: "n1", Healthy: true, StageUnstage: true}, nil
+		},
+		Dial:    fake.Dial,
+		Mounter: mounter.NewFake(),
+		Logger:  hclog.NewNullLogger(),
+		Events:  func(string, string, map[string]string) {},
+	})
+	must.NoError(t, err)
+	for task, vols := range tasks {
+		var reqs []csihook.VolumeRequest
+		for _, v := range vols {
+			reqs = append(reqs, csihook.VolumeRequest{Name: "data", PluginID: "p", VolumeID: v, Destination: "/data",
+				AccessMode: csihook.AccessMultiNodeMultiWriter, AttachmentMode: csihook.AttachmentFileSystem})
+		}
+		_, err := m.Setup(context.Background(), task, reqs)
+		must.NoError(t, err)
+	}
+	return m
+}
+
+func TestMain_badInput(t *testing.T) {
+	root := t.TempDir()
+	file := filepath.Join(root, "file")
+	must.NoError(t, os.WriteFile(file, nil, 0o600))
+	cases := []struct {
+		name string
+		args []string
+		code int
+		want string
+	}{
+		{"unknown command", []string{"expand", "v", "1G"}, 2, `unknown command "expand": use volumes, probe, stats or cleanup`},
+		{"escaped command", []string{"\x1b[31m"}, 2, `unknown command "\x1b[31m"`},
+		{"probe without argument", []string{"probe", "-root-dir", root}, 2, "probe needs <plugin id | socket path>"},
+		{"stats without argument", []string{"stats", "-root-dir", root}, 2, "stats needs <volume>"},
+		{"extra argument", []string{"volumes", "-root-dir", root, "x"}, 2, `volumes takes 0 argument(s), got unexpected "x"`},
+		{"unknown flag", []string{"cleanup", "-force"}, 2, "cleanup: flag provided but not defined: -force"},
+		{"relative root dir", []string{"volumes", "-root-dir", "var/lib"}, 2, `-root-dir must be an absolute path, got "var/lib"`},
+		{"missing root dir", []string{"volumes", "-root-dir", root + "/nope"}, 1,
+			fmt.Sprintf(`-root-dir %q is not usable (no such file or directory): give the root_dir of the driver's plugin config`, root+"/nope")},
+		{"root dir is a file", []string{"volumes", "-root-dir", file}, 1, fmt.Sprintf(`-root-dir %q is not a directory`, file)},
+		{"unknown plugin", []string{"probe", "nope", "-root-dir", root}, 1,
+			fmt.Sprintf(`no plugin task "nope" on this node: its socket %q is not there`, driver.PluginSocketPath(root, "nope"))},
+		{"not a socket", []string{"probe", file, "-root-dir", root}, 1, fmt.Sprintf("%q is not a unix socket", file)},
+		{"no such volume", []string{"stats", "vol9", "-root-dir", root}, 1, `no published volume "vol9" in the journal`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			code, out, errOut := runCLI(tc.args...)
+			must.Eq(t, tc.code, code)
+			must.StrContains(t, errOut, tc.want)
+			must.Eq(t, "", out)
+			must.Eq(t, tc.code == 2, strings.Contains(errOut, "Usage:"))
+		})
+	}
+	t.Run("no arguments prints usage", func(t *testing.T) {
+		code, out, _ := runCLI()
+		must.Eq(t, 0, code)
+		must.StrHasPrefix(t, "Usage: nomad-driver-csi", out)
+	})
+}
+
+func TestVolumes(t *testing.T) {
+	root := t.TempDir()
+	code, out, _ := runCLI("volumes", "-root-dir", root)
+	must.Eq(t, 0, code)
+	must.StrContains(t, out, "No volumes in the journal")
+
+	m := writeJournal(t, root, map[string][]string{"task-a": {"vol1"}, escTask: {"vol1"}, "task-b": {"vol2"}})
+	// The manager holds the journal's lock: volumes reads beside it.
+	code, out, errOut := runCLI("volumes", "-root-dir", root)
+	must.Eq(t, 0, code, must.Sprint(errOut))
+	for _, want := range []string{"Volume vol1 (plugin p)", "Volume vol2 (plugin p)", "Stage", "staged",
+		"task-a", "task-b", "published", "/data", `task-\u001b]0;owned\u0007\u001b[2J\u202e`} {
+		must.StrContains(t, out, want)
+	}
+	must.StrNotContains(t, out, "\x1b")
+	must.StrNotContains(t, out, "\u202e")
+
+	code, out, _ = runCLI("volumes", "-json", "-root-dir", root)
+	must.Eq(t, 0, code)
+	var v volumesView
+	must.NoError(t, json.Unmarshal([]byte(out), &v))
+	must.SliceLen(t, 2, v.Volumes)
+	must.Eq(t, "vol1", v.Volumes[0].VolumeID)
+	must.SliceLen(t, 2, v.Volumes[0].Tasks)
+	must.Eq(t, escTask, v.Volumes[0].Tasks[0].TaskID)
+	must.Eq(t, "published", v.Volumes[0].Tasks[1].State)
+	must.StrNotContains(t, out, "\x1b")
+	m.Close()
+
+	// A torn tail (a batch cut short by a crash) is what a log ends in:
+	// the records before it still show.
+	f, err := os.OpenFile(filepath.Join(driver.JournalDir(root), "journal.log"), os.O_APPEND|os.O_WRONLY, 0)
+	must.NoError(t, err)
+	_, err = f.Write([]byte{0x00, 0x00, 0x10, 0x00, 'x'})
+	must.NoError(t, err)
+	must.NoError(t, f.Close())
+	code, out, errOut = runCLI("volumes", "-root-dir", root)
+	must.Eq(t, 0, code, must.Sprint(errOut))
+	must.StrContains(t, out, "Volume vol2 (plugin p)")
+}
+
+// testPlugin is a CSI plugin whose answers a test chooses, as a hostile
+// job running a plugin would.
+type testPlugin struct {
+	csi.UnimplementedIdentityServer
+	csi.UnimplementedNodeServer
+	name  string
+	stats bool
+	mu    sync.Mutex
+	asked []*csi.NodeGetVolumeStatsRequest
+}
+
+func (p *testPlugin) GetPluginInfo(context.Context, *csi.GetPluginInfoRequest) (*csi.GetPluginInfoResponse, error) {
+	return &csi.GetPluginInfoResponse{Name: p.name, VendorVersion: "1.0\x1b[31m", Manifest: map[string]string{"k\x1b": "v\r"}}, nil
+}
+
+func (p *testPlugin) GetPluginCapabilities(context.Context, *csi.GetPluginCapabilitiesRequest) (*csi.GetPluginCapabilitiesResponse, error) {
+	return &csi.GetPluginCapabilitiesResponse{}, nil
+}
+
+func (p *testPlugin) Probe(context.Context, *csi.ProbeRequest) (*csi.ProbeResponse, error) {
+	return &csi.ProbeResponse{Ready: wrapperspb.Bool(true)}, nil
+}
+
+func (p *testPlugin) NodeGetInfo(context.Context, *csi.NodeGetInfoRequest) (*csi.NodeGetInfoResponse, error) {
+	return &csi.NodeGetInfoResponse{NodeId: "n1\x1b[1A"}, nil
+}
+
+func (p *testPlugin) NodeGetCapabilities(context.Context, *csi.NodeGetCapabilitiesRequest) (*csi.NodeGetCapabilitiesResponse, error) {
+	resp := &csi.NodeGetCapabilitiesResponse{}
+	if p.stats {
+		resp.Capabilities = append(resp.Capabilities, &csi.NodeServiceCapability{Type: &csi.NodeServiceCapability_Rpc{
+			Rpc: &csi.NodeServiceCapability_RPC{Type: csi.NodeServiceCapability_RPC_GET_VOLUME_STATS}}})
+	}
+	return resp, nil
+}
+
+func (p *testPlugin) NodeGetVolumeStats(_ context.Context, req *csi.NodeGetVolumeStatsRequest) (*csi.NodeGetVolumeStatsResponse, error) {
+	p.mu.Lock()
+	p.asked = append(p.asked, req)
+	p.mu.Unlock()
+	return &csi.NodeGetVolumeStatsResponse{
+		Usage:           []*csi.VolumeUsage{{Unit: csi.VolumeUsage_BYTES, Total: 1000, Used: 400, Available: 600}},
+		VolumeCondition: &csi.VolumeCondition{Abnormal: true, Message: "disk \x1b[5mon fire"},
+	}, nil
+}
+
+// servePlugin serves p at the socket of plugin task id under root.
+func servePlugin(t *testing.T, root, id string, p *testPlugin) string {
+	t.Helper()
+	sock := driver.PluginSocketPath(root, id)
+	must.NoError(t, os.MkdirAll(filepath.Dir(sock), 0o700))
+	l, err := net.Listen("unix", sock)
+	must.NoError(t, err)
+	srv := grpc.NewServer()
+	csi.RegisterIdentityServer(srv, p)
+	csi.RegisterNodeServer(srv, p)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = srv.Serve(l) }()
+	t.Cleanup(func() { srv.Stop(); <-done })
+	return sock
+}
+
+func TestProbe_hostilePlugin(t *testing.T) {
+	root := shortDir(t)
+	sock := servePlugin(t, root, "p", &testPlugin{name: "evil\x1b]52;c;cm0gLXJmIC8K\x07"})
+	for _, arg := range []string{"p", sock} {
+		code, out, errOut := runCLI("probe", arg, "-root-dir", root)
+		must.Eq(t, 0, code, must.Sprint(errOut))
+		must.StrContains(t, out, `evil\u001b]52;c;cm0gLXJmIC8K\u0007`)
+		must.Eq(t, `n1\u001b[1A`, field(out, "Node ID"))
+		must.Eq(t, "true", field(out, "Ready"))
+		must.Eq(t, "none", field(out, "Node capabilities"))
+		must.StrNotContains(t, out, "\x1b")
+		must.StrNotContains(t, out, "\r")
+	}
+	code, out, _ := runCLI("probe", "-json", "p", "-root-dir", root)
+	must.Eq(t, 0, code)
+	var v probeView
+	must.NoError(t, json.Unmarshal([]byte(out), &v))
+	must.Eq(t, "evil\x1b]52;c;cm0gLXJmIC8K\x07", v.Info.Name)
+	must.True(t, *v.Ready)
+	must.StrNotContains(t, out, "\x1b")
+}
+
+// field returns the value of the first line of out starting with key.
+func field(out, key string) string {
+	for _, line := range strings.Split(out, "\n") {
+		if v, ok := strings.CutPrefix(line, key+" "); ok {
+			return strings.TrimSpace(v)
+		}
+	}
+	return ""
+}
+
+func TestStats(t *testing.T) {
+	root := shortDir(t)
+	m := writeJournal(t, root, map[string][]string{"task-a": {"vol1"}})
+	defer m.Close()
+	p := &testPlugin{name: "p"}
+	servePlugin(t, root, "p", p)
+
+	code, _, errOut := runCLI("stats", "vol1", "-root-dir", root)
+	must.Eq(t, 1, code)
+	must.StrContains(t, errOut, `plugin "p" does not offer volume stats (no GET_VOLUME_STATS node capability)`)
+
+	p.stats = true
+	code, out, errOut := runCLI("stats", "-root-dir", root, "data")
+	must.Eq(t, 0, code, must.Sprint(errOut))
+	must.StrContains(t, out, "Volume vol1 (plugin p), task task-a volume data")
+	must.StrContains(t, out, "  bytes   1000   400        600")
+	must.StrContains(t, out, `Condition ABNORMAL: disk \u001b[5mon fire`)
+	must.StrNotContains(t, out, "\x1b")
+	p.mu.Lock()
+	must.SliceLen(t, 1, p.asked)
+	must.Eq(t, "vol1", p.asked[0].GetVolumeId())
+	must.Eq(t, filepath.Join(driver.StageRoot(root), "publish", csihook.ShortHash("task-a"), "data"), p.asked[0].GetVolumePath())
+	must.StrHasPrefix(t, filepath.Join(driver.StageRoot(root), "staging"), p.asked[0].GetStagingTargetPath())
+	p.mu.Unlock()
+}
+
+func TestPrintable(t *testing.T) {
+	cases := map[string]string{
+		"plain":           "plain",
+		"tab\there":       `tab\u0009here`,
+		"\x1b[31mred":     `\u001b[31mred`,
+		"del\x7f":         `del\u007f`,
+		"c1\u009b":        `c1\u009b`,
+		"bidi\u202e":      `bidi\u202e`,
+		"bad\xffutf8":     `bad\xffutf8`,
+		"ok \uFFFD":       "ok \uFFFD",
+		"space ok, ünïcö": "space ok, ünïcö",
+	}
+	for in, want := range cases {
+		must.Eq(t, want, Printable(in))
+	}
+}

@@ -1,0 +1,116 @@
+//go:build e2e
+
+package e2e
+
+// The operator CLI in the driver's binary, run as an operator would on a
+// client whose agent runs a volume task: volumes reads the journal beside
+// the running driver, probe and stats ask the plugin task through its
+// socket under root_dir, cleanup only looks.
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/shoenig/test/must"
+)
+
+// runDriverCLI runs the driver binary as a person would: without Nomad's
+// plugin handshake in its environment.
+func runDriverCLI(t *testing.T, a *Agent, args ...string) (string, string, error) {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(PluginDir(a.Root), "nomad-driver-csi"), args...)
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "NOMAD_PLUGIN_MAGIC_COOKIE=") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	err := cmd.Run()
+	return out.String(), errOut.String(), err
+}
+
+func TestCLI(t *testing.T) {
+	a := volAgent(t, false)
+	fx := a.StartVolFixture(t, "clifx", VolFixtureOptions{})
+	name := volUniq("cli")
+	dest := filepath.Join(volDir(a, name), "data")
+	job := a.RunVolJob(t, VolJob{
+		Type:   "service",
+		Script: fmt.Sprintf("echo ready > %s/f && sleep 600", dest),
+		Volumes: []VolSpec{{Name: "data", Plugin: fx.ID, ID: name, Dest: dest, Access: "single-node-writer",
+			Create: true, CreateType: "dir"}},
+	})
+	al := a.WaitAlloc(t, job.ID, volTimeout, StatusRunning)
+	volID := fx.VolumeID(name)
+	must.NotEq(t, "", volID)
+
+	out, errOut, err := runDriverCLI(t, a)
+	must.NoError(t, err, must.Sprint(errOut))
+	must.StrHasPrefix(t, "Usage: nomad-driver-csi", out)
+
+	out, errOut, err = runDriverCLI(t, a, "volumes", "-json", "-root-dir", a.DriverRoot)
+	must.NoError(t, err, must.Sprint(errOut))
+	var vols struct {
+		Volumes []struct {
+			PluginID string `json:"plugin_id"`
+			VolumeID string `json:"volume_id"`
+			Stage    string `json:"stage"`
+			Tasks    []struct {
+				TaskID string `json:"task_id"`
+				State  string `json:"state"`
+				Target string `json:"target"`
+			} `json:"tasks"`
+		} `json:"volumes"`
+	}
+	must.NoError(t, json.Unmarshal([]byte(out), &vols), must.Sprint(out))
+	found := false
+	for _, v := range vols.Volumes {
+		if v.VolumeID != volID {
+			continue
+		}
+		found = true
+		must.Eq(t, fx.ID, v.PluginID)
+		must.Eq(t, "staged", v.Stage)
+		must.SliceLen(t, 1, v.Tasks)
+		must.StrHasPrefix(t, al.ID, v.Tasks[0].TaskID)
+		must.Eq(t, "published", v.Tasks[0].State)
+		must.SliceContains(t, a.VolMounts(), v.Tasks[0].Target)
+	}
+	must.True(t, found, must.Sprintf("volume %s not in %s", volID, out))
+
+	out, errOut, err = runDriverCLI(t, a, "volumes", "-root-dir", a.DriverRoot)
+	must.NoError(t, err, must.Sprint(errOut))
+	must.StrContains(t, out, "Volume "+volID+" (plugin "+fx.ID+")")
+
+	out, errOut, err = runDriverCLI(t, a, "probe", fx.ID, "-root-dir", a.DriverRoot)
+	must.NoError(t, err, must.Sprint(errOut))
+	must.StrContains(t, out, "fixture.csi.nomad-driver-csi")
+	must.StrContains(t, out, "e2e-node")
+	must.StrContains(t, out, "GET_VOLUME_STATS")
+	t.Logf("probe %s:\n%s", fx.ID, out)
+
+	out, errOut, err = runDriverCLI(t, a, "stats", volID, "-root-dir", a.DriverRoot)
+	must.NoError(t, err, must.Sprint(errOut))
+	must.StrContains(t, out, "bytes")
+	must.StrContains(t, out, "Condition normal")
+
+	// Beside the running driver cleanup only looks, and -apply refuses.
+	out, errOut, err = runDriverCLI(t, a, "cleanup", "-root-dir", a.DriverRoot)
+	must.NoError(t, err, must.Sprint(errOut))
+	must.StrContains(t, out, "The driver is running")
+	must.StrContains(t, out, "Orphan volume mounts: none")
+	_, errOut, err = runDriverCLI(t, a, "cleanup", "-apply", "-root-dir", a.DriverRoot)
+	must.Error(t, err)
+	must.StrContains(t, errOut, "the driver holds the volume journal's lock")
+
+	_, errOut, err = runDriverCLI(t, a, "probe", "no-such-plugin", "-root-dir", a.DriverRoot)
+	must.Error(t, err)
+	must.StrContains(t, errOut, `no plugin task "no-such-plugin" on this node`)
+}
