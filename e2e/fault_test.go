@@ -576,7 +576,8 @@ func faultDiskGroup(t *testing.T) {
 		fsDir = a.DriverRoot
 		return unix.Mount("tmpfs", a.DriverRoot, "tmpfs", 0, "size=16m,mode=0700")
 	}})
-	t.Cleanup(func() { volFinalCheck(t, a) })
+	// The tmpfs at root_dir is the fault's; everything else must go.
+	t.Cleanup(func() { volFinalCheck(t, a, fsDir) })
 	fx := a.StartVolFixture(t, "fxdisk", VolFixtureOptions{})
 	runFault(t, a, fx, "disk", "root_dir on a full file system", func(c *faultCase) { faultFullDisk(c, fsDir) })
 }

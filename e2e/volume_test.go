@@ -58,8 +58,10 @@ func volAgent(t *testing.T, persistent bool) *Agent {
 }
 
 // volFinalCheck stops the workloads, then the plugins, and asserts the
-// driver left nothing behind under its root.
-func volFinalCheck(t *testing.T, a *Agent) {
+// driver left nothing behind under its root. own are mounts the test made
+// there itself (a small file system at root_dir): they must still be there,
+// and are not counted as left.
+func volFinalCheck(t *testing.T, a *Agent, own ...string) {
 	if a.PID() == 0 {
 		t.Errorf("agent %s is not running for the final volume check", a.Dir)
 		return
@@ -86,8 +88,17 @@ func volFinalCheck(t *testing.T, a *Agent) {
 		if left, err = MountsUnder(a.DriverRoot); err != nil {
 			left = []string{volReadError(err)}
 		}
+		left = slices.DeleteFunc(left, func(p string) bool { return slices.Contains(own, p) })
 		if len(left) == 0 {
 			break
+		}
+	}
+	if len(own) > 0 {
+		now, err := MountsUnder(a.DriverRoot)
+		for _, p := range own {
+			if err != nil || !slices.Contains(now, p) {
+				t.Errorf("the test's own mount %s under the driver's root is gone (%v): the check above proves nothing", p, err)
+			}
 		}
 	}
 	if len(left) > 0 {
