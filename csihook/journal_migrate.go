@@ -23,12 +23,27 @@ import (
 // files read, for the caller to remove once the log holds them durably.
 // Files that cannot be used are renamed *.bad and reported, never guessed
 // at.
+// recordFileKind tells whether name is a record file of the file-per-record
+// format, and of which kind (v, t or c).
+func recordFileKind(name string) (string, bool) {
+	kind, _, _ := strings.Cut(name, "-")
+	return kind, strings.HasSuffix(name, ".json") && (kind == "v" || kind == "t" || kind == "c")
+}
+
+// IsRecordFile tells whether a file of a journal directory is a record of
+// the file-per-record format: one the driver still honours and moves into
+// the log when it next opens the journal.
+func IsRecordFile(name string) bool {
+	_, ok := recordFileKind(name)
+	return ok
+}
+
 func (j *journal) migrate(entries []fs.DirEntry) ([]string, error) {
 	var done []string
 	for _, e := range entries {
 		name := e.Name()
-		kind, _, _ := strings.Cut(name, "-")
-		if !strings.HasSuffix(name, ".json") || (kind != "v" && kind != "t" && kind != "c") {
+		kind, ok := recordFileKind(name)
+		if !ok {
 			continue
 		}
 		path := filepath.Join(j.dir, name)

@@ -21,6 +21,7 @@ const (
 	ActionCloneTree       = "clone-tree"
 	ActionAttachTree      = "attach-tree"
 	ActionLockTree        = "lock-tree"
+	ActionUnmountExact    = "unmount-exact"
 )
 
 // FakeAction is one call recorded by Fake.
@@ -190,6 +191,32 @@ func (f *Fake) Unmount(target string) error {
 		}
 	}
 	return nil
+}
+
+// UnmountExact removes the topmost mount at path when it is below root and
+// has the given ID; otherwise it fails and changes nothing.
+func (f *Fake) UnmountExact(root, path string, id int) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.record(FakeAction{Kind: ActionUnmountExact, Target: path})
+	if err := f.UnmountErrs[path]; err != nil {
+		return err
+	}
+	path = filepath.Clean(path)
+	if path == filepath.Clean(root) || !PathWithin(path, root) {
+		return fmt.Errorf("fake: %q is not below %q", path, root)
+	}
+	for i := len(f.MountPoints) - 1; i >= 0; i-- {
+		if f.MountPoints[i].Path != path {
+			continue
+		}
+		if f.MountPoints[i].ID != id {
+			return fmt.Errorf("fake: %q is no longer the mount point of mount %d (the path now leads to mount %d): left alone", path, id, f.MountPoints[i].ID)
+		}
+		f.MountPoints = append(f.MountPoints[:i], f.MountPoints[i+1:]...)
+		return nil
+	}
+	return fmt.Errorf("fake: %q is no longer the mount point of mount %d: left alone", path, id)
 }
 
 func (f *Fake) SetPropagation(target, mode string, recursive bool) error {

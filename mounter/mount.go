@@ -54,6 +54,14 @@ type Interface interface {
 	// returned: Unmount never detaches lazily, because a lazily detached
 	// mount still holds its device and hides the leak.
 	Unmount(target string) error
+	// UnmountExact unmounts the mount with mount ID id at path, which must
+	// be below root. The path is opened beneath root without following any
+	// symlink, and only when what it opens is the root of the mount with
+	// that very ID is it unmounted, through the open handle and once (EBUSY
+	// is returned, never retried by path). A path someone swapped after the
+	// mount table was read therefore cannot steer the unmount to another
+	// mount, inside root or out of it.
+	UnmountExact(root, path string, id int) error
 	// SetPropagation sets target's propagation to one of the Propagation*
 	// modes, for its submounts too when recursive.
 	SetPropagation(target, mode string, recursive bool) error
@@ -282,6 +290,70 @@ func (m *mounter) Unmount(target string) error {
 			return fmt.Errorf("failed to unmount %q: %w", target, err)
 		}
 	}
+}
+
+func (m *mounter) UnmountExact(root, path string, id int) error {
+	root, path = filepath.Clean(root), filepath.Clean(path)
+	if path == root || !PathWithin(path, root) {
+		return fmt.Errorf("%q is not below %q", path, root)
+	}
+	// The parent is held open, found without following a symlink; the
+	// mount point is then named inside that very directory, as the last
+	// element, which is never followed either. A handle on the mount
+	// itself would keep it busy.
+	parent, base := filepath.Dir(path), filepath.Base(path)
+	dirFD, err := openBeneath(root, parent)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(dirFD)
+	var stx unix.Statx_t
+	if err := unix.Statx(dirFD, base, unix.AT_SYMLINK_NOFOLLOW|unix.AT_NO_AUTOMOUNT, unix.STATX_MNT_ID, &stx); err != nil {
+		return fmt.Errorf("failed to look at %q: %w", path, err)
+	}
+	if stx.Mask&unix.STATX_MNT_ID == 0 || stx.Attributes_mask&unix.STATX_ATTR_MOUNT_ROOT == 0 {
+		return fmt.Errorf("cannot tell which mount %q is on: the kernel reports no mount ID (Linux 5.8 or later does)", path)
+	}
+	if stx.Mode&unix.S_IFMT == unix.S_IFLNK || stx.Attributes&unix.STATX_ATTR_MOUNT_ROOT == 0 || int(stx.Mnt_id) != id {
+		return fmt.Errorf("%q is no longer the mount point of mount %d (the path now leads to mount %d): left alone", path, id, stx.Mnt_id)
+	}
+	// The magic link is the held directory itself, wherever its path
+	// leads now.
+	target := fmt.Sprintf("/proc/self/fd/%d/%s", dirFD, base)
+	if err := unix.Unmount(target, unix.UMOUNT_NOFOLLOW); err != nil {
+		if errors.Is(err, unix.EINVAL) {
+			return fmt.Errorf("mount %d at %q was unmounted meanwhile: %w", id, path, err)
+		}
+		return fmt.Errorf("failed to unmount %q: %w", path, err)
+	}
+	m.logger.Debug("unmounted", "target", path, "mount_id", id)
+	return nil
+}
+
+// openBeneath opens dir, root itself or a directory below it, as an O_PATH
+// handle without following a symlink on the way (root itself is the
+// caller's).
+func openBeneath(root, dir string) (int, error) {
+	rootFD, err := unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("failed to open %q: %w", root, err)
+	}
+	if dir == root {
+		return rootFD, nil
+	}
+	defer unix.Close(rootFD)
+	rel, err := filepath.Rel(root, dir)
+	if err != nil {
+		return -1, fmt.Errorf("%q is not below %q", dir, root)
+	}
+	fd, err := unix.Openat2(rootFD, rel, &unix.OpenHow{
+		Flags:   unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC | unix.O_NOFOLLOW,
+		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
+	})
+	if err != nil {
+		return -1, fmt.Errorf("failed to open %q below %q without following symlinks: %w", rel, root, err)
+	}
+	return fd, nil
 }
 
 // PropagationFlags returns the mount(2) flags for a Propagation* mode.

@@ -398,3 +398,76 @@ func TestMounter_IsMountPoint(t *testing.T) {
 	_, err = m.IsMountPoint(filepath.Join(dir, "missing"))
 	must.True(t, errors.Is(err, fs.ErrNotExist))
 }
+
+// UnmountExact unmounts only the mount it was given, at its path below
+// root: never through a symlink put on the way, never another mount that
+// took the path, never a path outside root.
+func TestMounter_UnmountExact_Root(t *testing.T) {
+	requireRoot(t)
+	m := New()
+	dir := privateDir(t)
+	root := filepath.Join(dir, "root")
+	outside := filepath.Join(dir, "outside")
+
+	mounted := func(path string) bool {
+		ok, err := m.IsMountPoint(path)
+		must.NoError(t, err)
+		return ok
+	}
+
+	t.Run("the mount with that ID", func(t *testing.T) {
+		target := filepath.Join(root, "a", "vol")
+		mountTmpfs(t, target)
+		mp, ok := mountAt(t, m, target)
+		must.True(t, ok)
+		must.NoError(t, m.UnmountExact(root, target, mp.ID))
+		must.False(t, mounted(target))
+	})
+
+	t.Run("another mount at the path", func(t *testing.T) {
+		target := filepath.Join(root, "b", "vol")
+		mountTmpfs(t, target)
+		mp, ok := mountAt(t, m, target)
+		must.True(t, ok)
+		err := m.UnmountExact(root, target, mp.ID+100000)
+		must.ErrorContains(t, err, "no longer the mount point")
+		must.True(t, mounted(target))
+	})
+
+	t.Run("a directory inside a mount, not its root", func(t *testing.T) {
+		target := filepath.Join(root, "c", "vol")
+		mountTmpfs(t, target)
+		mp, ok := mountAt(t, m, target)
+		must.True(t, ok)
+		sub := filepath.Join(target, "sub")
+		must.NoError(t, os.Mkdir(sub, 0o755))
+		must.ErrorContains(t, m.UnmountExact(root, sub, mp.ID), "no longer the mount point")
+		must.True(t, mounted(target))
+	})
+
+	t.Run("a symlink put on the way", func(t *testing.T) {
+		// A mount outside root, and a path under root that a symlink
+		// now leads to it through.
+		victim := filepath.Join(outside, "d", "x", "vol")
+		mountTmpfs(t, victim)
+		mp, ok := mountAt(t, m, victim)
+		must.True(t, ok)
+		must.NoError(t, os.MkdirAll(filepath.Join(root, "d"), 0o755))
+		link := filepath.Join(root, "d", "link")
+		must.NoError(t, os.Symlink(filepath.Join(outside, "d"), link))
+		err := m.UnmountExact(root, filepath.Join(link, "x", "vol"), mp.ID)
+		must.ErrorContains(t, err, "without following symlinks")
+		must.True(t, mounted(victim))
+	})
+
+	t.Run("a path outside root", func(t *testing.T) {
+		victim := filepath.Join(outside, "e", "vol")
+		mountTmpfs(t, victim)
+		mp, ok := mountAt(t, m, victim)
+		must.True(t, ok)
+		for _, p := range []string{victim, root, filepath.Join(root, "..", "outside", "e", "vol")} {
+			must.ErrorContains(t, m.UnmountExact(root, p, mp.ID), "is not below")
+		}
+		must.True(t, mounted(victim))
+	})
+}

@@ -35,6 +35,11 @@ type cleanupView struct {
 	Unmounted []string          `json:"unmounted,omitempty"`
 	Failed    map[string]string `json:"failed,omitempty"`
 	Applied   bool              `json:"applied"`
+
+	// root is the real root_dir the mounts were looked for under, ids the
+	// mount ID on top at each path, for -apply to unmount exactly that.
+	root string
+	ids  map[string]int
 }
 
 type staleRecord struct {
@@ -73,26 +78,7 @@ func runCleanup(e *env, args []string, apply bool) error {
 		return err
 	}
 	if apply {
-		v.Applied = true
-		v.Failed = map[string]string{}
-		// Deepest first: a volume's submounts before the volume.
-		sort.Slice(v.OrphanMounts, func(i, j int) bool { return len(v.OrphanMounts[i]) > len(v.OrphanMounts[j]) })
-		for _, p := range v.OrphanMounts {
-			// The mount table gives real paths: one that no longer
-			// resolves to itself had a symlink put on the way.
-			if real, err := filepath.EvalSymlinks(p); err != nil || real != p {
-				v.Failed[p] = "the path no longer resolves to the mount (a symlink on the way?): left alone"
-				continue
-			}
-			if err := m.Unmount(p); err != nil {
-				v.Failed[p] = err.Error()
-				continue
-			}
-			v.Unmounted = append(v.Unmounted, p)
-		}
-		if len(v.Failed) == 0 {
-			v.Failed = nil
-		}
+		applyOrphans(m, &v)
 	}
 	if e.json {
 		if err := e.writeJSON(v); err != nil {
@@ -107,6 +93,48 @@ func runCleanup(e *env, args []string, apply bool) error {
 	return nil
 }
 
+// configuredRoot is the root_dir a journaled staging or publish path was
+// made under: <root_dir>/mnt/staging/<plugin>/<volume hash> and
+// <root_dir>/mnt/publish/<task hash>/<name> alike.
+func configuredRoot(p string) string {
+	return filepath.Dir(filepath.Dir(filepath.Dir(filepath.Dir(p))))
+}
+
+// sameRoot tells whether the journaled path p was made under another name
+// of realRoot. Only root_dir itself is resolved, never a directory below
+// it, where a plugin task could have put a symlink.
+func sameRoot(p, realRoot string) bool {
+	root := configuredRoot(p)
+	if filepath.Base(filepath.Dir(filepath.Dir(filepath.Dir(p)))) != "mnt" {
+		return false
+	}
+	resolved, err := filepath.EvalSymlinks(root)
+	return err == nil && resolved == realRoot
+}
+
+// applyOrphans unmounts v's orphan mounts, deepest first, and records
+// what it did in v.
+func applyOrphans(m mounter.Interface, v *cleanupView) {
+	v.Applied = true
+	v.Failed = map[string]string{}
+	// Deepest first: a volume's submounts before the volume.
+	sort.Slice(v.OrphanMounts, func(i, j int) bool { return len(v.OrphanMounts[i]) > len(v.OrphanMounts[j]) })
+	for _, p := range v.OrphanMounts {
+		// Whoever can write a directory on the way (a plugin task has
+		// the stage root) could swap it for a symlink after the table
+		// was read: only the mount with the listed ID, reached without
+		// following any symlink, is unmounted.
+		if err := m.UnmountExact(v.root, p, v.ids[p]); err != nil {
+			v.Failed[p] = err.Error()
+			continue
+		}
+		v.Unmounted = append(v.Unmounted, p)
+	}
+	if len(v.Failed) == 0 {
+		v.Failed = nil
+	}
+}
+
 // findOrphans fills v from the journal, the task state directories and
 // the mount table. A mount is an orphan only when it is under the stage
 // root's volume layout and neither at nor below a path a journal record
@@ -119,27 +147,72 @@ func findOrphans(rootDir string, m mounter.Interface, v *cleanupView) error {
 	case err != nil:
 		return fmt.Errorf("the journal cannot be read whole, so no mount can be proven an orphan: %w", err)
 	}
+	for _, name := range st.Files {
+		if csihook.IsRecordFile(name) {
+			return fmt.Errorf("the journal holds records in the older one-file-per-record format (%s) that only the driver reads: start the driver once (it moves them into the log), then run cleanup", name)
+		}
+	}
+	// The journal records paths under root_dir as the driver was
+	// configured; the mount table has real paths. Both are compared
+	// under the real root_dir, whichever of the two -root-dir names.
+	root := filepath.Clean(rootDir)
+	realRoot, err := filepath.EvalSymlinks(root)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		realRoot = root
+	case err != nil:
+		return fmt.Errorf("failed to resolve -root-dir %q: %w", root, err)
+	}
 	var backed []string
+	rebase := func(p string) error {
+		switch {
+		case mounter.PathWithin(p, realRoot):
+			backed = append(backed, p)
+		case mounter.PathWithin(p, root):
+			rel, _ := filepath.Rel(root, p)
+			backed = append(backed, filepath.Join(realRoot, rel))
+		case sameRoot(p, realRoot):
+			// Named by its real path; the driver was configured with
+			// another name of it.
+			rel, _ := filepath.Rel(configuredRoot(p), p)
+			backed = append(backed, filepath.Join(realRoot, rel))
+		default:
+			return fmt.Errorf("the journal names %q, which is under neither -root-dir %q nor its real path %q: it belongs to another root_dir, so no mount can be proven an orphan", p, root, realRoot)
+		}
+		return nil
+	}
 	for _, vol := range st.Volumes {
 		if vol.StagingPath != "" {
-			backed = append(backed, vol.StagingPath)
+			if err := rebase(vol.StagingPath); err != nil {
+				return err
+			}
 		}
 	}
 	for _, t := range st.Tasks {
 		if t.Target != "" {
-			backed = append(backed, t.Target)
+			if err := rebase(t.Target); err != nil {
+				return err
+			}
 		}
 	}
 	mounts, err := m.List()
 	if err != nil {
 		return fmt.Errorf("failed to read the mount table: %w", err)
 	}
-	root, stage := filepath.Clean(rootDir), driver.StageRoot(rootDir)
+	v.root = realRoot
+	v.ids = map[string]int{}
+	stage := driver.StageRoot(realRoot)
 	layout := []string{filepath.Join(stage, "staging"), filepath.Join(stage, "publish")}
 	seen := map[string]bool{}
 	for _, mp := range mounts {
 		p := mp.Path
-		if seen[p] || p == root || !mounter.PathWithin(p, root) {
+		if p == realRoot || !mounter.PathWithin(p, realRoot) {
+			continue
+		}
+		// The last of several mounts at one path is the one on top, the
+		// one its path leads to.
+		v.ids[p] = mp.ID
+		if seen[p] {
 			continue
 		}
 		seen[p] = true
@@ -191,13 +264,18 @@ func findOrphans(rootDir string, m mounter.Interface, v *cleanupView) error {
 }
 
 // lockJournal takes the journal's lock without waiting, as the driver
-// does, and fails with errDriverRunning when a driver has it. A journal
-// directory that does not exist has no driver.
+// does, and fails with errDriverRunning when a driver has it. The lock file
+// is made when missing (as the driver makes it), so that a driver starting
+// meanwhile waits for it too; a root_dir that does not exist has no driver
+// and no mounts.
 func lockJournal(dir string) (func(), error) {
-	f, err := os.Open(filepath.Join(dir, ".lock"))
-	if errors.Is(err, fs.ErrNotExist) {
+	if _, err := os.Stat(filepath.Dir(dir)); errors.Is(err, fs.ErrNotExist) {
 		return func() {}, nil
 	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("failed to make the journal directory %q for its lock: %w", dir, err)
+	}
+	f, err := os.OpenFile(filepath.Join(dir, ".lock"), os.O_CREATE|os.O_RDWR|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("failed to open the journal lock in %q: %w", dir, err)
 	}

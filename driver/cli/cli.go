@@ -6,6 +6,7 @@
 package cli
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -14,6 +15,7 @@ import (
 	"os"
 	"strings"
 	"unicode"
+	"unicode/utf16"
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver"
 )
@@ -201,9 +203,31 @@ func Printable(s string) string {
 	return b.String()
 }
 
-// writeJSON prints v indented. encoding/json escapes control characters.
+// writeJSON prints v indented. encoding/json escapes C0 controls but
+// passes C1 controls (U+009B is an 8-bit CSI to some terminals), bidi
+// overrides and other invisible runes through: every rune that is not
+// graphic, but the newlines of the indentation, is escaped too, as \uXXXX
+// (a surrogate pair beyond the BMP). Outside strings JSON holds only
+// graphic ASCII, so only strings change, and stay the same strings.
 func (e *env) writeJSON(v any) error {
-	enc := json.NewEncoder(e.out)
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
 	enc.SetIndent("", "  ")
-	return enc.Encode(v)
+	if err := enc.Encode(v); err != nil {
+		return err
+	}
+	var b strings.Builder
+	for _, r := range buf.String() {
+		switch {
+		case r == '\n' || unicode.IsGraphic(r):
+			b.WriteRune(r)
+		case r < 0x10000:
+			fmt.Fprintf(&b, `\u%04x`, r)
+		default:
+			r1, r2 := utf16.EncodeRune(r)
+			fmt.Fprintf(&b, `\u%04x\u%04x`, r1, r2)
+		}
+	}
+	_, err := io.WriteString(e.out, b.String())
+	return err
 }
