@@ -194,7 +194,7 @@ type Config struct {
 func defaultConfig() Config {
 	return Config{Enabled: true, PrivilegedPluginsOnly: true, RootDir: DefaultRootDir, CgroupParent: DefaultCgroupParent,
 		VolumeStatsInterval: DefaultVolumeStatsInterval,
-		DefaultPIDMode: IsolationModePrivate, DefaultIPCMode: IsolationModePrivate, AllowCaps: executor.DefaultCapabilities}
+		DefaultPIDMode:      IsolationModePrivate, DefaultIPCMode: IsolationModePrivate, AllowCaps: executor.DefaultCapabilities}
 }
 
 func validIsolationMode(key, mode string, allowEmpty bool) error {
