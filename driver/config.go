@@ -193,8 +193,8 @@ type Config struct {
 // config block: what configSpec's defaults make.
 func defaultConfig() Config {
 	return Config{Enabled: true, PrivilegedPluginsOnly: true, RootDir: DefaultRootDir, CgroupParent: DefaultCgroupParent,
-		VolumeStatsInterval: DefaultVolumeStatsInterval,
-		DefaultPIDMode:      IsolationModePrivate, DefaultIPCMode: IsolationModePrivate, AllowCaps: executor.DefaultCapabilities}
+		DefaultPIDMode: IsolationModePrivate, DefaultIPCMode: IsolationModePrivate, AllowCaps: executor.DefaultCapabilities,
+		VolumeStatsInterval: DefaultVolumeStatsInterval}
 }
 
 func validIsolationMode(key, mode string, allowEmpty bool) error {
