@@ -44,6 +44,8 @@ const (
 	// statsRescan is the longest the loop sleeps before it looks again
 	// for volumes published or unpublished meanwhile.
 	statsRescan = 5 * time.Second
+	// statsMinGap is the shortest wait between two passes.
+	statsMinGap = 100 * time.Millisecond
 	// statsParallel bounds the samples in flight at once.
 	statsParallel = 4
 	// MaxConditionMessage bounds the plugin's condition message kept and
@@ -132,12 +134,9 @@ func newStatsLoop(interval time.Duration) *statsLoop {
 func (m *Manager) runStats(ctx context.Context) {
 	m.logger.Debug("volume stats loop started", "interval", m.cfg.StatsInterval)
 	for {
-		next := m.statsPass(ctx, time.Now())
-		wait := min(time.Until(next), statsRescan)
-		if wait < 0 {
-			wait = 0
-		}
-		t := time.NewTimer(wait)
+		now := time.Now()
+		next := m.statsPass(ctx, now)
+		t := time.NewTimer(wakeAt(now, next, m.cfg.StatsInterval).Sub(now))
 		select {
 		case <-ctx.Done():
 			t.Stop()
@@ -145,6 +144,22 @@ func (m *Manager) runStats(ctx context.Context) {
 		case <-t.C:
 		}
 	}
+}
+
+// wakeAt is when the loop that made a pass at now wakes again, given the
+// next volume due: then, but no sooner than a hundredth of the interval
+// (at least statsMinGap) after now, so that a pass handles the volumes due
+// meanwhile together rather than one pass per volume (each pass reads
+// every record), and no later than statsRescan, to find new volumes.
+func wakeAt(now, next time.Time, interval time.Duration) time.Time {
+	gap := max(interval/100, statsMinGap)
+	if next.Before(now.Add(gap)) {
+		next = now.Add(gap)
+	}
+	if late := now.Add(statsRescan); next.After(late) {
+		next = late
+	}
+	return next
 }
 
 // phase is a volume's offset within the interval: spread evenly over it
@@ -157,18 +172,33 @@ func phase(k volKey, interval time.Duration) time.Duration {
 	return time.Duration(h.Sum64() % uint64(interval))
 }
 
-// statsTargets returns the published volumes, each with a target path
-// and the tasks using it.
-func (m *Manager) statsTargets() map[volKey]*statsTarget {
+// publishedKeys returns the volumes published to a task now.
+func (m *Manager) publishedKeys() map[volKey]bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	out := map[volKey]*statsTarget{}
+	out := make(map[volKey]bool, len(m.vols))
 	for _, recs := range m.tasks {
 		for _, t := range recs {
-			if t.State != phasePublished {
+			if t.State == phasePublished {
+				out[t.key()] = true
+			}
+		}
+	}
+	return out
+}
+
+// statsTargets returns the volumes of keys that are still published, each
+// with a target path and the tasks using it.
+func (m *Manager) statsTargets(keys map[volKey]bool) map[volKey]*statsTarget {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make(map[volKey]*statsTarget, len(keys))
+	for _, recs := range m.tasks {
+		for _, t := range recs {
+			k := t.key()
+			if t.State != phasePublished || !keys[k] {
 				continue
 			}
-			k := t.key()
 			st := out[k]
 			if st == nil {
 				st = &statsTarget{key: k, path: t.Target, tasks: map[string]string{}}
@@ -192,12 +222,13 @@ func (m *Manager) statsTargets() map[volKey]*statsTarget {
 
 // statsPass samples the volumes due at now and returns when the next one
 // is due. Volumes no longer published are forgotten; new ones are due at
-// their phase.
+// their phase. Only the volumes due are looked at closely, so a pass costs
+// little more than a look at each record.
 func (m *Manager) statsPass(ctx context.Context, now time.Time) time.Time {
 	s := m.stats
-	targets := m.statsTargets()
+	keys := m.publishedKeys()
 	infos := map[string]PluginInfo{}
-	for k := range targets {
+	for k := range keys {
 		info, seen := infos[k.plugin]
 		if !seen {
 			var err error
@@ -208,30 +239,29 @@ func (m *Manager) statsPass(ctx context.Context, now time.Time) time.Time {
 		}
 		// A plugin without GET_VOLUME_STATS is never asked.
 		if !info.VolumeStats || info.ControllerOnly || info.Socket == "" {
-			delete(targets, k)
+			delete(keys, k)
 		}
 	}
 
-	var due []*statsTarget
+	due := map[volKey]bool{}
 	s.mu.Lock()
 	for k := range s.entries {
-		if _, ok := targets[k]; !ok {
+		if !keys[k] {
 			delete(s.entries, k)
 		}
 	}
 	next := now.Add(s.interval)
-	for k, t := range targets {
+	for k := range keys {
 		e := s.entries[k]
 		if e == nil {
 			e = &statsEntry{next: now.Add(phase(k, s.interval)), told: map[string]bool{},
 				last: VolumeStats{PluginID: k.plugin, VolumeID: k.volume}}
 			s.entries[k] = e
 		}
-		e.last.Tasks = sortedKeys(t.tasks)
 		// An unhealthy plugin is skipped, keeping the volume's place.
 		if !e.next.After(now) && !e.busy && infos[k.plugin].Healthy {
 			e.busy = true
-			due = append(due, t)
+			due[k] = true
 		}
 		for !e.next.After(now) {
 			e.next = e.next.Add(s.interval)
@@ -241,11 +271,28 @@ func (m *Manager) statsPass(ctx context.Context, now time.Time) time.Time {
 		}
 	}
 	s.mu.Unlock()
+	if len(due) == 0 {
+		return next
+	}
 
-	sort.Slice(due, func(i, j int) bool { return due[i].key.String() < due[j].key.String() })
+	targets := m.statsTargets(due)
+	var sorted []*statsTarget
+	for k := range due {
+		if t, ok := targets[k]; ok {
+			sorted = append(sorted, t)
+			continue
+		}
+		// Unpublished since: not busy any more (the next pass forgets it).
+		s.mu.Lock()
+		if e, ok := s.entries[k]; ok {
+			e.busy = false
+		}
+		s.mu.Unlock()
+	}
+	sort.Slice(sorted, func(i, j int) bool { return sorted[i].key.String() < sorted[j].key.String() })
 	sem := make(chan struct{}, statsParallel)
 	var wg sync.WaitGroup
-	for _, t := range due {
+	for _, t := range sorted {
 		sem <- struct{}{}
 		wg.Add(1)
 		go func() {
@@ -279,6 +326,7 @@ func (m *Manager) sample(ctx context.Context, t *statsTarget, info PluginInfo) {
 		return
 	}
 	e.busy = false
+	e.last.Tasks = sortedKeys(t.tasks)
 	if err != nil {
 		first := e.last.Error == ""
 		e.last.Error = cleanMessage(message(err), t.secrets...)
