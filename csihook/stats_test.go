@@ -270,3 +270,21 @@ func TestCleanMessage(t *testing.T) {
 		must.Eq(t, tc.want, cleanMessage(tc.in, map[string]string{"t": canary}))
 	}
 }
+
+// TestWakeAt checks the loop's pacing: never sooner than a hundredth of
+// the interval (at least statsMinGap) after a pass, never later than
+// statsRescan, else at the next volume due.
+func TestWakeAt(t *testing.T) {
+	now := time.Unix(1000, 0)
+	for _, tc := range []struct {
+		interval, next, want time.Duration
+	}{
+		{time.Minute, 0, 600 * time.Millisecond},
+		{time.Minute, time.Second, time.Second},
+		{time.Minute, time.Minute, statsRescan},
+		{time.Second, 0, statsMinGap},
+		{time.Hour, time.Hour, statsRescan},
+	} {
+		must.Eq(t, tc.want, wakeAt(now, now.Add(tc.next), tc.interval).Sub(now), must.Sprintf("%+v", tc))
+	}
+}
