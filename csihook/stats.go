@@ -46,8 +46,13 @@ const (
 	statsRescan = 5 * time.Second
 	// statsMinGap is the shortest wait between two passes.
 	statsMinGap = 100 * time.Millisecond
-	// statsParallel bounds the samples in flight at once.
-	statsParallel = 4
+	// statsParallel bounds the samples in flight at once, and
+	// statsPerPlugin those of one plugin: the volumes of a plugin that
+	// hangs (a plugin task is a job's) wait for its two slots, holding no
+	// other, and a pass never waits for a sample, so the volumes of other
+	// plugins are sampled on time.
+	statsParallel  = 8
+	statsPerPlugin = 2
 	// MaxConditionMessage bounds the plugin's condition message kept and
 	// put in events, in runes.
 	MaxConditionMessage = 256
@@ -105,6 +110,11 @@ type statsLoop struct {
 	interval time.Duration
 	mu       sync.Mutex
 	entries  map[volKey]*statsEntry
+	// slots bounds the samples in flight; plugins those per plugin.
+	slots   chan struct{}
+	plugins map[string]chan struct{}
+	// wg counts the sample goroutines; the loop waits for them to end.
+	wg sync.WaitGroup
 }
 
 // StartStats starts the stats loop with Config.StatsInterval; it does
@@ -128,11 +138,13 @@ func (m *Manager) StartStats() {
 }
 
 func newStatsLoop(interval time.Duration) *statsLoop {
-	return &statsLoop{interval: interval, entries: map[volKey]*statsEntry{}}
+	return &statsLoop{interval: interval, entries: map[volKey]*statsEntry{},
+		slots: make(chan struct{}, statsParallel), plugins: map[string]chan struct{}{}}
 }
 
 func (m *Manager) runStats(ctx context.Context) {
 	m.logger.Debug("volume stats loop started", "interval", m.cfg.StatsInterval)
+	defer m.stats.wg.Wait()
 	for {
 		now := time.Now()
 		next := m.statsPass(ctx, now)
@@ -220,8 +232,8 @@ func (m *Manager) statsTargets(keys map[volKey]bool) map[volKey]*statsTarget {
 	return out
 }
 
-// statsPass samples the volumes due at now and returns when the next one
-// is due. Volumes no longer published are forgotten; new ones are due at
+// statsPass starts sampling the volumes due at now (without waiting for
+// the answers: statsLoop.wg) and returns when the next one is due. Volumes no longer published are forgotten; new ones are due at
 // their phase. Only the volumes due are looked at closely, so a pass costs
 // little more than a look at each record.
 func (m *Manager) statsPass(ctx context.Context, now time.Time) time.Time {
@@ -258,7 +270,8 @@ func (m *Manager) statsPass(ctx context.Context, now time.Time) time.Time {
 				last: VolumeStats{PluginID: k.plugin, VolumeID: k.volume}}
 			s.entries[k] = e
 		}
-		// An unhealthy plugin is skipped, keeping the volume's place.
+		// An unhealthy plugin is skipped, keeping the volume's place; so
+		// is a volume whose last sample has not ended.
 		if !e.next.After(now) && !e.busy && infos[k.plugin].Healthy {
 			e.busy = true
 			due[k] = true
@@ -283,25 +296,47 @@ func (m *Manager) statsPass(ctx context.Context, now time.Time) time.Time {
 			continue
 		}
 		// Unpublished since: not busy any more (the next pass forgets it).
-		s.mu.Lock()
-		if e, ok := s.entries[k]; ok {
-			e.busy = false
-		}
-		s.mu.Unlock()
+		s.done(k)
 	}
 	sort.Slice(sorted, func(i, j int) bool { return sorted[i].key.String() < sorted[j].key.String() })
-	sem := make(chan struct{}, statsParallel)
-	var wg sync.WaitGroup
 	for _, t := range sorted {
-		sem <- struct{}{}
-		wg.Add(1)
+		slot := s.pluginSlots(t.key.plugin)
+		s.wg.Add(1)
 		go func() {
-			defer func() { <-sem; wg.Done() }()
+			defer s.wg.Done()
+			defer s.done(t.key)
+			for _, c := range []chan struct{}{slot, s.slots} {
+				select {
+				case c <- struct{}{}:
+					defer func() { <-c }()
+				case <-ctx.Done():
+					return
+				}
+			}
 			m.sample(ctx, t, infos[t.key.plugin])
 		}()
 	}
-	wg.Wait()
 	return next
+}
+
+func (s *statsLoop) pluginSlots(id string) chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c, ok := s.plugins[id]
+	if !ok {
+		c = make(chan struct{}, statsPerPlugin)
+		s.plugins[id] = c
+	}
+	return c
+}
+
+// done ends a sample of k: the volume may be sampled again.
+func (s *statsLoop) done(k volKey) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if e, ok := s.entries[k]; ok {
+		e.busy = false
+	}
 }
 
 func sortedKeys(m map[string]string) []string {
@@ -325,7 +360,6 @@ func (m *Manager) sample(ctx context.Context, t *statsTarget, info PluginInfo) {
 		s.mu.Unlock()
 		return
 	}
-	e.busy = false
 	e.last.Tasks = sortedKeys(t.tasks)
 	if err != nil {
 		first := e.last.Error == ""

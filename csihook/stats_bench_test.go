@@ -28,13 +28,13 @@ func BenchmarkStatsInterval(b *testing.B) {
 			h.m.stats = newStatsLoop(interval)
 			ctx := context.Background()
 			now := time.Now()
-			h.m.statsPass(ctx, now) // finds the volumes
+			statsPassWait(h.m, ctx, now) // finds the volumes
 			passes, iters := 0, 0
 			cpu0 := processCPU()
 			for b.Loop() {
 				end := now.Add(interval)
 				for now.Before(end) {
-					next := h.m.statsPass(ctx, now)
+					next := statsPassWait(h.m, ctx, now)
 					passes++
 					now = wakeAt(now, next, interval)
 				}

@@ -38,6 +38,13 @@ func putPublished(h *harness, n int) {
 	h.m.apply(ops)
 }
 
+// statsPassWait is statsPass and a wait for its samples to end.
+func statsPassWait(m *Manager, ctx context.Context, now time.Time) time.Time {
+	next := m.statsPass(ctx, now)
+	m.stats.wg.Wait()
+	return next
+}
+
 // callsByVolume counts the NodeGetVolumeStats calls per volume id.
 func callsByVolume(f *FakeClient) map[string]int {
 	out := map[string]int{}
@@ -63,11 +70,11 @@ func TestStatsStaggered(t *testing.T) {
 	most := 0
 	for i := range 60 {
 		before := h.fake.Count(MethodNodeGetVolumeStats)
-		next := h.m.statsPass(ctx, t0.Add(time.Duration(i)*time.Second))
+		next := statsPassWait(h.m, ctx, t0.Add(time.Duration(i)*time.Second))
 		must.True(t, next.After(t0.Add(time.Duration(i)*time.Second)))
 		most = max(most, h.fake.Count(MethodNodeGetVolumeStats)-before)
 	}
-	h.m.statsPass(ctx, t0.Add(time.Minute-time.Nanosecond))
+	statsPassWait(h.m, ctx, t0.Add(time.Minute-time.Nanosecond))
 	// 100 volumes over 60 passes: under 2 a pass on average.
 	must.Less(t, 10, most, must.Sprintf("one pass sampled %d of %d volumes", most, n))
 	per := callsByVolume(h.fake)
@@ -77,9 +84,9 @@ func TestStatsStaggered(t *testing.T) {
 	}
 	// The next interval keeps each volume's place: once more each.
 	for i := range 60 {
-		h.m.statsPass(ctx, t0.Add(time.Minute+time.Duration(i)*time.Second))
+		statsPassWait(h.m, ctx, t0.Add(time.Minute+time.Duration(i)*time.Second))
 	}
-	h.m.statsPass(ctx, t0.Add(2*time.Minute-time.Nanosecond))
+	statsPassWait(h.m, ctx, t0.Add(2*time.Minute-time.Nanosecond))
 	for id, c := range callsByVolume(h.fake) {
 		must.Eq(t, 2, c, must.Sprintf("volume %s", id))
 	}
@@ -103,7 +110,7 @@ func TestStatsCondition(t *testing.T) {
 	later := time.Now().Add(time.Hour)
 	pass := func() {
 		later = later.Add(time.Minute)
-		h.m.statsPass(ctx, later)
+		statsPassWait(h.m, ctx, later)
 	}
 	conditionEvents := func() []string {
 		var out []string
@@ -171,8 +178,8 @@ func TestStatsCapabilities(t *testing.T) {
 			h.fake.SetCondition("vol1", true, "broken")
 			h.m.stats = newStatsLoop(time.Minute)
 			// The first pass finds the volume, the next samples it.
-			h.m.statsPass(context.Background(), time.Now())
-			h.m.statsPass(context.Background(), time.Now().Add(time.Minute))
+			statsPassWait(h.m, context.Background(), time.Now())
+			statsPassWait(h.m, context.Background(), time.Now().Add(time.Minute))
 			must.Eq(t, tc.calls, h.fake.Count(MethodNodeGetVolumeStats))
 			n := 0
 			for _, e := range h.eventMsgs() {
@@ -196,22 +203,22 @@ func TestStatsStopOnUnpublish(t *testing.T) {
 	must.NoError(t, err)
 	h.m.stats = newStatsLoop(time.Minute)
 	later := time.Now()
-	h.m.statsPass(ctx, later) // finds it, due within the minute
+	statsPassWait(h.m, ctx, later) // finds it, due within the minute
 	must.Eq(t, 0, h.fake.Count(MethodNodeGetVolumeStats))
 	later = later.Add(time.Minute)
-	h.m.statsPass(ctx, later)
+	statsPassWait(h.m, ctx, later)
 	must.Eq(t, 1, h.fake.Count(MethodNodeGetVolumeStats))
 
 	h.fake.SetNextError(MethodNodeGetVolumeStats, status.Error(codes.Internal, "statfs \x07failed"))
-	h.m.statsPass(ctx, later.Add(time.Minute))
+	statsPassWait(h.m, ctx, later.Add(time.Minute))
 	st := h.m.VolumeStats()
 	must.SliceLen(t, 1, st)
 	must.Eq(t, `statfs \x07failed`, st[0].Error)
 	must.NotNil(t, st[0].Bytes)
 
 	must.NoError(t, h.m.Teardown(ctx, "task-a"))
-	h.m.statsPass(ctx, later.Add(2*time.Minute))
-	h.m.statsPass(ctx, later.Add(3*time.Minute))
+	statsPassWait(h.m, ctx, later.Add(2*time.Minute))
+	statsPassWait(h.m, ctx, later.Add(3*time.Minute))
 	must.Eq(t, 2, h.fake.Count(MethodNodeGetVolumeStats))
 	must.SliceEmpty(t, h.m.VolumeStats())
 }
@@ -287,4 +294,65 @@ func TestWakeAt(t *testing.T) {
 	} {
 		must.Eq(t, tc.want, wakeAt(now, now.Add(tc.next), tc.interval).Sub(now), must.Sprintf("%+v", tc))
 	}
+}
+
+// TestStatsHungPlugin checks what a plugin that never answers
+// NodeGetVolumeStats (a plugin task is a job's) does to the others: its
+// volumes hold at most statsPerPlugin calls, a pass does not wait for
+// them, and the volume of another plugin is sampled meanwhile.
+func TestStatsHungPlugin(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.RPCTimeout = time.Minute })
+	h.setPlugin(statsPlugin("p"))
+	h.setPlugin(statsPlugin("slow"))
+	var ops []journalOp
+	for i := range 5 {
+		id := fmt.Sprintf("slow-%d", i)
+		ops = append(ops, journalOp{Op: opPutTask, Task: &taskRecord{TaskID: "task-" + id, Name: "data", PluginID: "slow",
+			VolumeID: id, Target: "/publish/" + id, State: phasePublished}})
+	}
+	ops = append(ops, journalOp{Op: opPutTask, Task: &taskRecord{TaskID: "task-ok", Name: "data", PluginID: "p",
+		VolumeID: "ok", Target: "/publish/ok", State: phasePublished}})
+	h.m.apply(ops)
+	var releases []func()
+	for i := range 5 {
+		releases = append(releases, h.fake.Hang(fmt.Sprintf("slow-%d", i)))
+	}
+	h.m.stats = newStatsLoop(time.Minute)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer func() {
+		cancel()
+		for _, r := range releases {
+			r()
+		}
+		h.m.stats.wg.Wait()
+	}()
+	now := time.Now()
+	h.m.statsPass(ctx, now)
+	h.m.statsPass(ctx, now.Add(time.Minute))
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		var sampled bool
+		for _, v := range h.m.VolumeStats() {
+			if v.VolumeID == "ok" && !v.Sampled.IsZero() {
+				sampled = true
+			}
+		}
+		if sampled {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the volume of the healthy plugin was not sampled beside the hung one")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	// The hung plugin holds its two calls, no more, across passes.
+	h.m.statsPass(ctx, now.Add(2*time.Minute))
+	slow := 0
+	for _, c := range h.fake.Calls() {
+		if c.Method == MethodNodeGetVolumeStats && strings.HasPrefix(c.VolumeID, "slow-") {
+			slow++
+		}
+	}
+	must.Eq(t, statsPerPlugin, slow)
+	must.Less(t, 5, slow)
 }
