@@ -1,13 +1,16 @@
 package driver
 
 import (
+	"encoding/json"
 	"fmt"
 	"net"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"time"
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/csihook"
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/atomicfile"
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/metrics"
 	"github.com/nomad-driver-csi/nomad-driver-csi/fingerprint/csiclient"
 )
@@ -143,4 +146,41 @@ func (d *Driver) configureMetrics(cfg Config) error {
 	}
 	d.logger.Info("serving metrics", "metrics_address", s.ListenAddr())
 	return nil
+}
+
+// VolumeStatsFile is where the driver keeps the stats loop's last sample
+// of every volume, rewritten once per volume_stats_interval, for the
+// operator CLI (`stats`) to read. It holds volume and task ids and cleaned
+// plugin messages, no secrets; mode 0600.
+func VolumeStatsFile(rootDir string) string { return filepath.Join(rootDir, "volume-stats.json") }
+
+// LastStats is the content of VolumeStatsFile.
+type LastStats struct {
+	Written time.Time             `json:"written"`
+	Volumes []csihook.VolumeStats `json:"volumes"`
+}
+
+// writeStatsFile writes the stats loop's last samples to VolumeStatsFile
+// once per interval until the driver shuts down, and once more then.
+func (d *Driver) writeStatsFile(m *csihook.Manager, rootDir string, interval time.Duration) {
+	write := func() {
+		data, err := json.Marshal(LastStats{Written: time.Now().UTC(), Volumes: m.VolumeStats()})
+		if err == nil {
+			err = atomicfile.Write(VolumeStatsFile(rootDir), data, 0o600, false)
+		}
+		if err != nil {
+			d.logger.Debug("failed to write the last volume stats", "error", err)
+		}
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-d.ctx.Done():
+			write()
+			return
+		case <-t.C:
+			write()
+		}
+	}
 }

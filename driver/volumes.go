@@ -199,6 +199,10 @@ func (d *Driver) volumes() (*csihook.Manager, error) {
 		return nil, fmt.Errorf("failed to open the volume journal: %w", err)
 	}
 	m.StartStats()
+	if iv := conf.volumeStatsInterval(); iv > 0 {
+		rootDir := conf.RootDir
+		d.goBackground(func() { d.writeStatsFile(m, rootDir, iv) })
+	}
 	d.vols.manager = m
 	return m, nil
 }

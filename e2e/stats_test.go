@@ -53,6 +53,20 @@ func TestVolumeStats(t *testing.T) {
 	must.True(t, ok)
 	must.Eq(t, 0, abn)
 
+	// The operator CLI shows the driver's last sample beside its own call.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		out, errOut, err := runDriverCLI(t, a, "stats", idA, "-root-dir", a.DriverRoot)
+		if err == nil && strings.Contains(out, "Driver's last sample at") {
+			t.Logf("stats:\n%s", out)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("stats %s shows no last sample of the driver (%v):\n%s%s", idA, err, out, errOut)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+
 	// An abnormal condition, with a terminal escape a hostile plugin
 	// could send, becomes one event on the task, escaped.
 	rules := filepath.Join(fx.StateDir, "conditions")
