@@ -46,6 +46,8 @@ type FakeClient struct {
 	nextErrs map[string][]error
 	errs     map[string]error
 	hangs    map[string]chan struct{}
+	// stats holds the answers of NodeGetVolumeStats (fake_stats.go).
+	stats fakeStats
 }
 
 var _ Client = (*FakeClient)(nil)

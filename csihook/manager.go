@@ -47,6 +47,8 @@ type Manager struct {
 	// makes a retried teardown of the task try them again.
 	unreleased map[string]map[volKey]string
 	closed     bool
+	// stats is the stats loop (stats.go); nil until StartStats.
+	stats *statsLoop
 
 	ctx    context.Context
 	cancel context.CancelFunc

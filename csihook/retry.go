@@ -37,7 +37,8 @@ func (m *Manager) call(ctx context.Context, o op, fn func(ctx context.Context) e
 		last    error
 		retried int
 	)
-	p := csiclient.Policy{Attempts: m.cfg.RetryAttempts, Base: m.cfg.RetryBase, Max: m.cfg.RetryMax, Timeout: m.cfg.RPCTimeout, Code: Code}
+	p := csiclient.Policy{Attempts: m.cfg.RetryAttempts, Base: m.cfg.RetryBase, Max: m.cfg.RetryMax, Timeout: m.cfg.RPCTimeout, Code: Code,
+		Observe: m.observer(o.pluginID)}
 	attempts, err := p.Do(ctx, o.method, func(ctx context.Context) error {
 		start = time.Now()
 		last = fn(ctx)

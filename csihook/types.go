@@ -6,6 +6,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/nomad-driver-csi/nomad-driver-csi/fingerprint/csiclient"
 	"github.com/nomad-driver-csi/nomad-driver-csi/mounter"
 )
 
@@ -97,6 +98,10 @@ type PluginInfo struct {
 	// ControllerPublish is the controller capability
 	// PUBLISH_UNPUBLISH_VOLUME.
 	ControllerPublish bool
+	// VolumeStats and VolumeCondition are the node capabilities
+	// GET_VOLUME_STATS and VOLUME_CONDITION (the stats loop).
+	VolumeStats     bool
+	VolumeCondition bool
 	// CreateDelete is the controller capability CREATE_DELETE_VOLUME.
 	CreateDelete bool
 	// Block is set when the plugin serves block-device volumes. CSI has no
@@ -176,6 +181,14 @@ type Config struct {
 	// teardown retries; defaults 2s and 2m.
 	BackgroundRetryBase time.Duration
 	BackgroundRetryMax  time.Duration
+
+	// StatsInterval is how often each published volume is sampled with
+	// NodeGetVolumeStats once StartStats runs (stats.go); zero or less:
+	// never.
+	StatsInterval time.Duration
+	// Observe, when set, hears of every attempt of every CSI call the
+	// manager makes, with the plugin's id (metrics).
+	Observe func(pluginID string, o csiclient.Observation)
 }
 
 // rollbackContext returns the context a rollback runs under: not

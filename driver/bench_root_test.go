@@ -160,7 +160,7 @@ type startBench struct {
 	allocs string
 }
 
-func newStartBench(b *testing.B) *startBench {
+func newStartBench(b *testing.B, tweak ...func(*Config)) *startBench {
 	requireRoot(b)
 	fixture := buildFixture(b)
 	// Supervisors run from the shim, built fresh, as make dev builds it.
@@ -181,8 +181,13 @@ func newStartBench(b *testing.B) *startBench {
 	b.Cleanup(func() { removeCgroupParent("nomad-csi-bench") })
 	e.d = NewPlugin(hclog.NewNullLogger())
 	b.Cleanup(e.d.Shutdown)
-	must.NoError(b, setConfig(e.d, Config{Enabled: true, AllowPrivileged: true, PrivilegedPluginsOnly: false,
-		RootDir: root, CgroupParent: "nomad-csi-bench"}))
+	conf := Config{Enabled: true, AllowPrivileged: true, PrivilegedPluginsOnly: false,
+		RootDir: root, CgroupParent: "nomad-csi-bench"}
+	for _, f := range tweak {
+		f(&conf)
+	}
+	b.Cleanup(func() { removeCgroupParent(conf.CgroupParent) })
+	must.NoError(b, setConfig(e.d, conf))
 
 	plugin := e.task(b, "plugin", TaskConfig{
 		Command:    fixture,

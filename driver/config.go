@@ -94,6 +94,12 @@ var configSpec = hclspec.NewObject(map[string]*hclspec.Spec{
 	),
 	"denied_host_uids": hclspec.NewAttr("denied_host_uids", "string", false),
 	"denied_host_gids": hclspec.NewAttr("denied_host_gids", "string", false),
+	// Stats and metrics (telemetry.go).
+	"volume_stats_interval": hclspec.NewDefault(
+		hclspec.NewAttr("volume_stats_interval", "string", false),
+		hclspec.NewLiteral(fmt.Sprintf("%q", DefaultVolumeStatsInterval)),
+	),
+	"metrics_address": hclspec.NewAttr("metrics_address", "string", false),
 })
 
 // defaultAllowCapsHCL is allow_caps when the operator does not set it: the
@@ -175,13 +181,20 @@ type Config struct {
 	AllowCaps      []string          `codec:"allow_caps"`
 	DeniedHostUIDs string            `codec:"denied_host_uids"`
 	DeniedHostGIDs string            `codec:"denied_host_gids"`
+
+	// VolumeStatsInterval is how often each published volume is sampled
+	// with NodeGetVolumeStats ("0" or "0s": never); MetricsAddress is the
+	// host:port of the Prometheus endpoint ("": none). See telemetry.go.
+	VolumeStatsInterval string `codec:"volume_stats_interval"`
+	MetricsAddress      string `codec:"metrics_address"`
 }
 
 // defaultConfig is the configuration of an agent that gives the plugin no
 // config block: what configSpec's defaults make.
 func defaultConfig() Config {
 	return Config{Enabled: true, PrivilegedPluginsOnly: true, RootDir: DefaultRootDir, CgroupParent: DefaultCgroupParent,
-		DefaultPIDMode: IsolationModePrivate, DefaultIPCMode: IsolationModePrivate, AllowCaps: executor.DefaultCapabilities}
+		DefaultPIDMode: IsolationModePrivate, DefaultIPCMode: IsolationModePrivate, AllowCaps: executor.DefaultCapabilities,
+		VolumeStatsInterval: DefaultVolumeStatsInterval}
 }
 
 func validIsolationMode(key, mode string, allowEmpty bool) error {
@@ -247,7 +260,7 @@ func (c *Config) validate() error {
 	if _, err := parseIDRanges("denied_host_gids", c.DeniedHostGIDs); err != nil {
 		return err
 	}
-	return nil
+	return c.validateTelemetry()
 }
 
 // TaskConfig is the decoded `config` block of a task.

@@ -98,6 +98,8 @@ type Driver struct {
 	recoverOnce sync.Once
 	// background counts goroutines that Shutdown waits for.
 	background sync.WaitGroup
+	// telemetry is the metrics and their endpoint (telemetry.go).
+	telemetry telemetry
 }
 
 // NewPlugin returns the driver, ready for Nomad's SetConfig.
@@ -209,6 +211,9 @@ func (d *Driver) setConfig(c *base.Config, cfg Config) error {
 		d.spares.Fill(shim, d.logger)
 	}
 	prober.SetSocketDirs(cfg.PluginSocketDirs)
+	if err := d.configureMetrics(cfg); err != nil {
+		return err
+	}
 	if cfg.Enabled {
 		d.checkRootPropagation(&cfg)
 		// Settle what an earlier driver process left: starts it never
@@ -1091,6 +1096,7 @@ func (d *Driver) Shutdown() {
 	d.cancel()
 	d.mu.Unlock()
 	d.background.Wait()
+	d.telemetry.endpoint.Close()
 	d.vols.mu.Lock()
 	if d.vols.manager != nil {
 		// Syncs what the journal has not synced yet.

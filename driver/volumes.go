@@ -192,9 +192,16 @@ func (d *Driver) volumes() (*csihook.Manager, error) {
 		PluginWait: d.pluginWait,
 		// Read once: Nomad configures a plugin once per process.
 		AllowCrossNamespace: conf.AllowCrossNamespaceVolumes,
+		StatsInterval:       conf.volumeStatsInterval(),
+		Observe:             d.observeCall,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("failed to open the volume journal: %w", err)
+	}
+	m.StartStats()
+	if iv := conf.volumeStatsInterval(); iv > 0 {
+		rootDir := conf.RootDir
+		d.goBackground(func() { d.writeStatsFile(m, rootDir, iv) })
 	}
 	d.vols.manager = m
 	return m, nil
@@ -250,6 +257,8 @@ func lifecyclePluginInfo(st fingerprint.PluginStatus) csihook.PluginInfo {
 		HealthDescription: st.HealthDescription,
 		StageUnstage:      st.NodeCaps.StageUnstageVolume,
 		ControllerPublish: st.ControllerService && st.ControllerCaps.PublishUnpublishVolume,
+		VolumeStats:       st.NodeCaps.GetVolumeStats,
+		VolumeCondition:   st.NodeCaps.VolumeCondition,
 		CreateDelete:      st.ControllerService && st.ControllerCaps.CreateDeleteVolume,
 		// A declared controller is never asked for its Node service; a
 		// socket's plugin is, and is known to lack it once probed.

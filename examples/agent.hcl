@@ -52,5 +52,12 @@ plugin "nomad-driver-csi" {
 
     # The control group every task goes under.
     cgroup_parent = "nomad-csi"
+
+    # Sample each published volume's usage and condition (NodeGetVolumeStats)
+    # once a minute; "0" turns it off.
+    volume_stats_interval = "1m"
+
+    # Serve Prometheus metrics on the loopback only ("" or unset: none).
+    metrics_address = "127.0.0.1:9465"
   }
 }

@@ -24,6 +24,8 @@ type statsView struct {
 	Abnormal *bool        `json:"abnormal,omitempty"`
 	Message  string       `json:"condition_message,omitempty"`
 	Task     journalTaskV `json:"task"`
+	// Last is the driver's own last sample (laststats.go), if it keeps one.
+	Last *lastSample `json:"driver_last_sample,omitempty"`
 }
 
 type usageView struct {
@@ -91,10 +93,15 @@ func runStats(e *env, args []string, socket string) error {
 			staging = vol.StagingPath
 		}
 	}
+	last := readLastSample(e.rootDir, t.PluginID, t.VolumeID)
 	v, err := volumeStats(context.Background(), sock, t, staging)
 	if err != nil {
+		if last != nil && !e.json {
+			printLastSample(e.out, last)
+		}
 		return err
 	}
+	v.Last = last
 	if e.json {
 		return e.writeJSON(v)
 	}
@@ -118,6 +125,7 @@ func runStats(e *env, args []string, socket string) error {
 		}
 		fmt.Fprintln(e.out)
 	}
+	printLastSample(e.out, v.Last)
 	return nil
 }
 

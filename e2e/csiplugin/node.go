@@ -316,6 +316,11 @@ func (p *plugin) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeS
 	} else if v.Type == typeExt4 && loopSize(v.Loop) < fi.Size() {
 		cond.Message = "ok; the image is larger than the loop device, NodeExpandVolume is due"
 	}
+	if msg, bad, err := p.abnormalCondition(v); err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "condition rules in %s: %v", p.conditionsFile(), err)
+	} else if bad {
+		cond = &csi.VolumeCondition{Abnormal: true, Message: msg}
+	}
 	_, _, _, mode, _ := statID(path)
 	if mode&unix.S_IFMT == unix.S_IFBLK {
 		return &csi.NodeGetVolumeStatsResponse{VolumeCondition: cond, Usage: []*csi.VolumeUsage{

@@ -155,6 +155,20 @@ type Policy struct {
 	// Code reads the code of a failed attempt; csiclient.Code when nil. A
 	// user whose calls return errors of its own passes its reader.
 	Code func(error) codes.Code
+	// Observe, when not nil, hears of every attempt once it ended: the
+	// method, the attempt's code, how long it took and whether it was a
+	// retry (N > 1). It is how metrics count calls without this package
+	// knowing of them; it must return quickly.
+	Observe func(Observation)
+}
+
+// Observation is one finished attempt of a call (see Policy.Observe).
+type Observation struct {
+	Method   string
+	Code     codes.Code
+	Duration time.Duration
+	// N counts attempts from 1: above 1 the attempt was a retry.
+	N int
 }
 
 // Attempt describes a failed attempt that will be retried.
@@ -186,8 +200,12 @@ func (p Policy) Do(ctx context.Context, method string, fn func(ctx context.Conte
 	}
 	for attempt := 0; ; attempt++ {
 		cctx, cancel := context.WithTimeout(ctx, timeout)
+		start := time.Now()
 		err := fn(cctx)
 		cancel()
+		if p.Observe != nil {
+			p.Observe(Observation{Method: method, Code: codeOf(err), Duration: time.Since(start), N: attempt + 1})
+		}
 		if err == nil || (done != nil && done(err)) {
 			return attempt + 1, nil
 		}
