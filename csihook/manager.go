@@ -29,6 +29,12 @@ type Manager struct {
 	journal *journal
 	locks   *keyLocks
 
+	// dirs orders making our directories under the stage root against
+	// removing the empty ones: another volume's release must not remove a
+	// plugin's staging directory between MkdirAll making it and making the
+	// volume's directory in it. Held only around those file calls.
+	dirs sync.Mutex
+
 	// mu guards the maps and closed; it is never held across a call to a
 	// plugin, the journal or the mounter.
 	mu      sync.Mutex
@@ -912,7 +918,7 @@ func (m *Manager) ensureVolume(ctx context.Context, taskID, name string, info Pl
 	}
 
 	if needStage && (vol.Stage != phaseStaged || restage) {
-		if err := os.MkdirAll(vol.StagingPath, 0o750); err != nil {
+		if err := m.makeDir(vol.StagingPath); err != nil {
 			return vol, pending, fmt.Errorf("failed to create staging directory %q for volume %q: %w", vol.StagingPath, name, err)
 		}
 		vol.Stage = phaseStaging
@@ -966,7 +972,7 @@ func (m *Manager) ensurePublished(ctx context.Context, info PluginInfo, vol volR
 		return err
 	}
 	// The CO makes the parent; the plugin makes the target (CSI spec).
-	if err := os.MkdirAll(filepath.Dir(tr.Target), 0o750); err != nil {
+	if err := m.makeDir(filepath.Dir(tr.Target)); err != nil {
 		return fmt.Errorf("failed to create the publish directory of volume %q: %w", tr.Name, err)
 	}
 	// The intent is durable already when it went out with the volume's
@@ -1051,7 +1057,7 @@ func (m *Manager) teardownTask(ctx context.Context, taskID string) error {
 		}
 	}
 	if len(errs) == 0 {
-		removeIfEmpty(m.taskDir(taskID))
+		m.removeIfEmpty(m.taskDir(taskID))
 	}
 	return errors.Join(errs...)
 }
@@ -1234,7 +1240,7 @@ func (m *Manager) releaseLocked(ctx context.Context, taskID, name string, k volK
 		return err
 	}
 	m.setVerified(k, false)
-	removeIfEmpty(filepath.Dir(vol.StagingPath))
+	m.removeIfEmpty(filepath.Dir(vol.StagingPath))
 	m.logger.Info("volume released on this node", "task_id", taskID, "plugin_id", vol.PluginID, "volume_id", vol.VolumeID)
 	return nil
 }
@@ -1258,8 +1264,20 @@ func (m *Manager) checkGone(o op, path string) error {
 	return nil
 }
 
+// makeDir makes a directory of ours under the stage root, with its
+// parents, never while an empty parent is being removed.
+func (m *Manager) makeDir(dir string) error {
+	m.dirs.Lock()
+	defer m.dirs.Unlock()
+	return os.MkdirAll(dir, 0o750)
+}
+
 // removeIfEmpty removes a directory of ours once nothing is left in it.
-func removeIfEmpty(dir string) { _ = os.Remove(dir) }
+func (m *Manager) removeIfEmpty(dir string) {
+	m.dirs.Lock()
+	defer m.dirs.Unlock()
+	_ = os.Remove(dir)
+}
 
 // summary is the first line of a failure for an event.
 func summary(err error) string {

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -1202,4 +1203,40 @@ func TestSetup_IntentToPublishAheadOfStage(t *testing.T) {
 	must.NoError(t, h.m.Teardown(context.Background(), "t"))
 	must.Eq(t, []string{MethodNodeStageVolume, MethodNodePublishVolume, MethodNodeUnpublishVolume, MethodNodeUnstageVolume},
 		h.fake.Methods())
+}
+
+// Volumes of one plugin share its staging directory, which the last
+// release removes: a setup making its volume's directory there at that
+// moment must not fail with "no such file or directory" (a soak run hit it
+// 261 cycles in). Many rounds of two volumes, one set up while the other
+// is released.
+func TestMakeDir_concurrentWithRemoveIfEmpty(t *testing.T) {
+	h := newHarness(t)
+	parent := filepath.Join(t.TempDir(), "staging", "p")
+	var wg sync.WaitGroup
+	errs := make(chan error, 1)
+	for w := 0; w < 2; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 2000; i++ {
+				dir := filepath.Join(parent, fmt.Sprintf("vol-%d-%d", w, i))
+				if err := h.m.makeDir(dir); err != nil {
+					select {
+					case errs <- err:
+					default:
+					}
+					return
+				}
+				_ = os.Remove(dir)
+				h.m.removeIfEmpty(parent)
+			}
+		}()
+	}
+	wg.Wait()
+	select {
+	case err := <-errs:
+		t.Fatalf("making a volume directory beside a release: %v", err)
+	default:
+	}
 }

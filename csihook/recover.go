@@ -197,7 +197,7 @@ func (m *Manager) reconcile(ctx context.Context, k volKey, live func(string) boo
 			continue
 		}
 		if len(m.taskRecs(t.TaskID)) == 0 {
-			removeIfEmpty(m.taskDir(t.TaskID))
+			m.removeIfEmpty(m.taskDir(t.TaskID))
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
