@@ -64,6 +64,8 @@ type Fake struct {
 	IsMountPointErrs map[string]error
 	ListErr          error
 	nextID           int
+	// stale holds the paths SetStale marked dead.
+	stale map[string]bool
 }
 
 var _ Interface = (*Fake)(nil)
