@@ -46,7 +46,10 @@ type Manager struct {
 	// each: no record names them for the task any more, so this is what
 	// makes a retried teardown of the task try them again.
 	unreleased map[string]map[volKey]string
-	closed     bool
+	// repairing holds the task volumes (repairKey) whose repair unmounted
+	// them but did not publish them again yet: see repair.go.
+	repairing map[string]bool
+	closed    bool
 
 	ctx    context.Context
 	cancel context.CancelFunc

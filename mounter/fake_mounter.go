@@ -188,6 +188,8 @@ func (f *Fake) Unmount(target string) error {
 	for i := len(f.MountPoints) - 1; i >= 0; i-- {
 		if f.MountPoints[i].Path == target {
 			f.MountPoints = append(f.MountPoints[:i], f.MountPoints[i+1:]...)
+			// A dead mount taken away leaves nothing stale behind.
+			delete(f.stale, target)
 			return nil
 		}
 	}
