@@ -3,6 +3,7 @@ package mounter
 import (
 	"os"
 	"path/filepath"
+	"strings"
 )
 
 // ActionDetachLazy is the kind of FakeAction that DetachLazy and DetachAt
@@ -56,4 +57,16 @@ func (f *Fake) DetachLazy(target string) error {
 // DetachAt is DetachLazy of name joined to dir's name.
 func (f *Fake) DetachAt(dir *os.File, name string) error {
 	return f.DetachLazy(filepath.Join(dir.Name(), name))
+}
+
+// ActionPrivateTree is the kind of FakeAction that PrivateTree records.
+const ActionPrivateTree = "private-tree"
+
+// PrivateTree records an ActionPrivateTree with the tree's source.
+func (f *Fake) PrivateTree(tree *os.File) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	source, _ := strings.CutPrefix(tree.Name(), fakeTreePrefix)
+	f.record(FakeAction{Kind: ActionPrivateTree, Source: source})
+	return nil
 }

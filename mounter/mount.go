@@ -109,6 +109,10 @@ type Interface interface {
 	// thread's working directory after unsharing its filesystem context:
 	// call it only on a locked OS thread that is never unlocked.
 	DetachAt(dir *os.File, name string) error
+	// PrivateTree makes every mount of a detached tree from CloneTree
+	// private before it is attached: no later mount on the host reaches it
+	// and none made below it leaves.
+	PrivateTree(tree *os.File) error
 }
 
 // SanitizeOptions joins options for logging, with every sensitive option

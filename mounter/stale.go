@@ -59,3 +59,11 @@ func (m *mounter) DetachAt(dir *os.File, name string) error {
 	}
 	return fmt.Errorf("failed to detach the dead mount at %q: %w", filepath.Join(dir.Name(), name), err)
 }
+
+func (m *mounter) PrivateTree(tree *os.File) error {
+	attr := unix.MountAttr{Propagation: unix.MS_PRIVATE}
+	if err := unix.MountSetattr(int(tree.Fd()), "", unix.AT_EMPTY_PATH|unix.AT_RECURSIVE, &attr); err != nil {
+		return fmt.Errorf("failed to make the mount tree of %q private: %w", tree.Name(), err)
+	}
+	return nil
+}
