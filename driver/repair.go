@@ -25,7 +25,7 @@ const repairTimeout = 5 * time.Minute
 // mountReplacer is the part of a task's process that takes a fresh mount
 // into the running task (executor.Process.ReplaceMount).
 type mountReplacer interface {
-	ReplaceMount(source string) (string, error)
+	ReplaceMount(source, target string, readOnly bool) (string, error)
 }
 
 // repairLoop checks every published volume for a dead mount every
@@ -92,7 +92,7 @@ func (d *Driver) attachRepaired(r csihook.Repaired, start time.Time) {
 		d.volumeEvent(r.TaskID, fmt.Sprintf("Volume %q was published again but cannot be attached in this running task: restart the task to see its data", r.Name), ann)
 		return
 	}
-	target, err := rp.ReplaceMount(r.HostPath)
+	target, err := rp.ReplaceMount(r.HostPath, r.Destination, r.ReadOnly)
 	if err != nil {
 		d.logger.Error("failed to attach a repaired volume in its task", "task_id", r.TaskID, "volume", r.Name, "error", err)
 		d.volumeEvent(r.TaskID, fmt.Sprintf("Repair of stale volume %q failed: it was published again, but attaching it in the running task failed (%v): restart the task to see its data", r.Name, err), ann)

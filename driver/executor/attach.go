@@ -14,9 +14,11 @@ import (
 )
 
 // ReplaceMount gives the running task a fresh copy of what is mounted at
-// source on the host now, in place of its own copy of an earlier mount
-// there (one of the task's mounts, found by its Source in the task's spec,
-// which lives outside the task's view). It is how a volume whose mount
+// source on the host now, in place of its own copy of an earlier mount at
+// target (one of the task's mounts, found by its target in the task's
+// spec, which lives outside the task's view, with the flags it had).
+// readOnly makes the fresh mount read-only too (a volume's read_only is
+// not in the spec: its mount comes with the late mounts). It is how a volume whose mount
 // died (a FUSE plugin's daemon killed) and was published again on the host
 // reaches a task that is still running: the task's mount namespace holds
 // a copy of the dead mount, which no host mount reaches.
@@ -32,25 +34,27 @@ import (
 // (a symlink in place of a directory, a directory moved away), nothing is
 // ever detached or mounted outside the task's root, and a symlink on the
 // way is an error. It returns the target inside the task.
-func (p *Process) ReplaceMount(source string) (string, error) {
+func (p *Process) ReplaceMount(source, target string, readOnly bool) (string, error) {
 	source = filepath.Clean(source)
+	target = filepath.Clean("/" + target)
 	var spec Spec
 	if err := wire.ReadJSON(filepath.Join(p.state.StateDir, wire.SpecFile), &spec); err != nil {
-		return "", fmt.Errorf("failed to replace the mount of %q in task pid %d: %w", source, p.state.TaskPID, err)
+		return "", fmt.Errorf("failed to replace the mount at %q in task pid %d: %w", target, p.state.TaskPID, err)
 	}
+	// A volume's source comes only with the late mounts (it is published
+	// while the task is set up): the spec names its target and flags.
 	var (
 		mnt   Mount
 		found bool
 	)
 	for _, m := range append(append([]Mount{}, spec.Mounts...), spec.LateMounts...) {
-		if filepath.Clean(m.Source) == source {
+		if filepath.Clean("/"+m.Target) == target {
 			mnt, found = m, true
 		}
 	}
 	if !found {
-		return "", fmt.Errorf("failed to replace the mount of %q in task pid %d: the task has no mount of it", source, p.state.TaskPID)
+		return "", fmt.Errorf("failed to replace the mount at %q in task pid %d: the task has no mount there", target, p.state.TaskPID)
 	}
-	target := filepath.Clean("/" + mnt.Target)
 	if target == "/" {
 		return "", fmt.Errorf("failed to replace the mount of %q in task pid %d: its target is the task's root", source, p.state.TaskPID)
 	}
@@ -86,7 +90,7 @@ func (p *Process) ReplaceMount(source string) (string, error) {
 	}
 	isDir := st.Mode&unix.S_IFMT == unix.S_IFDIR
 	isolated := spec.Isolation != nil
-	if err := m.LockTree(tree, mnt.ReadOnly, mnt.NoSuid || isolated, mnt.NoDev || isolated); err != nil {
+	if err := m.LockTree(tree, mnt.ReadOnly || readOnly, mnt.NoSuid || isolated, mnt.NoDev || isolated); err != nil {
 		return fail(err)
 	}
 	if err := m.PrivateTree(tree); err != nil {
@@ -103,7 +107,7 @@ func (p *Process) ReplaceMount(source string) (string, error) {
 	if err := <-errc; err != nil {
 		return fail(err)
 	}
-	p.logger.Info("replaced a mount in the running task", "source", source, "target", target, "read_only", mnt.ReadOnly)
+	p.logger.Info("replaced a mount in the running task", "source", source, "target", target, "read_only", mnt.ReadOnly || readOnly)
 	return target, nil
 }
 

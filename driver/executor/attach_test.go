@@ -79,7 +79,7 @@ exec sleep 100`)
 	must.NoError(t, m.Mount("fresh", vol, "tmpfs", 0, "size=1m"))
 	must.NoError(t, os.WriteFile(filepath.Join(vol, "data"), []byte("back\n"), 0o644))
 
-	target, err := p.ReplaceMount(vol)
+	target, err := p.ReplaceMount(vol, "/vol", false)
 	must.NoError(t, err)
 	must.Eq(t, "/vol", target)
 	waitFor(t, "the task to read its data again", func() bool {
@@ -91,8 +91,8 @@ exec sleep 100`)
 	must.Eq(t, 0, len(readFile(t, tt.stderr)), must.Sprint(readFile(t, tt.stderr)))
 
 	// A mount the task does not have is refused.
-	_, err = p.ReplaceMount(filepath.Join(base, "other"))
-	must.ErrorContains(t, err, "the task has no mount of it")
+	_, err = p.ReplaceMount(vol, "/other", false)
+	must.ErrorContains(t, err, "the task has no mount there")
 }
 
 // A task that swaps a directory on the way to its volume's target for a
@@ -125,7 +125,7 @@ func TestReplaceMount_SymlinkSwap_Root(t *testing.T) {
 
 	before, err := mounter.New().List()
 	must.NoError(t, err)
-	_, err = p.ReplaceMount(vol)
+	_, err = p.ReplaceMount(vol, "/work/sub/vol", false)
 	must.ErrorIs(t, err, mounter.ErrSymlinkTarget)
 	after, err := mounter.New().List()
 	must.NoError(t, err)
