@@ -49,7 +49,10 @@ type Manager struct {
 	// repairing holds the task volumes (repairKey) whose repair unmounted
 	// them but did not publish them again yet: see repair.go.
 	repairing map[string]bool
-	closed    bool
+	// staleChecks holds the paths whose stat by a repair has not returned
+	// (a hung network mount): they are not stat'ed again meanwhile.
+	staleChecks sync.Map
+	closed      bool
 
 	ctx    context.Context
 	cancel context.CancelFunc

@@ -120,13 +120,13 @@ func (m *Manager) repairVolume(ctx context.Context, k volKey) ([]Repaired, error
 
 	stagingDead := false
 	if vol.Stage == phaseStaged {
-		if stagingDead, err = m.cfg.Mounter.Stale(vol.StagingPath); err != nil {
+		if stagingDead, err = m.stale(vol.StagingPath); err != nil {
 			return nil, fmt.Errorf("failed to check the staging mount %q of volume_id %q: %w", vol.StagingPath, vol.VolumeID, err)
 		}
 	}
 	var dead []taskRecord
 	for _, tr := range recs {
-		stale, err := m.cfg.Mounter.Stale(tr.Target)
+		stale, err := m.stale(tr.Target)
 		if err != nil {
 			return nil, fmt.Errorf("failed to check the mount %q of volume %q: %w", tr.Target, tr.Name, err)
 		}
@@ -248,7 +248,7 @@ func (m *Manager) detachIfStill(path string, callErr error) error {
 	if callErr != nil {
 		m.logger.Warn("plugin could not take a dead mount away; detaching it", "path", path, "error", callErr)
 	}
-	stale, err := m.cfg.Mounter.Stale(path)
+	stale, err := m.stale(path)
 	if err != nil {
 		return fmt.Errorf("failed to check the mount %q: %w", path, err)
 	}
@@ -276,4 +276,35 @@ func repairKey(tr taskRecord) string { return tr.TaskID + "\x00" + tr.Name }
 // mount is gone: it must be published again). The caller holds m.mu.
 func (m *Manager) repairCandidateLocked(tr taskRecord) bool {
 	return tr.State == phasePublished || tr.State == phasePublishing && m.repairing[repairKey(tr)]
+}
+
+// staleCheckTimeout bounds one stat of a repair's check: a hung network
+// mount must not hold the volume's lock (and its teardown) forever.
+var staleCheckTimeout = 5 * time.Second
+
+// stale is Mounter.Stale of path within staleCheckTimeout. A stat that
+// does not return is an error, and the path is not stat'ed again until it
+// has: at most one stuck stat per path.
+func (m *Manager) stale(path string) (bool, error) {
+	if _, busy := m.staleChecks.LoadOrStore(path, true); busy {
+		return false, fmt.Errorf("an earlier check of %q has not returned yet (a hung mount?)", path)
+	}
+	type answer struct {
+		dead bool
+		err  error
+	}
+	done := make(chan answer, 1)
+	go func() {
+		defer m.staleChecks.Delete(path)
+		dead, err := m.cfg.Mounter.Stale(path)
+		done <- answer{dead, err}
+	}()
+	t := time.NewTimer(staleCheckTimeout)
+	defer t.Stop()
+	select {
+	case a := <-done:
+		return a.dead, a.err
+	case <-t.C:
+		return false, fmt.Errorf("checking %q did not return within %v (a hung mount?)", path, staleCheckTimeout)
+	}
 }

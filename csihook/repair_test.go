@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/shoenig/test/must"
 	"google.golang.org/grpc/codes"
@@ -153,4 +154,36 @@ func TestRepairStale_PluginFilterAndFailureEvent(t *testing.T) {
 	must.NoError(t, err)
 	must.Len(t, 1, rep)
 	must.NoError(t, h.m.Teardown(ctx, "task-a"))
+}
+
+// A stat that hangs (a hung network mount) does not hold the volume: the
+// check gives up, says why, and the next check does not stat it again
+// until the first returned.
+func TestRepairStale_HungStat(t *testing.T) {
+	old := staleCheckTimeout
+	staleCheckTimeout = 50 * time.Millisecond
+	t.Cleanup(func() { staleCheckTimeout = old })
+	h := newHarness(t)
+	ctx := context.Background()
+	_, err := h.m.Setup(ctx, "task-a", []VolumeRequest{req("data", "vol1", "/data")})
+	must.NoError(t, err)
+	staging := h.m.StagingPath("p", "vol1")
+	release := make(chan struct{})
+	h.mnt.SetStaleHang(staging, release)
+	t.Cleanup(func() {
+		select {
+		case <-release:
+		default:
+			close(release)
+		}
+	})
+
+	_, err = h.m.RepairStale(ctx, "p")
+	must.ErrorContains(t, err, "did not return within")
+	_, err = h.m.RepairStale(ctx, "p")
+	must.ErrorContains(t, err, "has not returned yet")
+	// The volume's lock is free while the stat hangs: its teardown goes on.
+	h.fake.ResetCalls()
+	must.NoError(t, h.m.Teardown(ctx, "task-a"))
+	must.Eq(t, []string{MethodNodeUnpublishVolume, MethodNodeUnstageVolume, MethodControllerUnpublishVolume}, h.fake.Methods())
 }

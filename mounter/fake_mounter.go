@@ -64,8 +64,10 @@ type Fake struct {
 	IsMountPointErrs map[string]error
 	ListErr          error
 	nextID           int
-	// stale holds the paths SetStale marked dead.
-	stale map[string]bool
+	// stale holds the paths SetStale marked dead; staleHang those whose
+	// Stale blocks (SetStaleHang).
+	stale     map[string]bool
+	staleHang map[string]chan struct{}
 }
 
 var _ Interface = (*Fake)(nil)

@@ -26,11 +26,28 @@ func (f *Fake) SetStale(path string, dead bool) {
 	f.stale[path] = true
 }
 
-// Stale reports paths marked by SetStale that are still mount points.
-func (f *Fake) Stale(path string) (bool, error) {
+// SetStaleHang makes Stale of path block until release is closed, as a
+// stat of a hung network mount does (nil: no hang).
+func (f *Fake) SetStaleHang(path string, release chan struct{}) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.staleHang == nil {
+		f.staleHang = map[string]chan struct{}{}
+	}
+	f.staleHang[filepath.Clean(path)] = release
+}
+
+// Stale reports paths marked by SetStale that are still mount points.
+func (f *Fake) Stale(path string) (bool, error) {
 	path = filepath.Clean(path)
+	f.mu.Lock()
+	hang := f.staleHang[path]
+	f.mu.Unlock()
+	if hang != nil {
+		<-hang
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	return f.stale[path] && isMountPoint(f.MountPoints, path), nil
 }
 
