@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -18,6 +19,22 @@ import (
 // volume again, and attaches the fresh mount in the running task: the task
 // reads its file again without being restarted, and its events say so.
 func TestRepairStaleFUSEMount(t *testing.T) {
+	var volID string
+	// Registered first, so it runs last: after every job (the plugin too)
+	// stopped, no FUSE mount of the volume is left anywhere on the host,
+	// dead or alive.
+	t.Cleanup(func() {
+		if volID == "" {
+			return
+		}
+		b, err := os.ReadFile("/proc/self/mountinfo")
+		must.NoError(t, err)
+		for _, line := range strings.Split(string(b), "\n") {
+			if strings.Contains(line, "csi-fixture:"+volID) {
+				t.Errorf("a FUSE mount of %s is left: %s", volID, line)
+			}
+		}
+	})
 	a := volAgent(t, false)
 	// Restarted 8s after it dies: long enough to see the dead mount.
 	fx := a.StartVolFixture(t, "fxfuse", VolFixtureOptions{RestartDelay: 8 * time.Second})
@@ -28,6 +45,7 @@ func TestRepairStaleFUSEMount(t *testing.T) {
 	al := a.WaitAlloc(t, job.ID, volTimeout, StatusRunning)
 	id := fx.VolumeID(name)
 	must.NotEq(t, "", id)
+	volID = id
 	paths := a.VolJournalPaths(id)
 	must.Eq(t, 2, len(paths), must.Sprintf("journal paths: %v", paths))
 	// The volume is really FUSE, served by the plugin process.
