@@ -101,3 +101,45 @@ func TestRepairStaleFUSEMount(t *testing.T) {
 		t.Fatalf("still mounted after the task stopped: %v", left)
 	}
 }
+
+// A hostile task whose volume died swaps a directory on the way to its
+// destination for a symlink to a directory of its choosing (/alloc, with a
+// "data" in it) before the repair, to have the fresh mount land there: the
+// repair refuses to follow it (its event says so and tells the task to
+// restart), and nothing is mounted at the symlink's target, in the task or
+// on the host.
+func TestRepairStaleSymlinkSwap(t *testing.T) {
+	a := volAgent(t, false)
+	fx := a.StartVolFixture(t, "fxswap", VolFixtureOptions{RestartDelay: 8 * time.Second})
+	name := volUniq("swap")
+	// Under the task's own local dir, which the task can write.
+	dest := "/local/sub/data"
+	job := a.RunVolJob(t, VolJob{Type: "service", Script: volSleeper, Volumes: []VolSpec{{
+		Name: "data", Plugin: fx.ID, ID: name, Dest: dest, Access: "single-node-writer", Create: true, CreateType: "fuse"}}})
+	al := a.WaitAlloc(t, job.ID, volTimeout, StatusRunning)
+	volExec(t, a, al.ID, "echo x > "+dest+"/file")
+
+	pid := fx.PID()
+	must.Positive(t, pid)
+	must.NoError(t, volKill(pid))
+	// Between the death and the repair: the mount point itself cannot be
+	// moved (EBUSY), but its parent can.
+	volExec(t, a, al.ID, "mkdir -p /alloc/data && mv /local/sub /local/moved && ln -s /alloc /local/sub && ls -ld /local/sub")
+
+	al = volWaitEvent(t, a, al.ID, `Repair of stale volume "data" failed`, volTimeout)
+	ev := eventsText(al, "t")
+	for _, e := range al.Events("t") {
+		if strings.Contains(e.Text(), "Repair of stale") {
+			t.Logf("event: %s", e.Text())
+		}
+	}
+	must.StrContains(t, ev, "symlink")
+	must.StrContains(t, ev, "restart the task")
+	must.StrNotContains(t, ev, `Volume "data" repaired`)
+	// Nothing mounted at the symlink's target, in the task or on the host.
+	must.Eq(t, "", strings.TrimSpace(volExec(t, a, al.ID, "grep ' /alloc/data ' /proc/self/mountinfo || true")))
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	must.NoError(t, err)
+	must.StrNotContains(t, string(b), "/alloc/data ")
+	must.Eq(t, "running", a.Allocation(t, al.ID).Task("t").State)
+}
