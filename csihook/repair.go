@@ -73,13 +73,16 @@ func (m *Manager) RepairStale(ctx context.Context, pluginID string) ([]Repaired,
 // all, with backoff between BackgroundRetryBase and BackgroundRetryMax,
 // while some volume fails to be repaired: a plugin that just came back may
 // answer Unavailable for a moment. Every repaired volume of every attempt
-// is returned; the error is the last attempt's.
+// is returned; the error is the last attempt's. A plugin that is not
+// healthy ends the retries at once.
 func (m *Manager) RepairStaleRetry(ctx context.Context, pluginID string, attempts int) ([]Repaired, error) {
 	var out []Repaired
 	for i := 0; ; i++ {
 		rep, err := m.RepairStale(ctx, pluginID)
 		out = append(out, rep...)
-		if err == nil || i+1 >= attempts || permanent(err) {
+		// A plugin not healthy is not waited for here: its return is
+		// what starts the next repair.
+		if err == nil || i+1 >= attempts || permanent(err) || errors.Is(err, ErrPluginNotFound) {
 			return out, err
 		}
 		t := time.NewTimer(backoff(i, m.cfg.BackgroundRetryBase, m.cfg.BackgroundRetryMax, rand.Float64))

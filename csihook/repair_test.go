@@ -187,3 +187,21 @@ func TestRepairStale_HungStat(t *testing.T) {
 	must.NoError(t, h.m.Teardown(ctx, "task-a"))
 	must.Eq(t, []string{MethodNodeUnpublishVolume, MethodNodeUnstageVolume, MethodControllerUnpublishVolume}, h.fake.Methods())
 }
+
+// Retries do not wait for a plugin that is not healthy: its return starts
+// the next repair.
+func TestRepairStaleRetry_UnhealthyPluginEndsRetries(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.BackgroundRetryBase, c.BackgroundRetryMax = time.Hour, time.Hour })
+	ctx := context.Background()
+	_, err := h.m.Setup(ctx, "task-a", []VolumeRequest{req("data", "vol1", "/data")})
+	must.NoError(t, err)
+	h.mnt.SetStale(h.m.TargetPath("task-a", "data"), true)
+	p := fullPlugin("p")
+	p.Healthy = false
+	h.setPlugin(p)
+	// With an hour of backoff, a retry would never return.
+	_, err = h.m.RepairStaleRetry(ctx, "p", 5)
+	must.ErrorIs(t, err, ErrPluginNotFound)
+	h.setPlugin(fullPlugin("p"))
+	must.NoError(t, h.m.Teardown(ctx, "task-a"))
+}

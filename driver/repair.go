@@ -39,7 +39,7 @@ func (d *Driver) repairLoop() {
 		case <-d.ctx.Done():
 			return
 		case <-t.C:
-			d.repairStale("")
+			d.repairStale("", 1)
 		}
 	}
 }
@@ -48,7 +48,7 @@ func (d *Driver) repairLoop() {
 // comes back after its process died has left every FUSE mount it served
 // dead.
 func (d *Driver) onPluginHealthy(pluginID string) {
-	d.goBackground(func() { d.repairStale(pluginID) })
+	d.goBackground(func() { d.repairStale(pluginID, repairAttempts) })
 }
 
 // repairStale repairs the dead mounts of pluginID's volumes ("" for every
@@ -56,8 +56,9 @@ func (d *Driver) onPluginHealthy(pluginID string) {
 // csihook.RepairStale), then each fresh mount is attached in the running
 // task in place of its dead copy. Each task is told what happened; a task
 // whose mount could not be replaced is told to restart. One repair runs at
-// a time.
-func (d *Driver) repairStale(pluginID string) {
+// a time; attempts bounds its passes (the periodic check makes one: it is
+// the retry of itself).
+func (d *Driver) repairStale(pluginID string, attempts int) {
 	d.vols.mu.Lock()
 	m := d.vols.manager
 	d.vols.mu.Unlock()
@@ -69,7 +70,7 @@ func (d *Driver) repairStale(pluginID string) {
 	ctx, cancel := context.WithTimeout(d.ctx, repairTimeout)
 	defer cancel()
 	start := time.Now()
-	reps, err := m.RepairStaleRetry(ctx, pluginID, repairAttempts)
+	reps, err := m.RepairStaleRetry(ctx, pluginID, attempts)
 	if err != nil {
 		d.logger.Warn("some dead volume mounts are not repaired yet", "plugin_id", pluginID, "error", err)
 	}
