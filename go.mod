@@ -12,6 +12,7 @@ require (
 	github.com/container-storage-interface/spec v1.12.0
 	github.com/creack/pty v1.1.24
 	github.com/dustin/go-humanize v1.0.1
+	github.com/hanwen/go-fuse/v2 v2.7.2
 	github.com/hashicorp/go-hclog v1.6.3
 	github.com/hashicorp/go-version v1.8.0
 	github.com/hashicorp/nomad v1.11.3

@@ -55,6 +55,12 @@ type Manager struct {
 	closed     bool
 	// stats is the stats loop (stats.go); nil until StartStats.
 	stats *statsLoop
+	// repairing holds the task volumes (repairKey) whose repair unmounted
+	// them but did not publish them again yet: see repair.go.
+	repairing map[string]bool
+	// staleChecks holds the paths whose stat by a repair has not returned
+	// (a hung network mount): they are not stat'ed again meanwhile.
+	staleChecks sync.Map
 
 	ctx    context.Context
 	cancel context.CancelFunc

@@ -89,6 +89,8 @@ type Driver struct {
 	// config so the lifecycle's events reach the right task.
 	vols         volumeManager
 	eventTargets sync.Map
+	// repairMu serialises repairs of dead volume mounts (repair.go).
+	repairMu sync.Mutex
 	// dialVolume connects the volume lifecycle to a plugin socket
 	// (csihook.DialUnix when nil; tests set a fake).
 	dialVolume func(socket string) (csihook.Client, error)
@@ -227,6 +229,7 @@ func (d *Driver) setConfig(c *base.Config, cfg Config) error {
 				d.discardOrphans(conf, orphans)
 				d.recoverVolumes()
 			})
+			d.goBackground(d.repairLoop)
 		})
 	}
 	d.logger.Debug("configured", "root_dir", cfg.RootDir, "allow_privileged", cfg.AllowPrivileged,

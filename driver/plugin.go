@@ -233,6 +233,10 @@ func (d *Driver) scheduleForget(taskID string, pc *PluginTaskConfig) {
 // onPluginHealth turns a plugin's health change into an event on the task
 // that serves it.
 func (d *Driver) onPluginHealth(id string, healthy bool, reason string) {
+	if healthy {
+		// A plugin back after its process died left its FUSE mounts dead.
+		d.onPluginHealthy(id)
+	}
 	cfg, ok := d.plugins.task(id)
 	if !ok {
 		return

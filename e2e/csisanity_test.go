@@ -233,6 +233,9 @@ func TestCSISanity(t *testing.T) {
 			wantCalled: []string{"NodeStageVolume", "NodePublishVolume", "ControllerExpandVolume", "NodeExpandVolume"}},
 		{name: "ext4-block", params: "type: ext4\n", sanity: []string{"--csi.testvolumesize", "67108864", "--csi.testvolumeaccesstype", "block"}, minPassed: 45,
 			wantCalled: []string{"NodeStageVolume", "NodePublishVolume"}},
+		// Served through FUSE by the fixture process (fuse.go).
+		{name: "fuse", params: "type: fuse\n", minPassed: 45,
+			wantCalled: []string{"NodeStageVolume", "NodePublishVolume", "NodeGetVolumeStats", "NodeUnstageVolume"}},
 		{name: "controller-publish-dir", fixture: []string{"--controller-publish", "--max-volumes", "3", "--topology", "zone=e2e"},
 			sanity: []string{"--csi.testnodevolumeattachlimit"}, minPassed: 55,
 			wantCalled: []string{"ControllerPublishVolume", "ControllerUnpublishVolume", "NodeStageVolume"}},

@@ -65,6 +65,10 @@ type Fake struct {
 	IsMountPointErrs map[string]error
 	ListErr          error
 	nextID           int
+	// stale holds the paths SetStale marked dead; staleHang those whose
+	// Stale blocks (SetStaleHang).
+	stale     map[string]bool
+	staleHang map[string]chan struct{}
 }
 
 var _ Interface = (*Fake)(nil)
@@ -187,6 +191,8 @@ func (f *Fake) Unmount(target string) error {
 	for i := len(f.MountPoints) - 1; i >= 0; i-- {
 		if f.MountPoints[i].Path == target {
 			f.MountPoints = append(f.MountPoints[:i], f.MountPoints[i+1:]...)
+			// A dead mount taken away leaves nothing stale behind.
+			delete(f.stale, target)
 			return nil
 		}
 	}

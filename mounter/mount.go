@@ -101,6 +101,26 @@ type Interface interface {
 	// flags are on the mounts themselves, never applied later by a path
 	// that someone could have swapped meanwhile.
 	LockTree(tree *os.File, readOnly, noSuid, noDev bool) error
+	// Stale reports whether path is the mount point of a dead mount: a
+	// stat of it fails with ENOTCONN, ESTALE or EIO (a FUSE file system
+	// whose daemon died, a stale network handle) while the mount table
+	// lists it. A healthy or unmounted path is false; see stale.go.
+	Stale(path string) (bool, error)
+	// DetachLazy unmounts target with MNT_DETACH, never following a
+	// symlink at its last element: only for a dead mount that cannot be
+	// unmounted otherwise (no access to it can succeed any more, so
+	// nothing is hidden by detaching it). Not a mount point is success.
+	DetachLazy(target string) error
+	// DetachAt is DetachLazy of the element name inside the directory
+	// dir (an O_PATH handle from OpenTarget), so that no path that
+	// someone else controls is walked again. It changes the calling
+	// thread's working directory after unsharing its filesystem context:
+	// call it only on a locked OS thread that is never unlocked.
+	DetachAt(dir *os.File, name string) error
+	// PrivateTree makes every mount of a detached tree from CloneTree
+	// private before it is attached: no later mount on the host reaches it
+	// and none made below it leaves.
+	PrivateTree(tree *os.File) error
 }
 
 // SanitizeOptions joins options for logging, with every sensitive option

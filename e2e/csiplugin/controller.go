@@ -40,15 +40,15 @@ func checkCapability(typ string, c *csi.VolumeCapability) error {
 		return status.Error(codes.InvalidArgument, "volume_capability.access_mode must be set to a known mode")
 	case c.GetBlock() == nil && c.GetMount() == nil:
 		return status.Error(codes.InvalidArgument, "volume_capability must have an access_type, block or mount")
-	case c.GetBlock() != nil && typ == typeDir:
-		return status.Error(codes.InvalidArgument, `block access needs a volume of type "ext4"; "dir" volumes can only be mounted`)
+	case c.GetBlock() != nil && dirLike(typ):
+		return status.Errorf(codes.InvalidArgument, `block access needs a volume of type "ext4"; %q volumes can only be mounted`, typ)
 	case c.GetMount() != nil && typ == typeExt4 && c.GetMount().GetFsType() != "" && c.GetMount().GetFsType() != typeExt4:
 		return status.Errorf(codes.InvalidArgument, "volume_capability.mount.fs_type must be empty or ext4 for ext4 volumes, not %q", c.GetMount().GetFsType())
 	case c.GetMount().GetVolumeMountGroup() != "":
 		return status.Error(codes.InvalidArgument, "volume_mount_group is not supported")
 	}
-	if _, data := parseMountFlags(c.GetMount().GetMountFlags()); typ == typeDir && len(data) > 0 {
-		return status.Errorf(codes.InvalidArgument, "mount_flags %q are not supported for dir volumes (they are bind mounts)", data)
+	if _, data := parseMountFlags(c.GetMount().GetMountFlags()); dirLike(typ) && len(data) > 0 {
+		return status.Errorf(codes.InvalidArgument, "mount_flags %q are not supported for %s volumes", data, typ)
 	}
 	return nil
 }
@@ -66,8 +66,8 @@ func volumeType(params map[string]string) (string, error) {
 		}
 		typ = v
 	}
-	if typ != typeDir && typ != typeExt4 {
-		return "", status.Errorf(codes.InvalidArgument, "parameter type must be dir or ext4, not %q", typ)
+	if typ != typeDir && typ != typeExt4 && typ != typeFuse {
+		return "", status.Errorf(codes.InvalidArgument, "parameter type must be dir, ext4 or fuse, not %q", typ)
 	}
 	return typ, nil
 }
@@ -81,7 +81,7 @@ func pickSize(typ string, cr *csi.CapacityRange) (int64, error) {
 		return 0, status.Error(codes.InvalidArgument, "capacity_range must not be negative")
 	case lim > 0 && req > lim:
 		return 0, status.Errorf(codes.InvalidArgument, "capacity_range.required_bytes %d exceeds limit_bytes %d", req, lim)
-	case typ == typeDir:
+	case dirLike(typ):
 		return req, nil
 	}
 	size := req
@@ -168,7 +168,7 @@ func (p *plugin) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 	}
 	v := clone(&volume{ID: newVolumeID(), Name: req.GetName(), Type: typ, Capacity: size})
 	data := p.store.dataPath(v)
-	if typ == typeDir {
+	if dirLike(typ) {
 		err = os.Mkdir(data, 0o777)
 		if err == nil {
 			err = os.Chmod(data, 0o777) // tasks may run as any user

@@ -5,7 +5,10 @@
 //     bind-mounted at the staging path and from there at each target;
 //   - "ext4" volumes are sparse image files formatted with mkfs.ext4,
 //     attached to a loop device at NodeStageVolume and mounted there, or
-//     handed out as the loop device itself for block access.
+//     handed out as the loop device itself for block access;
+//   - "fuse" volumes are directories served at the staging path through a
+//     FUSE loopback file system run by the fixture itself (fuse.go):
+//     killing the fixture leaves their mounts dead, as with FUSE plugins.
 //
 // It serves the Identity, Controller and Node services on one unix socket,
 // remembers its volumes as JSON files under --state-dir/meta, and logs each

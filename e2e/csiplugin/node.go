@@ -46,6 +46,9 @@ func (p *plugin) holds(v *volume, path string) bool {
 	if err != nil {
 		return false
 	}
+	if v.Type == typeFuse {
+		return fuseHolds(v, path)
+	}
 	if v.Type == typeDir {
 		ddev, dino, _, _, err := statID(p.store.dataPath(v))
 		return err == nil && dev == ddev && ino == dino
@@ -68,7 +71,7 @@ func (p *plugin) holds(v *volume, path string) bool {
 func (p *plugin) prune(v *volume) {
 	for path, r := range v.Staged {
 		attached := v.Loop != "" && loopBacking(v.Loop) == p.store.dataPath(v)
-		if r.Block && !attached || !r.Block && !(isMountPoint(path) && p.holds(v, path)) {
+		if r.Block && !attached || !r.Block && !(isMountPoint(path) && p.holds(v, path)) || v.Type == typeFuse && !fuseLive(path) {
 			delete(v.Staged, path)
 		}
 	}
@@ -133,6 +136,9 @@ func (p *plugin) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRe
 	case v.Type == typeDir:
 		bits, _ := rec.bits()
 		err = bindMount(p.store.dataPath(v), stg, bits)
+	case v.Type == typeFuse:
+		bits, _ := rec.bits()
+		err = p.fuseStage(v, stg, fuseReadOnly(bits))
 	default:
 		if v.Loop, err = loopAttach(ctx, p.store.dataPath(v)); err != nil {
 			return nil, status.Errorf(codes.Internal, "failed to attach volume %q to a loop device: %v", v.ID, err)
@@ -182,7 +188,11 @@ func (p *plugin) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolu
 			return nil, status.Errorf(codes.FailedPrecondition, "volume %q is still published at %q from %q: unpublish it first", v.ID, t, stg)
 		}
 	}
-	if isMountPoint(stg) && p.holds(v, stg) {
+	if v.Type == typeFuse && p.holds(v, stg) {
+		if err := fuseUnstage(stg); err != nil {
+			return nil, status.Errorf(codes.Internal, "failed to unstage volume %q: %v", v.ID, err)
+		}
+	} else if isMountPoint(stg) && p.holds(v, stg) {
 		if err := unmountAll(stg); err != nil {
 			return nil, status.Errorf(codes.Internal, "failed to unstage volume %q: %v", v.ID, err)
 		}
@@ -353,7 +363,7 @@ func (p *plugin) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolume
 	if !p.holds(v, path) {
 		return nil, status.Errorf(codes.NotFound, "volume %q is not mounted at %q", v.ID, path)
 	}
-	if v.Type == typeDir {
+	if dirLike(v.Type) {
 		return &csi.NodeExpandVolumeResponse{CapacityBytes: v.Capacity}, nil
 	}
 	fi, err := os.Stat(p.store.dataPath(v))

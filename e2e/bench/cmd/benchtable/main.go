@@ -91,6 +91,8 @@ var rows = []row{
 		num: []string{"csi-ms"}, numAs: "csi", den: []string{"raw_exec-ms"}, denAs: "raw_exec", unit: "ms"},
 	{label: "submit → running, sleep task: isolated vs privileged (csi, both root)", bench: "DriverOverhead",
 		num: []string{"csi-root-ms"}, numAs: "isolated", den: []string{"csi-privileged-ms"}, denAs: "privileged", unit: "ms"},
+	{label: "FUSE plugin killed: plugin healthy again → dead mount repaired in the running task vs the volume's first setup", bench: "RepairStale",
+		num: []string{"repair-ms"}, numAs: "repair", den: []string{"setup-ms"}, denAs: "Staging → Published", unit: "ms"},
 }
 
 // order is the order the benchmarks run in; others follow by name.

@@ -1,0 +1,313 @@
+package csihook
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sort"
+	"time"
+
+	csi "github.com/container-storage-interface/spec/lib/go/csi"
+)
+
+// Repaired is one task volume whose dead mount was published again on the
+// host: the driver attaches HostPath afresh at Destination inside the
+// running task, whose own copy of the mount is still the dead one.
+type Repaired struct {
+	TaskID      string
+	Name        string
+	PluginID    string
+	VolumeID    string
+	HostPath    string
+	Destination string
+	ReadOnly    bool
+}
+
+// RepairStale finds the published volumes of pluginID ("" for every
+// plugin) whose publish target or staging mount is dead (mounter Stale:
+// ENOTCONN, ESTALE or EIO on a path the mount table lists, as a FUSE-backed
+// plugin leaves behind when its daemon dies) and sets them up again:
+// NodeUnpublishVolume of every dead target, NodeUnstageVolume and
+// NodeStageVolume when the staging mount is dead too, and
+// NodePublishVolume again, journalled like Setup. A dead mount the plugin
+// cannot take away is detached lazily (nothing can reach it any more). It
+// returns the task volumes published again and an error joining the
+// failures of the others, which the next call tries again. Healthy mounts
+// are never touched; a plugin not healthy is not called (its volumes wait
+// for the next call).
+func (m *Manager) RepairStale(ctx context.Context, pluginID string) ([]Repaired, error) {
+	var (
+		keys []volKey
+		seen = map[volKey]bool{}
+	)
+	m.mu.Lock()
+	for _, recs := range m.tasks {
+		for _, tr := range recs {
+			k := tr.key()
+			if !m.repairCandidateLocked(tr) || seen[k] || (pluginID != "" && tr.PluginID != pluginID) {
+				continue
+			}
+			seen[k] = true
+			keys = append(keys, k)
+		}
+	}
+	m.mu.Unlock()
+	sort.Slice(keys, func(i, j int) bool { return keys[i].String() < keys[j].String() })
+
+	var (
+		out  []Repaired
+		errs []error
+	)
+	for _, k := range keys {
+		rep, err := m.repairVolume(ctx, k)
+		out = append(out, rep...)
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return out, errors.Join(errs...)
+}
+
+// RepairStaleRetry is RepairStale tried again, at most attempts times in
+// all, with backoff between BackgroundRetryBase and BackgroundRetryMax,
+// while some volume fails to be repaired: a plugin that just came back may
+// answer Unavailable for a moment. Every repaired volume of every attempt
+// is returned; the error is the last attempt's. A plugin that is not
+// healthy ends the retries at once.
+func (m *Manager) RepairStaleRetry(ctx context.Context, pluginID string, attempts int) ([]Repaired, error) {
+	var out []Repaired
+	for i := 0; ; i++ {
+		rep, err := m.RepairStale(ctx, pluginID)
+		out = append(out, rep...)
+		// A plugin not healthy is not waited for here: its return is
+		// what starts the next repair.
+		if err == nil || i+1 >= attempts || permanent(err) || errors.Is(err, ErrPluginNotFound) {
+			return out, err
+		}
+		t := time.NewTimer(backoff(i, m.cfg.BackgroundRetryBase, m.cfg.BackgroundRetryMax, rand.Float64))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return out, errors.Join(err, ctx.Err())
+		case <-m.ctx.Done():
+			t.Stop()
+			return out, err
+		case <-t.C:
+		}
+	}
+}
+
+// repairVolume repairs the dead mounts of one volume under its lock.
+func (m *Manager) repairVolume(ctx context.Context, k volKey) ([]Repaired, error) {
+	unlock, err := m.locks.lock(ctx, k.String())
+	if err != nil {
+		return nil, fmt.Errorf("gave up waiting for another operation on volume_id %q (plugin %q) to finish: %w", k.volume, k.plugin, err)
+	}
+	defer unlock()
+	vol, ok := m.vol(k)
+	if !ok {
+		return nil, nil
+	}
+	var recs []taskRecord
+	m.mu.Lock()
+	for _, byName := range m.tasks {
+		for _, tr := range byName {
+			if tr.key() == k && m.repairCandidateLocked(tr) {
+				recs = append(recs, tr)
+			}
+		}
+	}
+	m.mu.Unlock()
+	sort.Slice(recs, func(i, j int) bool { return recs[i].TaskID+recs[i].Name < recs[j].TaskID+recs[j].Name })
+
+	stagingDead := false
+	if vol.Stage == phaseStaged {
+		if stagingDead, err = m.stale(vol.StagingPath); err != nil {
+			return nil, fmt.Errorf("failed to check the staging mount %q of volume_id %q: %w", vol.StagingPath, vol.VolumeID, err)
+		}
+	}
+	var dead []taskRecord
+	for _, tr := range recs {
+		stale, err := m.stale(tr.Target)
+		if err != nil {
+			return nil, fmt.Errorf("failed to check the mount %q of volume %q: %w", tr.Target, tr.Name, err)
+		}
+		// Every publish of a dead staging is a bind of it: dead too. One
+		// an earlier repair unmounted is published again whatever it is.
+		if stale || stagingDead || tr.State != phasePublished {
+			dead = append(dead, tr)
+		}
+	}
+	if len(dead) == 0 && !stagingDead {
+		return nil, nil
+	}
+	info, err := m.lookupHealthy(vol.PluginID)
+	if err != nil {
+		return nil, err
+	}
+	m.logger.Warn("dead volume mounts found; repairing", "plugin_id", vol.PluginID, "volume_id", vol.VolumeID,
+		"staging_dead", stagingDead, "dead_targets", len(dead))
+
+	// The task records stay "published" meanwhile: should the driver stop
+	// half way, recovery and teardown unpublish them as they would any
+	// published volume, which is harmless on a path already unmounted.
+	m.mu.Lock()
+	if m.repairing == nil {
+		m.repairing = map[string]bool{}
+	}
+	for _, tr := range dead {
+		m.repairing[repairKey(tr)] = true
+	}
+	m.mu.Unlock()
+	for _, tr := range dead {
+		m.event(tr.TaskID, fmt.Sprintf("Volume %q is stale (its mount is dead after plugin %q restarted); repairing", tr.Name, tr.PluginID),
+			annotations(tr.Name, tr.PluginID, tr.VolumeID))
+		if err := m.takeDeadPublish(ctx, tr); err != nil {
+			return nil, m.repairFailed(dead, err)
+		}
+	}
+	var pending []journalOp
+	if stagingDead {
+		if err := m.takeDeadStaging(ctx, vol); err != nil {
+			return nil, m.repairFailed(dead, err)
+		}
+		name, taskID := "", ""
+		if len(dead) > 0 {
+			name, taskID = dead[0].Name, dead[0].TaskID
+		}
+		if vol, pending, err = m.ensureVolume(ctx, taskID, name, info, vol, true, nil); err != nil {
+			return nil, m.repairFailed(dead, err)
+		}
+	}
+	var (
+		out  []Repaired
+		errs []error
+	)
+	for _, tr := range dead {
+		if err := m.ensurePublished(ctx, info, vol, tr, pending); err != nil {
+			errs = append(errs, m.repairFailed([]taskRecord{tr}, err))
+			continue
+		}
+		pending = nil
+		m.mu.Lock()
+		delete(m.repairing, repairKey(tr))
+		m.mu.Unlock()
+		out = append(out, Repaired{TaskID: tr.TaskID, Name: tr.Name, PluginID: tr.PluginID, VolumeID: tr.VolumeID,
+			HostPath: tr.Target, Destination: tr.Destination, ReadOnly: tr.ReadOnly})
+	}
+	if len(pending) > 0 {
+		if err := m.commitLazy(pending...); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return out, errors.Join(errs...)
+}
+
+// repairFailed reports a failed repair to each task it leaves with a dead
+// mount, and returns err.
+func (m *Manager) repairFailed(dead []taskRecord, err error) error {
+	for _, tr := range dead {
+		m.event(tr.TaskID, fmt.Sprintf("Repair of stale volume %q failed: %s", tr.Name, summary(err)),
+			annotations(tr.Name, tr.PluginID, tr.VolumeID))
+	}
+	return err
+}
+
+// takeDeadPublish unpublishes a dead publish target: through the plugin,
+// and by a lazy detach when the plugin could not take it away.
+func (m *Manager) takeDeadPublish(ctx context.Context, tr taskRecord) error {
+	o := op{method: MethodNodeUnpublishVolume, taskID: tr.TaskID, name: tr.Name, pluginID: tr.PluginID,
+		volumeID: tr.VolumeID, path: tr.Target, notFoundOK: true, secrets: []map[string]string{tr.Secrets}}
+	_, node, _, err := m.pluginClients(o)
+	if err == nil {
+		err = m.call(ctx, o, func(ctx context.Context) error {
+			_, err := node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: tr.VolumeID, TargetPath: tr.Target})
+			return err
+		})
+	}
+	return m.detachIfStill(tr.Target, err)
+}
+
+// takeDeadStaging unstages a dead staging mount, detaching it lazily when
+// the plugin could not.
+func (m *Manager) takeDeadStaging(ctx context.Context, vol volRecord) error {
+	o := op{method: MethodNodeUnstageVolume, pluginID: vol.PluginID, volumeID: vol.VolumeID, nodeID: vol.NodeID,
+		path: vol.StagingPath, notFoundOK: true, secrets: []map[string]string{vol.Secrets}}
+	_, node, _, err := m.pluginClients(o)
+	if err == nil {
+		err = m.call(ctx, o, func(ctx context.Context) error {
+			_, err := node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: vol.VolumeID, StagingTargetPath: vol.StagingPath})
+			return err
+		})
+	}
+	return m.detachIfStill(vol.StagingPath, err)
+}
+
+// detachIfStill detaches path lazily when it is still a dead mount after
+// the plugin's call (which failed with callErr, or said it was done).
+// Only a path that stays mounted and alive after a failed call fails.
+func (m *Manager) detachIfStill(path string, callErr error) error {
+	if callErr != nil {
+		m.logger.Warn("plugin could not take a dead mount away; detaching it", "path", path, "error", callErr)
+	}
+	stale, err := m.stale(path)
+	if err != nil {
+		return fmt.Errorf("failed to check the mount %q: %w", path, err)
+	}
+	if stale {
+		if err := m.cfg.Mounter.DetachLazy(path); err != nil {
+			return err
+		}
+		return nil
+	}
+	if callErr == nil {
+		return nil
+	}
+	mounted, err := m.cfg.Mounter.IsMountPoint(path)
+	if err == nil && mounted {
+		return callErr
+	}
+	return nil
+}
+
+// repairKey names a task volume in Manager.repairing.
+func repairKey(tr taskRecord) string { return tr.TaskID + "\x00" + tr.Name }
+
+// repairCandidateLocked reports whether a task volume is looked at by a
+// repair: published, or left publishing by a repair that failed (its
+// mount is gone: it must be published again). The caller holds m.mu.
+func (m *Manager) repairCandidateLocked(tr taskRecord) bool {
+	return tr.State == phasePublished || tr.State == phasePublishing && m.repairing[repairKey(tr)]
+}
+
+// staleCheckTimeout bounds one stat of a repair's check: a hung network
+// mount must not hold the volume's lock (and its teardown) forever.
+var staleCheckTimeout = 5 * time.Second
+
+// stale is Mounter.Stale of path within staleCheckTimeout. A stat that
+// does not return is an error, and the path is not stat'ed again until it
+// has: at most one stuck stat per path.
+func (m *Manager) stale(path string) (bool, error) {
+	if _, busy := m.staleChecks.LoadOrStore(path, true); busy {
+		return false, fmt.Errorf("an earlier check of %q has not returned yet (a hung mount?)", path)
+	}
+	type answer struct {
+		dead bool
+		err  error
+	}
+	done := make(chan answer, 1)
+	go func() {
+		defer m.staleChecks.Delete(path)
+		dead, err := m.cfg.Mounter.Stale(path)
+		done <- answer{dead, err}
+	}()
+	t := time.NewTimer(staleCheckTimeout)
+	defer t.Stop()
+	select {
+	case a := <-done:
+		return a.dead, a.err
+	case <-t.C:
+		return false, fmt.Errorf("checking %q did not return within %v (a hung mount?)", path, staleCheckTimeout)
+	}
+}

@@ -1,0 +1,207 @@
+package csihook
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/shoenig/test/must"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/mounter"
+)
+
+func TestRepairStale(t *testing.T) {
+	unavailable := status.Error(codes.Unavailable, "transport is closing")
+	cases := []struct {
+		name string
+		// deadTarget and deadStaging mark the mounts dead.
+		deadTarget, deadStaging bool
+		unpublishErr            error
+		unhealthy               bool
+		wantMethods             []string
+		wantRepaired            bool
+		wantErr                 bool
+		wantDetach              bool
+		wantEvent               string
+	}{
+		{name: "healthy mounts are left alone", wantMethods: nil},
+		{
+			name: "dead target is published again", deadTarget: true,
+			wantMethods:  []string{MethodNodeUnpublishVolume, MethodNodePublishVolume},
+			wantRepaired: true, wantEvent: `Volume "data" is stale`,
+		},
+		{
+			name: "dead staging is staged again", deadStaging: true, deadTarget: true,
+			wantMethods:  []string{MethodNodeUnpublishVolume, MethodNodeUnstageVolume, MethodNodeStageVolume, MethodNodePublishVolume},
+			wantRepaired: true, wantEvent: `Volume "data" is stale`,
+		},
+		{
+			name: "dead staging alone takes its publishes with it", deadStaging: true,
+			wantMethods:  []string{MethodNodeUnpublishVolume, MethodNodeUnstageVolume, MethodNodeStageVolume, MethodNodePublishVolume},
+			wantRepaired: true,
+		},
+		{
+			name: "a plugin that cannot unpublish a dead mount: detached lazily", deadTarget: true,
+			unpublishErr: status.Error(codes.Internal, "transport endpoint is not connected"),
+			wantMethods:  []string{MethodNodeUnpublishVolume, MethodNodePublishVolume},
+			wantRepaired: true, wantDetach: true,
+		},
+		{
+			name: "an unhealthy plugin is not called", deadTarget: true, unhealthy: true,
+			wantErr: true,
+		},
+		{
+			name: "unpublish unavailable throughout: detached, then published", deadTarget: true,
+			unpublishErr: unavailable,
+			wantMethods:  []string{MethodNodeUnpublishVolume, MethodNodeUnpublishVolume, MethodNodeUnpublishVolume, MethodNodePublishVolume},
+			wantRepaired: true, wantDetach: true,
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			ctx := context.Background()
+			_, err := h.m.Setup(ctx, "task-a", []VolumeRequest{req("data", "vol1", "/data")})
+			must.NoError(t, err)
+			target := h.m.TargetPath("task-a", "data")
+			staging := h.m.StagingPath("p", "vol1")
+			h.mnt.SetStale(target, tc.deadTarget)
+			h.mnt.SetStale(staging, tc.deadStaging)
+			if tc.unpublishErr != nil {
+				h.fake.SetError(MethodNodeUnpublishVolume, tc.unpublishErr)
+			}
+			if tc.unhealthy {
+				p := fullPlugin("p")
+				p.Healthy = false
+				h.setPlugin(p)
+			}
+			h.fake.ResetCalls()
+			h.mnt.ResetActions()
+
+			rep, err := h.m.RepairStale(ctx, "p")
+			if tc.wantErr {
+				must.Error(t, err)
+			} else {
+				must.NoError(t, err)
+			}
+			must.Eq(t, len(tc.wantMethods), len(h.fake.Methods()))
+			if len(tc.wantMethods) > 0 {
+				must.Eq(t, tc.wantMethods, h.fake.Methods())
+			}
+			if tc.wantRepaired {
+				must.Eq(t, []Repaired{{TaskID: "task-a", Name: "data", PluginID: "p", VolumeID: "vol1",
+					HostPath: target, Destination: "/data"}}, rep)
+				// The fresh mounts are alive, and a second pass finds nothing.
+				h.fake.ResetCalls()
+				rep, err = h.m.RepairStale(ctx, "")
+				must.NoError(t, err)
+				must.SliceEmpty(t, rep)
+				must.SliceEmpty(t, h.fake.Methods())
+				must.Eq(t, []string{staging, target}, h.mountPaths())
+			} else {
+				must.SliceEmpty(t, rep)
+			}
+			detached := false
+			for _, a := range h.mnt.GetActions() {
+				if a.Kind == mounter.ActionDetachLazy {
+					detached = true
+				}
+			}
+			must.Eq(t, tc.wantDetach, detached)
+			if tc.wantEvent != "" {
+				must.True(t, containsEvent(h.eventMsgs(), tc.wantEvent), must.Sprint(h.eventMsgs()))
+			}
+			// The journal still says published: teardown works as before.
+			must.Eq(t, []string{"task task-a/data published", "vol p/vol1 staged/published"}, h.journalRecords())
+			h.setPlugin(fullPlugin("p"))
+			h.fake.SetError(MethodNodeUnpublishVolume, nil)
+			must.NoError(t, h.m.Teardown(ctx, "task-a"))
+			must.SliceEmpty(t, h.mountPaths())
+		})
+	}
+}
+
+// Other plugins' volumes are not looked at, and a failed repair says so to
+// the task.
+func TestRepairStale_PluginFilterAndFailureEvent(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	_, err := h.m.Setup(ctx, "task-a", []VolumeRequest{req("data", "vol1", "/data")})
+	must.NoError(t, err)
+	target := h.m.TargetPath("task-a", "data")
+	h.mnt.SetStale(target, true)
+	h.fake.ResetCalls()
+
+	rep, err := h.m.RepairStale(ctx, "other")
+	must.NoError(t, err)
+	must.SliceEmpty(t, rep)
+	must.SliceEmpty(t, h.fake.Methods())
+
+	h.fake.SetError(MethodNodePublishVolume, status.Error(codes.Internal, "backend gone"))
+	rep, err = h.m.RepairStaleRetry(ctx, "p", 2)
+	must.Error(t, err)
+	must.SliceEmpty(t, rep)
+	must.True(t, containsEvent(h.eventMsgs(), `Repair of stale volume "data" failed`), must.Sprint(h.eventMsgs()))
+	var oe *OpError
+	must.True(t, errors.As(err, &oe))
+
+	// Once the plugin publishes again, the next pass repairs it.
+	h.fake.SetError(MethodNodePublishVolume, nil)
+	rep, err = h.m.RepairStale(ctx, "p")
+	must.NoError(t, err)
+	must.Len(t, 1, rep)
+	must.NoError(t, h.m.Teardown(ctx, "task-a"))
+}
+
+// A stat that hangs (a hung network mount) does not hold the volume: the
+// check gives up, says why, and the next check does not stat it again
+// until the first returned.
+func TestRepairStale_HungStat(t *testing.T) {
+	old := staleCheckTimeout
+	staleCheckTimeout = 50 * time.Millisecond
+	t.Cleanup(func() { staleCheckTimeout = old })
+	h := newHarness(t)
+	ctx := context.Background()
+	_, err := h.m.Setup(ctx, "task-a", []VolumeRequest{req("data", "vol1", "/data")})
+	must.NoError(t, err)
+	staging := h.m.StagingPath("p", "vol1")
+	release := make(chan struct{})
+	h.mnt.SetStaleHang(staging, release)
+	t.Cleanup(func() {
+		select {
+		case <-release:
+		default:
+			close(release)
+		}
+	})
+
+	_, err = h.m.RepairStale(ctx, "p")
+	must.ErrorContains(t, err, "did not return within")
+	_, err = h.m.RepairStale(ctx, "p")
+	must.ErrorContains(t, err, "has not returned yet")
+	// The volume's lock is free while the stat hangs: its teardown goes on.
+	h.fake.ResetCalls()
+	must.NoError(t, h.m.Teardown(ctx, "task-a"))
+	must.Eq(t, []string{MethodNodeUnpublishVolume, MethodNodeUnstageVolume, MethodControllerUnpublishVolume}, h.fake.Methods())
+}
+
+// Retries do not wait for a plugin that is not healthy: its return starts
+// the next repair.
+func TestRepairStaleRetry_UnhealthyPluginEndsRetries(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.BackgroundRetryBase, c.BackgroundRetryMax = time.Hour, time.Hour })
+	ctx := context.Background()
+	_, err := h.m.Setup(ctx, "task-a", []VolumeRequest{req("data", "vol1", "/data")})
+	must.NoError(t, err)
+	h.mnt.SetStale(h.m.TargetPath("task-a", "data"), true)
+	p := fullPlugin("p")
+	p.Healthy = false
+	h.setPlugin(p)
+	// With an hour of backoff, a retry would never return.
+	_, err = h.m.RepairStaleRetry(ctx, "p", 5)
+	must.ErrorIs(t, err, ErrPluginNotFound)
+	h.setPlugin(fullPlugin("p"))
+	must.NoError(t, h.m.Teardown(ctx, "task-a"))
+}

@@ -1,0 +1,139 @@
+package executor
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor/wire"
+	"github.com/nomad-driver-csi/nomad-driver-csi/mounter"
+)
+
+// ReplaceMount gives the running task a fresh copy of what is mounted at
+// source on the host now, in place of its own copy of an earlier mount at
+// target (one of the task's mounts, found by its target in the task's
+// spec, which lives outside the task's view, with the flags it had).
+// readOnly makes the fresh mount read-only too (a volume's read_only is
+// not in the spec: its mount comes with the late mounts). It is how a volume whose mount
+// died (a FUSE plugin's daemon killed) and was published again on the host
+// reaches a task that is still running: the task's mount namespace holds
+// a copy of the dead mount, which no host mount reaches.
+//
+// The fresh tree is cloned on the host (open_tree), made read-only, nosuid
+// and nodev as the task's mount was (nosuid and nodev always for an
+// isolated task) and private, all before it is attached. Then, on a thread
+// of its own that joins the task's mount namespace (whose root is the
+// task's root), the dead mount at the target is detached lazily by its
+// name inside its parent directory and the tree attached at the target,
+// both reached from the task's root one element at a time without
+// following any symlink: whatever the task did to the path meanwhile
+// (a symlink in place of a directory, a directory moved away), nothing is
+// ever detached or mounted outside the task's root, and a symlink on the
+// way is an error. It returns the target inside the task.
+func (p *Process) ReplaceMount(source, target string, readOnly bool) (string, error) {
+	source = filepath.Clean(source)
+	target = filepath.Clean("/" + target)
+	var spec Spec
+	if err := wire.ReadJSON(filepath.Join(p.state.StateDir, wire.SpecFile), &spec); err != nil {
+		return "", fmt.Errorf("failed to replace the mount at %q in task pid %d: %w", target, p.state.TaskPID, err)
+	}
+	// A volume's source comes only with the late mounts (it is published
+	// while the task is set up): the spec names its target and flags.
+	var (
+		mnt   Mount
+		found bool
+	)
+	for _, m := range append(append([]Mount{}, spec.Mounts...), spec.LateMounts...) {
+		if filepath.Clean("/"+m.Target) == target {
+			mnt, found = m, true
+		}
+	}
+	if !found {
+		return "", fmt.Errorf("failed to replace the mount at %q in task pid %d: the task has no mount there", target, p.state.TaskPID)
+	}
+	if target == "/" {
+		return "", fmt.Errorf("failed to replace the mount of %q in task pid %d: its target is the task's root", source, p.state.TaskPID)
+	}
+	fail := func(err error) (string, error) {
+		return target, fmt.Errorf("failed to replace the mount at %q in task pid %d: %w", target, p.state.TaskPID, err)
+	}
+	if mnt.Propagation == PropagationBidirectional {
+		// A peer of the host's source: the host's fresh mount reached the
+		// task already, and detaching would take it.
+		return fail(errors.New("a bidirectional mount is never replaced"))
+	}
+
+	p.mu.Lock()
+	nsFD := -1
+	if p.taskFD >= 0 {
+		nsFD, _ = unix.FcntlInt(uintptr(p.taskFD), unix.F_DUPFD_CLOEXEC, 0)
+	}
+	p.mu.Unlock()
+	if nsFD < 0 {
+		return fail(errors.New("the task is not running"))
+	}
+	defer unix.Close(nsFD)
+
+	m := mounter.NewWithLogger(p.logger)
+	tree, err := m.CloneTree(source, true)
+	if err != nil {
+		return fail(err)
+	}
+	defer tree.Close()
+	var st unix.Stat_t
+	if err := unix.Fstat(int(tree.Fd()), &st); err != nil {
+		return fail(fmt.Errorf("the fresh mount at %q cannot be read: %w", source, err))
+	}
+	isDir := st.Mode&unix.S_IFMT == unix.S_IFDIR
+	isolated := spec.Isolation != nil
+	if err := m.LockTree(tree, mnt.ReadOnly || readOnly, mnt.NoSuid || isolated, mnt.NoDev || isolated); err != nil {
+		return fail(err)
+	}
+	if err := m.PrivateTree(tree); err != nil {
+		return fail(err)
+	}
+
+	errc := make(chan error, 1)
+	go func() {
+		// The thread joins the task's mount namespace and is never
+		// unlocked: the runtime throws it away when this goroutine ends.
+		runtime.LockOSThread()
+		errc <- attachInTask(m, nsFD, tree, target, isDir)
+	}()
+	if err := <-errc; err != nil {
+		return fail(err)
+	}
+	p.logger.Info("replaced a mount in the running task", "source", source, "target", target, "read_only", mnt.ReadOnly || readOnly)
+	return target, nil
+}
+
+// attachInTask runs on a locked thread that it moves into the mount
+// namespace of the task behind pidfd.
+func attachInTask(m mounter.Interface, pidfd int, tree *os.File, target string, isDir bool) error {
+	if err := unix.Unshare(unix.CLONE_FS); err != nil {
+		return fmt.Errorf("failed to unshare the filesystem context: %w", err)
+	}
+	if err := unix.Setns(pidfd, unix.CLONE_NEWNS); err != nil {
+		return fmt.Errorf("failed to join the task's mount namespace: %w", err)
+	}
+	// The namespace's root is the task's root: "/" below is inside it.
+	parent, err := m.OpenTarget("/", filepath.Dir(target), true)
+	if err != nil {
+		return err
+	}
+	err = m.DetachAt(parent, filepath.Base(target))
+	_ = parent.Close()
+	if err != nil {
+		return err
+	}
+	tf, err := m.OpenTarget("/", target, isDir)
+	if err != nil {
+		return err
+	}
+	defer tf.Close()
+	return m.AttachTreeAt(tree, tf)
+}
