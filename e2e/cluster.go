@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"fmt"
+	"net/url"
 	"os"
 	"path/filepath"
 	"testing"
@@ -87,6 +88,14 @@ type ClusterFixture struct {
 // took from the submission.
 func (c *Cluster) StartClusterFixture(t testing.TB, id string) (*ClusterFixture, time.Duration) {
 	t.Helper()
+	return c.StartClusterFixtureWith(t, id, nil)
+}
+
+// StartClusterFixtureWith is StartClusterFixture with template variables of
+// jobs/cluster_plugin.hcl set: StopWait (csi_plugin stop_wait, default
+// "1m").
+func (c *Cluster) StartClusterFixtureWith(t testing.TB, id string, vars map[string]string) (*ClusterFixture, time.Duration) {
+	t.Helper()
 	fx := &ClusterFixture{ID: id, StateBase: filepath.Join(c.Server.Dir, "fx-"+id)}
 	for _, a := range c.Clients {
 		// The call log is opened before the fixture makes its state dir.
@@ -95,11 +104,16 @@ func (c *Cluster) StartClusterFixture(t testing.TB, id string) (*ClusterFixture,
 		}
 	}
 	start := time.Now()
-	job := c.Server.RunJob(t, "cluster_plugin", map[string]string{
+	v := map[string]string{
 		"PluginID":  id,
 		"Command":   filepath.Join(VolCSIBinDir(c.Server.Root), "csi-fixture"),
 		"StateBase": fx.StateBase,
-	})
+		"StopWait":  "1m",
+	}
+	for k, val := range vars {
+		v[k] = val
+	}
+	job := c.Server.RunJob(t, "cluster_plugin", v)
 	fx.JobID = job.ID
 	for _, a := range c.Clients {
 		a.WaitVolPluginHealthy(t, id, 2*time.Minute)
@@ -123,3 +137,50 @@ func (fx *ClusterFixture) On(t testing.TB, a *Agent) *VolFixture {
 
 // String names the fixture for messages.
 func (fx *ClusterFixture) String() string { return fmt.Sprintf("plugin %s (job %s)", fx.ID, fx.JobID) }
+
+// SetEligible marks client a eligible or ineligible for new placements.
+func (c *Cluster) SetEligible(a *Agent, eligible bool) error {
+	e := "ineligible"
+	if eligible {
+		e = "eligible"
+	}
+	return c.Server.PutJSON("PUT", "/v1/node/"+url.PathEscape(a.NodeID)+"/eligibility",
+		map[string]any{"NodeID": a.NodeID, "Eligibility": e}, nil)
+}
+
+// Drain starts draining client a (as "nomad node drain -enable
+// -deadline" does, with -ignore-system when ignoreSystem).
+func (c *Cluster) Drain(a *Agent, deadline time.Duration, ignoreSystem bool) error {
+	return c.Server.PutJSON("PUT", "/v1/node/"+url.PathEscape(a.NodeID)+"/drain", map[string]any{
+		"NodeID": a.NodeID,
+		"DrainSpec": map[string]any{
+			"Deadline":         deadline.Nanoseconds(),
+			"IgnoreSystemJobs": ignoreSystem,
+		},
+	}, nil)
+}
+
+// drainState is what /v1/node/<id> says of a drain.
+type drainState struct {
+	DrainStrategy         *struct{ Deadline int64 }
+	SchedulingEligibility string
+	LastDrain             *struct{ Status string }
+}
+
+// WaitDrained waits until client a's drain is over (Nomad cleared its
+// drain strategy) and returns the status of the last drain.
+func (c *Cluster) WaitDrained(a *Agent, timeout time.Duration) (string, error) {
+	deadline := time.Now().Add(timeout)
+	var last drainState
+	for time.Now().Before(deadline) {
+		var st drainState
+		if err := c.Server.GetJSON("/v1/node/"+url.PathEscape(a.NodeID), &st); err == nil {
+			last = st
+			if st.DrainStrategy == nil && st.LastDrain != nil {
+				return st.LastDrain.Status, nil
+			}
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	return "", fmt.Errorf("node %s still draining after %v (%+v)", a.NodeName(), timeout, last)
+}

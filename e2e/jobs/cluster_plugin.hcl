@@ -30,6 +30,7 @@ job "{{.JobID}}" {
           id        = "{{.Vars.PluginID}}"
           type      = "monolith"
           mount_dir = "/csi"
+          stop_wait = "{{.Vars.StopWait}}"
         }
       }
 
