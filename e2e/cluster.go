@@ -81,6 +81,8 @@ type ClusterFixture struct {
 	ID        string
 	JobID     string
 	StateBase string
+	// File is the rendered job, for running the same job again.
+	File string
 }
 
 // StartClusterFixture runs the fixture as a system job with plugin id id
@@ -114,7 +116,7 @@ func (c *Cluster) StartClusterFixtureWith(t testing.TB, id string, vars map[stri
 		v[k] = val
 	}
 	job := c.Server.RunJob(t, "cluster_plugin", v)
-	fx.JobID = job.ID
+	fx.JobID, fx.File = job.ID, job.File
 	for _, a := range c.Clients {
 		a.WaitVolPluginHealthy(t, id, 2*time.Minute)
 	}
@@ -183,4 +185,17 @@ func (c *Cluster) WaitDrained(a *Agent, timeout time.Duration) (string, error) {
 		time.Sleep(200 * time.Millisecond)
 	}
 	return "", fmt.Errorf("node %s still draining after %v (%+v)", a.NodeName(), timeout, last)
+}
+
+// RerunClusterFixture runs the fixture's job again (the same job id, so
+// the driver lets it serve the volumes its earlier run set up) and waits
+// until every client says the plugin is healthy.
+func (c *Cluster) RerunClusterFixture(t testing.TB, fx *ClusterFixture) {
+	t.Helper()
+	if out, err := c.Server.Nomad("job", "run", "-detach", fx.File); err != nil {
+		t.Fatalf("failed to run %s again: %v: %s", fx, err, out)
+	}
+	for _, a := range c.Clients {
+		a.WaitVolPluginHealthy(t, fx.ID, 2*time.Minute)
+	}
 }
