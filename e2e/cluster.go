@@ -7,6 +7,8 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"regexp"
+	"strings"
 	"testing"
 	"time"
 )
@@ -95,7 +97,7 @@ func (c *Cluster) StartClusterFixture(t testing.TB, id string) (*ClusterFixture,
 
 // StartClusterFixtureWith is StartClusterFixture with template variables of
 // jobs/cluster_plugin.hcl set: StopWait (csi_plugin stop_wait, default
-// "1m").
+// "1m") and Version (the task's FIXTURE_VERSION, default "1").
 func (c *Cluster) StartClusterFixtureWith(t testing.TB, id string, vars map[string]string) (*ClusterFixture, time.Duration) {
 	t.Helper()
 	fx := &ClusterFixture{ID: id, StateBase: filepath.Join(c.Server.Dir, "fx-"+id)}
@@ -111,6 +113,7 @@ func (c *Cluster) StartClusterFixtureWith(t testing.TB, id string, vars map[stri
 		"Command":   filepath.Join(VolCSIBinDir(c.Server.Root), "csi-fixture"),
 		"StateBase": fx.StateBase,
 		"StopWait":  "1m",
+		"Version":   "1",
 	}
 	for k, val := range vars {
 		v[k] = val
@@ -198,4 +201,23 @@ func (c *Cluster) RerunClusterFixture(t testing.TB, fx *ClusterFixture) {
 	for _, a := range c.Clients {
 		a.WaitVolPluginHealthy(t, fx.ID, 2*time.Minute)
 	}
+}
+
+// UpdateClusterFixture runs a new version of the fixture's job (same job
+// and plugin id, FIXTURE_VERSION set to version) and returns the file run.
+func (c *Cluster) UpdateClusterFixture(t testing.TB, fx *ClusterFixture, version string) string {
+	t.Helper()
+	b, err := os.ReadFile(fx.File)
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	text := regexp.MustCompile(`FIXTURE_VERSION = "[^"]*"`).ReplaceAllString(string(b), fmt.Sprintf("FIXTURE_VERSION = %q", version))
+	file := strings.TrimSuffix(fx.File, ".hcl") + "-v" + version + ".hcl"
+	if err := os.WriteFile(file, []byte(text), 0o600); err != nil {
+		t.Fatalf("%v", err)
+	}
+	if out, err := c.Server.Nomad("job", "run", "-detach", file); err != nil {
+		t.Fatalf("failed to update %s: %v: %s", fx, err, out)
+	}
+	return file
 }
