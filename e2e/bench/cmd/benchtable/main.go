@@ -91,6 +91,10 @@ var rows = []row{
 		num: []string{"csi-ms"}, numAs: "csi", den: []string{"raw_exec-ms"}, denAs: "raw_exec", unit: "ms"},
 	{label: "submit → running, sleep task: isolated vs privileged (csi, both root)", bench: "DriverOverhead",
 		num: []string{"csi-root-ms"}, numAs: "isolated", den: []string{"csi-privileged-ms"}, denAs: "privileged", unit: "ms"},
+	{label: "submit → plugin healthy on 3 clients: native csi_plugin vs driver-managed", bench: "ClusterPluginHealth",
+		num: []string{"native-ms"}, numAs: "native", den: []string{"driver-ms"}, denAs: "driver-managed", unit: "ms"},
+	{label: "drain of a client with 3 workloads: with a driver-managed volume each vs without", bench: "ClusterDrain",
+		num: []string{"drain-volumes-ms"}, numAs: "with volumes", den: []string{"drain-plain-ms"}, denAs: "without", unit: "ms"},
 }
 
 // order is the order the benchmarks run in; others follow by name.

@@ -1,0 +1,35 @@
+# The e2e CSI fixture as a system job with Nomad's own task-level
+# csi_plugin block, run by the csi driver on every client (the cluster
+# benchmark's counterpart of cluster_plugin.hcl). Vars: PluginID, Command,
+# StateBase (each instance's state under <StateBase>/<node name>), MountDir.
+job "{{.JobID}}" {
+  type = "system"
+
+  group "plugin" {
+    task "plugin" {
+      driver       = "csi"
+      kill_timeout = "5s"
+
+      config {
+        command = "{{.Vars.Command}}"
+        args = [
+          "--state-dir", "{{.Vars.StateBase}}/${node.unique.name}/state",
+          "--node-id", "${node.unique.name}",
+        ]
+        privileged = true
+      }
+
+      csi_plugin {
+        id             = "{{.Vars.PluginID}}"
+        type           = "monolith"
+        mount_dir      = "{{.Vars.MountDir}}"
+        health_timeout = "30s"
+      }
+
+      resources {
+        cpu    = 100
+        memory = 128
+      }
+    }
+  }
+}
