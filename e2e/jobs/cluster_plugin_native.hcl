@@ -1,7 +1,9 @@
 # The e2e CSI fixture as a system job with Nomad's own task-level
 # csi_plugin block, run by the csi driver on every client (the cluster
 # benchmark's counterpart of cluster_plugin.hcl). Vars: PluginID, Command,
-# StateBase (each instance's state under <StateBase>/<node name>), MountDir.
+# StateBase (each instance's state and call log under <StateBase>/<node
+# name>), MountDir. Each instance's topology is its node: a volume it creates
+# is placed by Nomad's CSI scheduling on that node only.
 job "{{.JobID}}" {
   type = "system"
 
@@ -15,6 +17,8 @@ job "{{.JobID}}" {
         args = [
           "--state-dir", "{{.Vars.StateBase}}/${node.unique.name}/state",
           "--node-id", "${node.unique.name}",
+          "--log-calls", "{{.Vars.StateBase}}/${node.unique.name}/calls.log",
+          "--topology", "e2e.csi/node=${node.unique.name}",
         ]
         privileged = true
       }
