@@ -169,3 +169,15 @@ func TestStopTask_pluginWaitBounded(t *testing.T) {
 		})
 	}
 }
+
+// A plugin whose task was told to stop says so when its socket goes,
+// rather than "unhealthy", which reads as a failure.
+func TestOnPluginHealth_stoppingPluginNotUnhealthy(t *testing.T) {
+	n := startStopNode(t, "0s")
+	n.d.onPluginHealth("hp", false, "socket gone")
+	n.events.waitFor(t, `alloc-p/t/1: CSI plugin "hp" unhealthy: socket gone`)
+	must.NoError(t, n.d.StopTask(n.plugin.ID, time.Second, ""))
+	n.d.onPluginHealth("hp", false, "socket gone again")
+	n.events.waitFor(t, `alloc-p/t/1: CSI plugin "hp" stopped serving (its task is stopping): socket gone again`)
+	must.SliceEmpty(t, n.events.with("unhealthy: socket gone again"))
+}
