@@ -129,6 +129,10 @@ var taskConfigSpec = hclspec.NewObject(map[string]*hclspec.Spec{
 			hclspec.NewAttr("health_timeout", "string", false),
 			hclspec.NewLiteral(fmt.Sprintf("%q", DefaultPluginHealthTimeout)),
 		),
+		"stop_wait": hclspec.NewDefault(
+			hclspec.NewAttr("stop_wait", "string", false),
+			hclspec.NewLiteral(fmt.Sprintf("%q", DefaultPluginStopWait)),
+		),
 	})),
 })
 
@@ -291,6 +295,44 @@ type PluginTaskConfig struct {
 	// csi_plugin health_timeout). Empty in states written before it was
 	// kept: DefaultPluginHealthTimeout.
 	HealthTimeout string `codec:"health_timeout"`
+	// StopWait bounds how long the plugin task's stop waits for the
+	// teardowns of its volumes on this node that are queued or running
+	// (tasks that stopped or are stopping), so that the plugin does not
+	// go before their last unpublish or unstage (a duration; "0s" waits
+	// for nothing). Empty in states written before it was kept:
+	// DefaultPluginStopWait.
+	StopWait string `codec:"stop_wait"`
+}
+
+// DefaultPluginStopWait is csi_plugin's stop_wait when unset.
+const DefaultPluginStopWait = "1m"
+
+// maxPluginStopWait bounds stop_wait: a plugin job can hold its own stop,
+// and with it a node's drain, no longer than this.
+const maxPluginStopWait = 10 * time.Minute
+
+// parseStopWait reads StopWait (DefaultPluginStopWait when empty); the
+// error says what would be right.
+func (p *PluginTaskConfig) parseStopWait() (time.Duration, error) {
+	s := p.StopWait
+	if s == "" {
+		s = DefaultPluginStopWait
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d < 0 || d > maxPluginStopWait {
+		return 0, fmt.Errorf("csi_plugin stop_wait %q must be a duration from \"0s\" to \"%s\", such as \"1m\"", p.StopWait, maxPluginStopWait)
+	}
+	return d, nil
+}
+
+// stopWait is StopWait parsed; validate has checked it, so an error here
+// (a state written by a driver that did not check) means the default.
+func (p *PluginTaskConfig) stopWait() time.Duration {
+	d, err := p.parseStopWait()
+	if err != nil {
+		d, _ = time.ParseDuration(DefaultPluginStopWait)
+	}
+	return d
 }
 
 // DefaultPluginHealthTimeout is csi_plugin's health_timeout when unset, as
@@ -382,6 +424,9 @@ func (p *PluginTaskConfig) validate(cfg *Config, privileged bool) error {
 		return fmt.Errorf("csi_plugin mount_dir must be an absolute path other than \"/\", got %q", p.MountDir)
 	}
 	if _, err := p.parseHealthTimeout(); err != nil {
+		return err
+	}
+	if _, err := p.parseStopWait(); err != nil {
 		return err
 	}
 	if sock := cfg.pluginSocket(p.ID); len(sock) > maxSocketPath {

@@ -884,6 +884,7 @@ func (d *Driver) StopTask(taskID string, timeout time.Duration, signal string) e
 	if !ok {
 		return drivers.ErrTaskNotFound
 	}
+	h.stopping.Store(true)
 	if h.exited() {
 		return nil
 	}
@@ -893,6 +894,9 @@ func (d *Driver) StopTask(taskID string, timeout time.Duration, signal string) e
 	sig, err := parseSignal(signal)
 	if err != nil {
 		return err
+	}
+	if h.plugin != nil {
+		d.awaitPluginTeardowns(h)
 	}
 	if err := h.process.Shutdown(sig, timeout); err != nil {
 		return fmt.Errorf("failed to stop task: %w", err)

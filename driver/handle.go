@@ -4,6 +4,7 @@ import (
 	"context"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -70,6 +71,10 @@ type taskHandle struct {
 	// has released what the task held.
 	destroyMu sync.Mutex
 	destroyed bool
+
+	// stopping is set once Nomad asked the task to stop: its volumes'
+	// teardown is queued, which a plugin's stop waits for (stop_wait).
+	stopping atomic.Bool
 
 	// done is closed when the task has exited and exit is set.
 	done chan struct{}

@@ -242,8 +242,20 @@ func (d *Driver) onPluginHealth(id string, healthy bool, reason string) {
 		return
 	}
 	msg := fmt.Sprintf("CSI plugin %q healthy", id)
-	if !healthy {
+	switch {
+	case healthy:
+	case d.taskStopping(cfg.ID):
+		// Its task was told to stop: the plugin going away is expected,
+		// not a failure.
+		msg = fmt.Sprintf("CSI plugin %q stopped serving (its task is stopping): %s", id, reason)
+	default:
 		msg = fmt.Sprintf("CSI plugin %q unhealthy: %s", id, reason)
 	}
 	d.emitEvent(cfg, msg, map[string]string{"plugin_id": id})
+}
+
+// taskStopping reports whether Nomad asked the task to stop.
+func (d *Driver) taskStopping(taskID string) bool {
+	h, ok := d.tasks.Get(taskID)
+	return ok && h.stopping.Load()
 }

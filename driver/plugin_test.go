@@ -36,6 +36,11 @@ func TestPluginTaskConfig_validate(t *testing.T) {
 		{"health_timeout no unit", PluginTaskConfig{ID: "n", Type: "node", MountDir: "/csi", HealthTimeout: "30"}, true, `csi_plugin health_timeout "30" must be a duration from "0s" to "1h0m0s", such as "30s"`},
 		{"health_timeout negative", PluginTaskConfig{ID: "n", Type: "node", MountDir: "/csi", HealthTimeout: "-1s"}, true, `health_timeout "-1s" must be a duration`},
 		{"health_timeout too long", PluginTaskConfig{ID: "n", Type: "node", MountDir: "/csi", HealthTimeout: "2h"}, true, `health_timeout "2h" must be a duration`},
+		{"stop_wait", PluginTaskConfig{ID: "n", Type: "node", MountDir: "/csi", StopWait: "5m"}, true, ""},
+		{"stop_wait zero", PluginTaskConfig{ID: "n", Type: "node", MountDir: "/csi", StopWait: "0s"}, true, ""},
+		{"stop_wait no unit", PluginTaskConfig{ID: "n", Type: "node", MountDir: "/csi", StopWait: "60"}, true, `csi_plugin stop_wait "60" must be a duration from "0s" to "10m0s", such as "1m"`},
+		{"stop_wait negative", PluginTaskConfig{ID: "n", Type: "node", MountDir: "/csi", StopWait: "-1s"}, true, `stop_wait "-1s" must be a duration`},
+		{"stop_wait too long", PluginTaskConfig{ID: "n", Type: "node", MountDir: "/csi", StopWait: "11m"}, true, `stop_wait "11m" must be a duration`},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

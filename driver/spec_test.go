@@ -50,7 +50,7 @@ func TestTaskConfigSpec_parsesJobHCL(t *testing.T) {
 
 	must.Eq(t, "/usr/bin/app", tc.Command)
 	must.True(t, tc.Privileged)
-	must.Eq(t, &PluginTaskConfig{ID: "hostpath", Type: "node", MountDir: "/csi", HealthTimeout: "30s"}, tc.CSIPlugin)
+	must.Eq(t, &PluginTaskConfig{ID: "hostpath", Type: "node", MountDir: "/csi", HealthTimeout: "30s", StopWait: "1m"}, tc.CSIPlugin)
 
 	data := tc.Volumes["data"]
 	must.Eq(t, "db", data.VolumeID)

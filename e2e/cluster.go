@@ -4,8 +4,11 @@ package e2e
 
 import (
 	"fmt"
+	"net/url"
 	"os"
 	"path/filepath"
+	"regexp"
+	"strings"
 	"testing"
 	"time"
 )
@@ -80,12 +83,22 @@ type ClusterFixture struct {
 	ID        string
 	JobID     string
 	StateBase string
+	// File is the rendered job, for running the same job again.
+	File string
 }
 
 // StartClusterFixture runs the fixture as a system job with plugin id id
 // and waits until every client says it is healthy; it returns how long that
 // took from the submission.
 func (c *Cluster) StartClusterFixture(t testing.TB, id string) (*ClusterFixture, time.Duration) {
+	t.Helper()
+	return c.StartClusterFixtureWith(t, id, nil)
+}
+
+// StartClusterFixtureWith is StartClusterFixture with template variables of
+// jobs/cluster_plugin.hcl set: StopWait (csi_plugin stop_wait, default
+// "1m") and Version (the task's FIXTURE_VERSION, default "1").
+func (c *Cluster) StartClusterFixtureWith(t testing.TB, id string, vars map[string]string) (*ClusterFixture, time.Duration) {
 	t.Helper()
 	fx := &ClusterFixture{ID: id, StateBase: filepath.Join(c.Server.Dir, "fx-"+id)}
 	for _, a := range c.Clients {
@@ -95,12 +108,18 @@ func (c *Cluster) StartClusterFixture(t testing.TB, id string) (*ClusterFixture,
 		}
 	}
 	start := time.Now()
-	job := c.Server.RunJob(t, "cluster_plugin", map[string]string{
+	v := map[string]string{
 		"PluginID":  id,
 		"Command":   filepath.Join(VolCSIBinDir(c.Server.Root), "csi-fixture"),
 		"StateBase": fx.StateBase,
-	})
-	fx.JobID = job.ID
+		"StopWait":  "1m",
+		"Version":   "1",
+	}
+	for k, val := range vars {
+		v[k] = val
+	}
+	job := c.Server.RunJob(t, "cluster_plugin", v)
+	fx.JobID, fx.File = job.ID, job.File
 	for _, a := range c.Clients {
 		a.WaitVolPluginHealthy(t, id, 2*time.Minute)
 	}
@@ -123,3 +142,82 @@ func (fx *ClusterFixture) On(t testing.TB, a *Agent) *VolFixture {
 
 // String names the fixture for messages.
 func (fx *ClusterFixture) String() string { return fmt.Sprintf("plugin %s (job %s)", fx.ID, fx.JobID) }
+
+// SetEligible marks client a eligible or ineligible for new placements.
+func (c *Cluster) SetEligible(a *Agent, eligible bool) error {
+	e := "ineligible"
+	if eligible {
+		e = "eligible"
+	}
+	return c.Server.PutJSON("PUT", "/v1/node/"+url.PathEscape(a.NodeID)+"/eligibility",
+		map[string]any{"NodeID": a.NodeID, "Eligibility": e}, nil)
+}
+
+// Drain starts draining client a (as "nomad node drain -enable
+// -deadline" does, with -ignore-system when ignoreSystem).
+func (c *Cluster) Drain(a *Agent, deadline time.Duration, ignoreSystem bool) error {
+	return c.Server.PutJSON("PUT", "/v1/node/"+url.PathEscape(a.NodeID)+"/drain", map[string]any{
+		"NodeID": a.NodeID,
+		"DrainSpec": map[string]any{
+			"Deadline":         deadline.Nanoseconds(),
+			"IgnoreSystemJobs": ignoreSystem,
+		},
+	}, nil)
+}
+
+// drainState is what /v1/node/<id> says of a drain.
+type drainState struct {
+	DrainStrategy         *struct{ Deadline int64 }
+	SchedulingEligibility string
+	LastDrain             *struct{ Status string }
+}
+
+// WaitDrained waits until client a's drain is over (Nomad cleared its
+// drain strategy) and returns the status of the last drain.
+func (c *Cluster) WaitDrained(a *Agent, timeout time.Duration) (string, error) {
+	deadline := time.Now().Add(timeout)
+	var last drainState
+	for time.Now().Before(deadline) {
+		var st drainState
+		if err := c.Server.GetJSON("/v1/node/"+url.PathEscape(a.NodeID), &st); err == nil {
+			last = st
+			if st.DrainStrategy == nil && st.LastDrain != nil {
+				return st.LastDrain.Status, nil
+			}
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	return "", fmt.Errorf("node %s still draining after %v (%+v)", a.NodeName(), timeout, last)
+}
+
+// RerunClusterFixture runs the fixture's job again (the same job id, so
+// the driver lets it serve the volumes its earlier run set up) and waits
+// until every client says the plugin is healthy.
+func (c *Cluster) RerunClusterFixture(t testing.TB, fx *ClusterFixture) {
+	t.Helper()
+	if out, err := c.Server.Nomad("job", "run", "-detach", fx.File); err != nil {
+		t.Fatalf("failed to run %s again: %v: %s", fx, err, out)
+	}
+	for _, a := range c.Clients {
+		a.WaitVolPluginHealthy(t, fx.ID, 2*time.Minute)
+	}
+}
+
+// UpdateClusterFixture runs a new version of the fixture's job (same job
+// and plugin id, FIXTURE_VERSION set to version) and returns the file run.
+func (c *Cluster) UpdateClusterFixture(t testing.TB, fx *ClusterFixture, version string) string {
+	t.Helper()
+	b, err := os.ReadFile(fx.File)
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	text := regexp.MustCompile(`FIXTURE_VERSION = "[^"]*"`).ReplaceAllString(string(b), fmt.Sprintf("FIXTURE_VERSION = %q", version))
+	file := strings.TrimSuffix(fx.File, ".hcl") + "-v" + version + ".hcl"
+	if err := os.WriteFile(file, []byte(text), 0o600); err != nil {
+		t.Fatalf("%v", err)
+	}
+	if out, err := c.Server.Nomad("job", "run", "-detach", file); err != nil {
+		t.Fatalf("failed to update %s: %v: %s", fx, err, out)
+	}
+	return file
+}

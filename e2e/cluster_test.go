@@ -122,6 +122,8 @@ func TestCluster(t *testing.T) {
 		}
 	})
 
+	t.Run("native_volumes_placed_by_csi_scheduling", func(t *testing.T) { clusterNativeVolumes(t, c) })
+
 	t.Run("teardown_leaves_nothing", func(t *testing.T) {
 		for _, w := range ws {
 			c.Server.VolStopAndWait(t, w.job.ID, volTimeout)

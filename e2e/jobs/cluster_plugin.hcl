@@ -1,7 +1,8 @@
 # The e2e CSI fixture as a system job of the csi driver, for the cluster
 # cases: plugin id {{.Vars.PluginID}} (monolith) on every client, each
 # instance with its node's name as its CSI node id and its state and call
-# log under {{.Vars.StateBase}}/<node name>.
+# log under {{.Vars.StateBase}}/<node name>. Version only changes the
+# task's environment: a new version of the job for an update.
 job "{{.JobID}}" {
   type = "system"
 
@@ -30,7 +31,12 @@ job "{{.JobID}}" {
           id        = "{{.Vars.PluginID}}"
           type      = "monolith"
           mount_dir = "/csi"
+          stop_wait = "{{.Vars.StopWait}}"
         }
+      }
+
+      env {
+        FIXTURE_VERSION = "{{.Vars.Version}}"
       }
 
       resources {

@@ -93,6 +93,10 @@ var rows = []row{
 		num: []string{"csi-root-ms"}, numAs: "isolated", den: []string{"csi-privileged-ms"}, denAs: "privileged", unit: "ms"},
 	{label: "FUSE plugin killed: plugin healthy again → dead mount repaired in the running task vs the volume's first setup", bench: "RepairStale",
 		num: []string{"repair-ms"}, numAs: "repair", den: []string{"setup-ms"}, denAs: "Staging → Published", unit: "ms"},
+	{label: "submit → plugin healthy on 3 clients: native csi_plugin vs driver-managed", bench: "ClusterPluginHealth",
+		num: []string{"native-ms"}, numAs: "native", den: []string{"driver-ms"}, denAs: "driver-managed", unit: "ms"},
+	{label: "drain of a client with 3 workloads: with a driver-managed volume each vs without", bench: "ClusterDrain",
+		num: []string{"drain-volumes-ms"}, numAs: "with volumes", den: []string{"drain-plain-ms"}, denAs: "without", unit: "ms"},
 }
 
 // order is the order the benchmarks run in; others follow by name.
