@@ -326,33 +326,45 @@ func TestStatsHungPlugin(t *testing.T) {
 		}
 		h.m.stats.wg.Wait()
 	}()
+	countSlow := func() int {
+		n := 0
+		for _, c := range h.fake.Calls() {
+			if c.Method == MethodNodeGetVolumeStats && strings.HasPrefix(c.VolumeID, "slow-") {
+				n++
+			}
+		}
+		return n
+	}
+	okSampled := func() time.Time {
+		for _, v := range h.m.VolumeStats() {
+			if v.VolumeID == "ok" {
+				return v.Sampled
+			}
+		}
+		return time.Time{}
+	}
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(20 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatal(what)
+			}
+		}
+	}
 	now := time.Now()
 	h.m.statsPass(ctx, now)
 	h.m.statsPass(ctx, now.Add(time.Minute))
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		var sampled bool
-		for _, v := range h.m.VolumeStats() {
-			if v.VolumeID == "ok" && !v.Sampled.IsZero() {
-				sampled = true
-			}
-		}
-		if sampled {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the volume of the healthy plugin was not sampled beside the hung one")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	// The hung plugin holds its two calls, no more, across passes.
+	waitFor("the volume of the healthy plugin was not sampled beside the hung one", func() bool { return !okSampled().IsZero() })
+	// The calls run in goroutines of their own: wait for the two that
+	// took the plugin's slots to reach it. The others wait for a slot,
+	// which the hung calls never give back.
+	waitFor("the hung plugin's calls did not start", func() bool { return countSlow() >= statsPerPlugin })
+	// The hung plugin holds its two calls, no more, across passes; the
+	// other plugin's volume is sampled again meanwhile.
+	before := okSampled()
 	h.m.statsPass(ctx, now.Add(2*time.Minute))
-	slow := 0
-	for _, c := range h.fake.Calls() {
-		if c.Method == MethodNodeGetVolumeStats && strings.HasPrefix(c.VolumeID, "slow-") {
-			slow++
-		}
-	}
+	waitFor("the volume of the healthy plugin was not sampled again", func() bool { return okSampled().After(before) })
+	slow := countSlow()
 	must.Eq(t, statsPerPlugin, slow)
 	must.Less(t, 5, slow)
 }
