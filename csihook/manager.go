@@ -567,6 +567,7 @@ func (m *Manager) preflight(taskID string, reqs []VolumeRequest) ([]plan, error)
 				req.Name, req.PluginID))
 			continue
 		}
+		req = withMountGroup(req, info)
 		if attachment(req) == AttachmentBlockDevice && !info.Block {
 			errs = append(errs, invalidf("volume %q: CSI plugin %q does not serve attachment_mode = %q: use %q or another plugin",
 				req.Name, req.PluginID, AttachmentBlockDevice, AttachmentFileSystem))
@@ -657,6 +658,9 @@ func (m *Manager) checkShare(taskID string, req VolumeRequest, volumeID string) 
 		return &conflictError{fmt.Sprintf("volume %q: volume_id %q is in use on this node with access_mode = %q, attachment_mode = %q, fs_type = %q: use the same values or stop task %q",
 			req.Name, volumeID, v.AccessMode, v.AttachmentMode, v.FSType, other)}
 	}
+	if err := m.checkGroupShareLocked(taskID, req, k); err != nil {
+		return err
+	}
 	if req.AccessMode == AccessSingleNodeWriter {
 		return &conflictError{fmt.Sprintf("volume %q: volume_id %q is single-node-writer and task %q already has it published writable on this node: stop that task first or use a multi-node access mode",
 			req.Name, volumeID, other)}
@@ -708,7 +712,7 @@ func (m *Manager) setupVolume(ctx context.Context, taskID string, p plan) (Publi
 	}
 
 	vol, ok := m.vol(k)
-	if ok && m.users(k) == 0 && (vol.AccessMode != req.AccessMode || vol.AttachmentMode != attachment(req) || vol.FSType != req.FSType) {
+	if ok && m.users(k) == 0 && (vol.AccessMode != req.AccessMode || vol.AttachmentMode != attachment(req) || vol.FSType != req.FSType || vol.MountGroup != req.MountGroup) {
 		// Left over with another capability and nobody using it: take it
 		// down before staging it anew.
 		if err := m.releaseLocked(ctx, taskID, req.Name, k, nil); err != nil {
@@ -731,6 +735,7 @@ func (m *Manager) setupVolume(ctx context.Context, taskID string, p plan) (Publi
 			PluginID: req.PluginID, VolumeID: volumeID, StagingPath: m.StagingPath(req.PluginID, volumeID),
 			AccessMode: req.AccessMode, AttachmentMode: attachment(req), FSType: req.FSType,
 			MountFlags: req.MountFlags, VolumeContext: vctx, Secrets: req.Secrets, Server: info.Server,
+			MountGroup: req.MountGroup,
 		}
 		pending = append(pending, volPut(vol))
 	} else if vol.Server == "" && info.Server != "" {
@@ -747,6 +752,7 @@ func (m *Manager) setupVolume(ctx context.Context, taskID string, p plan) (Publi
 			Target: target, Destination: req.Destination, ReadOnly: pub.ReadOnly,
 			AccessMode: req.AccessMode, AttachmentMode: attachment(req), FSType: req.FSType,
 			MountFlags: req.MountFlags, VolumeContext: vctx, Secrets: req.Secrets,
+			MountGroup: req.MountGroup, ApplyGroup: req.applyGroup,
 			// The intent to publish goes out with the volume's first
 			// record, so that no commit waits between the calls.
 			State: phasePublishing, notCalled: true,
@@ -846,6 +852,7 @@ func (m *Manager) ensureVolume(ctx context.Context, taskID, name string, info Pl
 		secrets: []map[string]string{vol.Secrets}}
 	ann := annotations(name, vol.PluginID, vol.VolumeID)
 	vc := capability(vol.AccessMode, vol.AttachmentMode, vol.FSType, vol.MountFlags)
+	stageVC := withGroup(capability(vol.AccessMode, vol.AttachmentMode, vol.FSType, vol.MountFlags), vol.MountGroup)
 	needCtrl := info.ControllerPublish || vol.Controller != phaseNone
 	needStage := info.StageUnstage || vol.Stage != phaseNone
 	if vol.Stage == phaseStaged && !restage && !m.isVerified(vol.key()) {
@@ -923,7 +930,7 @@ func (m *Manager) ensureVolume(ctx context.Context, taskID, name string, info Pl
 		err := m.call(ctx, o, func(ctx context.Context) error {
 			_, err := node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{
 				VolumeId: vol.VolumeID, PublishContext: vol.PublishContext, StagingTargetPath: vol.StagingPath,
-				VolumeCapability: vc, Secrets: vol.Secrets, VolumeContext: vol.VolumeContext,
+				VolumeCapability: stageVC, Secrets: vol.Secrets, VolumeContext: vol.VolumeContext,
 			})
 			return err
 		})
@@ -988,7 +995,7 @@ func (m *Manager) ensurePublished(ctx context.Context, info PluginInfo, vol volR
 	err = m.call(ctx, o, func(ctx context.Context) error {
 		_, err := node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{
 			VolumeId: tr.VolumeID, PublishContext: vol.PublishContext, StagingTargetPath: staging,
-			TargetPath: tr.Target, VolumeCapability: capability(tr.AccessMode, tr.AttachmentMode, tr.FSType, tr.MountFlags),
+			TargetPath: tr.Target, VolumeCapability: withGroup(capability(tr.AccessMode, tr.AttachmentMode, tr.FSType, tr.MountFlags), tr.MountGroup),
 			Readonly: tr.ReadOnly, Secrets: tr.Secrets, VolumeContext: tr.VolumeContext,
 		})
 		return err
@@ -1004,6 +1011,11 @@ func (m *Manager) ensurePublished(ctx context.Context, info PluginInfo, vol volR
 			Message: fmt.Sprintf("the plugin reported success but did not create the target path %q, which the CSI spec leaves to the plugin", tr.Target),
 			Hint: fmt.Sprintf("plugin %q did not publish the volume on this node (a mock plugin does not); check the plugin's logs, "+
 				"or use a plugin that mounts volumes at target_path", o.pluginID)}
+	}
+	if tr.ApplyGroup != "" {
+		if err := applyVolumeGroup(tr.Target, tr.ApplyGroup); err != nil {
+			return fmt.Errorf("volume %q: mount_group = true: %w", tr.Name, err)
+		}
 	}
 	tr.State = phasePublished
 	if err := m.commitLazy(append(pending, taskPut(tr))...); err != nil {

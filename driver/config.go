@@ -146,6 +146,11 @@ var volumeSpec = hclspec.NewBlockMap("volume", []string{"name"}, hclspec.NewObje
 	})),
 	"context": hclspec.NewBlockAttrs("context", "string", false),
 	"secrets": hclspec.NewBlockAttrs("secrets", "string", false),
+	// mount_group = true: when the plugin lacks VOLUME_MOUNT_GROUP, the
+	// driver gives the volume's root directory the task's group (setgid,
+	// g+rwx) after publishing, so a task that does not run as root can
+	// write it. Only the task's own group, only the root directory.
+	"mount_group": hclspec.NewAttr("mount_group", "bool", false),
 	"create": hclspec.NewBlock("create", false, hclspec.NewObject(map[string]*hclspec.Spec{
 		"capacity_min": hclspec.NewAttr("capacity_min", "string", false),
 		"capacity_max": hclspec.NewAttr("capacity_max", "string", false),
@@ -389,6 +394,7 @@ type VolumeConfig struct {
 	MountOptions   *MountOptions      `codec:"mount_options"`
 	Context        map[string]string  `codec:"context"`
 	Secrets        map[string]string  `codec:"secrets"`
+	MountGroup     bool               `codec:"mount_group"`
 	Create         *VolumeCreateBlock `codec:"create"`
 }
 

@@ -32,15 +32,16 @@ func volumeRequests(vols map[string]VolumeConfig) ([]csihook.VolumeRequest, erro
 	for _, name := range names {
 		v := vols[name]
 		req := csihook.VolumeRequest{
-			Name:           name,
-			PluginID:       v.PluginID,
-			VolumeID:       v.VolumeID,
-			Destination:    v.Destination,
-			ReadOnly:       v.ReadOnly,
-			AccessMode:     v.AccessMode,
-			AttachmentMode: v.AttachmentMode,
-			Context:        v.Context,
-			Secrets:        v.Secrets,
+			Name:            name,
+			PluginID:        v.PluginID,
+			VolumeID:        v.VolumeID,
+			Destination:     v.Destination,
+			ReadOnly:        v.ReadOnly,
+			AccessMode:      v.AccessMode,
+			AttachmentMode:  v.AttachmentMode,
+			Context:         v.Context,
+			Secrets:         v.Secrets,
+			ApplyMountGroup: v.MountGroup,
 		}
 		if req.AccessMode == "" {
 			req.AccessMode = csihook.AccessSingleNodeWriter
@@ -249,6 +250,7 @@ func lifecyclePluginInfo(st fingerprint.PluginStatus) csihook.PluginInfo {
 		Healthy:           st.Healthy,
 		HealthDescription: st.HealthDescription,
 		StageUnstage:      st.NodeCaps.StageUnstageVolume,
+		VolumeMountGroup:  st.NodeCaps.VolumeMountGroup,
 		ControllerPublish: st.ControllerService && st.ControllerCaps.PublishUnpublishVolume,
 		CreateDelete:      st.ControllerService && st.ControllerCaps.CreateDeleteVolume,
 		// A declared controller is never asked for its Node service; a
@@ -377,8 +379,16 @@ func (d *Driver) checkVolumes(cfg *drivers.TaskConfig, tc *TaskConfig, spec *exe
 	// a volume on this node owns it (allow_cross_namespace_volumes lets
 	// others in).
 	ns := jobOf(cfg).namespace
+	group, err := taskGroup(spec.User)
+	if err != nil {
+		return nil, err
+	}
 	for i := range reqs {
 		reqs[i].Namespace = ns
+		reqs[i].MountGroup = group
+		if reqs[i].ApplyMountGroup && group == "" {
+			return nil, fmt.Errorf("volume %q: mount_group = true gives the volume the task's group, but the task runs as root (user %q): set the task's user to the user that writes the volume, or drop mount_group", reqs[i].Name, userOrRoot(spec.User))
+		}
 	}
 	m, err := d.volumes()
 	if err != nil {
