@@ -57,6 +57,9 @@ type config struct {
 	hang              map[string]bool
 	failOnce          map[string]codes.Code
 	faults            string
+	// mountGroup advertises VOLUME_MOUNT_GROUP and honours it (see
+	// applyMountGroup).
+	mountGroup bool
 }
 
 // plugin serves all three CSI services.
@@ -97,6 +100,7 @@ func parseFlags(args []string) (config, error) {
 	fs.StringVar(&cfg.vendorVersion, "vendor-version", "0.1.0", "vendor version returned by GetPluginInfo")
 	fs.BoolVar(&cfg.controllerPublish, "controller-publish", false, "advertise PUBLISH_UNPUBLISH_VOLUME and require its publish_context in NodeStageVolume")
 	fs.Int64Var(&cfg.maxVolumes, "max-volumes", 0, "max_volumes_per_node returned by NodeGetInfo and enforced (0: no limit)")
+	fs.BoolVar(&cfg.mountGroup, "mount-group", false, "advertise VOLUME_MOUNT_GROUP: a published file-system volume's root gets the volume_mount_group (setgid, g+rwx)")
 	fs.StringVar(&cfg.logCalls, "log-calls", "", "append one line per RPC (method and volume ID) to this file")
 	fs.Func("topology", "key=value segment of this node's accessible topology (repeatable)", func(s string) error {
 		k, v, ok := strings.Cut(s, "=")
