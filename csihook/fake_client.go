@@ -40,6 +40,9 @@ type FakeClient struct {
 	// Mounter, when set, gets a mount at each staging path and target
 	// path, taken away again on unstage and unpublish.
 	Mounter *mounter.Fake
+	// NoNodeExpansion makes ControllerExpandVolume answer that no
+	// NodeExpandVolume is needed.
+	NoNodeExpansion bool
 
 	mu       sync.Mutex
 	calls    []FakeCall
@@ -275,6 +278,29 @@ func (f *FakeClient) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpub
 		}
 	}
 	return &csi.NodeUnpublishVolumeResponse{}, nil
+}
+
+// ControllerExpandVolume answers the required bytes as the new capacity.
+func (f *FakeClient) ControllerExpandVolume(ctx context.Context, req *csi.ControllerExpandVolumeRequest) (*csi.ControllerExpandVolumeResponse, error) {
+	err := f.begin(ctx, FakeCall{Method: MethodControllerExpandVolume, VolumeID: req.GetVolumeId(), Capability: req.GetVolumeCapability(),
+		CapacityRange: req.GetCapacityRange(), Secrets: req.GetSecrets()})
+	if err != nil {
+		return nil, err
+	}
+	f.mu.Lock()
+	node := !f.NoNodeExpansion
+	f.mu.Unlock()
+	return &csi.ControllerExpandVolumeResponse{CapacityBytes: req.GetCapacityRange().GetRequiredBytes(), NodeExpansionRequired: node}, nil
+}
+
+// NodeExpandVolume answers the required bytes as the new capacity.
+func (f *FakeClient) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolumeRequest) (*csi.NodeExpandVolumeResponse, error) {
+	err := f.begin(ctx, FakeCall{Method: MethodNodeExpandVolume, VolumeID: req.GetVolumeId(), StagingPath: req.GetStagingTargetPath(),
+		TargetPath: req.GetVolumePath(), Capability: req.GetVolumeCapability(), CapacityRange: req.GetCapacityRange(), Secrets: req.GetSecrets()})
+	if err != nil {
+		return nil, err
+	}
+	return &csi.NodeExpandVolumeResponse{CapacityBytes: req.GetCapacityRange().GetRequiredBytes()}, nil
 }
 
 // Close does nothing; the fake stays usable.

@@ -141,7 +141,16 @@ type createdRecord struct {
 	Name          string            `json:"name"`
 	VolumeID      string            `json:"volume_id"`
 	VolumeContext map[string]string `json:"volume_context,omitempty"`
-	Updated       time.Time         `json:"updated"`
+	// Requested is the create.capacity_min the volume was created or last
+	// expanded with, Capacity the size the plugin answered (0: it did
+	// not say), NodeExpand set while a NodeExpandVolume is owed after a
+	// ControllerExpandVolume (see expand.go). Records written before they
+	// were kept have none: such a volume is never expanded or shrunk by
+	// a job until it is created again.
+	Requested  int64     `json:"requested,omitempty"`
+	Capacity   int64     `json:"capacity,omitempty"`
+	NodeExpand bool      `json:"node_expand,omitempty"`
+	Updated    time.Time `json:"updated"`
 }
 
 // ownerRecord says which Nomad namespace a volume of this node belongs to:

@@ -494,7 +494,7 @@ func (m *Manager) pluginClients(o op) (PluginInfo, Client, Client, error) {
 // nodeMethod reports whether a method is one of the CSI Node service.
 func nodeMethod(method string) bool {
 	switch method {
-	case MethodNodeGetInfo, MethodNodeStageVolume, MethodNodeUnstageVolume, MethodNodePublishVolume, MethodNodeUnpublishVolume:
+	case MethodNodeGetInfo, MethodNodeStageVolume, MethodNodeUnstageVolume, MethodNodePublishVolume, MethodNodeUnpublishVolume, MethodNodeExpandVolume:
 		return true
 	}
 	return false
@@ -575,6 +575,8 @@ func (m *Manager) preflight(taskID string, reqs []VolumeRequest) ([]plan, error)
 		if req.Create != nil && !info.CreateDelete {
 			errs = append(errs, invalidf("volume %q: CSI plugin %q cannot create volumes (no CREATE_DELETE_VOLUME capability): remove the create block and create volume %q another way",
 				req.Name, req.PluginID, req.VolumeID))
+		} else if _, err := m.resizeOf(req, info); err != nil {
+			errs = append(errs, err)
 		}
 		id, _ := m.resolve(req)
 		if err := m.checkNamespace(req, id); err != nil {
@@ -673,7 +675,8 @@ func (m *Manager) setupVolume(ctx context.Context, taskID string, p plan) (Publi
 	o := op{taskID: taskID, name: req.Name, pluginID: req.PluginID, volumeID: req.VolumeID,
 		nodeID: info.NodeID, secrets: []map[string]string{req.Secrets}}
 	volumeID, vctx := m.resolve(req)
-	if req.Create != nil {
+	grow, _ := m.resizeOf(req, info) // preflight refused what cannot be done
+	if req.Create != nil && !grow {
 		var err error
 		if volumeID, vctx, err = m.create(ctx, taskID, req, info, o); err != nil {
 			return Published{}, err
@@ -694,6 +697,11 @@ func (m *Manager) setupVolume(ctx context.Context, taskID string, p plan) (Publi
 	}
 	if err := m.checkShare(taskID, req, volumeID); err != nil {
 		return Published{}, err
+	}
+	if grow {
+		if err := m.expandController(ctx, taskID, req, info, o, volumeID); err != nil {
+			return Published{}, err
+		}
 	}
 
 	target := m.TargetPath(taskID, req.Name)
@@ -767,6 +775,9 @@ func (m *Manager) setupVolume(ctx context.Context, taskID string, p plan) (Publi
 	if err := m.ensurePublished(ctx, info, vol, tr, pending); err != nil {
 		return Published{}, err
 	}
+	if err := m.expandNode(ctx, taskID, req, info, o, vol, tr); err != nil {
+		return Published{}, err
+	}
 	return pub, nil
 }
 
@@ -808,7 +819,8 @@ func (m *Manager) create(ctx context.Context, taskID string, req VolumeRequest, 
 	}
 	maps.Copy(vctx, resp.GetVolume().GetVolumeContext())
 	m.logger.Info("volume created", "task_id", taskID, "volume", req.Name, "plugin_id", req.PluginID, "volume_id", id)
-	rec := createdRecord{PluginID: req.PluginID, Name: req.VolumeID, VolumeID: id, VolumeContext: resp.GetVolume().GetVolumeContext()}
+	rec := createdRecord{PluginID: req.PluginID, Name: req.VolumeID, VolumeID: id, VolumeContext: resp.GetVolume().GetVolumeContext(),
+		Requested: req.Create.CapacityMin, Capacity: resp.GetVolume().GetCapacityBytes()}
 	// The namespace that created the volume owns it from now on, used or
 	// not (unless another owns the id the plugin answered with, which
 	// Setup then refuses).

@@ -118,6 +118,10 @@ type PluginInfo struct {
 	// capability for it, so the driver sets it from the plugin's
 	// configuration; block-device requests to other plugins are refused.
 	Block bool
+	// ControllerExpand is the controller capability EXPAND_VOLUME,
+	// NodeExpand the node capability EXPAND_VOLUME (see expand.go).
+	ControllerExpand bool
+	NodeExpand       bool
 	// VolumeMountGroup is the node capability VOLUME_MOUNT_GROUP: the
 	// plugin applies VolumeRequest.MountGroup itself.
 	VolumeMountGroup bool

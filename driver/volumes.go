@@ -251,6 +251,8 @@ func lifecyclePluginInfo(st fingerprint.PluginStatus) csihook.PluginInfo {
 		HealthDescription: st.HealthDescription,
 		StageUnstage:      st.NodeCaps.StageUnstageVolume,
 		VolumeMountGroup:  st.NodeCaps.VolumeMountGroup,
+		ControllerExpand:  st.ControllerService && st.ControllerCaps.ExpandVolume,
+		NodeExpand:        st.NodeCaps.ExpandVolume,
 		ControllerPublish: st.ControllerService && st.ControllerCaps.PublishUnpublishVolume,
 		CreateDelete:      st.ControllerService && st.ControllerCaps.CreateDeleteVolume,
 		// A declared controller is never asked for its Node service; a
