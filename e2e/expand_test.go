@@ -1,0 +1,114 @@
+//go:build e2e
+
+package e2e
+
+// Expansion: a service job with a 64 MiB ext4 fixture volume is redeployed
+// with create.capacity_min = 128 MiB; the fixture's ControllerExpandVolume
+// grows the image (truncate) and its NodeExpandVolume refreshes the loop
+// device (losetup -c) and grows the mounted file system online (resize2fs);
+// the new allocation's task sees the new size in df. Redeployed again with
+// 64 MiB, the task is refused with an error naming the field.
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/shoenig/test/must"
+)
+
+var dfSize = regexp.MustCompile(`SIZE (\d+)`)
+
+// expandRedeploy renders j and submits it under the ID of an existing job,
+// so that Nomad sees an update of that job.
+func expandRedeploy(t *testing.T, a *Agent, jobID string, j VolJob) {
+	t.Helper()
+	job, err := a.RenderVolJob(j)
+	must.NoError(t, err)
+	text, err := os.ReadFile(job.File)
+	must.NoError(t, err)
+	file := filepath.Join(filepath.Dir(job.File), jobID+"-update.hcl")
+	must.NoError(t, os.WriteFile(file, []byte(strings.ReplaceAll(string(text), job.ID, jobID)), 0o600))
+	out, err := a.Nomad("job", "run", "-detach", file)
+	must.NoError(t, err, must.Sprint(out))
+}
+
+// expandNewAlloc waits for an allocation of the job other than those in
+// old to reach one of want, and returns it.
+func expandNewAlloc(t *testing.T, a *Agent, jobID string, old map[string]bool, want ...string) *Allocation {
+	t.Helper()
+	deadline := time.Now().Add(volTimeout)
+	for time.Now().Before(deadline) {
+		allocs, err := a.JobAllocations(jobID)
+		if err == nil {
+			for _, al := range allocs {
+				if !old[al.ID] && (IsTerminal(al.ClientStatus) || al.ClientStatus == StatusRunning) {
+					full := a.Allocation(t, al.ID)
+					for _, w := range want {
+						if al.ClientStatus == w {
+							return full
+						}
+					}
+					t.Fatalf("new allocation %s is %s, wanted %v:\n%s", al.ID, al.ClientStatus, want, full.Describe())
+				}
+			}
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Fatalf("no new allocation of job %s within %v", jobID, volTimeout)
+	return nil
+}
+
+func expandLoggedSize(t *testing.T, a *Agent, allocID string) int64 {
+	t.Helper()
+	out := a.WaitLogs(t, allocID, "t", "SIZE", volTimeout)
+	m := dfSize.FindStringSubmatch(out)
+	must.SliceLen(t, 2, m, must.Sprintf("no df size in %q", out))
+	n, err := strconv.ParseInt(m[1], 10, 64)
+	must.NoError(t, err)
+	return n
+}
+
+func TestVolumeExpand(t *testing.T) {
+	t.Parallel()
+	a := volAgent(t, false)
+	fx := a.StartVolFixture(t, "fxexp", VolFixtureOptions{})
+
+	name := volUniq("expand")
+	dest := filepath.Join(volDir(a, name), "data")
+	job := func(size string) VolJob {
+		return VolJob{Type: "service", Script: fmt.Sprintf("df -k %s | awk 'NR==2 {print \"SIZE\", $2}'; exec sleep 3600", dest),
+			Volumes: []VolSpec{{Name: "data", Plugin: fx.ID, ID: name, Dest: dest, Access: "single-node-writer",
+				Create: true, CreateType: "ext4", CapacityMin: size}}}
+	}
+	first := a.RunVolJob(t, job("64MiB"))
+	al := a.WaitAlloc(t, first.ID, volTimeout, StatusRunning)
+	before := expandLoggedSize(t, a, al.ID)
+	id := fx.VolumeID(name)
+	must.NotEq(t, "", id)
+
+	old := map[string]bool{al.ID: true}
+	expandRedeploy(t, a, first.ID, job("128MiB"))
+	grown := expandNewAlloc(t, a, first.ID, old, StatusRunning)
+	after := expandLoggedSize(t, a, grown.ID)
+	t.Logf("df 1K-blocks before %d, after %d; calls: %v", before, after, fx.VolumeCalls(id))
+	must.Greater(t, before*18/10, after, must.Sprintf("the task does not see the grown volume: %d then %d 1K-blocks", before, after))
+	must.Eq(t, 1, fx.Count("ControllerExpandVolume", id))
+	must.Eq(t, 1, fx.Count("NodeExpandVolume", id))
+	must.Eq(t, 1, fx.Count("CreateVolume", "name="+name), must.Sprint("CreateVolume called again for the grown volume"))
+	events := eventsText(grown, "t")
+	must.StrContains(t, events, `Expanding volume "data" from 64 MiB to 128 MiB`)
+	must.StrContains(t, events, `Expanded volume "data" to 128 MiB`)
+
+	// Shrinking is refused, naming the field; the volume keeps its size.
+	old[grown.ID] = true
+	expandRedeploy(t, a, first.ID, job("64MiB"))
+	refused := expandNewAlloc(t, a, first.ID, old, StatusFailed)
+	must.StrContains(t, eventsText(refused, "t"), `create.capacity_min "64 MiB" (67108864 bytes) is smaller than the "128 MiB" (134217728 bytes) volume`)
+	must.Eq(t, 1, fx.Count("ControllerExpandVolume", id))
+}
