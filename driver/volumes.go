@@ -386,6 +386,11 @@ func (d *Driver) checkVolumes(cfg *drivers.TaskConfig, tc *TaskConfig, spec *exe
 		return nil, err
 	}
 	for i := range reqs {
+		if rel := tc.Volumes[reqs[i].Name].SecretsFile; rel != "" {
+			if reqs[i].Secrets, err = readSecretsFile(cfg.TaskDir().Dir, reqs[i].Name, rel); err != nil {
+				return nil, err
+			}
+		}
 		reqs[i].Namespace = ns
 		reqs[i].MountGroup = group
 		if reqs[i].ApplyMountGroup && group == "" {
