@@ -203,6 +203,8 @@ type VolSpec struct {
 	CapacityMin string
 	// MountGroup sets mount_group = true.
 	MountGroup bool
+	// SecretsFile sets secrets_file.
+	SecretsFile string
 	// Interpolate leaves "${...}" in values for Nomad to interpolate
 	// (volume_id = "v-${NOMAD_ALLOC_INDEX}"); otherwise it is escaped.
 	Interpolate bool
@@ -240,6 +242,7 @@ func (v VolSpec) HCL() string {
 		}
 		b.WriteString("          }\n")
 	}
+	attr("secrets_file", v.SecretsFile)
 	if v.MountGroup {
 		b.WriteString("          mount_group = true\n")
 	}
@@ -308,6 +311,9 @@ type VolJob struct {
 	// User is the task's user; default root (the fixture's volumes
 	// belong to root).
 	User string
+	// Template is HCL put in the task beside its config (template
+	// blocks).
+	Template string
 }
 
 func (j VolJob) vars() map[string]string {
@@ -330,6 +336,7 @@ func (j VolJob) vars() map[string]string {
 	}
 	return map[string]string{
 		"User":       j.User,
+		"Template":   j.Template,
 		"Type":       j.Type,
 		"Count":      strconv.Itoa(j.Count),
 		"Script":     volHCLString(j.Script),

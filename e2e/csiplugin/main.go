@@ -60,6 +60,10 @@ type config struct {
 	// mountGroup advertises VOLUME_MOUNT_GROUP and honours it (see
 	// applyMountGroup).
 	mountGroup bool
+	// requireSecret, KEY=VALUE, makes NodeStageVolume and
+	// NodePublishVolume refuse (PermissionDenied) a request whose secrets
+	// lack it: a test sees that the secrets reached the plugin.
+	requireSecret string
 }
 
 // plugin serves all three CSI services.
@@ -101,6 +105,7 @@ func parseFlags(args []string) (config, error) {
 	fs.BoolVar(&cfg.controllerPublish, "controller-publish", false, "advertise PUBLISH_UNPUBLISH_VOLUME and require its publish_context in NodeStageVolume")
 	fs.Int64Var(&cfg.maxVolumes, "max-volumes", 0, "max_volumes_per_node returned by NodeGetInfo and enforced (0: no limit)")
 	fs.BoolVar(&cfg.mountGroup, "mount-group", false, "advertise VOLUME_MOUNT_GROUP: a published file-system volume's root gets the volume_mount_group (setgid, g+rwx)")
+	fs.StringVar(&cfg.requireSecret, "require-secret", "", "KEY=VALUE: NodeStageVolume and NodePublishVolume need this secret (PermissionDenied otherwise; the value is never logged)")
 	fs.StringVar(&cfg.logCalls, "log-calls", "", "append one line per RPC (method and volume ID) to this file")
 	fs.Func("topology", "key=value segment of this node's accessible topology (repeatable)", func(s string) error {
 		k, v, ok := strings.Cut(s, "=")

@@ -94,6 +94,9 @@ func (p *plugin) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRe
 	if req.GetVolumeCapability() == nil {
 		return nil, status.Error(codes.InvalidArgument, "volume_capability is required")
 	}
+	if err := p.checkSecret(req.GetSecrets()); err != nil {
+		return nil, err
+	}
 	stg := filepath.Clean(req.GetStagingTargetPath())
 	defer p.store.lock(req.GetVolumeId())()
 	v, ok := p.store.get(req.GetVolumeId())
@@ -211,6 +214,9 @@ func (p *plugin) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 	}
 	if req.GetVolumeCapability() == nil {
 		return nil, status.Error(codes.InvalidArgument, "volume_capability is required")
+	}
+	if err := p.checkSecret(req.GetSecrets()); err != nil {
+		return nil, err
 	}
 	target, stg := filepath.Clean(req.GetTargetPath()), filepath.Clean(req.GetStagingTargetPath())
 	defer p.store.lock(req.GetVolumeId())()
@@ -469,4 +475,16 @@ func (p *plugin) withoutMountGroup(c *csi.VolumeCapability) *csi.VolumeCapabilit
 	c = proto.Clone(c).(*csi.VolumeCapability)
 	c.GetMount().VolumeMountGroup = ""
 	return c
+}
+
+// checkSecret enforces --require-secret without ever showing a value.
+func (p *plugin) checkSecret(secrets map[string]string) error {
+	if p.cfg.requireSecret == "" {
+		return nil
+	}
+	k, v, _ := strings.Cut(p.cfg.requireSecret, "=")
+	if got, ok := secrets[k]; !ok || got != v {
+		return status.Errorf(codes.PermissionDenied, "secret %q is missing or wrong", k)
+	}
+	return nil
 }

@@ -33,6 +33,7 @@ job "{{.JobID}}" {
 {{.Vars.Volumes}}
       }
 
+{{.Vars.Template}}
       resources {
         cpu    = 20
         memory = 64
