@@ -27,6 +27,8 @@ type FakeCall struct {
 	Secrets        map[string]string
 	VolumeContext  map[string]string
 	PublishContext map[string]string
+	// Accessibility is CreateVolume's accessibility_requirements.
+	Accessibility *csi.TopologyRequirement
 }
 
 // FakeClient is an in-memory Client. It records every call, fails calls
@@ -43,6 +45,9 @@ type FakeClient struct {
 	// NoNodeExpansion makes ControllerExpandVolume answer that no
 	// NodeExpandVolume is needed.
 	NoNodeExpansion bool
+	// AccessibleTopology is what CreateVolume answers the volume is
+	// accessible from (none when nil).
+	AccessibleTopology []*csi.Topology
 
 	mu       sync.Mutex
 	calls    []FakeCall
@@ -189,13 +194,17 @@ func (f *FakeClient) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 		vc = req.GetVolumeCapabilities()[0]
 	}
 	err := f.begin(ctx, FakeCall{Method: MethodCreateVolume, VolumeID: req.GetName(), Capability: vc,
-		Parameters: maps.Clone(req.GetParameters()), CapacityRange: req.GetCapacityRange(), Secrets: req.GetSecrets()})
+		Parameters: maps.Clone(req.GetParameters()), CapacityRange: req.GetCapacityRange(), Secrets: req.GetSecrets(),
+		Accessibility: req.GetAccessibilityRequirements()})
 	if err != nil {
 		return nil, err
 	}
+	f.mu.Lock()
+	topo := f.AccessibleTopology
+	f.mu.Unlock()
 	return &csi.CreateVolumeResponse{Volume: &csi.Volume{
 		VolumeId: "id-" + req.GetName(), CapacityBytes: req.GetCapacityRange().GetRequiredBytes(),
-		VolumeContext: map[string]string{"created": req.GetName()},
+		VolumeContext: map[string]string{"created": req.GetName()}, AccessibleTopology: topo,
 	}}, nil
 }
 

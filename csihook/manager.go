@@ -590,6 +590,9 @@ func (m *Manager) preflight(taskID string, reqs []VolumeRequest) ([]plan, error)
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
+	if err := m.checkVolumeLimit(plans); err != nil {
+		return nil, err
+	}
 	return plans, nil
 }
 
@@ -795,6 +798,8 @@ func (m *Manager) create(ctx context.Context, taskID string, req VolumeRequest, 
 		VolumeCapabilities: []*csi.VolumeCapability{capability(req.AccessMode, attachment(req), req.FSType, req.MountFlags)},
 		Parameters:         maps.Clone(req.Create.Parameters),
 		Secrets:            req.Secrets,
+		// The node's topology, when the plugin has one (topology.go).
+		AccessibilityRequirements: accessibility(info),
 	}
 	if req.Create.CapacityMin > 0 || req.Create.CapacityMax > 0 {
 		creq.CapacityRange = &csi.CapacityRange{RequiredBytes: req.Create.CapacityMin, LimitBytes: req.Create.CapacityMax}
@@ -825,6 +830,9 @@ func (m *Manager) create(ctx context.Context, taskID string, req VolumeRequest, 
 	// not (unless another owns the id the plugin answered with, which
 	// Setup then refuses).
 	if err := m.journal.commit(append(m.claimOwner(req, id), createdPut(rec))...); err != nil {
+		return "", nil, err
+	}
+	if err := m.checkAccessible(req, info, resp.GetVolume()); err != nil {
 		return "", nil, err
 	}
 	return id, vctx, nil

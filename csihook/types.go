@@ -118,6 +118,11 @@ type PluginInfo struct {
 	// capability for it, so the driver sets it from the plugin's
 	// configuration; block-device requests to other plugins are refused.
 	Block bool
+	// Topology is the node's accessible topology from NodeGetInfo (nil:
+	// none); MaxVolumes its max_volumes_per_node (0: no limit). See
+	// topology.go.
+	Topology   map[string]string
+	MaxVolumes int64
 	// ControllerExpand is the controller capability EXPAND_VOLUME,
 	// NodeExpand the node capability EXPAND_VOLUME (see expand.go).
 	ControllerExpand bool

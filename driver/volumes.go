@@ -253,6 +253,8 @@ func lifecyclePluginInfo(st fingerprint.PluginStatus) csihook.PluginInfo {
 		VolumeMountGroup:  st.NodeCaps.VolumeMountGroup,
 		ControllerExpand:  st.ControllerService && st.ControllerCaps.ExpandVolume,
 		NodeExpand:        st.NodeCaps.ExpandVolume,
+		Topology:          st.Node.Topology,
+		MaxVolumes:        st.Node.MaxVolumes,
 		ControllerPublish: st.ControllerService && st.ControllerCaps.PublishUnpublishVolume,
 		CreateDelete:      st.ControllerService && st.ControllerCaps.CreateDeleteVolume,
 		// A declared controller is never asked for its Node service; a
