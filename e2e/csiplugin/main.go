@@ -64,6 +64,9 @@ type config struct {
 	// NodePublishVolume refuse (PermissionDenied) a request whose secrets
 	// lack it: a test sees that the secrets reached the plugin.
 	requireSecret string
+	// createdTopology, when set, is the accessible topology CreateVolume
+	// answers instead of the node's: a volume made elsewhere.
+	createdTopology map[string]string
 }
 
 // plugin serves all three CSI services.
@@ -95,7 +98,7 @@ func main() {
 
 func parseFlags(args []string) (config, error) {
 	host, _ := os.Hostname()
-	cfg := config{topology: map[string]string{}, hang: map[string]bool{}, failOnce: map[string]codes.Code{}}
+	cfg := config{topology: map[string]string{}, createdTopology: map[string]string{}, hang: map[string]bool{}, failOnce: map[string]codes.Code{}}
 	fs := flag.NewFlagSet("csi-fixture", flag.ContinueOnError)
 	fs.StringVar(&cfg.endpoint, "endpoint", "", "CSI endpoint, unix:///path/csi.sock (default $CSI_ENDPOINT)")
 	fs.StringVar(&cfg.nodeID, "node-id", host, "node ID returned by NodeGetInfo")
@@ -113,6 +116,14 @@ func parseFlags(args []string) (config, error) {
 			return fmt.Errorf("topology must be key=value, not %q", s)
 		}
 		cfg.topology[k] = v
+		return nil
+	})
+	fs.Func("created-topology", "key=value segment CreateVolume answers the new volume is accessible from, instead of this node's (repeatable)", func(s string) error {
+		k, v, ok := strings.Cut(s, "=")
+		if !ok || k == "" {
+			return fmt.Errorf("created-topology must be key=value, not %q", s)
+		}
+		cfg.createdTopology[k] = v
 		return nil
 	})
 	fs.Func("hang", "test mode: this RPC (e.g. NodePublishVolume) blocks until the client gives up (repeatable)", func(s string) error {
