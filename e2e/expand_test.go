@@ -4,12 +4,17 @@ package e2e
 
 // Expansion: a service job with a 64 MiB ext4 fixture volume is redeployed
 // with create.capacity_min = 128 MiB; the fixture's ControllerExpandVolume
-// grows the image (truncate) and its NodeExpandVolume refreshes the loop
-// device (losetup -c) and grows the mounted file system online (resize2fs);
-// the new allocation's task sees the new size in df. Redeployed again with
-// 64 MiB, the task is refused with an error naming the field.
+// grows the image (truncate) and its NodeExpandVolume, called on the
+// published volume before the task's process takes it, refreshes the loop
+// device (losetup -c) and grows the file system with resize2fs (offline
+// inside the fixture: this machine's root lacks CAP_SYS_RESOURCE, which
+// online resize2fs needs); the new allocation's task sees the new size in
+// df. Redeployed again with 64 MiB, the task is refused with an error
+// naming the field. Then the operator CLI's expand grows a published
+// volume beside the running driver.
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -111,4 +116,32 @@ func TestVolumeExpand(t *testing.T) {
 	refused := expandNewAlloc(t, a, first.ID, old, StatusFailed)
 	must.StrContains(t, eventsText(refused, "t"), `create.capacity_min "64 MiB" (67108864 bytes) is smaller than the "128 MiB" (134217728 bytes) volume`)
 	must.Eq(t, 1, fx.Count("ControllerExpandVolume", id))
+
+	// The operator CLI grows a published volume beside the running driver
+	// and task. A dir volume: this machine's root lacks CAP_SYS_RESOURCE,
+	// so the fixture can grow ext4 only offline, which a running task's
+	// mount of it prevents (EBUSY); the fixture's dir volumes record their
+	// size.
+	dirName := volUniq("expand-cli")
+	dirDest := filepath.Join(volDir(a, dirName), "data")
+	held := a.RunVolJob(t, VolJob{Type: "service", Script: volSleeper, Volumes: []VolSpec{{Name: "data", Plugin: fx.ID, ID: dirName,
+		Dest: dirDest, Access: "single-node-writer", Create: true, CreateType: "dir", CapacityMin: "64MiB"}}})
+	a.WaitAlloc(t, held.ID, volTimeout, StatusRunning)
+	dirID := fx.VolumeID(dirName)
+	out, errOut, err := runDriverCLI(t, a, "expand", dirID, "192MiB", "-root-dir", a.DriverRoot)
+	must.NoError(t, err, must.Sprint(errOut))
+	t.Logf("expand:\n%s", out)
+	must.StrContains(t, out, "Controller: expanded to 192 MiB (201326592 bytes)")
+	must.StrContains(t, out, "Raise create.capacity_min of the job to 192 MiB")
+	must.Eq(t, 1, fx.Count("ControllerExpandVolume", dirID))
+	out, errOut, err = runDriverCLI(t, a, "expand", "-json", dirID, "256MiB", "-root-dir", a.DriverRoot)
+	must.NoError(t, err, must.Sprint(errOut))
+	var v struct {
+		Controller int64 `json:"controller_capacity_bytes"`
+	}
+	must.NoError(t, json.Unmarshal([]byte(out), &v))
+	must.Eq(t, int64(256<<20), v.Controller)
+	_, errOut, err = runDriverCLI(t, a, "expand", dirID, "0", "-root-dir", a.DriverRoot)
+	must.Error(t, err)
+	must.StrContains(t, errOut, `expand: size "0" is not a size above zero`)
 }
