@@ -145,3 +145,47 @@ func TestVolumeExpand(t *testing.T) {
 	must.Error(t, err)
 	must.StrContains(t, errOut, `expand: size "0" is not a size above zero`)
 }
+
+// The csi-test mock driver (controller EXPAND_VOLUME) takes the driver's
+// ControllerExpandVolume for a raised capacity_min, and a smaller one is
+// refused before any call. The mock creates no target path, so each task
+// fails at publish, after the calls this case looks at.
+func TestVolumeExpandK8sMock(t *testing.T) {
+	t.Parallel()
+	a := volAgent(t, false)
+	m := &volMock{id: "k8s-mock-exp", bin: "csi-mock-driver", calls: k8sMockCalls}
+	startVolMock(t, a, m)
+	name := volUniq("mock-exp")
+	dest := filepath.Join(volDir(a, name), "data")
+	run := func(size string) *Allocation {
+		job := a.RunVolJob(t, VolJob{Script: "echo SHOULD-NOT-RUN", Volumes: []VolSpec{{
+			Name: "data", Plugin: m.id, ID: name, Dest: dest, Access: "single-node-writer", Create: true, CapacityMin: size}}})
+		return a.WaitAlloc(t, job.ID, volTimeout, StatusFailed)
+	}
+	first := run("64MiB")
+	var volID string
+	for _, e := range first.Events("t") {
+		if id := e.Details["volume_id"]; id != "" && id != name {
+			volID = id
+		}
+	}
+	must.NotEq(t, "", volID, must.Sprint(first.Describe()))
+
+	grown := run("128MiB")
+	must.StrContains(t, eventsText(grown, "t"), `Expanding volume "data" from 64 MiB to 128 MiB`, must.Sprint(grown.Describe()))
+	calls := volMockMethods(volMockCallsOf(m.calls(t, a, m.allocID), name, volID))
+	t.Logf("mock calls for %s: %v", volID, calls)
+	must.SliceContains(t, calls, "ControllerExpandVolume")
+	creates := 0
+	for _, c := range calls {
+		if c == "CreateVolume" {
+			creates++
+		}
+	}
+	must.Eq(t, 1, creates, must.Sprint("CreateVolume called again for the grown volume"))
+
+	before := len(calls)
+	shrunk := run("32MiB")
+	must.StrContains(t, eventsText(shrunk, "t"), `create.capacity_min "32 MiB" (33554432 bytes) is smaller than the "128 MiB"`, must.Sprint(shrunk.Describe()))
+	must.Eq(t, before, len(volMockCallsOf(m.calls(t, a, m.allocID), name, volID)), must.Sprint("a call was made for the refused shrink"))
+}
