@@ -22,6 +22,8 @@ type Client interface {
 	NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolumeRequest) (*csi.NodeUnstageVolumeResponse, error)
 	NodePublishVolume(ctx context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error)
 	NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error)
+	ControllerExpandVolume(ctx context.Context, req *csi.ControllerExpandVolumeRequest) (*csi.ControllerExpandVolumeResponse, error)
+	NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolumeRequest) (*csi.NodeExpandVolumeResponse, error)
 	Close() error
 }
 
@@ -35,6 +37,8 @@ const (
 	MethodNodeUnstageVolume         = csiclient.NodeUnstageVolume
 	MethodNodePublishVolume         = csiclient.NodePublishVolume
 	MethodNodeUnpublishVolume       = csiclient.NodeUnpublishVolume
+	MethodControllerExpandVolume    = csiclient.ControllerExpandVolume
+	MethodNodeExpandVolume          = csiclient.NodeExpandVolume
 )
 
 type grpcClient struct {
@@ -89,6 +93,14 @@ func (c *grpcClient) NodePublishVolume(ctx context.Context, req *csi.NodePublish
 
 func (c *grpcClient) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {
 	return c.node.NodeUnpublishVolume(ctx, req)
+}
+
+func (c *grpcClient) ControllerExpandVolume(ctx context.Context, req *csi.ControllerExpandVolumeRequest) (*csi.ControllerExpandVolumeResponse, error) {
+	return c.ctrl.ControllerExpandVolume(ctx, req)
+}
+
+func (c *grpcClient) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolumeRequest) (*csi.NodeExpandVolumeResponse, error) {
+	return c.node.NodeExpandVolume(ctx, req)
 }
 
 func (c *grpcClient) Close() error { return c.conn.Close() }

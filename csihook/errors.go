@@ -101,6 +101,8 @@ var verbs = map[string][2]string{
 	MethodNodeUnstageVolume:         {"unstage volume", "Unstaging volume"},
 	MethodNodePublishVolume:         {"publish volume", "Publishing volume"},
 	MethodNodeUnpublishVolume:       {"unpublish volume", "Unpublishing volume"},
+	MethodControllerExpandVolume:    {"expand volume", "Expanding volume"},
+	MethodNodeExpandVolume:          {"expand the file system of volume", "Expanding the file system of volume"},
 }
 
 func verb(method string) string {

@@ -27,6 +27,8 @@ type FakeCall struct {
 	Secrets        map[string]string
 	VolumeContext  map[string]string
 	PublishContext map[string]string
+	// Accessibility is CreateVolume's accessibility_requirements.
+	Accessibility *csi.TopologyRequirement
 }
 
 // FakeClient is an in-memory Client. It records every call, fails calls
@@ -40,6 +42,12 @@ type FakeClient struct {
 	// Mounter, when set, gets a mount at each staging path and target
 	// path, taken away again on unstage and unpublish.
 	Mounter *mounter.Fake
+	// NoNodeExpansion makes ControllerExpandVolume answer that no
+	// NodeExpandVolume is needed.
+	NoNodeExpansion bool
+	// AccessibleTopology is what CreateVolume answers the volume is
+	// accessible from (none when nil).
+	AccessibleTopology []*csi.Topology
 
 	mu       sync.Mutex
 	calls    []FakeCall
@@ -188,13 +196,17 @@ func (f *FakeClient) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 		vc = req.GetVolumeCapabilities()[0]
 	}
 	err := f.begin(ctx, FakeCall{Method: MethodCreateVolume, VolumeID: req.GetName(), Capability: vc,
-		Parameters: maps.Clone(req.GetParameters()), CapacityRange: req.GetCapacityRange(), Secrets: req.GetSecrets()})
+		Parameters: maps.Clone(req.GetParameters()), CapacityRange: req.GetCapacityRange(), Secrets: req.GetSecrets(),
+		Accessibility: req.GetAccessibilityRequirements()})
 	if err != nil {
 		return nil, err
 	}
+	f.mu.Lock()
+	topo := f.AccessibleTopology
+	f.mu.Unlock()
 	return &csi.CreateVolumeResponse{Volume: &csi.Volume{
 		VolumeId: "id-" + req.GetName(), CapacityBytes: req.GetCapacityRange().GetRequiredBytes(),
-		VolumeContext: map[string]string{"created": req.GetName()},
+		VolumeContext: map[string]string{"created": req.GetName()}, AccessibleTopology: topo,
 	}}, nil
 }
 
@@ -277,6 +289,29 @@ func (f *FakeClient) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpub
 		}
 	}
 	return &csi.NodeUnpublishVolumeResponse{}, nil
+}
+
+// ControllerExpandVolume answers the required bytes as the new capacity.
+func (f *FakeClient) ControllerExpandVolume(ctx context.Context, req *csi.ControllerExpandVolumeRequest) (*csi.ControllerExpandVolumeResponse, error) {
+	err := f.begin(ctx, FakeCall{Method: MethodControllerExpandVolume, VolumeID: req.GetVolumeId(), Capability: req.GetVolumeCapability(),
+		CapacityRange: req.GetCapacityRange(), Secrets: req.GetSecrets()})
+	if err != nil {
+		return nil, err
+	}
+	f.mu.Lock()
+	node := !f.NoNodeExpansion
+	f.mu.Unlock()
+	return &csi.ControllerExpandVolumeResponse{CapacityBytes: req.GetCapacityRange().GetRequiredBytes(), NodeExpansionRequired: node}, nil
+}
+
+// NodeExpandVolume answers the required bytes as the new capacity.
+func (f *FakeClient) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolumeRequest) (*csi.NodeExpandVolumeResponse, error) {
+	err := f.begin(ctx, FakeCall{Method: MethodNodeExpandVolume, VolumeID: req.GetVolumeId(), StagingPath: req.GetStagingTargetPath(),
+		TargetPath: req.GetVolumePath(), Capability: req.GetVolumeCapability(), CapacityRange: req.GetCapacityRange(), Secrets: req.GetSecrets()})
+	if err != nil {
+		return nil, err
+	}
+	return &csi.NodeExpandVolumeResponse{CapacityBytes: req.GetCapacityRange().GetRequiredBytes()}, nil
 }
 
 // Close does nothing; the fake stays usable.

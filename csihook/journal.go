@@ -66,8 +66,11 @@ type volRecord struct {
 	// Server is PluginInfo.Server when the volume was set up: who served
 	// the plugin id. Records written before it was kept have none; the
 	// next Setup of the volume fills it in.
-	Server  string    `json:"server,omitempty"`
-	Updated time.Time `json:"updated"`
+	Server string `json:"server,omitempty"`
+	// MountGroup is the volume_mount_group sent to NodeStageVolume (see
+	// VolumeRequest.MountGroup); a restage sends it again.
+	MountGroup string    `json:"mount_group,omitempty"`
+	Updated    time.Time `json:"updated"`
 }
 
 func (v volRecord) key() volKey { return volKey{v.PluginID, v.VolumeID} }
@@ -100,6 +103,12 @@ type taskRecord struct {
 	MountFlags     []string          `json:"mount_flags,omitempty"`
 	VolumeContext  map[string]string `json:"volume_context,omitempty"`
 	Secrets        map[string]string `json:"secrets,omitempty"`
+	// MountGroup is the volume_mount_group sent to NodePublishVolume;
+	// ApplyGroup the group the driver gives the volume's root after
+	// publishing (VolumeRequest.ApplyMountGroup, plugin without
+	// VOLUME_MOUNT_GROUP). At most one is set.
+	MountGroup string `json:"mount_group,omitempty"`
+	ApplyGroup string `json:"apply_group,omitempty"`
 	// State is pending, publishing, published or unpublishing.
 	State   string    `json:"state"`
 	Updated time.Time `json:"updated"`
@@ -132,7 +141,16 @@ type createdRecord struct {
 	Name          string            `json:"name"`
 	VolumeID      string            `json:"volume_id"`
 	VolumeContext map[string]string `json:"volume_context,omitempty"`
-	Updated       time.Time         `json:"updated"`
+	// Requested is the create.capacity_min the volume was created or last
+	// expanded with, Capacity the size the plugin answered (0: it did
+	// not say), NodeExpand set while a NodeExpandVolume is owed after a
+	// ControllerExpandVolume (see expand.go). Records written before they
+	// were kept have none: such a volume is never expanded or shrunk by
+	// a job until it is created again.
+	Requested  int64     `json:"requested,omitempty"`
+	Capacity   int64     `json:"capacity,omitempty"`
+	NodeExpand bool      `json:"node_expand,omitempty"`
+	Updated    time.Time `json:"updated"`
 }
 
 // ownerRecord says which Nomad namespace a volume of this node belongs to:

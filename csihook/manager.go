@@ -508,7 +508,7 @@ func (m *Manager) pluginClients(o op) (PluginInfo, Client, Client, error) {
 // nodeMethod reports whether a method is one of the CSI Node service.
 func nodeMethod(method string) bool {
 	switch method {
-	case MethodNodeGetInfo, MethodNodeStageVolume, MethodNodeUnstageVolume, MethodNodePublishVolume, MethodNodeUnpublishVolume:
+	case MethodNodeGetInfo, MethodNodeStageVolume, MethodNodeUnstageVolume, MethodNodePublishVolume, MethodNodeUnpublishVolume, MethodNodeExpandVolume:
 		return true
 	}
 	return false
@@ -581,6 +581,7 @@ func (m *Manager) preflight(taskID string, reqs []VolumeRequest) ([]plan, error)
 				req.Name, req.PluginID))
 			continue
 		}
+		req = withMountGroup(req, info)
 		if attachment(req) == AttachmentBlockDevice && !info.Block {
 			errs = append(errs, invalidf("volume %q: CSI plugin %q does not serve attachment_mode = %q: use %q or another plugin",
 				req.Name, req.PluginID, AttachmentBlockDevice, AttachmentFileSystem))
@@ -588,6 +589,8 @@ func (m *Manager) preflight(taskID string, reqs []VolumeRequest) ([]plan, error)
 		if req.Create != nil && !info.CreateDelete {
 			errs = append(errs, invalidf("volume %q: CSI plugin %q cannot create volumes (no CREATE_DELETE_VOLUME capability): remove the create block and create volume %q another way",
 				req.Name, req.PluginID, req.VolumeID))
+		} else if _, err := m.resizeOf(req, info); err != nil {
+			errs = append(errs, err)
 		}
 		id, _ := m.resolve(req)
 		if err := m.checkNamespace(req, id); err != nil {
@@ -599,6 +602,9 @@ func (m *Manager) preflight(taskID string, reqs []VolumeRequest) ([]plan, error)
 		plans = append(plans, plan{seq: i, req: req, info: info})
 	}
 	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	if err := m.checkVolumeLimit(plans); err != nil {
 		return nil, err
 	}
 	return plans, nil
@@ -671,6 +677,9 @@ func (m *Manager) checkShare(taskID string, req VolumeRequest, volumeID string) 
 		return &conflictError{fmt.Sprintf("volume %q: volume_id %q is in use on this node with access_mode = %q, attachment_mode = %q, fs_type = %q: use the same values or stop task %q",
 			req.Name, volumeID, v.AccessMode, v.AttachmentMode, v.FSType, other)}
 	}
+	if err := m.checkGroupShareLocked(taskID, req, k); err != nil {
+		return err
+	}
 	if req.AccessMode == AccessSingleNodeWriter {
 		return &conflictError{fmt.Sprintf("volume %q: volume_id %q is single-node-writer and task %q already has it published writable on this node: stop that task first or use a multi-node access mode",
 			req.Name, volumeID, other)}
@@ -683,7 +692,8 @@ func (m *Manager) setupVolume(ctx context.Context, taskID string, p plan) (Publi
 	o := op{taskID: taskID, name: req.Name, pluginID: req.PluginID, volumeID: req.VolumeID,
 		nodeID: info.NodeID, secrets: []map[string]string{req.Secrets}}
 	volumeID, vctx := m.resolve(req)
-	if req.Create != nil {
+	grow, _ := m.resizeOf(req, info) // preflight refused what cannot be done
+	if req.Create != nil && !grow {
 		var err error
 		if volumeID, vctx, err = m.create(ctx, taskID, req, info, o); err != nil {
 			return Published{}, err
@@ -705,6 +715,11 @@ func (m *Manager) setupVolume(ctx context.Context, taskID string, p plan) (Publi
 	if err := m.checkShare(taskID, req, volumeID); err != nil {
 		return Published{}, err
 	}
+	if grow {
+		if err := m.expandController(ctx, taskID, req, info, o, volumeID); err != nil {
+			return Published{}, err
+		}
+	}
 
 	target := m.TargetPath(taskID, req.Name)
 	pub := Published{Name: req.Name, HostPath: target, Destination: req.Destination,
@@ -722,7 +737,7 @@ func (m *Manager) setupVolume(ctx context.Context, taskID string, p plan) (Publi
 	}
 
 	vol, ok := m.vol(k)
-	if ok && m.users(k) == 0 && (vol.AccessMode != req.AccessMode || vol.AttachmentMode != attachment(req) || vol.FSType != req.FSType) {
+	if ok && m.users(k) == 0 && (vol.AccessMode != req.AccessMode || vol.AttachmentMode != attachment(req) || vol.FSType != req.FSType || vol.MountGroup != req.MountGroup) {
 		// Left over with another capability and nobody using it: take it
 		// down before staging it anew.
 		if err := m.releaseLocked(ctx, taskID, req.Name, k, nil); err != nil {
@@ -745,6 +760,7 @@ func (m *Manager) setupVolume(ctx context.Context, taskID string, p plan) (Publi
 			PluginID: req.PluginID, VolumeID: volumeID, StagingPath: m.StagingPath(req.PluginID, volumeID),
 			AccessMode: req.AccessMode, AttachmentMode: attachment(req), FSType: req.FSType,
 			MountFlags: req.MountFlags, VolumeContext: vctx, Secrets: req.Secrets, Server: info.Server,
+			MountGroup: req.MountGroup,
 		}
 		pending = append(pending, volPut(vol))
 	} else if vol.Server == "" && info.Server != "" {
@@ -761,6 +777,7 @@ func (m *Manager) setupVolume(ctx context.Context, taskID string, p plan) (Publi
 			Target: target, Destination: req.Destination, ReadOnly: pub.ReadOnly,
 			AccessMode: req.AccessMode, AttachmentMode: attachment(req), FSType: req.FSType,
 			MountFlags: req.MountFlags, VolumeContext: vctx, Secrets: req.Secrets,
+			MountGroup: req.MountGroup, ApplyGroup: req.applyGroup,
 			// The intent to publish goes out with the volume's first
 			// record, so that no commit waits between the calls.
 			State: phasePublishing, notCalled: true,
@@ -773,6 +790,9 @@ func (m *Manager) setupVolume(ctx context.Context, taskID string, p plan) (Publi
 		return Published{}, err
 	}
 	if err := m.ensurePublished(ctx, info, vol, tr, pending); err != nil {
+		return Published{}, err
+	}
+	if err := m.expandNode(ctx, taskID, req, info, o, vol, tr); err != nil {
 		return Published{}, err
 	}
 	return pub, nil
@@ -792,6 +812,8 @@ func (m *Manager) create(ctx context.Context, taskID string, req VolumeRequest, 
 		VolumeCapabilities: []*csi.VolumeCapability{capability(req.AccessMode, attachment(req), req.FSType, req.MountFlags)},
 		Parameters:         maps.Clone(req.Create.Parameters),
 		Secrets:            req.Secrets,
+		// The node's topology, when the plugin has one (topology.go).
+		AccessibilityRequirements: accessibility(info),
 	}
 	if req.Create.CapacityMin > 0 || req.Create.CapacityMax > 0 {
 		creq.CapacityRange = &csi.CapacityRange{RequiredBytes: req.Create.CapacityMin, LimitBytes: req.Create.CapacityMax}
@@ -816,11 +838,15 @@ func (m *Manager) create(ctx context.Context, taskID string, req VolumeRequest, 
 	}
 	maps.Copy(vctx, resp.GetVolume().GetVolumeContext())
 	m.logger.Info("volume created", "task_id", taskID, "volume", req.Name, "plugin_id", req.PluginID, "volume_id", id)
-	rec := createdRecord{PluginID: req.PluginID, Name: req.VolumeID, VolumeID: id, VolumeContext: resp.GetVolume().GetVolumeContext()}
+	rec := createdRecord{PluginID: req.PluginID, Name: req.VolumeID, VolumeID: id, VolumeContext: resp.GetVolume().GetVolumeContext(),
+		Requested: req.Create.CapacityMin, Capacity: resp.GetVolume().GetCapacityBytes()}
 	// The namespace that created the volume owns it from now on, used or
 	// not (unless another owns the id the plugin answered with, which
 	// Setup then refuses).
 	if err := m.journal.commit(append(m.claimOwner(req, id), createdPut(rec))...); err != nil {
+		return "", nil, err
+	}
+	if err := m.checkAccessible(req, info, resp.GetVolume()); err != nil {
 		return "", nil, err
 	}
 	return id, vctx, nil
@@ -860,6 +886,7 @@ func (m *Manager) ensureVolume(ctx context.Context, taskID, name string, info Pl
 		secrets: []map[string]string{vol.Secrets}}
 	ann := annotations(name, vol.PluginID, vol.VolumeID)
 	vc := capability(vol.AccessMode, vol.AttachmentMode, vol.FSType, vol.MountFlags)
+	stageVC := withGroup(capability(vol.AccessMode, vol.AttachmentMode, vol.FSType, vol.MountFlags), vol.MountGroup)
 	needCtrl := info.ControllerPublish || vol.Controller != phaseNone
 	needStage := info.StageUnstage || vol.Stage != phaseNone
 	if vol.Stage == phaseStaged && !restage && !m.isVerified(vol.key()) {
@@ -937,7 +964,7 @@ func (m *Manager) ensureVolume(ctx context.Context, taskID, name string, info Pl
 		err := m.call(ctx, o, func(ctx context.Context) error {
 			_, err := node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{
 				VolumeId: vol.VolumeID, PublishContext: vol.PublishContext, StagingTargetPath: vol.StagingPath,
-				VolumeCapability: vc, Secrets: vol.Secrets, VolumeContext: vol.VolumeContext,
+				VolumeCapability: stageVC, Secrets: vol.Secrets, VolumeContext: vol.VolumeContext,
 			})
 			return err
 		})
@@ -1002,7 +1029,7 @@ func (m *Manager) ensurePublished(ctx context.Context, info PluginInfo, vol volR
 	err = m.call(ctx, o, func(ctx context.Context) error {
 		_, err := node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{
 			VolumeId: tr.VolumeID, PublishContext: vol.PublishContext, StagingTargetPath: staging,
-			TargetPath: tr.Target, VolumeCapability: capability(tr.AccessMode, tr.AttachmentMode, tr.FSType, tr.MountFlags),
+			TargetPath: tr.Target, VolumeCapability: withGroup(capability(tr.AccessMode, tr.AttachmentMode, tr.FSType, tr.MountFlags), tr.MountGroup),
 			Readonly: tr.ReadOnly, Secrets: tr.Secrets, VolumeContext: tr.VolumeContext,
 		})
 		return err
@@ -1018,6 +1045,11 @@ func (m *Manager) ensurePublished(ctx context.Context, info PluginInfo, vol volR
 			Message: fmt.Sprintf("the plugin reported success but did not create the target path %q, which the CSI spec leaves to the plugin", tr.Target),
 			Hint: fmt.Sprintf("plugin %q did not publish the volume on this node (a mock plugin does not); check the plugin's logs, "+
 				"or use a plugin that mounts volumes at target_path", o.pluginID)}
+	}
+	if tr.ApplyGroup != "" {
+		if err := applyVolumeGroup(tr.Target, tr.ApplyGroup); err != nil {
+			return fmt.Errorf("volume %q: mount_group = true: %w", tr.Name, err)
+		}
 	}
 	tr.State = phasePublished
 	if err := m.commitLazy(append(pending, taskPut(tr))...); err != nil {

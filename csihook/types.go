@@ -69,6 +69,21 @@ type VolumeRequest struct {
 	// namespaces are refused unless Config.AllowCrossNamespace is set. An
 	// empty Namespace neither claims a volume nor is checked.
 	Namespace string
+	// MountGroup is the task's primary group id in decimal, set by the
+	// driver for a task that does not run as root ("" for one that does).
+	// A plugin with the node capability VOLUME_MOUNT_GROUP receives it in
+	// the volume capability of NodeStageVolume and NodePublishVolume; to
+	// others it is not sent (see ApplyMountGroup).
+	MountGroup string
+	// ApplyMountGroup is the volume block's mount_group = true: when the
+	// plugin lacks VOLUME_MOUNT_GROUP, the driver itself gives the root
+	// directory of a writable file-system volume the group MountGroup
+	// after each publish (see applyVolumeGroup). A job can only name its
+	// own task's group this way, never another gid.
+	ApplyMountGroup bool
+	// applyGroup is MountGroup once preflight found the plugin lacking
+	// VOLUME_MOUNT_GROUP and the request asking for ApplyMountGroup.
+	applyGroup string
 }
 
 // CreateRequest is the create block of a volume.
@@ -108,6 +123,18 @@ type PluginInfo struct {
 	// capability for it, so the driver sets it from the plugin's
 	// configuration; block-device requests to other plugins are refused.
 	Block bool
+	// Topology is the node's accessible topology from NodeGetInfo (nil:
+	// none); MaxVolumes its max_volumes_per_node (0: no limit). See
+	// topology.go.
+	Topology   map[string]string
+	MaxVolumes int64
+	// ControllerExpand is the controller capability EXPAND_VOLUME,
+	// NodeExpand the node capability EXPAND_VOLUME (see expand.go).
+	ControllerExpand bool
+	NodeExpand       bool
+	// VolumeMountGroup is the node capability VOLUME_MOUNT_GROUP: the
+	// plugin applies VolumeRequest.MountGroup itself.
+	VolumeMountGroup bool
 	// ControllerOnly is set when the plugin does not run the CSI Node
 	// service (a plugin of type controller): volumes are never staged or
 	// published through it.

@@ -229,6 +229,17 @@ func validate(reqs []VolumeRequest) error {
 				break
 			}
 		}
+		if err := checkGroup(req.MountGroup); err != nil {
+			fail("%v", err)
+		}
+		if req.ApplyMountGroup {
+			switch {
+			case attachment(req) == AttachmentBlockDevice:
+				fail("mount_group = true cannot be used with attachment_mode = %q: a block device has no root directory to give the task's group", AttachmentBlockDevice)
+			case req.ReadOnly || !writerMode(req.AccessMode):
+				fail("mount_group = true makes the volume writable by the task's group, which a read-only volume cannot be: drop mount_group or use a writer access_mode without read_only")
+			}
+		}
 		if c := req.Create; c != nil {
 			if c.CapacityMin < 0 || c.CapacityMax < 0 {
 				fail("create.capacity_min and create.capacity_max must not be negative")

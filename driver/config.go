@@ -156,6 +156,14 @@ var volumeSpec = hclspec.NewBlockMap("volume", []string{"name"}, hclspec.NewObje
 	})),
 	"context": hclspec.NewBlockAttrs("context", "string", false),
 	"secrets": hclspec.NewBlockAttrs("secrets", "string", false),
+	// mount_group = true: when the plugin lacks VOLUME_MOUNT_GROUP, the
+	// driver gives the volume's root directory the task's group (setgid,
+	// g+rwx) after publishing, so a task that does not run as root can
+	// write it. Only the task's own group, only the root directory.
+	"mount_group": hclspec.NewAttr("mount_group", "bool", false),
+	// secrets_file = "secrets/vol.env": the secrets from a KEY=VALUE file
+	// a template renders in the task directory (see secretsfile.go).
+	"secrets_file": hclspec.NewAttr("secrets_file", "string", false),
 	"create": hclspec.NewBlock("create", false, hclspec.NewObject(map[string]*hclspec.Spec{
 		"capacity_min": hclspec.NewAttr("capacity_min", "string", false),
 		"capacity_max": hclspec.NewAttr("capacity_max", "string", false),
@@ -378,6 +386,11 @@ func (tc *TaskConfig) validate(cfg *Config) error {
 			return err
 		}
 	}
+	for name, v := range tc.Volumes {
+		if err := checkSecretsFile(name, v); err != nil {
+			return err
+		}
+	}
 	if err := validIsolationMode("pid_mode", tc.PIDMode, true); err != nil {
 		return err
 	}
@@ -447,6 +460,8 @@ type VolumeConfig struct {
 	MountOptions   *MountOptions      `codec:"mount_options"`
 	Context        map[string]string  `codec:"context"`
 	Secrets        map[string]string  `codec:"secrets"`
+	MountGroup     bool               `codec:"mount_group"`
+	SecretsFile    string             `codec:"secrets_file"`
 	Create         *VolumeCreateBlock `codec:"create"`
 }
 

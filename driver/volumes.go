@@ -32,15 +32,16 @@ func volumeRequests(vols map[string]VolumeConfig) ([]csihook.VolumeRequest, erro
 	for _, name := range names {
 		v := vols[name]
 		req := csihook.VolumeRequest{
-			Name:           name,
-			PluginID:       v.PluginID,
-			VolumeID:       v.VolumeID,
-			Destination:    v.Destination,
-			ReadOnly:       v.ReadOnly,
-			AccessMode:     v.AccessMode,
-			AttachmentMode: v.AttachmentMode,
-			Context:        v.Context,
-			Secrets:        v.Secrets,
+			Name:            name,
+			PluginID:        v.PluginID,
+			VolumeID:        v.VolumeID,
+			Destination:     v.Destination,
+			ReadOnly:        v.ReadOnly,
+			AccessMode:      v.AccessMode,
+			AttachmentMode:  v.AttachmentMode,
+			Context:         v.Context,
+			Secrets:         v.Secrets,
+			ApplyMountGroup: v.MountGroup,
 		}
 		if req.AccessMode == "" {
 			req.AccessMode = csihook.AccessSingleNodeWriter
@@ -256,6 +257,11 @@ func lifecyclePluginInfo(st fingerprint.PluginStatus) csihook.PluginInfo {
 		Healthy:           st.Healthy,
 		HealthDescription: st.HealthDescription,
 		StageUnstage:      st.NodeCaps.StageUnstageVolume,
+		VolumeMountGroup:  st.NodeCaps.VolumeMountGroup,
+		ControllerExpand:  st.ControllerService && st.ControllerCaps.ExpandVolume,
+		NodeExpand:        st.NodeCaps.ExpandVolume,
+		Topology:          st.Node.Topology,
+		MaxVolumes:        st.Node.MaxVolumes,
 		ControllerPublish: st.ControllerService && st.ControllerCaps.PublishUnpublishVolume,
 		VolumeStats:       st.NodeCaps.GetVolumeStats,
 		VolumeCondition:   st.NodeCaps.VolumeCondition,
@@ -386,8 +392,21 @@ func (d *Driver) checkVolumes(cfg *drivers.TaskConfig, tc *TaskConfig, spec *exe
 	// a volume on this node owns it (allow_cross_namespace_volumes lets
 	// others in).
 	ns := jobOf(cfg).namespace
+	group, err := taskGroup(spec.User)
+	if err != nil {
+		return nil, err
+	}
 	for i := range reqs {
+		if rel := tc.Volumes[reqs[i].Name].SecretsFile; rel != "" {
+			if reqs[i].Secrets, err = readSecretsFile(cfg.TaskDir().Dir, reqs[i].Name, rel); err != nil {
+				return nil, err
+			}
+		}
 		reqs[i].Namespace = ns
+		reqs[i].MountGroup = group
+		if reqs[i].ApplyMountGroup && group == "" {
+			return nil, fmt.Errorf("volume %q: mount_group = true gives the volume the task's group, but the task runs as root (user %q): set the task's user to the user that writes the volume, or drop mount_group", reqs[i].Name, userOrRoot(spec.User))
+		}
 	}
 	m, err := d.volumes()
 	if err != nil {

@@ -201,6 +201,10 @@ type VolSpec struct {
 	Create      bool
 	CreateType  string
 	CapacityMin string
+	// MountGroup sets mount_group = true.
+	MountGroup bool
+	// SecretsFile sets secrets_file.
+	SecretsFile string
 	// Interpolate leaves "${...}" in values for Nomad to interpolate
 	// (volume_id = "v-${NOMAD_ALLOC_INDEX}"); otherwise it is escaped.
 	Interpolate bool
@@ -237,6 +241,10 @@ func (v VolSpec) HCL() string {
 			fmt.Fprintf(&b, "            mount_flags = %s\n", volHCLList(v.MountFlags))
 		}
 		b.WriteString("          }\n")
+	}
+	attr("secrets_file", v.SecretsFile)
+	if v.MountGroup {
+		b.WriteString("          mount_group = true\n")
 	}
 	volHCLMap(&b, "context", v.Context)
 	volHCLMap(&b, "secrets", v.Secrets)
@@ -300,6 +308,12 @@ type VolJob struct {
 	// Node places the job on the client node of this name (a constraint
 	// on ${node.unique.name}); empty places it anywhere.
 	Node string
+	// User is the task's user; default root (the fixture's volumes
+	// belong to root).
+	User string
+	// Template is HCL put in the task beside its config (template
+	// blocks).
+	Template string
 }
 
 func (j VolJob) vars() map[string]string {
@@ -317,7 +331,12 @@ func (j VolJob) vars() map[string]string {
 	if j.Node != "" {
 		constraint = fmt.Sprintf("    constraint {\n      attribute = \"${node.unique.name}\"\n      value     = %s\n    }\n", volHCLString(j.Node))
 	}
+	if j.User == "" {
+		j.User = "root"
+	}
 	return map[string]string{
+		"User":       j.User,
+		"Template":   j.Template,
 		"Type":       j.Type,
 		"Count":      strconv.Itoa(j.Count),
 		"Script":     volHCLString(j.Script),

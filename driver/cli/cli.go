@@ -1,6 +1,6 @@
 // Package cli is the operator's command line of nomad-driver-csi, run from
-// the driver's own binary on a client node: volumes, probe, stats and
-// cleanup. Every command is safe while the driver runs: it reads the
+// the driver's own binary on a client node: volumes, probe, stats, expand
+// and cleanup. Every command is safe while the driver runs: it reads the
 // journal without its lock and writes nothing, and only cleanup -apply
 // acts, and only when no driver holds the journal.
 package cli
@@ -31,6 +31,8 @@ Commands:
   volumes                         volumes, their tasks, states and mounts, from the journal
   probe <plugin id | socket path> ask a CSI plugin who it is, what it can do and if it is ready
   stats <volume>                  NodeGetVolumeStats of a published volume (volume_id or name)
+  expand <volume> <size>          grow a published volume (ControllerExpandVolume, then
+                                  NodeExpandVolume online), such as expand pg-data 20GiB
   cleanup [-apply]                mounts and journal records no task owns; unmounts orphan
                                   mounts only with -apply, and only while the driver is stopped
 
@@ -100,6 +102,13 @@ func run(args []string, stdout io.Writer) error {
 			},
 			run: func(e *env, args []string) error { return runStats(e, args, socket) },
 		},
+		"expand": {
+			args: []string{"<volume>", "<size>"},
+			flags: func(fs *flag.FlagSet) {
+				fs.StringVar(&socket, "socket", "", "the plugin's socket, when it is not a plugin task of this driver")
+			},
+			run: func(e *env, args []string) error { return runExpand(e, args, socket) },
+		},
 		"cleanup": {
 			flags: func(fs *flag.FlagSet) {
 				fs.BoolVar(&apply, "apply", false, "unmount the orphan mounts (default: only show them)")
@@ -109,7 +118,7 @@ func run(args []string, stdout io.Writer) error {
 	}
 	cmd, ok := commands[name]
 	if !ok {
-		return usagef("unknown command %q: use volumes, probe, stats or cleanup", name)
+		return usagef("unknown command %q: use volumes, probe, stats, expand or cleanup", name)
 	}
 	e := &env{out: stdout}
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)

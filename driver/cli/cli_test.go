@@ -85,7 +85,11 @@ func TestMain_badInput(t *testing.T) {
 		code int
 		want string
 	}{
-		{"unknown command", []string{"expand", "v", "1G"}, 2, `unknown command "expand": use volumes, probe, stats or cleanup`},
+		{"unknown command", []string{"resize", "v", "1G"}, 2, `unknown command "resize": use volumes, probe, stats, expand or cleanup`},
+		{"expand without size", []string{"expand", "v", "-root-dir", root}, 2, "expand needs <volume> <size>"},
+		{"expand bad size", []string{"expand", "v", "lots", "-root-dir", root}, 2, `expand: size "lots" is not a size above zero: write it as "10GiB" or "512MiB"`},
+		{"expand zero size", []string{"expand", "v", "0", "-root-dir", root}, 2, `expand: size "0" is not a size above zero`},
+		{"expand no such volume", []string{"expand", "vol9", "1GiB", "-root-dir", root}, 1, `no published volume "vol9" in the journal`},
 		{"escaped command", []string{"\x1b[31m"}, 2, `unknown command "\x1b[31m"`},
 		{"probe without argument", []string{"probe", "-root-dir", root}, 2, "probe needs <plugin id | socket path>"},
 		{"stats without argument", []string{"stats", "-root-dir", root}, 2, "stats needs <volume>"},

@@ -63,35 +63,9 @@ func findPublished(st csihook.JournalState, arg string) []csihook.JournalTask {
 }
 
 func runStats(e *env, args []string, socket string) error {
-	_, st, err := readVolumes(e.rootDir)
+	t, sock, staging, err := publishedVolume(e, args[0], socket)
 	if err != nil {
 		return err
-	}
-	found := findPublished(st, args[0])
-	switch {
-	case len(found) == 0:
-		return fmt.Errorf("no published volume %q in the journal under %q: give a volume_id or volume name that `volumes` lists as published",
-			args[0], e.rootDir)
-	case len(found) > 1:
-		var names []string
-		for _, t := range found {
-			names = append(names, fmt.Sprintf("%q of plugin %q", t.VolumeID, t.PluginID))
-		}
-		return fmt.Errorf("%q names more than one published volume (%s): give its volume_id", args[0], strings.Join(names, ", "))
-	}
-	t := found[0]
-	if socket == "" {
-		socket = t.PluginID
-	}
-	sock, err := resolveSocket(e.rootDir, socket)
-	if err != nil {
-		return fmt.Errorf("plugin of volume %q: %w (give -socket when the plugin is not a plugin task of this driver)", t.VolumeID, err)
-	}
-	var staging string
-	for _, vol := range st.Volumes {
-		if vol.PluginID == t.PluginID && vol.VolumeID == t.VolumeID {
-			staging = vol.StagingPath
-		}
 	}
 	last := readLastSample(e.rootDir, t.PluginID, t.VolumeID)
 	v, err := volumeStats(context.Background(), sock, t, staging)
@@ -102,6 +76,47 @@ func runStats(e *env, args []string, socket string) error {
 		return err
 	}
 	v.Last = last
+	return printStats(e, v)
+}
+
+// publishedVolume finds the one published volume arg names in the journal
+// and the socket and staging path to reach it by.
+func publishedVolume(e *env, arg, socket string) (csihook.JournalTask, string, string, error) {
+	args := []string{arg}
+	_, st, err := readVolumes(e.rootDir)
+	if err != nil {
+		return csihook.JournalTask{}, "", "", err
+	}
+	found := findPublished(st, args[0])
+	switch {
+	case len(found) == 0:
+		return csihook.JournalTask{}, "", "", fmt.Errorf("no published volume %q in the journal under %q: give a volume_id or volume name that `volumes` lists as published",
+			args[0], e.rootDir)
+	case len(found) > 1:
+		var names []string
+		for _, t := range found {
+			names = append(names, fmt.Sprintf("%q of plugin %q", t.VolumeID, t.PluginID))
+		}
+		return csihook.JournalTask{}, "", "", fmt.Errorf("%q names more than one published volume (%s): give its volume_id", args[0], strings.Join(names, ", "))
+	}
+	t := found[0]
+	if socket == "" {
+		socket = t.PluginID
+	}
+	sock, err := resolveSocket(e.rootDir, socket)
+	if err != nil {
+		return csihook.JournalTask{}, "", "", fmt.Errorf("plugin of volume %q: %w (give -socket when the plugin is not a plugin task of this driver)", t.VolumeID, err)
+	}
+	var staging string
+	for _, vol := range st.Volumes {
+		if vol.PluginID == t.PluginID && vol.VolumeID == t.VolumeID {
+			staging = vol.StagingPath
+		}
+	}
+	return t, sock, staging, nil
+}
+
+func printStats(e *env, v statsView) error {
 	if e.json {
 		return e.writeJSON(v)
 	}

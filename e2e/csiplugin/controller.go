@@ -126,7 +126,9 @@ func (p *plugin) topologyOK(req *csi.TopologyRequirement) bool {
 
 func (p *plugin) csiVolume(v *volume) *csi.Volume {
 	out := &csi.Volume{VolumeId: v.ID, CapacityBytes: v.Capacity, VolumeContext: map[string]string{"type": v.Type}}
-	if len(p.cfg.topology) > 0 {
+	if len(p.cfg.createdTopology) > 0 {
+		out.AccessibleTopology = []*csi.Topology{{Segments: p.cfg.createdTopology}}
+	} else if len(p.cfg.topology) > 0 {
 		out.AccessibleTopology = []*csi.Topology{{Segments: p.cfg.topology}}
 	}
 	return out

@@ -60,6 +60,16 @@ type config struct {
 	hang              map[string]bool
 	failOnce          map[string]codes.Code
 	faults            string
+	// mountGroup advertises VOLUME_MOUNT_GROUP and honours it (see
+	// applyMountGroup).
+	mountGroup bool
+	// requireSecret, KEY=VALUE, makes NodeStageVolume and
+	// NodePublishVolume refuse (PermissionDenied) a request whose secrets
+	// lack it: a test sees that the secrets reached the plugin.
+	requireSecret string
+	// createdTopology, when set, is the accessible topology CreateVolume
+	// answers instead of the node's: a volume made elsewhere.
+	createdTopology map[string]string
 }
 
 // plugin serves all three CSI services.
@@ -91,7 +101,7 @@ func main() {
 
 func parseFlags(args []string) (config, error) {
 	host, _ := os.Hostname()
-	cfg := config{topology: map[string]string{}, hang: map[string]bool{}, failOnce: map[string]codes.Code{}}
+	cfg := config{topology: map[string]string{}, createdTopology: map[string]string{}, hang: map[string]bool{}, failOnce: map[string]codes.Code{}}
 	fs := flag.NewFlagSet("csi-fixture", flag.ContinueOnError)
 	fs.StringVar(&cfg.endpoint, "endpoint", "", "CSI endpoint, unix:///path/csi.sock (default $CSI_ENDPOINT)")
 	fs.StringVar(&cfg.nodeID, "node-id", host, "node ID returned by NodeGetInfo")
@@ -100,6 +110,8 @@ func parseFlags(args []string) (config, error) {
 	fs.StringVar(&cfg.vendorVersion, "vendor-version", "0.1.0", "vendor version returned by GetPluginInfo")
 	fs.BoolVar(&cfg.controllerPublish, "controller-publish", false, "advertise PUBLISH_UNPUBLISH_VOLUME and require its publish_context in NodeStageVolume")
 	fs.Int64Var(&cfg.maxVolumes, "max-volumes", 0, "max_volumes_per_node returned by NodeGetInfo and enforced (0: no limit)")
+	fs.BoolVar(&cfg.mountGroup, "mount-group", false, "advertise VOLUME_MOUNT_GROUP: a published file-system volume's root gets the volume_mount_group (setgid, g+rwx)")
+	fs.StringVar(&cfg.requireSecret, "require-secret", "", "KEY=VALUE: NodeStageVolume and NodePublishVolume need this secret (PermissionDenied otherwise; the value is never logged)")
 	fs.StringVar(&cfg.logCalls, "log-calls", "", "append one line per RPC (method and volume ID) to this file")
 	fs.Func("topology", "key=value segment of this node's accessible topology (repeatable)", func(s string) error {
 		k, v, ok := strings.Cut(s, "=")
@@ -107,6 +119,14 @@ func parseFlags(args []string) (config, error) {
 			return fmt.Errorf("topology must be key=value, not %q", s)
 		}
 		cfg.topology[k] = v
+		return nil
+	})
+	fs.Func("created-topology", "key=value segment CreateVolume answers the new volume is accessible from, instead of this node's (repeatable)", func(s string) error {
+		k, v, ok := strings.Cut(s, "=")
+		if !ok || k == "" {
+			return fmt.Errorf("created-topology must be key=value, not %q", s)
+		}
+		cfg.createdTopology[k] = v
 		return nil
 	})
 	fs.Func("hang", "test mode: this RPC (e.g. NodePublishVolume) blocks until the client gives up (repeatable)", func(s string) error {

@@ -7,12 +7,14 @@ import (
 	"log"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	csi "github.com/container-storage-interface/spec/lib/go/csi"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 )
 
 func (p *plugin) NodeGetInfo(context.Context, *csi.NodeGetInfoRequest) (*csi.NodeGetInfoResponse, error) {
@@ -32,6 +34,12 @@ func (p *plugin) NodeGetCapabilities(context.Context, *csi.NodeGetCapabilitiesRe
 		csi.NodeServiceCapability_RPC_VOLUME_CONDITION,
 		csi.NodeServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER,
 	} {
+		resp.Capabilities = append(resp.Capabilities, &csi.NodeServiceCapability{
+			Type: &csi.NodeServiceCapability_Rpc{Rpc: &csi.NodeServiceCapability_RPC{Type: t}},
+		})
+	}
+	if p.cfg.mountGroup {
+		t := csi.NodeServiceCapability_RPC_VOLUME_MOUNT_GROUP
 		resp.Capabilities = append(resp.Capabilities, &csi.NodeServiceCapability{
 			Type: &csi.NodeServiceCapability_Rpc{Rpc: &csi.NodeServiceCapability_RPC{Type: t}},
 		})
@@ -89,6 +97,9 @@ func (p *plugin) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRe
 	if req.GetVolumeCapability() == nil {
 		return nil, status.Error(codes.InvalidArgument, "volume_capability is required")
 	}
+	if err := p.checkSecret(req.GetSecrets()); err != nil {
+		return nil, err
+	}
 	stg := filepath.Clean(req.GetStagingTargetPath())
 	defer p.store.lock(req.GetVolumeId())()
 	v, ok := p.store.get(req.GetVolumeId())
@@ -96,7 +107,7 @@ func (p *plugin) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRe
 		return nil, status.Errorf(codes.NotFound, "volume %q does not exist", req.GetVolumeId())
 	}
 	c := req.GetVolumeCapability()
-	if err := checkCapability(v.Type, c); err != nil {
+	if err := checkCapability(v.Type, p.withoutMountGroup(c)); err != nil {
 		return nil, err
 	}
 	rec := mountRecord{Block: c.GetBlock() != nil, ReadOnly: readerOnly(c), Flags: c.GetMount().GetMountFlags(), Mode: c.GetAccessMode().GetMode().String()}
@@ -214,6 +225,9 @@ func (p *plugin) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 	if req.GetVolumeCapability() == nil {
 		return nil, status.Error(codes.InvalidArgument, "volume_capability is required")
 	}
+	if err := p.checkSecret(req.GetSecrets()); err != nil {
+		return nil, err
+	}
 	target, stg := filepath.Clean(req.GetTargetPath()), filepath.Clean(req.GetStagingTargetPath())
 	defer p.store.lock(req.GetVolumeId())()
 	v, ok := p.store.get(req.GetVolumeId())
@@ -221,7 +235,7 @@ func (p *plugin) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 		return nil, status.Errorf(codes.NotFound, "volume %q does not exist", req.GetVolumeId())
 	}
 	c := req.GetVolumeCapability()
-	if err := checkCapability(v.Type, c); err != nil {
+	if err := checkCapability(v.Type, p.withoutMountGroup(c)); err != nil {
 		return nil, err
 	}
 	p.prune(v)
@@ -267,6 +281,13 @@ func (p *plugin) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 	if err := bindMount(src, target, bits); err != nil {
 		_ = os.Remove(target)
 		return nil, status.Errorf(codes.Internal, "failed to publish volume %q: %v", v.ID, err)
+	}
+	if g := c.GetMount().GetVolumeMountGroup(); g != "" && !rec.ReadOnly {
+		if err := applyMountGroup(target, g); err != nil {
+			_ = unmountAll(target)
+			_ = os.Remove(target)
+			return nil, err
+		}
 	}
 	v.Targets[target] = rec
 	if err := p.store.save(v); err != nil {
@@ -434,6 +455,51 @@ func mountExt4(dev, path string, rec mountRecord) error {
 	bits, data := rec.bits()
 	if err := unix.Mount(dev, path, typeExt4, bits, strings.Join(data, ",")); err != nil {
 		return fmt.Errorf("failed to mount %s at %q: %w", dev, path, err)
+	}
+	return nil
+}
+
+// applyMountGroup makes a published volume's root writable by the group
+// the CO sent in volume_mount_group, as a plugin with VOLUME_MOUNT_GROUP
+// does: the group, setgid and g+rwx on the root directory.
+func applyMountGroup(target, group string) error {
+	gid, err := strconv.Atoi(group)
+	if err != nil || gid < 0 {
+		return status.Errorf(codes.InvalidArgument, "volume_mount_group %q is not a numeric gid", group)
+	}
+	if err := os.Lchown(target, -1, gid); err != nil {
+		return status.Errorf(codes.Internal, "failed to give %q group %d: %v", target, gid, err)
+	}
+	fi, err := os.Lstat(target)
+	if err != nil {
+		return status.Errorf(codes.Internal, "failed to stat %q: %v", target, err)
+	}
+	if err := os.Chmod(target, fi.Mode().Perm()|0o070|os.ModeSetgid); err != nil {
+		return status.Errorf(codes.Internal, "failed to make %q group-writable: %v", target, err)
+	}
+	return nil
+}
+
+// withoutMountGroup is c without its volume_mount_group when the plugin
+// advertises VOLUME_MOUNT_GROUP: checkCapability refuses the field from a
+// CO that sends it to a plugin without the capability.
+func (p *plugin) withoutMountGroup(c *csi.VolumeCapability) *csi.VolumeCapability {
+	if !p.cfg.mountGroup || c.GetMount().GetVolumeMountGroup() == "" {
+		return c
+	}
+	c = proto.Clone(c).(*csi.VolumeCapability)
+	c.GetMount().VolumeMountGroup = ""
+	return c
+}
+
+// checkSecret enforces --require-secret without ever showing a value.
+func (p *plugin) checkSecret(secrets map[string]string) error {
+	if p.cfg.requireSecret == "" {
+		return nil
+	}
+	k, v, _ := strings.Cut(p.cfg.requireSecret, "=")
+	if got, ok := secrets[k]; !ok || got != v {
+		return status.Errorf(codes.PermissionDenied, "secret %q is missing or wrong", k)
 	}
 	return nil
 }

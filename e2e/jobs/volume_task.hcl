@@ -22,8 +22,8 @@ job "{{.JobID}}" {
     task "t" {
       driver = "csi"
       # The fixture's volumes belong to root: a task that is not privileged
-      # runs as nobody unless it says otherwise.
-      user         = "root"
+      # runs as nobody unless it says otherwise (root unless the test says).
+      user         = "{{.Vars.User}}"
       kill_signal  = "SIGTERM"
       kill_timeout = "3s"
 
@@ -33,6 +33,7 @@ job "{{.JobID}}" {
 {{.Vars.Volumes}}
       }
 
+{{.Vars.Template}}
       resources {
         cpu    = 20
         memory = 64

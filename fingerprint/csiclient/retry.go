@@ -26,6 +26,8 @@ const (
 	NodePublishVolume         = "NodePublishVolume"
 	NodeUnpublishVolume       = "NodeUnpublishVolume"
 	NodeGetVolumeStats        = "NodeGetVolumeStats"
+	ControllerExpandVolume    = "ControllerExpandVolume"
+	NodeExpandVolume          = "NodeExpandVolume"
 )
 
 // Default deadlines of the Rules table.
@@ -76,6 +78,8 @@ var Rules = map[string]Rule{
 	NodePublishVolume:         {Retry: transient, Deadline: VolumeDeadline},
 	NodeUnpublishVolume:       {Retry: transient, Deadline: VolumeDeadline},
 	NodeGetVolumeStats:        {Retry: transient, Deadline: InfoDeadline},
+	ControllerExpandVolume:    {Retry: transient, Deadline: VolumeDeadline},
+	NodeExpandVolume:          {Retry: transient, Deadline: VolumeDeadline},
 }
 
 // Retryable reports whether a call of method that failed with code may be

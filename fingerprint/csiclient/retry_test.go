@@ -18,7 +18,7 @@ func TestRules(t *testing.T) {
 	final := []codes.Code{codes.Unimplemented, codes.InvalidArgument, codes.NotFound, codes.AlreadyExists,
 		codes.FailedPrecondition, codes.PermissionDenied, codes.Internal, codes.OutOfRange, codes.Unknown}
 	volumeCalls := []string{CreateVolume, ControllerPublishVolume, ControllerUnpublishVolume, NodeStageVolume,
-		NodeUnstageVolume, NodePublishVolume, NodeUnpublishVolume, NodeGetVolumeStats}
+		NodeUnstageVolume, NodePublishVolume, NodeUnpublishVolume, NodeGetVolumeStats, ControllerExpandVolume, NodeExpandVolume}
 	reads := []string{GetPluginInfo, GetPluginCapabilities, Probe, ControllerGetCapabilities, NodeGetCapabilities, NodeGetInfo}
 	want := map[string][]codes.Code{}
 	for _, m := range volumeCalls {

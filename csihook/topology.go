@@ -1,0 +1,118 @@
+package csihook
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"sort"
+	"strings"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+)
+
+// Topology and limits. A plugin's NodeGetInfo says which topology segments
+// this node is in and how many volumes it may have here:
+//
+//   - CreateVolume asks for a volume accessible from this node: the node's
+//     segments are both the requisite and the preferred topology. A volume
+//     the plugin answers with that is accessible only elsewhere is refused
+//     before anything is staged or published (the created record is kept,
+//     so the volume is not created again; nothing uses it);
+//   - max_volumes_per_node is enforced per plugin: a task that would bring
+//     more of the plugin's volumes onto this node than that is refused
+//     before any call, naming the limit.
+//
+// A hostile job controls neither: topology and the limit come from the
+// plugin, and the job can only be refused by them.
+
+// accessibility is the node's topology as CreateVolume's requirement, or
+// nil when the plugin gave none.
+func accessibility(info PluginInfo) *csi.TopologyRequirement {
+	if len(info.Topology) == 0 {
+		return nil
+	}
+	t := &csi.Topology{Segments: maps.Clone(info.Topology)}
+	return &csi.TopologyRequirement{Requisite: []*csi.Topology{t}, Preferred: []*csi.Topology{{Segments: maps.Clone(info.Topology)}}}
+}
+
+// checkAccessible refuses a created volume that the plugin says is not
+// accessible from this node: no topology it lists is one this node is in.
+// A volume without accessible topology is accessible everywhere.
+func (m *Manager) checkAccessible(req VolumeRequest, info PluginInfo, vol *csi.Volume) error {
+	topo := vol.GetAccessibleTopology()
+	if len(topo) == 0 || len(info.Topology) == 0 {
+		return nil
+	}
+	var seen []string
+	for _, t := range topo {
+		match := true
+		for k, v := range t.GetSegments() {
+			if info.Topology[k] != v {
+				match = false
+				break
+			}
+		}
+		if match {
+			return nil
+		}
+		seen = append(seen, segments(t.GetSegments()))
+	}
+	return &OpError{Method: MethodCreateVolume, Volume: req.Name, VolumeID: vol.GetVolumeId(), PluginID: req.PluginID, Code: codes.FailedPrecondition,
+		Message: fmt.Sprintf("the plugin created the volume accessible from %s, which does not include node %q (%s)",
+			strings.Join(seen, " or "), m.cfg.NodeName, segments(info.Topology)),
+		Hint: fmt.Sprintf("volume %q cannot be used on this node: check the create parameters and the topology of plugin %q, or place the job on a node in the volume's topology", req.VolumeID, req.PluginID)}
+}
+
+func segments(s map[string]string) string {
+	keys := slices.Sorted(maps.Keys(s))
+	parts := make([]string, 0, len(keys))
+	for _, k := range keys {
+		parts = append(parts, k+"="+s[k])
+	}
+	return "{" + strings.Join(parts, ", ") + "}"
+}
+
+// checkVolumeLimit refuses requests that would bring more volumes of their
+// plugins onto this node than the plugins' max_volumes_per_node. Volumes
+// already on the node, and those the requests share, count once.
+func (m *Manager) checkVolumeLimit(plans []plan) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	byPlugin := map[string]map[string]bool{}
+	limits := map[string]int64{}
+	var names []string
+	for _, p := range plans {
+		if p.info.MaxVolumes <= 0 {
+			continue
+		}
+		id, _ := m.resolve(p.req)
+		if _, ok := m.vols[volKey{p.req.PluginID, id}]; ok {
+			continue
+		}
+		if byPlugin[p.req.PluginID] == nil {
+			byPlugin[p.req.PluginID] = map[string]bool{}
+		}
+		byPlugin[p.req.PluginID][id] = true
+		limits[p.req.PluginID] = p.info.MaxVolumes
+		names = append(names, p.req.Name)
+	}
+	var errs []string
+	for plugin, vols := range byPlugin {
+		have := int64(0)
+		for k := range m.vols {
+			if k.plugin == plugin {
+				have++
+			}
+		}
+		if max := limits[plugin]; have+int64(len(vols)) > max {
+			errs = append(errs, fmt.Sprintf("CSI plugin %q may have at most %d volumes on node %q (max_volumes_per_node from NodeGetInfo); %d are there and this task needs %d more: stop a task using one, or place the job on another node",
+				plugin, max, m.cfg.NodeName, have, len(vols)))
+		}
+	}
+	if len(errs) == 0 {
+		return nil
+	}
+	sort.Strings(errs)
+	return &conflictError{fmt.Sprintf("volumes %s: %s", strings.Join(names, ", "), strings.Join(errs, "; "))}
+}

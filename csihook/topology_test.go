@@ -1,0 +1,88 @@
+package csihook
+
+import (
+	"context"
+	"testing"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/shoenig/test/must"
+	"google.golang.org/grpc/codes"
+)
+
+func zonedPlugin(zone string, max int64) PluginInfo {
+	p := fullPlugin("p")
+	if zone != "" {
+		p.Topology = map[string]string{"zone": zone, "rack": "r1"}
+	}
+	p.MaxVolumes = max
+	return p
+}
+
+// CreateVolume asks for the node's topology as requisite and preferred.
+func TestTopology_CreateAsksForNode(t *testing.T) {
+	h := newHarness(t)
+	h.setPlugin(zonedPlugin("a", 0))
+	must.NoError(t, h.setupAndRelease("t1", sizedReq(mib)))
+	cv := h.callsOf(MethodCreateVolume)
+	must.SliceLen(t, 1, cv)
+	want := map[string]string{"zone": "a", "rack": "r1"}
+	must.SliceLen(t, 1, cv[0].Accessibility.GetRequisite())
+	must.Eq(t, want, cv[0].Accessibility.GetRequisite()[0].GetSegments())
+	must.SliceLen(t, 1, cv[0].Accessibility.GetPreferred())
+	must.Eq(t, want, cv[0].Accessibility.GetPreferred()[0].GetSegments())
+
+	// A plugin without topology gets no requirement.
+	h2 := newHarness(t)
+	must.NoError(t, h2.setupAndRelease("t1", sizedReq(mib)))
+	must.Nil(t, h2.callsOf(MethodCreateVolume)[0].Accessibility)
+}
+
+// A volume created accessible only elsewhere is refused before anything
+// is staged or published; one accessible here (a subset of the node's
+// segments) is used.
+func TestTopology_CreatedElsewhereRefused(t *testing.T) {
+	h := newHarness(t)
+	h.setPlugin(zonedPlugin("a", 0))
+	h.fake.AccessibleTopology = []*csi.Topology{{Segments: map[string]string{"zone": "b"}}}
+	_, err := h.m.Setup(context.Background(), "t1", []VolumeRequest{sizedReq(mib)})
+	must.Eq(t, codes.FailedPrecondition, Code(err))
+	must.ErrorContains(t, err, `the plugin created the volume accessible from {zone=b}, which does not include node "n1" ({rack=r1, zone=a})`)
+	must.Eq(t, []string{MethodCreateVolume}, h.fake.Methods())
+	h.waitIdle()
+	must.SliceEmpty(t, h.journalRecords())
+
+	h2 := newHarness(t)
+	h2.setPlugin(zonedPlugin("a", 0))
+	h2.fake.AccessibleTopology = []*csi.Topology{{Segments: map[string]string{"zone": "b"}}, {Segments: map[string]string{"zone": "a"}}}
+	must.NoError(t, h2.setupAndRelease("t1", sizedReq(mib)))
+}
+
+// max_volumes_per_node counts the plugin's volumes on the node: a new one
+// past it is refused before any call; a volume already there is shared.
+func TestTopology_MaxVolumesPerNode(t *testing.T) {
+	h := newHarness(t)
+	h.setPlugin(zonedPlugin("", 1))
+	shared := func(vol string) VolumeRequest {
+		r := req("data", vol, "/data")
+		r.AccessMode = AccessMultiNodeMultiWriter
+		return r
+	}
+	ctx := context.Background()
+	_, err := h.m.Setup(ctx, "t1", []VolumeRequest{shared("v1")})
+	must.NoError(t, err)
+	h.fake.ResetCalls()
+	_, err = h.m.Setup(ctx, "t2", []VolumeRequest{shared("v2")})
+	must.ErrorIs(t, err, ErrConflict)
+	must.ErrorContains(t, err, `CSI plugin "p" may have at most 1 volumes on node "n1" (max_volumes_per_node from NodeGetInfo); 1 are there and this task needs 1 more`)
+	must.SliceEmpty(t, h.fake.Calls())
+	_, err = h.m.Setup(ctx, "t3", []VolumeRequest{shared("v1")})
+	must.NoError(t, err)
+
+	// Two new volumes in one task count as two.
+	h2 := newHarness(t)
+	h2.setPlugin(zonedPlugin("", 1))
+	b := shared("v2")
+	b.Name, b.Destination = "other", "/other"
+	_, err = h2.m.Setup(ctx, "t1", []VolumeRequest{shared("v1"), b})
+	must.ErrorContains(t, err, "0 are there and this task needs 2 more")
+}
