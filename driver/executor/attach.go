@@ -68,13 +68,18 @@ func (p *Process) ReplaceMount(source, target string, readOnly bool) (string, er
 	}
 
 	p.mu.Lock()
-	nsFD := -1
+	pidFD := -1
 	if p.taskFD >= 0 {
-		nsFD, _ = unix.FcntlInt(uintptr(p.taskFD), unix.F_DUPFD_CLOEXEC, 0)
+		pidFD, _ = unix.FcntlInt(uintptr(p.taskFD), unix.F_DUPFD_CLOEXEC, 0)
 	}
 	p.mu.Unlock()
-	if nsFD < 0 {
+	if pidFD < 0 {
 		return fail(errors.New("the task is not running"))
+	}
+	defer unix.Close(pidFD)
+	nsFD, err := taskMountNS(pidFD, p.state.TaskPID)
+	if err != nil {
+		return fail(err)
 	}
 	defer unix.Close(nsFD)
 
@@ -111,13 +116,66 @@ func (p *Process) ReplaceMount(source, target string, readOnly bool) (string, er
 	return target, nil
 }
 
+// taskMountNS opens the mount namespace the task's main process is in now
+// and makes sure the driver may act in it. A task can move itself: with
+// unprivileged user namespaces, `unshare -Urm` puts it in a mount namespace
+// its own user namespace owns, where a mount moved in carries none of the
+// locks a copied namespace puts on read-only, nosuid and nodev, so the task
+// could make its read-only volume writable. Only a namespace owned by the
+// driver's own user namespace, and not the driver's own mount namespace,
+// is joined; anything else is refused, and the task keeps its dead mount
+// until it restarts.
+func taskMountNS(pidFD, pid int) (int, error) {
+	nsFD, err := unix.Open(fmt.Sprintf("/proc/%d/ns/mnt", pid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("failed to open the task's mount namespace: %w", err)
+	}
+	// The pid is the task's only while its pidfd says it is alive: the
+	// namespace was opened from the right process.
+	if err := unix.PidfdSendSignal(pidFD, 0, nil, 0); err != nil {
+		unix.Close(nsFD)
+		return -1, fmt.Errorf("the task exited: %w", err)
+	}
+	same := func(a int, path string) (bool, error) {
+		var sa, sb unix.Stat_t
+		if err := unix.Fstat(a, &sa); err != nil {
+			return false, err
+		}
+		if err := unix.Stat(path, &sb); err != nil {
+			return false, err
+		}
+		return sa.Dev == sb.Dev && sa.Ino == sb.Ino, nil
+	}
+	if own, err := same(nsFD, "/proc/self/ns/mnt"); err != nil || own {
+		unix.Close(nsFD)
+		if err == nil {
+			err = errors.New("the task runs in the driver's own mount namespace")
+		}
+		return -1, fmt.Errorf("refusing to replace a mount in the task's mount namespace: %w", err)
+	}
+	owner, err := unix.IoctlRetInt(nsFD, unix.NS_GET_USERNS)
+	if err != nil {
+		unix.Close(nsFD)
+		return -1, fmt.Errorf("failed to find the owner of the task's mount namespace: %w", err)
+	}
+	defer unix.Close(owner)
+	if ok, err := same(owner, "/proc/self/ns/user"); err != nil || !ok {
+		unix.Close(nsFD)
+		if err == nil {
+			err = errors.New("the task moved into a mount namespace of a user namespace of its own (unshare): restart the task to get the volume back")
+		}
+		return -1, fmt.Errorf("refusing to replace a mount in the task's mount namespace: %w", err)
+	}
+	return nsFD, nil
+}
+
 // attachInTask runs on a locked thread that it moves into the mount
-// namespace of the task behind pidfd.
-func attachInTask(m mounter.Interface, pidfd int, tree *os.File, target string, isDir bool) error {
+// namespace nsFD (from taskMountNS).
+func attachInTask(m mounter.Interface, nsFD int, tree *os.File, target string, isDir bool) error {
 	if err := unix.Unshare(unix.CLONE_FS); err != nil {
 		return fmt.Errorf("failed to unshare the filesystem context: %w", err)
 	}
-	if err := unix.Setns(pidfd, unix.CLONE_NEWNS); err != nil {
+	if err := unix.Setns(nsFD, unix.CLONE_NEWNS); err != nil {
 		return fmt.Errorf("failed to join the task's mount namespace: %w", err)
 	}
 	// The namespace's root is the task's root: "/" below is inside it.

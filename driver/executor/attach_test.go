@@ -134,3 +134,44 @@ func TestReplaceMount_SymlinkSwap_Root(t *testing.T) {
 	must.NoError(t, err)
 	must.False(t, ok)
 }
+
+// A task that moved itself into a mount namespace of its own user
+// namespace (unshare -Urm) would get a moved-in mount without the locks on
+// read-only, nosuid and nodev that a copied namespace has, and could make
+// its read-only volume writable: the replacement is refused there, and
+// nothing is mounted in that namespace.
+func TestReplaceMount_TaskInItsOwnUserNamespace_Root(t *testing.T) {
+	requireTaskRoot(t)
+	if _, err := os.Stat("/usr/bin/unshare"); err != nil {
+		t.Skipf("test needs /usr/bin/unshare: %v", err)
+	}
+	base, err := filepath.EvalSymlinks(t.TempDir())
+	must.NoError(t, err)
+	t.Cleanup(func() { detachAll(base) })
+	must.NoError(t, unix.Mount(base, base, "", unix.MS_BIND, ""))
+	must.NoError(t, unix.Mount("", base, "", unix.MS_PRIVATE, ""))
+	vol := filepath.Join(base, "vol")
+	must.NoError(t, os.Mkdir(vol, 0o755))
+	must.NoError(t, unix.Mount("old", vol, "tmpfs", 0, "size=1m"))
+
+	tt := newTestSpec(t, "/bin/sh", "-c", `exec /usr/bin/unshare -Urm /bin/sh -c 'echo moved; exec sleep 100'`)
+	tt.spec.Mounts = []Mount{{Source: vol, Target: "/vol", ReadOnly: true}}
+	p := startTest(t, tt)
+	waitFor(t, "the task to move into its own namespaces", func() bool { return readFile(t, tt.stdout) == "moved\n" })
+	nsBefore, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", p.state.TaskPID))
+	must.NoError(t, err)
+	mountsBefore, err := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", p.state.TaskPID))
+	must.NoError(t, err)
+
+	must.NoError(t, unix.Unmount(vol, unix.MNT_DETACH))
+	must.NoError(t, unix.Mount("fresh", vol, "tmpfs", 0, "size=1m"))
+	_, err = p.ReplaceMount(vol, "/vol", true)
+	must.ErrorContains(t, err, "user namespace of its own")
+
+	nsAfter, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", p.state.TaskPID))
+	must.NoError(t, err)
+	must.Eq(t, nsBefore, nsAfter)
+	mountsAfter, err := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", p.state.TaskPID))
+	must.NoError(t, err)
+	must.Eq(t, string(mountsBefore), string(mountsAfter), must.Sprint("the task's mount table changed"))
+}
