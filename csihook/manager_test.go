@@ -1240,3 +1240,25 @@ func TestMakeDir_concurrentWithRemoveIfEmpty(t *testing.T) {
 	default:
 	}
 }
+
+// A plugin's error text (a job may run the plugin) reaches the task's
+// events and failure with its terminal escapes and newlines escaped,
+// bounded, and without the volume's secrets.
+func TestSetup_pluginErrorTextCleaned(t *testing.T) {
+	h := newHarness(t)
+	r := req("data", "vol1", "/data")
+	r.Secrets = map[string]string{"token": "s3cr3t-value"}
+	hostile := "\x1b]0;owned\a\x1b[2J\nFAKE: task ok s3cr3t-value " + strings.Repeat("x", 100000)
+	h.fake.SetError(MethodNodeStageVolume, status.Error(codes.InvalidArgument, hostile))
+	_, err := h.m.Setup(context.Background(), "t", []VolumeRequest{r})
+	must.Error(t, err)
+	var oe *OpError
+	must.True(t, errors.As(err, &oe))
+	for _, text := range append(h.eventMsgs(), err.Error(), oe.Message) {
+		must.StrNotContains(t, text, "\x1b")
+		must.StrNotContains(t, text, "\n")
+		must.StrNotContains(t, text, "s3cr3t-value")
+		must.Less(t, 2*MaxErrorMessage+1000, len(text))
+	}
+	must.StrContains(t, oe.Message, `\x1b]0;owned\x07\x1b[2J\nFAKE`)
+}

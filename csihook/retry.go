@@ -73,8 +73,10 @@ func (m *Manager) opError(o op, err error) *OpError {
 		VolumeID: o.volumeID,
 		PluginID: o.pluginID,
 		Code:     code,
-		Message:  redact(message(err), o.secrets...),
-		Hint:     hint(o.method, code, o.volumeID, o.pluginID, o.nodeID),
+		// A plugin's text (a job may run the plugin): secrets out,
+		// controls escaped, bounded, before it reaches an event.
+		Message: cleanBounded(message(err), MaxErrorMessage, o.secrets...),
+		Hint:    hint(o.method, code, o.volumeID, o.pluginID, o.nodeID),
 	}
 }
 

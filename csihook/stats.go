@@ -502,11 +502,20 @@ func (m *Manager) VolumeCounts() (staged, published int) {
 // removed, every control or non-printable character (a terminal escape, a
 // newline) written as a Go escape, at most MaxConditionMessage runes.
 func cleanMessage(s string, secrets ...map[string]string) string {
+	return cleanBounded(s, MaxConditionMessage, secrets...)
+}
+
+// MaxErrorMessage bounds the plugin's part of a failed call's error (in
+// events, the task's failure and logs), in runes.
+const MaxErrorMessage = 1024
+
+// cleanBounded is cleanMessage with its bound in runes.
+func cleanBounded(s string, limit int, secrets ...map[string]string) string {
 	s = redact(s, secrets...)
 	var b strings.Builder
 	n := 0
 	for i, r := range s {
-		if n == MaxConditionMessage {
+		if n == limit {
 			fmt.Fprintf(&b, "... (%d more bytes)", len(s)-i)
 			break
 		}
