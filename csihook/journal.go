@@ -59,6 +59,11 @@ type volRecord struct {
 	VolumeContext  map[string]string `json:"volume_context,omitempty"`
 	PublishContext map[string]string `json:"publish_context,omitempty"`
 	Secrets        map[string]string `json:"secrets,omitempty"`
+	// HadSecrets says the volume was set up with secrets: once they are
+	// dropped (the log keeps them only while a call needs them, a new
+	// process has none), a call that needs them again (a repair's stage
+	// or publish) is refused rather than made without them.
+	HadSecrets bool `json:"had_secrets,omitempty"`
 	// Controller is "", publishing, published or unpublishing.
 	Controller string `json:"controller,omitempty"`
 	// Stage is "", staging, staged or unstaging.
@@ -103,6 +108,11 @@ type taskRecord struct {
 	MountFlags     []string          `json:"mount_flags,omitempty"`
 	VolumeContext  map[string]string `json:"volume_context,omitempty"`
 	Secrets        map[string]string `json:"secrets,omitempty"`
+	// HadSecrets says the volume was set up with secrets: once they are
+	// dropped (the log keeps them only while a call needs them, a new
+	// process has none), a call that needs them again (a repair's stage
+	// or publish) is refused rather than made without them.
+	HadSecrets bool `json:"had_secrets,omitempty"`
 	// MountGroup is the volume_mount_group sent to NodePublishVolume;
 	// ApplyGroup the group the driver gives the volume's root after
 	// publishing (VolumeRequest.ApplyMountGroup, plugin without

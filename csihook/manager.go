@@ -760,7 +760,7 @@ func (m *Manager) setupVolume(ctx context.Context, taskID string, p plan) (Publi
 			PluginID: req.PluginID, VolumeID: volumeID, StagingPath: m.StagingPath(req.PluginID, volumeID),
 			AccessMode: req.AccessMode, AttachmentMode: attachment(req), FSType: req.FSType,
 			MountFlags: req.MountFlags, VolumeContext: vctx, Secrets: req.Secrets, Server: info.Server,
-			MountGroup: req.MountGroup,
+			MountGroup: req.MountGroup, HadSecrets: len(req.Secrets) > 0,
 		}
 		pending = append(pending, volPut(vol))
 	} else if vol.Server == "" && info.Server != "" {
@@ -776,7 +776,7 @@ func (m *Manager) setupVolume(ctx context.Context, taskID string, p plan) (Publi
 			TaskID: taskID, Name: req.Name, Seq: p.seq, PluginID: req.PluginID, VolumeID: volumeID,
 			Target: target, Destination: req.Destination, ReadOnly: pub.ReadOnly,
 			AccessMode: req.AccessMode, AttachmentMode: attachment(req), FSType: req.FSType,
-			MountFlags: req.MountFlags, VolumeContext: vctx, Secrets: req.Secrets,
+			MountFlags: req.MountFlags, VolumeContext: vctx, Secrets: req.Secrets, HadSecrets: len(req.Secrets) > 0,
 			MountGroup: req.MountGroup, ApplyGroup: req.applyGroup,
 			// The intent to publish goes out with the volume's first
 			// record, so that no commit waits between the calls.

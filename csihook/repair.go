@@ -142,6 +142,15 @@ func (m *Manager) repairVolume(ctx context.Context, k volKey) ([]Repaired, error
 	if len(dead) == 0 && !stagingDead {
 		return nil, nil
 	}
+	// A volume set up with secrets is staged and published again with
+	// them, or not at all: after a restart the driver has none (they are
+	// kept only while a call needs them), and a call without them would
+	// fail or, worse, publish with less than the job gave.
+	for _, tr := range dead {
+		if (tr.HadSecrets && len(tr.Secrets) == 0) || (stagingDead && vol.HadSecrets && len(vol.Secrets) == 0) {
+			return nil, m.repairFailed(dead, fmt.Errorf("volume %q needs its secrets to be staged or published again, and the driver no longer holds them (it keeps them only while a call needs them, and restarted since): restart the task to set the volume up again", tr.Name))
+		}
+	}
 	info, err := m.lookupHealthy(vol.PluginID)
 	if err != nil {
 		return nil, err

@@ -205,3 +205,40 @@ func TestRepairStaleRetry_UnhealthyPluginEndsRetries(t *testing.T) {
 	h.setPlugin(fullPlugin("p"))
 	must.NoError(t, h.m.Teardown(ctx, "task-a"))
 }
+
+// A volume set up with secrets is published again with them or not at
+// all: in the process that set it up the repair sends them; after a
+// restart, when the driver holds none, the repair is refused with an event
+// saying to restart the task, and nothing is taken down.
+func TestRepairStale_secretsOnlyWhileHeld(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	r := req("data", "vol1", "/data")
+	r.Secrets = map[string]string{"token": "t0k"}
+	_, err := h.m.Setup(ctx, "task-a", []VolumeRequest{r})
+	must.NoError(t, err)
+	target := h.m.TargetPath("task-a", "data")
+	h.mnt.SetStale(target, true)
+	h.fake.ResetCalls()
+	rep, err := h.m.RepairStale(ctx, "p")
+	must.NoError(t, err)
+	must.SliceLen(t, 1, rep)
+	var published bool
+	for _, c := range h.fake.Calls() {
+		if c.Method == MethodNodePublishVolume {
+			published = true
+			must.Eq(t, map[string]string{"token": "t0k"}, c.Secrets)
+		}
+	}
+	must.True(t, published)
+
+	h.restart()
+	h.mnt.SetStale(target, true)
+	h.fake.ResetCalls()
+	rep, err = h.m.RepairStale(ctx, "p")
+	must.ErrorContains(t, err, "needs its secrets")
+	must.SliceEmpty(t, rep)
+	must.SliceEmpty(t, h.fake.Methods())
+	must.True(t, containsEvent(h.eventMsgs(), "restart the task"), must.Sprint(h.eventMsgs()))
+	must.Eq(t, []string{"task task-a/data published", "vol p/vol1 staged/published"}, h.journalRecords())
+}
