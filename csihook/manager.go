@@ -37,11 +37,14 @@ type Manager struct {
 
 	// mu guards the maps and closed; it is never held across a call to a
 	// plugin, the journal or the mounter.
-	mu      sync.Mutex
-	vols    map[volKey]volRecord
-	tasks   map[string]map[string]taskRecord
-	clients map[string]Client
-	workers map[string]bool
+	mu sync.Mutex
+	// reserved counts, per volume, the setups between checkVolumeLimit and
+	// their end: volumes about to come to the node count as there.
+	reserved map[volKey]int
+	vols     map[volKey]volRecord
+	tasks    map[string]map[string]taskRecord
+	clients  map[string]Client
+	workers  map[string]bool
 	// verified holds the volumes whose staging this process made or saw
 	// mounted; a staged volume loaded from the journal is staged again
 	// (idempotent) before use unless its staging path is a mount point,
@@ -518,6 +521,9 @@ type plan struct {
 	seq  int
 	req  VolumeRequest
 	info PluginInfo
+	// reserved is the volume checkVolumeLimit reserved for this plan, if
+	// any: released by that key, whatever the volume's id becomes.
+	reserved *volKey
 }
 
 // Setup makes every requested volume available for the task and returns
@@ -537,6 +543,9 @@ func (m *Manager) Setup(ctx context.Context, taskID string, reqs []VolumeRequest
 	if err != nil {
 		return nil, err
 	}
+	// The volumes counted against max_volumes_per_node stay reserved
+	// until this setup ends: by then they are in the journal, or gone.
+	defer m.releaseReserved(plans)
 	out := make([]Published, 0, len(plans))
 	for _, p := range plans {
 		pub, err := m.setupVolume(ctx, taskID, p)

@@ -76,6 +76,10 @@ func segments(s map[string]string) string {
 // checkVolumeLimit refuses requests that would bring more volumes of their
 // plugins onto this node than the plugins' max_volumes_per_node. Volumes
 // already on the node, and those the requests share, count once.
+//
+// Volumes another setup reserved count as there, and the requests' own are
+// reserved (by plan) until releaseReserved, so that two starts at once
+// cannot both take the last place.
 func (m *Manager) checkVolumeLimit(plans []plan) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -87,7 +91,8 @@ func (m *Manager) checkVolumeLimit(plans []plan) error {
 			continue
 		}
 		id, _ := m.resolve(p.req)
-		if _, ok := m.vols[volKey{p.req.PluginID, id}]; ok {
+		k := volKey{p.req.PluginID, id}
+		if _, ok := m.vols[k]; ok || m.reserved[k] > 0 {
 			continue
 		}
 		if byPlugin[p.req.PluginID] == nil {
@@ -105,14 +110,46 @@ func (m *Manager) checkVolumeLimit(plans []plan) error {
 				have++
 			}
 		}
+		for k, n := range m.reserved {
+			if _, ok := m.vols[k]; !ok && n > 0 && k.plugin == plugin {
+				have++
+			}
+		}
 		if max := limits[plugin]; have+int64(len(vols)) > max {
 			errs = append(errs, fmt.Sprintf("CSI plugin %q may have at most %d volumes on node %q (max_volumes_per_node from NodeGetInfo); %d are there and this task needs %d more: stop a task using one, or place the job on another node",
 				plugin, max, m.cfg.NodeName, have, len(vols)))
 		}
 	}
 	if len(errs) == 0 {
+		if m.reserved == nil {
+			m.reserved = map[volKey]int{}
+		}
+		for i, p := range plans {
+			if p.info.MaxVolumes > 0 {
+				id, _ := m.resolve(p.req)
+				k := volKey{p.req.PluginID, id}
+				m.reserved[k]++
+				plans[i].reserved = &k
+			}
+		}
 		return nil
 	}
 	sort.Strings(errs)
 	return &conflictError{fmt.Sprintf("volumes %s: %s", strings.Join(names, ", "), strings.Join(errs, "; "))}
+}
+
+// releaseReserved ends the reservations checkVolumeLimit made for plans.
+func (m *Manager) releaseReserved(plans []plan) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, p := range plans {
+		if p.reserved == nil {
+			continue
+		}
+		if k := *p.reserved; m.reserved[k] <= 1 {
+			delete(m.reserved, k)
+		} else {
+			m.reserved[k]--
+		}
+	}
 }

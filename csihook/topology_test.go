@@ -3,6 +3,7 @@ package csihook
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/shoenig/test/must"
@@ -85,4 +86,37 @@ func TestTopology_MaxVolumesPerNode(t *testing.T) {
 	b.Name, b.Destination = "other", "/other"
 	_, err = h2.m.Setup(ctx, "t1", []VolumeRequest{shared("v1"), b})
 	must.ErrorContains(t, err, "0 are there and this task needs 2 more")
+}
+
+// Two starts at once cannot both take the last place under
+// max_volumes_per_node: the first one's volume counts from its check on,
+// while its calls are still in flight; once it has ended (set up or
+// failed), its place is counted by the journal or free again.
+func TestTopology_MaxVolumesPerNodeConcurrentStarts(t *testing.T) {
+	h := newHarness(t)
+	h.setPlugin(zonedPlugin("", 1))
+	ctx := context.Background()
+	release := h.fake.Hang("v1")
+	done := make(chan error, 1)
+	go func() {
+		_, err := h.m.Setup(ctx, "t1", []VolumeRequest{req("data", "v1", "/data")})
+		done <- err
+	}()
+	for deadline := time.Now().Add(20 * time.Second); len(h.fake.Calls()) == 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the first start made no call")
+		}
+	}
+	_, err := h.m.Setup(ctx, "t2", []VolumeRequest{req("data", "v2", "/data")})
+	must.ErrorIs(t, err, ErrConflict)
+	must.ErrorContains(t, err, "1 are there and this task needs 1 more")
+	release()
+	must.NoError(t, <-done)
+	must.NoError(t, h.m.Teardown(ctx, "t1"))
+	// Released with the teardown: the place is free again.
+	_, err = h.m.Setup(ctx, "t3", []VolumeRequest{req("data", "v2", "/data")})
+	must.NoError(t, err)
+	h.m.mu.Lock()
+	must.MapEmpty(t, h.m.reserved)
+	h.m.mu.Unlock()
 }
