@@ -90,16 +90,22 @@ func TestTopology_MaxVolumesPerNode(t *testing.T) {
 
 // Two starts at once cannot both take the last place under
 // max_volumes_per_node: the first one's volume counts from its check on,
-// while its calls are still in flight; once it has ended (set up or
-// failed), its place is counted by the journal or free again.
+// while its CreateVolume is still in flight (no record of the volume is
+// there yet); once it has ended, its place is counted by the journal or
+// free again.
 func TestTopology_MaxVolumesPerNodeConcurrentStarts(t *testing.T) {
 	h := newHarness(t)
 	h.setPlugin(zonedPlugin("", 1))
 	ctx := context.Background()
-	release := h.fake.Hang("v1")
+	created := func(name string) VolumeRequest {
+		r := req("data", name, "/data")
+		r.Create = &CreateRequest{CapacityMin: mib}
+		return r
+	}
+	release := h.fake.HangMethod(MethodCreateVolume)
 	done := make(chan error, 1)
 	go func() {
-		_, err := h.m.Setup(ctx, "t1", []VolumeRequest{req("data", "v1", "/data")})
+		_, err := h.m.Setup(ctx, "t1", []VolumeRequest{created("v1")})
 		done <- err
 	}()
 	for deadline := time.Now().Add(20 * time.Second); len(h.fake.Calls()) == 0; time.Sleep(5 * time.Millisecond) {
@@ -107,14 +113,15 @@ func TestTopology_MaxVolumesPerNodeConcurrentStarts(t *testing.T) {
 			t.Fatal("the first start made no call")
 		}
 	}
-	_, err := h.m.Setup(ctx, "t2", []VolumeRequest{req("data", "v2", "/data")})
+	_, err := h.m.Setup(ctx, "t2", []VolumeRequest{created("v2")})
 	must.ErrorIs(t, err, ErrConflict)
 	must.ErrorContains(t, err, "1 are there and this task needs 1 more")
 	release()
 	must.NoError(t, <-done)
 	must.NoError(t, h.m.Teardown(ctx, "t1"))
-	// Released with the teardown: the place is free again.
-	_, err = h.m.Setup(ctx, "t3", []VolumeRequest{req("data", "v2", "/data")})
+	h.waitIdle()
+	// Released with the setup's end and the teardown: the place is free.
+	_, err = h.m.Setup(ctx, "t3", []VolumeRequest{created("v2")})
 	must.NoError(t, err)
 	h.m.mu.Lock()
 	must.MapEmpty(t, h.m.reserved)
