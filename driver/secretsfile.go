@@ -80,21 +80,24 @@ func readSecretsFile(taskDir, name, rel string) (map[string]string, error) {
 		return nil, fmt.Errorf("volume %q: secrets_file: cannot open the task directory %q: %w", name, taskDir, err)
 	}
 	defer unix.Close(dir)
-	fd, err := unix.Openat2(dir, filepath.Clean(rel), &unix.OpenHow{
-		Flags:   unix.O_RDONLY | unix.O_NONBLOCK | unix.O_NOFOLLOW | unix.O_CLOEXEC,
+	// An O_PATH handle first: what it names is checked before it is
+	// opened for reading, so a device node is never opened at all.
+	pfd, err := unix.Openat2(dir, filepath.Clean(rel), &unix.OpenHow{
+		Flags:   unix.O_PATH | unix.O_NOFOLLOW | unix.O_CLOEXEC,
 		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("volume %q: secrets_file %q cannot be read in the task directory (it must be a file there, reached without symlinks; a template block with destination = %q renders it before the task starts): %w",
 			name, rel, rel, err)
 	}
-	f := os.NewFile(uintptr(fd), rel)
-	defer f.Close()
+	defer unix.Close(pfd)
 	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
+	if err := unix.Fstat(pfd, &st); err != nil {
 		return nil, fmt.Errorf("volume %q: secrets_file %q: %w", name, rel, err)
 	}
 	switch {
+	case st.Mode&unix.S_IFMT == unix.S_IFLNK:
+		return nil, fmt.Errorf("volume %q: secrets_file %q is a symlink: it must be a regular file in the task directory, reached without symlinks", name, rel)
 	case st.Mode&unix.S_IFMT != unix.S_IFREG:
 		return nil, fmt.Errorf("volume %q: secrets_file %q is not a regular file", name, rel)
 	case st.Nlink > 1:
@@ -102,6 +105,13 @@ func readSecretsFile(taskDir, name, rel string) (map[string]string, error) {
 	case st.Size > maxSecretsFileBytes:
 		return nil, fmt.Errorf("volume %q: secrets_file %q is %d bytes: it must be at most %d", name, rel, st.Size, maxSecretsFileBytes)
 	}
+	// The very file checked, opened for reading through its handle.
+	fd, err := unix.Open(fmt.Sprintf("/proc/self/fd/%d", pfd), unix.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("volume %q: secrets_file %q: %w", name, rel, err)
+	}
+	f := os.NewFile(uintptr(fd), rel)
+	defer f.Close()
 	data, err := io.ReadAll(io.LimitReader(f, maxSecretsFileBytes+1))
 	if err != nil {
 		return nil, fmt.Errorf("volume %q: secrets_file %q: %w", name, rel, err)
@@ -129,7 +139,7 @@ func parseSecrets(name, rel string, data []byte) (map[string]string, error) {
 			return nil, fmt.Errorf("volume %q: secrets_file %q line %d is not KEY=VALUE (the line is not shown: it may hold a secret)", name, rel, n)
 		}
 		if _, dup := out[k]; dup {
-			return nil, fmt.Errorf("volume %q: secrets_file %q line %d sets key %q again", name, rel, n, k)
+			return nil, fmt.Errorf("volume %q: secrets_file %q line %d sets a key an earlier line set (the key is not shown: a line may hold a secret)", name, rel, n)
 		}
 		out[k] = v
 	}
