@@ -21,8 +21,9 @@ import (
 //     the root directory only (applyVolumeGroup).
 //
 // What a hostile job can do with it: the group is always the task's own
-// resolved primary group (the job cannot name another gid, and its user
-// already passed denied_host_uids/denied_host_gids), and only the root
+// resolved primary group (a job can choose it, as user = "name:gid" does,
+// but only a gid its user passed denied_host_uids/denied_host_gids with,
+// the gid the task runs as anyway), and only the root
 // directory of the volume its own task is given changes. Nothing is
 // followed: the publish target is opened with O_NOFOLLOW, so a plugin (or
 // an earlier user of the volume) cannot point the change at a host path,
