@@ -701,9 +701,13 @@ func (m *Manager) setupVolume(ctx context.Context, taskID string, p plan) (Publi
 	o := op{taskID: taskID, name: req.Name, pluginID: req.PluginID, volumeID: req.VolumeID,
 		nodeID: info.NodeID, secrets: []map[string]string{req.Secrets}}
 	volumeID, vctx := m.resolve(req)
-	grow, _ := m.resizeOf(req, info) // preflight refused what cannot be done
+	// Preflight refused what cannot be done; a task that grew the volume
+	// since can make this request a shrink, refused the same way.
+	grow, err := m.resizeOf(req, info)
+	if err != nil {
+		return Published{}, err
+	}
 	if req.Create != nil && !grow {
-		var err error
 		if volumeID, vctx, err = m.create(ctx, taskID, req, info, o); err != nil {
 			return Published{}, err
 		}
