@@ -229,9 +229,16 @@ func TestDriver_stopHonoursSignalAndRecoversAfterRestart(t *testing.T) {
 	defer cleanup()
 
 	handle := startTask(t, h, cfg)
-	// The pid file is written after the trap is set.
+	// The pid file is written after the trap is set. The shell creates
+	// it before it writes the number: wait for the whole line.
 	pidFile := filepath.Join(cfg.TaskDir().LocalDir, "pid")
-	eventually(t, 10*time.Second, func() error { _, err := os.Stat(pidFile); return err })
+	eventually(t, 10*time.Second, func() error {
+		data, err := os.ReadFile(pidFile)
+		if err == nil && !strings.HasSuffix(string(data), "\n") {
+			err = fmt.Errorf("%s holds %q so far", pidFile, data)
+		}
+		return err
+	})
 	status, err := h.InspectTask(cfg.ID)
 	must.NoError(t, err)
 	pid, err := strconv.Atoi(status.DriverAttributes["pid"])
