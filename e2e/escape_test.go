@@ -70,6 +70,7 @@ func TestEscape(t *testing.T) {
 		{"leave_cgroup", escLeaveCgroup},
 		{"destination_on_host", escDestination},
 		{"destination_through_symlink", escSymlinkDestination},
+		{"host_keyring", escKeyring},
 	}
 	users := []struct{ name, user string }{{"user_unset", ""}, {"user_root", "root"}}
 	for _, at := range attacks {

@@ -1,11 +1,14 @@
 package executor
 
 import (
+	"bytes"
+	"context"
 	"fmt"
 	"os"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/shoenig/test/must"
@@ -144,4 +147,77 @@ func TestIsolation_InheritedDescriptors_Root(t *testing.T) {
 	got := outputLines(readFile(t, tt.stdout))
 	// 0-2, and the descriptor ls opens on /proc/self/fd itself.
 	must.Eq(t, "0 1 2 3", strings.TrimSpace(got["fds"]), must.Sprintf("descriptor %d leaked into the task", fd))
+}
+
+// seccompScript prints, for each call the seccomp filter refuses and one it
+// allows, "name=ok" or "name=<errno>", making the calls with perl's
+// syscall(): keyctl(KEYCTL_GET_KEYRING_ID, KEY_SPEC_USER_KEYRING, 0),
+// io_uring_setup(1, params), userfaultfd(0), perf_event_open with a
+// zeroed attribute, bpf(BPF_PROG_LOAD) with a zeroed attribute, and
+// getpid.
+func seccompScript() string {
+	return fmt.Sprintf(`perl -e '
+sub r { my ($n, $v) = @_; print "$n=", ($v < 0 ? ($!+0) : "ok"), "\n"; }
+my $p = "\0" x 128;
+r("keyctl", syscall(%d, 0, -4, 0));
+r("io_uring", syscall(%d, 1, $p));
+r("userfaultfd", syscall(%d, 0));
+r("perf", syscall(%d, $p, 0, -1, -1, 0));
+r("bpf", syscall(%d, 5, $p, 128));
+r("getpid", syscall(%d));
+'`, unix.SYS_KEYCTL, unix.SYS_IO_URING_SETUP, unix.SYS_USERFAULTFD, unix.SYS_PERF_EVENT_OPEN, unix.SYS_BPF, unix.SYS_GETPID)
+}
+
+// A task that is not privileged runs under the seccomp filter: the host's
+// keyrings, io_uring, userfaultfd, perf events and bpf are refused with
+// the errno the filter gives (ENOSYS for io_uring, EPERM else); a call it
+// does not name works. A privileged task is not filtered: its keyctl is
+// answered (the user keyring, KEY_SPEC_USER_KEYRING, exists for every user).
+func TestIsolation_Seccomp_Root(t *testing.T) {
+	requireTaskRoot(t)
+	if _, err := os.Stat("/usr/bin/perl"); err != nil {
+		t.Skip("test makes its calls with /usr/bin/perl, which this host lacks")
+	}
+	tt := isolatedSpec(t, seccompScript())
+	p := startTest(t, tt)
+	must.Eq(t, 0, waitExit(t, p).ExitCode, must.Sprintf("stderr: %s", readFile(t, tt.stderr)))
+	got := outputLines(readFile(t, tt.stdout))
+	t.Log(got)
+	eperm, enosys := strconv.Itoa(int(unix.EPERM)), strconv.Itoa(int(unix.ENOSYS))
+	must.Eq(t, eperm, got["keyctl"], must.Sprint("keyctl is refused"))
+	must.Eq(t, enosys, got["io_uring"], must.Sprint("io_uring_setup is refused"))
+	must.Eq(t, eperm, got["userfaultfd"], must.Sprint("userfaultfd is refused"))
+	must.Eq(t, eperm, got["perf"], must.Sprint("perf_event_open is refused"))
+	must.Eq(t, eperm, got["bpf"], must.Sprint("bpf is refused"))
+	must.Eq(t, "ok", got["getpid"])
+
+	priv := newTestSpec(t, "/bin/sh", "-c", seccompScript())
+	p = startTest(t, priv)
+	must.Eq(t, 0, waitExit(t, p).ExitCode, must.Sprintf("stderr: %s", readFile(t, priv.stderr)))
+	got = outputLines(readFile(t, priv.stdout))
+	t.Log(got)
+	must.Eq(t, "ok", got["keyctl"], must.Sprint("a privileged task is not filtered"))
+	must.Eq(t, "ok", got["getpid"])
+}
+
+// A command run in a task that is not privileged (nomad alloc exec) runs
+// under the same seccomp filter as the task.
+func TestProcess_Exec_Seccomp_Root(t *testing.T) {
+	requireTaskRoot(t)
+	if _, err := os.Stat("/usr/bin/perl"); err != nil {
+		t.Skip("test makes its calls with /usr/bin/perl, which this host lacks")
+	}
+	tt := isolatedSpec(t, "exec sleep 100")
+	p := startTest(t, tt)
+	var stdout, stderr bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	code, err := p.Exec(ctx, ExecOptions{Command: []string{"/bin/sh", "-c", seccompScript()}, Stdout: &stdout, Stderr: &stderr})
+	must.NoError(t, err)
+	must.Eq(t, 0, code, must.Sprintf("stderr: %s", stderr.String()))
+	got := outputLines(stdout.String())
+	t.Log(got)
+	must.Eq(t, strconv.Itoa(int(unix.EPERM)), got["keyctl"])
+	must.Eq(t, strconv.Itoa(int(unix.ENOSYS)), got["io_uring"])
+	must.Eq(t, "ok", got["getpid"])
 }

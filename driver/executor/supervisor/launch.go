@@ -377,6 +377,12 @@ func forkTask(m mounter.Interface, spec *wire.Spec, attr *syscall.SysProcAttr, r
 		if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
 			return nil, fmt.Errorf("failed to set no_new_privs: %w", err)
 		}
+		// On this thread, never reused, so that the task inherits it: see
+		// seccomp.go. Nothing the thread does after the fork needs a call
+		// it refuses.
+		if err := installSeccomp(); err != nil {
+			return nil, err
+		}
 	}
 	restore, err := setOOMScoreAdj(spec.OOMScoreAdj)
 	if err != nil {

@@ -201,6 +201,10 @@ func prepareAndExec(cfg *wire.StageConfig) error {
 		if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
 			return fmt.Errorf("failed to set no_new_privs: %w", err)
 		}
+		// Last of all, as the task itself gets it: see seccomp.go.
+		if err := installSeccomp(); err != nil {
+			return err
+		}
 	}
 	if spec.Dir != "" {
 		if err := os.Chdir(spec.Dir); err != nil {

@@ -1,0 +1,188 @@
+package supervisor
+
+import (
+	"fmt"
+	"runtime"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// A non-privileged task runs under a seccomp filter that refuses a few
+// system calls no capability guards and the task's namespaces do not
+// contain:
+//
+//   - keyctl, add_key, request_key: the kernel's keyrings are per user ID
+//     and not per mount or PID namespace, so a task running as root could
+//     read, link or replace the keys the host's root keeps in its user
+//     keyring (and a task of another user those of that user);
+//   - io_uring_setup, io_uring_enter, io_uring_register: a large kernel
+//     surface with a long record of privilege escalations, which several
+//     container runtimes' default profiles refuse too;
+//   - bpf, perf_event_open, userfaultfd: kernel surface used by exploits and
+//     (perf) a window on the host's other processes; the sysctls that guard
+//     them unprivileged are the host's choice, not the job's.
+//
+// The filter is attached to the launching thread just before the task is
+// forked, after no_new_privs, so the task inherits it and can never lift
+// it; the thread is never reused. Calls made through another ABI of the
+// same machine (i386 and x32 on amd64, 32-bit ARM on arm64) are checked
+// too, by their own numbers: a filter that checked only the native numbers
+// could be passed by a 32-bit call.
+//
+// io_uring is refused with ENOSYS, which programs that can use it take as
+// "not here" and fall back from; the rest with EPERM.
+
+// seccompDenied is one refused call: its number on each ABI the filter
+// checks (0: no such call on that ABI) and the errno it gets.
+type seccompDenied struct {
+	name   string
+	native uint32
+	compat uint32 // i386 on amd64, 32-bit ARM on arm64
+	errno  unix.Errno
+}
+
+// seccompNative is the audit architecture of this build, seccompCompat
+// the 32-bit one its kernel may also run, seccompX32 the x32 bit (amd64
+// only, 0 elsewhere).
+var seccompNative, seccompCompat, seccompX32 = func() (uint32, uint32, uint32) {
+	switch runtime.GOARCH {
+	case "amd64":
+		return unix.AUDIT_ARCH_X86_64, unix.AUDIT_ARCH_I386, 0x40000000
+	case "arm64":
+		return unix.AUDIT_ARCH_AARCH64, unix.AUDIT_ARCH_ARM, 0
+	}
+	return 0, 0, 0
+}()
+
+// seccompList is the refused calls. The compat numbers are the kernel's
+// (arch/x86/entry/syscalls/syscall_32.tbl, arch/arm/tools/syscall.tbl);
+// x/sys/unix has only the native ones.
+func seccompList() []seccompDenied {
+	compat := map[string][2]uint32{ // name: {i386, arm}
+		"keyctl":            {288, 311},
+		"add_key":           {286, 309},
+		"request_key":       {287, 310},
+		"bpf":               {357, 386},
+		"perf_event_open":   {336, 364},
+		"userfaultfd":       {374, 388},
+		"io_uring_setup":    {425, 425},
+		"io_uring_enter":    {426, 426},
+		"io_uring_register": {427, 427},
+	}
+	native := []struct {
+		name string
+		nr   uintptr
+	}{
+		{"keyctl", unix.SYS_KEYCTL},
+		{"add_key", unix.SYS_ADD_KEY},
+		{"request_key", unix.SYS_REQUEST_KEY},
+		{"bpf", unix.SYS_BPF},
+		{"perf_event_open", unix.SYS_PERF_EVENT_OPEN},
+		{"userfaultfd", unix.SYS_USERFAULTFD},
+		{"io_uring_setup", unix.SYS_IO_URING_SETUP},
+		{"io_uring_enter", unix.SYS_IO_URING_ENTER},
+		{"io_uring_register", unix.SYS_IO_URING_REGISTER},
+	}
+	idx := 0
+	if runtime.GOARCH == "arm64" {
+		idx = 1
+	}
+	out := make([]seccompDenied, 0, len(native))
+	for _, n := range native {
+		errno := unix.EPERM
+		if len(n.name) > 8 && n.name[:8] == "io_uring" {
+			errno = unix.ENOSYS
+		}
+		out = append(out, seccompDenied{name: n.name, native: uint32(n.nr), compat: compat[n.name][idx], errno: errno})
+	}
+	return out
+}
+
+// Offsets in struct seccomp_data.
+const (
+	seccompDataNr   = 0
+	seccompDataArch = 4
+)
+
+func bpfStmt(code uint16, k uint32) unix.SockFilter {
+	return unix.SockFilter{Code: code, K: k}
+}
+
+func bpfJump(code uint16, k uint32, jt, jf uint8) unix.SockFilter {
+	return unix.SockFilter{Code: code, Jt: jt, Jf: jf, K: k}
+}
+
+// seccompProgram builds the filter: by architecture, then one comparison
+// per refused number, each answering its errno; everything else is
+// allowed. A call of an architecture the filter does not know is refused
+// with ENOSYS (none can occur on amd64 or arm64 but the three handled).
+func seccompProgram(list []seccompDenied) ([]unix.SockFilter, error) {
+	if seccompNative == 0 {
+		return nil, fmt.Errorf("no seccomp filter for %s", runtime.GOARCH)
+	}
+	const (
+		ld  = unix.BPF_LD | unix.BPF_W | unix.BPF_ABS
+		jeq = unix.BPF_JMP | unix.BPF_JEQ | unix.BPF_K
+		ret = unix.BPF_RET | unix.BPF_K
+	)
+	allow := bpfStmt(ret, unix.SECCOMP_RET_ALLOW)
+	deny := func(e unix.Errno) unix.SockFilter {
+		return bpfStmt(ret, unix.SECCOMP_RET_ERRNO|(uint32(e)&unix.SECCOMP_RET_DATA))
+	}
+	// One block per ABI: compare nr with each number, then allow.
+	block := func(nr func(seccompDenied) uint32) []unix.SockFilter {
+		var b []unix.SockFilter
+		for _, d := range list {
+			n := nr(d)
+			if n == 0 {
+				continue
+			}
+			b = append(b, bpfJump(jeq, n, 0, 1), deny(d.errno))
+		}
+		return append(b, allow)
+	}
+	native := block(func(d seccompDenied) uint32 { return d.native })
+	if seccompX32 != 0 {
+		// x32 calls are the native numbers with the x32 bit set, under
+		// the native architecture.
+		x32 := block(func(d seccompDenied) uint32 { return d.native | seccompX32 })
+		native = append(native[:len(native)-1], x32...)
+	}
+	compat := block(func(d seccompDenied) uint32 { return d.compat })
+	if len(native) > 250 || len(compat) > 250 {
+		return nil, fmt.Errorf("seccomp filter too long for its jumps")
+	}
+
+	prog := []unix.SockFilter{
+		bpfStmt(ld, seccompDataArch),
+		// native: fall through into the native block after loading nr.
+		bpfJump(jeq, seccompNative, 0, uint8(1+len(native))),
+		bpfStmt(ld, seccompDataNr),
+	}
+	prog = append(prog, native...)
+	prog = append(prog,
+		// compat: load nr and go through its block; any other arch: ENOSYS.
+		bpfJump(jeq, seccompCompat, 0, uint8(1+len(compat))),
+		bpfStmt(ld, seccompDataNr),
+	)
+	prog = append(prog, compat...)
+	prog = append(prog, deny(unix.ENOSYS))
+	return prog, nil
+}
+
+// installSeccomp attaches the filter to the calling thread, which must
+// have no_new_privs set (or CAP_SYS_ADMIN). Everything it forks or execs
+// afterwards keeps it.
+func installSeccomp() error {
+	prog, err := seccompProgram(seccompList())
+	if err != nil {
+		return err
+	}
+	fprog := unix.SockFprog{Len: uint16(len(prog)), Filter: &prog[0]}
+	if err := unix.Prctl(unix.PR_SET_SECCOMP, unix.SECCOMP_MODE_FILTER, uintptr(unsafe.Pointer(&fprog)), 0, 0); err != nil {
+		return fmt.Errorf("failed to install the task's seccomp filter: %w", err)
+	}
+	runtime.KeepAlive(prog)
+	return nil
+}

@@ -1,0 +1,81 @@
+package supervisor
+
+import (
+	"runtime"
+	"testing"
+
+	"github.com/shoenig/test/must"
+	"golang.org/x/sys/unix"
+)
+
+// runFilter interprets the few classic BPF instructions seccompProgram
+// uses against one call's architecture and number.
+func runFilter(t *testing.T, prog []unix.SockFilter, arch, nr uint32) uint32 {
+	t.Helper()
+	var acc uint32
+	for pc := 0; pc < len(prog); pc++ {
+		in := prog[pc]
+		switch in.Code {
+		case unix.BPF_LD | unix.BPF_W | unix.BPF_ABS:
+			switch in.K {
+			case seccompDataNr:
+				acc = nr
+			case seccompDataArch:
+				acc = arch
+			default:
+				t.Fatalf("pc %d: load of offset %d", pc, in.K)
+			}
+		case unix.BPF_JMP | unix.BPF_JEQ | unix.BPF_K:
+			if acc == in.K {
+				pc += int(in.Jt)
+			} else {
+				pc += int(in.Jf)
+			}
+		case unix.BPF_RET | unix.BPF_K:
+			return in.K
+		default:
+			t.Fatalf("pc %d: instruction %#x", pc, in.Code)
+		}
+	}
+	t.Fatalf("the filter ran off its end for arch %#x nr %d", arch, nr)
+	return 0
+}
+
+// Every refused call is refused on every ABI the kernel runs for this
+// architecture, with its errno; the calls next to them and the ones a task
+// needs are allowed; a call of an unknown architecture gets ENOSYS.
+func TestSeccompProgram(t *testing.T) {
+	if seccompNative == 0 {
+		t.Skipf("no filter for %s", runtime.GOARCH)
+	}
+	list := seccompList()
+	prog, err := seccompProgram(list)
+	must.NoError(t, err)
+	errno := func(e unix.Errno) uint32 { return unix.SECCOMP_RET_ERRNO | uint32(e) }
+	refused := map[[2]uint32]bool{}
+	for _, d := range list {
+		must.NonZero(t, d.native, must.Sprint(d.name))
+		must.NonZero(t, d.compat, must.Sprint(d.name))
+		abis := [][2]uint32{{seccompNative, d.native}, {seccompCompat, d.compat}}
+		if seccompX32 != 0 {
+			abis = append(abis, [2]uint32{seccompNative, d.native | seccompX32})
+		}
+		for _, c := range abis {
+			refused[c] = true
+			must.Eq(t, errno(d.errno), runFilter(t, prog, c[0], c[1]), must.Sprintf("%s on arch %#x nr %d", d.name, c[0], c[1]))
+		}
+	}
+	for _, nr := range []uintptr{unix.SYS_READ, unix.SYS_WRITE, unix.SYS_EXECVE, unix.SYS_CLONE, unix.SYS_GETPID, unix.SYS_OPENAT, unix.SYS_MMAP} {
+		must.Eq(t, unix.SECCOMP_RET_ALLOW, runFilter(t, prog, seccompNative, uint32(nr)), must.Sprintf("native nr %d", nr))
+	}
+	for _, arch := range []uint32{seccompNative, seccompCompat} {
+		for nr := uint32(0); nr < 500; nr++ {
+			if refused[[2]uint32{arch, nr}] {
+				continue
+			}
+			must.Eq(t, unix.SECCOMP_RET_ALLOW, runFilter(t, prog, arch, nr), must.Sprintf("arch %#x nr %d", arch, nr))
+		}
+	}
+	must.Eq(t, errno(unix.ENOSYS), runFilter(t, prog, 0x12345678, uint32(unix.SYS_READ)))
+	must.Eq(t, errno(unix.ENOSYS), runFilter(t, prog, seccompNative^seccompCompat, uint32(unix.SYS_KEYCTL)))
+}
