@@ -12,6 +12,13 @@ import (
 	"google.golang.org/grpc/codes"
 )
 
+// Setup, in the order a volume goes: preflight checks every request of the
+// task (plugin capabilities, sizes, the sharing rules of share.go, the
+// node's volume limit) before any call; each
+// volume is then created or resolved by name, controller-published and
+// staged once per node (ensureVolume), and published for the task
+// (ensurePublished), each step journalled before and after its call.
+
 // Setup makes every requested volume available for the task and returns
 // the host paths to bind into it, in request order. It is all or nothing:
 // on failure the volumes it set up are torn down again (in the background

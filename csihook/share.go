@@ -2,6 +2,12 @@ package csihook
 
 import "fmt"
 
+// Sharing rules: who may use a volume of this node. A volume belongs to
+// the namespace that created or first used it here (checkNamespace,
+// claimOwner); tasks sharing a volume must ask for the access mode,
+// attachment mode and file system type it is staged with, and a
+// single-node-writer volume serves one task (checkShare).
+
 // Owner returns the Nomad namespace a volume of this node belongs to, if
 // one is recorded.
 func (m *Manager) Owner(pluginID, volumeID string) (string, bool) {

@@ -13,6 +13,12 @@ import (
 	"google.golang.org/grpc/codes"
 )
 
+// Teardown, the reverse of Setup: each task volume is unpublished
+// (unpublishLocked); a volume no other task uses any more is unstaged and
+// detached (releaseLocked). What fails for a reason that may pass is
+// retried in the background; what was dropped from the task's records but
+// not released is kept in unreleased until a retry releases it.
+
 // Teardown unpublishes every volume of the task, then unstages and
 // detaches those no other task on this node uses, in the reverse order of
 // Setup. A task without volumes is success. When a step fails for a reason
