@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/csihook/wal"
 )
 
 // BenchmarkSetupTeardown times Setup and Teardown of one fresh volume with
@@ -93,7 +95,7 @@ func BenchmarkJournalCommit(b *testing.B) {
 			if err := os.Rename(f.Name(), path); err != nil {
 				b.Fatal(err)
 			}
-			if err := syncDir(dir); err != nil {
+			if err := wal.SyncDir(dir); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -108,7 +110,7 @@ func BenchmarkJournalCommit(b *testing.B) {
 			if _, err := f.Write(data); err != nil {
 				b.Fatal(err)
 			}
-			if err := fdatasync(f); err != nil {
+			if err := wal.Fdatasync(f); err != nil {
 				b.Fatal(err)
 			}
 		}

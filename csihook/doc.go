@@ -81,9 +81,10 @@
 // is only read when the manager starts, and by ReadJournal, which replays
 // it read-only and without the lock while a manager runs.
 //
-// The log is append-only. Each commit appends one frame holding a batch of
-// operations and, unless lazy, is made durable with fdatasync before it
-// returns:
+// The log is append-only; its file side (frames, preallocation, syncs,
+// compaction, the lock) is package wal, its records this package's
+// journal.go. Each commit appends one frame holding a batch of operations
+// and, unless lazy, is made durable with fdatasync before it returns:
 //
 //	"\xffCSJ" | payload length (uint32 LE) | CRC-32C of the three (uint32 LE) | payload
 //	payload: {"ops": [{"op": "put_vol", "vol": {...}},

@@ -1,23 +1,20 @@
 package csihook
 
 import (
-	"bytes"
-	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"io/fs"
 	"maps"
 	"os"
 	"path/filepath"
 	"sort"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"golang.org/x/sys/unix"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/csihook/wal"
 )
 
 // journalVersion is written in every record; records of another version
@@ -179,41 +176,16 @@ type ownerRecord struct {
 	Updated   time.Time `json:"updated"`
 }
 
-// The journal is one append-only log, journal.log in the journal
-// directory. Each commit appends one frame holding a batch of operations
-// and is made durable with fdatasync before it returns:
-//
-//	magic "\xffCSJ" | length uint32 LE | CRC-32C uint32 LE | payload
-//
-// The CRC covers the magic, the length and the payload, so a frame is
-// whole or it is not a frame: a batch is replayed entirely or not at all.
-// The payload is JSON, {"ops": [...]}, each op one of put_vol, drop_vol,
+// The journal's records live in one append-only log, journal.log in the
+// journal directory, whose file format (frames, checksums, preallocation,
+// lazy sync, compaction) is package wal's. Each commit is one frame whose
+// payload is JSON, {"ops": [...]}, each op one of put_vol, drop_vol,
 // put_task, drop_task, put_created, drop_created or put_owner; puts carry
 // the whole record, drops its key. New fields and ops were added without
 // changing journalVersion: records without them still replay (see
-// ownerRecord and volRecord.Server). JSON never holds the byte 0xff, so the magic
-// cannot occur inside a payload and a scan for it finds frame starts only.
-//
-// The file is kept longer than the log, zero-filled: a commit then
-// overwrites zeros, and its fdatasync has no file size to write, which
-// on ext4 saves a journal commit. Zeros are where the log ends; a frame
-// never starts with one.
-const (
-	logName     = "journal.log"
-	frameMagic  = "\xffCSJ"
-	frameHeader = 12
-	// maxFrame bounds a frame's length, so a damaged length field is
-	// recognised as damage rather than read as a huge frame.
-	maxFrame = 64 << 20
-	// defaultCompactMin is the log size below which the log is never
-	// compacted; above it, it is compacted once it is twice the size of
-	// the live records.
-	defaultCompactMin = 1 << 20
-	// preallocate is the step in which the file grows ahead of the log.
-	preallocate = 256 << 10
-)
-
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+// ownerRecord and volRecord.Server). JSON never holds the byte 0xff, the
+// first byte of a frame, as wal requires of its payloads.
+const logName = wal.Name
 
 // Operations of a batch.
 const (
@@ -522,43 +494,40 @@ type frameBody struct {
 	Ops []journalOp `json:"ops"`
 }
 
-// encodeFrame frames a batch.
-func encodeFrame(ops []journalOp) ([]byte, error) {
+// encodeBatch is the payload of a batch.
+func encodeBatch(ops []journalOp) ([]byte, error) {
 	payload, err := json.Marshal(frameBody{Ops: ops})
 	if err != nil {
 		return nil, fmt.Errorf("failed to encode journal batch: %w", err)
 	}
-	if len(payload) > maxFrame {
-		return nil, fmt.Errorf("journal batch of %d bytes is larger than the limit of %d", len(payload), maxFrame)
-	}
-	return appendFrame(make([]byte, 0, frameHeader+len(payload)), payload), nil
+	return payload, nil
 }
 
-// appendFrame appends the frame of payload, at most maxFrame bytes, to
-// buf.
-func appendFrame(buf, payload []byte) []byte {
-	start := len(buf)
-	buf = append(buf, frameMagic...)
-	buf = binary.LittleEndian.AppendUint32(buf, uint32(len(payload)))
-	sum := crc32.Update(crc32.Checksum(buf[start:start+8], castagnoli), castagnoli, payload)
-	buf = binary.LittleEndian.AppendUint32(buf, sum)
-	return append(buf, payload...)
+// encodeFrame frames a batch.
+func encodeFrame(ops []journalOp) ([]byte, error) {
+	payload, err := encodeBatch(ops)
+	if err != nil {
+		return nil, err
+	}
+	return wal.EncodeFrame(payload)
 }
 
 // snapshotFrame is the size a frame of a snapshot grows to before the
 // next record goes into a new frame.
 const snapshotFrame = 1 << 20
 
-// encodeSnapshot frames ops as batches of about snapshotFrame bytes: a
-// snapshot is never one frame too large to write or to read back, however
-// many records there are. A record larger than snapshotFrame has a frame
-// of its own; a record larger than maxFrame cannot be written.
-func encodeSnapshot(ops []journalOp) ([]byte, error) {
-	var buf, payload []byte
+// snapshotPayloads groups ops into batches of about snapshotFrame bytes,
+// the payloads of a compaction's frames: a snapshot is never one frame
+// too large to write or to read back, however many records there are. A
+// record larger than snapshotFrame has a frame of its own; a record
+// larger than wal.MaxFrame cannot be written.
+func snapshotPayloads(ops []journalOp) ([][]byte, error) {
+	var out [][]byte
+	var payload []byte
 	flush := func() {
 		if len(payload) > 0 {
-			buf = appendFrame(buf, append(payload, "]}"...))
-			payload = payload[:0]
+			out = append(out, append(payload, "]}"...))
+			payload = nil
 		}
 	}
 	for _, o := range ops {
@@ -566,9 +535,9 @@ func encodeSnapshot(ops []journalOp) ([]byte, error) {
 		if err != nil {
 			return nil, fmt.Errorf("failed to encode journal record: %w", err)
 		}
-		if len(rec)+len(`{"ops":[]}`) > maxFrame {
+		if len(rec)+len(`{"ops":[]}`) > wal.MaxFrame {
 			return nil, fmt.Errorf("journal record of volume %q of CSI plugin %q is %d bytes, larger than the limit of %d",
-				o.logVolume(), o.logPlugin(), len(rec), maxFrame)
+				o.logVolume(), o.logPlugin(), len(rec), wal.MaxFrame)
 		}
 		if len(payload) > 0 && len(payload)+len(rec)+len("]}")+1 > snapshotFrame {
 			flush()
@@ -581,42 +550,21 @@ func encodeSnapshot(ops []journalOp) ([]byte, error) {
 		payload = append(payload, rec...)
 	}
 	flush()
+	return out, nil
+}
+
+// encodeSnapshot is the log a compaction of ops writes, without the zeros
+// after it.
+func encodeSnapshot(ops []journalOp) ([]byte, error) {
+	payloads, err := snapshotPayloads(ops)
+	if err != nil {
+		return nil, err
+	}
+	var buf []byte
+	for _, p := range payloads {
+		buf = wal.AppendFrame(buf, p)
+	}
 	return buf, nil
-}
-
-// readFrame returns the payload of the frame at off and the offset after
-// it, or ok false when no whole, intact frame starts at off.
-func readFrame(data []byte, off int) (payload []byte, next int, ok bool) {
-	if len(data)-off < frameHeader || string(data[off:off+4]) != frameMagic {
-		return nil, 0, false
-	}
-	n := binary.LittleEndian.Uint32(data[off+4:])
-	if n > maxFrame || uint64(n) > uint64(len(data)-off-frameHeader) {
-		return nil, 0, false
-	}
-	next = off + frameHeader + int(n)
-	payload = data[off+frameHeader : next]
-	sum := crc32.Update(crc32.Checksum(data[off:off+8], castagnoli), castagnoli, payload)
-	if sum != binary.LittleEndian.Uint32(data[off+8:]) {
-		return nil, 0, false
-	}
-	return payload, next, true
-}
-
-// nextFrame returns the offset of the first intact frame at or after
-// off, or -1.
-func nextFrame(data []byte, off int) int {
-	for off < len(data) {
-		i := bytes.Index(data[off:], []byte(frameMagic))
-		if i < 0 {
-			return -1
-		}
-		if _, _, ok := readFrame(data, off+i); ok {
-			return off + i
-		}
-		off += i + 1
-	}
-	return -1
 }
 
 // logScan is what reading a log gave.
@@ -633,112 +581,55 @@ type logScan struct {
 	damaged, badOps int
 }
 
-// scanLog replays a log: later records win, drops delete. The log ends
-// where only zeros follow. A damaged frame followed by intact ones is
-// skipped and counted, not taken for the end of the log: the frames after
-// it are newer and describe what is mounted now. (A crash during one
-// write of several batches can leave that too; those batches were never
-// acknowledged and are of different volumes, so keeping the intact ones
-// is safe.) Nothing is logged here but ops that cannot be used.
+// scanLog replays a log (see wal.ScanFrames): later records win, drops
+// delete. Nothing is logged here but ops that cannot be used.
 func scanLog(data []byte, logger hclog.Logger) logScan {
 	s := logScan{state: newJournalState()}
-	off := 0
-	for off < len(data) {
-		payload, next, ok := readFrame(data, off)
-		if !ok {
-			if allZero(data[off:]) {
-				break
-			}
-			resume := nextFrame(data, off+1)
-			if resume < 0 {
-				s.torn = len(data) - off
-				for s.torn > 0 && data[off+s.torn-1] == 0 {
-					s.torn--
-				}
-				break
-			}
-			s.damaged += resume - off
-			off = resume
-			continue
-		}
-		off, s.end = next, next
-		var body frameBody
-		if err := json.Unmarshal(payload, &body); err != nil {
-			s.badOps++
-			logger.Error("journal batch cannot be decoded; its records are lost", "offset", off-len(payload)-frameHeader)
-			continue
-		}
-		for _, o := range body.Ops {
-			if err := o.check(); err != nil {
-				s.badOps++
-				logger.Error("journal record cannot be used; what it describes must be cleaned up by hand",
-					append(o.logAttrs(), "error", err)...)
-				continue
-			}
-			s.state.apply(o)
-		}
-	}
+	scan := wal.ScanFrames(data, func(payload []byte, off int) {
+		s.badOps += s.state.replay(payload, off, logger)
+	})
+	s.end, s.torn, s.damaged = scan.End, scan.Torn, scan.Damaged
 	return s
 }
 
-func allZero(b []byte) bool {
-	for _, c := range b {
-		if c != 0 {
-			return false
-		}
+// replay applies the batch of one frame, at off in the log, and returns
+// how many of its ops could not be used.
+func (s *journalState) replay(payload []byte, off int, logger hclog.Logger) (bad int) {
+	var body frameBody
+	if err := json.Unmarshal(payload, &body); err != nil {
+		logger.Error("journal batch cannot be decoded; its records are lost", "offset", off)
+		return 1
 	}
-	return true
+	for _, o := range body.Ops {
+		if err := o.check(); err != nil {
+			bad++
+			logger.Error("journal record cannot be used; what it describes must be cleaned up by hand",
+				append(o.logAttrs(), "error", err)...)
+			continue
+		}
+		s.apply(o)
+	}
+	return bad
 }
 
 // journal keeps the volume records of this node in memory and in the log,
-// writing the log before memory. A lock file keeps a second driver off
-// the same directory. Its methods are safe for concurrent use; commits
-// that arrive while one is being written go out together in the next
-// write and fdatasync.
+// writing the log before memory. Its methods are safe for concurrent use;
+// commits that arrive while one is being written go out together in the
+// next write and fdatasync (see wal.Log).
 type journal struct {
 	dir    string
 	logger hclog.Logger
-	lock   *os.File
+	log    *wal.Log
 
+	// mu guards state and migrated. The log calls back into the journal
+	// with its own lock held (wal.Options), so the journal never calls
+	// the log while holding mu.
 	mu    sync.Mutex
 	state *journalState
-	// f is the log, nil once closed; size is the log's length (durable
-	// but for lazy commits, see unsynced), and alloc the file's, zeros
-	// after size. The log is compacted once it grows past limit.
-	f          *os.File
-	size       int64
-	alloc      int64
-	limit      int64
-	compactMin int64
-	// queue holds the commits waiting for the one being written, while
-	// writing is set.
-	queue   []*pendingCommit
-	writing bool
-	// broken is set when a write may have reached the disk in part and
-	// could not be cut off again: nothing more is written.
-	broken error
-	// unsynced is set while lazy commits are written but not yet synced;
-	// flushing is set while a sync of them is scheduled.
-	unsynced, flushing bool
-	// batches and syncs count committed batches and fdatasyncs, for tests.
-	batches, syncs int
-
-	// cleanup is set while the log holds what only a compaction removes:
-	// secrets no live record holds (state.staleSecrets), damaged bytes,
-	// records moved in from the file-per-record format (migrated, whose
-	// files are removed once the log holds them) or the rest of a torn
-	// batch that could not be cut off. A compaction is then scheduled
-	// (compactArmed) within compactDelay; one that fails leaves the log as
-	// it is, in use, and is tried again after compactBackoff.
-	cleanup        bool
-	migrated       []string
-	compactArmed   bool
-	compactBackoff time.Duration
-	// badCopy is set while a damaged log waits for its copy (*.bad): no
-	// compaction drops the damaged bytes before it is made.
-	badCopy bool
-	// compactions counts compactions, for tests.
-	compactions int
+	// migrated are the files of records moved in from the file-per-record
+	// format, removed once the log holds them durably (after the first
+	// compaction).
+	migrated []string
 }
 
 // createTemp makes a compaction's new log; tests make it fail.
@@ -749,173 +640,99 @@ var createTemp = os.CreateTemp
 // it so; commits meanwhile share the one compaction.
 var compactDelay = time.Second
 
-// maxCompactBackoff caps the wait before a failed cleanup compaction is
-// tried again (on a full disk, say).
-const maxCompactBackoff = time.Minute
-
-// keepBadCopies is how many copies of a damaged log (*.bad) are kept, the
-// newest; they hold secrets, so older ones are removed.
-const keepBadCopies = 3
-
 // lazySyncDelay is how long a lazy commit may stay unsynced when no other
 // commit syncs it first.
 var lazySyncDelay = 200 * time.Millisecond
 
-type pendingCommit struct {
-	frame []byte
-	ops   []journalOp
-	// lazy commits need not be durable before they return (see
-	// commitLazy).
-	lazy bool
-	done chan error
-}
-
+// openJournal opens the journal in dir: it replays the log and takes in
+// records of the file-per-record format, without writing anything that
+// needs free space (a full disk must not keep the journal from opening,
+// and with it recovery). What the log holds that only a compaction
+// removes (damage, moved records, secrets no record needs) is compacted
+// away soon after; see wal.Open.
 func openJournal(dir string, logger hclog.Logger) (*journal, error) {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("failed to create journal directory %q: %w", dir, err)
-	}
-	f, err := os.OpenFile(filepath.Join(dir, ".lock"), os.O_CREATE|os.O_RDWR|unix.O_CLOEXEC, 0o600)
+	j := &journal{dir: dir, logger: logger, state: newJournalState()}
+	log, err := wal.Open(dir, wal.Options{
+		Logger: logger,
+		Replay: func(payload []byte, off int) int {
+			j.mu.Lock()
+			defer j.mu.Unlock()
+			return j.state.replay(payload, off, logger)
+		},
+		Loaded:        j.loaded,
+		Snapshot:      j.snapshot,
+		Stale:         j.stale,
+		Compacted:     j.compacted,
+		CompactMin:    wal.DefaultCompactMin,
+		CompactDelay:  compactDelay,
+		LazySyncDelay: lazySyncDelay,
+		CreateTemp:    func(dir, pattern string) (*os.File, error) { return createTemp(dir, pattern) },
+	})
 	if err != nil {
-		return nil, fmt.Errorf("failed to open journal lock in %q: %w", dir, err)
-	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("journal directory %q is in use by another volume manager: %w", dir, err)
-	}
-	j := &journal{dir: dir, logger: logger, lock: f, compactMin: defaultCompactMin}
-	if err := j.load(); err != nil {
-		j.close()
 		return nil, err
 	}
+	j.log = log
 	return j, nil
 }
 
-func (j *journal) close() {
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	j.syncLazyLocked()
-	if j.f != nil {
-		j.f.Close()
-		j.f = nil
-	}
-	if j.lock != nil {
-		j.lock.Close()
-		j.lock = nil
-	}
-}
-
-func (j *journal) logPath() string { return filepath.Join(j.dir, logName) }
-
-// load replays the log and takes in records of the file-per-record
-// format, without writing anything that needs free space: a full disk
-// must not keep the journal from opening, and with it recovery. Leftover
-// temp files are removed. A torn tail is dropped with a warning and cut
-// off (truncating needs no space). Damage before the tail is skipped with
-// an error, and a copy of the log as it was is kept beside it (*.bad,
-// mode 0600, the newest keepBadCopies), since what the lost records
-// describe can no longer be undone automatically; when the copy cannot be
-// made, the log is left as it is until it can. What the log holds that
-// only a compaction removes (damage, moved records, secrets no record
-// needs) is compacted away soon after, and a compaction that fails leaves
-// the log in use as it is.
-func (j *journal) load() error {
+// loaded takes in the records of the file-per-record format, over what
+// the log holds, and drops the secrets of records that need none any
+// more. It asks for a compaction when the log holds what only one
+// removes.
+func (j *journal) loaded() (bool, error) {
 	entries, err := os.ReadDir(j.dir)
 	if err != nil {
-		return fmt.Errorf("failed to read journal directory %q: %w", j.dir, err)
+		return false, fmt.Errorf("failed to read journal directory %q: %w", j.dir, err)
 	}
-	for _, e := range entries {
-		if strings.HasPrefix(e.Name(), ".tmp-") {
-			os.Remove(filepath.Join(j.dir, e.Name()))
-		}
-	}
-	path := j.logPath()
-	data, err := os.ReadFile(path)
-	created := errors.Is(err, fs.ErrNotExist)
-	if err != nil && !created {
-		return fmt.Errorf("failed to read journal %q: %w", path, err)
-	}
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|unix.O_CLOEXEC, 0o600)
-	if err != nil {
-		return fmt.Errorf("failed to open journal %q: %w", path, err)
-	}
-	j.f = f
-	if created {
-		// The first commit's fdatasync does not make the new name durable.
-		if err := syncDir(j.dir); err != nil {
-			return err
-		}
-	}
-	scan := scanLog(data, j.logger)
-	j.state = scan.state
-	j.size, j.alloc = int64(scan.end), int64(len(data))
-	if scan.torn > 0 {
-		j.logger.Warn("journal ends in a partly written batch, as after a crash during a write; dropped it",
-			"path", path, "offset", scan.end, "bytes", scan.torn)
-		if err := f.Truncate(j.size); err != nil {
-			// Commits overwrite it; until then the next start drops it again.
-			j.logger.Warn("cannot cut the partly written batch off the journal; later commits overwrite it",
-				"path", path, "error", err)
-			j.cleanup = true
-		} else {
-			j.alloc = j.size
-		}
-	}
-	if scan.damaged > 0 || scan.badOps > 0 {
-		j.cleanup, j.badCopy = true, true
-		copyPath, err := j.keepBadCopy(data)
-		if err != nil {
-			j.logger.Error("journal is damaged: records in the damaged parts are lost, what they describe must be cleaned up by hand; no copy of it could be kept yet, so it is left as it is",
-				"path", path, "damaged_bytes", scan.damaged, "unusable_records", scan.badOps, "error", err)
-		} else {
-			j.logger.Error("journal is damaged: records in the damaged parts are lost, what they describe must be cleaned up by hand; a copy of it as it was is kept (mode 0600, it holds secrets)",
-				"path", path, "copy", copyPath, "damaged_bytes", scan.damaged, "unusable_records", scan.badOps)
-		}
-	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
 	migrated, err := j.migrate(entries)
 	if err != nil {
-		return err
+		return false, err
 	}
 	j.migrated = migrated
 	j.state.dropUnneededSecrets()
-	j.cleanup = j.cleanup || len(migrated) > 0 || j.state.staleSecrets
-	// Compacted once it grows past compactMin; the first compaction sets
-	// the limit from the live records.
-	j.limit = j.compactMin
-	if j.cleanup {
-		j.mu.Lock()
-		j.scheduleCompactLocked(0)
-		j.mu.Unlock()
-	}
-	return nil
+	return len(migrated) > 0 || j.state.staleSecrets, nil
 }
 
-// keepBadCopy keeps a copy of a damaged log, data, beside it
-// (journal.log.<time>.bad, mode 0600), removes all but the newest
-// keepBadCopies copies, and returns the copy's path.
-func (j *journal) keepBadCopy(data []byte) (string, error) {
-	path := j.logPath()
-	bad := path + "." + time.Now().UTC().Format("20060102T150405.000000000Z") + ".bad"
-	if err := writeFileSync(bad, bytes.TrimRight(data, "\x00")); err != nil {
-		os.Remove(bad)
-		return "", fmt.Errorf("failed to keep a copy of damaged journal %q: %w", path, err)
-	}
-	j.badCopy = false
-	copies, err := filepath.Glob(path + ".*.bad")
-	if err != nil || len(copies) <= keepBadCopies {
-		return bad, nil
-	}
-	// The time in the name sorts as it reads.
-	sort.Strings(copies)
-	old := copies[:len(copies)-keepBadCopies]
-	for _, c := range old {
-		if err := os.Remove(c); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			j.logger.Warn("cannot remove an old copy of a damaged journal", "copy", c, "error", err)
-		}
-	}
-	j.logger.Info("removed old copies of a damaged journal; the newest are kept", "removed", old,
-		"kept", copies[len(copies)-keepBadCopies:])
-	return bad, nil
+// snapshot is the payloads of a compaction: every live record.
+func (j *journal) snapshot() ([][]byte, error) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return snapshotPayloads(j.state.snapshot())
 }
+
+// stale reports whether the log holds secrets no record needs any more.
+func (j *journal) stale() bool {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.state.staleSecrets
+}
+
+// compacted is called once a compaction's log is durable: it no longer
+// holds stale secrets, and the files of moved records can go.
+func (j *journal) compacted() {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.state.staleSecrets = false
+	if migrated := j.migrated; len(migrated) > 0 {
+		path := j.logPath()
+		j.migrated = nil
+		for _, p := range migrated {
+			if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				j.logger.Warn("cannot remove a journal record file after moving it into the log", "record", p, "path", path, "error", err)
+			}
+		}
+		if err := wal.SyncDir(j.dir); err != nil {
+			j.logger.Warn("cannot sync the journal directory after removing moved record files", "path", j.dir, "error", err)
+		}
+		j.logger.Info("moved journal records from one file each into the log", "records", len(migrated), "path", path)
+	}
+}
+
+func (j *journal) close() { j.log.Close() }
+
+func (j *journal) logPath() string { return filepath.Join(j.dir, logName) }
 
 // commit appends ops as one batch and returns once it is durable: replayed
 // after a crash, the batch is there entirely or not at all. Ops of the
@@ -939,308 +756,15 @@ func (j *journal) enqueue(lazy bool, ops []journalOp) error {
 	for i, o := range ops {
 		disk[i] = o.forDisk()
 	}
-	ops = disk
-	frame, err := encodeFrame(ops)
+	payload, err := encodeBatch(disk)
 	if err != nil {
 		return err
 	}
-	c := &pendingCommit{frame: frame, ops: ops, lazy: lazy, done: make(chan error, 1)}
-	j.mu.Lock()
-	if err := j.usableLocked(); err != nil {
-		j.mu.Unlock()
-		return err
-	}
-	j.queue = append(j.queue, c)
-	if !j.writing {
-		j.writing = true
-		j.writeQueueLocked()
-		j.writing = false
-	}
-	j.mu.Unlock()
-	return <-c.done
-}
-
-func (j *journal) usableLocked() error {
-	switch {
-	case j.f == nil:
-		return fmt.Errorf("journal %q is closed", j.logPath())
-	case j.broken != nil:
-		return j.broken
-	}
-	return nil
-}
-
-// writeQueueLocked writes the queued commits, each round in one write and
-// one fdatasync, until no commit is waiting. j.mu is held on entry and
-// exit and released while writing, so commits arriving meanwhile queue up
-// for the next round.
-func (j *journal) writeQueueLocked() {
-	for len(j.queue) > 0 {
-		q := j.queue
-		j.queue = nil
-		err := j.usableLocked()
-		if err == nil {
-			var buf []byte
-			sync := false
-			for _, c := range q {
-				buf = append(buf, c.frame...)
-				sync = sync || !c.lazy
-			}
-			n, f, off := int64(len(buf)), j.f, j.size
-			if grow := off + n - j.alloc; grow > 0 {
-				// Past the zeros: grow the file by whole steps of
-				// zeros in the same write.
-				buf = append(buf, make([]byte, roundUp(grow, preallocate)-grow)...)
-			}
-			j.mu.Unlock()
-			err = writeLog(f, off, buf, sync)
-			j.mu.Lock()
-			if err == nil {
-				j.size += n
-				j.alloc = max(j.alloc, off+int64(len(buf)))
-				j.batches += len(q)
-				for _, c := range q {
-					j.state.apply(c.ops...)
-				}
-				if sync {
-					// fdatasync covers the lazy writes before it too.
-					j.syncs++
-					j.unsynced = false
-				} else {
-					j.unsynced = true
-					j.scheduleSyncLocked()
-				}
-			} else {
-				j.failedLocked(f, off, err)
-			}
-		}
-		for _, c := range q {
-			c.done <- err
-		}
-		if err == nil && j.size > j.limit {
-			if err := j.compactLocked(); err != nil {
-				j.limit = 2 * j.size
-				j.logger.Warn("failed to compact the journal; it goes on growing", "path", j.logPath(), "error", err)
-			}
-		}
-		if err == nil && j.state.staleSecrets {
-			// The log holds secrets no record needs any more.
-			j.cleanup = true
-			j.scheduleCompactLocked(compactDelay)
-		}
-	}
-}
-
-type syncError struct{ err error }
-
-func (e *syncError) Error() string { return e.err.Error() }
-func (e *syncError) Unwrap() error { return e.err }
-
-func roundUp(n, step int64) int64 { return (n + step - 1) / step * step }
-
-// writeLog writes buf at off, and with sync makes it (and every write
-// before it) durable.
-func writeLog(f *os.File, off int64, buf []byte, sync bool) error {
-	if _, err := f.WriteAt(buf, off); err != nil {
-		return fmt.Errorf("failed to write journal %q: %w", f.Name(), err)
-	}
-	if !sync {
-		return nil
-	}
-	if err := fdatasync(f); err != nil {
-		return &syncError{fmt.Errorf("failed to sync journal %q: %w", f.Name(), err)}
-	}
-	return nil
-}
-
-// scheduleSyncLocked makes sure unsynced lazy commits are synced within
-// lazySyncDelay, if no commit syncs them first.
-func (j *journal) scheduleSyncLocked() {
-	if j.flushing {
-		return
-	}
-	j.flushing = true
-	time.AfterFunc(lazySyncDelay, func() {
+	return j.log.Append(payload, lazy, func() {
 		j.mu.Lock()
 		defer j.mu.Unlock()
-		j.flushing = false
-		j.syncLazyLocked()
+		j.state.apply(disk...)
 	})
-}
-
-// syncLazyLocked syncs the lazy commits written so far, unless a write is
-// under way (whose writer then syncs or schedules again). A failed sync
-// leaves nothing known of what reached the disk: the journal refuses
-// writes from then on.
-func (j *journal) syncLazyLocked() {
-	if !j.unsynced || j.writing || j.usableLocked() != nil {
-		return
-	}
-	f := j.f
-	j.writing = true
-	j.mu.Unlock()
-	err := fdatasync(f)
-	j.mu.Lock()
-	j.writing = false
-	if err != nil {
-		j.failedLocked(f, j.size, &syncError{fmt.Errorf("failed to sync journal %q: %w", f.Name(), err)})
-	} else {
-		j.syncs++
-		j.unsynced = false
-	}
-	// Commits that came meanwhile waited for this sync to end.
-	if len(j.queue) > 0 {
-		j.writing = true
-		j.writeQueueLocked()
-		j.writing = false
-	}
-}
-
-func fdatasync(f *os.File) error {
-	rc, err := f.SyscallConn()
-	if err != nil {
-		return err
-	}
-	var serr error
-	if err := rc.Control(func(fd uintptr) { serr = unix.Fdatasync(int(fd)) }); err != nil {
-		return err
-	}
-	return serr
-}
-
-// failedLocked deals with a failed write. The file is cut at the end of the
-// log, so that no part of the batch is left for a later batch to follow
-// (the zeros come back with the next write). After a failed fdatasync
-// nothing is known of what reached the disk, nor after a cut that failed:
-// the journal then refuses every further write, and a restart replays
-// what the disk holds.
-func (j *journal) failedLocked(f *os.File, off int64, err error) {
-	var se *syncError
-	if !errors.As(err, &se) {
-		if terr := f.Truncate(off); terr == nil {
-			j.alloc = off
-			return
-		}
-	}
-	j.broken = fmt.Errorf("journal %q refuses writes after a failed write (restart the driver to replay it): %w", j.logPath(), err)
-	j.logger.Error("journal refuses writes after a failed write; restart the driver", "path", j.logPath(), "error", err)
-}
-
-// compactLocked writes the live records to a new log and renames it over
-// the old one: temp file, fsync, rename, fsync of the directory. A crash
-// leaves the old log or the new one, and so does a failure before the
-// rename (a full disk, say): the old log stays in use as it was. A
-// damaged log is copied first (see load). The caller holds j.mu and has
-// set j.writing, or has the journal to itself.
-func (j *journal) compactLocked() error {
-	path := j.logPath()
-	if j.badCopy {
-		data, err := os.ReadFile(path)
-		bad := ""
-		if err == nil {
-			bad, err = j.keepBadCopy(data)
-		}
-		if err != nil {
-			return fmt.Errorf("failed to compact journal %q: %w", path, err)
-		}
-		j.logger.Error("kept a copy of the damaged journal before compacting it", "path", path, "copy", bad)
-	}
-	buf, err := encodeSnapshot(j.state.snapshot())
-	if err != nil {
-		return fmt.Errorf("failed to compact journal %q: %w", path, err)
-	}
-	size := int64(len(buf))
-	buf = append(buf, make([]byte, roundUp(size+1, preallocate)-size)...)
-	f, err := createTemp(j.dir, ".tmp-")
-	if err != nil {
-		return fmt.Errorf("failed to compact journal %q: %w", path, err)
-	}
-	tmp := f.Name()
-	err = f.Chmod(0o600)
-	if err == nil {
-		_, err = f.Write(buf)
-	}
-	if err == nil {
-		err = f.Sync()
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
-		f.Close()
-		os.Remove(tmp)
-		return fmt.Errorf("failed to compact journal %q: %w", path, err)
-	}
-	// From the rename on, the new file is the log, whatever happens next.
-	if j.f != nil {
-		j.f.Close()
-	}
-	j.f, j.size, j.alloc = f, size, int64(len(buf))
-	j.limit = max(j.compactMin, 2*j.size)
-	// The new file is synced: lazy commits before it are durable.
-	j.unsynced = false
-	j.compactions++
-	if err := syncDir(j.dir); err != nil {
-		j.broken = fmt.Errorf("journal %q refuses writes after a failed compaction (restart the driver to replay it): %w", path, err)
-		return err
-	}
-	j.state.staleSecrets, j.cleanup = false, false
-	// Only once the log holds them durably do the old files go.
-	if migrated := j.migrated; len(migrated) > 0 {
-		j.migrated = nil
-		for _, p := range migrated {
-			if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
-				j.logger.Warn("cannot remove a journal record file after moving it into the log", "record", p, "path", path, "error", err)
-			}
-		}
-		if err := syncDir(j.dir); err != nil {
-			j.logger.Warn("cannot sync the journal directory after removing moved record files", "path", j.dir, "error", err)
-		}
-		j.logger.Info("moved journal records from one file each into the log", "records", len(migrated), "path", path)
-	}
-	return nil
-}
-
-// scheduleCompactLocked runs a cleanup compaction (see journal.cleanup)
-// after delay, unless one is scheduled already.
-func (j *journal) scheduleCompactLocked(delay time.Duration) {
-	if j.compactArmed {
-		return
-	}
-	j.compactArmed = true
-	time.AfterFunc(delay, j.compactForCleanup)
-}
-
-func (j *journal) compactForCleanup() {
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	j.compactArmed = false
-	if !j.cleanup || j.usableLocked() != nil {
-		return
-	}
-	if j.writing {
-		j.scheduleCompactLocked(max(compactDelay, 10*time.Millisecond))
-		return
-	}
-	j.writing = true
-	err := j.compactLocked()
-	j.writing = false
-	if err != nil {
-		j.compactBackoff = min(max(2*j.compactBackoff, time.Second), maxCompactBackoff)
-		j.logger.Warn("failed to compact the journal; the log stays in use as it is, compacting is tried again later",
-			"path", j.logPath(), "retry_in", j.compactBackoff, "error", err)
-		if j.usableLocked() == nil {
-			j.scheduleCompactLocked(j.compactBackoff)
-		}
-	} else {
-		j.compactBackoff = 0
-	}
-	// Commits that came meanwhile waited for the compaction to end.
-	if len(j.queue) > 0 {
-		j.writing = true
-		j.writeQueueLocked()
-		j.writing = false
-	}
 }
 
 // created returns the record of a volume created under name, if any.
@@ -1272,35 +796,4 @@ func (j *journal) records() ([]volRecord, []taskRecord) {
 		tasks = append(tasks, t)
 	}
 	return vols, tasks
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return fmt.Errorf("failed to sync journal directory %q: %w", dir, err)
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("failed to sync journal directory %q: %w", dir, err)
-	}
-	return nil
-}
-
-// writeFileSync creates path (mode 0600) holding data, durably.
-func writeFileSync(path string, data []byte) error {
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
-	if err != nil {
-		return err
-	}
-	_, err = f.Write(data)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = syncDir(filepath.Dir(path))
-	}
-	return err
 }

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/csihook/wal"
 )
 
 // The journal's fuzz targets call scanLog, readFrame, encodeFrame,
@@ -68,12 +70,12 @@ func FuzzScanLog(f *testing.F) {
 	f.Add(append(append([]byte{}, frame...), make([]byte, 64)...))
 	f.Add(append(append([]byte{}, frame...), second[:len(second)/2]...))
 	damaged := append(append([]byte{}, frame...), second...)
-	damaged[frameHeader+3] ^= 0x20
+	damaged[wal.HeaderSize+3] ^= 0x20
 	f.Add(damaged)
-	f.Add([]byte(frameMagic + "\x10\x00\x00\x00\x00\x00\x00\x00{\"ops\":[{}]}"))
+	f.Add([]byte(wal.Magic + "\x10\x00\x00\x00\x00\x00\x00\x00{\"ops\":[{}]}"))
 	f.Add(mustFrame(f, []journalOp{{Op: opPutVol}, {Op: opPutTask, Task: &taskRecord{Version: journalVersion}}}))
 	f.Add(mustFrame(f, nil))
-	f.Add([]byte(frameMagic + frameMagic + frameMagic))
+	f.Add([]byte(wal.Magic + wal.Magic + wal.Magic))
 
 	at := time.Date(2026, 1, 2, 0, 0, 0, 0, time.UTC)
 	marker := volRecord{Version: journalVersion, PluginID: "fuzz", VolumeID: "marker", StagingPath: "/s", Updated: at}
@@ -111,9 +113,9 @@ func FuzzScanLog(f *testing.F) {
 
 		// readFrame at any offset stays in the data.
 		for off := 0; off < len(data); off++ {
-			payload, next, ok := readFrame(data, off)
-			if ok && (next <= off || next > len(data) || next-off != frameHeader+len(payload)) {
-				t.Fatalf("readFrame(%d) = %d bytes, next %d, in %d bytes", off, len(payload), next, len(data))
+			payload, next, ok := wal.ReadFrame(data, off)
+			if ok && (next <= off || next > len(data) || next-off != wal.HeaderSize+len(payload)) {
+				t.Fatalf("wal.ReadFrame(%d) = %d bytes, next %d, in %d bytes", off, len(payload), next, len(data))
 			}
 		}
 	})

@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/shoenig/test/must"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/csihook/wal"
 )
 
 // TestReadJournal reads a journal a manager has open: it sees what the
@@ -49,10 +51,10 @@ func TestReadJournal_TornTailAndDamage(t *testing.T) {
 	dir := t.TempDir()
 	j, _ := openTestJournal(t, dir)
 	must.NoError(t, j.commit(volPut(testVol("v1", phaseStaged)), taskPut(testTask("t1", "v1", phasePublished))))
-	second := int(j.size)
+	second := int(j.log.Stats().Size)
 	must.NoError(t, j.commit(volPut(testVol("v2", phaseStaged))))
 	must.NoError(t, j.commit(volPut(testVol("v3", phaseStaged))))
-	end := int(j.size)
+	end := int(j.log.Stats().Size)
 	j.close()
 	path := filepath.Join(dir, logName)
 	data, err := os.ReadFile(path)
@@ -69,7 +71,7 @@ func TestReadJournal_TornTailAndDamage(t *testing.T) {
 	must.Len(t, 1, st.Tasks)
 
 	damaged := append([]byte(nil), data...)
-	damaged[second+frameHeader+4] ^= 0x01
+	damaged[second+wal.HeaderSize+4] ^= 0x01
 	must.NoError(t, os.WriteFile(path, damaged, 0o600))
 	must.NoError(t, os.WriteFile(filepath.Join(dir, "v-0000000000000000.json.bad"), []byte("{"), 0o600))
 	st, err = ReadJournal(dir)

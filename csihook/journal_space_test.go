@@ -18,6 +18,8 @@ import (
 	"github.com/shoenig/test/must"
 	"github.com/shoenig/test/wait"
 	"golang.org/x/sys/unix"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/csihook/wal"
 )
 
 // setCompactDelay sets compactDelay for the test.
@@ -106,7 +108,7 @@ func TestJournal_OpensOnFullDisk(t *testing.T) {
 			dir := filepath.Join(fsDir, "journal")
 			j, _ := openTestJournal(t, dir)
 			must.NoError(t, j.commit(volPut(testVol("v1", phaseStaging)), taskPut(testTask("t1", "v1", phasePublishing))))
-			second := int(j.size)
+			second := int(j.log.Stats().Size)
 			// Published and staged: the log holds secrets no record needs.
 			must.NoError(t, j.commit(volPut(testVol("v1", phaseStaged)), taskPut(testTask("t1", "v1", phasePublished))))
 			v2 := testVol("v2", phaseStaging)
@@ -115,7 +117,7 @@ func TestJournal_OpensOnFullDisk(t *testing.T) {
 			j.close()
 			if tc.damage {
 				data := readLog(t, dir)
-				data[second+frameHeader+10] ^= 0x01
+				data[second+wal.HeaderSize+10] ^= 0x01
 				must.NoError(t, os.WriteFile(filepath.Join(dir, logName), data, 0o600))
 			}
 			want := scanLog(readLog(t, dir), hclog.NewNullLogger()).state
@@ -137,9 +139,7 @@ func TestJournal_OpensOnFullDisk(t *testing.T) {
 				must.SliceEmpty(t, bad)
 			}
 			// A compaction past the size limit fails the same way.
-			j2.mu.Lock()
-			j2.limit = 0
-			j2.mu.Unlock()
+			j2.log.SetLimits(wal.DefaultCompactMin, 0)
 			must.NoError(t, j2.commit(taskDrop("t1", "data")))
 			waitLog(t, logs, "failed to compact the journal; it goes on growing")
 			must.SliceEmpty(t, tmpFiles(t, dir))
@@ -147,7 +147,7 @@ func TestJournal_OpensOnFullDisk(t *testing.T) {
 			must.NoError(t, j2.commit(volPut(testVol("v3", phaseStaged))))
 			live := j2.state.encoded(t)
 			must.Eq(t, live, scanLog(readLog(t, dir), hclog.NewNullLogger()).state.encoded(t))
-			must.Eq(t, 0, j2.compactions)
+			must.Eq(t, 0, j2.log.Stats().Compactions)
 			j2.close()
 
 			// With space again, the next start compacts: the secrets no
@@ -157,7 +157,7 @@ func TestJournal_OpensOnFullDisk(t *testing.T) {
 			j3, logs3 := openTestJournal(t, dir)
 			must.Eq(t, live, j3.state.encoded(t))
 			waitCleanedUp(t, j3)
-			must.Eq(t, 1, j3.compactions)
+			must.Eq(t, 1, j3.log.Stats().Compactions)
 			after := readLog(t, dir)
 			// Only what a live record needs: when the batch that
 			// finished v1 and t1 is lost to damage, they are still
@@ -212,13 +212,11 @@ func TestJournal_FailedCompactionLeavesTheLogInUse(t *testing.T) {
 	// the log holds that no record needs).
 	j2, logs := openTestJournal(t, dir)
 	waitLog(t, logs, "failed to compact the journal; the log stays in use as it is")
-	j2.mu.Lock()
-	j2.limit = 0
-	j2.mu.Unlock()
+	j2.log.SetLimits(wal.DefaultCompactMin, 0)
 	must.NoError(t, j2.commit(taskPut(testTask("t2", "v1", phasePublishing))))
 	waitLog(t, logs, "failed to compact the journal; it goes on growing")
 	must.NoError(t, j2.commit(taskPut(testTask("t2", "v1", phasePublished))))
-	must.Eq(t, 0, j2.compactions)
+	must.Eq(t, 0, j2.log.Stats().Compactions)
 	must.SliceEmpty(t, tmpFiles(t, dir))
 	live := j2.state.encoded(t)
 	must.Eq(t, []string{"task t1/data v1 published", "task t2/data v1 published", "vol p/v1 staged"}, j2.state.summary())
@@ -235,7 +233,7 @@ func TestJournal_SnapshotOfManyLargeRecords(t *testing.T) {
 	dir := t.TempDir()
 	j, logs := openTestJournal(t, dir)
 	big := strings.Repeat("<", MaxMapBytes-1)
-	const n = 180 // 180 records of ~384 KiB: more than maxFrame together
+	const n = 180 // 180 records of ~384 KiB: more than wal.MaxFrame together
 	// As if committed one by one (each fits a frame easily), without
 	// writing each.
 	j.mu.Lock()
@@ -244,18 +242,18 @@ func TestJournal_SnapshotOfManyLargeRecords(t *testing.T) {
 		tr.VolumeContext = map[string]string{"k": big}
 		j.state.apply(taskPut(tr).forDisk())
 	}
-	// The next commit compacts.
-	j.limit = 0
 	j.mu.Unlock()
+	// The next commit compacts.
+	j.log.SetLimits(wal.DefaultCompactMin, 0)
 	must.NoError(t, j.commit(volPut(testVol("v1", phaseStaged))))
-	must.Eq(t, 1, j.compactions)
+	must.Eq(t, 1, j.log.Stats().Compactions)
 	must.StrNotContains(t, logs.String(), "failed to compact")
-	must.Greater(t, int64(maxFrame), j.size)
+	must.Greater(t, int64(wal.MaxFrame), j.log.Stats().Size)
 
 	data := readLog(t, dir)
 	frames := 0
-	for off := 0; off < int(j.size); frames++ {
-		payload, next, ok := readFrame(data, off)
+	for off := 0; off < int(j.log.Stats().Size); frames++ {
+		payload, next, ok := wal.ReadFrame(data, off)
 		must.True(t, ok, must.Sprintf("no frame at %d", off))
 		must.LessEq(t, snapshotFrame, len(payload))
 		off = next
@@ -284,12 +282,12 @@ func TestJournal_BadCopiesRotated(t *testing.T) {
 		j, _ := openTestJournal(t, dir)
 		vol := fmt.Sprintf("v%d", round)
 		must.NoError(t, j.commit(volPut(testVol(vol+"a", phaseStaging))))
-		second := int(j.size)
+		second := int(j.log.Stats().Size)
 		must.NoError(t, j.commit(volPut(testVol(vol+"b", phaseStaging))))
 		must.NoError(t, j.commit(volPut(testVol(vol+"c", phaseStaging))))
 		j.close()
 		data := readLog(t, dir)
-		data[second+frameHeader+10] ^= 0x01
+		data[second+wal.HeaderSize+10] ^= 0x01
 		must.NoError(t, os.WriteFile(filepath.Join(dir, logName), data, 0o600))
 
 		j2, logs := openTestJournal(t, dir)
@@ -399,9 +397,7 @@ func TestJournal_CompactionErrorNamesTheJournal(t *testing.T) {
 	dir := t.TempDir()
 	j, _ := openTestJournal(t, dir)
 	failCompactions(t)
-	j.mu.Lock()
-	err := j.compactLocked()
-	j.mu.Unlock()
+	err := j.log.Compact()
 	must.Error(t, err)
 	must.StrContains(t, err.Error(), `failed to compact journal "`+filepath.Join(dir, logName)+`"`)
 	must.True(t, errors.Is(err, os.ErrClosed) || errors.Is(err, syscall.EBADF), must.Sprint(err))

@@ -14,6 +14,8 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/shoenig/test/must"
 	"github.com/shoenig/test/wait"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/csihook/wal"
 )
 
 // openTestJournal opens the journal in dir, logging into the returned
@@ -122,9 +124,7 @@ func TestJournal_ReplayOrderAndDrops(t *testing.T) {
 func waitCleanedUp(t *testing.T, j *journal) {
 	t.Helper()
 	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
-		j.mu.Lock()
-		defer j.mu.Unlock()
-		return !j.cleanup && !j.compactArmed
+		return !j.log.Stats().CleanupPending
 	}), wait.Timeout(10*time.Second), wait.Gap(5*time.Millisecond)))
 }
 
@@ -139,11 +139,11 @@ func TestJournal_BatchAtomicOnTornTail(t *testing.T) {
 	must.NoError(t, j.commit(volPut(testVol("v1", phaseStaging)), taskPut(testTask("t1", "v1", phasePending))))
 	must.NoError(t, j.commit(taskPut(testTask("t2", "v1", phasePublished))))
 	before := j.state.encoded(t)
-	start := j.size
+	start := j.log.Stats().Size
 	must.NoError(t, j.commit(volPut(testVol("v1", phaseStaged)), taskPut(testTask("t1", "v1", phasePublishing)),
 		taskDrop("t2", "data"), volPut(testVol("v2", phaseStaging))))
 	after := j.state.encoded(t)
-	end := j.size
+	end := j.log.Stats().Size
 	must.NotEq(t, before, after)
 	j.close()
 
@@ -193,23 +193,23 @@ func TestJournal_CorruptTailTruncated(t *testing.T) {
 			return append(d[:end:end], []byte("\x07garbage that is no frame")...)
 		}},
 		{"bit flipped in the last batch", func(d []byte, last, _ int) []byte {
-			d[last+frameHeader+3] ^= 0x10
+			d[last+wal.HeaderSize+3] ^= 0x10
 			return d
 		}},
 		{"length of the last batch too long", func(d []byte, last, _ int) []byte {
 			d[last+4] = 0xee
 			return d
 		}},
-		{"half a header", func(d []byte, last, _ int) []byte { return d[:last+frameHeader/2] }},
+		{"half a header", func(d []byte, last, _ int) []byte { return d[:last+wal.HeaderSize/2] }},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
 			j, _ := openTestJournal(t, dir)
 			must.NoError(t, j.commit(volPut(testVol("v1", phaseStaged)), taskPut(testTask("t1", "v1", phasePublished))))
-			before, last := j.state.encoded(t), int(j.size)
+			before, last := j.state.encoded(t), int(j.log.Stats().Size)
 			must.NoError(t, j.commit(taskPut(testTask("t2", "v1", phasePublishing))))
-			end := int(j.size)
+			end := int(j.log.Stats().Size)
 			j.close()
 			path := filepath.Join(dir, logName)
 			must.NoError(t, os.WriteFile(path, tc.spoil(readLog(t, dir), last, end), 0o600))
@@ -243,15 +243,15 @@ func TestJournal_DamageInTheMiddle(t *testing.T) {
 	dir := t.TempDir()
 	j, _ := openTestJournal(t, dir)
 	must.NoError(t, j.commit(volPut(testVol("v1", phaseStaged)), taskPut(testTask("t1", "v1", phasePublished))))
-	second := int(j.size)
+	second := int(j.log.Stats().Size)
 	must.NoError(t, j.commit(taskPut(testTask("t2", "v1", phasePublished))))
-	third := int(j.size)
+	third := int(j.log.Stats().Size)
 	must.NoError(t, j.commit(volPut(testVol("v2", phaseStaging))))
 	must.NoError(t, j.commit(volPut(testVol("v2", phaseStaged))))
 	j.close()
 	path := filepath.Join(dir, logName)
 	data := readLog(t, dir)
-	data[second+frameHeader+10] ^= 0x01
+	data[second+wal.HeaderSize+10] ^= 0x01
 	must.NoError(t, os.WriteFile(path, data, 0o600))
 
 	j2, logs := openTestJournal(t, dir)
@@ -285,11 +285,10 @@ func TestJournal_RecordOfAnotherVersionSkipped(t *testing.T) {
 	must.NoError(t, j.commit(volPut(testVol("v1", phaseStaged))))
 	v := testVol("v2", phaseStaged)
 	v.Version = journalVersion + 1
-	frame, err := encodeFrame([]journalOp{{Op: opPutVol, Vol: &v}, volDrop(volKey{"p", "v1"})})
+	// Written as is, past the checks a commit makes.
+	payload, err := encodeBatch([]journalOp{{Op: opPutVol, Vol: &v}, volDrop(volKey{"p", "v1"})})
 	must.NoError(t, err)
-	j.mu.Lock()
-	must.NoError(t, writeLog(j.f, j.size, frame, true))
-	j.mu.Unlock()
+	must.NoError(t, j.log.Append(payload, false, nil))
 	j.close()
 
 	j2, logs := openTestJournal(t, dir)
@@ -305,9 +304,7 @@ func TestJournal_RecordOfAnotherVersionSkipped(t *testing.T) {
 func TestJournal_CompactionKeepsLiveRecords(t *testing.T) {
 	dir := t.TempDir()
 	j, _ := openTestJournal(t, dir)
-	j.mu.Lock()
-	j.compactMin, j.limit = 8<<10, 8<<10
-	j.mu.Unlock()
+	j.log.SetLimits(8<<10, 8<<10)
 	for i := range 400 {
 		vol := fmt.Sprintf("v%d", i%7)
 		task := fmt.Sprintf("t%d", i%11)
@@ -319,13 +316,12 @@ func TestJournal_CompactionKeepsLiveRecords(t *testing.T) {
 			ops = append(ops, volDrop(volKey{"p", fmt.Sprintf("v%d", (i+3)%7)}))
 		}
 		must.NoError(t, j.commit(ops...))
-		j.mu.Lock()
-		size, limit := j.size, j.limit
-		j.mu.Unlock()
+		st := j.log.Stats()
+		size, limit := st.Size, st.Limit
 		must.LessEq(t, limit, size, must.Sprintf("commit %d", i))
 	}
 	live := j.state.encoded(t)
-	must.Less(t, int64(16<<10), j.size) // 400 commits of ~1.5 KiB each would be ~600 KiB
+	must.Less(t, int64(16<<10), j.log.Stats().Size) // 400 commits of ~1.5 KiB each would be ~600 KiB
 	fi, err := os.Stat(filepath.Join(dir, logName))
 	must.NoError(t, err)
 	must.Eq(t, os.FileMode(0o600), fi.Mode().Perm())
@@ -344,15 +340,13 @@ func TestJournal_CompactionKeepsLiveRecords(t *testing.T) {
 	j2, _ := openTestJournal(t, dir)
 	must.Eq(t, live, j2.state.encoded(t))
 	must.Eq(t, before, readLog(t, dir))
-	must.Eq(t, 0, j2.compactions)
-	j2.mu.Lock()
-	j2.limit = 0 // as when it has grown past its limit
-	j2.mu.Unlock()
+	must.Eq(t, 0, j2.log.Stats().Compactions)
+	j2.log.SetLimits(wal.DefaultCompactMin, 0) // as when it has grown past its limit
 	must.NoError(t, j2.commit(volPut(testVol("v-last", phaseStaged))))
-	must.Eq(t, 1, j2.compactions)
+	must.Eq(t, 1, j2.log.Stats().Compactions)
 	snapshot, err := encodeSnapshot(j2.state.snapshot())
 	must.NoError(t, err)
-	must.Eq(t, int64(len(snapshot)), j2.size)
+	must.Eq(t, int64(len(snapshot)), j2.log.Stats().Size)
 	must.Eq(t, j2.state.encoded(t), diskJournal(t, dir).encoded(t))
 }
 
@@ -377,8 +371,8 @@ func TestJournal_ConcurrentCommits(t *testing.T) {
 	}
 	wg.Wait()
 	must.MapLen(t, 160, j.state.tasks)
-	must.Eq(t, 320, j.batches)
-	must.LessEq(t, 320, j.syncs)
+	must.Eq(t, 320, j.log.Stats().Batches)
+	must.LessEq(t, 320, j.log.Stats().Syncs)
 	live := j.state.encoded(t)
 	j.close()
 	j2, _ := openTestJournal(t, dir)
@@ -493,26 +487,6 @@ func sortedStrings(s []string) []string {
 
 // After a write that may have reached the disk in part and cannot be cut
 // off, the journal refuses writes; a restart replays what the disk holds.
-func TestJournal_FailedWriteRefusesFurtherWrites(t *testing.T) {
-	dir := t.TempDir()
-	j, logs := openTestJournal(t, dir)
-	must.NoError(t, j.commit(volPut(testVol("v1", phaseStaged))))
-	j.mu.Lock()
-	must.NoError(t, j.f.Close()) // every write and the cut now fail
-	j.mu.Unlock()
-	err := j.commit(volPut(testVol("v2", phaseStaging)))
-	must.ErrorContains(t, err, "failed to write journal")
-	err = j.commit(volPut(testVol("v3", phaseStaging)))
-	must.ErrorContains(t, err, "refuses writes after a failed write")
-	must.StrContains(t, logs.String(), "restart the driver")
-	must.Eq(t, []string{"vol p/v1 staged"}, j.state.summary())
-	j.close()
-
-	j2, _ := openTestJournal(t, dir)
-	must.Eq(t, []string{"vol p/v1 staged"}, j2.state.summary())
-	must.NoError(t, j2.commit(volPut(testVol("v2", phaseStaging))))
-}
-
 // A lazy commit is in the log at once (a driver that dies after it loses
 // nothing) but costs no fdatasync: the next commit's covers it, or a sync
 // of its own within lazySyncDelay, or close.
@@ -523,14 +497,10 @@ func TestJournal_LazyCommits(t *testing.T) {
 	dir := t.TempDir()
 	j, _ := openTestJournal(t, dir)
 	syncs := func() int {
-		j.mu.Lock()
-		defer j.mu.Unlock()
-		return j.syncs
+		return j.log.Stats().Syncs
 	}
 	unsynced := func() bool {
-		j.mu.Lock()
-		defer j.mu.Unlock()
-		return j.unsynced
+		return j.log.Stats().Unsynced
 	}
 
 	base := syncs()

@@ -1111,9 +1111,8 @@ func TestRestart_StagingLostIsStagedAgainBeforeNewPublish(t *testing.T) {
 
 // journalBatches is how many batches the journal has committed.
 func (h *harness) journalBatches() (batches, syncs int) {
-	h.m.journal.mu.Lock()
-	defer h.m.journal.mu.Unlock()
-	return h.m.journal.batches, h.m.journal.syncs
+	st := h.m.journal.log.Stats()
+	return st.Batches, st.Syncs
 }
 
 // TestJournal_BatchesPerStep counts the journal's writes, and how many of

@@ -10,6 +10,8 @@ import (
 	"testing"
 
 	"github.com/shoenig/test/must"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/csihook/wal"
 )
 
 // nsReq is req in a namespace, shareable between tasks.
@@ -106,10 +108,12 @@ func TestNamespace_createdVolumeBelongsToCreator(t *testing.T) {
 }
 
 // rawFrame frames a payload as the journal does, for logs written by
-// hand as an earlier driver wrote them.
+// hand as an earlier driver wrote them. It is written apart from
+// package wal's framing, so that it guards the format too.
 func rawFrame(payload string) []byte {
-	buf := make([]byte, frameHeader, frameHeader+len(payload))
-	copy(buf, frameMagic)
+	castagnoli := crc32.MakeTable(crc32.Castagnoli)
+	buf := make([]byte, wal.HeaderSize, wal.HeaderSize+len(payload))
+	copy(buf, wal.Magic)
 	binary.LittleEndian.PutUint32(buf[4:], uint32(len(payload)))
 	buf = append(buf, payload...)
 	sum := crc32.Update(crc32.Checksum(buf[:8], castagnoli), castagnoli, []byte(payload))

@@ -1,0 +1,489 @@
+package csihook
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"maps"
+	"path/filepath"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+)
+
+// Setup, in the order a volume goes: preflight checks every request of the
+// task (plugin capabilities, sizes, the sharing rules of share.go, the
+// node's volume limit) before any call; each
+// volume is then created or resolved by name, controller-published and
+// staged once per node (ensureVolume), and published for the task
+// (ensurePublished), each step journalled before and after its call.
+
+// Setup makes every requested volume available for the task and returns
+// the host paths to bind into it, in request order. It is all or nothing:
+// on failure the volumes it set up are torn down again (in the background
+// if the plugin does not let that finish). Calling it again for a task
+// already set up returns the same paths without calling the plugins.
+func (m *Manager) Setup(ctx context.Context, taskID string, reqs []VolumeRequest) ([]Published, error) {
+	if taskID == "" {
+		return nil, invalidf("task id must not be empty")
+	}
+	if err := validate(reqs); err != nil {
+		return nil, err
+	}
+	m.awaitPlugins(ctx, taskID, reqs)
+	plans, err := m.preflight(taskID, reqs)
+	if err != nil {
+		return nil, err
+	}
+	// The volumes counted against max_volumes_per_node stay reserved
+	// until this setup ends: by then they are in the journal, or gone.
+	defer m.releaseReserved(plans)
+	out := make([]Published, 0, len(plans))
+	for _, p := range plans {
+		pub, err := m.setupVolume(ctx, taskID, p)
+		if err == nil {
+			out = append(out, pub)
+			continue
+		}
+		var oe *OpError
+		if errors.As(err, &oe) {
+			m.event(taskID, oe.Event(), annotations(p.req.Name, p.req.PluginID, oe.VolumeID))
+		} else {
+			m.event(taskID, fmt.Sprintf("Setting up volume %q failed: %v", p.req.Name, err), annotations(p.req.Name, p.req.PluginID, p.req.VolumeID))
+		}
+		rctx, cancel := m.rollbackContext(ctx)
+		rbErr := m.teardownTask(rctx, taskID)
+		cancel()
+		if rbErr != nil {
+			m.scheduleTeardown(taskID, rbErr)
+			return nil, fmt.Errorf("%w (undoing the task's other volumes failed and is retried in the background: %v)", err, rbErr)
+		}
+		return nil, err
+	}
+	return out, nil
+}
+
+// preflight looks up every plugin and checks capabilities and sharing
+// before anything is written or called, so that a request that cannot
+// work leaves nothing behind.
+func (m *Manager) preflight(taskID string, reqs []VolumeRequest) ([]plan, error) {
+	var (
+		errs  []error
+		plans []plan
+	)
+	for i, req := range reqs {
+		info, err := m.lookupHealthy(req.PluginID)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("volume %q: %w", req.Name, err))
+			continue
+		}
+		if info.ControllerOnly {
+			errs = append(errs, invalidf("volume %q: CSI plugin %q is a controller plugin: it does not run the CSI Node service, so it cannot stage or publish volumes; set plugin_id to a plugin of type node or monolith",
+				req.Name, req.PluginID))
+			continue
+		}
+		req = withMountGroup(req, info)
+		if attachment(req) == AttachmentBlockDevice && !info.Block {
+			errs = append(errs, invalidf("volume %q: CSI plugin %q does not serve attachment_mode = %q: use %q or another plugin",
+				req.Name, req.PluginID, AttachmentBlockDevice, AttachmentFileSystem))
+		}
+		if req.Create != nil && !info.CreateDelete {
+			errs = append(errs, invalidf("volume %q: CSI plugin %q cannot create volumes (no CREATE_DELETE_VOLUME capability): remove the create block and create volume %q another way",
+				req.Name, req.PluginID, req.VolumeID))
+		} else if _, err := m.resizeOf(req, info); err != nil {
+			errs = append(errs, err)
+		}
+		id, _ := m.resolve(req)
+		if err := m.checkNamespace(req, id); err != nil {
+			errs = append(errs, err)
+		}
+		if err := m.checkShare(taskID, req, id); err != nil {
+			errs = append(errs, err)
+		}
+		plans = append(plans, plan{seq: i, req: req, info: info})
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	if err := m.checkVolumeLimit(plans); err != nil {
+		return nil, err
+	}
+	return plans, nil
+}
+
+func (m *Manager) setupVolume(ctx context.Context, taskID string, p plan) (Published, error) {
+	req, info := p.req, p.info
+	o := op{taskID: taskID, name: req.Name, pluginID: req.PluginID, volumeID: req.VolumeID,
+		nodeID: info.NodeID, secrets: []map[string]string{req.Secrets}}
+	volumeID, vctx := m.resolve(req)
+	// Preflight refused what cannot be done; a task that grew the volume
+	// since can make this request a shrink, refused the same way.
+	grow, err := m.resizeOf(req, info)
+	if err != nil {
+		return Published{}, err
+	}
+	if req.Create != nil && !grow {
+		if volumeID, vctx, err = m.create(ctx, taskID, req, info, o); err != nil {
+			return Published{}, err
+		}
+		o.volumeID = volumeID
+	}
+	k := volKey{req.PluginID, volumeID}
+	unlock, err := m.locks.lock(ctx, k.String())
+	if err != nil {
+		return Published{}, fmt.Errorf("gave up waiting for another operation on volume %q (volume_id %q, plugin %q) to finish: %w",
+			req.Name, volumeID, req.PluginID, err)
+	}
+	defer unlock()
+	// Checked again under the volume's lock: a task of another namespace
+	// may have claimed the volume since preflight.
+	if err := m.checkNamespace(req, volumeID); err != nil {
+		return Published{}, err
+	}
+	if err := m.checkShare(taskID, req, volumeID); err != nil {
+		return Published{}, err
+	}
+	if grow {
+		if err := m.expandController(ctx, taskID, req, info, o, volumeID); err != nil {
+			return Published{}, err
+		}
+	}
+
+	target := m.TargetPath(taskID, req.Name)
+	pub := Published{Name: req.Name, HostPath: target, Destination: req.Destination,
+		ReadOnly: req.ReadOnly || !writerMode(req.AccessMode), Block: attachment(req) == AttachmentBlockDevice}
+
+	tr, ok := m.taskRec(taskID, req.Name)
+	if ok && tr.key() != k {
+		return Published{}, invalidf("volume %q: task %q already uses this name for volume_id %q", req.Name, taskID, tr.VolumeID)
+	}
+	if ok && tr.State == phasePublished {
+		if mounted, err := m.cfg.Mounter.IsMountPoint(target); err == nil && mounted {
+			m.logger.Debug("volume already published", "task_id", taskID, "volume", req.Name, "volume_id", volumeID, "target_path", target)
+			return pub, nil
+		}
+	}
+
+	vol, ok := m.vol(k)
+	if ok && m.users(k) == 0 && (vol.AccessMode != req.AccessMode || vol.AttachmentMode != attachment(req) || vol.FSType != req.FSType || vol.MountGroup != req.MountGroup) {
+		// Left over with another capability and nobody using it: take it
+		// down before staging it anew.
+		if err := m.releaseLocked(ctx, taskID, req.Name, k, nil); err != nil {
+			return Published{}, err
+		}
+		ok = false
+	}
+	if ok && len(vol.Secrets) == 0 {
+		// The log keeps secrets only while a call needs them: loaded
+		// after a restart, a staged volume has none, and staging it
+		// again takes the request's.
+		vol.Secrets = req.Secrets
+	}
+	// New records go out in one batch with the first record of a call,
+	// before that call: nothing is called for the volume until then. The
+	// first namespace to use the volume becomes its owner with them.
+	pending := m.claimOwner(req, volumeID)
+	if !ok {
+		vol = volRecord{
+			PluginID: req.PluginID, VolumeID: volumeID, StagingPath: m.StagingPath(req.PluginID, volumeID),
+			AccessMode: req.AccessMode, AttachmentMode: attachment(req), FSType: req.FSType,
+			MountFlags: req.MountFlags, VolumeContext: vctx, Secrets: req.Secrets, Server: info.Server,
+			MountGroup: req.MountGroup, HadSecrets: len(req.Secrets) > 0,
+		}
+		pending = append(pending, volPut(vol))
+	} else if vol.Server == "" && info.Server != "" {
+		// Recorded before servers were kept: what serves the id now set
+		// it up as far as anyone can tell.
+		vol.Server = info.Server
+		pending = append(pending, volPut(vol))
+	}
+	if existing, ok := m.taskRec(taskID, req.Name); ok {
+		tr = existing
+	} else {
+		tr = taskRecord{
+			TaskID: taskID, Name: req.Name, Seq: p.seq, PluginID: req.PluginID, VolumeID: volumeID,
+			Target: target, Destination: req.Destination, ReadOnly: pub.ReadOnly,
+			AccessMode: req.AccessMode, AttachmentMode: attachment(req), FSType: req.FSType,
+			MountFlags: req.MountFlags, VolumeContext: vctx, Secrets: req.Secrets, HadSecrets: len(req.Secrets) > 0,
+			MountGroup: req.MountGroup, ApplyGroup: req.applyGroup,
+			// The intent to publish goes out with the volume's first
+			// record, so that no commit waits between the calls.
+			State: phasePublishing, notCalled: true,
+		}
+		// Once written the task counts as a user: nobody unstages under
+		// it.
+		pending = append(pending, taskPut(tr))
+	}
+	if vol, pending, err = m.ensureVolume(ctx, taskID, req.Name, info, vol, false, pending); err != nil {
+		return Published{}, err
+	}
+	if err := m.ensurePublished(ctx, info, vol, tr, pending); err != nil {
+		return Published{}, err
+	}
+	if err := m.expandNode(ctx, taskID, req, info, o, vol, tr); err != nil {
+		return Published{}, err
+	}
+	return pub, nil
+}
+
+// create calls CreateVolume named after the request's volume id and returns
+// the plugin's id and volume context (merged over the request's).
+func (m *Manager) create(ctx context.Context, taskID string, req VolumeRequest, info PluginInfo, o op) (string, map[string]string, error) {
+	o.method = MethodCreateVolume
+	_, _, ctrl, err := m.pluginClients(o)
+	if err != nil {
+		return "", nil, err
+	}
+	m.event(taskID, fmt.Sprintf("Creating volume %q", req.Name), annotations(req.Name, req.PluginID, req.VolumeID))
+	creq := &csi.CreateVolumeRequest{
+		Name:               req.VolumeID,
+		VolumeCapabilities: []*csi.VolumeCapability{capability(req.AccessMode, attachment(req), req.FSType, req.MountFlags)},
+		Parameters:         maps.Clone(req.Create.Parameters),
+		Secrets:            req.Secrets,
+		// The node's topology, when the plugin has one (topology.go).
+		AccessibilityRequirements: accessibility(info),
+	}
+	if req.Create.CapacityMin > 0 || req.Create.CapacityMax > 0 {
+		creq.CapacityRange = &csi.CapacityRange{RequiredBytes: req.Create.CapacityMin, LimitBytes: req.Create.CapacityMax}
+	}
+	var resp *csi.CreateVolumeResponse
+	err = m.call(ctx, o, func(ctx context.Context) error {
+		var err error
+		resp, err = ctrl.CreateVolume(ctx, creq)
+		return err
+	})
+	if err != nil {
+		return "", nil, err
+	}
+	id := resp.GetVolume().GetVolumeId()
+	if id == "" {
+		return "", nil, &OpError{Method: o.method, Volume: req.Name, VolumeID: req.VolumeID, PluginID: req.PluginID,
+			Code: codes.Internal, Message: "the plugin answered without a volume id", Hint: hint(o.method, codes.Internal, req.VolumeID, req.PluginID, "")}
+	}
+	vctx := maps.Clone(req.Context)
+	if vctx == nil {
+		vctx = map[string]string{}
+	}
+	maps.Copy(vctx, resp.GetVolume().GetVolumeContext())
+	m.logger.Info("volume created", "task_id", taskID, "volume", req.Name, "plugin_id", req.PluginID, "volume_id", id)
+	rec := createdRecord{PluginID: req.PluginID, Name: req.VolumeID, VolumeID: id, VolumeContext: resp.GetVolume().GetVolumeContext(),
+		Requested: req.Create.CapacityMin, Capacity: resp.GetVolume().GetCapacityBytes()}
+	// The namespace that created the volume owns it from now on, used or
+	// not (unless another owns the id the plugin answered with, which
+	// Setup then refuses).
+	if err := m.journal.commit(append(m.claimOwner(req, id), createdPut(rec))...); err != nil {
+		return "", nil, err
+	}
+	if err := m.checkAccessible(req, info, resp.GetVolume()); err != nil {
+		return "", nil, err
+	}
+	return id, vctx, nil
+}
+
+// resolve returns the plugin's id and the volume context for a request:
+// for a volume this node created under the request's volume_id, the id and
+// context the plugin gave it (the request's context merged under the
+// plugin's); otherwise the request's own.
+func (m *Manager) resolve(req VolumeRequest) (string, map[string]string) {
+	vctx := maps.Clone(req.Context)
+	c, ok := m.journal.created(req.PluginID, req.VolumeID)
+	if !ok {
+		return req.VolumeID, vctx
+	}
+	if vctx == nil {
+		vctx = map[string]string{}
+	}
+	maps.Copy(vctx, c.VolumeContext)
+	return c.VolumeID, vctx
+}
+
+// ensureVolume brings a volume to controller-published (when the plugin
+// needs it) and staged (when the plugin stages), journalling each step
+// before and after its call. With restage, a staged volume is staged again
+// (idempotent for the plugin) to repair a lost staging mount. The caller
+// holds the volume's lock.
+//
+// pending are journal writes not made yet; they go out in one batch with
+// the record of the first call, before it. The result of the last call is
+// not written either: it is returned with pending (or pending itself when
+// nothing was called), for the caller to write with its next record or on
+// its own. Until then that call counts as uncertain, which recovery
+// settles by calling again; nothing is lost but a repeated call.
+func (m *Manager) ensureVolume(ctx context.Context, taskID, name string, info PluginInfo, vol volRecord, restage bool, pending []journalOp) (volRecord, []journalOp, error) {
+	o := op{taskID: taskID, name: name, pluginID: vol.PluginID, volumeID: vol.VolumeID, nodeID: vol.NodeID,
+		secrets: []map[string]string{vol.Secrets}}
+	ann := annotations(name, vol.PluginID, vol.VolumeID)
+	vc := capability(vol.AccessMode, vol.AttachmentMode, vol.FSType, vol.MountFlags)
+	stageVC := withGroup(capability(vol.AccessMode, vol.AttachmentMode, vol.FSType, vol.MountFlags), vol.MountGroup)
+	needCtrl := info.ControllerPublish || vol.Controller != phaseNone
+	needStage := info.StageUnstage || vol.Stage != phaseNone
+	if vol.Stage == phaseStaged && !restage && !m.isVerified(vol.key()) {
+		if ok, err := m.cfg.Mounter.IsMountPoint(vol.StagingPath); err == nil && ok {
+			m.setVerified(vol.key(), true)
+		} else {
+			m.logger.Info("staging from before a restart not found mounted; staging again", "plugin_id", vol.PluginID,
+				"volume_id", vol.VolumeID, "staging_path", vol.StagingPath)
+			restage = true
+		}
+	}
+	if (!needCtrl || vol.Controller == phasePublished) && (!needStage || (vol.Stage == phaseStaged && !restage)) {
+		return vol, pending, nil
+	}
+	o.method = MethodNodeStageVolume
+	info, node, ctrl, err := m.pluginClients(o)
+	if err != nil {
+		return vol, pending, err
+	}
+
+	if needCtrl && vol.Controller != phasePublished {
+		if vol.NodeID == "" {
+			vol.NodeID = info.NodeID
+		}
+		if vol.NodeID == "" {
+			o.method = MethodNodeGetInfo
+			err := m.call(ctx, o, func(ctx context.Context) error {
+				resp, err := node.NodeGetInfo(ctx, &csi.NodeGetInfoRequest{})
+				vol.NodeID = resp.GetNodeId()
+				return err
+			})
+			if err != nil {
+				return vol, pending, err
+			}
+			if vol.NodeID == "" {
+				return vol, pending, &OpError{Method: o.method, Volume: name, VolumeID: vol.VolumeID, PluginID: vol.PluginID,
+					Code: codes.Internal, Message: "the plugin answered without a node id", Hint: hint(o.method, codes.Internal, vol.VolumeID, vol.PluginID, "")}
+			}
+		}
+		o.nodeID = vol.NodeID
+		vol.Controller = phasePublishing
+		if err := m.commit(append(pending, volPut(vol))...); err != nil {
+			return vol, nil, err
+		}
+		pending = nil
+		m.event(taskID, fmt.Sprintf("Attaching volume %q", name), ann)
+		o.method = MethodControllerPublishVolume
+		var pctx map[string]string
+		err := m.call(ctx, o, func(ctx context.Context) error {
+			resp, err := ctrl.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{
+				VolumeId: vol.VolumeID, NodeId: vol.NodeID, VolumeCapability: vc,
+				Readonly: !writerMode(vol.AccessMode), Secrets: vol.Secrets, VolumeContext: vol.VolumeContext,
+			})
+			pctx = resp.GetPublishContext()
+			return err
+		})
+		if err != nil {
+			return vol, nil, err
+		}
+		vol.PublishContext, vol.Controller = pctx, phasePublished
+		pending = []journalOp{volPut(vol)}
+	}
+
+	if needStage && (vol.Stage != phaseStaged || restage) {
+		if err := m.makeDir(vol.StagingPath); err != nil {
+			return vol, pending, fmt.Errorf("failed to create staging directory %q for volume %q: %w", vol.StagingPath, name, err)
+		}
+		vol.Stage = phaseStaging
+		if err := m.commit(append(pending, volPut(vol))...); err != nil {
+			return vol, nil, err
+		}
+		pending = nil
+		m.event(taskID, fmt.Sprintf("Staging volume %q", name), ann)
+		o.method, o.path = MethodNodeStageVolume, vol.StagingPath
+		err := m.call(ctx, o, func(ctx context.Context) error {
+			_, err := node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{
+				VolumeId: vol.VolumeID, PublishContext: vol.PublishContext, StagingTargetPath: vol.StagingPath,
+				VolumeCapability: stageVC, Secrets: vol.Secrets, VolumeContext: vol.VolumeContext,
+			})
+			return err
+		})
+		if err != nil {
+			return vol, nil, err
+		}
+		vol.Stage = phaseStaged
+		pending = []journalOp{volPut(vol)}
+		m.setVerified(vol.key(), true)
+	}
+	return vol, pending, nil
+}
+
+func (m *Manager) isVerified(k volKey) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.verified[k]
+}
+
+func (m *Manager) setVerified(k volKey, ok bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if ok {
+		m.verified[k] = true
+	} else {
+		delete(m.verified, k)
+	}
+}
+
+// ensurePublished publishes a task's volume at its target, journalling
+// before and after the call; pending go out with the record before it.
+// The caller holds the volume's lock.
+func (m *Manager) ensurePublished(ctx context.Context, info PluginInfo, vol volRecord, tr taskRecord, pending []journalOp) error {
+	o := op{method: MethodNodePublishVolume, taskID: tr.TaskID, name: tr.Name, pluginID: tr.PluginID,
+		volumeID: tr.VolumeID, nodeID: vol.NodeID, path: tr.Target, secrets: []map[string]string{tr.Secrets}}
+	_, node, _, err := m.pluginClients(o)
+	if err != nil {
+		return err
+	}
+	// The CO makes the parent; the plugin makes the target (CSI spec).
+	if err := m.makeDir(filepath.Dir(tr.Target)); err != nil {
+		return fmt.Errorf("failed to create the publish directory of volume %q: %w", tr.Name, err)
+	}
+	// The intent is durable already when it went out with the volume's
+	// first record; the results before this call then go out with this
+	// call's.
+	if cur, ok := m.taskRec(tr.TaskID, tr.Name); ok && cur.State == phasePublishing {
+		tr = cur
+		tr.notCalled = false
+		m.apply([]journalOp{taskPut(tr)})
+	} else {
+		tr.State, tr.notCalled = phasePublishing, false
+		if err := m.commit(append(pending, taskPut(tr))...); err != nil {
+			return err
+		}
+		pending = nil
+	}
+	staging := ""
+	if vol.Stage == phaseStaged {
+		staging = vol.StagingPath
+	}
+	err = m.call(ctx, o, func(ctx context.Context) error {
+		_, err := node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{
+			VolumeId: tr.VolumeID, PublishContext: vol.PublishContext, StagingTargetPath: staging,
+			TargetPath: tr.Target, VolumeCapability: withGroup(capability(tr.AccessMode, tr.AttachmentMode, tr.FSType, tr.MountFlags), tr.MountGroup),
+			Readonly: tr.ReadOnly, Secrets: tr.Secrets, VolumeContext: tr.VolumeContext,
+		})
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	// Creating target_path is the plugin's job (CSI spec); a plugin that
+	// answers OK without it did not publish anything, and the task must
+	// not start on an empty directory of ours.
+	if _, err := m.cfg.Mounter.IsMountPoint(tr.Target); errors.Is(err, fs.ErrNotExist) {
+		return &OpError{Method: o.method, Volume: o.name, VolumeID: o.volumeID, PluginID: o.pluginID, Code: codes.Internal,
+			Message: fmt.Sprintf("the plugin reported success but did not create the target path %q, which the CSI spec leaves to the plugin", tr.Target),
+			Hint: fmt.Sprintf("plugin %q did not publish the volume on this node (a mock plugin does not); check the plugin's logs, "+
+				"or use a plugin that mounts volumes at target_path", o.pluginID)}
+	}
+	if tr.ApplyGroup != "" {
+		if err := applyVolumeGroup(tr.Target, tr.ApplyGroup); err != nil {
+			return fmt.Errorf("volume %q: mount_group = true: %w", tr.Name, err)
+		}
+	}
+	tr.State = phasePublished
+	if err := m.commitLazy(append(pending, taskPut(tr))...); err != nil {
+		return err
+	}
+	m.event(tr.TaskID, fmt.Sprintf("Published volume %q at %s", tr.Name, tr.Destination), annotations(tr.Name, tr.PluginID, tr.VolumeID))
+	return nil
+}

@@ -1,0 +1,263 @@
+package csihook
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"maps"
+	"os"
+	"path/filepath"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+)
+
+// Teardown, the reverse of Setup: each task volume is unpublished
+// (unpublishLocked); a volume no other task uses any more is unstaged and
+// detached (releaseLocked). What fails for a reason that may pass is
+// retried in the background; what was dropped from the task's records but
+// not released is kept in unreleased until a retry releases it.
+
+// Teardown unpublishes every volume of the task, then unstages and
+// detaches those no other task on this node uses, in the reverse order of
+// Setup. A task without volumes is success. When a step fails for a reason
+// that may pass (the plugin is down, busy or slow), the rest is retried in
+// the background until it succeeds, reported through Events, and the
+// returned error says so.
+func (m *Manager) Teardown(ctx context.Context, taskID string) error {
+	err := m.teardownTask(ctx, taskID)
+	if err == nil {
+		return nil
+	}
+	if permanent(err) {
+		m.event(taskID, fmt.Sprintf("%s: not retrying; the journal keeps the volume for the next driver start", summary(err)), nil)
+		return fmt.Errorf("failed to tear down the volumes of task %q: %w", taskID, err)
+	}
+	m.scheduleTeardown(taskID, err)
+	return fmt.Errorf("failed to tear down the volumes of task %q, retrying in the background: %w", taskID, err)
+}
+
+// teardownTask unpublishes the task's volumes and releases those nobody
+// else uses, then tries again the releases that failed in an earlier
+// attempt after the task's record was gone.
+func (m *Manager) teardownTask(ctx context.Context, taskID string) error {
+	var errs []error
+	earlier := m.unreleasedOf(taskID)
+	for _, tr := range m.taskRecs(taskID) {
+		if err := m.teardownVolume(ctx, tr.TaskID, tr.Name); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for k, name := range earlier {
+		if err := m.releaseAgain(ctx, taskID, name, k); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if len(errs) == 0 {
+		m.removeIfEmpty(m.taskDir(taskID))
+	}
+	return errors.Join(errs...)
+}
+
+func (m *Manager) teardownVolume(ctx context.Context, taskID, name string) error {
+	tr, ok := m.taskRec(taskID, name)
+	if !ok {
+		return nil
+	}
+	unlock, err := m.locks.lock(ctx, tr.key().String())
+	if err != nil {
+		return fmt.Errorf("gave up waiting for another operation on volume %q (volume_id %q, plugin %q) to finish: %w",
+			name, tr.VolumeID, tr.PluginID, err)
+	}
+	defer unlock()
+	if tr, ok = m.taskRec(taskID, name); !ok {
+		return nil
+	}
+	drop, err := m.unpublishLocked(ctx, tr)
+	if err != nil {
+		return err
+	}
+	if err := m.releaseLocked(ctx, taskID, name, tr.key(), drop); err != nil {
+		if _, ok := m.taskRec(taskID, name); !ok {
+			// The drop went out with the volume's "unstaging" or
+			// "unpublishing": remember the volume for the retry.
+			m.setUnreleased(taskID, tr.key(), name)
+		}
+		return err
+	}
+	return nil
+}
+
+// releaseAgain retries the release of a volume a task no longer has a
+// record of. Nothing is called when another task uses the volume by now
+// or its record is gone.
+func (m *Manager) releaseAgain(ctx context.Context, taskID, name string, k volKey) error {
+	unlock, err := m.locks.lock(ctx, k.String())
+	if err != nil {
+		return fmt.Errorf("gave up waiting for another operation on volume %q (volume_id %q, plugin %q) to finish: %w",
+			name, k.volume, k.plugin, err)
+	}
+	defer unlock()
+	if err := m.releaseLocked(ctx, taskID, name, k, nil); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.unreleased[taskID], k)
+	if len(m.unreleased[taskID]) == 0 {
+		delete(m.unreleased, taskID)
+	}
+	return nil
+}
+
+func (m *Manager) setUnreleased(taskID string, k volKey, name string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.unreleased[taskID] == nil {
+		m.unreleased[taskID] = map[volKey]string{}
+	}
+	m.unreleased[taskID][k] = name
+}
+
+func (m *Manager) unreleasedOf(taskID string) map[volKey]string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return maps.Clone(m.unreleased[taskID])
+}
+
+// unpublishLocked unpublishes one task volume and returns the drop of its
+// record, not written yet: it goes out with the next record of the volume
+// or on its own (see releaseLocked). Until then the unpublish counts as
+// uncertain and the task as a user of the volume. The caller holds the
+// volume's lock.
+func (m *Manager) unpublishLocked(ctx context.Context, tr taskRecord) ([]journalOp, error) {
+	if tr.State != phasePending && !tr.notCalled {
+		o := op{method: MethodNodeUnpublishVolume, taskID: tr.TaskID, name: tr.Name, pluginID: tr.PluginID,
+			volumeID: tr.VolumeID, path: tr.Target, notFoundOK: true, secrets: []map[string]string{tr.Secrets}}
+		if tr.State != phaseUnpublishing {
+			tr.State = phaseUnpublishing
+			if err := m.commit(taskPut(tr)); err != nil {
+				return nil, err
+			}
+		}
+		_, node, _, err := m.pluginClients(o)
+		if err != nil {
+			return nil, err
+		}
+		m.event(tr.TaskID, fmt.Sprintf("Unpublishing volume %q", tr.Name), annotations(tr.Name, tr.PluginID, tr.VolumeID))
+		err = m.call(ctx, o, func(ctx context.Context) error {
+			_, err := node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: tr.VolumeID, TargetPath: tr.Target})
+			return err
+		})
+		if err != nil {
+			return nil, err
+		}
+		if err := m.checkGone(o, tr.Target); err != nil {
+			return nil, err
+		}
+		m.logger.Info("volume unpublished", "task_id", tr.TaskID, "volume", tr.Name, "plugin_id", tr.PluginID,
+			"volume_id", tr.VolumeID, "target_path", tr.Target)
+	}
+	return []journalOp{taskDrop(tr.TaskID, tr.Name)}, nil
+}
+
+// releaseLocked unstages and detaches a volume when no task on this node
+// uses it any more, and drops its record. pending are task record drops
+// not written yet: they go out with the record before the first call, or
+// on their own, and the tasks they drop no longer count as users. The
+// result of a call is written with the record of the next call. The
+// caller holds the volume's lock.
+func (m *Manager) releaseLocked(ctx context.Context, taskID, name string, k volKey, pending []journalOp) error {
+	vol, ok := m.vol(k)
+	if !ok || m.usersAfter(k, pending) > 0 {
+		return m.commitLazy(pending...)
+	}
+	o := op{taskID: taskID, name: name, pluginID: vol.PluginID, volumeID: vol.VolumeID, nodeID: vol.NodeID,
+		notFoundOK: true, secrets: []map[string]string{vol.Secrets}}
+	ann := annotations(name, vol.PluginID, vol.VolumeID)
+	if vol.Stage != phaseNone {
+		o.method, o.path = MethodNodeUnstageVolume, vol.StagingPath
+		if vol.Stage != phaseUnstaging {
+			vol.Stage = phaseUnstaging
+			pending = append(pending, volPut(vol))
+		}
+		if err := m.commit(pending...); err != nil {
+			return err
+		}
+		pending = nil
+		_, node, _, err := m.pluginClients(o)
+		if err != nil {
+			return err
+		}
+		m.event(taskID, fmt.Sprintf("Unstaging volume %q", name), ann)
+		err = m.call(ctx, o, func(ctx context.Context) error {
+			_, err := node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: vol.VolumeID, StagingTargetPath: vol.StagingPath})
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		if err := m.checkGone(o, vol.StagingPath); err != nil {
+			return err
+		}
+		vol.Stage = phaseNone
+		pending = append(pending, volPut(vol))
+	}
+	if vol.Controller != phaseNone {
+		o.method, o.path = MethodControllerUnpublishVolume, ""
+		if vol.NodeID == "" {
+			// An empty node id would detach the volume from every node.
+			m.logger.Warn("not detaching volume without a node id", "plugin_id", vol.PluginID, "volume_id", vol.VolumeID)
+		} else {
+			if vol.Controller != phaseUnpublishing {
+				vol.Controller = phaseUnpublishing
+				pending = append(pending, volPut(vol))
+			}
+			if err := m.commit(pending...); err != nil {
+				return err
+			}
+			pending = nil
+			_, _, ctrl, err := m.pluginClients(o)
+			if err != nil {
+				return err
+			}
+			m.event(taskID, fmt.Sprintf("Detaching volume %q", name), ann)
+			err = m.call(ctx, o, func(ctx context.Context) error {
+				_, err := ctrl.ControllerUnpublishVolume(ctx, &csi.ControllerUnpublishVolumeRequest{
+					VolumeId: vol.VolumeID, NodeId: vol.NodeID, Secrets: vol.Secrets,
+				})
+				return err
+			})
+			if err != nil {
+				return err
+			}
+		}
+	}
+	if err := m.commitLazy(append(pending, volDrop(k))...); err != nil {
+		return err
+	}
+	m.setVerified(k, false)
+	m.removeIfEmpty(filepath.Dir(vol.StagingPath))
+	m.logger.Info("volume released on this node", "task_id", taskID, "plugin_id", vol.PluginID, "volume_id", vol.VolumeID)
+	return nil
+}
+
+// checkGone makes sure the plugin really took its mount away from path
+// after it said so, then removes what the plugin left of path when it is
+// empty. A path still mounted is an Internal failure, retried like others.
+func (m *Manager) checkGone(o op, path string) error {
+	mounted, err := m.cfg.Mounter.IsMountPoint(path)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		m.logger.Warn("cannot check mount", "path", path, "error", err)
+	}
+	if err == nil && mounted {
+		return &OpError{Method: o.method, Volume: o.name, VolumeID: o.volumeID, PluginID: o.pluginID, Code: codes.Internal,
+			Message: fmt.Sprintf("the plugin reported success but %q is still mounted", path),
+			Hint:    hint(o.method, codes.Internal, o.volumeID, o.pluginID, "")}
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		m.logger.Warn("left a path the plugin did not remove", "path", path, "error", err)
+	}
+	return nil
+}
