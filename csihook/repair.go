@@ -307,8 +307,10 @@ func (m *Manager) stale(path string) (bool, error) {
 	}
 	done := make(chan answer, 1)
 	go func() {
-		defer m.staleChecks.Delete(path)
 		dead, err := m.cfg.Mounter.Stale(path)
+		// Before the answer: a caller that has it may check the path again
+		// at once, and must not find this check still running.
+		m.staleChecks.Delete(path)
 		done <- answer{dead, err}
 	}()
 	t := time.NewTimer(staleCheckTimeout)
