@@ -32,7 +32,12 @@ const drainWorkloads = 2
 // is still retried in the background when Nomad stops the plugin, and the
 // plugin's stop waits for it (csi_plugin stop_wait, with a task event). The
 // drained client is left with no volume mount under its root_dir and no
-// journal record. Needs root.
+// journal record. Beside them a workload of a native volume (registered
+// with Nomad, served by the fixture with Nomad's csi_plugin block, also a
+// system job) runs on the client: it moves too, with its data, and the
+// servers hold no claim of the volume for an allocation on the drained
+// client, whose instance of that plugin holds nothing staged or published
+// and whose Nomad CSI directory has no mount of it. Needs root.
 func TestClusterDrain(t *testing.T) {
 	requireCSI(t)
 	clusterLong(t)
@@ -73,6 +78,8 @@ func TestClusterDrain(t *testing.T) {
 		must.SliceEmpty(t, target.WaitVolMountsGone(30*time.Second), must.Sprint("volume mounts left on the drained client"))
 		must.SliceEmpty(t, target.WaitVolJournalClear(30*time.Second), must.Sprint("journal records left on the drained client"))
 	})
+
+	t.Run("native_claims_released", func(t *testing.T) { d.nativeReleased(t, target) })
 }
 
 // Case 3: the drain with -ignore-system, then the plugin's job stopped
@@ -80,7 +87,10 @@ func TestClusterDrain(t *testing.T) {
 // drained client cannot finish (every NodeUnstageVolume there fails):
 // the plugin's stop waits stop_wait and no longer, and says what is left.
 // Nothing is stranded: once the plugin's job runs again on that client,
-// the teardown completes (no mount, no journal record). Needs root.
+// the teardown completes (no mount, no journal record, the plugin's
+// instance there holds nothing staged or published), and the native
+// volume's workload moved with its claim: none is left for the drained
+// client (the native plugin, a system job too, stayed). Needs root.
 func TestClusterDrainIgnoreSystem(t *testing.T) {
 	requireCSI(t)
 	clusterLong(t)
@@ -109,7 +119,14 @@ func TestClusterDrainIgnoreSystem(t *testing.T) {
 		// The background retry's backoff grows to 2 minutes.
 		must.SliceEmpty(t, target.WaitVolJournalClear(3*time.Minute), must.Sprint("journal records left on the drained client"))
 		must.SliceEmpty(t, target.WaitVolMountsGone(30*time.Second), must.Sprint("volume mounts left on the drained client"))
+		for _, n := range d.names {
+			held, err := d.p.Held(d.p.VolumeID(n))
+			must.NoError(t, err)
+			must.SliceEmpty(t, held, must.Sprintf("the plugin on the drained client still holds volume %s", n))
+		}
 	})
+
+	t.Run("native_claims_released", func(t *testing.T) { d.nativeReleased(t, target) })
 	// The workloads go before the plugin that serves them (the cleanup
 	// stops the newest job first).
 	for _, j := range d.jobs {
@@ -130,6 +147,11 @@ type drainCase struct {
 	names, dests []string
 	// before maps each job to its allocation on target.
 	before map[string]string
+	// The native volume nvol of plugin nfx, used at ndest by job njob.
+	nfx   *ClusterNativeFixture
+	nvol  string
+	njob  Job
+	ndest string
 }
 
 func startDrainCase(t *testing.T, pluginID, stopWait, unstageFault string) *drainCase {
@@ -137,6 +159,10 @@ func startDrainCase(t *testing.T, pluginID, stopWait, unstageFault string) *drai
 	c := StartCluster(t, clusterClients, AgentOptions{AllowPrivileged: true})
 	fx, _ := c.StartClusterFixtureWith(t, pluginID, map[string]string{"StopWait": stopWait})
 	target := c.Clients[1]
+	// The native plugin goes on every client before they turn ineligible.
+	nvol := volUniq(pluginID + "-native")
+	nfx, err := c.StartClusterNativeFixture(pluginID+"n", nvol)
+	must.NoError(t, err)
 
 	// The workloads go to the target: the other clients take nothing new
 	// until the drain.
@@ -145,7 +171,15 @@ func startDrainCase(t *testing.T, pluginID, stopWait, unstageFault string) *drai
 			must.NoError(t, c.SetEligible(a, false))
 		}
 	}
-	d := &drainCase{c: c, fx: fx, target: target, before: map[string]string{}}
+	d := &drainCase{c: c, fx: fx, target: target, before: map[string]string{}, nfx: nfx, nvol: nvol}
+	d.ndest = filepath.Join(c.Server.Dir, "mnt", d.nvol)
+	d.njob, err = c.Server.RenderJob("native_workload", map[string]string{
+		"Driver": DriverName, "Type": "service", "Count": "1", "VolumeID": d.nvol, "AccessMode": "single-node-writer",
+		"Dest": d.ndest, "Script": fmt.Sprintf("echo native > %s/file\nexec sleep 3600", d.ndest),
+	})
+	must.NoError(t, err)
+	_, err = c.Server.SubmitRendered(d.njob)
+	must.NoError(t, err)
 	for i := 0; i < drainWorkloads; i++ {
 		name := volUniq(fmt.Sprintf("drain%d", i))
 		dest := filepath.Join(volDir(c.Server, name), "data")
@@ -158,7 +192,7 @@ func startDrainCase(t *testing.T, pluginID, stopWait, unstageFault string) *drai
 		}))
 		d.names = append(d.names, name)
 	}
-	for _, j := range d.jobs {
+	for _, j := range append([]Job{d.njob}, d.jobs...) {
 		al := c.Server.WaitAlloc(t, j.ID, volTimeout, StatusRunning)
 		must.Eq(t, target.NodeID, al.NodeID, must.Sprintf("job %s placed on %s", j.ID, al.NodeID))
 		d.before[j.ID] = al.ID
@@ -188,6 +222,30 @@ func (d *drainCase) workloadsMoved(t *testing.T) {
 		out := volExec(t, d.c.Server, al.ID, "cat "+d.dests[i]+"/file")
 		must.StrContains(t, out, "written")
 	}
+	// The native volume's workload, with what it wrote on target.
+	al := d.c.Server.WaitAlloc(t, d.njob.ID, volTimeout, StatusRunning)
+	must.NotEq(t, d.before[d.njob.ID], al.ID)
+	must.NotEq(t, d.target.NodeID, al.NodeID, must.Sprintf("job %s still on the drained client", d.njob.ID))
+	must.StrContains(t, volExec(t, d.c.Server, al.ID, "cat "+d.ndest+"/file"), "native")
+}
+
+// nativeReleased checks that nothing of the native volume is left on
+// client a: the servers hold no read or write claim of it for an
+// allocation on a (the volume watcher released it), the plugin's instance
+// on a holds nothing staged or published, and nothing under a's Nomad CSI
+// directory is a mount of it. The workload that moved holds its claim
+// elsewhere.
+func (d *drainCase) nativeReleased(t *testing.T, a *Agent) {
+	left, err := d.c.Server.WaitNativeClaimsOffNode(d.nvol, a.NodeID, 2*time.Minute)
+	must.NoError(t, err)
+	must.SliceEmpty(t, left, must.Sprintf("claims of volume %s left for allocations on %s: %v", d.nvol, a.NodeName(), left))
+	v, err := d.c.Server.NativeVolume(d.nvol)
+	must.NoError(t, err)
+	must.MapLen(t, 1, v.WriteAllocs, must.Sprint("the moved workload's claim"))
+	held, err := d.nfx.Held(a, d.nvol)
+	must.NoError(t, err)
+	must.SliceEmpty(t, held, must.Sprintf("the native plugin on %s still holds volume %s", a.NodeName(), d.nvol))
+	must.SliceEmpty(t, mountsNaming(t, a.NativeCSIDir(), d.nvol), must.Sprintf("mounts of volume %s left on %s", d.nvol, a.NodeName()))
 }
 
 // pluginAllocOn returns the newest allocation of the fixture's job on

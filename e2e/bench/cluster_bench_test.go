@@ -9,17 +9,19 @@ package bench
 // plugin healthy on all three clients, for the driver's own csi_plugin
 // block (every client's node attribute driver.csi.plugin.<id>.healthy)
 // against Nomad's task-level csi_plugin block on a csi-driver task
-// (/v1/plugin/csi/<id> counting three healthy nodes); median of
-// -cluster-runs runs each, a fresh plugin id per run.
+// (/v1/plugin/csi/<id> counting three healthy nodes); median and spread
+// (fastest–slowest) of -health-runs runs each, interleaved, a fresh plugin
+// id per run, each plugin job stopped before the next is submitted.
 //
 // BenchmarkClusterDrain: "nomad node drain -ignore-system" of a client
 // running clusterDrainN service workloads, from the drain's start to every
 // workload running on another client, with a driver-managed volume each
-// against the same workloads without volumes; median of -cluster-runs
-// runs each. -ignore-system keeps the plugin, so that both variants drain
-// only the workloads.
+// against the same workloads without volumes; median and spread of
+// -drain-runs runs each, interleaved. -ignore-system keeps the plugin, so
+// that both variants drain only the workloads.
 //
-//	go test -tags e2e -run '^$' -bench Cluster -benchtime 1x ./e2e/bench/ -args -cluster-runs 3
+//	go run -tags e2e ./e2e/bench/cmd/benchtable -bench 'ClusterPluginHealth|ClusterDrain|RepairStale'
+//	go test -tags e2e -run '^$' -bench ClusterDrain -benchtime 1x ./e2e/bench/ -args -drain-runs 3
 
 import (
 	"flag"
@@ -32,7 +34,10 @@ import (
 	"github.com/nomad-driver-csi/nomad-driver-csi/e2e"
 )
 
-var clusterRuns = flag.Int("cluster-runs", 2, "measured runs per variant of the cluster benchmarks")
+var (
+	healthRuns = flag.Int("health-runs", 5, "measured runs per variant of BenchmarkClusterPluginHealth")
+	drainRuns  = flag.Int("drain-runs", 3, "measured runs per variant of BenchmarkClusterDrain")
+)
 
 // clusterDrainN is how many workloads the drained client runs.
 const clusterDrainN = 3
@@ -45,14 +50,50 @@ func BenchmarkClusterPluginHealth(b *testing.B) {
 	}
 	c := e2e.StartCluster(b, 3, e2e.AgentOptions{AllowPrivileged: true})
 	var ours, native []time.Duration
-	for i := 0; i < *clusterRuns; i++ {
-		_, took := c.StartClusterFixture(b, fmt.Sprintf("cph%d", i))
+	for i := 0; i < *healthRuns; i++ {
+		fx, took := c.StartClusterFixture(b, fmt.Sprintf("cph%d", i))
 		ours = append(ours, took)
+		// Each variant runs alone: the fixtures of earlier runs would
+		// load the clients more with every run.
+		c.Server.VolStopAndWait(b, fx.JobID, 2*time.Minute)
 		native = append(native, clusterNativeHealthy(b, c, fixture, fmt.Sprintf("cpn%d", i)))
 	}
-	b.Logf("submit → plugin healthy on 3 clients: driver csi_plugin %v, native csi_plugin %v", ours, native)
+	b.Logf("submit → plugin healthy on 3 clients: driver csi_plugin %s; native csi_plugin %s", spread(ours), spread(native))
 	b.ReportMetric(float64(median(ours).Microseconds())/1000, "driver-ms")
 	b.ReportMetric(float64(median(native).Microseconds())/1000, "native-ms")
+	b.ReportMetric(float64((slowest(ours)-fastest(ours)).Microseconds())/1000, "driver-spread-ms")
+	b.ReportMetric(float64((slowest(native)-fastest(native)).Microseconds())/1000, "native-spread-ms")
+}
+
+// spread says the median, fastest and slowest of ds and lists them all.
+func spread(ds []time.Duration) string {
+	r := func(d time.Duration) time.Duration {
+		if d >= time.Second {
+			return d.Round(10 * time.Millisecond)
+		}
+		return d.Round(10 * time.Microsecond)
+	}
+	return fmt.Sprintf("median %v, %v–%v over %d runs (%s)", r(median(ds)), r(fastest(ds)), r(slowest(ds)), len(ds), list(ds))
+}
+
+func fastest(ds []time.Duration) time.Duration {
+	var m time.Duration
+	for i, d := range ds {
+		if i == 0 || d < m {
+			m = d
+		}
+	}
+	return m
+}
+
+func slowest(ds []time.Duration) time.Duration {
+	var m time.Duration
+	for _, d := range ds {
+		if d > m {
+			m = d
+		}
+	}
+	return m
 }
 
 // clusterNativeHealthy runs the fixture with Nomad's csi_plugin block as a
@@ -79,7 +120,11 @@ func clusterNativeHealthy(b *testing.B, c *e2e.Cluster, fixture, id string) time
 	if _, err := c.Server.WaitNativePlugin(id, len(c.Clients), len(c.Clients), 3*time.Minute); err != nil {
 		b.Fatal(err)
 	}
-	return time.Since(t0)
+	took := time.Since(t0)
+	if err := c.Server.StopWaitPurge(job.ID, false, 2*time.Minute); err != nil {
+		b.Fatal(err)
+	}
+	return took
 }
 
 func BenchmarkClusterDrain(b *testing.B) {
@@ -88,13 +133,15 @@ func BenchmarkClusterDrain(b *testing.B) {
 	fx, _ := c.StartClusterFixture(b, "cdr")
 	target := c.Clients[1]
 	var withVols, without []time.Duration
-	for i := 0; i < *clusterRuns; i++ {
+	for i := 0; i < *drainRuns; i++ {
 		without = append(without, clusterDrainOnce(b, c, target, fx, false))
 		withVols = append(withVols, clusterDrainOnce(b, c, target, fx, true))
 	}
-	b.Logf("drain of %d workloads: with volumes %v, without %v", clusterDrainN, withVols, without)
+	b.Logf("drain of %d workloads: with volumes %s; without %s", clusterDrainN, spread(withVols), spread(without))
 	b.ReportMetric(float64(median(withVols).Microseconds())/1000, "drain-volumes-ms")
 	b.ReportMetric(float64(median(without).Microseconds())/1000, "drain-plain-ms")
+	b.ReportMetric(float64((slowest(withVols)-fastest(withVols)).Microseconds())/1000, "drain-volumes-spread-ms")
+	b.ReportMetric(float64((slowest(without)-fastest(without)).Microseconds())/1000, "drain-plain-spread-ms")
 }
 
 // clusterDrainOnce places clusterDrainN workloads on target, drains it

@@ -121,7 +121,7 @@ type result struct {
 func main() {
 	runs := flag.Int("runs", 0, "measured runs per set-up, passed to benchmarks that take -runs or -*-runs (0: their default)")
 	only := flag.String("bench", ".", "run only the benchmarks whose name matches this regexp")
-	timeout := flag.Duration("timeout", 14*time.Minute, "give up on the whole run after this long")
+	timeout := flag.Duration("timeout", 25*time.Minute, "give up on the whole run after this long")
 	out := flag.String("out", "", "write the table here too (default build/bench.md)")
 	flag.Parse()
 	if err := run(*runs, *only, *timeout, *out); err != nil {
