@@ -35,7 +35,7 @@ type Spares struct {
 
 // spareMaxAge bounds how old a spare's prepared namespace gets before the
 // spare is replaced: its copy of the host's mounts may miss mounts made on
-// the host since, when they do not propagate.
+// the host since, when they do not propagate. Read under Spares.mu.
 var spareMaxAge = time.Minute
 
 // SetDir makes later spares prepare the task's root ahead, each in a

@@ -161,9 +161,16 @@ if touch /top-level-file 2>/dev/null; then echo root-writable; else echo root-re
 	must.StrContains(t, readFile(t, tt.spec.StateDir+"/"+wire.SupervisorLogFile), "root_prepared_ahead=false")
 
 	// Spares are replaced when they get old, and leave no directory.
+	// Under s.mu, which Fill holds when it reads it.
+	s.mu.Lock()
 	old := spareMaxAge
 	spareMaxAge = 50 * time.Millisecond
-	t.Cleanup(func() { spareMaxAge = old })
+	s.mu.Unlock()
+	t.Cleanup(func() {
+		s.mu.Lock()
+		spareMaxAge = old
+		s.mu.Unlock()
+	})
 	first := waitSpare(t, s, "")
 	s.mu.Lock()
 	sp := s.spares[""]
