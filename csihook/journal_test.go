@@ -485,8 +485,6 @@ func sortedStrings(s []string) []string {
 	return out
 }
 
-// After a write that may have reached the disk in part and cannot be cut
-// off, the journal refuses writes; a restart replays what the disk holds.
 // A lazy commit is in the log at once (a driver that dies after it loses
 // nothing) but costs no fdatasync: the next commit's covers it, or a sync
 // of its own within lazySyncDelay, or close.

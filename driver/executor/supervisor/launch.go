@@ -236,11 +236,16 @@ func launchOnThread(spec *wire.Spec, group *cgroups.Group, stdio func() ([]*os.F
 	attr := &syscall.SysProcAttr{
 		Credential: &syscall.Credential{Uid: cred.UID, Gid: cred.GID, Groups: groups},
 	}
+	// held is what the task holds once it runs: the kept set as root, its
+	// ambient set as another user. The seccomp filter lets through the
+	// calls these capabilities are for.
+	held := keep
 	if cred.UID != 0 {
 		ambient, err := capsOf(spec.AmbientCapabilities, keep)
 		if err != nil {
 			return nil, nil, err
 		}
+		held = ambient
 		for n := 0; n < 64; n++ {
 			if ambient.has(n) {
 				attr.AmbientCaps = append(attr.AmbientCaps, uintptr(n))
@@ -265,7 +270,7 @@ func launchOnThread(spec *wire.Spec, group *cgroups.Group, stdio func() ([]*os.F
 		return nil, nil, err
 	}
 	defer doneDevices()
-	cmd, err = forkTask(m, spec, attr, root, after, trees, stdio, ctl, pivoted, allowDevices)
+	cmd, err = forkTask(m, spec, attr, root, after, trees, stdio, ctl, pivoted, allowDevices, held)
 	if err != nil && leave != nil {
 		err = errors.Join(err, leave())
 		leave = nil
@@ -276,7 +281,7 @@ func launchOnThread(spec *wire.Spec, group *cgroups.Group, stdio func() ([]*os.F
 // forkTask finishes the task's mounts once the late ones are there, enters
 // its root and forks it. early are trees of spec.Mounts taken before, for
 // an isolated task.
-func forkTask(m mounter.Interface, spec *wire.Spec, attr *syscall.SysProcAttr, root string, after []wire.Mount, early []*os.File, stdio func() ([]*os.File, error), ctl *os.File, pivoted bool, allowDevices func([]cgroups.DeviceRule) error) (*exec.Cmd, error) {
+func forkTask(m mounter.Interface, spec *wire.Spec, attr *syscall.SysProcAttr, root string, after []wire.Mount, early []*os.File, stdio func() ([]*os.File, error), ctl *os.File, pivoted bool, allowDevices func([]cgroups.DeviceRule) error, held capSet) (*exec.Cmd, error) {
 	// The root is entered before the wait, so that what is left after the
 	// volumes come is short: their trees are attached at their targets in
 	// the entered root, which is sealed after that. Mounts inside a
@@ -380,7 +385,7 @@ func forkTask(m mounter.Interface, spec *wire.Spec, attr *syscall.SysProcAttr, r
 		// On this thread, never reused, so that the task inherits it: see
 		// seccomp.go. Nothing the thread does after the fork needs a call
 		// it refuses.
-		if err := installSeccomp(); err != nil {
+		if err := installSeccomp(held); err != nil {
 			return nil, err
 		}
 	}

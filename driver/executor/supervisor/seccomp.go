@@ -21,7 +21,10 @@ import (
 //     container runtimes' default profiles refuse too;
 //   - bpf, perf_event_open, userfaultfd: kernel surface used by exploits and
 //     (perf) a window on the host's other processes; the sysctls that guard
-//     them unprivileged are the host's choice, not the job's.
+//     them unprivileged are the host's choice, not the job's. A task the
+//     operator gave the capability each is for (allow_caps and cap_add:
+//     BPF or SYS_ADMIN, PERFMON or SYS_ADMIN, SYS_PTRACE) may make it, as
+//     the kernel would let it.
 //
 // The filter is attached to the launching thread just before the task is
 // forked, after no_new_privs, so the task inherits it and can never lift
@@ -55,10 +58,17 @@ var seccompNative, seccompCompat, seccompX32 = func() (uint32, uint32, uint32) {
 	return 0, 0, 0
 }()
 
-// seccompList is the refused calls. The compat numbers are the kernel's
+// seccompList is the calls refused to a task holding the capabilities
+// held. The compat numbers are the kernel's
 // (arch/x86/entry/syscalls/syscall_32.tbl, arch/arm/tools/syscall.tbl);
 // x/sys/unix has only the native ones.
-func seccompList() []seccompDenied {
+func seccompList(held capSet) []seccompDenied {
+	// The capabilities that let a task make the call.
+	allowedBy := map[string][]int{
+		"bpf":             {unix.CAP_BPF, unix.CAP_SYS_ADMIN},
+		"perf_event_open": {unix.CAP_PERFMON, unix.CAP_SYS_ADMIN},
+		"userfaultfd":     {unix.CAP_SYS_PTRACE},
+	}
 	compat := map[string][2]uint32{ // name: {i386, arm}
 		"keyctl":            {288, 311},
 		"add_key":           {286, 309},
@@ -89,7 +99,13 @@ func seccompList() []seccompDenied {
 		idx = 1
 	}
 	out := make([]seccompDenied, 0, len(native))
+next:
 	for _, n := range native {
+		for _, c := range allowedBy[n.name] {
+			if held.has(c) {
+				continue next
+			}
+		}
 		errno := unix.EPERM
 		if len(n.name) > 8 && n.name[:8] == "io_uring" {
 			errno = unix.ENOSYS
@@ -171,11 +187,12 @@ func seccompProgram(list []seccompDenied) ([]unix.SockFilter, error) {
 	return prog, nil
 }
 
-// installSeccomp attaches the filter to the calling thread, which must
-// have no_new_privs set (or CAP_SYS_ADMIN). Everything it forks or execs
+// installSeccomp attaches the filter for a task holding the capabilities
+// held to the calling thread, which must have no_new_privs set (or
+// CAP_SYS_ADMIN). Everything it forks or execs
 // afterwards keeps it.
-func installSeccomp() error {
-	prog, err := seccompProgram(seccompList())
+func installSeccomp(held capSet) error {
+	prog, err := seccompProgram(seccompList(held))
 	if err != nil {
 		return err
 	}

@@ -48,7 +48,7 @@ func TestSeccompProgram(t *testing.T) {
 	if seccompNative == 0 {
 		t.Skipf("no filter for %s", runtime.GOARCH)
 	}
-	list := seccompList()
+	list := seccompList(0)
 	prog, err := seccompProgram(list)
 	must.NoError(t, err)
 	errno := func(e unix.Errno) uint32 { return unix.SECCOMP_RET_ERRNO | uint32(e) }
@@ -78,4 +78,43 @@ func TestSeccompProgram(t *testing.T) {
 	}
 	must.Eq(t, errno(unix.ENOSYS), runFilter(t, prog, 0x12345678, uint32(unix.SYS_READ)))
 	must.Eq(t, errno(unix.ENOSYS), runFilter(t, prog, seccompNative^seccompCompat, uint32(unix.SYS_KEYCTL)))
+}
+
+// A task the operator gave the capability a call is for may make it: the
+// filter leaves out bpf for BPF or SYS_ADMIN, perf_event_open for PERFMON
+// or SYS_ADMIN, userfaultfd for SYS_PTRACE, and never the keyrings or
+// io_uring.
+func TestSeccompList_capabilities(t *testing.T) {
+	names := func(held capSet) []string {
+		var out []string
+		for _, d := range seccompList(held) {
+			out = append(out, d.name)
+		}
+		return out
+	}
+	all := []string{"keyctl", "add_key", "request_key", "bpf", "perf_event_open", "userfaultfd",
+		"io_uring_setup", "io_uring_enter", "io_uring_register"}
+	always := []string{"keyctl", "add_key", "request_key", "io_uring_setup", "io_uring_enter", "io_uring_register"}
+	cases := []struct {
+		name string
+		held capSet
+		want []string
+	}{
+		{"none", 0, all},
+		{"defaults", 1<<unix.CAP_CHOWN | 1<<unix.CAP_NET_BIND_SERVICE | 1<<unix.CAP_SETUID, all},
+		{"bpf", 1 << unix.CAP_BPF, []string{"keyctl", "add_key", "request_key", "perf_event_open", "userfaultfd",
+			"io_uring_setup", "io_uring_enter", "io_uring_register"}},
+		{"perfmon", 1 << unix.CAP_PERFMON, []string{"keyctl", "add_key", "request_key", "bpf", "userfaultfd",
+			"io_uring_setup", "io_uring_enter", "io_uring_register"}},
+		{"sys_ptrace", 1 << unix.CAP_SYS_PTRACE, []string{"keyctl", "add_key", "request_key", "bpf", "perf_event_open",
+			"io_uring_setup", "io_uring_enter", "io_uring_register"}},
+		{"sys_admin", 1 << unix.CAP_SYS_ADMIN, []string{"keyctl", "add_key", "request_key", "userfaultfd",
+			"io_uring_setup", "io_uring_enter", "io_uring_register"}},
+		{"all three", 1<<unix.CAP_SYS_ADMIN | 1<<unix.CAP_SYS_PTRACE, always},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			must.Eq(t, c.want, names(c.held))
+		})
+	}
 }

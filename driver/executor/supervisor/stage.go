@@ -202,7 +202,7 @@ func prepareAndExec(cfg *wire.StageConfig) error {
 			return fmt.Errorf("failed to set no_new_privs: %w", err)
 		}
 		// Last of all, as the task itself gets it: see seccomp.go.
-		if err := installSeccomp(); err != nil {
+		if err := installSeccomp(threadCaps); err != nil {
 			return err
 		}
 	}
