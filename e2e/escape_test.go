@@ -71,6 +71,7 @@ func TestEscape(t *testing.T) {
 		{"destination_on_host", escDestination},
 		{"destination_through_symlink", escSymlinkDestination},
 		{"host_keyring", escKeyring},
+		{"user_namespace", escUserNamespace},
 	}
 	users := []struct{ name, user string }{{"user_unset", ""}, {"user_root", "root"}}
 	for _, at := range attacks {

@@ -165,13 +165,20 @@ r("userfaultfd", syscall(%d, 0));
 r("perf", syscall(%d, $p, 0, -1, -1, 0));
 r("bpf", syscall(%d, 5, $p, 128));
 r("getpid", syscall(%d));
-'`, unix.SYS_KEYCTL, unix.SYS_IO_URING_SETUP, unix.SYS_USERFAULTFD, unix.SYS_PERF_EVENT_OPEN, unix.SYS_BPF, unix.SYS_GETPID)
+r("unshare_user", syscall(%d, %d));
+r("unshare_ipc", syscall(%d, %d));
+r("clone3", syscall(%d, $p, 88));
+'
+if unshare -U true 2>/dev/null; then echo unshare_cmd=ok; else echo unshare_cmd=refused; fi
+`, unix.SYS_KEYCTL, unix.SYS_IO_URING_SETUP, unix.SYS_USERFAULTFD, unix.SYS_PERF_EVENT_OPEN, unix.SYS_BPF, unix.SYS_GETPID,
+		unix.SYS_UNSHARE, unix.CLONE_NEWUSER, unix.SYS_UNSHARE, unix.CLONE_NEWIPC, unix.SYS_CLONE3)
 }
 
 // A task that is not privileged runs under the seccomp filter: the host's
-// keyrings, io_uring, userfaultfd, perf events and bpf are refused with
-// the errno the filter gives (ENOSYS for io_uring, EPERM else); a call it
-// does not name works. keyctl, io_uring and perf_event_open are answered
+// keyrings, io_uring, userfaultfd, perf events, bpf and user namespaces
+// (unshare, and clone3) are refused with the errno the filter gives
+// (ENOSYS for io_uring and clone3, EPERM else); a call it does not name
+// works, and so does unshare(1) in a privileged task. keyctl, io_uring and perf_event_open are answered
 // otherwise without the filter (the privileged run below shows it); bpf
 // and userfaultfd are refused by this host's kernel too (without the
 // capabilities, with unprivileged_bpf_disabled and
@@ -195,6 +202,9 @@ func TestIsolation_Seccomp_Root(t *testing.T) {
 	must.Eq(t, eperm, got["perf"], must.Sprint("perf_event_open is refused"))
 	must.Eq(t, eperm, got["bpf"], must.Sprint("bpf is refused"))
 	must.Eq(t, "ok", got["getpid"])
+	must.Eq(t, eperm, got["unshare_user"], must.Sprint("a user namespace is refused"))
+	must.Eq(t, enosys, got["clone3"], must.Sprint("clone3 is refused"))
+	must.Eq(t, "refused", got["unshare_cmd"], must.Sprint("unshare -U works in the task"))
 
 	// A task given PERFMON may open perf events: the kernel answers it (an
 	// error for the zeroed attribute here, but not the filter's EPERM).
@@ -214,6 +224,8 @@ func TestIsolation_Seccomp_Root(t *testing.T) {
 	t.Log(got)
 	must.Eq(t, "ok", got["keyctl"], must.Sprint("a privileged task is not filtered"))
 	must.Eq(t, "ok", got["getpid"])
+	must.Eq(t, "ok", got["unshare_user"], must.Sprint("a privileged task makes user namespaces"))
+	must.Eq(t, "ok", got["unshare_cmd"])
 }
 
 // A command run in a task that is not privileged (nomad alloc exec) runs
@@ -235,5 +247,29 @@ func TestProcess_Exec_Seccomp_Root(t *testing.T) {
 	t.Log(got)
 	must.Eq(t, strconv.Itoa(int(unix.EPERM)), got["keyctl"])
 	must.Eq(t, strconv.Itoa(int(unix.ENOSYS)), got["io_uring"])
+	must.Eq(t, strconv.Itoa(int(unix.EPERM)), got["unshare_user"])
+	must.Eq(t, strconv.Itoa(int(unix.ENOSYS)), got["clone3"])
 	must.Eq(t, "ok", got["getpid"])
+}
+
+// A command the seccomp stage cannot execute (here a file with the
+// execute bit that is no program) fails the start with the reason, as a
+// failed exec fails it without the stage.
+func TestIsolation_SeccompStageExecError_Root(t *testing.T) {
+	requireTaskRoot(t)
+	vol := t.TempDir()
+	must.NoError(t, os.WriteFile(vol+"/notaprogram", []byte("\x00\x01\x02 not an executable\n"), 0o755))
+	tt := isolatedSpec(t, "")
+	tt.spec.Command, tt.spec.Args = "/vol/notaprogram", nil
+	tt.spec.LateMounts = []Mount{{Target: "/vol"}}
+	p, err := Start(hclog.NewNullLogger(), tt.spec, func() ([]Mount, error) {
+		return []Mount{{Source: vol, Target: "/vol"}}, nil
+	})
+	if err == nil {
+		_ = p.Kill()
+		_ = p.Destroy()
+		t.Fatal("a command that is no program started")
+	}
+	must.StrContains(t, err.Error(), `failed to execute "/vol/notaprogram"`)
+	must.StrContains(t, err.Error(), "exec format error")
 }

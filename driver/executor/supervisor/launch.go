@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -389,6 +390,25 @@ func forkTask(m mounter.Interface, spec *wire.Spec, attr *syscall.SysProcAttr, r
 			return nil, err
 		}
 	}
+	// The rules against user namespaces are added by the task's own first
+	// program, the seccomp stage, which then execs the command: Go forks
+	// with clone3, which they refuse (see usernsList).
+	var stageErr *os.File
+	if spec.Isolation != nil && len(usernsList(held)) > 0 {
+		if selfExe == nil {
+			return nil, errors.New("the supervisor's binary is not open: cannot start the seccomp stage")
+		}
+		r, w, err := os.Pipe()
+		if err != nil {
+			return nil, fmt.Errorf("failed to make the seccomp stage's error pipe: %w", err)
+		}
+		defer r.Close()
+		defer w.Close()
+		stageErr = r
+		cmd.Path = fmt.Sprintf("/proc/self/fd/%d", wire.SeccompExeFD)
+		cmd.Args = append([]string{spec.Command, wire.StageSeccomp, path}, cmd.Args...)
+		cmd.ExtraFiles = []*os.File{selfExe, w}
+	}
 	restore, err := setOOMScoreAdj(spec.OOMScoreAdj)
 	if err != nil {
 		return nil, err
@@ -400,6 +420,19 @@ func forkTask(m mounter.Interface, spec *wire.Spec, attr *syscall.SysProcAttr, r
 	}
 	if err != nil {
 		return nil, fmt.Errorf("failed to execute %q: %w", path, err)
+	}
+	if stageErr != nil {
+		// EOF once the stage's exec of the command succeeded; otherwise
+		// why it failed, and the stage exits.
+		_ = cmd.ExtraFiles[1].Close()
+		msg, rerr := io.ReadAll(io.LimitReader(stageErr, 4096))
+		if rerr != nil || len(msg) > 0 {
+			killStarted(cmd)
+			if rerr != nil {
+				return nil, fmt.Errorf("failed to read the seccomp stage's answer: %w", rerr)
+			}
+			return nil, errors.New(string(msg))
+		}
 	}
 	return cmd, nil
 }

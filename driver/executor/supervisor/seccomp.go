@@ -43,6 +43,9 @@ type seccompDenied struct {
 	native uint32
 	compat uint32 // i386 on amd64, 32-bit ARM on arm64
 	errno  unix.Errno
+	// argMask, when set, refuses the call only when its first argument
+	// (the flags of clone and unshare) has one of these bits.
+	argMask uint32
 }
 
 // seccompNative is the audit architecture of this build, seccompCompat
@@ -115,10 +118,40 @@ next:
 	return out
 }
 
-// Offsets in struct seccomp_data.
+// usernsList is the calls that make a user namespace, refused to a task
+// without SYS_ADMIN: clone and unshare with CLONE_NEWUSER (EPERM), and
+// clone3 (ENOSYS: its flags are in memory, which a filter cannot read; C
+// libraries take ENOSYS as "use clone" and do). A user namespace gives its
+// maker every capability over the mounts, cgroups and network namespaces
+// it makes there: the kernel interface most container escapes go through,
+// and a way to mount the unified cgroup hierarchy of a hybrid host.
+//
+// These rules cannot sit on the launching thread: Go forks the task with
+// clone3 when it places it in a cgroup v2 by descriptor, so they are
+// installed by the task's own process, the seccomp stage, just before it
+// execs the task's command (runSeccompStage).
+func usernsList(held capSet) []seccompDenied {
+	if held.has(unix.CAP_SYS_ADMIN) {
+		return nil
+	}
+	idx := 0
+	if runtime.GOARCH == "arm64" {
+		idx = 1
+	}
+	pick := func(v [2]uint32) uint32 { return v[idx] }
+	return []seccompDenied{
+		{name: "clone", native: uint32(unix.SYS_CLONE), compat: pick([2]uint32{120, 120}), errno: unix.EPERM, argMask: unix.CLONE_NEWUSER},
+		{name: "unshare", native: uint32(unix.SYS_UNSHARE), compat: pick([2]uint32{310, 337}), errno: unix.EPERM, argMask: unix.CLONE_NEWUSER},
+		{name: "clone3", native: uint32(unix.SYS_CLONE3), compat: pick([2]uint32{435, 435}), errno: unix.ENOSYS},
+	}
+}
+
+// Offsets in struct seccomp_data: the call's number, its architecture,
+// and the low 32 bits of its first argument (little-endian: amd64, arm64).
 const (
 	seccompDataNr   = 0
 	seccompDataArch = 4
+	seccompDataArg0 = 16
 )
 
 func bpfStmt(code uint16, k uint32) unix.SockFilter {
@@ -138,9 +171,10 @@ func seccompProgram(list []seccompDenied) ([]unix.SockFilter, error) {
 		return nil, fmt.Errorf("no seccomp filter for %s", runtime.GOARCH)
 	}
 	const (
-		ld  = unix.BPF_LD | unix.BPF_W | unix.BPF_ABS
-		jeq = unix.BPF_JMP | unix.BPF_JEQ | unix.BPF_K
-		ret = unix.BPF_RET | unix.BPF_K
+		ld   = unix.BPF_LD | unix.BPF_W | unix.BPF_ABS
+		jeq  = unix.BPF_JMP | unix.BPF_JEQ | unix.BPF_K
+		jset = unix.BPF_JMP | unix.BPF_JSET | unix.BPF_K
+		ret  = unix.BPF_RET | unix.BPF_K
 	)
 	allow := bpfStmt(ret, unix.SECCOMP_RET_ALLOW)
 	deny := func(e unix.Errno) unix.SockFilter {
@@ -154,7 +188,13 @@ func seccompProgram(list []seccompDenied) ([]unix.SockFilter, error) {
 			if n == 0 {
 				continue
 			}
-			b = append(b, bpfJump(jeq, n, 0, 1), deny(d.errno))
+			if d.argMask == 0 {
+				b = append(b, bpfJump(jeq, n, 0, 1), deny(d.errno))
+				continue
+			}
+			// The number matched: the flags decide, and the filter ends.
+			b = append(b, bpfJump(jeq, n, 0, 4), bpfStmt(ld, seccompDataArg0),
+				bpfJump(jset, d.argMask, 0, 1), deny(d.errno), allow)
 		}
 		return append(b, allow)
 	}
@@ -192,7 +232,15 @@ func seccompProgram(list []seccompDenied) ([]unix.SockFilter, error) {
 // CAP_SYS_ADMIN). Everything it forks or execs
 // afterwards keeps it.
 func installSeccomp(held capSet) error {
-	prog, err := seccompProgram(seccompList(held))
+	return installFilter(seccompList(held))
+}
+
+// installFilter attaches the program of list to the calling thread.
+func installFilter(list []seccompDenied) error {
+	if len(list) == 0 {
+		return nil
+	}
+	prog, err := seccompProgram(list)
 	if err != nil {
 		return err
 	}

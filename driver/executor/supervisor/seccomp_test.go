@@ -12,6 +12,12 @@ import (
 // uses against one call's architecture and number.
 func runFilter(t *testing.T, prog []unix.SockFilter, arch, nr uint32) uint32 {
 	t.Helper()
+	return runFilterArg(t, prog, arch, nr, 0)
+}
+
+// runFilterArg is runFilter for a call whose first argument is arg0.
+func runFilterArg(t *testing.T, prog []unix.SockFilter, arch, nr, arg0 uint32) uint32 {
+	t.Helper()
 	var acc uint32
 	for pc := 0; pc < len(prog); pc++ {
 		in := prog[pc]
@@ -22,11 +28,19 @@ func runFilter(t *testing.T, prog []unix.SockFilter, arch, nr uint32) uint32 {
 				acc = nr
 			case seccompDataArch:
 				acc = arch
+			case seccompDataArg0:
+				acc = arg0
 			default:
 				t.Fatalf("pc %d: load of offset %d", pc, in.K)
 			}
 		case unix.BPF_JMP | unix.BPF_JEQ | unix.BPF_K:
 			if acc == in.K {
+				pc += int(in.Jt)
+			} else {
+				pc += int(in.Jf)
+			}
+		case unix.BPF_JMP | unix.BPF_JSET | unix.BPF_K:
+			if acc&in.K != 0 {
 				pc += int(in.Jt)
 			} else {
 				pc += int(in.Jf)
@@ -116,5 +130,50 @@ func TestSeccompList_capabilities(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			must.Eq(t, c.want, names(c.held))
 		})
+	}
+}
+
+// The user namespace rules: clone and unshare with CLONE_NEWUSER are
+// refused on every ABI, with other flags (threads, a mount namespace
+// without a user one) allowed; clone3 gets ENOSYS; a task holding
+// SYS_ADMIN gets no rules. Together with the other list, each rule still
+// answers as alone.
+func TestSeccompProgram_userNamespaces(t *testing.T) {
+	if seccompNative == 0 {
+		t.Skipf("no filter for %s", runtime.GOARCH)
+	}
+	must.SliceEmpty(t, usernsList(1<<unix.CAP_SYS_ADMIN))
+	list := usernsList(0)
+	must.SliceLen(t, 3, list)
+	errno := func(e unix.Errno) uint32 { return unix.SECCOMP_RET_ERRNO | uint32(e) }
+	thread := uint32(unix.CLONE_VM | unix.CLONE_FS | unix.CLONE_FILES | unix.CLONE_SIGHAND | unix.CLONE_THREAD)
+	for _, full := range []bool{false, true} {
+		l := list
+		if full {
+			l = append(seccompList(0), list...)
+		}
+		prog, err := seccompProgram(l)
+		must.NoError(t, err)
+		for _, d := range list {
+			abis := [][2]uint32{{seccompNative, d.native}, {seccompCompat, d.compat}}
+			if seccompX32 != 0 {
+				abis = append(abis, [2]uint32{seccompNative, d.native | seccompX32})
+			}
+			for _, c := range abis {
+				what := must.Sprintf("%s on arch %#x nr %d (with the other list: %v)", d.name, c[0], c[1], full)
+				if d.argMask == 0 {
+					must.Eq(t, errno(d.errno), runFilterArg(t, prog, c[0], c[1], thread), what)
+					continue
+				}
+				must.Eq(t, errno(unix.EPERM), runFilterArg(t, prog, c[0], c[1], unix.CLONE_NEWUSER), what)
+				must.Eq(t, errno(unix.EPERM), runFilterArg(t, prog, c[0], c[1], unix.CLONE_NEWUSER|unix.CLONE_NEWNS|uint32(unix.SIGCHLD)), what)
+				must.Eq(t, unix.SECCOMP_RET_ALLOW, runFilterArg(t, prog, c[0], c[1], thread), what)
+				must.Eq(t, unix.SECCOMP_RET_ALLOW, runFilterArg(t, prog, c[0], c[1], unix.CLONE_NEWNS), what)
+			}
+		}
+		if full {
+			must.Eq(t, errno(unix.EPERM), runFilter(t, prog, seccompNative, uint32(unix.SYS_KEYCTL)))
+		}
+		must.Eq(t, unix.SECCOMP_RET_ALLOW, runFilter(t, prog, seccompNative, uint32(unix.SYS_GETPID)))
 	}
 }

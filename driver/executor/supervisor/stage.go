@@ -26,7 +26,7 @@ func RunReexec() bool {
 		return false
 	}
 	switch os.Args[1] {
-	case wire.StageSupervisor, wire.StageExec:
+	case wire.StageSupervisor, wire.StageExec, wire.StageSeccomp:
 		hardenStage()
 	}
 	switch os.Args[1] {
@@ -34,8 +34,33 @@ func RunReexec() bool {
 		os.Exit(runSupervisor(os.Args[2:]))
 	case wire.StageExec:
 		runTaskStage()
+	case wire.StageSeccomp:
+		runSeccompStage(os.Args[2:])
 	}
 	return false
+}
+
+// runSeccompStage is the task's own process before its command: it adds
+// the user namespace rules (usernsList) to the filter it inherited and
+// execs the command, on one thread, so that the command inherits both. It
+// runs as the task already, with no more than the task's capabilities and
+// no_new_privs; its binary's descriptor and its error pipe are closed at
+// exec (hardenStage). It never returns.
+func runSeccompStage(args []string) {
+	runtime.LockOSThread()
+	errPipe := os.NewFile(wire.SeccompErrorFD, "error-pipe")
+	fail := func(err error) {
+		_, _ = io.WriteString(errPipe, err.Error())
+		os.Exit(127)
+	}
+	if len(args) < 2 {
+		fail(errors.New("the seccomp stage got no command"))
+	}
+	if err := installFilter(usernsList(0)); err != nil {
+		fail(err)
+	}
+	err := syscall.Exec(args[0], args[1:], os.Environ())
+	fail(fmt.Errorf("failed to execute %q: %w", args[0], err))
 }
 
 // hardenStage runs first in a supervisor or exec stage, which hold every
@@ -201,8 +226,10 @@ func prepareAndExec(cfg *wire.StageConfig) error {
 		if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
 			return fmt.Errorf("failed to set no_new_privs: %w", err)
 		}
-		// Last of all, as the task itself gets it: see seccomp.go.
-		if err := installSeccomp(threadCaps); err != nil {
+		// Last of all, as the task itself gets it: see seccomp.go. This
+		// process execs the command itself, so the user namespace rules
+		// go on at once.
+		if err := installFilter(append(seccompList(threadCaps), usernsList(threadCaps)...)); err != nil {
 			return err
 		}
 	}

@@ -42,6 +42,14 @@ func runSupervisor(args []string) int {
 		logger.Error("failed to open the host's root", "error", err)
 		return 2
 	}
+	// The supervisor's binary, which starts a task that is not privileged
+	// (wire.StageSeccomp); opened now, while /proc/self is the host's.
+	exe, err := os.Open("/proc/self/exe")
+	if err != nil {
+		logger.Error("failed to open the supervisor's binary", "error", err)
+		return 2
+	}
+	selfExe = exe
 	switch {
 	case len(args) == 0 || (len(args) >= 2 && args[0] == wire.SpareRootFlag):
 		ctl = os.NewFile(wire.ControlFD, "control-socket")
@@ -270,6 +278,10 @@ func warmUp() {
 // supervisor starts, for a launching thread that entered the task's root
 // before its task came (see prebuilt).
 var hostRoot = -1
+
+// selfExe is the supervisor's binary (read-only, close-on-exec), for the
+// seccomp stage.
+var selfExe *os.File
 
 func openHostRoot() error {
 	fd, err := unix.Open("/", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)

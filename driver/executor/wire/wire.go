@@ -7,6 +7,18 @@ import "github.com/nomad-driver-csi/nomad-driver-csi/driver/cgroups"
 const (
 	StageSupervisor = "__nomad-driver-csi-supervisor"
 	StageExec       = "__nomad-driver-csi-exec"
+	// StageSeccomp is the first program of a task that is not privileged:
+	// the supervisor's own binary, run as the task (in its namespaces,
+	// cgroup and credentials), which adds the seccomp rules a launching
+	// thread cannot hold and execs the task's command:
+	// argv = [command, StageSeccomp, path, command, args...].
+	StageSeccomp = "__nomad-driver-csi-seccomp"
+)
+
+// File descriptors of the seccomp stage (ExtraFiles 0 and 1).
+const (
+	SeccompExeFD   = 3 // the supervisor's binary, which the stage was run from
+	SeccompErrorFD = 4 // write: why the exec failed, or EOF at exec (CLOEXEC)
 )
 
 // File descriptors of the exec stage (ExtraFiles 0, 1 and 2).

@@ -54,3 +54,39 @@ func escKeyring(t *testing.T, e *escEnv, user string) {
 		t.Errorf("a task read the host root's key %q: %s", desc, r.Why)
 	}
 }
+
+// 11. Make a user namespace: with one, a task holds every capability over
+// the mounts it makes there, and on a hybrid host it can mount the unified
+// cgroup hierarchy (whose root it is in) and move itself in it. The task
+// tries unshare(1) -U, then -Urm with a cgroup2 mount, and a raw
+// unshare(CLONE_NEWUSER) and clone3 through perl; each must fail (the
+// calls' own return codes, not a message, say so).
+const escUserNSScript = escTry + escWho + `try unshare-user unshare -U true
+mkdir -p /tmp/cg
+try cgroup2-in-userns unshare -Urm sh -c 'mount -t cgroup2 none /tmp/cg && ls /tmp/cg | head -3'
+perl -e '
+my ($unshare, $clone3, $flag) = @ARGV;
+my $r = syscall($unshare + 0, $flag + 0);
+print "RESULT raw-unshare ", ($r < 0 ? "FAILED errno " . ($!+0) : "OK"), "\n";
+my $args = "\0" x 88;
+$r = syscall($clone3 + 0, $args, 88);
+print "RESULT raw-clone3 ", ($r < 0 ? "FAILED errno " . ($!+0) : "OK"), "\n";
+exit 0 if $r == 0;' "$1" "$2" "$3"
+echo DONE
+`
+
+func escUserNamespace(t *testing.T, e *escEnv, user string) {
+	job := escRun(t, e.a, escJob{User: user, Script: escUserNSScript,
+		Args: []string{fmt.Sprint(unix.SYS_UNSHARE), fmt.Sprint(unix.SYS_CLONE3), fmt.Sprint(unix.CLONE_NEWUSER)}})
+	al, res := escFinished(t, e.a, job, "t")
+	for _, name := range []string{"unshare-user", "cgroup2-in-userns", "raw-unshare", "raw-clone3"} {
+		r, ok := res[name]
+		if !ok {
+			t.Errorf("the task did not try %s:\n%s", name, al.Describe())
+			continue
+		}
+		if r.OK {
+			t.Errorf("the task made a user namespace (%s): %s", name, r.Why)
+		}
+	}
+}
