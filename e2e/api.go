@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,54 +19,37 @@ import (
 	"testing"
 	"text/template"
 	"time"
+
+	"github.com/hashicorp/nomad/api"
 )
 
+// The e2e suite reads Nomad through its own Go API client
+// (github.com/hashicorp/nomad/api): the types below are Nomad's, named as the
+// cases have always named them, and the few helpers the cases share hang on
+// the two wrappers. The client speaks HTTP/JSON, so it reads every agent of
+// the version matrix (make e2e-matrix) alike.
+
 // DriverInfo is a node's view of one driver.
-type DriverInfo struct {
-	Attributes        map[string]string
-	Detected          bool
-	Healthy           bool
-	HealthDescription string
-}
+type DriverInfo = api.DriverInfo
 
 // NodeStub is an entry of /v1/nodes.
-type NodeStub struct {
-	ID              string
-	Name            string
-	Status          string
-	StatusUpdatedAt int64
-	Drivers         map[string]*DriverInfo
-}
+type NodeStub = api.NodeListStub
 
 // Node is /v1/node/<id>.
-type Node struct {
-	ID         string
-	Name       string
-	Status     string
-	Attributes map[string]string
-	Drivers    map[string]*DriverInfo
-}
+type Node = api.Node
 
-// TaskEvent is one event of a task.
-type TaskEvent struct {
-	Type            string
-	Time            int64
-	DisplayMessage  string
-	Details         map[string]string
-	ExitCode        int
-	Signal          int
-	Message         string
-	DriverError     string
-	KillError       string
-	SetupError      string
-	ValidationError string
-	DriverMessage   string
-	RestartReason   string
-}
+// TaskState is a task's state inside an allocation.
+type TaskState = api.TaskState
+
+// AllocStub is an entry of /v1/job/<id>/allocations.
+type AllocStub = api.AllocationListStub
+
+// TaskEvent is one event of a task, with Text for messages and checks.
+type TaskEvent struct{ api.TaskEvent }
 
 // Text is everything an operator could read about the event.
 func (e TaskEvent) Text() string {
-	parts := []string{e.Type, e.DisplayMessage, e.Message, e.DriverError, e.KillError,
+	parts := []string{e.Type, e.DisplayMessage, e.Message, e.DriverError, e.KillError, e.KillReason,
 		e.SetupError, e.ValidationError, e.DriverMessage, e.RestartReason}
 	keys := make([]string, 0, len(e.Details))
 	for k := range e.Details {
@@ -86,48 +68,22 @@ func (e TaskEvent) Text() string {
 	return strings.Join(nonEmpty, " | ")
 }
 
-// TaskState is a task's state inside an allocation.
-type TaskState struct {
-	State      string
-	Failed     bool
-	Restarts   uint64
-	StartedAt  time.Time
-	FinishedAt time.Time
-	Events     []TaskEvent
-}
-
-// AllocStub is an entry of /v1/job/<id>/allocations.
-type AllocStub struct {
-	ID            string
-	Name          string
-	JobID         string
-	NodeID        string
-	TaskGroup     string
-	ClientStatus  string
-	DesiredStatus string
-	CreateIndex   uint64
-	TaskStates    map[string]*TaskState
-}
-
-// Allocation is /v1/allocation/<id>.
-type Allocation struct {
-	ID                 string
-	Name               string
-	JobID              string
-	NodeID             string
-	ClientStatus       string
-	ClientDescription  string
-	DesiredStatus      string
-	DesiredDescription string
-	TaskStates         map[string]*TaskState
-}
+// Allocation is /v1/allocation/<id>, with helpers for the cases.
+type Allocation struct{ api.Allocation }
 
 // Events returns the events of one task ("" for the only task).
 func (al *Allocation) Events(task string) []TaskEvent {
-	if ts := al.Task(task); ts != nil {
-		return ts.Events
+	ts := al.Task(task)
+	if ts == nil {
+		return nil
 	}
-	return nil
+	out := make([]TaskEvent, 0, len(ts.Events))
+	for _, e := range ts.Events {
+		if e != nil {
+			out = append(out, TaskEvent{*e})
+		}
+	}
+	return out
 }
 
 // Task returns one task's state ("" for the only task).
@@ -152,14 +108,39 @@ func (al *Allocation) Describe() string {
 	for _, n := range names {
 		ts := al.TaskStates[n]
 		fmt.Fprintf(&b, "  task %s: state=%s failed=%v restarts=%d\n", n, ts.State, ts.Failed, ts.Restarts)
-		for _, e := range ts.Events {
+		for _, e := range al.Events(n) {
 			fmt.Fprintf(&b, "    %s  %s\n", time.Unix(0, e.Time).Format("15:04:05.000"), e.Text())
 		}
 	}
 	return b.String()
 }
 
-// GetJSON decodes the answer to GET path.
+// apiTimeout bounds one API request (not the event stream, which lives as
+// long as the wait that reads it).
+const apiTimeout = 15 * time.Second
+
+// setAddr points the agent's API clients at addr (http://127.0.0.1:PORT).
+func (a *Agent) setAddr(addr string) error {
+	a.Addr = addr
+	c, err := api.NewClient(&api.Config{Address: addr, HttpClient: &http.Client{Timeout: apiTimeout}})
+	if err != nil {
+		return fmt.Errorf("failed to make an API client for %s: %w", addr, err)
+	}
+	// The event stream's requests last as long as the caller's context.
+	s, err := api.NewClient(&api.Config{Address: addr, HttpClient: &http.Client{}})
+	if err != nil {
+		return fmt.Errorf("failed to make an API client for %s: %w", addr, err)
+	}
+	a.api, a.stream = c, s
+	return nil
+}
+
+// API is Nomad's API client for the agent (the server's address in
+// Persistent mode and for clients that joined a server).
+func (a *Agent) API() *api.Client { return a.api }
+
+// GetJSON decodes the answer to GET path: for what the API client does not
+// cover, or a check on the raw JSON an operator would read.
 func (a *Agent) GetJSON(path string, out any) error {
 	return a.do(http.MethodGet, path, nil, out)
 }
@@ -206,18 +187,30 @@ func (a *Agent) do(method, path string, body, out any) error {
 // Node returns the agent's node.
 func (a *Agent) Node(t testing.TB) *Node {
 	t.Helper()
-	var n Node
-	if err := a.GetJSON("/v1/node/"+a.NodeID, &n); err != nil {
-		t.Fatalf("failed to read node %s: %v", a.NodeID, err)
+	n, err := a.node()
+	if err != nil {
+		t.Fatalf("%v", err)
 	}
-	return &n
+	return n
+}
+
+func (a *Agent) node() (*Node, error) {
+	n, _, err := a.api.Nodes().Info(a.NodeID, nil)
+	if err != nil {
+		return nil, fmt.Errorf("failed to read node %s: %w", a.NodeID, err)
+	}
+	return n, nil
 }
 
 // JobAllocations lists a job's allocations, newest first.
 func (a *Agent) JobAllocations(jobID string) ([]AllocStub, error) {
-	var allocs []AllocStub
-	if err := a.GetJSON("/v1/job/"+url.PathEscape(jobID)+"/allocations", &allocs); err != nil {
-		return nil, err
+	stubs, _, err := a.api.Jobs().Allocations(jobID, false, nil)
+	if err != nil {
+		return nil, fmt.Errorf("failed to list the allocations of job %s: %w", jobID, err)
+	}
+	allocs := make([]AllocStub, 0, len(stubs))
+	for _, s := range stubs {
+		allocs = append(allocs, *s)
 	}
 	sort.Slice(allocs, func(i, j int) bool { return allocs[i].CreateIndex > allocs[j].CreateIndex })
 	return allocs, nil
@@ -234,11 +227,11 @@ func (a *Agent) Allocation(t testing.TB, allocID string) *Allocation {
 }
 
 func (a *Agent) allocation(allocID string) (*Allocation, error) {
-	var al Allocation
-	if err := a.GetJSON("/v1/allocation/"+allocID, &al); err != nil {
+	al, _, err := a.api.Allocations().Info(allocID, nil)
+	if err != nil {
 		return nil, fmt.Errorf("failed to read allocation %s: %w", allocID, err)
 	}
-	return &al, nil
+	return &Allocation{*al}, nil
 }
 
 // ---- jobs ----
