@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -16,6 +17,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"text/template"
 	"time"
@@ -330,83 +332,186 @@ func (a *Agent) NomadContext(ctx context.Context, args ...string) (string, error
 	return string(out), err
 }
 
-// WaitAlloc waits for the job's newest allocation to reach one of the
-// wanted client statuses and returns it. It fails the test at once when
-// the allocation reaches a terminal status it did not want.
-func (a *Agent) WaitAlloc(t testing.TB, jobID string, timeout time.Duration, want ...string) *Allocation {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	var last *Allocation
-	for time.Now().Before(deadline) {
-		allocs, err := a.JobAllocations(jobID)
-		if err == nil && len(allocs) > 0 {
-			al, err := a.allocation(allocs[0].ID)
-			if err == nil {
-				last = al
-				if slices.Contains(want, al.ClientStatus) {
-					return al
-				}
-				if IsTerminal(al.ClientStatus) {
-					t.Fatalf("allocation of job %s is %s, wanted %v:\n%s", jobID, al.ClientStatus, want, al.Describe())
-				}
+// allocRecheck is how often a wait reads the allocation again although
+// the event stream brought nothing: a change made before the subscription
+// took hold cannot hide for longer than this.
+const allocRecheck = time.Second
+
+// allocPoll is how often a wait reads the allocation once the event stream
+// has failed.
+const allocPoll = 200 * time.Millisecond
+
+// streamStats is what a wait's event stream did.
+type streamStats struct {
+	Events, Batches int64
+	Err             error // why the stream broke; nil while it worked
+}
+
+func (s streamStats) String() string {
+	if s.Err != nil {
+		return fmt.Sprintf("the event stream broke after %d events (%v); polled every %v since", s.Events, s.Err, allocPoll)
+	}
+	return fmt.Sprintf("the event stream brought %d events in %d batches; rechecked every %v", s.Events, s.Batches, allocRecheck)
+}
+
+// watchAllocs runs check (given what the stream did so far) at once,
+// again after every batch of Allocation events for key (an allocation ID,
+// or a job ID: Nomad files an allocation's events under both), and at
+// least every allocRecheck, until
+// check returns true or timeout passes. Reading the allocation after each
+// event, rather than every 200ms, answers as soon as Nomad knows and spares
+// the agent the polling. It returns check's last answer and what the event
+// stream did, for failure messages.
+func (a *Agent) watchAllocs(key string, timeout time.Duration, check func(streamStats) bool) (bool, streamStats) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	wake := make(chan struct{}, 1)
+	broke := make(chan error, 1)
+	var events, batches atomic.Int64
+	go func() {
+		// An agent that writes nothing before the first event (Nomad
+		// 1.10) returns from Stream only then: the checks do not wait
+		// for it.
+		ch, err := a.stream.EventStream().Stream(ctx, map[api.Topic][]string{api.TopicAllocation: {key}}, 0, nil)
+		if err != nil {
+			broke <- err
+			return
+		}
+		for evs := range ch {
+			if evs.Err != nil {
+				broke <- evs.Err
+				return
+			}
+			batches.Add(1)
+			events.Add(int64(len(evs.Events)))
+			select {
+			case wake <- struct{}{}:
+			default:
 			}
 		}
-		time.Sleep(200 * time.Millisecond)
+		broke <- errors.New("the stream ended")
+	}()
+	tick := time.NewTicker(allocRecheck)
+	defer tick.Stop()
+	var streamErr error
+	stats := func() streamStats {
+		return streamStats{Events: events.Load(), Batches: batches.Load(), Err: streamErr}
+	}
+	for {
+		if check(stats()) {
+			return true, stats()
+		}
+		select {
+		case <-ctx.Done():
+			return check(stats()), stats()
+		case <-wake:
+		case err := <-broke:
+			if ctx.Err() != nil {
+				// The deadline ended the stream: not a breakage.
+				continue
+			}
+			streamErr = err
+			tick.Reset(allocPoll)
+		case <-tick.C:
+		}
+	}
+}
+
+// WaitAlloc waits for the job's newest allocation to reach one of the
+// wanted client statuses and returns it. It fails the test at once when
+// the allocation reaches a terminal status it did not want. It reads the
+// allocation when the event stream says it changed (watchAllocs).
+func (a *Agent) WaitAlloc(t testing.TB, jobID string, timeout time.Duration, want ...string) *Allocation {
+	t.Helper()
+	var last *Allocation
+	var lastErr error
+	ok, note := a.watchAllocs(jobID, timeout, func(streamStats) bool {
+		allocs, err := a.JobAllocations(jobID)
+		if err != nil || len(allocs) == 0 {
+			lastErr = err
+			return false
+		}
+		al, err := a.allocation(allocs[0].ID)
+		if err != nil {
+			lastErr = err
+			return false
+		}
+		last = al
+		if slices.Contains(want, al.ClientStatus) {
+			return true
+		}
+		if IsTerminal(al.ClientStatus) {
+			t.Fatalf("allocation of job %s is %s, wanted %v:\n%s", jobID, al.ClientStatus, want, al.Describe())
+		}
+		return false
+	})
+	if ok {
+		return last
 	}
 	if last == nil {
-		t.Fatalf("job %s has no allocation after %v", jobID, timeout)
+		t.Fatalf("job %s has no allocation after %v (last error: %v; %s)", jobID, timeout, lastErr, note)
 	}
-	t.Fatalf("allocation of job %s did not become %v within %v:\n%s", jobID, want, timeout, last.Describe())
+	t.Fatalf("allocation of job %s did not become %v within %v (%s); last seen:\n%s", jobID, want, timeout, note, last.Describe())
 	return nil
 }
 
 // WaitAllocID waits for one allocation to reach a wanted client status.
 func (a *Agent) WaitAllocID(t testing.TB, allocID string, timeout time.Duration, want ...string) *Allocation {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
 	var last *Allocation
-	for time.Now().Before(deadline) {
+	var lastErr error
+	ok, note := a.watchAllocs(allocID, timeout, func(streamStats) bool {
 		al, err := a.allocation(allocID)
-		if err == nil {
-			last = al
-			if slices.Contains(want, al.ClientStatus) {
-				return al
-			}
-			if IsTerminal(al.ClientStatus) {
-				t.Fatalf("allocation %s is %s, wanted %v:\n%s", allocID, al.ClientStatus, want, al.Describe())
-			}
+		if err != nil {
+			lastErr = err
+			return false
 		}
-		time.Sleep(200 * time.Millisecond)
+		last = al
+		if slices.Contains(want, al.ClientStatus) {
+			return true
+		}
+		if IsTerminal(al.ClientStatus) {
+			t.Fatalf("allocation %s is %s, wanted %v:\n%s", allocID, al.ClientStatus, want, al.Describe())
+		}
+		return false
+	})
+	if ok {
+		return last
 	}
 	if last == nil {
-		t.Fatalf("allocation %s could not be read within %v", allocID, timeout)
+		t.Fatalf("allocation %s could not be read within %v (last error: %v; %s)", allocID, timeout, lastErr, note)
 	}
-	t.Fatalf("allocation %s did not become %v within %v:\n%s", allocID, want, timeout, last.Describe())
+	t.Fatalf("allocation %s did not become %v within %v (%s); last seen:\n%s", allocID, want, timeout, note, last.Describe())
 	return nil
 }
 
 // WaitEvent waits for a task event of the given type and returns it.
 func (a *Agent) WaitEvent(t testing.TB, allocID, task, eventType string, timeout time.Duration) TaskEvent {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
 	var last *Allocation
-	for time.Now().Before(deadline) {
+	var found TaskEvent
+	ok, note := a.watchAllocs(allocID, timeout, func(streamStats) bool {
 		al, err := a.allocation(allocID)
-		if err == nil {
-			last = al
-			for _, e := range al.Events(task) {
-				if e.Type == eventType {
-					return e
-				}
+		if err != nil {
+			return false
+		}
+		last = al
+		for _, e := range al.Events(task) {
+			if e.Type == eventType {
+				found = e
+				return true
 			}
 		}
-		time.Sleep(200 * time.Millisecond)
+		return false
+	})
+	if ok {
+		return found
 	}
 	desc := "(allocation unreadable)"
 	if last != nil {
 		desc = last.Describe()
 	}
-	t.Fatalf("no %q event for task %q of allocation %s within %v:\n%s", eventType, task, allocID, timeout, desc)
+	t.Fatalf("no %q event for task %q of allocation %s within %v (%s); last seen:\n%s", eventType, task, allocID, timeout, note, desc)
 	return TaskEvent{}
 }
 
