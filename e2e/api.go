@@ -279,9 +279,10 @@ func (a *Agent) RenderJob(name string, vars map[string]string) (Job, error) {
 	return Job{ID: id, File: file}, nil
 }
 
-// SubmitJob renders and runs a job with "nomad job run -detach" and
-// returns the CLI's output and error without failing the test; the job is
-// stopped and purged on Close.
+// SubmitJob renders a job and registers it through the API (the agent
+// parses the HCL, as "nomad job run -detach" would have it parsed, without
+// starting a CLI process per job) and returns a short answer and the error
+// without failing the test; the job is stopped and purged on Close.
 func (a *Agent) SubmitJob(t testing.TB, name string, vars map[string]string) (Job, string, error) {
 	t.Helper()
 	job, err := a.RenderJob(name, vars)
@@ -291,26 +292,46 @@ func (a *Agent) SubmitJob(t testing.TB, name string, vars map[string]string) (Jo
 	a.mu.Lock()
 	a.jobs = append(a.jobs, job.ID)
 	a.mu.Unlock()
-	out, err := a.Nomad("job", "run", "-detach", job.File)
+	out, err := a.registerFile(job.File, nil)
 	return job, out, err
+}
+
+// registerFile parses a job file with the agent and registers the job; the
+// answer names the evaluation, the error what the agent refused.
+func (a *Agent) registerFile(file string, w *api.WriteOptions) (string, error) {
+	hcl, err := os.ReadFile(file)
+	if err != nil {
+		return "", err
+	}
+	job, err := a.api.Jobs().ParseHCLOpts(&api.JobsParseRequest{JobHCL: string(hcl), Canonicalize: true})
+	if err != nil {
+		err = fmt.Errorf("failed to parse job file %s: %w", file, err)
+		return err.Error(), err
+	}
+	resp, _, err := a.api.Jobs().Register(job, w)
+	if err != nil {
+		err = fmt.Errorf("failed to register job file %s: %w", file, err)
+		return err.Error(), err
+	}
+	return "Evaluation ID: " + resp.EvalID, nil
 }
 
 // RunJob is SubmitJob that fails the test when the submission fails.
 func (a *Agent) RunJob(t testing.TB, name string, vars map[string]string) Job {
 	t.Helper()
-	job, out, err := a.SubmitJob(t, name, vars)
+	job, _, err := a.SubmitJob(t, name, vars)
 	if err != nil {
-		t.Fatalf("nomad job run %s failed: %v\n%s", job.File, err, out)
+		t.Fatalf("%v", err)
 	}
 	return job
 }
 
-// StopJob stops a job with "nomad job stop" (without purging it, so its
-// allocations stay readable).
+// StopJob stops a job (without purging it, so its allocations stay
+// readable).
 func (a *Agent) StopJob(t testing.TB, jobID string) {
 	t.Helper()
-	if out, err := a.Nomad("job", "stop", "-detach", jobID); err != nil {
-		t.Fatalf("nomad job stop %s failed: %v\n%s", jobID, err, out)
+	if _, _, err := a.api.Jobs().Deregister(jobID, false, nil); err != nil {
+		t.Fatalf("failed to stop job %s: %v", jobID, err)
 	}
 }
 
