@@ -384,6 +384,11 @@ func (s streamStats) String() string {
 // the agent the polling. It returns check's last answer and what the event
 // stream did, for failure messages.
 func (a *Agent) watchAllocs(key string, timeout time.Duration, check func(streamStats) bool) (bool, streamStats) {
+	return a.watchAllocsIn("", key, timeout, check)
+}
+
+// watchAllocsIn is watchAllocs for a namespace ("" is the default one).
+func (a *Agent) watchAllocsIn(ns, key string, timeout time.Duration, check func(streamStats) bool) (bool, streamStats) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	wake := make(chan struct{}, 1)
@@ -393,7 +398,7 @@ func (a *Agent) watchAllocs(key string, timeout time.Duration, check func(stream
 		// An agent that writes nothing before the first event (Nomad
 		// 1.10) returns from Stream only then: the checks do not wait
 		// for it.
-		ch, err := a.stream.EventStream().Stream(ctx, map[api.Topic][]string{api.TopicAllocation: {key}}, 0, nil)
+		ch, err := a.stream.EventStream().Stream(ctx, map[api.Topic][]string{api.TopicAllocation: {key}}, 0, &api.QueryOptions{Namespace: ns})
 		if err != nil {
 			broke <- err
 			return
