@@ -6,10 +6,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,57 +17,41 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"text/template"
 	"time"
+
+	"github.com/hashicorp/nomad/api"
 )
 
+// The e2e suite reads Nomad through its own Go API client
+// (github.com/hashicorp/nomad/api): the types below are Nomad's, named as the
+// cases have always named them, and the few helpers the cases share hang on
+// the two wrappers. The client speaks HTTP/JSON, so it reads every agent of
+// the version matrix (make e2e-matrix) alike.
+
 // DriverInfo is a node's view of one driver.
-type DriverInfo struct {
-	Attributes        map[string]string
-	Detected          bool
-	Healthy           bool
-	HealthDescription string
-}
+type DriverInfo = api.DriverInfo
 
 // NodeStub is an entry of /v1/nodes.
-type NodeStub struct {
-	ID              string
-	Name            string
-	Status          string
-	StatusUpdatedAt int64
-	Drivers         map[string]*DriverInfo
-}
+type NodeStub = api.NodeListStub
 
 // Node is /v1/node/<id>.
-type Node struct {
-	ID         string
-	Name       string
-	Status     string
-	Attributes map[string]string
-	Drivers    map[string]*DriverInfo
-}
+type Node = api.Node
 
-// TaskEvent is one event of a task.
-type TaskEvent struct {
-	Type            string
-	Time            int64
-	DisplayMessage  string
-	Details         map[string]string
-	ExitCode        int
-	Signal          int
-	Message         string
-	DriverError     string
-	KillError       string
-	SetupError      string
-	ValidationError string
-	DriverMessage   string
-	RestartReason   string
-}
+// TaskState is a task's state inside an allocation.
+type TaskState = api.TaskState
+
+// AllocStub is an entry of /v1/job/<id>/allocations.
+type AllocStub = api.AllocationListStub
+
+// TaskEvent is one event of a task, with Text for messages and checks.
+type TaskEvent struct{ api.TaskEvent }
 
 // Text is everything an operator could read about the event.
 func (e TaskEvent) Text() string {
-	parts := []string{e.Type, e.DisplayMessage, e.Message, e.DriverError, e.KillError,
+	parts := []string{e.Type, e.DisplayMessage, e.Message, e.DriverError, e.KillError, e.KillReason,
 		e.SetupError, e.ValidationError, e.DriverMessage, e.RestartReason}
 	keys := make([]string, 0, len(e.Details))
 	for k := range e.Details {
@@ -86,48 +70,22 @@ func (e TaskEvent) Text() string {
 	return strings.Join(nonEmpty, " | ")
 }
 
-// TaskState is a task's state inside an allocation.
-type TaskState struct {
-	State      string
-	Failed     bool
-	Restarts   uint64
-	StartedAt  time.Time
-	FinishedAt time.Time
-	Events     []TaskEvent
-}
-
-// AllocStub is an entry of /v1/job/<id>/allocations.
-type AllocStub struct {
-	ID            string
-	Name          string
-	JobID         string
-	NodeID        string
-	TaskGroup     string
-	ClientStatus  string
-	DesiredStatus string
-	CreateIndex   uint64
-	TaskStates    map[string]*TaskState
-}
-
-// Allocation is /v1/allocation/<id>.
-type Allocation struct {
-	ID                 string
-	Name               string
-	JobID              string
-	NodeID             string
-	ClientStatus       string
-	ClientDescription  string
-	DesiredStatus      string
-	DesiredDescription string
-	TaskStates         map[string]*TaskState
-}
+// Allocation is /v1/allocation/<id>, with helpers for the cases.
+type Allocation struct{ api.Allocation }
 
 // Events returns the events of one task ("" for the only task).
 func (al *Allocation) Events(task string) []TaskEvent {
-	if ts := al.Task(task); ts != nil {
-		return ts.Events
+	ts := al.Task(task)
+	if ts == nil {
+		return nil
 	}
-	return nil
+	out := make([]TaskEvent, 0, len(ts.Events))
+	for _, e := range ts.Events {
+		if e != nil {
+			out = append(out, TaskEvent{*e})
+		}
+	}
+	return out
 }
 
 // Task returns one task's state ("" for the only task).
@@ -152,14 +110,39 @@ func (al *Allocation) Describe() string {
 	for _, n := range names {
 		ts := al.TaskStates[n]
 		fmt.Fprintf(&b, "  task %s: state=%s failed=%v restarts=%d\n", n, ts.State, ts.Failed, ts.Restarts)
-		for _, e := range ts.Events {
+		for _, e := range al.Events(n) {
 			fmt.Fprintf(&b, "    %s  %s\n", time.Unix(0, e.Time).Format("15:04:05.000"), e.Text())
 		}
 	}
 	return b.String()
 }
 
-// GetJSON decodes the answer to GET path.
+// apiTimeout bounds one API request (not the event stream, which lives as
+// long as the wait that reads it).
+const apiTimeout = 15 * time.Second
+
+// setAddr points the agent's API clients at addr (http://127.0.0.1:PORT).
+func (a *Agent) setAddr(addr string) error {
+	a.Addr = addr
+	c, err := api.NewClient(&api.Config{Address: addr, HttpClient: &http.Client{Timeout: apiTimeout}})
+	if err != nil {
+		return fmt.Errorf("failed to make an API client for %s: %w", addr, err)
+	}
+	// The event stream's requests last as long as the caller's context.
+	s, err := api.NewClient(&api.Config{Address: addr, HttpClient: &http.Client{}})
+	if err != nil {
+		return fmt.Errorf("failed to make an API client for %s: %w", addr, err)
+	}
+	a.api, a.stream = c, s
+	return nil
+}
+
+// API is Nomad's API client for the agent (the server's address in
+// Persistent mode and for clients that joined a server).
+func (a *Agent) API() *api.Client { return a.api }
+
+// GetJSON decodes the answer to GET path: for what the API client does not
+// cover, or a check on the raw JSON an operator would read.
 func (a *Agent) GetJSON(path string, out any) error {
 	return a.do(http.MethodGet, path, nil, out)
 }
@@ -206,18 +189,30 @@ func (a *Agent) do(method, path string, body, out any) error {
 // Node returns the agent's node.
 func (a *Agent) Node(t testing.TB) *Node {
 	t.Helper()
-	var n Node
-	if err := a.GetJSON("/v1/node/"+a.NodeID, &n); err != nil {
-		t.Fatalf("failed to read node %s: %v", a.NodeID, err)
+	n, err := a.node()
+	if err != nil {
+		t.Fatalf("%v", err)
 	}
-	return &n
+	return n
+}
+
+func (a *Agent) node() (*Node, error) {
+	n, _, err := a.api.Nodes().Info(a.NodeID, nil)
+	if err != nil {
+		return nil, fmt.Errorf("failed to read node %s: %w", a.NodeID, err)
+	}
+	return n, nil
 }
 
 // JobAllocations lists a job's allocations, newest first.
 func (a *Agent) JobAllocations(jobID string) ([]AllocStub, error) {
-	var allocs []AllocStub
-	if err := a.GetJSON("/v1/job/"+url.PathEscape(jobID)+"/allocations", &allocs); err != nil {
-		return nil, err
+	stubs, _, err := a.api.Jobs().Allocations(jobID, false, nil)
+	if err != nil {
+		return nil, fmt.Errorf("failed to list the allocations of job %s: %w", jobID, err)
+	}
+	allocs := make([]AllocStub, 0, len(stubs))
+	for _, s := range stubs {
+		allocs = append(allocs, *s)
 	}
 	sort.Slice(allocs, func(i, j int) bool { return allocs[i].CreateIndex > allocs[j].CreateIndex })
 	return allocs, nil
@@ -234,11 +229,11 @@ func (a *Agent) Allocation(t testing.TB, allocID string) *Allocation {
 }
 
 func (a *Agent) allocation(allocID string) (*Allocation, error) {
-	var al Allocation
-	if err := a.GetJSON("/v1/allocation/"+allocID, &al); err != nil {
+	al, _, err := a.api.Allocations().Info(allocID, nil)
+	if err != nil {
 		return nil, fmt.Errorf("failed to read allocation %s: %w", allocID, err)
 	}
-	return &al, nil
+	return &Allocation{*al}, nil
 }
 
 // ---- jobs ----
@@ -284,9 +279,10 @@ func (a *Agent) RenderJob(name string, vars map[string]string) (Job, error) {
 	return Job{ID: id, File: file}, nil
 }
 
-// SubmitJob renders and runs a job with "nomad job run -detach" and
-// returns the CLI's output and error without failing the test; the job is
-// stopped and purged on Close.
+// SubmitJob renders a job and registers it through the API (the agent
+// parses the HCL, as "nomad job run -detach" would have it parsed, without
+// starting a CLI process per job) and returns a short answer and the error
+// without failing the test; the job is stopped and purged on Close.
 func (a *Agent) SubmitJob(t testing.TB, name string, vars map[string]string) (Job, string, error) {
 	t.Helper()
 	job, err := a.RenderJob(name, vars)
@@ -296,26 +292,46 @@ func (a *Agent) SubmitJob(t testing.TB, name string, vars map[string]string) (Jo
 	a.mu.Lock()
 	a.jobs = append(a.jobs, job.ID)
 	a.mu.Unlock()
-	out, err := a.Nomad("job", "run", "-detach", job.File)
+	out, err := a.registerFile(job.File, nil)
 	return job, out, err
+}
+
+// registerFile parses a job file with the agent and registers the job; the
+// answer names the evaluation, the error what the agent refused.
+func (a *Agent) registerFile(file string, w *api.WriteOptions) (string, error) {
+	hcl, err := os.ReadFile(file)
+	if err != nil {
+		return "", err
+	}
+	job, err := a.api.Jobs().ParseHCLOpts(&api.JobsParseRequest{JobHCL: string(hcl), Canonicalize: true})
+	if err != nil {
+		err = fmt.Errorf("failed to parse job file %s: %w", file, err)
+		return err.Error(), err
+	}
+	resp, _, err := a.api.Jobs().Register(job, w)
+	if err != nil {
+		err = fmt.Errorf("failed to register job file %s: %w", file, err)
+		return err.Error(), err
+	}
+	return "Evaluation ID: " + resp.EvalID, nil
 }
 
 // RunJob is SubmitJob that fails the test when the submission fails.
 func (a *Agent) RunJob(t testing.TB, name string, vars map[string]string) Job {
 	t.Helper()
-	job, out, err := a.SubmitJob(t, name, vars)
+	job, _, err := a.SubmitJob(t, name, vars)
 	if err != nil {
-		t.Fatalf("nomad job run %s failed: %v\n%s", job.File, err, out)
+		t.Fatalf("%v", err)
 	}
 	return job
 }
 
-// StopJob stops a job with "nomad job stop" (without purging it, so its
-// allocations stay readable).
+// StopJob stops a job (without purging it, so its allocations stay
+// readable).
 func (a *Agent) StopJob(t testing.TB, jobID string) {
 	t.Helper()
-	if out, err := a.Nomad("job", "stop", "-detach", jobID); err != nil {
-		t.Fatalf("nomad job stop %s failed: %v\n%s", jobID, err, out)
+	if _, _, err := a.api.Jobs().Deregister(jobID, false, nil); err != nil {
+		t.Fatalf("failed to stop job %s: %v", jobID, err)
 	}
 }
 
@@ -337,83 +353,191 @@ func (a *Agent) NomadContext(ctx context.Context, args ...string) (string, error
 	return string(out), err
 }
 
-// WaitAlloc waits for the job's newest allocation to reach one of the
-// wanted client statuses and returns it. It fails the test at once when
-// the allocation reaches a terminal status it did not want.
-func (a *Agent) WaitAlloc(t testing.TB, jobID string, timeout time.Duration, want ...string) *Allocation {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	var last *Allocation
-	for time.Now().Before(deadline) {
-		allocs, err := a.JobAllocations(jobID)
-		if err == nil && len(allocs) > 0 {
-			al, err := a.allocation(allocs[0].ID)
-			if err == nil {
-				last = al
-				if slices.Contains(want, al.ClientStatus) {
-					return al
-				}
-				if IsTerminal(al.ClientStatus) {
-					t.Fatalf("allocation of job %s is %s, wanted %v:\n%s", jobID, al.ClientStatus, want, al.Describe())
-				}
+// allocRecheck is how often a wait reads the allocation again although
+// the event stream brought nothing: a change made before the subscription
+// took hold cannot hide for longer than this.
+const allocRecheck = time.Second
+
+// allocPoll is how often a wait reads the allocation once the event stream
+// has failed.
+const allocPoll = 200 * time.Millisecond
+
+// streamStats is what a wait's event stream did.
+type streamStats struct {
+	Events, Batches int64
+	Err             error // why the stream broke; nil while it worked
+}
+
+func (s streamStats) String() string {
+	if s.Err != nil {
+		return fmt.Sprintf("the event stream broke after %d events (%v); polled every %v since", s.Events, s.Err, allocPoll)
+	}
+	return fmt.Sprintf("the event stream brought %d events in %d batches; rechecked every %v", s.Events, s.Batches, allocRecheck)
+}
+
+// watchAllocs runs check (given what the stream did so far) at once,
+// again after every batch of Allocation events for key (an allocation ID,
+// or a job ID: Nomad files an allocation's events under both), and at
+// least every allocRecheck, until
+// check returns true or timeout passes. Reading the allocation after each
+// event, rather than every 200ms, answers as soon as Nomad knows and spares
+// the agent the polling. It returns check's last answer and what the event
+// stream did, for failure messages.
+func (a *Agent) watchAllocs(key string, timeout time.Duration, check func(streamStats) bool) (bool, streamStats) {
+	return a.watchAllocsIn("", key, timeout, check)
+}
+
+// watchAllocsIn is watchAllocs for a namespace ("" is the default one).
+func (a *Agent) watchAllocsIn(ns, key string, timeout time.Duration, check func(streamStats) bool) (bool, streamStats) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	wake := make(chan struct{}, 1)
+	broke := make(chan error, 1)
+	var events, batches atomic.Int64
+	go func() {
+		// An agent that writes nothing before the first event (Nomad
+		// 1.10) returns from Stream only then: the checks do not wait
+		// for it.
+		ch, err := a.stream.EventStream().Stream(ctx, map[api.Topic][]string{api.TopicAllocation: {key}}, 0, &api.QueryOptions{Namespace: ns})
+		if err != nil {
+			broke <- err
+			return
+		}
+		for evs := range ch {
+			if evs.Err != nil {
+				broke <- evs.Err
+				return
+			}
+			batches.Add(1)
+			events.Add(int64(len(evs.Events)))
+			select {
+			case wake <- struct{}{}:
+			default:
 			}
 		}
-		time.Sleep(200 * time.Millisecond)
+		broke <- errors.New("the stream ended")
+	}()
+	tick := time.NewTicker(allocRecheck)
+	defer tick.Stop()
+	var streamErr error
+	stats := func() streamStats {
+		return streamStats{Events: events.Load(), Batches: batches.Load(), Err: streamErr}
+	}
+	for {
+		if check(stats()) {
+			return true, stats()
+		}
+		select {
+		case <-ctx.Done():
+			return check(stats()), stats()
+		case <-wake:
+		case err := <-broke:
+			if ctx.Err() != nil {
+				// The deadline ended the stream: not a breakage.
+				continue
+			}
+			streamErr = err
+			tick.Reset(allocPoll)
+		case <-tick.C:
+		}
+	}
+}
+
+// WaitAlloc waits for the job's newest allocation to reach one of the
+// wanted client statuses and returns it. It fails the test at once when
+// the allocation reaches a terminal status it did not want. It reads the
+// allocation when the event stream says it changed (watchAllocs).
+func (a *Agent) WaitAlloc(t testing.TB, jobID string, timeout time.Duration, want ...string) *Allocation {
+	t.Helper()
+	var last *Allocation
+	var lastErr error
+	ok, note := a.watchAllocs(jobID, timeout, func(streamStats) bool {
+		allocs, err := a.JobAllocations(jobID)
+		if err != nil || len(allocs) == 0 {
+			lastErr = err
+			return false
+		}
+		al, err := a.allocation(allocs[0].ID)
+		if err != nil {
+			lastErr = err
+			return false
+		}
+		last = al
+		if slices.Contains(want, al.ClientStatus) {
+			return true
+		}
+		if IsTerminal(al.ClientStatus) {
+			t.Fatalf("allocation of job %s is %s, wanted %v:\n%s", jobID, al.ClientStatus, want, al.Describe())
+		}
+		return false
+	})
+	if ok {
+		return last
 	}
 	if last == nil {
-		t.Fatalf("job %s has no allocation after %v", jobID, timeout)
+		t.Fatalf("job %s has no allocation after %v (last error: %v; %s)", jobID, timeout, lastErr, note)
 	}
-	t.Fatalf("allocation of job %s did not become %v within %v:\n%s", jobID, want, timeout, last.Describe())
+	t.Fatalf("allocation of job %s did not become %v within %v (%s); last seen:\n%s", jobID, want, timeout, note, last.Describe())
 	return nil
 }
 
 // WaitAllocID waits for one allocation to reach a wanted client status.
 func (a *Agent) WaitAllocID(t testing.TB, allocID string, timeout time.Duration, want ...string) *Allocation {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
 	var last *Allocation
-	for time.Now().Before(deadline) {
+	var lastErr error
+	ok, note := a.watchAllocs(allocID, timeout, func(streamStats) bool {
 		al, err := a.allocation(allocID)
-		if err == nil {
-			last = al
-			if slices.Contains(want, al.ClientStatus) {
-				return al
-			}
-			if IsTerminal(al.ClientStatus) {
-				t.Fatalf("allocation %s is %s, wanted %v:\n%s", allocID, al.ClientStatus, want, al.Describe())
-			}
+		if err != nil {
+			lastErr = err
+			return false
 		}
-		time.Sleep(200 * time.Millisecond)
+		last = al
+		if slices.Contains(want, al.ClientStatus) {
+			return true
+		}
+		if IsTerminal(al.ClientStatus) {
+			t.Fatalf("allocation %s is %s, wanted %v:\n%s", allocID, al.ClientStatus, want, al.Describe())
+		}
+		return false
+	})
+	if ok {
+		return last
 	}
 	if last == nil {
-		t.Fatalf("allocation %s could not be read within %v", allocID, timeout)
+		t.Fatalf("allocation %s could not be read within %v (last error: %v; %s)", allocID, timeout, lastErr, note)
 	}
-	t.Fatalf("allocation %s did not become %v within %v:\n%s", allocID, want, timeout, last.Describe())
+	t.Fatalf("allocation %s did not become %v within %v (%s); last seen:\n%s", allocID, want, timeout, note, last.Describe())
 	return nil
 }
 
 // WaitEvent waits for a task event of the given type and returns it.
 func (a *Agent) WaitEvent(t testing.TB, allocID, task, eventType string, timeout time.Duration) TaskEvent {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
 	var last *Allocation
-	for time.Now().Before(deadline) {
+	var found TaskEvent
+	ok, note := a.watchAllocs(allocID, timeout, func(streamStats) bool {
 		al, err := a.allocation(allocID)
-		if err == nil {
-			last = al
-			for _, e := range al.Events(task) {
-				if e.Type == eventType {
-					return e
-				}
+		if err != nil {
+			return false
+		}
+		last = al
+		for _, e := range al.Events(task) {
+			if e.Type == eventType {
+				found = e
+				return true
 			}
 		}
-		time.Sleep(200 * time.Millisecond)
+		return false
+	})
+	if ok {
+		return found
 	}
 	desc := "(allocation unreadable)"
 	if last != nil {
 		desc = last.Describe()
 	}
-	t.Fatalf("no %q event for task %q of allocation %s within %v:\n%s", eventType, task, allocID, timeout, desc)
+	t.Fatalf("no %q event for task %q of allocation %s within %v (%s); last seen:\n%s", eventType, task, allocID, timeout, note, desc)
 	return TaskEvent{}
 }
 

@@ -16,6 +16,8 @@ import (
 	"path/filepath"
 	"sort"
 	"time"
+
+	"github.com/hashicorp/nomad/api"
 )
 
 // ClusterNativeFixture is the e2e fixture as a system job with Nomad's own
@@ -149,7 +151,7 @@ func (a *Agent) NativeClaimsOn(vol, nodeID string) ([]string, error) {
 		return nil, err
 	}
 	var out []string
-	for mode, allocs := range map[string]map[string]any{"read": v.ReadAllocs, "write": v.WriteAllocs} {
+	for mode, allocs := range map[string]map[string]*api.Allocation{"read": v.ReadAllocs, "write": v.WriteAllocs} {
 		for id := range allocs {
 			var al struct{ NodeID string }
 			if err := a.GetJSON("/v1/allocation/"+url.PathEscape(id), &al); err != nil {

@@ -112,8 +112,7 @@ func (a *Agent) WaitDriverBack(t testing.TB, old int, timeout time.Duration) int
 	for time.Now().Before(deadline) {
 		pid := a.DriverPluginPID()
 		if pid != 0 && pid != old {
-			var n Node
-			if err := a.GetJSON("/v1/node/"+a.NodeID, &n); err != nil {
+			if n, err := a.node(); err != nil {
 				last = err.Error()
 			} else if d := n.Drivers[DriverName]; d == nil || !d.Healthy {
 				last = fmt.Sprintf("driver pid %d runs but the node does not report it healthy", pid)

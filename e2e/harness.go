@@ -37,13 +37,11 @@ package e2e
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
 	"net/http"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -57,6 +55,7 @@ import (
 	"text/template"
 	"time"
 
+	"github.com/hashicorp/nomad/api"
 	"golang.org/x/sys/unix"
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor"
@@ -208,8 +207,10 @@ type Agent struct {
 
 	opts         AgentOptions
 	cgroupParent string
-	http         *http.Client
-	serverRPC    string // the server's RPC address (Persistent mode)
+	http         *http.Client // GetJSON and PutJSON
+	api          *api.Client  // Nomad's API client (Addr)
+	stream       *api.Client  // the same without a request timeout, for the event stream
+	serverRPC    string       // the server's RPC address (Persistent mode)
 
 	mu       sync.Mutex
 	client   *proc // runs the tasks (the -dev agent in dev mode)
@@ -370,13 +371,17 @@ func (a *Agent) setup() error {
 		if j.serverRPC == "" {
 			return errors.New("AgentOptions.Join must be a Persistent agent, which runs a server")
 		}
-		a.Addr = j.Addr
+		if err := a.setAddr(j.Addr); err != nil {
+			return err
+		}
 		cfg.Servers = j.serverRPC
 		return a.startClient(cfg, plugins)
 	}
 	if !a.opts.Persistent {
 		cfg.Server = true
-		a.Addr = fmt.Sprintf("http://127.0.0.1:%d", cfg.HTTP)
+		if err := a.setAddr(fmt.Sprintf("http://127.0.0.1:%d", cfg.HTTP)); err != nil {
+			return err
+		}
 		if err := writeAgentConfig(a.ConfigPath, cfg); err != nil {
 			return err
 		}
@@ -404,7 +409,9 @@ func (a *Agent) setup() error {
 	if err := a.startProc(a.server); err != nil {
 		return err
 	}
-	a.Addr = fmt.Sprintf("http://127.0.0.1:%d", srv.HTTP)
+	if err := a.setAddr(fmt.Sprintf("http://127.0.0.1:%d", srv.HTTP)); err != nil {
+		return err
+	}
 	if err := a.waitServer(60 * time.Second); err != nil {
 		return err
 	}
@@ -729,13 +736,11 @@ func (a *Agent) waitServer(timeout time.Duration) error {
 		if a.server.pid() == 0 {
 			return fmt.Errorf("the server agent exited while starting (see %s)", a.server.logPath)
 		}
-		var leader string
-		var keys []json.RawMessage
-		if err := a.GetJSON("/v1/status/leader", &leader); err != nil {
+		if leader, err := a.api.Status().Leader(); err != nil {
 			last = err.Error()
 		} else if leader == "" {
 			last = "no leader yet"
-		} else if err := a.GetJSON("/v1/operator/keyring/keys", &keys); err != nil {
+		} else if keys, _, err := a.api.Keyring().List(nil); err != nil {
 			last = err.Error()
 		} else if len(keys) == 0 {
 			last = "no keyring yet"
@@ -761,8 +766,7 @@ func (a *Agent) waitReady(timeout time.Duration) error {
 			return fmt.Errorf("the agent exited while starting (see %s)", a.LogPath)
 		default:
 		}
-		var nodes []NodeStub
-		if err := a.GetJSON("/v1/nodes", &nodes); err != nil {
+		if nodes, _, err := a.api.Nodes().List(nil); err != nil {
 			last = err.Error()
 		} else if len(nodes) == 0 {
 			last = "no node registered yet"
@@ -799,7 +803,7 @@ func (a *Agent) waitReady(timeout time.Duration) error {
 
 // ownNode picks the agent's node from the server's list: the only one,
 // or, when clients share a server (AgentOptions.Join), the one of its name.
-func (a *Agent) ownNode(nodes []NodeStub) (NodeStub, bool) {
+func (a *Agent) ownNode(nodes []*NodeStub) (*NodeStub, bool) {
 	if a.opts.Join == nil && a.serverRPC == "" {
 		return nodes[0], true
 	}
@@ -808,7 +812,7 @@ func (a *Agent) ownNode(nodes []NodeStub) (NodeStub, bool) {
 			return n, true
 		}
 	}
-	return NodeStub{}, false
+	return nil, false
 }
 
 // registeredAgain tells whether the current client process has registered
@@ -941,7 +945,7 @@ func (a *Agent) Close() {
 // purges them.
 func (a *Agent) stopJobs(jobs []string, timeout time.Duration) {
 	for _, id := range jobs {
-		_ = a.do(http.MethodDelete, "/v1/job/"+url.PathEscape(id), nil, nil)
+		_, _, _ = a.api.Jobs().Deregister(id, false, nil)
 	}
 	deadline := time.Now().Add(timeout)
 	for _, id := range jobs {
@@ -952,7 +956,7 @@ func (a *Agent) stopJobs(jobs []string, timeout time.Duration) {
 			}
 			time.Sleep(250 * time.Millisecond)
 		}
-		_ = a.do(http.MethodDelete, "/v1/job/"+url.PathEscape(id)+"?purge=true", nil, nil)
+		_, _, _ = a.api.Jobs().Deregister(id, true, nil)
 	}
 }
 

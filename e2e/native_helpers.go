@@ -9,12 +9,13 @@ package e2e
 
 import (
 	"fmt"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/hashicorp/nomad/api"
 )
 
 // FixtureBinary is the CSI plugin fixture built by e2e/tools/build.sh.
@@ -86,15 +87,15 @@ func (a *Agent) SubmitRendered(job Job) (time.Time, error) {
 	if err != nil {
 		return time.Time{}, err
 	}
-	var parsed map[string]any
-	if err := a.PutJSON("POST", "/v1/jobs/parse", map[string]any{"JobHCL": string(hcl), "Canonicalize": true}, &parsed); err != nil {
+	parsed, err := a.api.Jobs().ParseHCLOpts(&api.JobsParseRequest{JobHCL: string(hcl), Canonicalize: true})
+	if err != nil {
 		return time.Time{}, fmt.Errorf("failed to parse %s: %w", job.File, err)
 	}
 	a.mu.Lock()
 	a.jobs = append(a.jobs, job.ID)
 	a.mu.Unlock()
 	t0 := time.Now()
-	if err := a.PutJSON("POST", "/v1/jobs", map[string]any{"Job": parsed}, nil); err != nil {
+	if _, _, err := a.api.Jobs().Register(parsed, nil); err != nil {
 		return time.Time{}, fmt.Errorf("failed to register %s: %w", job.ID, err)
 	}
 	return t0, nil
@@ -103,8 +104,7 @@ func (a *Agent) SubmitRendered(job Job) (time.Time, error) {
 // StopWaitPurge stops a job, waits until its allocations are terminal, and
 // purges it when purge is set.
 func (a *Agent) StopWaitPurge(jobID string, purge bool, timeout time.Duration) error {
-	path := "/v1/job/" + url.PathEscape(jobID)
-	if err := a.PutJSON("DELETE", path, nil, nil); err != nil {
+	if _, _, err := a.api.Jobs().Deregister(jobID, false, nil); err != nil {
 		return fmt.Errorf("failed to stop job %s: %w", jobID, err)
 	}
 	deadline := time.Now().Add(timeout)
@@ -122,7 +122,7 @@ func (a *Agent) StopWaitPurge(jobID string, purge bool, timeout time.Duration) e
 		time.Sleep(50 * time.Millisecond)
 	}
 	if purge {
-		if err := a.PutJSON("DELETE", path+"?purge=true", nil, nil); err != nil {
+		if _, _, err := a.api.Jobs().Deregister(jobID, true, nil); err != nil {
 			return fmt.Errorf("failed to purge job %s: %w", jobID, err)
 		}
 	}
@@ -130,24 +130,15 @@ func (a *Agent) StopWaitPurge(jobID string, purge bool, timeout time.Duration) e
 }
 
 // NativePluginInfo is /v1/plugin/csi/<id>.
-type NativePluginInfo struct {
-	ID                  string
-	Provider            string
-	Version             string
-	ControllerRequired  bool
-	ControllersHealthy  int
-	ControllersExpected int
-	NodesHealthy        int
-	NodesExpected       int
-}
+type NativePluginInfo = api.CSIPlugin
 
 // NativePlugin reads a plugin as the servers know it.
 func (a *Agent) NativePlugin(id string) (*NativePluginInfo, error) {
-	var p NativePluginInfo
-	if err := a.GetJSON("/v1/plugin/csi/"+url.PathEscape(id), &p); err != nil {
-		return nil, err
+	p, _, err := a.api.CSIPlugins().Info(id, nil)
+	if err != nil {
+		return nil, fmt.Errorf("failed to read CSI plugin %s: %w", id, err)
 	}
-	return &p, nil
+	return p, nil
 }
 
 // WaitNativePlugin waits until the servers count the plugin's controllers
@@ -175,27 +166,18 @@ func (a *Agent) WaitNativePlugin(id string, controllers, nodes int, timeout time
 }
 
 // NativeVolumeInfo is /v1/volume/csi/<id>.
-type NativeVolumeInfo struct {
-	ID          string
-	Name        string
-	ExternalID  string
-	PluginID    string
-	Schedulable bool
-	ReadAllocs  map[string]any
-	WriteAllocs map[string]any
-	Allocations []AllocStub
-}
+type NativeVolumeInfo struct{ api.CSIVolume }
 
 // Claims counts the volume's reader and writer claims.
 func (v *NativeVolumeInfo) Claims() int { return len(v.ReadAllocs) + len(v.WriteAllocs) }
 
 // NativeVolume reads a volume as the servers know it.
 func (a *Agent) NativeVolume(id string) (*NativeVolumeInfo, error) {
-	var v NativeVolumeInfo
-	if err := a.GetJSON("/v1/volume/csi/"+url.PathEscape(id), &v); err != nil {
-		return nil, err
+	v, _, err := a.api.CSIVolumes().Info(id, nil)
+	if err != nil {
+		return nil, fmt.Errorf("failed to read CSI volume %s: %w", id, err)
 	}
-	return &v, nil
+	return &NativeVolumeInfo{*v}, nil
 }
 
 // CreateNativeVolumeFile runs "nomad volume create" on a volume spec file.
@@ -238,7 +220,7 @@ func (a *Agent) WaitNativeVolumeReleased(id string, timeout time.Duration) (*Nat
 			return v, nil
 		}
 		if time.Now().After(nextGC) {
-			_ = a.PutJSON("PUT", "/v1/system/gc", nil, nil)
+			_ = a.api.System().GarbageCollect()
 			nextGC = time.Now().Add(3 * time.Second)
 		}
 		time.Sleep(100 * time.Millisecond)
@@ -261,7 +243,7 @@ func (a *Agent) DeleteNativeVolume(id string, timeout time.Duration) error {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("nomad volume delete %s failed: %w\n%s", id, err, out)
 		}
-		_ = a.PutJSON("PUT", "/v1/system/gc", nil, nil)
+		_ = a.api.System().GarbageCollect()
 		time.Sleep(time.Second)
 	}
 }

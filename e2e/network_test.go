@@ -31,24 +31,6 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// netAlloc is what the case reads of an allocation in bridge mode.
-type netAlloc struct {
-	NetworkStatus *struct {
-		InterfaceName string
-		Address       string
-	}
-	AllocatedResources *struct {
-		Shared struct {
-			Ports []struct {
-				Label  string
-				Value  int
-				To     int
-				HostIP string
-			}
-		}
-	}
-}
-
 // netLines maps the "KEY=VALUE" lines of a task's output.
 func netLines(out string) map[string]string {
 	m := map[string]string{}
@@ -287,11 +269,11 @@ func TestNetwork_Bridge(t *testing.T) {
 
 	hostNS, err := os.Readlink("/proc/self/ns/net")
 	must.NoError(t, err)
-	readAlloc := func(t *testing.T, id string) netAlloc {
+	readAlloc := func(t *testing.T, id string) *Allocation {
 		t.Helper()
-		var al netAlloc
-		must.NoError(t, a.GetJSON("/v1/allocation/"+id, &al))
+		al := a.Allocation(t, id)
 		must.NotNil(t, al.NetworkStatus, must.Sprint("the allocation has no network status"))
+		must.NotNil(t, al.AllocatedResources, must.Sprint("the allocation has no allocated resources"))
 		return al
 	}
 

@@ -8,9 +8,9 @@ package e2e
 // driver's plugin attributes, and locating the CSI test binaries.
 
 import (
+	"errors"
 	"fmt"
 	"net/http"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,6 +19,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/hashicorp/nomad/api"
 )
 
 // PluginAgent is a -dev agent whose csi driver allows privileged tasks and
@@ -97,8 +99,8 @@ func (a *Agent) TrackJob(id string) {
 // NodeAttributes reads the node's attributes, the csi driver's merged in
 // (Nomad keeps them in both places; the driver's win).
 func (a *Agent) NodeAttributes() (map[string]string, error) {
-	var n Node
-	if err := a.GetJSON("/v1/node/"+a.NodeID, &n); err != nil {
+	n, err := a.node()
+	if err != nil {
 		return nil, err
 	}
 	attrs := map[string]string{}
@@ -152,24 +154,21 @@ func (a *Agent) WaitPluginAttr(key, attr, want string, interval, timeout time.Du
 	}
 }
 
-// CSIPluginStatus is the part of /v1/plugin/csi/<id> the tests read.
-type CSIPluginStatus struct {
-	ID                 string
-	Provider           string
-	Version            string
-	NodesHealthy       int
-	NodesExpected      int
-	ControllersHealthy int
-}
+// CSIPluginStatus is /v1/plugin/csi/<id>.
+type CSIPluginStatus = api.CSIPlugin
 
 // NativeCSIPlugin reads Nomad's own record of a CSI plugin (what "nomad
 // plugin status" shows); found is false when Nomad has none yet.
 func (a *Agent) NativeCSIPlugin(id string) (st CSIPluginStatus, found bool, err error) {
-	err = a.do(http.MethodGet, "/v1/plugin/csi/"+url.PathEscape(id), nil, &st)
-	if err != nil && strings.Contains(err.Error(), "404") {
+	p, _, err := a.api.CSIPlugins().Info(id, nil)
+	var re api.UnexpectedResponseError
+	if errors.As(err, &re) && re.StatusCode() == http.StatusNotFound {
 		return st, false, nil
 	}
-	return st, err == nil, err
+	if err != nil {
+		return st, false, err
+	}
+	return *p, true, nil
 }
 
 var (

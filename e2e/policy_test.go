@@ -12,7 +12,6 @@ package e2e
 
 import (
 	"fmt"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -23,6 +22,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/nomad/api"
 	"github.com/shoenig/test/must"
 	"golang.org/x/sys/unix"
 
@@ -156,29 +156,36 @@ func TestPolicy(t *testing.T) {
 // namespace.
 func waitNamespacedAlloc(t *testing.T, a *Agent, ns, jobID string, timeout time.Duration, want ...string) *Allocation {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
 	var last *Allocation
-	for time.Now().Before(deadline) {
-		var allocs []AllocStub
-		err := a.GetJSON("/v1/job/"+url.PathEscape(jobID)+"/allocations?namespace="+url.QueryEscape(ns), &allocs)
-		if err == nil && len(allocs) > 0 {
-			sort.Slice(allocs, func(i, j int) bool { return allocs[i].CreateIndex > allocs[j].CreateIndex })
-			if al, err := a.allocation(allocs[0].ID); err == nil {
-				last = al
-				if slices.Contains(want, al.ClientStatus) {
-					return al
-				}
-				if IsTerminal(al.ClientStatus) {
-					t.Fatalf("allocation of job %s/%s is %s, wanted %v:\n%s", ns, jobID, al.ClientStatus, want, al.Describe())
-				}
-			}
+	var lastErr error
+	ok, st := a.watchAllocsIn(ns, jobID, timeout, func(streamStats) bool {
+		allocs, _, err := a.api.Jobs().Allocations(jobID, false, &api.QueryOptions{Namespace: ns})
+		if err != nil || len(allocs) == 0 {
+			lastErr = err
+			return false
 		}
-		time.Sleep(200 * time.Millisecond)
+		sort.Slice(allocs, func(i, j int) bool { return allocs[i].CreateIndex > allocs[j].CreateIndex })
+		al, err := a.allocation(allocs[0].ID)
+		if err != nil {
+			lastErr = err
+			return false
+		}
+		last = al
+		if slices.Contains(want, al.ClientStatus) {
+			return true
+		}
+		if IsTerminal(al.ClientStatus) {
+			t.Fatalf("allocation of job %s/%s is %s, wanted %v:\n%s", ns, jobID, al.ClientStatus, want, al.Describe())
+		}
+		return false
+	})
+	if ok {
+		return last
 	}
 	if last == nil {
-		t.Fatalf("job %s/%s has no allocation after %v", ns, jobID, timeout)
+		t.Fatalf("job %s/%s has no allocation after %v (%s; last error: %v)", ns, jobID, timeout, st, lastErr)
 	}
-	t.Fatalf("allocation of job %s/%s did not become %v within %v:\n%s", ns, jobID, want, timeout, last.Describe())
+	t.Fatalf("allocation of job %s/%s did not become %v within %v (%s); last seen:\n%s", ns, jobID, want, timeout, st, last.Describe())
 	return nil
 }
 
@@ -191,9 +198,9 @@ func stopNamespaced(t *testing.T, a *Agent, ns, jobID string) {
 		return
 	}
 	for deadline := time.Now().Add(volTimeout); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
-		var allocs []AllocStub
-		err := a.GetJSON("/v1/job/"+url.PathEscape(jobID)+"/allocations?namespace="+url.QueryEscape(ns), &allocs)
-		if err != nil || allTerminal(allocs) {
+		allocs, _, err := a.api.Jobs().Allocations(jobID, false, &api.QueryOptions{Namespace: ns})
+		running := slices.ContainsFunc(allocs, func(al *AllocStub) bool { return !IsTerminal(al.ClientStatus) })
+		if err != nil || !running {
 			break
 		}
 	}

@@ -105,8 +105,7 @@ func (a *Agent) WaitVolPluginHealthy(t testing.TB, id string, timeout time.Durat
 	deadline := time.Now().Add(timeout)
 	var last string
 	for time.Now().Before(deadline) {
-		var n Node
-		if err := a.GetJSON("/v1/node/"+a.NodeID, &n); err == nil {
+		if n, err := a.node(); err == nil {
 			last = n.Attributes[key]
 			if d := n.Drivers[DriverName]; d != nil && d.Attributes[key] != "" {
 				last = d.Attributes[key]
@@ -522,32 +521,37 @@ func (a *Agent) VolStopAndWait(t testing.TB, jobID string, timeout time.Duration
 // statuses and returns them, failing at once on an unwanted terminal one.
 func (a *Agent) VolWaitAllocs(t testing.TB, jobID string, n int, timeout time.Duration, want ...string) []AllocStub {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	var last []AllocStub
-	for time.Now().Before(deadline) {
+	var last, ok []AllocStub
+	var lastErr error
+	done, st := a.watchAllocs(jobID, timeout, func(streamStats) bool {
 		allocs, err := a.JobAllocations(jobID)
-		if err == nil {
-			last = allocs
-			var ok []AllocStub
-			for _, al := range allocs {
-				if slices.Contains(want, al.ClientStatus) {
-					ok = append(ok, al)
-				} else if IsTerminal(al.ClientStatus) {
-					full, _ := a.allocation(al.ID)
-					desc := al.ClientStatus
-					if full != nil {
-						desc = full.Describe()
-					}
-					t.Fatalf("allocation %s of job %s is %s, wanted %v:\n%s", al.ID, jobID, al.ClientStatus, want, desc)
+		if err != nil {
+			lastErr = err
+			return false
+		}
+		last, ok = allocs, nil
+		for _, al := range allocs {
+			if slices.Contains(want, al.ClientStatus) {
+				ok = append(ok, al)
+			} else if IsTerminal(al.ClientStatus) {
+				full, _ := a.allocation(al.ID)
+				desc := al.ClientStatus
+				if full != nil {
+					desc = full.Describe()
 				}
-			}
-			if len(ok) >= n {
-				return ok
+				t.Fatalf("allocation %s of job %s is %s, wanted %v:\n%s", al.ID, jobID, al.ClientStatus, want, desc)
 			}
 		}
-		time.Sleep(100 * time.Millisecond)
+		return len(ok) >= n
+	})
+	if done {
+		return ok
 	}
-	t.Fatalf("fewer than %d allocations of job %s became %v within %v (%d allocations)", n, jobID, want, timeout, len(last))
+	statuses := make([]string, 0, len(last))
+	for _, al := range last {
+		statuses = append(statuses, al.ID[:8]+"="+al.ClientStatus)
+	}
+	t.Fatalf("fewer than %d allocations of job %s became %v within %v (%s); last seen: %v (last error: %v)", n, jobID, want, timeout, st, statuses, lastErr)
 	return nil
 }
 

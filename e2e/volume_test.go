@@ -177,17 +177,25 @@ func volWaitCount(t *testing.T, fx *VolFixture, method, volID string, n int, tim
 // returns the allocation.
 func volWaitEvent(t *testing.T, a *Agent, allocID, substr string, timeout time.Duration) *Allocation {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		al := a.Allocation(t, allocID)
-		if strings.Contains(eventsText(al, "t"), substr) {
-			return al
+	var last *Allocation
+	var lastErr error
+	ok, st := a.watchAllocs(allocID, timeout, func(streamStats) bool {
+		al, err := a.allocation(allocID)
+		if err != nil {
+			lastErr = err
+			return false
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no event of task t saying %q within %v:\n%s", substr, timeout, al.Describe())
-		}
-		time.Sleep(200 * time.Millisecond)
+		last = al
+		return strings.Contains(eventsText(al, "t"), substr)
+	})
+	if ok {
+		return last
 	}
+	if last == nil {
+		t.Fatalf("allocation %s could not be read within %v (%s): %v", allocID, timeout, st, lastErr)
+	}
+	t.Fatalf("no event of task t saying %q within %v (%s); last seen:\n%s", substr, timeout, st, last.Describe())
+	return nil
 }
 
 // exec runs a shell command in a running task and fails the test on error.
