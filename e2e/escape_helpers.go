@@ -45,6 +45,7 @@ type escJob struct {
 	Args     []string
 	Volumes  []VolSpec
 	Prestart string // when set, a prestart task "prestart" runs this script first, as User on Driver
+	PidMode  string // the task's pid_mode ("" leaves it unset: private)
 }
 
 func (j escJob) vars() map[string]string {
@@ -55,6 +56,7 @@ func (j escJob) vars() map[string]string {
 		"Script":   volHCLString(j.Script),
 		"Args":     volHCLList(j.Args),
 		"Prestart": "",
+		"PidMode":  j.PidMode,
 	}
 	if v["Type"] == "" {
 		v["Type"] = "batch"

@@ -4,8 +4,11 @@ package e2e
 
 import (
 	"fmt"
+	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -88,5 +91,56 @@ func escUserNamespace(t *testing.T, e *escEnv, user string) {
 		if r.OK {
 			t.Errorf("the task made a user namespace (%s): %s", name, r.Why)
 		}
+	}
+}
+
+// 12. Join a user namespace that exists: a task that sees the host's
+// processes (pid_mode = "host", which a job may ask for) finds one in a
+// user namespace its own user owns and joins it with setns, which would
+// give it every capability there. The test starts such a process on the
+// host (unshare -U --map-user=0, owned by root) and the task tries to join
+// its user namespace through /proc/<pid>/ns/user; setns must fail.
+const escJoinUserNSScript = escWho + `perl -e '
+my ($setns, $pid) = @ARGV;
+if (!open(my $ns, "<", "/proc/$pid/ns/user")) { print "RESULT join FAILED open: $!\n"; }
+else {
+  my $r = syscall($setns + 0, fileno($ns), 0);
+  print "RESULT join ", ($r < 0 ? "FAILED errno " . ($!+0) : "OK"), "\n";
+}' "$1" "$2"
+echo DONE
+`
+
+func escJoinUserNamespace(t *testing.T, e *escEnv, user string) {
+	holder := exec.Command("unshare", "-U", "--map-user=0", "sleep", "300")
+	holder.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := holder.Start(); err != nil {
+		t.Fatalf("failed to start a process in a user namespace of its own on the host: %v", err)
+	}
+	t.Cleanup(func() {
+		_ = holder.Process.Kill()
+		_ = holder.Wait()
+	})
+	// unshare execs sleep once the namespace is made.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		b, _ := exec.Command("readlink", fmt.Sprintf("/proc/%d/ns/user", holder.Process.Pid)).Output()
+		self, _ := exec.Command("readlink", "/proc/self/ns/user").Output()
+		if len(b) > 0 && string(b) != string(self) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the holder process never entered a user namespace of its own")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	job := escRun(t, e.a, escJob{User: user, Script: escJoinUserNSScript, PidMode: "host",
+		Args: []string{fmt.Sprint(unix.SYS_SETNS), fmt.Sprint(holder.Process.Pid)}})
+	al, res := escFinished(t, e.a, job, "t")
+	r, ok := res["join"]
+	if !ok {
+		t.Fatalf("the task did not try to join:\n%s", al.Describe())
+	}
+	if r.OK {
+		t.Errorf("the task joined the host's user namespace of pid %d", holder.Process.Pid)
 	}
 }

@@ -72,6 +72,7 @@ func TestEscape(t *testing.T) {
 		{"destination_through_symlink", escSymlinkDestination},
 		{"host_keyring", escKeyring},
 		{"user_namespace", escUserNamespace},
+		{"join_user_namespace", escJoinUserNamespace},
 	}
 	users := []struct{ name, user string }{{"user_unset", ""}, {"user_root", "root"}}
 	for _, at := range attacks {

@@ -153,10 +153,15 @@ func TestIsolation_InheritedDescriptors_Root(t *testing.T) {
 // allows, "name=ok" or "name=<errno>", making the calls with perl's
 // syscall(): keyctl(KEYCTL_GET_KEYRING_ID, KEY_SPEC_USER_KEYRING, 0),
 // io_uring_setup(1, params), userfaultfd(0), perf_event_open with a
-// zeroed attribute, bpf(BPF_PROG_LOAD) with a zeroed attribute, and
-// getpid.
+// zeroed attribute, bpf(BPF_PROG_LOAD) with a zeroed attribute, getpid,
+// unshare(CLONE_NEWUSER), unshare(CLONE_NEWIPC), clone3, a raw
+// clone(CLONE_NEWUSER|SIGCHLD) (a child it makes exits at once) and setns
+// into its own user namespace (EINVAL from the kernel, EPERM from the
+// filter); then unshare(1) -U, the filters the process is under
+// (/proc/self/status) and the environment variables it got.
 func seccompScript() string {
 	return fmt.Sprintf(`perl -e '
+$| = 1;
 sub r { my ($n, $v) = @_; print "$n=", ($v < 0 ? ($!+0) : "ok"), "\n"; }
 my $p = "\0" x 128;
 r("keyctl", syscall(%d, 0, -4, 0));
@@ -165,21 +170,31 @@ r("userfaultfd", syscall(%d, 0));
 r("perf", syscall(%d, $p, 0, -1, -1, 0));
 r("bpf", syscall(%d, 5, $p, 128));
 r("getpid", syscall(%d));
-r("unshare_user", syscall(%d, %d));
-r("unshare_ipc", syscall(%d, %d));
+my $c = syscall(%d, %d, 0, 0, 0, 0);
+exit 0 if $c == 0;
+r("clone_user", $c);
+open(my $ns, "<", "/proc/self/ns/user") or die "open: $!";
+r("setns", syscall(%d, fileno($ns), 0));
 r("clone3", syscall(%d, $p, 88));
+r("unshare_ipc", syscall(%d, %d));
+r("unshare_user", syscall(%d, %d));
 '
 if unshare -U true 2>/dev/null; then echo unshare_cmd=ok; else echo unshare_cmd=refused; fi
+echo "filters=$(grep Seccomp_filters /proc/self/status | tr -d ' \t' | cut -d: -f2)"
+echo "secret=$SECRET_TOKEN"
+echo "godebug=$GODEBUG"
 `, unix.SYS_KEYCTL, unix.SYS_IO_URING_SETUP, unix.SYS_USERFAULTFD, unix.SYS_PERF_EVENT_OPEN, unix.SYS_BPF, unix.SYS_GETPID,
-		unix.SYS_UNSHARE, unix.CLONE_NEWUSER, unix.SYS_UNSHARE, unix.CLONE_NEWIPC, unix.SYS_CLONE3)
+		unix.SYS_CLONE, unix.CLONE_NEWUSER|int(unix.SIGCHLD), unix.SYS_SETNS, unix.SYS_CLONE3,
+		unix.SYS_UNSHARE, unix.CLONE_NEWIPC, unix.SYS_UNSHARE, unix.CLONE_NEWUSER)
 }
 
 // A task that is not privileged runs under the seccomp filter: the host's
 // keyrings, io_uring, userfaultfd, perf events, bpf and user namespaces
 // (unshare, and clone3) are refused with the errno the filter gives
 // (ENOSYS for io_uring and clone3, EPERM else); a call it does not name
-// works, and so does unshare(1) in a privileged task. keyctl, io_uring and perf_event_open are answered
-// otherwise without the filter (the privileged run below shows it); bpf
+// works, and so does unshare(1) in a privileged task. keyctl, io_uring,
+// perf_event_open, clone, unshare and setns are answered otherwise without
+// the filter (the privileged run below shows it); bpf
 // and userfaultfd are refused by this host's kernel too (without the
 // capabilities, with unprivileged_bpf_disabled and
 // unprivileged_userfaultfd off), so for those TestSeccompProgram is the
@@ -191,10 +206,19 @@ func TestIsolation_Seccomp_Root(t *testing.T) {
 		t.Skip("test makes its calls with /usr/bin/perl, which this host lacks")
 	}
 	tt := isolatedSpec(t, seccompScript())
+	// The task's environment reaches the command, not the stage: a stage
+	// that took GODEBUG=inittrace=1 would print its Go runtime's
+	// initialisation on the task's stderr.
+	tt.spec.Env = append(tt.spec.Env, "GODEBUG=inittrace=1")
 	p := startTest(t, tt)
 	must.Eq(t, 0, waitExit(t, p).ExitCode, must.Sprintf("stderr: %s", readFile(t, tt.stderr)))
 	got := outputLines(readFile(t, tt.stdout))
 	t.Log(got)
+	must.Eq(t, "hunter2", got["secret"], must.Sprint("the task's environment reaches the command"))
+	must.Eq(t, "inittrace=1", got["godebug"])
+	must.StrNotContains(t, readFile(t, tt.stderr), "init ", must.Sprint("the stage ran with the task's GODEBUG"))
+	// The launching thread's filter and the stage's.
+	must.Eq(t, "2", got["filters"])
 	eperm, enosys := strconv.Itoa(int(unix.EPERM)), strconv.Itoa(int(unix.ENOSYS))
 	must.Eq(t, eperm, got["keyctl"], must.Sprint("keyctl is refused"))
 	must.Eq(t, enosys, got["io_uring"], must.Sprint("io_uring_setup is refused"))
@@ -205,6 +229,8 @@ func TestIsolation_Seccomp_Root(t *testing.T) {
 	must.Eq(t, eperm, got["unshare_user"], must.Sprint("a user namespace is refused"))
 	must.Eq(t, enosys, got["clone3"], must.Sprint("clone3 is refused"))
 	must.Eq(t, "refused", got["unshare_cmd"], must.Sprint("unshare -U works in the task"))
+	must.Eq(t, eperm, got["clone_user"], must.Sprint("clone(CLONE_NEWUSER) is refused"))
+	must.Eq(t, eperm, got["setns"], must.Sprint("setns is refused"))
 
 	// A task given PERFMON may open perf events: the kernel answers it (an
 	// error for the zeroed attribute here, but not the filter's EPERM).
@@ -226,6 +252,9 @@ func TestIsolation_Seccomp_Root(t *testing.T) {
 	must.Eq(t, "ok", got["getpid"])
 	must.Eq(t, "ok", got["unshare_user"], must.Sprint("a privileged task makes user namespaces"))
 	must.Eq(t, "ok", got["unshare_cmd"])
+	must.Eq(t, "ok", got["clone_user"])
+	must.Eq(t, strconv.Itoa(int(unix.EINVAL)), got["setns"], must.Sprint("the kernel's own answer to setns into one's own user namespace"))
+	must.Eq(t, "0", got["filters"])
 }
 
 // A command run in a task that is not privileged (nomad alloc exec) runs
@@ -249,6 +278,10 @@ func TestProcess_Exec_Seccomp_Root(t *testing.T) {
 	must.Eq(t, strconv.Itoa(int(unix.ENOSYS)), got["io_uring"])
 	must.Eq(t, strconv.Itoa(int(unix.EPERM)), got["unshare_user"])
 	must.Eq(t, strconv.Itoa(int(unix.ENOSYS)), got["clone3"])
+	must.Eq(t, strconv.Itoa(int(unix.EPERM)), got["clone_user"])
+	must.Eq(t, strconv.Itoa(int(unix.EPERM)), got["setns"])
+	must.Eq(t, "1", got["filters"])
+	must.Eq(t, "hunter2", got["secret"])
 	must.Eq(t, "ok", got["getpid"])
 }
 

@@ -56,6 +56,9 @@ job "{{.JobID}}" {
       config {
         command = "/bin/sh"
         args    = concat(["-c", {{.Vars.Script}}, "escape"], {{.Vars.Args}})
+{{- if .Vars.PidMode}}
+        pid_mode = "{{.Vars.PidMode}}"
+{{- end}}
 {{.Vars.Volumes}}
       }
 

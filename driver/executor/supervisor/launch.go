@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -404,10 +405,16 @@ func forkTask(m mounter.Interface, spec *wire.Spec, attr *syscall.SysProcAttr, r
 		}
 		defer r.Close()
 		defer w.Close()
+		envFile, err := stageEnv(env)
+		if err != nil {
+			return nil, err
+		}
+		defer envFile.Close()
 		stageErr = r
 		cmd.Path = fmt.Sprintf("/proc/self/fd/%d", wire.SeccompExeFD)
 		cmd.Args = append([]string{spec.Command, wire.StageSeccomp, path}, cmd.Args...)
-		cmd.ExtraFiles = []*os.File{selfExe, w}
+		cmd.Env = []string{}
+		cmd.ExtraFiles = []*os.File{selfExe, w, envFile}
 	}
 	restore, err := setOOMScoreAdj(spec.OOMScoreAdj)
 	if err != nil {
@@ -422,19 +429,62 @@ func forkTask(m mounter.Interface, spec *wire.Spec, attr *syscall.SysProcAttr, r
 		return nil, fmt.Errorf("failed to execute %q: %w", path, err)
 	}
 	if stageErr != nil {
-		// EOF once the stage's exec of the command succeeded; otherwise
-		// why it failed, and the stage exits.
-		_ = cmd.ExtraFiles[1].Close()
-		msg, rerr := io.ReadAll(io.LimitReader(stageErr, 4096))
-		if rerr != nil || len(msg) > 0 {
+		if err := stageAnswer(stageErr, cmd.ExtraFiles[1]); err != nil {
 			killStarted(cmd)
-			if rerr != nil {
-				return nil, fmt.Errorf("failed to read the seccomp stage's answer: %w", rerr)
-			}
-			return nil, errors.New(string(msg))
+			return nil, err
 		}
 	}
 	return cmd, nil
+}
+
+// stageTimeout bounds the wait for the seccomp stage to exec the command.
+var stageTimeout = time.Minute
+
+// stageAnswer reads what the seccomp stage says on its error pipe: the
+// ready byte and EOF when it executed the command, an error otherwise
+// (what it wrote, or that it ended or hung before the exec). w is the
+// pipe's write end, closed here so that EOF can come.
+func stageAnswer(r, w *os.File) error {
+	_ = w.Close()
+	if err := r.SetReadDeadline(time.Now().Add(stageTimeout)); err != nil {
+		return fmt.Errorf("failed to bound the wait for the seccomp stage: %w", err)
+	}
+	msg, err := io.ReadAll(io.LimitReader(r, 4096))
+	switch {
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		return fmt.Errorf("the seccomp stage did not start the command within %v", stageTimeout)
+	case err != nil:
+		return fmt.Errorf("failed to read the seccomp stage's answer: %w", err)
+	case string(msg) == wire.SeccompReady:
+		return nil
+	case len(msg) == 0:
+		return errors.New("the seccomp stage ended before it started the command (its reason, if any, is in the task's stderr)")
+	}
+	return errors.New(strings.TrimPrefix(string(msg), wire.SeccompReady))
+}
+
+// stageEnv is the task's environment in a memory file, for the seccomp
+// stage (wire.SeccompEnvFD): never in its own environment or arguments.
+func stageEnv(env []string) (*os.File, error) {
+	fd, err := unix.MemfdCreate("nomad-task-env", unix.MFD_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("failed to make the seccomp stage's environment file: %w", err)
+	}
+	f := os.NewFile(uintptr(fd), "nomad-task-env")
+	var b strings.Builder
+	for _, kv := range env {
+		b.WriteString(kv)
+		b.WriteByte(0)
+	}
+	if _, err := io.WriteString(f, b.String()); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("failed to write the seccomp stage's environment file: %w", err)
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("failed to rewind the seccomp stage's environment file: %w", err)
+	}
+	return f, nil
 }
 
 // deviceRules are the device filter rules for the trees that are device

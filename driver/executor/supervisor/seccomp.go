@@ -118,10 +118,15 @@ next:
 	return out
 }
 
-// usernsList is the calls that make a user namespace, refused to a task
-// without SYS_ADMIN: clone and unshare with CLONE_NEWUSER (EPERM), and
+// usernsList is the calls that make or join a user namespace, refused to
+// a task without SYS_ADMIN: clone and unshare with CLONE_NEWUSER (EPERM),
 // clone3 (ENOSYS: its flags are in memory, which a filter cannot read; C
-// libraries take ENOSYS as "use clone" and do). A user namespace gives its
+// libraries take ENOSYS as "use clone" and do), and setns (EPERM): a task
+// that sees another process's user namespace it owns (pid_mode = "host",
+// a namespace some program of the same user made) would join it and hold
+// every capability there. setns is refused whatever its type: nstype 0
+// means any, and without SYS_ADMIN the kernel refuses every other type to
+// such a task anyway. A user namespace gives its
 // maker every capability over the mounts, cgroups and network namespaces
 // it makes there: the kernel interface most container escapes go through,
 // and a way to mount the unified cgroup hierarchy of a hybrid host.
@@ -143,6 +148,7 @@ func usernsList(held capSet) []seccompDenied {
 		{name: "clone", native: uint32(unix.SYS_CLONE), compat: pick([2]uint32{120, 120}), errno: unix.EPERM, argMask: unix.CLONE_NEWUSER},
 		{name: "unshare", native: uint32(unix.SYS_UNSHARE), compat: pick([2]uint32{310, 337}), errno: unix.EPERM, argMask: unix.CLONE_NEWUSER},
 		{name: "clone3", native: uint32(unix.SYS_CLONE3), compat: pick([2]uint32{435, 435}), errno: unix.ENOSYS},
+		{name: "setns", native: uint32(unix.SYS_SETNS), compat: pick([2]uint32{346, 375}), errno: unix.EPERM},
 	}
 }
 

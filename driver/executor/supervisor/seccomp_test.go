@@ -1,11 +1,15 @@
 package supervisor
 
 import (
+	"os"
 	"runtime"
 	"testing"
+	"time"
 
 	"github.com/shoenig/test/must"
 	"golang.org/x/sys/unix"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor/wire"
 )
 
 // runFilter interprets the few classic BPF instructions seccompProgram
@@ -144,7 +148,20 @@ func TestSeccompProgram_userNamespaces(t *testing.T) {
 	}
 	must.SliceEmpty(t, usernsList(1<<unix.CAP_SYS_ADMIN))
 	list := usernsList(0)
-	must.SliceLen(t, 3, list)
+	must.SliceLen(t, 4, list)
+	// The compat numbers, from the kernel's tables (i386:
+	// arch/x86/entry/syscalls/syscall_32.tbl, ARM: arch/arm/tools/syscall.tbl),
+	// written out here rather than read from the list under test.
+	compat := map[string][2]uint32{"clone": {120, 120}, "unshare": {310, 337}, "clone3": {435, 435}, "setns": {346, 375}}
+	for _, d := range append(seccompList(0), list...) {
+		if c, ok := compat[d.name]; ok {
+			want := c[0]
+			if runtime.GOARCH == "arm64" {
+				want = c[1]
+			}
+			must.Eq(t, want, d.compat, must.Sprint(d.name))
+		}
+	}
 	errno := func(e unix.Errno) uint32 { return unix.SECCOMP_RET_ERRNO | uint32(e) }
 	thread := uint32(unix.CLONE_VM | unix.CLONE_FS | unix.CLONE_FILES | unix.CLONE_SIGHAND | unix.CLONE_THREAD)
 	for _, full := range []bool{false, true} {
@@ -175,5 +192,51 @@ func TestSeccompProgram_userNamespaces(t *testing.T) {
 			must.Eq(t, errno(unix.EPERM), runFilter(t, prog, seccompNative, uint32(unix.SYS_KEYCTL)))
 		}
 		must.Eq(t, unix.SECCOMP_RET_ALLOW, runFilter(t, prog, seccompNative, uint32(unix.SYS_GETPID)))
+	}
+}
+
+// The supervisor reads the seccomp stage's answer: the ready byte alone
+// (then EOF at exec) is a start; a message after it is the exec's error; a
+// message without it is the stage's own failure; nothing at all is a stage
+// that ended before its exec; and a stage that says nothing and keeps the
+// pipe open is given up on after stageTimeout.
+func TestStageAnswer(t *testing.T) {
+	old := stageTimeout
+	stageTimeout = 200 * time.Millisecond
+	t.Cleanup(func() { stageTimeout = old })
+	cases := []struct {
+		name, write string
+		keepOpen    bool
+		want        string // "" for no error
+	}{
+		{"started", wire.SeccompReady, false, ""},
+		{"exec failed", wire.SeccompReady + `failed to execute "/x": exec format error`, false, `failed to execute "/x": exec format error`},
+		{"stage failed", "the seccomp stage got no command", false, "the seccomp stage got no command"},
+		{"ended", "", false, "the seccomp stage ended before it started the command"},
+		{"hung", "", true, "the seccomp stage did not start the command within 200ms"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			r, w, err := os.Pipe()
+			must.NoError(t, err)
+			defer r.Close()
+			// The stage's end: a second descriptor of the write end, as the
+			// child holds it.
+			stage, err := unix.Dup(int(w.Fd()))
+			must.NoError(t, err)
+			_, err = unix.Write(stage, []byte(c.write))
+			must.NoError(t, err)
+			if !c.keepOpen {
+				must.NoError(t, unix.Close(stage))
+			} else {
+				defer unix.Close(stage)
+			}
+			err = stageAnswer(r, w)
+			if c.want == "" {
+				must.NoError(t, err)
+				return
+			}
+			must.ErrorContains(t, err, c.want)
+		})
 	}
 }

@@ -56,10 +56,25 @@ func runSeccompStage(args []string) {
 	if len(args) < 2 {
 		fail(errors.New("the seccomp stage got no command"))
 	}
+	envFile := os.NewFile(wire.SeccompEnvFD, "task-env")
+	b, err := io.ReadAll(envFile)
+	_ = envFile.Close()
+	if err != nil {
+		fail(fmt.Errorf("the seccomp stage could not read the task's environment: %w", err))
+	}
+	env := []string{}
+	for _, kv := range strings.Split(string(b), "\x00") {
+		if kv != "" {
+			env = append(env, kv)
+		}
+	}
 	if err := installFilter(usernsList(0)); err != nil {
 		fail(err)
 	}
-	err := syscall.Exec(args[0], args[1:], os.Environ())
+	if _, err := io.WriteString(errPipe, wire.SeccompReady); err != nil {
+		os.Exit(127)
+	}
+	err = syscall.Exec(args[0], args[1:], env)
 	fail(fmt.Errorf("failed to execute %q: %w", args[0], err))
 }
 

@@ -15,11 +15,20 @@ const (
 	StageSeccomp = "__nomad-driver-csi-seccomp"
 )
 
-// File descriptors of the seccomp stage (ExtraFiles 0 and 1).
+// File descriptors of the seccomp stage (ExtraFiles 0, 1 and 2). The stage
+// itself runs with an empty environment: the task's (which may name
+// LD_PRELOAD, or GODEBUG) is only handed to the command.
 const (
-	SeccompExeFD   = 3 // the supervisor's binary, which the stage was run from
-	SeccompErrorFD = 4 // write: why the exec failed, or EOF at exec (CLOEXEC)
+	SeccompExeFD = 3 // the supervisor's binary, which the stage was run from
+	// SeccompErrorFD is written SeccompReady just before the exec, and
+	// after it why the exec failed; EOF at exec (CLOEXEC). EOF with nothing
+	// written means the stage ended before it got to the exec.
+	SeccompErrorFD = 4
+	SeccompEnvFD   = 5 // read: the task's environment, NUL-terminated entries
 )
+
+// SeccompReady is the byte the seccomp stage writes just before its exec.
+const SeccompReady = "\x00"
 
 // File descriptors of the exec stage (ExtraFiles 0, 1 and 2).
 const (
