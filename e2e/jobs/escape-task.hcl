@@ -54,8 +54,8 @@ job "{{.JobID}}" {
 {{- end}}
 
       config {
-        command = "/bin/sh"
-        args    = concat(["-c", {{.Vars.Script}}, "escape"], {{.Vars.Args}})
+        command  = "/bin/sh"
+        args     = concat(["-c", {{.Vars.Script}}, "escape"], {{.Vars.Args}})
 {{- if .Vars.PidMode}}
         pid_mode = "{{.Vars.PidMode}}"
 {{- end}}
