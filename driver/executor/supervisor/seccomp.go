@@ -3,6 +3,7 @@ package supervisor
 import (
 	"fmt"
 	"runtime"
+	"slices"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -61,59 +62,43 @@ var seccompNative, seccompCompat, seccompX32 = func() (uint32, uint32, uint32) {
 	return 0, 0, 0
 }()
 
-// seccompList is the calls refused to a task holding the capabilities
-// held. The compat numbers are the kernel's
+// compatNr is a call's number on the 32-bit ABI of this build's
+// architecture: i386 on amd64, ARM on arm64. The numbers are the kernel's
 // (arch/x86/entry/syscalls/syscall_32.tbl, arch/arm/tools/syscall.tbl);
 // x/sys/unix has only the native ones.
-func seccompList(held capSet) []seccompDenied {
-	// The capabilities that let a task make the call.
-	allowedBy := map[string][]int{
-		"bpf":             {unix.CAP_BPF, unix.CAP_SYS_ADMIN},
-		"perf_event_open": {unix.CAP_PERFMON, unix.CAP_SYS_ADMIN},
-		"userfaultfd":     {unix.CAP_SYS_PTRACE},
-	}
-	compat := map[string][2]uint32{ // name: {i386, arm}
-		"keyctl":            {288, 311},
-		"add_key":           {286, 309},
-		"request_key":       {287, 310},
-		"bpf":               {357, 386},
-		"perf_event_open":   {336, 364},
-		"userfaultfd":       {374, 388},
-		"io_uring_setup":    {425, 425},
-		"io_uring_enter":    {426, 426},
-		"io_uring_register": {427, 427},
-	}
-	native := []struct {
-		name string
-		nr   uintptr
-	}{
-		{"keyctl", unix.SYS_KEYCTL},
-		{"add_key", unix.SYS_ADD_KEY},
-		{"request_key", unix.SYS_REQUEST_KEY},
-		{"bpf", unix.SYS_BPF},
-		{"perf_event_open", unix.SYS_PERF_EVENT_OPEN},
-		{"userfaultfd", unix.SYS_USERFAULTFD},
-		{"io_uring_setup", unix.SYS_IO_URING_SETUP},
-		{"io_uring_enter", unix.SYS_IO_URING_ENTER},
-		{"io_uring_register", unix.SYS_IO_URING_REGISTER},
-	}
-	idx := 0
+func compatNr(i386, arm uint32) uint32 {
 	if runtime.GOARCH == "arm64" {
-		idx = 1
+		return arm
 	}
-	out := make([]seccompDenied, 0, len(native))
-next:
-	for _, n := range native {
-		for _, c := range allowedBy[n.name] {
-			if held.has(c) {
-				continue next
-			}
+	return i386
+}
+
+// seccompList is the calls refused to a task holding the capabilities
+// held.
+func seccompList(held capSet) []seccompDenied {
+	calls := []struct {
+		seccompDenied
+		// allowedBy are the capabilities that let a task make the call.
+		allowedBy []int
+	}{
+		{seccompDenied{name: "keyctl", native: unix.SYS_KEYCTL, compat: compatNr(288, 311), errno: unix.EPERM}, nil},
+		{seccompDenied{name: "add_key", native: unix.SYS_ADD_KEY, compat: compatNr(286, 309), errno: unix.EPERM}, nil},
+		{seccompDenied{name: "request_key", native: unix.SYS_REQUEST_KEY, compat: compatNr(287, 310), errno: unix.EPERM}, nil},
+		{seccompDenied{name: "bpf", native: unix.SYS_BPF, compat: compatNr(357, 386), errno: unix.EPERM},
+			[]int{unix.CAP_BPF, unix.CAP_SYS_ADMIN}},
+		{seccompDenied{name: "perf_event_open", native: unix.SYS_PERF_EVENT_OPEN, compat: compatNr(336, 364), errno: unix.EPERM},
+			[]int{unix.CAP_PERFMON, unix.CAP_SYS_ADMIN}},
+		{seccompDenied{name: "userfaultfd", native: unix.SYS_USERFAULTFD, compat: compatNr(374, 388), errno: unix.EPERM},
+			[]int{unix.CAP_SYS_PTRACE}},
+		{seccompDenied{name: "io_uring_setup", native: unix.SYS_IO_URING_SETUP, compat: compatNr(425, 425), errno: unix.ENOSYS}, nil},
+		{seccompDenied{name: "io_uring_enter", native: unix.SYS_IO_URING_ENTER, compat: compatNr(426, 426), errno: unix.ENOSYS}, nil},
+		{seccompDenied{name: "io_uring_register", native: unix.SYS_IO_URING_REGISTER, compat: compatNr(427, 427), errno: unix.ENOSYS}, nil},
+	}
+	out := make([]seccompDenied, 0, len(calls))
+	for _, c := range calls {
+		if !slices.ContainsFunc(c.allowedBy, held.has) {
+			out = append(out, c.seccompDenied)
 		}
-		errno := unix.EPERM
-		if len(n.name) > 8 && n.name[:8] == "io_uring" {
-			errno = unix.ENOSYS
-		}
-		out = append(out, seccompDenied{name: n.name, native: uint32(n.nr), compat: compat[n.name][idx], errno: errno})
 	}
 	return out
 }
@@ -126,10 +111,10 @@ next:
 // a namespace some program of the same user made) would join it and hold
 // every capability there. setns is refused whatever its type: nstype 0
 // means any, and without SYS_ADMIN the kernel refuses every other type to
-// such a task anyway. A user namespace gives its
-// maker every capability over the mounts, cgroups and network namespaces
-// it makes there: the kernel interface most container escapes go through,
-// and a way to mount the unified cgroup hierarchy of a hybrid host.
+// such a task anyway. A user namespace gives its maker every capability
+// over the mounts, cgroups and network namespaces it makes there: the
+// kernel interface most container escapes go through, and a way to mount
+// the unified cgroup hierarchy of a hybrid host.
 //
 // These rules cannot sit on the launching thread: Go forks the task with
 // clone3 when it places it in a cgroup v2 by descriptor, so they are
@@ -139,16 +124,11 @@ func usernsList(held capSet) []seccompDenied {
 	if held.has(unix.CAP_SYS_ADMIN) {
 		return nil
 	}
-	idx := 0
-	if runtime.GOARCH == "arm64" {
-		idx = 1
-	}
-	pick := func(v [2]uint32) uint32 { return v[idx] }
 	return []seccompDenied{
-		{name: "clone", native: uint32(unix.SYS_CLONE), compat: pick([2]uint32{120, 120}), errno: unix.EPERM, argMask: unix.CLONE_NEWUSER},
-		{name: "unshare", native: uint32(unix.SYS_UNSHARE), compat: pick([2]uint32{310, 337}), errno: unix.EPERM, argMask: unix.CLONE_NEWUSER},
-		{name: "clone3", native: uint32(unix.SYS_CLONE3), compat: pick([2]uint32{435, 435}), errno: unix.ENOSYS},
-		{name: "setns", native: uint32(unix.SYS_SETNS), compat: pick([2]uint32{346, 375}), errno: unix.EPERM},
+		{name: "clone", native: unix.SYS_CLONE, compat: compatNr(120, 120), errno: unix.EPERM, argMask: unix.CLONE_NEWUSER},
+		{name: "unshare", native: unix.SYS_UNSHARE, compat: compatNr(310, 337), errno: unix.EPERM, argMask: unix.CLONE_NEWUSER},
+		{name: "clone3", native: unix.SYS_CLONE3, compat: compatNr(435, 435), errno: unix.ENOSYS},
+		{name: "setns", native: unix.SYS_SETNS, compat: compatNr(346, 375), errno: unix.EPERM},
 	}
 }
 
