@@ -10,6 +10,8 @@ import (
 	"strings"
 
 	"github.com/hashicorp/go-hclog"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/csihook/wal"
 )
 
 // JournalState is what a journal directory holds, for tests and tools
@@ -69,7 +71,7 @@ func ReadJournal(dir string) (JournalState, error) {
 	}
 	for _, e := range entries {
 		name := e.Name()
-		if name != logName && name != ".lock" && !strings.HasPrefix(name, ".tmp-") {
+		if name != logName && name != wal.LockName && !strings.HasPrefix(name, ".tmp-") {
 			st.Files = append(st.Files, name)
 		}
 	}

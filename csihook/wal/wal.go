@@ -117,6 +117,29 @@ type pending struct {
 	done chan error
 }
 
+// LockName is the lock file of a journal directory: whoever holds an
+// exclusive flock on it owns the journal (a driver through Open, the
+// operator CLI while it acts).
+const LockName = ".lock"
+
+// Lock makes dir (0700) when missing and takes its lock without waiting.
+// When another holds it, the error wraps unix.EWOULDBLOCK. Closing the
+// file releases the lock.
+func Lock(dir string) (*os.File, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("failed to create journal directory %q: %w", dir, err)
+	}
+	f, err := os.OpenFile(filepath.Join(dir, LockName), os.O_CREATE|os.O_RDWR|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("failed to open journal lock in %q: %w", dir, err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("journal directory %q is in use by another volume manager: %w", dir, err)
+	}
+	return f, nil
+}
+
 // Open creates dir if need be, locks it, and replays its log through
 // opts.Replay, without writing anything that needs free space: a full
 // disk must not keep the log from opening. Leftover temp files are
@@ -139,16 +162,9 @@ func Open(dir string, opts Options) (*Log, error) {
 	if opts.CreateTemp == nil {
 		opts.CreateTemp = os.CreateTemp
 	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("failed to create journal directory %q: %w", dir, err)
-	}
-	f, err := os.OpenFile(filepath.Join(dir, ".lock"), os.O_CREATE|os.O_RDWR|unix.O_CLOEXEC, 0o600)
+	f, err := Lock(dir)
 	if err != nil {
-		return nil, fmt.Errorf("failed to open journal lock in %q: %w", dir, err)
-	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("journal directory %q is in use by another volume manager: %w", dir, err)
+		return nil, err
 	}
 	l := &Log{dir: dir, opts: opts, logger: opts.Logger, lock: f, compactMin: opts.CompactMin}
 	if err := l.load(); err != nil {

@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/csihook"
+	"github.com/nomad-driver-csi/nomad-driver-csi/csihook/wal"
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver"
 	"github.com/nomad-driver-csi/nomad-driver-csi/mounter"
 )
@@ -272,19 +273,12 @@ func lockJournal(dir string) (func(), error) {
 	if _, err := os.Stat(filepath.Dir(dir)); errors.Is(err, fs.ErrNotExist) {
 		return func() {}, nil
 	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("failed to make the journal directory %q for its lock: %w", dir, err)
+	f, err := wal.Lock(dir)
+	if errors.Is(err, unix.EWOULDBLOCK) {
+		return nil, errDriverRunning
 	}
-	f, err := os.OpenFile(filepath.Join(dir, ".lock"), os.O_CREATE|os.O_RDWR|unix.O_CLOEXEC, 0o600)
 	if err != nil {
-		return nil, fmt.Errorf("failed to open the journal lock in %q: %w", dir, err)
-	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		f.Close()
-		if errors.Is(err, unix.EWOULDBLOCK) {
-			return nil, errDriverRunning
-		}
-		return nil, fmt.Errorf("failed to lock the journal in %q: %w", dir, err)
+		return nil, err
 	}
 	return func() { f.Close() }, nil
 }
@@ -294,7 +288,7 @@ func lockJournal(dir string) (func(), error) {
 // driver's way.
 func journalLocked(dir string) (bool, error) {
 	var st unix.Stat_t
-	if err := unix.Stat(filepath.Join(dir, ".lock"), &st); err != nil {
+	if err := unix.Stat(filepath.Join(dir, wal.LockName), &st); err != nil {
 		if errors.Is(err, unix.ENOENT) {
 			return false, nil
 		}
