@@ -449,46 +449,35 @@ func (a *Agent) watchAllocsIn(ns, key string, timeout time.Duration, check func(
 // allocation when the event stream says it changed (watchAllocs).
 func (a *Agent) WaitAlloc(t testing.TB, jobID string, timeout time.Duration, want ...string) *Allocation {
 	t.Helper()
-	var last *Allocation
-	var lastErr error
-	ok, note := a.watchAllocs(jobID, timeout, func(streamStats) bool {
+	return a.waitAllocStatus(t, "", jobID, "allocation of job "+jobID, timeout, want, func() (*Allocation, error) {
 		allocs, err := a.JobAllocations(jobID)
 		if err != nil || len(allocs) == 0 {
-			lastErr = err
-			return false
+			return nil, err
 		}
-		al, err := a.allocation(allocs[0].ID)
-		if err != nil {
-			lastErr = err
-			return false
-		}
-		last = al
-		if slices.Contains(want, al.ClientStatus) {
-			return true
-		}
-		if IsTerminal(al.ClientStatus) {
-			t.Fatalf("allocation of job %s is %s, wanted %v:\n%s", jobID, al.ClientStatus, want, al.Describe())
-		}
-		return false
+		return a.allocation(allocs[0].ID)
 	})
-	if ok {
-		return last
-	}
-	if last == nil {
-		t.Fatalf("job %s has no allocation after %v (last error: %v; %s)", jobID, timeout, lastErr, note)
-	}
-	t.Fatalf("allocation of job %s did not become %v within %v (%s); last seen:\n%s", jobID, want, timeout, note, last.Describe())
-	return nil
 }
 
 // WaitAllocID waits for one allocation to reach a wanted client status.
 func (a *Agent) WaitAllocID(t testing.TB, allocID string, timeout time.Duration, want ...string) *Allocation {
 	t.Helper()
+	return a.waitAllocStatus(t, "", allocID, "allocation "+allocID, timeout, want, func() (*Allocation, error) {
+		return a.allocation(allocID)
+	})
+}
+
+// waitAllocStatus is the wait of WaitAlloc and its kin: on every change
+// the event stream shows for key (a job or an allocation ID) in namespace
+// ns, get reads the allocation (nil while there is none yet), until its
+// client status is one of want. It fails the test when the allocation ends
+// in another terminal status or time runs out; what names it in messages.
+func (a *Agent) waitAllocStatus(t testing.TB, ns, key, what string, timeout time.Duration, want []string, get func() (*Allocation, error)) *Allocation {
+	t.Helper()
 	var last *Allocation
 	var lastErr error
-	ok, note := a.watchAllocs(allocID, timeout, func(streamStats) bool {
-		al, err := a.allocation(allocID)
-		if err != nil {
+	ok, note := a.watchAllocsIn(ns, key, timeout, func(streamStats) bool {
+		al, err := get()
+		if err != nil || al == nil {
 			lastErr = err
 			return false
 		}
@@ -497,7 +486,7 @@ func (a *Agent) WaitAllocID(t testing.TB, allocID string, timeout time.Duration,
 			return true
 		}
 		if IsTerminal(al.ClientStatus) {
-			t.Fatalf("allocation %s is %s, wanted %v:\n%s", allocID, al.ClientStatus, want, al.Describe())
+			t.Fatalf("%s is %s, wanted %v:\n%s", what, al.ClientStatus, want, al.Describe())
 		}
 		return false
 	})
@@ -505,9 +494,9 @@ func (a *Agent) WaitAllocID(t testing.TB, allocID string, timeout time.Duration,
 		return last
 	}
 	if last == nil {
-		t.Fatalf("allocation %s could not be read within %v (last error: %v; %s)", allocID, timeout, lastErr, note)
+		t.Fatalf("%s was not seen within %v (last error: %v; %s)", what, timeout, lastErr, note)
 	}
-	t.Fatalf("allocation %s did not become %v within %v (%s); last seen:\n%s", allocID, want, timeout, note, last.Describe())
+	t.Fatalf("%s did not become %v within %v (%s); last seen:\n%s", what, want, timeout, note, last.Describe())
 	return nil
 }
 

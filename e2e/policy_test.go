@@ -156,37 +156,14 @@ func TestPolicy(t *testing.T) {
 // namespace.
 func waitNamespacedAlloc(t *testing.T, a *Agent, ns, jobID string, timeout time.Duration, want ...string) *Allocation {
 	t.Helper()
-	var last *Allocation
-	var lastErr error
-	ok, st := a.watchAllocsIn(ns, jobID, timeout, func(streamStats) bool {
+	return a.waitAllocStatus(t, ns, jobID, fmt.Sprintf("allocation of job %s/%s", ns, jobID), timeout, want, func() (*Allocation, error) {
 		allocs, _, err := a.api.Jobs().Allocations(jobID, false, &api.QueryOptions{Namespace: ns})
 		if err != nil || len(allocs) == 0 {
-			lastErr = err
-			return false
+			return nil, err
 		}
 		sort.Slice(allocs, func(i, j int) bool { return allocs[i].CreateIndex > allocs[j].CreateIndex })
-		al, err := a.allocation(allocs[0].ID)
-		if err != nil {
-			lastErr = err
-			return false
-		}
-		last = al
-		if slices.Contains(want, al.ClientStatus) {
-			return true
-		}
-		if IsTerminal(al.ClientStatus) {
-			t.Fatalf("allocation of job %s/%s is %s, wanted %v:\n%s", ns, jobID, al.ClientStatus, want, al.Describe())
-		}
-		return false
+		return a.allocation(allocs[0].ID)
 	})
-	if ok {
-		return last
-	}
-	if last == nil {
-		t.Fatalf("job %s/%s has no allocation after %v (%s; last error: %v)", ns, jobID, timeout, st, lastErr)
-	}
-	t.Fatalf("allocation of job %s/%s did not become %v within %v (%s); last seen:\n%s", ns, jobID, want, timeout, st, last.Describe())
-	return nil
 }
 
 // stopNamespaced stops and purges a job of a namespace (the harness stops
