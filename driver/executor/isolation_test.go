@@ -28,6 +28,17 @@ func isolatedSpec(t *testing.T, script string) *testTask {
 	return tt
 }
 
+// runLines runs tt to its end, requires exit code 0, and returns (and
+// logs) the "key=value" lines of its output.
+func runLines(t *testing.T, tt *testTask) map[string]string {
+	t.Helper()
+	p := startTest(t, tt)
+	must.Eq(t, 0, waitExit(t, p).ExitCode, must.Sprintf("stderr: %s", readFile(t, tt.stderr)))
+	got := outputLines(readFile(t, tt.stdout))
+	t.Log(got)
+	return got
+}
+
 // outputLines maps "key=value" lines of a task's output.
 func outputLines(out string) map[string]string {
 	m := map[string]string{}
@@ -142,9 +153,7 @@ func TestIsolation_InheritedDescriptors_Root(t *testing.T) {
 	must.NoError(t, err)
 	t.Cleanup(func() { _ = unix.Close(fd) })
 	tt := isolatedSpec(t, `echo "fds=$(ls /proc/self/fd | tr '\n' ' ')"`)
-	p := startTest(t, tt)
-	must.Eq(t, 0, waitExit(t, p).ExitCode, must.Sprintf("stderr: %s", readFile(t, tt.stderr)))
-	got := outputLines(readFile(t, tt.stdout))
+	got := runLines(t, tt)
 	// 0-2, and the descriptor ls opens on /proc/self/fd itself.
 	must.Eq(t, "0 1 2 3", strings.TrimSpace(got["fds"]), must.Sprintf("descriptor %d leaked into the task", fd))
 }
@@ -210,10 +219,7 @@ func TestIsolation_Seccomp_Root(t *testing.T) {
 	// that took GODEBUG=inittrace=1 would print its Go runtime's
 	// initialisation on the task's stderr.
 	tt.spec.Env = append(tt.spec.Env, "GODEBUG=inittrace=1")
-	p := startTest(t, tt)
-	must.Eq(t, 0, waitExit(t, p).ExitCode, must.Sprintf("stderr: %s", readFile(t, tt.stderr)))
-	got := outputLines(readFile(t, tt.stdout))
-	t.Log(got)
+	got := runLines(t, tt)
 	must.Eq(t, "hunter2", got["secret"], must.Sprint("the task's environment reaches the command"))
 	must.Eq(t, "inittrace=1", got["godebug"])
 	must.StrNotContains(t, readFile(t, tt.stderr), "init ", must.Sprint("the stage ran with the task's GODEBUG"))
@@ -236,18 +242,12 @@ func TestIsolation_Seccomp_Root(t *testing.T) {
 	// error for the zeroed attribute here, but not the filter's EPERM).
 	perf := isolatedSpec(t, seccompScript())
 	perf.spec.Capabilities = append(append([]string(nil), DefaultCapabilities...), "PERFMON")
-	p = startTest(t, perf)
-	must.Eq(t, 0, waitExit(t, p).ExitCode, must.Sprintf("stderr: %s", readFile(t, perf.stderr)))
-	got = outputLines(readFile(t, perf.stdout))
-	t.Log(got)
+	got = runLines(t, perf)
 	must.NotEq(t, eperm, got["perf"], must.Sprint("a task holding PERFMON is refused perf_event_open"))
 	must.Eq(t, eperm, got["keyctl"], must.Sprint("keyctl is refused whatever the capabilities"))
 
 	priv := newTestSpec(t, "/bin/sh", "-c", seccompScript())
-	p = startTest(t, priv)
-	must.Eq(t, 0, waitExit(t, p).ExitCode, must.Sprintf("stderr: %s", readFile(t, priv.stderr)))
-	got = outputLines(readFile(t, priv.stdout))
-	t.Log(got)
+	got = runLines(t, priv)
 	must.Eq(t, "ok", got["keyctl"], must.Sprint("a privileged task is not filtered"))
 	must.Eq(t, "ok", got["getpid"])
 	must.Eq(t, "ok", got["unshare_user"], must.Sprint("a privileged task makes user namespaces"))
