@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"fmt"
+	"os"
 	"os/exec"
 	"strings"
 	"syscall"
@@ -121,11 +122,13 @@ func escJoinUserNamespace(t *testing.T, e *escEnv, user string) {
 		_ = holder.Wait()
 	})
 	// unshare execs sleep once the namespace is made.
+	self, err := os.Readlink("/proc/self/ns/user")
+	if err != nil {
+		t.Fatalf("failed to read the test's user namespace: %v", err)
+	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		b, _ := exec.Command("readlink", fmt.Sprintf("/proc/%d/ns/user", holder.Process.Pid)).Output()
-		self, _ := exec.Command("readlink", "/proc/self/ns/user").Output()
-		if len(b) > 0 && string(b) != string(self) {
+		if ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/user", holder.Process.Pid)); err == nil && ns != self {
 			break
 		}
 		if time.Now().After(deadline) {
