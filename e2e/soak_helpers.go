@@ -85,7 +85,10 @@ func soakIsDir(p string) bool {
 // soakProcs lists the processes of the soak's tasks and their supervisors:
 // those whose command line, working directory, environment or cgroup
 // names the agent's directory or one of the allocations, except the
-// agents, the driver plugin and Nomad's own helpers (comm "nomad"). The
+// agents, the driver plugin and Nomad's own helpers: those named "nomad"
+// (logmon, executors) and the agents' direct children (fingerprinters such
+// as the java driver's periodic "java -version", which a task never is:
+// tasks are forked by their supervisors). The
 // driver's spare supervisor (started ahead of the next task, gone with
 // the driver) is listed apart.
 func (a *Agent) soakProcs(allocIDs map[string]bool) (tasks, spares []string) {
@@ -93,9 +96,11 @@ func (a *Agent) soakProcs(allocIDs map[string]bool) (tasks, spares []string) {
 	for id := range allocIDs {
 		ids = append(ids, id)
 	}
+	agents := map[int]bool{a.PID(): true, a.server.pid(): true}
+	delete(agents, 0)
 	skip := map[int]bool{os.Getpid(): true, a.PID(): true, a.server.pid(): true, a.DriverPluginPID(): true}
 	for _, p := range listProcs() {
-		if skip[p.PID] || p.Comm == "nomad" || procState(p.PID) == "Z" {
+		if skip[p.PID] || agents[p.PPID] || p.Comm == "nomad" || procState(p.PID) == "Z" {
 			continue
 		}
 		if !a.belongs(p.PID, ids) {
