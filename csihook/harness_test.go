@@ -177,8 +177,10 @@ func journalRecords(t testing.TB, dir string) []string {
 	for _, v := range s.vols {
 		out = append(out, fmt.Sprintf("vol %s/%s %s/%s", v.PluginID, v.VolumeID, v.Stage, v.Controller))
 	}
-	for _, tr := range s.tasks {
-		out = append(out, fmt.Sprintf("task %s/%s %s", tr.TaskID, tr.Name, tr.State))
+	for _, recs := range s.tasks {
+		for _, tr := range recs {
+			out = append(out, fmt.Sprintf("task %s/%s %s", tr.TaskID, tr.Name, tr.State))
+		}
 	}
 	entries, err := os.ReadDir(dir)
 	must.NoError(t, err)

@@ -87,6 +87,14 @@ func (v volRecord) needsSecrets() bool {
 	return v.Controller != phaseNone || v.Stage == phaseStaging
 }
 
+// diskSecrets are the secrets the log holds for the record.
+func (v volRecord) diskSecrets() map[string]string {
+	if v.needsSecrets() {
+		return v.Secrets
+	}
+	return nil
+}
+
 // taskRecord is the journal entry of one volume of one task: its publish
 // state at Target.
 type taskRecord struct {
@@ -135,6 +143,14 @@ func (t taskRecord) key() volKey { return volKey{t.PluginID, t.VolumeID} }
 // NodeUnpublishVolume is left, which takes no secrets.
 func (t taskRecord) needsSecrets() bool {
 	return t.State == phasePending || t.State == phasePublishing
+}
+
+// diskSecrets are the secrets the log holds for the record.
+func (t taskRecord) diskSecrets() map[string]string {
+	if t.needsSecrets() {
+		return t.Secrets
+	}
+	return nil
 }
 
 // createdRecord remembers what a plugin answered to CreateVolume: the id
@@ -394,42 +410,62 @@ func merge(ops []journalOp) []journalOp {
 	return out
 }
 
-type taskKey struct{ taskID, name string }
-
 type createdKey struct{ plugin, name string }
 
-// journalState is the live records: what replaying the log gives.
+// journalState is the live records: what replaying the log gives, and
+// then what the commits since gave. It is the one copy of them: the
+// Manager's vols and tasks are its maps. A record here is the whole
+// record, with the secrets a call of this process may still need and the
+// memory-only notCalled; the log holds its forDisk form (see snapshot).
 type journalState struct {
-	vols    map[volKey]volRecord
-	tasks   map[taskKey]taskRecord
+	vols map[volKey]volRecord
+	// tasks are by task id, then by volume name.
+	tasks   map[string]map[string]taskRecord
 	created map[createdKey]createdRecord
 	owners  map[volKey]ownerRecord
-	// staleSecrets is set once a record holding secrets was replaced by
-	// one without them (or other ones) or dropped: the log still holds
-	// secrets no live record does, until a compaction rewrites it.
+	// staleSecrets is set once a record whose disk form held secrets was
+	// replaced by one whose disk form holds none (or other ones), or was
+	// dropped: the log still holds secrets no live record does, until a
+	// compaction rewrites it.
 	staleSecrets bool
 }
 
 func newJournalState() *journalState {
-	return &journalState{vols: map[volKey]volRecord{}, tasks: map[taskKey]taskRecord{}, created: map[createdKey]createdRecord{},
-		owners: map[volKey]ownerRecord{}}
+	return &journalState{vols: map[volKey]volRecord{}, tasks: map[string]map[string]taskRecord{},
+		created: map[createdKey]createdRecord{}, owners: map[volKey]ownerRecord{}}
+}
+
+func (s *journalState) task(taskID, name string) taskRecord { return s.tasks[taskID][name] }
+
+func (s *journalState) putTask(t taskRecord) {
+	if s.tasks[t.TaskID] == nil {
+		s.tasks[t.TaskID] = map[string]taskRecord{}
+	}
+	s.tasks[t.TaskID][t.Name] = t
+}
+
+func (s *journalState) dropTask(taskID, name string) {
+	delete(s.tasks[taskID], name)
+	if len(s.tasks[taskID]) == 0 {
+		delete(s.tasks, taskID)
+	}
 }
 
 func (s *journalState) apply(ops ...journalOp) {
 	for _, o := range ops {
 		switch o.Op {
 		case opPutVol:
-			s.replacesSecrets(s.vols[o.Vol.key()].Secrets, o.Vol.Secrets)
+			s.replacesSecrets(s.vols[o.Vol.key()].diskSecrets(), o.Vol.diskSecrets())
 			s.vols[o.Vol.key()] = *o.Vol
 		case opDropVol:
-			s.replacesSecrets(s.vols[volKey{o.PluginID, o.VolumeID}].Secrets, nil)
+			s.replacesSecrets(s.vols[volKey{o.PluginID, o.VolumeID}].diskSecrets(), nil)
 			delete(s.vols, volKey{o.PluginID, o.VolumeID})
 		case opPutTask:
-			s.replacesSecrets(s.tasks[taskKey{o.Task.TaskID, o.Task.Name}].Secrets, o.Task.Secrets)
-			s.tasks[taskKey{o.Task.TaskID, o.Task.Name}] = *o.Task
+			s.replacesSecrets(s.task(o.Task.TaskID, o.Task.Name).diskSecrets(), o.Task.diskSecrets())
+			s.putTask(*o.Task)
 		case opDropTask:
-			s.replacesSecrets(s.tasks[taskKey{o.TaskID, o.Name}].Secrets, nil)
-			delete(s.tasks, taskKey{o.TaskID, o.Name})
+			s.replacesSecrets(s.task(o.TaskID, o.Name).diskSecrets(), nil)
+			s.dropTask(o.TaskID, o.Name)
 		case opPutCreated:
 			s.created[createdKey{o.Created.PluginID, o.Created.Name}] = *o.Created
 		case opDropCreated:
@@ -458,11 +494,13 @@ func (s *journalState) dropUnneededSecrets() bool {
 			dropped = true
 		}
 	}
-	for k, t := range s.tasks {
-		if len(t.Secrets) > 0 && !t.needsSecrets() {
-			t.Secrets = nil
-			s.tasks[k] = t
-			dropped = true
+	for _, recs := range s.tasks {
+		for name, t := range recs {
+			if len(t.Secrets) > 0 && !t.needsSecrets() {
+				t.Secrets = nil
+				recs[name] = t
+				dropped = true
+			}
 		}
 	}
 	if dropped {
@@ -471,14 +509,17 @@ func (s *journalState) dropUnneededSecrets() bool {
 	return dropped
 }
 
-// snapshot returns a put of every live record, in a stable order.
+// snapshot returns a put of every live record as the log holds it
+// (forDisk), in a stable order.
 func (s *journalState) snapshot() []journalOp {
 	ops := make([]journalOp, 0, len(s.vols)+len(s.tasks)+len(s.created)+len(s.owners))
 	for _, v := range s.vols {
-		ops = append(ops, journalOp{Op: opPutVol, Vol: &v})
+		ops = append(ops, journalOp{Op: opPutVol, Vol: &v}.forDisk())
 	}
-	for _, t := range s.tasks {
-		ops = append(ops, journalOp{Op: opPutTask, Task: &t})
+	for _, recs := range s.tasks {
+		for _, t := range recs {
+			ops = append(ops, journalOp{Op: opPutTask, Task: &t}.forDisk())
+		}
 	}
 	for _, c := range s.created {
 		ops = append(ops, journalOp{Op: opPutCreated, Created: &c})
@@ -621,10 +662,12 @@ type journal struct {
 	logger hclog.Logger
 	log    *wal.Log
 
-	// mu guards state and migrated. The log calls back into the journal
-	// with its own lock held (wal.Options), so the journal never calls
-	// the log while holding mu.
-	mu    sync.Mutex
+	// mu guards state and migrated; the Manager shares it (Manager.mu),
+	// as its records are state's. The log calls back into the journal
+	// with its own lock held (wal.Options), which then takes mu: the
+	// order is the log's lock, then mu, and nothing calls the log, or a
+	// method of the journal, while holding mu.
+	mu    *sync.Mutex
 	state *journalState
 	// migrated are the files of records moved in from the file-per-record
 	// format, removed once the log holds them durably (after the first
@@ -651,7 +694,7 @@ var lazySyncDelay = 200 * time.Millisecond
 // removes (damage, moved records, secrets no record needs) is compacted
 // away soon after; see wal.Open.
 func openJournal(dir string, logger hclog.Logger) (*journal, error) {
-	j := &journal{dir: dir, logger: logger, state: newJournalState()}
+	j := &journal{dir: dir, logger: logger, mu: new(sync.Mutex), state: newJournalState()}
 	log, err := wal.Open(dir, wal.Options{
 		Logger: logger,
 		Replay: func(payload []byte, off int) int {
@@ -747,6 +790,8 @@ func (j *journal) commit(ops ...journalOp) error { return j.enqueue(false, ops) 
 // again, which the CSI spec makes safe.
 func (j *journal) commitLazy(ops ...journalOp) error { return j.enqueue(true, ops) }
 
+// The log gets the ops' forDisk form; the records take them whole, once
+// the batch is written (synced unless lazy), before the commit returns.
 func (j *journal) enqueue(lazy bool, ops []journalOp) error {
 	if len(ops) == 0 {
 		return nil
@@ -763,7 +808,7 @@ func (j *journal) enqueue(lazy bool, ops []journalOp) error {
 	return j.log.Append(payload, lazy, func() {
 		j.mu.Lock()
 		defer j.mu.Unlock()
-		j.state.apply(disk...)
+		j.state.apply(ops...)
 	})
 }
 
@@ -791,9 +836,11 @@ func (j *journal) records() ([]volRecord, []taskRecord) {
 	for _, v := range j.state.vols {
 		vols = append(vols, v)
 	}
-	tasks := make([]taskRecord, 0, len(j.state.tasks))
-	for _, t := range j.state.tasks {
-		tasks = append(tasks, t)
+	var tasks []taskRecord
+	for _, recs := range j.state.tasks {
+		for _, t := range recs {
+			tasks = append(tasks, t)
+		}
 	}
 	return vols, tasks
 }

@@ -130,9 +130,14 @@ func checkState(t *testing.T, s *journalState) {
 			t.Fatalf("volume record %+v under %v: %v", v, k, err)
 		}
 	}
-	for k, tr := range s.tasks {
-		if err := (journalOp{Op: opPutTask, Task: &tr}).check(); err != nil || k != (taskKey{tr.TaskID, tr.Name}) {
-			t.Fatalf("task record %+v under %v: %v", tr, k, err)
+	for id, recs := range s.tasks {
+		if len(recs) == 0 {
+			t.Fatalf("task %q has an empty map of records", id)
+		}
+		for name, tr := range recs {
+			if err := (journalOp{Op: opPutTask, Task: &tr}).check(); err != nil || id != tr.TaskID || name != tr.Name {
+				t.Fatalf("task record %+v under %s/%s: %v", tr, id, name, err)
+			}
 		}
 	}
 	for k, c := range s.created {

@@ -97,9 +97,11 @@ func ReadJournal(dir string) (JournalState, error) {
 			StagingPath: v.StagingPath, NodeID: v.NodeID, Stage: v.Stage, Controller: v.Controller,
 			Namespace: scan.state.owners[v.key()].Namespace, Server: v.Server})
 	}
-	for _, t := range scan.state.tasks {
-		st.Tasks = append(st.Tasks, JournalTask{TaskID: t.TaskID, Name: t.Name, PluginID: t.PluginID,
-			VolumeID: t.VolumeID, Target: t.Target, Destination: t.Destination, State: t.State})
+	for _, recs := range scan.state.tasks {
+		for _, t := range recs {
+			st.Tasks = append(st.Tasks, JournalTask{TaskID: t.TaskID, Name: t.Name, PluginID: t.PluginID,
+				VolumeID: t.VolumeID, Target: t.Target, Destination: t.Destination, State: t.State})
+		}
 	}
 	sort.Slice(st.Volumes, func(i, j int) bool {
 		a, b := st.Volumes[i], st.Volumes[j]

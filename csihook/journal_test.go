@@ -47,8 +47,10 @@ func (s *journalState) summary() []string {
 	for _, v := range s.vols {
 		out = append(out, fmt.Sprintf("vol %s/%s %s", v.PluginID, v.VolumeID, v.Stage))
 	}
-	for _, t := range s.tasks {
-		out = append(out, fmt.Sprintf("task %s/%s %s %s", t.TaskID, t.Name, t.VolumeID, t.State))
+	for _, recs := range s.tasks {
+		for _, t := range recs {
+			out = append(out, fmt.Sprintf("task %s/%s %s %s", t.TaskID, t.Name, t.VolumeID, t.State))
+		}
 	}
 	for _, c := range s.created {
 		out = append(out, fmt.Sprintf("created %s/%s %s", c.PluginID, c.Name, c.VolumeID))

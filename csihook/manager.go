@@ -33,16 +33,22 @@ type Manager struct {
 	// volume's directory in it. Held only around those file calls.
 	dirs sync.Mutex
 
-	// mu guards the maps and closed; it is never held across a call to a
-	// plugin, the journal or the mounter.
-	mu sync.Mutex
+	// mu guards the maps and closed. It is the journal's lock (journal.mu):
+	// vols and tasks are the journal's records (journalState), which a
+	// commit changes once its batch is written, with the log's lock held
+	// and then mu. So mu is never held across a call to a plugin, the
+	// journal or the mounter.
+	mu *sync.Mutex
 	// reserved counts, per volume, the setups between checkVolumeLimit and
 	// their end: volumes about to come to the node count as there.
 	reserved map[volKey]int
-	vols     map[volKey]volRecord
-	tasks    map[string]map[string]taskRecord
-	clients  map[string]Client
-	workers  map[string]bool
+	// vols and tasks (by task id, then volume name) are the journal's
+	// live records, held once: changed only by the journal's commits
+	// (Manager.commit), read under mu.
+	vols    map[volKey]volRecord
+	tasks   map[string]map[string]taskRecord
+	clients map[string]Client
+	workers map[string]bool
 	// verified holds the volumes whose staging this process made or saw
 	// mounted; a staged volume loaded from the journal is staged again
 	// (idempotent) before use unless its staging path is a mount point,
@@ -116,31 +122,22 @@ func New(cfg Config) (*Manager, error) {
 	if err != nil {
 		return nil, err
 	}
-	vols, tasks := j.records()
 	m := &Manager{
 		cfg:        cfg,
 		logger:     logger,
 		journal:    j,
 		locks:      newKeyLocks(),
-		vols:       map[volKey]volRecord{},
-		tasks:      map[string]map[string]taskRecord{},
+		mu:         j.mu,
+		vols:       j.state.vols,
+		tasks:      j.state.tasks,
 		clients:    map[string]Client{},
 		workers:    map[string]bool{},
 		verified:   map[volKey]bool{},
 		unreleased: map[string]map[volKey]string{},
 	}
 	m.ctx, m.cancel = context.WithCancel(context.Background())
-	for _, v := range vols {
-		m.vols[v.key()] = v
-	}
-	for _, t := range tasks {
-		if m.tasks[t.TaskID] == nil {
-			m.tasks[t.TaskID] = map[string]taskRecord{}
-		}
-		m.tasks[t.TaskID][t.Name] = t
-	}
-	if len(vols)+len(tasks) > 0 {
-		logger.Info("loaded volume journal", "volumes", len(vols), "task_volumes", len(tasks))
+	if vols, tasks := m.counts(); vols+tasks > 0 {
+		logger.Info("loaded volume journal", "volumes", vols, "task_volumes", tasks)
 	}
 	return m, nil
 }
@@ -305,50 +302,38 @@ func annotations(name, pluginID, volumeID string) map[string]string {
 	return map[string]string{"volume": name, "plugin_id": pluginID, "volume_id": volumeID}
 }
 
-// commit writes ops to the journal as one batch, then applies them to the
-// manager's records. The caller holds the lock of every volume the ops
-// name.
-func (m *Manager) commit(ops ...journalOp) error {
-	if err := m.journal.commit(ops...); err != nil {
-		return err
-	}
-	m.apply(ops)
-	return nil
-}
+// commit writes ops to the journal as one batch, which then applies them
+// to the records (vols, tasks) before it returns. The caller holds the
+// lock of every volume the ops name.
+func (m *Manager) commit(ops ...journalOp) error { return m.journal.commit(ops...) }
 
 // commitLazy is commit without waiting for the disk (journal.commitLazy),
 // for the result of a call after which no other call follows in the same
 // operation: the last record of a Setup or a release. Its call's "-ing"
 // record is durable, so a result lost with a crash of the host leaves the
 // call uncertain, and recovery calls again.
-func (m *Manager) commitLazy(ops ...journalOp) error {
-	if err := m.journal.commitLazy(ops...); err != nil {
-		return err
-	}
-	m.apply(ops)
-	return nil
-}
+func (m *Manager) commitLazy(ops ...journalOp) error { return m.journal.commitLazy(ops...) }
 
-func (m *Manager) apply(ops []journalOp) {
+// counts returns how many volume and task records there are.
+func (m *Manager) counts() (vols, tasks int) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	for _, o := range ops {
-		switch o.Op {
-		case opPutVol:
-			m.vols[o.Vol.key()] = *o.Vol
-		case opDropVol:
-			delete(m.vols, volKey{o.PluginID, o.VolumeID})
-		case opPutTask:
-			if m.tasks[o.Task.TaskID] == nil {
-				m.tasks[o.Task.TaskID] = map[string]taskRecord{}
-			}
-			m.tasks[o.Task.TaskID][o.Task.Name] = *o.Task
-		case opDropTask:
-			delete(m.tasks[o.TaskID], o.Name)
-			if len(m.tasks[o.TaskID]) == 0 {
-				delete(m.tasks, o.TaskID)
-			}
-		}
+	for _, recs := range m.tasks {
+		tasks += len(recs)
+	}
+	return len(m.vols), tasks
+}
+
+// markCalled clears a task record's notCalled in memory: its
+// NodePublishVolume is being made. Nothing is journalled (the durable
+// record says publishing already) and the record is otherwise unchanged.
+// The caller holds the volume's lock.
+func (m *Manager) markCalled(taskID, name string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if t, ok := m.tasks[taskID][name]; ok {
+		t.notCalled = false
+		m.tasks[taskID][name] = t
 	}
 }
 

@@ -295,7 +295,7 @@ func TestJournal_FormatAndPermissions(t *testing.T) {
 	must.Eq(t, "node-1", v.NodeID)
 	must.Eq(t, h.m.StagingPath("p", "vol1"), v.StagingPath)
 	must.Eq(t, canary, v.Secrets["token"])
-	tr := s.tasks[taskKey{"task-a", "data"}]
+	tr := s.task("task-a", "data")
 	must.Eq(t, phasePublished, tr.State)
 	must.Eq(t, h.m.TargetPath("task-a", "data"), tr.Target)
 
@@ -319,7 +319,7 @@ func TestJournal_WrittenBeforeEachCall(t *testing.T) {
 		}()
 		must.Wait(t, waitFor(func() bool { return h.fake.Count(method) == 1 }))
 		s := diskJournal(t, dir)
-		v, tr := s.vols[volKey{"p", "vol1"}], s.tasks[taskKey{"t", "data"}]
+		v, tr := s.vols[volKey{"p", "vol1"}], s.task("t", "data")
 		seen[method] = v.Controller + "/" + v.Stage + "/" + tr.State
 		release()
 		must.NoError(t, <-done)
@@ -1196,7 +1196,7 @@ func TestSetup_IntentToPublishAheadOfStage(t *testing.T) {
 	must.Wait(t, waitFor(func() bool { return h.fake.Count(MethodNodeStageVolume) == 1 }))
 	s := diskJournal(t, filepath.Join(h.root, "journal"))
 	must.Eq(t, phaseStaging, s.vols[volKey{"p", "vol1"}].Stage)
-	must.Eq(t, phasePublishing, s.tasks[taskKey{"t", "data"}].State)
+	must.Eq(t, phasePublishing, s.task("t", "data").State)
 	release()
 	must.NoError(t, <-done)
 	must.NoError(t, h.m.Teardown(context.Background(), "t"))

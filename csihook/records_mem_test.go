@@ -1,24 +1,29 @@
 package csihook
 
 import (
+	"errors"
 	"fmt"
+	"path/filepath"
 	"runtime"
+	"slices"
 	"testing"
 
 	"github.com/hashicorp/go-hclog"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/mounter"
 )
 
-// BenchmarkRecordCopyMemory measures what the manager's second copy of
-// the volume and task records costs (see issue 13 item 2: the journal's
-// state and the manager's maps both hold them). It loads a journal of
-// 1000 volumes with one task each, then builds the manager's maps from
-// it as New does, and reports the heap the maps keep per volume+task
-// pair: what keeping the records once would save. The strings and maps
-// inside the records are shared by both copies; what is counted is the
-// record structs and the map buckets.
-func BenchmarkRecordCopyMemory(b *testing.B) {
+// BenchmarkManagerRecordsMemory measures the heap a manager keeps for its
+// records: it writes a journal of 1000 volumes with one task each, then
+// reports what New, which loads it, leaves on the heap per volume+task
+// pair (the log's file and buffers included, which do not grow with the
+// records). The records are held once, as the journal's state: when the
+// manager kept maps of its own beside the journal's, this gave about
+// 2880 B per pair against 2083 B now.
+func BenchmarkManagerRecordsMemory(b *testing.B) {
 	const n = 1000
-	dir := b.TempDir()
+	root := b.TempDir()
+	dir := filepath.Join(root, "journal")
 	j, err := openJournal(dir, hclog.NewNullLogger())
 	if err != nil {
 		b.Fatal(err)
@@ -37,37 +42,27 @@ func BenchmarkRecordCopyMemory(b *testing.B) {
 		}
 	}
 	j.close()
-	j, err = openJournal(dir, hclog.NewNullLogger())
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer j.close()
-	var perPair float64
+	cfg := Config{Root: root, Mounter: mounter.NewFake(), Logger: hclog.NewNullLogger(),
+		Lookup: func(string) (PluginInfo, error) { return PluginInfo{}, errors.New("no plugins here") }}
+	var perPair []float64
 	for b.Loop() {
 		var before, after runtime.MemStats
 		runtime.GC()
 		runtime.ReadMemStats(&before)
-		vols, tasks := j.records()
-		mv := map[volKey]volRecord{}
-		mt := map[string]map[string]taskRecord{}
-		for _, v := range vols {
-			mv[v.key()] = v
+		m, err := New(cfg)
+		if err != nil {
+			b.Fatal(err)
 		}
-		for _, t := range tasks {
-			if mt[t.TaskID] == nil {
-				mt[t.TaskID] = map[string]taskRecord{}
-			}
-			mt[t.TaskID][t.Name] = t
-		}
-		vols, tasks = nil, nil
 		runtime.GC()
 		runtime.ReadMemStats(&after)
-		if len(mv) != n || len(mt) != n {
-			b.Fatalf("copied %d volumes and %d tasks, want %d each", len(mv), len(mt), n)
+		if m.Users("hostpath", "vol-0999") != 1 || len(m.Tasks()) != n {
+			b.Fatalf("manager loaded %d tasks, want %d", len(m.Tasks()), n)
 		}
-		perPair = float64(after.HeapAlloc-before.HeapAlloc) / n
-		runtime.KeepAlive(mv)
-		runtime.KeepAlive(mt)
+		perPair = append(perPair, (float64(after.HeapAlloc)-float64(before.HeapAlloc))/n)
+		m.Close()
 	}
-	b.ReportMetric(perPair, "B/vol+task")
+	// The median: a closed manager's timers may keep it on the heap while
+	// the next one loads.
+	slices.Sort(perPair)
+	b.ReportMetric(perPair[len(perPair)/2], "B/vol+task")
 }

@@ -441,9 +441,9 @@ func (m *Manager) ensurePublished(ctx context.Context, info PluginInfo, vol volR
 	// first record; the results before this call then go out with this
 	// call's.
 	if cur, ok := m.taskRec(tr.TaskID, tr.Name); ok && cur.State == phasePublishing {
+		m.markCalled(tr.TaskID, tr.Name)
 		tr = cur
 		tr.notCalled = false
-		m.apply([]journalOp{taskPut(tr)})
 	} else {
 		tr.State, tr.notCalled = phasePublishing, false
 		if err := m.commit(append(pending, taskPut(tr))...); err != nil {

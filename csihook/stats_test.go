@@ -35,7 +35,15 @@ func putPublished(h *harness, n int) {
 			journalOp{Op: opPutTask, Task: &taskRecord{TaskID: task, Name: "data", PluginID: "p", VolumeID: id,
 				Target: "/publish/" + task + "/data", State: phasePublished}})
 	}
-	h.m.apply(ops)
+	applyInMemory(h.m, ops)
+}
+
+// applyInMemory puts ops into the manager's records without journalling
+// them.
+func applyInMemory(m *Manager, ops []journalOp) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.journal.state.apply(ops...)
 }
 
 // statsPassWait is statsPass and a wait for its samples to end.
@@ -312,7 +320,7 @@ func TestStatsHungPlugin(t *testing.T) {
 	}
 	ops = append(ops, journalOp{Op: opPutTask, Task: &taskRecord{TaskID: "task-ok", Name: "data", PluginID: "p",
 		VolumeID: "ok", Target: "/publish/ok", State: phasePublished}})
-	h.m.apply(ops)
+	applyInMemory(h.m, ops)
 	var releases []func()
 	for i := range 5 {
 		releases = append(releases, h.fake.Hang(fmt.Sprintf("slow-%d", i)))

@@ -81,16 +81,23 @@ func segments(s map[string]string) string {
 // reserved (by plan) until releaseReserved, so that two starts at once
 // cannot both take the last place.
 func (m *Manager) checkVolumeLimit(plans []plan) error {
+	// The journal takes mu: resolve before.
+	ids := make([]string, len(plans))
+	for i, p := range plans {
+		if p.info.MaxVolumes > 0 {
+			ids[i], _ = m.resolve(p.req)
+		}
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	byPlugin := map[string]map[string]bool{}
 	limits := map[string]int64{}
 	var names []string
-	for _, p := range plans {
+	for i, p := range plans {
 		if p.info.MaxVolumes <= 0 {
 			continue
 		}
-		id, _ := m.resolve(p.req)
+		id := ids[i]
 		k := volKey{p.req.PluginID, id}
 		if _, ok := m.vols[k]; ok || m.reserved[k] > 0 {
 			continue
@@ -126,8 +133,7 @@ func (m *Manager) checkVolumeLimit(plans []plan) error {
 		}
 		for i, p := range plans {
 			if p.info.MaxVolumes > 0 {
-				id, _ := m.resolve(p.req)
-				k := volKey{p.req.PluginID, id}
+				k := volKey{p.req.PluginID, ids[i]}
 				m.reserved[k]++
 				plans[i].reserved = &k
 			}
