@@ -8,9 +8,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
+	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -344,13 +346,99 @@ func procState(pid int) string {
 	return strings.SplitN(s, " ", 2)[0]
 }
 
+// ownerFile is the file of an OwnedTempDir its maker holds an flock on.
+const ownerFile = ".owner"
+
+// ownedPrefixes are the OwnedTempDir prefixes SweepStale looks at.
+var ownedPrefixes = []string{"ncsp-", "ncsb-"}
+
+// OwnedTempDir makes a directory /tmp/<prefix>* that SweepStale removes
+// only once the process that made it is gone: the process holds an flock
+// on <dir>/.owner until tb's cleanups have run, and the kernel drops it
+// when the process dies, however it dies. The caller still cleans the
+// directory up itself (its cleanup, registered later, runs first).
+func OwnedTempDir(tb testing.TB, prefix string) string {
+	tb.Helper()
+	if !slices.Contains(ownedPrefixes, prefix) {
+		tb.Fatalf("OwnedTempDir: prefix %q is not one SweepStale knows (%v)", prefix, ownedPrefixes)
+	}
+	dir, err := os.MkdirTemp("/tmp", prefix)
+	if err != nil {
+		tb.Fatalf("failed to make a temporary directory: %v", err)
+	}
+	// Locked under another name, then renamed: a sweep never finds the
+	// owner file unlocked while its maker lives.
+	f, err := os.Create(filepath.Join(dir, ownerFile+".new"))
+	if err != nil {
+		tb.Fatalf("failed to make the owner file of %s: %v", dir, err)
+	}
+	tb.Cleanup(func() { f.Close() })
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		tb.Fatalf("failed to lock the owner file of %s: %v", dir, err)
+	}
+	if err := os.Rename(f.Name(), filepath.Join(dir, ownerFile)); err != nil {
+		tb.Fatalf("failed to name the owner file of %s: %v", dir, err)
+	}
+	return dir
+}
+
+// ownerGone reports whether dir is an OwnedTempDir whose maker is gone:
+// its owner file exists and nobody holds its lock. A directory without
+// one (made by an older harness, or being made) is never taken.
+func ownerGone(dir string) bool {
+	f, err := os.Open(filepath.Join(dir, ownerFile))
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		return false
+	}
+	unix.Flock(int(f.Fd()), unix.LOCK_UN)
+	return true
+}
+
 // SweepStale cleans up after earlier runs that died without cleaning up
 // (a -test.timeout panic, a SIGKILL): every /tmp/ncsi-* directory whose
 // agent is gone — no nomad process names it on its command line and its
 // logs have not changed for two minutes — gets the same treatment as
 // Close: its processes killed by PID, its cgroups removed, its mounts
-// unmounted, and then the directory removed.
+// unmounted, and then the directory removed. Then every OwnedTempDir
+// whose maker is gone: the processes that name it killed, its mounts
+// unmounted, the directory removed.
 func SweepStale(logf func(format string, args ...any)) {
+	sweepAgents(logf)
+	for _, prefix := range ownedPrefixes {
+		dirs, _ := filepath.Glob("/tmp/" + prefix + "*")
+		for _, dir := range dirs {
+			if ownerGone(dir) {
+				logf("e2e: cleaning up after a dead run in %s", dir)
+				sweepOwned(dir, logf)
+			}
+		}
+	}
+}
+
+// sweepOwned kills what is left of the processes that name dir, unmounts
+// everything under it and removes it.
+func sweepOwned(dir string, logf func(format string, args ...any)) error {
+	leftovers := &Agent{Dir: dir, DataDir: filepath.Join(dir, "no-data"), children: map[int]string{},
+		opts: AgentOptions{Logf: logf}}
+	leftovers.killLeftovers()
+	if err := UnmountUnder(dir); err != nil {
+		return fmt.Errorf("mounts left under %s, not removing it: %w", dir, err)
+	}
+	if os.Getenv("E2E_KEEP") != "" {
+		logf("E2E_KEEP set: keeping %s", dir)
+		return nil
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return fmt.Errorf("failed to remove %s: %w", dir, err)
+	}
+	return nil
+}
+
+func sweepAgents(logf func(format string, args ...any)) {
 	dirs, _ := filepath.Glob("/tmp/ncsi-*")
 	for _, dir := range dirs {
 		if !isStale(dir) {

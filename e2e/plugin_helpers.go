@@ -30,8 +30,8 @@ import (
 // is cleaned up after the agent: processes, mounts, files.
 type PluginAgent struct {
 	*Agent
-	// Base is /tmp/ncsp-*: not /tmp/ncsi-*, which SweepStale may take
-	// from under a running test in another process.
+	// Base is an OwnedTempDir /tmp/ncsp-*: SweepStale takes it only once
+	// the test process is gone.
 	Base string
 	// RootDir is the driver's root_dir (Agent.DriverRoot too).
 	RootDir string
@@ -51,10 +51,7 @@ func (p *PluginAgent) PluginSocket(id string) string {
 // StartPluginAgent starts a PluginAgent for one test (and its subtests).
 func StartPluginAgent(t testing.TB) *PluginAgent {
 	t.Helper()
-	base, err := os.MkdirTemp("/tmp", "ncsp-")
-	if err != nil {
-		t.Fatalf("failed to make the plugin agent's directory: %v", err)
-	}
+	base := OwnedTempDir(t, "ncsp-")
 	// Registered before StartAgent, so it runs after the agent's Close.
 	t.Cleanup(func() { cleanupPluginBase(t, base) })
 	p := &PluginAgent{Base: base, RootDir: filepath.Join(base, "root"), SocketDir: filepath.Join(base, "sockets")}
@@ -72,19 +69,8 @@ func StartPluginAgent(t testing.TB) *PluginAgent {
 // (a plugin the test started itself, a task whose agent died), unmounts
 // everything under it and removes it.
 func cleanupPluginBase(t testing.TB, base string) {
-	leftovers := &Agent{Dir: base, DataDir: filepath.Join(base, "no-data"), children: map[int]string{},
-		opts: AgentOptions{Logf: t.Logf}}
-	leftovers.killLeftovers()
-	if err := UnmountUnder(base); err != nil {
-		t.Errorf("mounts left under %s, not removing it: %v", base, err)
-		return
-	}
-	if os.Getenv("E2E_KEEP") != "" {
-		t.Logf("E2E_KEEP set: keeping %s", base)
-		return
-	}
-	if err := os.RemoveAll(base); err != nil {
-		t.Errorf("failed to remove %s: %v", base, err)
+	if err := sweepOwned(base, t.Logf); err != nil {
+		t.Error(err)
 	}
 }
 

@@ -79,12 +79,8 @@ func tweakTasks(tb testing.TB, job map[string]any, tweak func(task map[string]an
 // up after the agent.
 func startIsolationAgent(b *testing.B, opts e2e.AgentOptions) *e2e.Agent {
 	b.Helper()
-	// /tmp/ncsb-*: not /tmp/ncsi-*, which SweepStale may take from under
-	// a running benchmark in another process.
-	base, err := os.MkdirTemp("/tmp", "ncsb-")
-	if err != nil {
-		b.Fatal(err)
-	}
+	// An OwnedTempDir: SweepStale takes it only once this process is gone.
+	base := e2e.OwnedTempDir(b, "ncsb-")
 	// Registered before StartAgent, so it runs after the agent's Close.
 	b.Cleanup(func() {
 		if err := e2e.UnmountUnder(base); err != nil {
