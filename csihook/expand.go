@@ -52,7 +52,27 @@ func (m *Manager) resizeOf(req VolumeRequest, info PluginInfo) (bool, error) {
 		return false, invalidf("volume %q: CSI plugin %q cannot expand volumes (no EXPAND_VOLUME capability): keep create.capacity_min at %s",
 			req.Name, req.PluginID, size(c.Requested))
 	}
+	if err := m.checkOffline(req, info, c); err != nil {
+		return false, err
+	}
 	return true, nil
+}
+
+// checkOffline refuses a growth that needs ControllerExpandVolume from a
+// plugin that expands only offline while the volume is attached, staged or
+// published on this node: the CSI spec allows the call then only after
+// the volume was released (ControllerUnpublish, else NodeUnstage, else
+// NodeUnpublish). Checked in preflight and again under the volume's lock.
+func (m *Manager) checkOffline(req VolumeRequest, info PluginInfo, c createdRecord) error {
+	want := req.Create.CapacityMin
+	if !info.ControllerExpand || info.OnlineExpansion || want <= c.Requested || (c.Capacity != 0 && c.Capacity >= want) {
+		return nil
+	}
+	if _, inUse := m.vol(volKey{req.PluginID, c.VolumeID}); !inUse {
+		return nil
+	}
+	return &conflictError{fmt.Sprintf("volume %q: CSI plugin %q expands volumes only offline (no ONLINE volume expansion) and volume_id %q is in use on node %q: stop the tasks using it, or keep create.capacity_min at %s",
+		req.Name, req.PluginID, c.VolumeID, m.cfg.NodeName, size(c.Requested))}
 }
 
 func size(n int64) string {
@@ -71,6 +91,9 @@ func (m *Manager) expandController(ctx context.Context, taskID string, req Volum
 	want := req.Create.CapacityMin
 	if want <= c.Requested {
 		return nil // only the node's part is owed
+	}
+	if err := m.checkOffline(req, info, c); err != nil {
+		return err
 	}
 	ann := annotations(req.Name, req.PluginID, volumeID)
 	node := info.NodeExpand
