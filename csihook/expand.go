@@ -2,10 +2,12 @@ package csihook
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/dustin/go-humanize"
+	"google.golang.org/grpc/codes"
 )
 
 // Expansion. A volume this node created remembers the create.capacity_min
@@ -20,7 +22,12 @@ import (
 //  2. once the volume is published for the task, NodeExpandVolume when the
 //     node capability EXPAND_VOLUME is there (online: the file system is
 //     mounted); a plugin without it grows the file system at its next
-//     NodeStageVolume, as the CSI spec leaves to it.
+//     NodeStageVolume, as the CSI spec leaves to it, and so does one that
+//     answers FailedPrecondition (cannot grow it while staged or
+//     published), which the spec says not to retry: the task starts and
+//     is told. A plugin that expands only offline (no VolumeExpansion
+//     ONLINE) gets no ControllerExpandVolume while the volume is in use
+//     on this node (checkOffline).
 //
 // The journal keeps the request and the owed node expansion, so that a
 // restart neither expands again nor forgets the node's part. A smaller
@@ -164,6 +171,19 @@ func (m *Manager) expandNode(ctx context.Context, taskID string, req VolumeReque
 		})
 		return err
 	})
+	var oe *OpError
+	if errors.As(err, &oe) && oe.Code == codes.FailedPrecondition {
+		// The file system cannot grow while staged or published, and the
+		// CSI spec says not to retry: the task starts on the volume as
+		// it is, and the node's part is not owed any more.
+		c.NodeExpand = false
+		if err := m.journal.commit(createdPut(c)); err != nil {
+			return err
+		}
+		m.event(taskID, fmt.Sprintf("Volume %q was not grown on this node (%s: %s): it grows at its next staging", req.Name, oe.Code, oe.Message),
+			annotations(req.Name, req.PluginID, vol.VolumeID))
+		return nil
+	}
 	if err != nil {
 		return err
 	}

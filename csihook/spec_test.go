@@ -6,6 +6,8 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/shoenig/test/must"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // Conformance with what the CSI spec (v1.12) asks of a CO, for plugins
@@ -144,4 +146,29 @@ func TestSpec_AccessModesAreV1(t *testing.T) {
 			}
 		})
 	}
+}
+
+// NodeExpandVolume's FAILED_PRECONDITION says the file system cannot grow
+// while staged or published: "Caller MUST NOT retry." The task starts on
+// the volume as it is, told so, and the node's part is not owed any more:
+// no later setup asks again.
+func TestSpec_NodeExpandFailedPreconditionNotRetried(t *testing.T) {
+	h := newHarness(t)
+	h.setPlugin(expandPlugin(true, true))
+	must.NoError(t, h.setupAndRelease("t1", sizedReq(64*mib)))
+	h.fake.SetNextError(MethodNodeExpandVolume, status.Error(codes.FailedPrecondition, "ext4 cannot grow online here"))
+	h.fake.ResetCalls()
+	must.NoError(t, h.setupAndRelease("t2", sizedReq(128*mib)))
+	must.SliceLen(t, 1, h.callsOf(MethodControllerExpandVolume))
+	must.SliceLen(t, 1, h.callsOf(MethodNodeExpandVolume))
+	must.True(t, containsEvent(h.eventMsgs(), `Volume "data" was not grown on this node (FailedPrecondition: ext4 cannot grow online here): it grows at its next staging`),
+		must.Sprint(h.eventMsgs()))
+
+	h.restart()
+	h.fake.ResetCalls()
+	must.NoError(t, h.setupAndRelease("t3", sizedReq(128*mib)))
+	must.SliceEmpty(t, h.callsOf(MethodNodeExpandVolume))
+	must.SliceEmpty(t, h.callsOf(MethodControllerExpandVolume))
+	h.waitIdle()
+	must.SliceEmpty(t, h.journalRecords())
 }
