@@ -2,7 +2,12 @@ package csihook
 
 import (
 	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/shoenig/test/must"
@@ -171,4 +176,152 @@ func TestSpec_NodeExpandFailedPreconditionNotRetried(t *testing.T) {
 	must.SliceEmpty(t, h.callsOf(MethodControllerExpandVolume))
 	h.waitIdle()
 	must.SliceEmpty(t, h.journalRecords())
+}
+
+// pathsAtCall is a FakeClient that records, at the moment of each
+// NodeStageVolume and NodePublishVolume, what the CO had made of the paths
+// it passes.
+type pathsAtCall struct {
+	*FakeClient
+	mu   sync.Mutex
+	seen []string
+}
+
+func (p *pathsAtCall) note(method, path string) {
+	kind := "missing"
+	if fi, err := os.Lstat(path); err == nil {
+		kind = "file"
+		if fi.IsDir() {
+			kind = "dir"
+		}
+	}
+	parent := "missing"
+	if fi, err := os.Stat(filepath.Dir(path)); err == nil && fi.IsDir() {
+		parent = "dir"
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.seen = append(p.seen, method+" path="+kind+" parent="+parent)
+}
+
+func (p *pathsAtCall) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequest) (*csi.NodeStageVolumeResponse, error) {
+	p.note(MethodNodeStageVolume, req.GetStagingTargetPath())
+	return p.FakeClient.NodeStageVolume(ctx, req)
+}
+
+func (p *pathsAtCall) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
+	p.note(MethodNodePublishVolume, req.GetTargetPath())
+	return p.FakeClient.NodePublishVolume(ctx, req)
+}
+
+// The CO makes staging_target_path, a directory ("The CO SHALL be
+// responsible for creating the directory if it does not exist"), and only
+// the parent of target_path ("Creation of target_path is the
+// responsibility of the SP"): for a block volume too, whose target the
+// plugin makes a file.
+func TestSpec_COMakesStagingDirAndTargetParentOnly(t *testing.T) {
+	for _, attach := range []string{AttachmentFileSystem, AttachmentBlockDevice} {
+		t.Run(attach, func(t *testing.T) {
+			var pc *pathsAtCall
+			h := newHarness(t, func(c *Config) { c.Dial = func(string) (Client, error) { return pc, nil } })
+			pc = &pathsAtCall{FakeClient: h.fake}
+			r := req("data", "vol1", "/data")
+			if attach == AttachmentBlockDevice {
+				r.AttachmentMode, r.FSType, r.MountFlags = attach, "", nil
+			}
+			_, err := h.m.Setup(context.Background(), "t", []VolumeRequest{r})
+			must.NoError(t, err)
+			must.Eq(t, []string{
+				MethodNodeStageVolume + " path=dir parent=dir",
+				MethodNodePublishVolume + " path=missing parent=dir",
+			}, pc.seen)
+			must.NoError(t, h.m.Teardown(context.Background(), "t"))
+		})
+	}
+}
+
+// NodeGetVolumeStats gets staging_target_path only from a plugin that
+// stages ("The path where the volume is staged, if the plugin has the
+// STAGE_UNSTAGE_VOLUME capability, otherwise empty").
+func TestSpec_StatsStagingPathOnlyWhenStaged(t *testing.T) {
+	for _, stages := range []bool{true, false} {
+		t.Run(fmt.Sprintf("stage_unstage=%t", stages), func(t *testing.T) {
+			h := newHarness(t)
+			p := statsPlugin("p")
+			p.StageUnstage = stages
+			h.setPlugin(p)
+			ctx := context.Background()
+			_, err := h.m.Setup(ctx, "t", []VolumeRequest{req("data", "vol1", "/data")})
+			must.NoError(t, err)
+			h.m.stats = newStatsLoop(time.Minute)
+			statsPassWait(h.m, ctx, time.Now())
+			statsPassWait(h.m, ctx, time.Now().Add(time.Minute))
+			calls := h.callsOf(MethodNodeGetVolumeStats)
+			must.SliceLen(t, 1, calls)
+			must.Eq(t, h.m.TargetPath("t", "data"), calls[0].TargetPath)
+			want := ""
+			if stages {
+				want = h.m.StagingPath("p", "vol1")
+			}
+			must.Eq(t, want, calls[0].StagingPath)
+			must.NoError(t, h.m.Teardown(ctx, "t"))
+		})
+	}
+}
+
+// A teardown failure is given up only for the codes that say the request
+// itself is wrong (InvalidArgument, Unimplemented: "Caller MUST NOT
+// retry"); every other code is retried in the background until the
+// plugin answers, and NotFound ("volume does not exist") counts as done
+// once the target is seen not mounted.
+func TestSpec_TeardownCodes(t *testing.T) {
+	for _, tc := range []struct {
+		code  codes.Code
+		retry bool
+	}{
+		{codes.InvalidArgument, false},
+		{codes.Unimplemented, false},
+		{codes.FailedPrecondition, true},
+		{codes.AlreadyExists, true},
+		{codes.Aborted, true},
+		{codes.ResourceExhausted, true},
+		{codes.Internal, true},
+		{codes.PermissionDenied, true},
+		{codes.NotFound, false},
+	} {
+		t.Run(tc.code.String(), func(t *testing.T) {
+			h := newHarness(t)
+			ctx := context.Background()
+			_, err := h.m.Setup(ctx, "t", []VolumeRequest{req("data", "vol1", "/data")})
+			must.NoError(t, err)
+			target := h.m.TargetPath("t", "data")
+			if tc.code == codes.NotFound {
+				// A plugin that lost the volume: the target is not mounted.
+				must.NoError(t, h.mnt.Unmount(target))
+			}
+			// More failures than the in-line attempts: the background
+			// retry gets the last, then the plugin answers.
+			errs := make([]error, h.m.cfg.RetryAttempts+1)
+			for i := range errs {
+				errs[i] = status.Error(tc.code, "no")
+			}
+			h.fake.SetNextError(MethodNodeUnpublishVolume, errs...)
+			err = h.m.Teardown(ctx, "t")
+			h.waitIdle()
+			switch {
+			case tc.code == codes.NotFound:
+				must.NoError(t, err)
+				must.SliceEmpty(t, h.journalRecords())
+			case tc.retry:
+				must.ErrorContains(t, err, "retrying in the background")
+				must.SliceEmpty(t, h.journalRecords())
+				must.SliceEmpty(t, h.mountPaths())
+			default:
+				must.Error(t, err)
+				must.StrNotContains(t, err.Error(), "background")
+				must.True(t, containsEvent(h.eventMsgs(), "not retrying"))
+				must.Len(t, 2, h.journalRecords())
+			}
+		})
+	}
 }
