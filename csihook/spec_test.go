@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -324,4 +325,37 @@ func TestSpec_TeardownCodes(t *testing.T) {
 			}
 		})
 	}
+}
+
+// After a restart, an uncertain ControllerPublishVolume is sent again
+// only once the plugin is healthy: what it sends depends on the plugin's
+// capabilities (readonly needs PUBLISH_READONLY), which a plugin not
+// probed yet does not show. Sent before, a reader-only volume attached
+// with readonly = true would be asked again with false, which the plugin
+// refuses as incompatible.
+func TestSpec_RecoverReissuesControllerPublishWhenHealthy(t *testing.T) {
+	h := newHarness(t)
+	v := volRecord{PluginID: "p", VolumeID: "vol1", StagingPath: h.m.StagingPath("p", "vol1"), NodeID: "node-1",
+		AccessMode: AccessSingleNodeReaderOnly, AttachmentMode: AttachmentFileSystem, Controller: phasePublishing}
+	must.NoError(t, h.m.journal.commit(volPut(v)))
+	must.NoError(t, h.m.journal.commit(taskPut(taskRecord{TaskID: "task-a", Name: "data", PluginID: "p", VolumeID: "vol1",
+		Target: h.m.TargetPath("task-a", "data"), Destination: "/data", AccessMode: AccessSingleNodeReaderOnly, ReadOnly: true,
+		AttachmentMode: AttachmentFileSystem, State: phasePending})))
+	// As the fingerprint shows a plugin it has not probed yet.
+	h.setPlugin(PluginInfo{ID: "p", Socket: "/run/p.sock", HealthDescription: "plugin has not been probed yet"})
+	h.restart()
+	must.NoError(t, h.m.Recover(func(string) bool { return true }))
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(h.logs.String(), "not healthy yet") && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	must.StrContains(t, h.logs.String(), `CSI plugin \"p\" is not healthy yet, so its capabilities are not known`)
+	must.SliceEmpty(t, h.callsOf(MethodControllerPublishVolume))
+	h.setPlugin(fullPlugin("p"))
+	h.waitIdle()
+	cp := h.callsOf(MethodControllerPublishVolume)
+	must.SliceLen(t, 1, cp)
+	must.True(t, cp[0].Readonly)
+	must.Eq(t, 1, h.m.Users("p", "vol1"))
+	must.NoError(t, h.m.Teardown(context.Background(), "task-a"))
 }
