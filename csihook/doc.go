@@ -167,9 +167,9 @@
 // nobody uses, including ones caught mid-stage; re-issues the idempotent
 // ControllerPublish, NodeStage and NodePublish for live tasks whose step
 // was uncertain or whose target lost its mount. Workers retry until the
-// plugin answers; WaitIdle waits for them. A ControllerPublishVolume is
-// re-issued only once the plugin is healthy, since what it sends depends
-// on capabilities a plugin not probed yet does not show.
+// plugin answers; WaitIdle waits for them. The calls for live tasks wait
+// until the plugin is healthy, since what they send depends on
+// capabilities a plugin not probed yet does not show.
 //
 // # Retries
 //

@@ -337,15 +337,6 @@ func (m *Manager) ensureVolume(ctx context.Context, taskID, name string, info Pl
 	}
 
 	if needCtrl && vol.Controller != phasePublished {
-		if !info.Healthy {
-			// What the call sends depends on the plugin's capabilities
-			// (readonly needs PUBLISH_READONLY), which a plugin not
-			// probed yet since a restart does not show: recovery
-			// re-issues it once the plugin is healthy. (Setup only
-			// gets here with a healthy plugin.)
-			o.method = MethodControllerPublishVolume
-			return vol, pending, unreachable(o, fmt.Sprintf("CSI plugin %q is not healthy yet, so its capabilities are not known", vol.PluginID))
-		}
 		if vol.NodeID == "" {
 			vol.NodeID = info.NodeID
 		}

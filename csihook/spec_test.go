@@ -359,3 +359,29 @@ func TestSpec_RecoverReissuesControllerPublishWhenHealthy(t *testing.T) {
 	must.Eq(t, 1, h.m.Users("p", "vol1"))
 	must.NoError(t, h.m.Teardown(context.Background(), "task-a"))
 }
+
+// A live task whose target lost its mount across a restart is staged and
+// published again once the plugin is healthy, not before: the calls'
+// content follows capabilities a plugin not probed yet does not show.
+func TestSpec_RecoverRepublishesWhenHealthy(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	_, err := h.m.Setup(ctx, "task-a", []VolumeRequest{req("data", "vol1", "/data")})
+	must.NoError(t, err)
+	must.NoError(t, h.mnt.Unmount(h.m.TargetPath("task-a", "data")))
+	must.NoError(t, h.mnt.Unmount(h.m.StagingPath("p", "vol1")))
+	h.setPlugin(PluginInfo{ID: "p", Socket: "/run/p.sock", HealthDescription: "plugin has not been probed yet"})
+	h.restart()
+	h.fake.ResetCalls()
+	must.NoError(t, h.m.Recover(func(string) bool { return true }))
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(h.logs.String(), "not healthy yet") && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	must.SliceEmpty(t, h.fake.Methods())
+	h.setPlugin(fullPlugin("p"))
+	h.waitIdle()
+	must.Eq(t, []string{MethodNodeStageVolume, MethodNodePublishVolume}, h.fake.Methods())
+	must.Eq(t, h.m.StagingPath("p", "vol1"), h.callsOf(MethodNodePublishVolume)[0].StagingPath)
+	must.NoError(t, h.m.Teardown(ctx, "task-a"))
+}
