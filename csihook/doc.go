@@ -167,7 +167,9 @@
 // nobody uses, including ones caught mid-stage; re-issues the idempotent
 // ControllerPublish, NodeStage and NodePublish for live tasks whose step
 // was uncertain or whose target lost its mount. Workers retry until the
-// plugin answers; WaitIdle waits for them.
+// plugin answers; WaitIdle waits for them. The calls for live tasks wait
+// until the plugin is healthy, since what they send depends on
+// capabilities a plugin not probed yet does not show.
 //
 // # Retries
 //

@@ -2,10 +2,12 @@ package csihook
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/dustin/go-humanize"
+	"google.golang.org/grpc/codes"
 )
 
 // Expansion. A volume this node created remembers the create.capacity_min
@@ -20,7 +22,12 @@ import (
 //  2. once the volume is published for the task, NodeExpandVolume when the
 //     node capability EXPAND_VOLUME is there (online: the file system is
 //     mounted); a plugin without it grows the file system at its next
-//     NodeStageVolume, as the CSI spec leaves to it.
+//     NodeStageVolume, as the CSI spec leaves to it, and so does one that
+//     answers FailedPrecondition (cannot grow it while staged or
+//     published), which the spec says not to retry: the task starts and
+//     is told. A plugin that expands only offline (no VolumeExpansion
+//     ONLINE) gets no ControllerExpandVolume while the volume is in use
+//     on this node (checkOffline).
 //
 // The journal keeps the request and the owed node expansion, so that a
 // restart neither expands again nor forgets the node's part. A smaller
@@ -52,7 +59,27 @@ func (m *Manager) resizeOf(req VolumeRequest, info PluginInfo) (bool, error) {
 		return false, invalidf("volume %q: CSI plugin %q cannot expand volumes (no EXPAND_VOLUME capability): keep create.capacity_min at %s",
 			req.Name, req.PluginID, size(c.Requested))
 	}
+	if err := m.checkOffline(req, info, c); err != nil {
+		return false, err
+	}
 	return true, nil
+}
+
+// checkOffline refuses a growth that needs ControllerExpandVolume from a
+// plugin that expands only offline while the volume is attached, staged or
+// published on this node: the CSI spec allows the call then only after
+// the volume was released (ControllerUnpublish, else NodeUnstage, else
+// NodeUnpublish). Checked in preflight and again under the volume's lock.
+func (m *Manager) checkOffline(req VolumeRequest, info PluginInfo, c createdRecord) error {
+	want := req.Create.CapacityMin
+	if !info.ControllerExpand || info.OnlineExpansion || want <= c.Requested || (c.Capacity != 0 && c.Capacity >= want) {
+		return nil
+	}
+	if _, inUse := m.vol(volKey{req.PluginID, c.VolumeID}); !inUse {
+		return nil
+	}
+	return &conflictError{fmt.Sprintf("volume %q: CSI plugin %q expands volumes only offline (no ONLINE volume expansion) and volume_id %q is in use on node %q: stop the tasks using it, or keep create.capacity_min at %s",
+		req.Name, req.PluginID, c.VolumeID, m.cfg.NodeName, size(c.Requested))}
 }
 
 func size(n int64) string {
@@ -71,6 +98,9 @@ func (m *Manager) expandController(ctx context.Context, taskID string, req Volum
 	want := req.Create.CapacityMin
 	if want <= c.Requested {
 		return nil // only the node's part is owed
+	}
+	if err := m.checkOffline(req, info, c); err != nil {
+		return err
 	}
 	ann := annotations(req.Name, req.PluginID, volumeID)
 	node := info.NodeExpand
@@ -141,6 +171,19 @@ func (m *Manager) expandNode(ctx context.Context, taskID string, req VolumeReque
 		})
 		return err
 	})
+	var oe *OpError
+	if errors.As(err, &oe) && oe.Code == codes.FailedPrecondition {
+		// The file system cannot grow while staged or published, and the
+		// CSI spec says not to retry: the task starts on the volume as
+		// it is, and the node's part is not owed any more.
+		c.NodeExpand = false
+		if err := m.journal.commit(createdPut(c)); err != nil {
+			return err
+		}
+		m.event(taskID, fmt.Sprintf("Volume %q was not grown on this node (%s: %s): it grows at its next staging", req.Name, oe.Code, oe.Message),
+			annotations(req.Name, req.PluginID, vol.VolumeID))
+		return nil
+	}
 	if err != nil {
 		return err
 	}

@@ -60,7 +60,7 @@ type harness struct {
 // block volumes.
 func fullPlugin(id string) PluginInfo {
 	return PluginInfo{ID: id, Socket: "/run/" + id + ".sock", NodeID: "node-1", Healthy: true,
-		StageUnstage: true, ControllerPublish: true, CreateDelete: true, Block: true}
+		StageUnstage: true, ControllerPublish: true, PublishReadonly: true, CreateDelete: true, Block: true}
 }
 
 func newHarness(t testing.TB, tweak ...func(*Config)) *harness {

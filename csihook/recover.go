@@ -234,6 +234,20 @@ func (m *Manager) reconcile(ctx context.Context, k volKey, live func(string) boo
 		}
 	}
 	info, _ := m.cfg.Lookup(k.plugin)
+	if !info.Healthy && (len(fix) > 0 || vol.Controller == phasePublishing || vol.Stage == phaseStaging) {
+		// What the calls send depends on the plugin's capabilities
+		// (ControllerPublishVolume's readonly needs PUBLISH_READONLY;
+		// whether to attach or stage at all), which a plugin not probed
+		// yet since a restart does not show: they are made once it is
+		// healthy.
+		o := op{method: MethodNodePublishVolume, taskID: first.TaskID, name: first.Name, pluginID: k.plugin, volumeID: k.volume}
+		if vol.Controller == phasePublishing {
+			o.method = MethodControllerPublishVolume
+		} else if vol.Stage == phaseStaging {
+			o.method = MethodNodeStageVolume
+		}
+		return unreachable(o, fmt.Sprintf("CSI plugin %q is not healthy yet, so its capabilities are not known", k.plugin))
+	}
 	restage := len(fix) > 0 && vol.Stage == phaseStaged
 	var staged []journalOp
 	if vol, staged, err = m.ensureVolume(ctx, first.TaskID, first.Name, info, vol, restage, nil); err != nil {

@@ -367,7 +367,10 @@ func (m *Manager) ensureVolume(ctx context.Context, taskID, name string, info Pl
 		err := m.call(ctx, o, func(ctx context.Context) error {
 			resp, err := ctrl.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{
 				VolumeId: vol.VolumeID, NodeId: vol.NodeID, VolumeCapability: vc,
-				Readonly: !writerMode(vol.AccessMode), Secrets: vol.Secrets, VolumeContext: vol.VolumeContext,
+				// "CO MUST set this field to false if SP does not have the
+				// PUBLISH_READONLY controller capability" (CSI spec); the
+				// node calls still publish a reader-only volume read-only.
+				Readonly: info.PublishReadonly && !writerMode(vol.AccessMode), Secrets: vol.Secrets, VolumeContext: vol.VolumeContext,
 			})
 			pctx = resp.GetPublishContext()
 			return err

@@ -27,9 +27,10 @@ import (
 // plugin, and the job can only be refused by them.
 
 // accessibility is the node's topology as CreateVolume's requirement, or
-// nil when the plugin gave none.
+// nil when the plugin gave none or lacks VOLUME_ACCESSIBILITY_CONSTRAINTS
+// (the CSI spec forbids the field then).
 func accessibility(info PluginInfo) *csi.TopologyRequirement {
-	if len(info.Topology) == 0 {
+	if len(info.Topology) == 0 || !info.AccessibilityConstraints {
 		return nil
 	}
 	t := &csi.Topology{Segments: maps.Clone(info.Topology)}
@@ -38,10 +39,12 @@ func accessibility(info PluginInfo) *csi.TopologyRequirement {
 
 // checkAccessible refuses a created volume that the plugin says is not
 // accessible from this node: no topology it lists is one this node is in.
-// A volume without accessible topology is accessible everywhere.
+// A volume without accessible topology is accessible everywhere, and so
+// is one of a plugin without VOLUME_ACCESSIBILITY_CONSTRAINTS, which has
+// no topology to speak of (CSI spec).
 func (m *Manager) checkAccessible(req VolumeRequest, info PluginInfo, vol *csi.Volume) error {
 	topo := vol.GetAccessibleTopology()
-	if len(topo) == 0 || len(info.Topology) == 0 {
+	if len(topo) == 0 || len(info.Topology) == 0 || !info.AccessibilityConstraints {
 		return nil
 	}
 	var seen []string

@@ -14,6 +14,7 @@ func zonedPlugin(zone string, max int64) PluginInfo {
 	p := fullPlugin("p")
 	if zone != "" {
 		p.Topology = map[string]string{"zone": zone, "rack": "r1"}
+		p.AccessibilityConstraints = true
 	}
 	p.MaxVolumes = max
 	return p

@@ -113,6 +113,11 @@ type PluginInfo struct {
 	// ControllerPublish is the controller capability
 	// PUBLISH_UNPUBLISH_VOLUME.
 	ControllerPublish bool
+	// PublishReadonly is the controller capability PUBLISH_READONLY:
+	// without it ControllerPublishVolume's readonly must be false (CSI
+	// spec), and a reader-only volume is made read-only by the node calls
+	// alone.
+	PublishReadonly bool
 	// VolumeStats and VolumeCondition are the node capabilities
 	// GET_VOLUME_STATS and VOLUME_CONDITION (the stats loop).
 	VolumeStats     bool
@@ -128,10 +133,19 @@ type PluginInfo struct {
 	// topology.go.
 	Topology   map[string]string
 	MaxVolumes int64
+	// AccessibilityConstraints is the plugin capability
+	// VOLUME_ACCESSIBILITY_CONSTRAINTS: without it CreateVolume gets no
+	// accessibility_requirements (CSI spec) and Topology is not used.
+	AccessibilityConstraints bool
 	// ControllerExpand is the controller capability EXPAND_VOLUME,
 	// NodeExpand the node capability EXPAND_VOLUME (see expand.go).
 	ControllerExpand bool
 	NodeExpand       bool
+	// OnlineExpansion is the plugin capability VolumeExpansion ONLINE.
+	// Without it ControllerExpandVolume is never called for a volume that
+	// is attached, staged or published on this node (CSI spec: OFFLINE
+	// expansion waits until the volume is released).
+	OnlineExpansion bool
 	// VolumeMountGroup is the node capability VOLUME_MOUNT_GROUP: the
 	// plugin applies VolumeRequest.MountGroup itself.
 	VolumeMountGroup bool

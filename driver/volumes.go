@@ -263,9 +263,13 @@ func lifecyclePluginInfo(st fingerprint.PluginStatus) csihook.PluginInfo {
 		Topology:          st.Node.Topology,
 		MaxVolumes:        st.Node.MaxVolumes,
 		ControllerPublish: st.ControllerService && st.ControllerCaps.PublishUnpublishVolume,
-		VolumeStats:       st.NodeCaps.GetVolumeStats,
-		VolumeCondition:   st.NodeCaps.VolumeCondition,
-		CreateDelete:      st.ControllerService && st.ControllerCaps.CreateDeleteVolume,
+		PublishReadonly:   st.ControllerService && st.ControllerCaps.PublishReadonly,
+		OnlineExpansion:   st.PluginCaps.OnlineExpansion,
+		// CSI spec: topology is used only with this capability.
+		AccessibilityConstraints: st.PluginCaps.VolumeAccessibilityConstraints,
+		VolumeStats:              st.NodeCaps.GetVolumeStats,
+		VolumeCondition:          st.NodeCaps.VolumeCondition,
+		CreateDelete:             st.ControllerService && st.ControllerCaps.CreateDeleteVolume,
 		// A declared controller is never asked for its Node service; a
 		// socket's plugin is, and is known to lack it once probed.
 		ControllerOnly: st.Type == fingerprint.TypeController || (st.Known && !st.NodeService),

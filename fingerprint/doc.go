@@ -34,7 +34,7 @@
 //	driver.csi.plugin.<key>.snapshot_metadata_service    bool
 //	driver.csi.plugin.<key>.online_expansion             bool    plugin capability VolumeExpansion ONLINE
 //	driver.csi.plugin.<key>.offline_expansion            bool    plugin capability VolumeExpansion OFFLINE
-//	driver.csi.plugin.<key>.node_service                 bool    the plugin answered NodeGetInfo
+//	driver.csi.plugin.<key>.node_service                 bool    the plugin answered NodeGetCapabilities
 //
 // With a node service:
 //
@@ -63,7 +63,11 @@
 // field is ready), and the services its type needs answer: node and
 // monolith need the Node service, controller and monolith the Controller
 // service. Unimplemented for the Node calls of a controller is "no node
-// service", not a failure. The description says why otherwise, e.g.
+// service", not a failure. The Node service is NodeGetCapabilities, which
+// every node plugin implements; NodeGetInfo may be Unimplemented (no
+// node_id, limit or topology then) unless the plugin's own controller has
+// PUBLISH_UNPUBLISH_VOLUME, as the CSI spec has it. The description says
+// why otherwise, e.g.
 // `socket "/csi/csi.sock" does not exist`, "plugin reports not ready",
 // "probe failed: Unavailable: ..." or "probe failed: DeadlineExceeded: ...".
 package fingerprint

@@ -637,15 +637,24 @@ func fetchDetails(ctx context.Context, c Client, declared PluginType) (*details,
 			d.controllerService, d.controllerCaps = true, cc
 		}
 	}
+	noNodeInfo := false
 	if wantNode {
-		ni, err := c.NodeInfo(ctx)
+		// NodeGetCapabilities is the one Node call every node plugin
+		// implements (CSI spec); NodeGetInfo is required only of a plugin
+		// with PUBLISH_UNPUBLISH_VOLUME, so its absence alone is no
+		// missing Node service: the node id is then unknown, and only a
+		// ControllerPublishVolume needs one.
+		nc, err := c.NodeCapabilities(ctx)
 		switch {
 		case errors.Is(err, ErrUnimplemented):
 		case err != nil:
 			return nil, err
 		default:
-			nc, err := c.NodeCapabilities(ctx)
-			if err != nil {
+			ni, err := c.NodeInfo(ctx)
+			switch {
+			case errors.Is(err, ErrUnimplemented):
+				noNodeInfo = true
+			case err != nil:
 				return nil, err
 			}
 			d.nodeService, d.node, d.nodeCaps = true, ni, nc
@@ -667,6 +676,9 @@ func fetchDetails(ctx context.Context, c Client, declared PluginType) (*details,
 	}
 	if (d.typ == TypeController || d.typ == TypeMonolith) && !d.controllerService {
 		return d, fmt.Errorf("plugin %q is of type %s but does not implement the CSI Controller service", info.Name, d.typ)
+	}
+	if noNodeInfo && d.controllerService && d.controllerCaps.PublishUnpublishVolume {
+		return d, fmt.Errorf("plugin %q has the PUBLISH_UNPUBLISH_VOLUME controller capability but does not implement NodeGetInfo, which the CSI spec requires then", info.Name)
 	}
 	return d, nil
 }

@@ -374,11 +374,50 @@ func TestProber_serviceChecks(t *testing.T) {
 			ctrlRPCs: 1,
 		},
 		{
-			name:     "node without node service is unhealthy",
+			name: "node without node service is unhealthy",
+			typ:  TypeNode,
+			setup: func(f *Fake) {
+				f.NextNodeCapabilitiesErr = fmt.Errorf("NodeGetCapabilities: %w", ErrUnimplemented)
+			},
+			reason: `plugin "hostpath.csi.k8s.io" is of type node but does not implement the CSI Node service`,
+		},
+		{
+			// CSI spec: NodeGetInfo is required only with
+			// PUBLISH_UNPUBLISH_VOLUME; NodeGetCapabilities of every node
+			// plugin.
+			name:     "node without NodeGetInfo is healthy",
 			typ:      TypeNode,
 			setup:    func(f *Fake) { f.NextNodeInfoErr = unimplemented },
-			reason:   `plugin "hostpath.csi.k8s.io" is of type node but does not implement the CSI Node service`,
+			healthy:  true,
+			node:     true,
 			nodeRPCs: 1,
+		},
+		{
+			name: "monolith without NodeGetInfo nor controller publish is healthy",
+			typ:  TypeMonolith,
+			setup: func(f *Fake) {
+				f.PluginCaps.ControllerService = true
+				f.NextNodeInfoErr = unimplemented
+			},
+			healthy:  true,
+			node:     true,
+			ctrl:     true,
+			nodeRPCs: 1,
+			ctrlRPCs: 1,
+		},
+		{
+			name: "monolith with controller publish needs NodeGetInfo",
+			typ:  TypeMonolith,
+			setup: func(f *Fake) {
+				f.PluginCaps.ControllerService = true
+				f.ControllerCaps.PublishUnpublishVolume = true
+				f.NextNodeInfoErr = unimplemented
+			},
+			reason:   `plugin "hostpath.csi.k8s.io" has the PUBLISH_UNPUBLISH_VOLUME controller capability but does not implement NodeGetInfo, which the CSI spec requires then`,
+			node:     true,
+			ctrl:     true,
+			nodeRPCs: 1,
+			ctrlRPCs: 1,
 		},
 		{
 			name: "monolith without controller service is unhealthy",

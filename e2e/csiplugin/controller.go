@@ -245,6 +245,9 @@ func (p *plugin) ControllerPublishVolume(ctx context.Context, req *csi.Controlle
 	if req.GetVolumeCapability() == nil {
 		return nil, status.Error(codes.InvalidArgument, "volume_capability is required")
 	}
+	if p.cfg.noPublishReadonly && req.GetReadonly() {
+		return nil, status.Error(codes.InvalidArgument, "readonly must be false: this plugin has no PUBLISH_READONLY capability")
+	}
 	defer p.store.lock(req.GetVolumeId())()
 	v, ok := p.store.get(req.GetVolumeId())
 	if !ok {
@@ -394,8 +397,10 @@ func (p *plugin) ControllerGetCapabilities(context.Context, *csi.ControllerGetCa
 	if p.cfg.controllerPublish {
 		types = append(types,
 			csi.ControllerServiceCapability_RPC_PUBLISH_UNPUBLISH_VOLUME,
-			csi.ControllerServiceCapability_RPC_PUBLISH_READONLY,
 			csi.ControllerServiceCapability_RPC_LIST_VOLUMES_PUBLISHED_NODES)
+		if !p.cfg.noPublishReadonly {
+			types = append(types, csi.ControllerServiceCapability_RPC_PUBLISH_READONLY)
+		}
 	}
 	resp := &csi.ControllerGetCapabilitiesResponse{}
 	for _, t := range types {
@@ -423,6 +428,9 @@ func (p *plugin) ControllerExpandVolume(ctx context.Context, req *csi.Controller
 	v, ok := p.store.get(req.GetVolumeId())
 	if !ok {
 		return nil, status.Errorf(codes.NotFound, "volume %q does not exist", req.GetVolumeId())
+	}
+	if p.cfg.offlineExpansion && want > v.Capacity && (len(v.Published) > 0 || len(v.Staged) > 0 || len(v.Targets) > 0) {
+		return nil, status.Errorf(codes.FailedPrecondition, "volume %q is in use and this plugin expands volumes only offline", v.ID)
 	}
 	if lim > 0 && v.Capacity > lim {
 		return nil, status.Errorf(codes.OutOfRange, "volume %q already has %d bytes, more than limit_bytes %d; volumes do not shrink", v.ID, v.Capacity, lim)

@@ -70,6 +70,16 @@ type config struct {
 	// createdTopology, when set, is the accessible topology CreateVolume
 	// answers instead of the node's: a volume made elsewhere.
 	createdTopology map[string]string
+	// Plugins that differ from the default in a capability, each held to
+	// what the CSI spec then asks of a CO: noPublishReadonly drops
+	// PUBLISH_READONLY and refuses ControllerPublishVolume with
+	// readonly = true; offlineExpansion advertises VolumeExpansion OFFLINE
+	// instead of ONLINE and refuses ControllerExpandVolume for a volume
+	// attached, staged or published anywhere; noNodeInfo answers
+	// NodeGetInfo with Unimplemented (allowed without controller publish).
+	noPublishReadonly bool
+	offlineExpansion  bool
+	noNodeInfo        bool
 }
 
 // plugin serves all three CSI services.
@@ -142,6 +152,9 @@ func parseFlags(args []string) (config, error) {
 		cfg.failOnce[m] = code
 		return nil
 	})
+	fs.BoolVar(&cfg.noPublishReadonly, "no-publish-readonly", false, "with --controller-publish: do not advertise PUBLISH_READONLY, and refuse ControllerPublishVolume with readonly = true (InvalidArgument), as the CSI spec lets such a plugin")
+	fs.BoolVar(&cfg.offlineExpansion, "offline-expansion", false, "advertise VolumeExpansion OFFLINE instead of ONLINE, and refuse ControllerExpandVolume for a volume in use (FailedPrecondition)")
+	fs.BoolVar(&cfg.noNodeInfo, "no-node-info", false, "answer NodeGetInfo with Unimplemented (not with --controller-publish: the CSI spec requires it then)")
 	fs.StringVar(&cfg.faults, "faults", "", "test mode: control file of fault rules read on every call (default <state-dir>/faults; see faults.go)")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
@@ -157,6 +170,8 @@ func parseFlags(args []string) (config, error) {
 		return cfg, errors.New("endpoint is required: pass --endpoint unix:///path/csi.sock or set CSI_ENDPOINT")
 	case cfg.nodeID == "":
 		return cfg, errors.New("node-id is required when the hostname is unknown")
+	case cfg.noNodeInfo && cfg.controllerPublish:
+		return cfg, errors.New("no-node-info cannot be used with controller-publish: the CSI spec requires NodeGetInfo of a plugin with PUBLISH_UNPUBLISH_VOLUME")
 	case cfg.maxVolumes < 0:
 		return cfg, errors.New("max-volumes must not be negative")
 	}
@@ -308,8 +323,12 @@ func (p *plugin) GetPluginCapabilities(context.Context, *csi.GetPluginCapabiliti
 	}
 	caps := []*csi.PluginCapability{
 		svc(csi.PluginCapability_Service_CONTROLLER_SERVICE),
-		{Type: &csi.PluginCapability_VolumeExpansion_{VolumeExpansion: &csi.PluginCapability_VolumeExpansion{Type: csi.PluginCapability_VolumeExpansion_ONLINE}}},
 	}
+	expansion := csi.PluginCapability_VolumeExpansion_ONLINE
+	if p.cfg.offlineExpansion {
+		expansion = csi.PluginCapability_VolumeExpansion_OFFLINE
+	}
+	caps = append(caps, &csi.PluginCapability{Type: &csi.PluginCapability_VolumeExpansion_{VolumeExpansion: &csi.PluginCapability_VolumeExpansion{Type: expansion}}})
 	if len(p.cfg.topology) > 0 {
 		caps = append(caps, svc(csi.PluginCapability_Service_VOLUME_ACCESSIBILITY_CONSTRAINTS))
 	}

@@ -18,6 +18,9 @@ import (
 )
 
 func (p *plugin) NodeGetInfo(context.Context, *csi.NodeGetInfoRequest) (*csi.NodeGetInfoResponse, error) {
+	if p.cfg.noNodeInfo {
+		return nil, status.Error(codes.Unimplemented, "NodeGetInfo is not implemented (--no-node-info)")
+	}
 	resp := &csi.NodeGetInfoResponse{NodeId: p.cfg.nodeID, MaxVolumesPerNode: p.cfg.maxVolumes}
 	if len(p.cfg.topology) > 0 {
 		resp.AccessibleTopology = &csi.Topology{Segments: p.cfg.topology}
