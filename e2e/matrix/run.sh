@@ -19,7 +19,8 @@ table=$out/matrix.md
 # signals), an agent restart recovers a task, a CSI plugin as a task, a
 # driver-managed volume, a native (Nomad-scheduled) volume, and the cluster
 # case (a plugin system job on three clients, volumes placed by
-# constraint). A subtest
+# constraint), and the harness's allocation waits on the version's event
+# stream. A subtest
 # pattern applies to every test that has subtests.
 cases=(
   "agent is this version|TestNomadVersion"
@@ -30,8 +31,9 @@ cases=(
   "driver-managed volume|TestVolumes"
   "native volume|TestNativeCSI"
   "cluster, 3 clients|TestCluster"
+  "event stream|TestAllocWaitFollowsEventStream"
 )
-top='^(TestNomadVersion|TestFingerprint|TestBatchLogsAndExitCode|TestStopSignal|TestAgentRestartRecoversTask|TestCSIPluginTasks|TestVolumes|TestNativeCSI|TestCluster)$'
+top='^(TestNomadVersion|TestFingerprint|TestBatchLogsAndExitCode|TestStopSignal|TestAgentRestartRecoversTask|TestCSIPluginTasks|TestVolumes|TestNativeCSI|TestCluster|TestAllocWaitFollowsEventStream)$'
 sub='^(exit_.*|trapped|ignored|example_job_serves_plugin|persist|monolith_plugin_healthy|volume_write_read_release|teardown_leaves_nothing|clients_distinct|plugin_on_every_client|volumes_spread_by_constraint)$'
 
 [ $# -gt 0 ] || { echo "usage: $0 VERSION..." >&2; exit 2; }
