@@ -77,9 +77,12 @@
 // uncertain. The
 // journal directory (Config.JournalDir, default Root/journal, mode 0700)
 // holds journal.log (mode 0600) and .lock, whose flock keeps a second
-// manager out. The journal keeps the live records in memory too; the log
-// is only read when the manager starts, and by ReadJournal, which replays
-// it read-only and without the lock while a manager runs.
+// manager out. The journal keeps the live records in memory too, once:
+// they are the manager's (a commit applies them once its batch is
+// written, whole, with the secrets a call of this process may still need;
+// the log and a compaction get them without secrets no call needs). The
+// log is only read when the manager starts, and by ReadJournal, which
+// replays it read-only and without the lock while a manager runs.
 //
 // The log is append-only; its file side (frames, preallocation, syncs,
 // compaction, the lock) is package wal, its records this package's
