@@ -73,6 +73,7 @@ func TestEscape(t *testing.T) {
 		{"host_keyring", escKeyring},
 		{"user_namespace", escUserNamespace},
 		{"join_user_namespace", escJoinUserNamespace},
+		{"host_binary_through_proc_exe", escExe},
 	}
 	users := []struct{ name, user string }{{"user_unset", ""}, {"user_root", "root"}}
 	for _, at := range attacks {
