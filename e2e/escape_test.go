@@ -74,6 +74,8 @@ func TestEscape(t *testing.T) {
 		{"user_namespace", escUserNamespace},
 		{"join_user_namespace", escJoinUserNamespace},
 		{"host_binary_through_proc_exe", escExe},
+		{"supervisor_and_descriptors", escSupervisor},
+		{"kernel_interfaces", escKernel},
 	}
 	users := []struct{ name, user string }{{"user_unset", ""}, {"user_root", "root"}}
 	for _, at := range attacks {
