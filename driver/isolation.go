@@ -239,7 +239,7 @@ func nomadDirMounts(cfg *drivers.TaskConfig, isolated bool) []executor.Mount {
 	if isolated {
 		dirs = append(dirs, [2]string{td.Dir + "/tmp", "/tmp"})
 	}
-	out := make([]executor.Mount, 0, len(dirs))
+	out := make([]executor.Mount, 0, len(dirs)+1)
 	for _, d := range dirs {
 		out = append(out, executor.Mount{
 			Source:      d[0],
@@ -247,6 +247,25 @@ func nomadDirMounts(cfg *drivers.TaskConfig, isolated bool) []executor.Mount {
 			Propagation: executor.PropagationPrivate,
 			NoSuid:      isolated,
 			NoDev:       isolated,
+		})
+	}
+	if isolated {
+		// Nomad's logmon (root, on the host) opens the allocation's log
+		// files by name in logs/, following symlinks, and writes the
+		// task's output there: in a logs/ it could write, a task (even
+		// as nobody: the directory is 0777) would plant
+		// "t.stdout.1 -> /etc/cron.d/x" and have the next rotation create
+		// that host file as root with whatever it printed. Read-only, and
+		// a mount point the task cannot rename away; the task still reads
+		// its logs, and its output still reaches them through the FIFOs
+		// the supervisor opened on the host.
+		out = append(out, executor.Mount{
+			Source:      td.LogDir,
+			Target:      "/alloc/logs",
+			ReadOnly:    true,
+			Propagation: executor.PropagationPrivate,
+			NoSuid:      true,
+			NoDev:       true,
 		})
 	}
 	return out

@@ -3,7 +3,10 @@ package driver
 import (
 	"testing"
 
+	"github.com/hashicorp/nomad/plugins/drivers"
 	"github.com/shoenig/test/must"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor"
 )
 
 func TestTaskCapabilities(t *testing.T) {
@@ -62,4 +65,32 @@ func TestParseIDRanges(t *testing.T) {
 	r, err = parseIDRanges("denied_host_gids", "")
 	must.NoError(t, err)
 	must.SliceEmpty(t, r)
+}
+
+// Nomad's logs/ is read-only in an isolated task (and a mount point of its
+// own there, which the task cannot rename away): logmon follows symlinks
+// when it opens the next log file, so a task that could plant one there
+// would have Nomad write a host file as root. A privileged task keeps the
+// host's view.
+func TestNomadDirMounts_LogsReadOnly(t *testing.T) {
+	cfg := &drivers.TaskConfig{AllocDir: "/nomad/alloc/a1", Name: "t"}
+	for _, tc := range []struct {
+		isolated bool
+		want     bool
+	}{{true, true}, {false, false}} {
+		var logs *executor.Mount
+		for _, m := range nomadDirMounts(cfg, tc.isolated) {
+			if m.Target == "/alloc/logs" {
+				logs = &m
+			}
+		}
+		if !tc.want {
+			must.Nil(t, logs, must.Sprint("a privileged task got a logs mount of its own"))
+			continue
+		}
+		must.NotNil(t, logs, must.Sprint("no /alloc/logs mount for an isolated task"))
+		must.Eq(t, "/nomad/alloc/a1/alloc/logs", logs.Source)
+		must.True(t, logs.ReadOnly)
+		must.True(t, logs.NoSuid && logs.NoDev)
+	}
 }

@@ -76,6 +76,7 @@ func TestEscape(t *testing.T) {
 		{"host_binary_through_proc_exe", escExe},
 		{"supervisor_and_descriptors", escSupervisor},
 		{"kernel_interfaces", escKernel},
+		{"log_rotation_symlink", escLogRotation},
 	}
 	users := []struct{ name, user string }{{"user_unset", ""}, {"user_root", "root"}}
 	for _, at := range attacks {
