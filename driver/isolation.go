@@ -2,7 +2,9 @@ package driver
 
 import (
 	"fmt"
+	"os"
 	"os/user"
+	"path/filepath"
 	"slices"
 	"sort"
 	"strconv"
@@ -267,6 +269,46 @@ func nomadDirMounts(cfg *drivers.TaskConfig, isolated bool) []executor.Mount {
 			NoSuid:      true,
 			NoDev:       true,
 		})
+		// Nomad (root, on the host) writes the task's tokens into its
+		// secrets directory before each run and at each renewal, with
+		// os.WriteFile and os.Chown, which follow symlinks: a task that
+		// replaced secrets/nomad_token with "-> /etc/shadow" in one run
+		// had Nomad truncate and chown that host file on its restart.
+		// Each token file is bound read-only over itself: a mount point
+		// the task can neither remove nor replace, through which it still
+		// reads what Nomad writes into the same file.
+		for _, name := range nomadTokenFiles(td.SecretsDir) {
+			out = append(out, executor.Mount{
+				Source:      filepath.Join(td.SecretsDir, name),
+				Target:      "/secrets/" + name,
+				ReadOnly:    true,
+				Propagation: executor.PropagationPrivate,
+				NoSuid:      true,
+				NoDev:       true,
+			})
+		}
 	}
+	return out
+}
+
+// nomadTokenFiles lists the files Nomad writes tokens to in a task's
+// secrets directory (workload identities, Vault's and Consul's tokens)
+// that are there now as regular files: a symlink, which only an older
+// driver's task could have left, is never bound.
+func nomadTokenFiles(secretsDir string) []string {
+	entries, err := os.ReadDir(secretsDir)
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, e := range entries {
+		n := e.Name()
+		token := n == "nomad_token" || n == "vault_token" || n == "consul_token" ||
+			strings.HasPrefix(n, "nomad_") && strings.HasSuffix(n, ".jwt")
+		if token && e.Type().IsRegular() {
+			out = append(out, n)
+		}
+	}
+	sort.Strings(out)
 	return out
 }

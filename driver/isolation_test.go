@@ -1,6 +1,9 @@
 package driver
 
 import (
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/hashicorp/nomad/plugins/drivers"
@@ -92,5 +95,38 @@ func TestNomadDirMounts_LogsReadOnly(t *testing.T) {
 		must.Eq(t, "/nomad/alloc/a1/alloc/logs", logs.Source)
 		must.True(t, logs.ReadOnly)
 		must.True(t, logs.NoSuid && logs.NoDev)
+	}
+}
+
+// Nomad's token files in an isolated task's secrets directory are bound
+// read-only over themselves: Nomad rewrites them on the host with
+// os.WriteFile and os.Chown, which follow a symlink the task could
+// otherwise put in their place. Other files there (a template's) stay the
+// task's; a symlink is never bound.
+func TestNomadDirMounts_TokensReadOnly(t *testing.T) {
+	allocDir := t.TempDir()
+	cfg := &drivers.TaskConfig{AllocDir: allocDir, Name: "t"}
+	secrets := cfg.TaskDir().SecretsDir
+	must.NoError(t, os.MkdirAll(secrets, 0o700))
+	for _, f := range []string{"nomad_token", "nomad_db.jwt", "vault_token", "consul_token", "app.env"} {
+		must.NoError(t, os.WriteFile(filepath.Join(secrets, f), []byte("x"), 0o600))
+	}
+	must.NoError(t, os.Symlink("/etc/shadow", filepath.Join(secrets, "nomad_other.jwt")))
+
+	got := map[string]executor.Mount{}
+	for _, m := range nomadDirMounts(cfg, true) {
+		if strings.HasPrefix(m.Target, "/secrets/") {
+			got[m.Target] = m
+		}
+	}
+	must.MapLen(t, 4, got)
+	for _, name := range []string{"nomad_token", "nomad_db.jwt", "vault_token", "consul_token"} {
+		m, ok := got["/secrets/"+name]
+		must.True(t, ok, must.Sprintf("no read-only mount of %s", name))
+		must.Eq(t, filepath.Join(secrets, name), m.Source)
+		must.True(t, m.ReadOnly)
+	}
+	for _, m := range nomadDirMounts(cfg, false) {
+		must.False(t, strings.HasPrefix(m.Target, "/secrets/"), must.Sprint("a privileged task got a token mount"))
 	}
 }

@@ -77,6 +77,7 @@ func TestEscape(t *testing.T) {
 		{"supervisor_and_descriptors", escSupervisor},
 		{"kernel_interfaces", escKernel},
 		{"log_rotation_symlink", escLogRotation},
+		{"identity_token_symlink", escIdentityToken},
 	}
 	users := []struct{ name, user string }{{"user_unset", ""}, {"user_root", "root"}}
 	for _, at := range attacks {
