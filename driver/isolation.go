@@ -220,6 +220,30 @@ func (c *Config) isolation(tc *TaskConfig) *executor.Isolation {
 	}
 }
 
+// checkHostModes refuses a task that is not privileged and asks for
+// pid_mode or ipc_mode "host" itself, unless the operator allowed it
+// (allow_host_namespaces) or made it the node's default. In the host's PID
+// namespace a root task sees, ptraces and reads (/proc/<pid>/root,
+// environ, mem) every other task running as root with no more
+// capabilities, of any allocation and Nomad namespace, and in the host's
+// IPC namespace it attaches their System V shared memory: a job alone must
+// not be able to step out of its allocation.
+func (c *Config) checkHostModes(tc *TaskConfig) error {
+	if c.AllowHostNamespaces {
+		return nil
+	}
+	for _, m := range []struct{ key, task, def string }{
+		{"pid_mode", tc.PIDMode, c.DefaultPIDMode},
+		{"ipc_mode", tc.IPCMode, c.DefaultIPCMode},
+	} {
+		if m.task == IsolationModeHost && m.def != IsolationModeHost {
+			return fmt.Errorf("%s = %q is not allowed on this node: it lets the task reach other allocations' processes; use %q, or the operator can set allow_host_namespaces = true in the driver's plugin config",
+				m.key, IsolationModeHost, IsolationModePrivate)
+		}
+	}
+	return nil
+}
+
 // defaultIsolation is what spare supervisors prepare for: a task that sets
 // neither pid_mode nor ipc_mode.
 func (c *Config) defaultIsolation() *executor.Isolation { return c.isolation(&TaskConfig{}) }

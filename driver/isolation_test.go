@@ -130,3 +130,36 @@ func TestNomadDirMounts_TokensReadOnly(t *testing.T) {
 		must.False(t, strings.HasPrefix(m.Target, "/secrets/"), must.Sprint("a privileged task got a token mount"))
 	}
 }
+
+// A task that is not privileged may share the host's PID or IPC namespace
+// only when the operator allowed it or made it the node's default: there a
+// root task reaches every other root task of the node.
+func TestCheckHostModes(t *testing.T) {
+	cases := []struct {
+		name    string
+		conf    Config
+		tc      TaskConfig
+		wantErr string
+	}{
+		{"private by default", Config{DefaultPIDMode: "private", DefaultIPCMode: "private"}, TaskConfig{}, ""},
+		{"task asks private", Config{DefaultPIDMode: "private", DefaultIPCMode: "private"}, TaskConfig{PIDMode: "private"}, ""},
+		{"task asks host pid", Config{DefaultPIDMode: "private", DefaultIPCMode: "private"}, TaskConfig{PIDMode: "host"},
+			`pid_mode = "host" is not allowed on this node`},
+		{"task asks host ipc", Config{DefaultPIDMode: "private", DefaultIPCMode: "private"}, TaskConfig{IPCMode: "host"},
+			`ipc_mode = "host" is not allowed on this node`},
+		{"operator allowed", Config{DefaultPIDMode: "private", DefaultIPCMode: "private", AllowHostNamespaces: true},
+			TaskConfig{PIDMode: "host", IPCMode: "host"}, ""},
+		{"operator's default", Config{DefaultPIDMode: "host", DefaultIPCMode: "host"}, TaskConfig{PIDMode: "host", IPCMode: "host"}, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.conf.checkHostModes(&tc.tc)
+			if tc.wantErr == "" {
+				must.NoError(t, err)
+				return
+			}
+			must.ErrorContains(t, err, tc.wantErr)
+			must.ErrorContains(t, err, "allow_host_namespaces")
+		})
+	}
+}

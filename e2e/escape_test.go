@@ -47,7 +47,9 @@ type escEnv struct {
 func TestEscape(t *testing.T) {
 	t.Parallel()
 	fixture := csiBin(t, "csi-fixture")
-	opts := AgentOptions{AllowPrivileged: true, Drivers: []string{DriverName}}
+	// join_user_namespace asks for pid_mode = "host", which the operator
+	// must allow (TestEscapeHostPIDMode: refused by default).
+	opts := AgentOptions{AllowPrivileged: true, Drivers: []string{DriverName}, DriverConfig: "allow_host_namespaces = true"}
 	if testDriver != DriverName {
 		opts.Drivers = append(opts.Drivers, testDriver)
 	}
