@@ -92,6 +92,10 @@ var configSpec = hclspec.NewObject(map[string]*hclspec.Spec{
 		hclspec.NewAttr("allow_caps", "list(string)", false),
 		hclspec.NewLiteral(defaultAllowCapsHCL),
 	),
+	"allow_host_namespaces": hclspec.NewDefault(
+		hclspec.NewAttr("allow_host_namespaces", "bool", false),
+		hclspec.NewLiteral("false"),
+	),
 	"denied_host_uids": hclspec.NewAttr("denied_host_uids", "string", false),
 	"denied_host_gids": hclspec.NewAttr("denied_host_gids", "string", false),
 	// Stats and metrics (telemetry.go).
@@ -191,8 +195,11 @@ type Config struct {
 	DefaultPIDMode string            `codec:"default_pid_mode"`
 	DefaultIPCMode string            `codec:"default_ipc_mode"`
 	AllowCaps      []string          `codec:"allow_caps"`
-	DeniedHostUIDs string            `codec:"denied_host_uids"`
-	DeniedHostGIDs string            `codec:"denied_host_gids"`
+	// AllowHostNamespaces lets a task that is not privileged ask for
+	// pid_mode or ipc_mode "host" itself (see checkHostModes).
+	AllowHostNamespaces bool   `codec:"allow_host_namespaces"`
+	DeniedHostUIDs      string `codec:"denied_host_uids"`
+	DeniedHostGIDs      string `codec:"denied_host_gids"`
 
 	// VolumeStatsInterval is how often each published volume is sampled
 	// with NodeGetVolumeStats ("0" or "0s": never); MetricsAddress is the

@@ -602,6 +602,9 @@ func (d *Driver) buildSpec(conf *Config, cfg *drivers.TaskConfig, tc *TaskConfig
 			spec.Capabilities = []string{}
 		}
 		spec.AmbientCapabilities = added
+		if err := conf.checkHostModes(tc); err != nil {
+			return nil, fmt.Errorf("invalid task config: %w", err)
+		}
 		spec.Isolation = conf.isolation(tc)
 		// Only the minimal /dev can be opened; the devices Nomad hands
 		// over and block-device volumes are let in by the executor as

@@ -350,7 +350,8 @@ func TestStartTask_isolation(t *testing.T) {
 				must.Eq(t, []string{"NET_ADMIN"}, spec.Capabilities)
 				must.Eq(t, []string{"NET_ADMIN"}, spec.AmbientCapabilities)
 			}},
-		{name: "pid and ipc host", tc: TaskConfig{PIDMode: "host", IPCMode: "host"}, wantUser: "nobody",
+		{name: "pid host refused", tc: TaskConfig{PIDMode: "host"}, wantErr: `pid_mode = "host" is not allowed on this node`},
+		{name: "pid and ipc host", conf: Config{AllowHostNamespaces: true}, tc: TaskConfig{PIDMode: "host", IPCMode: "host"}, wantUser: "nobody",
 			check: func(t *testing.T, spec *executor.Spec) {
 				must.False(t, spec.Isolation.PrivatePID)
 				must.False(t, spec.Isolation.PrivateIPC)

@@ -2,7 +2,9 @@ package driver
 
 import (
 	"fmt"
+	"os"
 	"os/user"
+	"path/filepath"
 	"slices"
 	"sort"
 	"strconv"
@@ -218,6 +220,30 @@ func (c *Config) isolation(tc *TaskConfig) *executor.Isolation {
 	}
 }
 
+// checkHostModes refuses a task that is not privileged and asks for
+// pid_mode or ipc_mode "host" itself, unless the operator allowed it
+// (allow_host_namespaces) or made it the node's default. In the host's PID
+// namespace a root task sees, ptraces and reads (/proc/<pid>/root,
+// environ, mem) every other task running as root with no more
+// capabilities, of any allocation and Nomad namespace, and in the host's
+// IPC namespace it attaches their System V shared memory: a job alone must
+// not be able to step out of its allocation.
+func (c *Config) checkHostModes(tc *TaskConfig) error {
+	if c.AllowHostNamespaces {
+		return nil
+	}
+	for _, m := range []struct{ key, task, def string }{
+		{"pid_mode", tc.PIDMode, c.DefaultPIDMode},
+		{"ipc_mode", tc.IPCMode, c.DefaultIPCMode},
+	} {
+		if m.task == IsolationModeHost && m.def != IsolationModeHost {
+			return fmt.Errorf("%s = %q is not allowed on this node: it lets the task reach other allocations' processes; use %q, or the operator can set allow_host_namespaces = true in the driver's plugin config",
+				m.key, IsolationModeHost, IsolationModePrivate)
+		}
+	}
+	return nil
+}
+
 // defaultIsolation is what spare supervisors prepare for: a task that sets
 // neither pid_mode nor ipc_mode.
 func (c *Config) defaultIsolation() *executor.Isolation { return c.isolation(&TaskConfig{}) }
@@ -239,7 +265,7 @@ func nomadDirMounts(cfg *drivers.TaskConfig, isolated bool) []executor.Mount {
 	if isolated {
 		dirs = append(dirs, [2]string{td.Dir + "/tmp", "/tmp"})
 	}
-	out := make([]executor.Mount, 0, len(dirs))
+	out := make([]executor.Mount, 0, len(dirs)+1)
 	for _, d := range dirs {
 		out = append(out, executor.Mount{
 			Source:      d[0],
@@ -249,5 +275,64 @@ func nomadDirMounts(cfg *drivers.TaskConfig, isolated bool) []executor.Mount {
 			NoDev:       isolated,
 		})
 	}
+	if isolated {
+		// Nomad's logmon (root, on the host) opens the allocation's log
+		// files by name in logs/, following symlinks, and writes the
+		// task's output there: in a logs/ it could write, a task (even
+		// as nobody: the directory is 0777) would plant
+		// "t.stdout.1 -> /etc/cron.d/x" and have the next rotation create
+		// that host file as root with whatever it printed. Read-only, and
+		// a mount point the task cannot rename away; the task still reads
+		// its logs, and its output still reaches them through the FIFOs
+		// the supervisor opened on the host.
+		out = append(out, executor.Mount{
+			Source:      td.LogDir,
+			Target:      "/alloc/logs",
+			ReadOnly:    true,
+			Propagation: executor.PropagationPrivate,
+			NoSuid:      true,
+			NoDev:       true,
+		})
+		// Nomad (root, on the host) writes the task's tokens into its
+		// secrets directory before each run and at each renewal, with
+		// os.WriteFile and os.Chown, which follow symlinks: a task that
+		// replaced secrets/nomad_token with "-> /etc/shadow" in one run
+		// had Nomad truncate and chown that host file on its restart.
+		// Each token file is bound read-only over itself: a mount point
+		// the task can neither remove nor replace, through which it still
+		// reads what Nomad writes into the same file.
+		for _, name := range nomadTokenFiles(td.SecretsDir) {
+			out = append(out, executor.Mount{
+				Source:      filepath.Join(td.SecretsDir, name),
+				Target:      "/secrets/" + name,
+				ReadOnly:    true,
+				Propagation: executor.PropagationPrivate,
+				NoSuid:      true,
+				NoDev:       true,
+			})
+		}
+	}
+	return out
+}
+
+// nomadTokenFiles lists the files Nomad writes tokens to in a task's
+// secrets directory (workload identities, Vault's and Consul's tokens)
+// that are there now as regular files: a symlink, which only an older
+// driver's task could have left, is never bound.
+func nomadTokenFiles(secretsDir string) []string {
+	entries, err := os.ReadDir(secretsDir)
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, e := range entries {
+		n := e.Name()
+		token := n == "nomad_token" || n == "vault_token" || n == "consul_token" ||
+			strings.HasPrefix(n, "nomad_") && strings.HasSuffix(n, ".jwt")
+		if token && e.Type().IsRegular() {
+			out = append(out, n)
+		}
+	}
+	sort.Strings(out)
 	return out
 }

@@ -1,9 +1,15 @@
 package driver
 
 import (
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 
+	"github.com/hashicorp/nomad/plugins/drivers"
 	"github.com/shoenig/test/must"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor"
 )
 
 func TestTaskCapabilities(t *testing.T) {
@@ -62,4 +68,98 @@ func TestParseIDRanges(t *testing.T) {
 	r, err = parseIDRanges("denied_host_gids", "")
 	must.NoError(t, err)
 	must.SliceEmpty(t, r)
+}
+
+// Nomad's logs/ is read-only in an isolated task (and a mount point of its
+// own there, which the task cannot rename away): logmon follows symlinks
+// when it opens the next log file, so a task that could plant one there
+// would have Nomad write a host file as root. A privileged task keeps the
+// host's view.
+func TestNomadDirMounts_LogsReadOnly(t *testing.T) {
+	cfg := &drivers.TaskConfig{AllocDir: "/nomad/alloc/a1", Name: "t"}
+	for _, tc := range []struct {
+		isolated bool
+		want     bool
+	}{{true, true}, {false, false}} {
+		var logs *executor.Mount
+		for _, m := range nomadDirMounts(cfg, tc.isolated) {
+			if m.Target == "/alloc/logs" {
+				logs = &m
+			}
+		}
+		if !tc.want {
+			must.Nil(t, logs, must.Sprint("a privileged task got a logs mount of its own"))
+			continue
+		}
+		must.NotNil(t, logs, must.Sprint("no /alloc/logs mount for an isolated task"))
+		must.Eq(t, "/nomad/alloc/a1/alloc/logs", logs.Source)
+		must.True(t, logs.ReadOnly)
+		must.True(t, logs.NoSuid && logs.NoDev)
+	}
+}
+
+// Nomad's token files in an isolated task's secrets directory are bound
+// read-only over themselves: Nomad rewrites them on the host with
+// os.WriteFile and os.Chown, which follow a symlink the task could
+// otherwise put in their place. Other files there (a template's) stay the
+// task's; a symlink is never bound.
+func TestNomadDirMounts_TokensReadOnly(t *testing.T) {
+	allocDir := t.TempDir()
+	cfg := &drivers.TaskConfig{AllocDir: allocDir, Name: "t"}
+	secrets := cfg.TaskDir().SecretsDir
+	must.NoError(t, os.MkdirAll(secrets, 0o700))
+	for _, f := range []string{"nomad_token", "nomad_db.jwt", "vault_token", "consul_token", "app.env"} {
+		must.NoError(t, os.WriteFile(filepath.Join(secrets, f), []byte("x"), 0o600))
+	}
+	must.NoError(t, os.Symlink("/etc/shadow", filepath.Join(secrets, "nomad_other.jwt")))
+
+	got := map[string]executor.Mount{}
+	for _, m := range nomadDirMounts(cfg, true) {
+		if strings.HasPrefix(m.Target, "/secrets/") {
+			got[m.Target] = m
+		}
+	}
+	must.MapLen(t, 4, got)
+	for _, name := range []string{"nomad_token", "nomad_db.jwt", "vault_token", "consul_token"} {
+		m, ok := got["/secrets/"+name]
+		must.True(t, ok, must.Sprintf("no read-only mount of %s", name))
+		must.Eq(t, filepath.Join(secrets, name), m.Source)
+		must.True(t, m.ReadOnly)
+	}
+	for _, m := range nomadDirMounts(cfg, false) {
+		must.False(t, strings.HasPrefix(m.Target, "/secrets/"), must.Sprint("a privileged task got a token mount"))
+	}
+}
+
+// A task that is not privileged may share the host's PID or IPC namespace
+// only when the operator allowed it or made it the node's default: there a
+// root task reaches every other root task of the node.
+func TestCheckHostModes(t *testing.T) {
+	cases := []struct {
+		name    string
+		conf    Config
+		tc      TaskConfig
+		wantErr string
+	}{
+		{"private by default", Config{DefaultPIDMode: "private", DefaultIPCMode: "private"}, TaskConfig{}, ""},
+		{"task asks private", Config{DefaultPIDMode: "private", DefaultIPCMode: "private"}, TaskConfig{PIDMode: "private"}, ""},
+		{"task asks host pid", Config{DefaultPIDMode: "private", DefaultIPCMode: "private"}, TaskConfig{PIDMode: "host"},
+			`pid_mode = "host" is not allowed on this node`},
+		{"task asks host ipc", Config{DefaultPIDMode: "private", DefaultIPCMode: "private"}, TaskConfig{IPCMode: "host"},
+			`ipc_mode = "host" is not allowed on this node`},
+		{"operator allowed", Config{DefaultPIDMode: "private", DefaultIPCMode: "private", AllowHostNamespaces: true},
+			TaskConfig{PIDMode: "host", IPCMode: "host"}, ""},
+		{"operator's default", Config{DefaultPIDMode: "host", DefaultIPCMode: "host"}, TaskConfig{PIDMode: "host", IPCMode: "host"}, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.conf.checkHostModes(&tc.tc)
+			if tc.wantErr == "" {
+				must.NoError(t, err)
+				return
+			}
+			must.ErrorContains(t, err, tc.wantErr)
+			must.ErrorContains(t, err, "allow_host_namespaces")
+		})
+	}
 }

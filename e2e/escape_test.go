@@ -47,7 +47,9 @@ type escEnv struct {
 func TestEscape(t *testing.T) {
 	t.Parallel()
 	fixture := csiBin(t, "csi-fixture")
-	opts := AgentOptions{AllowPrivileged: true, Drivers: []string{DriverName}}
+	// join_user_namespace asks for pid_mode = "host", which the operator
+	// must allow (TestEscapeHostPIDMode: refused by default).
+	opts := AgentOptions{AllowPrivileged: true, Drivers: []string{DriverName}, DriverConfig: "allow_host_namespaces = true"}
 	if testDriver != DriverName {
 		opts.Drivers = append(opts.Drivers, testDriver)
 	}
@@ -73,6 +75,11 @@ func TestEscape(t *testing.T) {
 		{"host_keyring", escKeyring},
 		{"user_namespace", escUserNamespace},
 		{"join_user_namespace", escJoinUserNamespace},
+		{"host_binary_through_proc_exe", escExe},
+		{"supervisor_and_descriptors", escSupervisor},
+		{"kernel_interfaces", escKernel},
+		{"log_rotation_symlink", escLogRotation},
+		{"identity_token_symlink", escIdentityToken},
 	}
 	users := []struct{ name, user string }{{"user_unset", ""}, {"user_root", "root"}}
 	for _, at := range attacks {

@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor/wire"
+	"github.com/nomad-driver-csi/nomad-driver-csi/mounter"
 )
 
 // execOutputDrain bounds how long Exec waits for the last output of a
@@ -77,8 +78,21 @@ func (p *Process) Exec(ctx context.Context, opts ExecOptions) (int, error) {
 	pidfd := os.NewFile(uintptr(nsFD), "task-pidfd")
 	defer pidfd.Close()
 
+	// The stage is this binary, run from a read-only clone of its mount
+	// (mounter.OpenSealed): the command it execs in the task inherits
+	// its /proc/self/exe when it is named /proc/self/exe (or is a script
+	// with that interpreter), and would then run the host's binary as
+	// the task, dumpable, so that any process of the task could open it
+	// through /proc/<pid>/exe on the host's mount and a root task chmod
+	// it (setuid, or mode 0), give it file capabilities, or overwrite it
+	// once no process runs it. On the clone each fails with EROFS.
+	exe, err := mounter.OpenSealed(mounter.New(), "/proc/self/exe")
+	if err != nil {
+		return 0, fmt.Errorf("failed to exec in task pid %d: %w", p.state.TaskPID, err)
+	}
+	defer exe.Close()
 	cmd := &exec.Cmd{
-		Path:      "/proc/self/exe",
+		Path:      fmt.Sprintf("/proc/self/fd/%d", wire.StageExeFD),
 		Args:      []string{os.Args[0], wire.StageExec},
 		Env:       []string{},
 		WaitDelay: execOutputDrain,
@@ -132,7 +146,7 @@ func (p *Process) Exec(ctx context.Context, opts ExecOptions) (int, error) {
 			started <- err
 			return
 		}
-		started <- startStage(cmd, &cmd.ExtraFiles, cfg, pidfd)
+		started <- startStage(cmd, &cmd.ExtraFiles, cfg, pidfd, exe)
 	}()
 	if err := <-started; err != nil {
 		if stdinW != nil {
@@ -245,7 +259,7 @@ func joinTaskNet(pidfd int, prof *Profile) error {
 func startStage(cmd interface {
 	Start() error
 	Wait() error
-}, extra *[]*os.File, cfg *wire.StageConfig, task *os.File) error {
+}, extra *[]*os.File, cfg *wire.StageConfig, task, exe *os.File) error {
 	cfgR, cfgW, err := os.Pipe()
 	if err != nil {
 		return fmt.Errorf("failed to make a pipe: %w", err)
@@ -256,7 +270,7 @@ func startStage(cmd interface {
 		_ = cfgW.Close()
 		return fmt.Errorf("failed to make a pipe: %w", err)
 	}
-	*extra = []*os.File{cfgR, errW, task}
+	*extra = []*os.File{cfgR, errW, task, exe}
 	err = cmd.Start()
 	_ = cfgR.Close()
 	_ = errW.Close()

@@ -27,6 +27,9 @@ const envStartHelper = "EXECUTOR_TEST_START_SPEC"
 
 func TestMain(m *testing.M) {
 	supervisor.RunReexec()
+	if os.Getenv(envSelfExeProbe) != "" {
+		os.Exit(runSelfExeProbe())
+	}
 	if path := os.Getenv(envStartHelper); path != "" {
 		os.Exit(runStartHelper(path))
 	}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/cgroups"
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor/wire"
+	"github.com/nomad-driver-csi/nomad-driver-csi/mounter"
 )
 
 // runSupervisor is the supervisor stage: args are [StateDir], or nothing
@@ -44,7 +45,15 @@ func runSupervisor(args []string) int {
 	}
 	// The supervisor's binary, which starts a task that is not privileged
 	// (wire.StageSeccomp); opened now, while /proc/self is the host's.
-	exe, err := os.Open("/proc/self/exe")
+	// Through a read-only clone of its mount (mounter.OpenSealed): the
+	// stage runs as the task and is its /proc/<pid>/exe, and so is any
+	// command the task names /proc/self/exe (or whose script's interpreter
+	// is), which the stage's exec resolves to this very file. Opened on
+	// the host's mount, that link would hand a root task the host's binary
+	// to chmod (setuid, or mode 0 so that no task starts), to give file
+	// capabilities or to overwrite once no supervisor runs it; on the
+	// clone every such change fails with EROFS.
+	exe, err := mounter.OpenSealed(mounter.New(), "/proc/self/exe")
 	if err != nil {
 		logger.Error("failed to open the supervisor's binary", "error", err)
 		return 2
@@ -279,8 +288,8 @@ func warmUp() {
 // before its task came (see prebuilt).
 var hostRoot = -1
 
-// selfExe is the supervisor's binary (read-only, close-on-exec), for the
-// seccomp stage.
+// selfExe is the supervisor's binary (read-only, on a read-only clone of
+// its mount, close-on-exec), for the seccomp stage.
 var selfExe *os.File
 
 func openHostRoot() error {

@@ -35,6 +35,11 @@ const (
 	StageConfigFD = 3 // read: one StageConfig as JSON
 	StageErrorFD  = 4 // write: an error message, or EOF at exec (CLOEXEC)
 	StageTaskFD   = 5 // a pidfd of the task, whose mount namespace the stage enters
+	// StageExeFD is the driver's binary on a read-only clone of its mount
+	// (mounter.OpenSealed), which the stage is exec'd from
+	// (/proc/self/fd/6): never the host's file, which a command the stage
+	// runs as /proc/self/exe would otherwise be.
+	StageExeFD = 6
 )
 
 // Files in Spec.StateDir.
