@@ -536,6 +536,14 @@ func (s *journalState) dropUnneededSecrets() bool {
 // snapshot returns a put of every live record as the log holds it
 // (forDisk), in a stable order.
 func (s *journalState) snapshot() []journalOp {
+	ops := s.puts()
+	sortPuts(ops)
+	return ops
+}
+
+// puts returns a put of every live record as the log holds it (forDisk),
+// each with a copy of its record, in no order.
+func (s *journalState) puts() []journalOp {
 	ops := make([]journalOp, 0, len(s.vols)+len(s.tasks)+len(s.created)+len(s.owners))
 	for _, v := range s.vols {
 		ops = append(ops, journalOp{Op: opPutVol, Vol: &v}.forDisk())
@@ -551,8 +559,11 @@ func (s *journalState) snapshot() []journalOp {
 	for _, o := range s.owners {
 		ops = append(ops, journalOp{Op: opPutOwner, Owner: &o})
 	}
-	sort.Slice(ops, func(i, j int) bool { return ops[i].target() < ops[j].target() })
 	return ops
+}
+
+func sortPuts(ops []journalOp) {
+	sort.Slice(ops, func(i, j int) bool { return ops[i].target() < ops[j].target() })
 }
 
 type frameBody struct {
@@ -762,11 +773,16 @@ func (j *journal) loaded() (bool, error) {
 	return len(migrated) > 0 || j.state.staleSecrets, nil
 }
 
-// snapshot is the payloads of a compaction: every live record.
+// snapshot is the payloads of a compaction: every live record. The
+// records are copied under mu, which is the Manager's too, and sorted and
+// encoded after it: the log's lock, held through a compaction, keeps commits out,
+// and no record's maps are changed in place.
 func (j *journal) snapshot() ([][]byte, error) {
 	j.mu.Lock()
-	defer j.mu.Unlock()
-	return snapshotPayloads(j.state.snapshot())
+	ops := j.state.puts()
+	j.mu.Unlock()
+	sortPuts(ops)
+	return snapshotPayloads(ops)
 }
 
 // stale reports whether the log holds secrets no record needs any more.
