@@ -451,28 +451,52 @@ func (s *journalState) dropTask(taskID, name string) {
 	}
 }
 
+// apply applies the ops of a commit: whole records, of which the log
+// holds the forDisk form.
 func (s *journalState) apply(ops ...journalOp) {
 	for _, o := range ops {
-		switch o.Op {
-		case opPutVol:
-			s.replacesSecrets(s.vols[o.Vol.key()].diskSecrets(), o.Vol.diskSecrets())
-			s.vols[o.Vol.key()] = *o.Vol
-		case opDropVol:
-			s.replacesSecrets(s.vols[volKey{o.PluginID, o.VolumeID}].diskSecrets(), nil)
-			delete(s.vols, volKey{o.PluginID, o.VolumeID})
-		case opPutTask:
-			s.replacesSecrets(s.task(o.Task.TaskID, o.Task.Name).diskSecrets(), o.Task.diskSecrets())
-			s.putTask(*o.Task)
-		case opDropTask:
-			s.replacesSecrets(s.task(o.TaskID, o.Name).diskSecrets(), nil)
-			s.dropTask(o.TaskID, o.Name)
-		case opPutCreated:
-			s.created[createdKey{o.Created.PluginID, o.Created.Name}] = *o.Created
-		case opDropCreated:
-			delete(s.created, createdKey{o.PluginID, o.Name})
-		case opPutOwner:
-			s.owners[volKey{o.Owner.PluginID, o.Owner.VolumeID}] = *o.Owner
+		s.applyOp(o, false)
+	}
+}
+
+// applyLogged applies an op read from the disk (a replay, a moved record
+// file). Its records are as the disk holds them, with every secret it
+// holds: a log written before records were kept without the secrets no
+// call needs holds those too, until dropUnneededSecrets.
+func (s *journalState) applyLogged(o journalOp) { s.applyOp(o, true) }
+
+func (s *journalState) applyOp(o journalOp, logged bool) {
+	volSecrets := func(v volRecord) map[string]string {
+		if logged {
+			return v.Secrets
 		}
+		return v.diskSecrets()
+	}
+	taskSecrets := func(t taskRecord) map[string]string {
+		if logged {
+			return t.Secrets
+		}
+		return t.diskSecrets()
+	}
+	switch o.Op {
+	case opPutVol:
+		s.replacesSecrets(volSecrets(s.vols[o.Vol.key()]), volSecrets(*o.Vol))
+		s.vols[o.Vol.key()] = *o.Vol
+	case opDropVol:
+		s.replacesSecrets(volSecrets(s.vols[volKey{o.PluginID, o.VolumeID}]), nil)
+		delete(s.vols, volKey{o.PluginID, o.VolumeID})
+	case opPutTask:
+		s.replacesSecrets(taskSecrets(s.task(o.Task.TaskID, o.Task.Name)), taskSecrets(*o.Task))
+		s.putTask(*o.Task)
+	case opDropTask:
+		s.replacesSecrets(taskSecrets(s.task(o.TaskID, o.Name)), nil)
+		s.dropTask(o.TaskID, o.Name)
+	case opPutCreated:
+		s.created[createdKey{o.Created.PluginID, o.Created.Name}] = *o.Created
+	case opDropCreated:
+		delete(s.created, createdKey{o.PluginID, o.Name})
+	case opPutOwner:
+		s.owners[volKey{o.Owner.PluginID, o.Owner.VolumeID}] = *o.Owner
 	}
 }
 
@@ -512,6 +536,14 @@ func (s *journalState) dropUnneededSecrets() bool {
 // snapshot returns a put of every live record as the log holds it
 // (forDisk), in a stable order.
 func (s *journalState) snapshot() []journalOp {
+	ops := s.puts()
+	sortPuts(ops)
+	return ops
+}
+
+// puts returns a put of every live record as the log holds it (forDisk),
+// each with a copy of its record, in no order.
+func (s *journalState) puts() []journalOp {
 	ops := make([]journalOp, 0, len(s.vols)+len(s.tasks)+len(s.created)+len(s.owners))
 	for _, v := range s.vols {
 		ops = append(ops, journalOp{Op: opPutVol, Vol: &v}.forDisk())
@@ -527,8 +559,11 @@ func (s *journalState) snapshot() []journalOp {
 	for _, o := range s.owners {
 		ops = append(ops, journalOp{Op: opPutOwner, Owner: &o})
 	}
-	sort.Slice(ops, func(i, j int) bool { return ops[i].target() < ops[j].target() })
 	return ops
+}
+
+func sortPuts(ops []journalOp) {
+	sort.Slice(ops, func(i, j int) bool { return ops[i].target() < ops[j].target() })
 }
 
 type frameBody struct {
@@ -648,7 +683,7 @@ func (s *journalState) replay(payload []byte, off int, logger hclog.Logger) (bad
 				append(o.logAttrs(), "error", err)...)
 			continue
 		}
-		s.apply(o)
+		s.applyLogged(o)
 	}
 	return bad
 }
@@ -738,11 +773,16 @@ func (j *journal) loaded() (bool, error) {
 	return len(migrated) > 0 || j.state.staleSecrets, nil
 }
 
-// snapshot is the payloads of a compaction: every live record.
+// snapshot is the payloads of a compaction: every live record. The
+// records are copied under mu, which is the Manager's too, and sorted and
+// encoded after it: the log's lock, held through a compaction, keeps commits out,
+// and no record's maps are changed in place.
 func (j *journal) snapshot() ([][]byte, error) {
 	j.mu.Lock()
-	defer j.mu.Unlock()
-	return snapshotPayloads(j.state.snapshot())
+	ops := j.state.puts()
+	j.mu.Unlock()
+	sortPuts(ops)
+	return snapshotPayloads(ops)
 }
 
 // stale reports whether the log holds secrets no record needs any more.

@@ -66,7 +66,7 @@ func (j *journal) migrate(entries []fs.DirEntry) ([]string, error) {
 			}
 			continue
 		}
-		j.state.apply(op)
+		j.state.applyLogged(op)
 		done = append(done, path)
 	}
 	return done, nil

@@ -404,3 +404,33 @@ func TestJournal_CompactionErrorNamesTheJournal(t *testing.T) {
 	must.StrContains(t, err.Error(), `failed to compact journal "`+filepath.Join(dir, logName)+`"`)
 	must.True(t, errors.Is(err, os.ErrClosed) || errors.Is(err, syscall.EBADF), must.Sprint(err))
 }
+
+// A log written before records were kept without the secrets no call
+// needs (a build before forDisk) holds them in the puts of records that
+// need none, such as the last put of a staged volume or a published task.
+// Once such a record is dropped, no live record holds them, yet the log
+// does: opening it asks for the compaction that removes them, as it does
+// for the secrets of a record a later put replaced.
+func TestSecrets_DroppedRecordsOfAnOlderLogAreCompactedAway(t *testing.T) {
+	setCompactDelay(t, time.Millisecond)
+	dir := t.TempDir()
+	var data []byte
+	for _, batch := range [][]journalOp{
+		// A compaction of the older build wrote each record whole.
+		{volPut(testVol("v1", phaseStaged)), taskPut(testTask("t1", "v1", phasePublished))},
+		{taskDrop("t1", "data"), volDrop(volKey{"p", "v1"})},
+	} {
+		frame, err := encodeFrame(batch)
+		must.NoError(t, err)
+		data = append(data, frame...)
+	}
+	must.NoError(t, os.WriteFile(filepath.Join(dir, logName), data, 0o600))
+
+	j, _ := openTestJournal(t, dir)
+	vols, tasks := j.records()
+	must.SliceEmpty(t, vols)
+	must.SliceEmpty(t, tasks)
+	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+		return !bytes.Contains(readLog(t, dir), []byte(canary))
+	}), wait.Timeout(5*time.Second), wait.Gap(5*time.Millisecond)), must.Sprint("the secrets of dropped records stay in the log"))
+}
