@@ -25,8 +25,8 @@ import (
 //     NodeStageVolume, as the CSI spec leaves to it, and so does one that
 //     answers FailedPrecondition (cannot grow it while staged or
 //     published), which the spec says not to retry: the task starts and
-//     is told. A plugin that expands only offline (no VolumeExpansion
-//     ONLINE) gets no ControllerExpandVolume while the volume is in use
+//     is told. A plugin that expands only offline (VolumeExpansion
+//     OFFLINE without ONLINE) gets no ControllerExpandVolume while the volume is in use
 //     on this node (checkOffline).
 //
 // The journal keeps the request and the owed node expansion, so that a
@@ -69,10 +69,14 @@ func (m *Manager) resizeOf(req VolumeRequest, info PluginInfo) (bool, error) {
 // plugin that expands only offline while the volume is attached, staged or
 // published on this node: the CSI spec allows the call then only after
 // the volume was released (ControllerUnpublish, else NodeUnstage, else
-// NodeUnpublish). Checked in preflight and again under the volume's lock.
+// NodeUnpublish). "Only offline" is VolumeExpansion OFFLINE without
+// ONLINE: a plugin that advertises neither (kubernetes-csi's NFS driver)
+// is called as before, and says FailedPrecondition itself if it must.
+// Checked in preflight and again under the volume's lock.
 func (m *Manager) checkOffline(req VolumeRequest, info PluginInfo, c createdRecord) error {
 	want := req.Create.CapacityMin
-	if !info.ControllerExpand || info.OnlineExpansion || want <= c.Requested || (c.Capacity != 0 && c.Capacity >= want) {
+	offlineOnly := info.OfflineExpansion && !info.OnlineExpansion
+	if !info.ControllerExpand || !offlineOnly || want <= c.Requested || (c.Capacity != 0 && c.Capacity >= want) {
 		return nil
 	}
 	if _, inUse := m.vol(volKey{req.PluginID, c.VolumeID}); !inUse {

@@ -74,27 +74,37 @@ func TestSpec_AccessibilityNeedsCapability(t *testing.T) {
 	must.Nil(t, cv[0].Accessibility)
 }
 
-// A plugin whose volume expansion is OFFLINE only (no VolumeExpansion
-// ONLINE) must not get ControllerExpandVolume for a volume that is
-// attached, staged or published on this node (CSI spec,
-// ControllerExpandVolume). The request is refused before any call, naming
-// what to do; once the volume is released the same request grows it. A
-// plugin with ONLINE grows it in use.
+// A plugin whose volume expansion is OFFLINE only (VolumeExpansion
+// OFFLINE, not ONLINE) must not get ControllerExpandVolume for a volume
+// that is attached, staged or published on this node (CSI spec,
+// ControllerExpandVolume: "If the plugin has only VolumeExpansion.OFFLINE
+// expansion capability ..."). The request is refused before any call,
+// naming what to do; once the volume is released the same request grows
+// it. A plugin with ONLINE grows it in use, and so does one that
+// advertises no VolumeExpansion at all (kubernetes-csi/csi-driver-nfs has
+// only the controller EXPAND_VOLUME): the spec restricts only OFFLINE,
+// and Kubernetes' external-resizer holds back only after the plugin
+// answered FailedPrecondition.
 func TestSpec_OfflineExpansionWaitsForRelease(t *testing.T) {
 	shared := func(min int64) VolumeRequest {
 		r := sizedReq(min)
 		r.AccessMode = AccessMultiNodeMultiWriter
 		return r
 	}
-	for _, online := range []bool{false, true} {
-		name := "offline"
-		if online {
-			name = "online"
-		}
-		t.Run(name, func(t *testing.T) {
+	for _, tc := range []struct {
+		name            string
+		online, offline bool
+	}{
+		{"offline", false, true},
+		{"online", true, false},
+		{"online_and_offline", true, true},
+		{"unspecified", false, false},
+	} {
+		online := tc.online || !tc.offline
+		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t)
 			p := expandPlugin(true, false)
-			p.OnlineExpansion = online
+			p.OnlineExpansion, p.OfflineExpansion = tc.online, tc.offline
 			h.setPlugin(p)
 			ctx := context.Background()
 			_, err := h.m.Setup(ctx, "t1", []VolumeRequest{shared(64 * mib)})
