@@ -166,23 +166,49 @@ func TestSpec_AccessModesAreV1(t *testing.T) {
 
 // NodeExpandVolume's FAILED_PRECONDITION says the file system cannot grow
 // while staged or published: "Caller MUST NOT retry." The task starts on
-// the volume as it is, told so, and the node's part is not owed any more:
-// no later setup asks again.
+// the volume as it is, told so, and no later setup asks again while the
+// volume stays staged. The node's part stays owed: once the volume was
+// released and is staged anew it is asked again, as kubelet does (an
+// in-use expansion error holds only while the volume stays mounted).
 func TestSpec_NodeExpandFailedPreconditionNotRetried(t *testing.T) {
+	shared := func(min int64) VolumeRequest {
+		r := sizedReq(min)
+		r.AccessMode = AccessMultiNodeMultiWriter
+		return r
+	}
+	ctx := context.Background()
 	h := newHarness(t)
-	h.setPlugin(expandPlugin(true, true))
-	must.NoError(t, h.setupAndRelease("t1", sizedReq(64*mib)))
+	p := expandPlugin(true, true)
+	p.OnlineExpansion = true
+	h.setPlugin(p)
+	must.NoError(t, h.setupAndRelease("t1", shared(64*mib)))
 	h.fake.SetNextError(MethodNodeExpandVolume, status.Error(codes.FailedPrecondition, "ext4 cannot grow online here"))
 	h.fake.ResetCalls()
-	must.NoError(t, h.setupAndRelease("t2", sizedReq(128*mib)))
+	_, err := h.m.Setup(ctx, "t2", []VolumeRequest{shared(128 * mib)})
+	must.NoError(t, err)
 	must.SliceLen(t, 1, h.callsOf(MethodControllerExpandVolume))
 	must.SliceLen(t, 1, h.callsOf(MethodNodeExpandVolume))
-	must.True(t, containsEvent(h.eventMsgs(), `Volume "data" was not grown on this node (FailedPrecondition: ext4 cannot grow online here): it grows at its next staging`),
+	must.True(t, containsEvent(h.eventMsgs(), `Volume "data" was not grown on this node (FailedPrecondition: ext4 cannot grow online here): it is grown once the volume is staged again`),
 		must.Sprint(h.eventMsgs()))
+
+	// Still staged: not asked again.
+	h.fake.ResetCalls()
+	_, err = h.m.Setup(ctx, "t3", []VolumeRequest{shared(128 * mib)})
+	must.NoError(t, err)
+	must.SliceEmpty(t, h.callsOf(MethodNodeExpandVolume))
+	must.NoError(t, h.m.Teardown(ctx, "t3"))
+	must.NoError(t, h.m.Teardown(ctx, "t2"))
+
+	// Released and staged anew: the owed node expansion is made.
+	h.fake.ResetCalls()
+	must.NoError(t, h.setupAndRelease("t4", shared(128*mib)))
+	must.SliceEmpty(t, h.callsOf(MethodControllerExpandVolume))
+	must.SliceLen(t, 1, h.callsOf(MethodNodeExpandVolume))
+	must.True(t, containsEvent(h.eventMsgs(), `Expanded volume "data"`), must.Sprint(h.eventMsgs()))
 
 	h.restart()
 	h.fake.ResetCalls()
-	must.NoError(t, h.setupAndRelease("t3", sizedReq(128*mib)))
+	must.NoError(t, h.setupAndRelease("t5", shared(128*mib)))
 	must.SliceEmpty(t, h.callsOf(MethodNodeExpandVolume))
 	must.SliceEmpty(t, h.callsOf(MethodControllerExpandVolume))
 	h.waitIdle()
