@@ -22,12 +22,14 @@ import (
 //  2. once the volume is published for the task, NodeExpandVolume when the
 //     node capability EXPAND_VOLUME is there (online: the file system is
 //     mounted); a plugin without it grows the file system at its next
-//     NodeStageVolume, as the CSI spec leaves to it, and so does one that
-//     answers FailedPrecondition (cannot grow it while staged or
-//     published), which the spec says not to retry: the task starts and
-//     is told. A plugin that expands only offline (no VolumeExpansion
-//     ONLINE) gets no ControllerExpandVolume while the volume is in use
-//     on this node (checkOffline).
+//     NodeStageVolume, as the CSI spec leaves to it. One that answers
+//     FailedPrecondition (cannot grow it while staged or published),
+//     which the spec says not to retry, is not asked again while the
+//     volume stays staged: the task starts and is told, and the call is
+//     made again once the volume was released and is staged anew. A
+//     plugin that expands only offline (VolumeExpansion OFFLINE without
+//     ONLINE) gets no ControllerExpandVolume while the volume is in use on
+//     this node (checkOffline).
 //
 // The journal keeps the request and the owed node expansion, so that a
 // restart neither expands again nor forgets the node's part. A smaller
@@ -69,10 +71,14 @@ func (m *Manager) resizeOf(req VolumeRequest, info PluginInfo) (bool, error) {
 // plugin that expands only offline while the volume is attached, staged or
 // published on this node: the CSI spec allows the call then only after
 // the volume was released (ControllerUnpublish, else NodeUnstage, else
-// NodeUnpublish). Checked in preflight and again under the volume's lock.
+// NodeUnpublish). "Only offline" is VolumeExpansion OFFLINE without
+// ONLINE: a plugin that advertises neither (kubernetes-csi's NFS driver)
+// is called as before, and says FailedPrecondition itself if it must.
+// Checked in preflight and again under the volume's lock.
 func (m *Manager) checkOffline(req VolumeRequest, info PluginInfo, c createdRecord) error {
 	want := req.Create.CapacityMin
-	if !info.ControllerExpand || info.OnlineExpansion || want <= c.Requested || (c.Capacity != 0 && c.Capacity >= want) {
+	offlineOnly := info.OfflineExpansion && !info.OnlineExpansion
+	if !info.ControllerExpand || !offlineOnly || want <= c.Requested || (c.Capacity != 0 && c.Capacity >= want) {
 		return nil
 	}
 	if _, inUse := m.vol(volKey{req.PluginID, c.VolumeID}); !inUse {
@@ -148,7 +154,7 @@ func (m *Manager) expandNode(ctx context.Context, taskID string, req VolumeReque
 		return nil
 	}
 	c, ok := m.journal.created(req.PluginID, req.VolumeID)
-	if !ok || !c.NodeExpand || c.VolumeID != vol.VolumeID {
+	if !ok || !c.NodeExpand || c.VolumeID != vol.VolumeID || m.isExpandHeld(vol.key()) {
 		return nil
 	}
 	o.method, o.volumeID, o.path = MethodNodeExpandVolume, vol.VolumeID, tr.Target
@@ -175,12 +181,12 @@ func (m *Manager) expandNode(ctx context.Context, taskID string, req VolumeReque
 	if errors.As(err, &oe) && oe.Code == codes.FailedPrecondition {
 		// The file system cannot grow while staged or published, and the
 		// CSI spec says not to retry: the task starts on the volume as
-		// it is, and the node's part is not owed any more.
-		c.NodeExpand = false
-		if err := m.journal.commit(createdPut(c)); err != nil {
-			return err
-		}
-		m.event(taskID, fmt.Sprintf("Volume %q was not grown on this node (%s: %s): it grows at its next staging", req.Name, oe.Code, oe.Message),
+		// it is, and the call is not made again while the volume stays
+		// staged. The node's part stays owed: once the volume was
+		// released, its next staging asks again (kubelet's in-use
+		// expansion error holds the same way, while mounted).
+		m.setExpandHeld(vol.key(), true)
+		m.event(taskID, fmt.Sprintf("Volume %q was not grown on this node (%s: %s): it is grown once the volume is staged again", req.Name, oe.Code, oe.Message),
 			annotations(req.Name, req.PluginID, vol.VolumeID))
 		return nil
 	}
@@ -194,4 +200,20 @@ func (m *Manager) expandNode(ctx context.Context, taskID string, req VolumeReque
 	}
 	m.event(taskID, fmt.Sprintf("Expanded volume %q to %s", req.Name, humanize.IBytes(uint64(max(c.Capacity, c.Requested)))), annotations(req.Name, req.PluginID, vol.VolumeID))
 	return nil
+}
+
+func (m *Manager) isExpandHeld(k volKey) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.expandHeld[k]
+}
+
+func (m *Manager) setExpandHeld(k volKey, held bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if held {
+		m.expandHeld[k] = true
+	} else {
+		delete(m.expandHeld, k)
+	}
 }

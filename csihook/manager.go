@@ -59,6 +59,11 @@ type Manager struct {
 	// each: no record names them for the task any more, so this is what
 	// makes a retried teardown of the task try them again.
 	unreleased map[string]map[volKey]string
+	// expandHeld holds the volumes whose NodeExpandVolume answered
+	// FailedPrecondition (cannot grow while staged or published): not
+	// asked again until the volume is released, as the CSI spec says; the
+	// node's part stays owed for its next staging (see expandNode).
+	expandHeld map[volKey]bool
 	closed     bool
 	// stats is the stats loop (stats.go); nil until StartStats.
 	stats *statsLoop
@@ -134,6 +139,7 @@ func New(cfg Config) (*Manager, error) {
 		workers:    map[string]bool{},
 		verified:   map[volKey]bool{},
 		unreleased: map[string]map[volKey]string{},
+		expandHeld: map[volKey]bool{},
 	}
 	m.ctx, m.cancel = context.WithCancel(context.Background())
 	if vols, tasks := m.counts(); vols+tasks > 0 {

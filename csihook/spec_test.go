@@ -74,27 +74,37 @@ func TestSpec_AccessibilityNeedsCapability(t *testing.T) {
 	must.Nil(t, cv[0].Accessibility)
 }
 
-// A plugin whose volume expansion is OFFLINE only (no VolumeExpansion
-// ONLINE) must not get ControllerExpandVolume for a volume that is
-// attached, staged or published on this node (CSI spec,
-// ControllerExpandVolume). The request is refused before any call, naming
-// what to do; once the volume is released the same request grows it. A
-// plugin with ONLINE grows it in use.
+// A plugin whose volume expansion is OFFLINE only (VolumeExpansion
+// OFFLINE, not ONLINE) must not get ControllerExpandVolume for a volume
+// that is attached, staged or published on this node (CSI spec,
+// ControllerExpandVolume: "If the plugin has only VolumeExpansion.OFFLINE
+// expansion capability ..."). The request is refused before any call,
+// naming what to do; once the volume is released the same request grows
+// it. A plugin with ONLINE grows it in use, and so does one that
+// advertises no VolumeExpansion at all (kubernetes-csi/csi-driver-nfs has
+// only the controller EXPAND_VOLUME): the spec restricts only OFFLINE,
+// and Kubernetes' external-resizer holds back only after the plugin
+// answered FailedPrecondition.
 func TestSpec_OfflineExpansionWaitsForRelease(t *testing.T) {
 	shared := func(min int64) VolumeRequest {
 		r := sizedReq(min)
 		r.AccessMode = AccessMultiNodeMultiWriter
 		return r
 	}
-	for _, online := range []bool{false, true} {
-		name := "offline"
-		if online {
-			name = "online"
-		}
-		t.Run(name, func(t *testing.T) {
+	for _, tc := range []struct {
+		name            string
+		online, offline bool
+	}{
+		{"offline", false, true},
+		{"online", true, false},
+		{"online_and_offline", true, true},
+		{"unspecified", false, false},
+	} {
+		online := tc.online || !tc.offline
+		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t)
 			p := expandPlugin(true, false)
-			p.OnlineExpansion = online
+			p.OnlineExpansion, p.OfflineExpansion = tc.online, tc.offline
 			h.setPlugin(p)
 			ctx := context.Background()
 			_, err := h.m.Setup(ctx, "t1", []VolumeRequest{shared(64 * mib)})
@@ -156,23 +166,49 @@ func TestSpec_AccessModesAreV1(t *testing.T) {
 
 // NodeExpandVolume's FAILED_PRECONDITION says the file system cannot grow
 // while staged or published: "Caller MUST NOT retry." The task starts on
-// the volume as it is, told so, and the node's part is not owed any more:
-// no later setup asks again.
+// the volume as it is, told so, and no later setup asks again while the
+// volume stays staged. The node's part stays owed: once the volume was
+// released and is staged anew it is asked again, as kubelet does (an
+// in-use expansion error holds only while the volume stays mounted).
 func TestSpec_NodeExpandFailedPreconditionNotRetried(t *testing.T) {
+	shared := func(min int64) VolumeRequest {
+		r := sizedReq(min)
+		r.AccessMode = AccessMultiNodeMultiWriter
+		return r
+	}
+	ctx := context.Background()
 	h := newHarness(t)
-	h.setPlugin(expandPlugin(true, true))
-	must.NoError(t, h.setupAndRelease("t1", sizedReq(64*mib)))
+	p := expandPlugin(true, true)
+	p.OnlineExpansion = true
+	h.setPlugin(p)
+	must.NoError(t, h.setupAndRelease("t1", shared(64*mib)))
 	h.fake.SetNextError(MethodNodeExpandVolume, status.Error(codes.FailedPrecondition, "ext4 cannot grow online here"))
 	h.fake.ResetCalls()
-	must.NoError(t, h.setupAndRelease("t2", sizedReq(128*mib)))
+	_, err := h.m.Setup(ctx, "t2", []VolumeRequest{shared(128 * mib)})
+	must.NoError(t, err)
 	must.SliceLen(t, 1, h.callsOf(MethodControllerExpandVolume))
 	must.SliceLen(t, 1, h.callsOf(MethodNodeExpandVolume))
-	must.True(t, containsEvent(h.eventMsgs(), `Volume "data" was not grown on this node (FailedPrecondition: ext4 cannot grow online here): it grows at its next staging`),
+	must.True(t, containsEvent(h.eventMsgs(), `Volume "data" was not grown on this node (FailedPrecondition: ext4 cannot grow online here): it is grown once the volume is staged again`),
 		must.Sprint(h.eventMsgs()))
+
+	// Still staged: not asked again.
+	h.fake.ResetCalls()
+	_, err = h.m.Setup(ctx, "t3", []VolumeRequest{shared(128 * mib)})
+	must.NoError(t, err)
+	must.SliceEmpty(t, h.callsOf(MethodNodeExpandVolume))
+	must.NoError(t, h.m.Teardown(ctx, "t3"))
+	must.NoError(t, h.m.Teardown(ctx, "t2"))
+
+	// Released and staged anew: the owed node expansion is made.
+	h.fake.ResetCalls()
+	must.NoError(t, h.setupAndRelease("t4", shared(128*mib)))
+	must.SliceEmpty(t, h.callsOf(MethodControllerExpandVolume))
+	must.SliceLen(t, 1, h.callsOf(MethodNodeExpandVolume))
+	must.True(t, containsEvent(h.eventMsgs(), `Expanded volume "data"`), must.Sprint(h.eventMsgs()))
 
 	h.restart()
 	h.fake.ResetCalls()
-	must.NoError(t, h.setupAndRelease("t3", sizedReq(128*mib)))
+	must.NoError(t, h.setupAndRelease("t5", shared(128*mib)))
 	must.SliceEmpty(t, h.callsOf(MethodNodeExpandVolume))
 	must.SliceEmpty(t, h.callsOf(MethodControllerExpandVolume))
 	h.waitIdle()

@@ -238,6 +238,7 @@ func (m *Manager) releaseLocked(ctx context.Context, taskID, name string, k volK
 		return err
 	}
 	m.setVerified(k, false)
+	m.setExpandHeld(k, false)
 	m.removeIfEmpty(filepath.Dir(vol.StagingPath))
 	m.logger.Info("volume released on this node", "task_id", taskID, "plugin_id", vol.PluginID, "volume_id", vol.VolumeID)
 	return nil

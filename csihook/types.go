@@ -141,11 +141,14 @@ type PluginInfo struct {
 	// NodeExpand the node capability EXPAND_VOLUME (see expand.go).
 	ControllerExpand bool
 	NodeExpand       bool
-	// OnlineExpansion is the plugin capability VolumeExpansion ONLINE.
-	// Without it ControllerExpandVolume is never called for a volume that
-	// is attached, staged or published on this node (CSI spec: OFFLINE
-	// expansion waits until the volume is released).
-	OnlineExpansion bool
+	// OnlineExpansion and OfflineExpansion are the plugin capabilities
+	// VolumeExpansion ONLINE and OFFLINE. With OFFLINE only,
+	// ControllerExpandVolume is never called for a volume that is
+	// attached, staged or published on this node (CSI spec: OFFLINE
+	// expansion waits until the volume is released); a plugin with
+	// neither is not held back, as the spec restricts only OFFLINE.
+	OnlineExpansion  bool
+	OfflineExpansion bool
 	// VolumeMountGroup is the node capability VOLUME_MOUNT_GROUP: the
 	// plugin applies VolumeRequest.MountGroup itself.
 	VolumeMountGroup bool

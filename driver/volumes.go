@@ -265,6 +265,7 @@ func lifecyclePluginInfo(st fingerprint.PluginStatus) csihook.PluginInfo {
 		ControllerPublish: st.ControllerService && st.ControllerCaps.PublishUnpublishVolume,
 		PublishReadonly:   st.ControllerService && st.ControllerCaps.PublishReadonly,
 		OnlineExpansion:   st.PluginCaps.OnlineExpansion,
+		OfflineExpansion:  st.PluginCaps.OfflineExpansion,
 		// CSI spec: topology is used only with this capability.
 		AccessibilityConstraints: st.PluginCaps.VolumeAccessibilityConstraints,
 		VolumeStats:              st.NodeCaps.GetVolumeStats,

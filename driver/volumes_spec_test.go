@@ -19,14 +19,17 @@ func TestLifecyclePluginInfo_specCapabilities(t *testing.T) {
 	must.False(t, info.PublishReadonly)
 	must.False(t, info.AccessibilityConstraints)
 	must.False(t, info.OnlineExpansion)
+	must.False(t, info.OfflineExpansion)
 
 	st.ControllerCaps.PublishReadonly = true
 	st.PluginCaps.VolumeAccessibilityConstraints = true
 	st.PluginCaps.OnlineExpansion = true
+	st.PluginCaps.OfflineExpansion = true
 	info = lifecyclePluginInfo(st)
 	must.True(t, info.PublishReadonly)
 	must.True(t, info.AccessibilityConstraints)
 	must.True(t, info.OnlineExpansion)
+	must.True(t, info.OfflineExpansion)
 	must.Eq(t, map[string]string{"zone": "a"}, info.Topology)
 
 	// A node plugin is never asked for its controller capabilities.
