@@ -107,7 +107,7 @@ func TestProcess_Signals_Root(t *testing.T) {
 		waitFor(t, "children", func() bool { return readFile(t, tt.stdout) == "started\n" })
 		must.NoError(t, p.Kill())
 		st := waitExit(t, p)
-		must.Eq(t, int(syscall.SIGKILL), st.Signal)
+		must.Eq(t, int(syscall.SIGKILL), st.Signal, must.Sprintf("status %+v", st))
 		must.Eq(t, 0, len(processesMentioning(t, tt.spec.TaskID)))
 	})
 
