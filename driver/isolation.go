@@ -295,7 +295,8 @@ func nomadDirMounts(cfg *drivers.TaskConfig, isolated bool) []executor.Mount {
 		})
 		// Nomad (root, on the host) writes the task's tokens into its
 		// secrets directory before each run and at each renewal, with
-		// os.WriteFile and os.Chown, which follow symlinks: a task that
+		// os.WriteFile, os.Create and os.Chown, which follow symlinks
+		// (nomadSecretsFiles lists them): a task that
 		// replaced secrets/nomad_token with "-> /etc/shadow" in one run
 		// had Nomad truncate and chown that host file on its restart.
 		// Each token file is bound read-only over itself: a mount point
@@ -315,10 +316,37 @@ func nomadDirMounts(cfg *drivers.TaskConfig, isolated bool) []executor.Mount {
 	return out
 }
 
-// nomadTokenFiles lists the files Nomad writes tokens to in a task's
-// secrets directory (workload identities, Vault's and Consul's tokens)
-// that are there now as regular files: a symlink, which only an older
-// driver's task could have left, is never bound.
+// nomadSecretsFiles are the files Nomad itself (re)writes in a task's
+// secrets directory by name, as root and following symlinks, before a run
+// or while it runs: the workload identity, Vault's and Consul's tokens,
+// Consul's service identity token (sids hook), the Consul agent's TLS files
+// copied for a Connect-native task before every run (connect native hook,
+// os.Create), and a Connect sidecar's Envoy bootstrap files written before
+// every run (envoy bootstrap hook). The alternate identities' nomad_<name>.jwt
+// are matched by nomadSecretsFile.
+var nomadSecretsFiles = map[string]bool{
+	"nomad_token":          true,
+	"vault_token":          true,
+	"consul_token":         true,
+	"si_token":             true,
+	"consul_ca_file.pem":   true,
+	"consul_cert_file.pem": true,
+	"consul_key_file.pem":  true,
+	"envoy_bootstrap.json": true,
+	".envoy_bootstrap.env": true,
+	".envoy_bootstrap.cmd": true,
+}
+
+// nomadSecretsFile reports whether Nomad writes the secrets directory's
+// file name itself (nomadSecretsFiles, nomad_<identity>.jwt).
+func nomadSecretsFile(name string) bool {
+	return nomadSecretsFiles[name] || strings.HasPrefix(name, "nomad_") && strings.HasSuffix(name, ".jwt")
+}
+
+// nomadTokenFiles lists the files Nomad writes in a task's secrets
+// directory (nomadSecretsFile) that are there now as regular files: a
+// symlink, which only an older driver's task could have left, is never
+// bound.
 func nomadTokenFiles(secretsDir string) []string {
 	entries, err := os.ReadDir(secretsDir)
 	if err != nil {
@@ -327,9 +355,7 @@ func nomadTokenFiles(secretsDir string) []string {
 	var out []string
 	for _, e := range entries {
 		n := e.Name()
-		token := n == "nomad_token" || n == "vault_token" || n == "consul_token" ||
-			strings.HasPrefix(n, "nomad_") && strings.HasSuffix(n, ".jwt")
-		if token && e.Type().IsRegular() {
+		if nomadSecretsFile(n) && e.Type().IsRegular() {
 			out = append(out, n)
 		}
 	}

@@ -108,7 +108,13 @@ func TestNomadDirMounts_TokensReadOnly(t *testing.T) {
 	cfg := &drivers.TaskConfig{AllocDir: allocDir, Name: "t"}
 	secrets := cfg.TaskDir().SecretsDir
 	must.NoError(t, os.MkdirAll(secrets, 0o700))
-	for _, f := range []string{"nomad_token", "nomad_db.jwt", "vault_token", "consul_token", "app.env"} {
+	nomadFiles := []string{"nomad_token", "nomad_db.jwt", "vault_token", "consul_token",
+		// Consul's service identity token, the Consul agent's TLS files of a
+		// Connect-native task and a Connect sidecar's Envoy bootstrap files:
+		// rewritten by Nomad before every run with os.Create.
+		"si_token", "consul_ca_file.pem", "consul_cert_file.pem", "consul_key_file.pem",
+		"envoy_bootstrap.json", ".envoy_bootstrap.env", ".envoy_bootstrap.cmd"}
+	for _, f := range append([]string{"app.env"}, nomadFiles...) {
 		must.NoError(t, os.WriteFile(filepath.Join(secrets, f), []byte("x"), 0o600))
 	}
 	must.NoError(t, os.Symlink("/etc/shadow", filepath.Join(secrets, "nomad_other.jwt")))
@@ -119,8 +125,8 @@ func TestNomadDirMounts_TokensReadOnly(t *testing.T) {
 			got[m.Target] = m
 		}
 	}
-	must.MapLen(t, 4, got)
-	for _, name := range []string{"nomad_token", "nomad_db.jwt", "vault_token", "consul_token"} {
+	must.MapLen(t, len(nomadFiles), got)
+	for _, name := range nomadFiles {
 		m, ok := got["/secrets/"+name]
 		must.True(t, ok, must.Sprintf("no read-only mount of %s", name))
 		must.Eq(t, filepath.Join(secrets, name), m.Source)

@@ -62,6 +62,20 @@ func TestIsolation_SelfExeSealed_Root(t *testing.T) {
 		must.Eq(t, want, got["dev_ino"], must.Sprint("the command is not the test binary: the probe proves nothing"))
 		must.Eq(t, erofs, got["chmod"], must.Sprintf("a root task changed the host's binary %s through /proc/self/exe", self))
 	})
+	// A task that holds SYS_ADMIN gets no user namespace rules, but its
+	// first program is still the stage run from the clone: were the
+	// command exec'd straight from the supervisor's fork, /proc/self/exe
+	// would be the supervisor's binary on the host's mount.
+	t.Run("seccomp stage with SYS_ADMIN", func(t *testing.T) {
+		tt := isolatedSpec(t, "")
+		tt.spec.User = "root"
+		tt.spec.Capabilities = append(append([]string{}, DefaultCapabilities...), "CAP_SYS_ADMIN")
+		tt.spec.Command, tt.spec.Args = "/proc/self/exe", nil
+		tt.spec.Env = append(tt.spec.Env, envSelfExeProbe+"=1")
+		got := runLines(t, tt)
+		must.Eq(t, want, got["dev_ino"], must.Sprint("the command is not the test binary: the probe proves nothing"))
+		must.Eq(t, erofs, got["chmod"], must.Sprintf("a root task with SYS_ADMIN changed the host's binary %s through /proc/self/exe", self))
+	})
 	t.Run("alloc exec", func(t *testing.T) {
 		tt := isolatedSpec(t, "exec sleep 100")
 		tt.spec.User = "root"
@@ -78,4 +92,41 @@ func TestIsolation_SelfExeSealed_Root(t *testing.T) {
 		must.Eq(t, want, got["dev_ino"], must.Sprint("the command is not the test binary: the probe proves nothing"))
 		must.Eq(t, erofs, got["chmod"], must.Sprintf("a root command of alloc exec changed the host's binary %s through /proc/self/exe", self))
 	})
+}
+
+// The seccomp stage that a task holding SYS_ADMIN now starts from adds no
+// user namespace rules: such a task still makes one (unshare -U), and its
+// command is under the launching thread's filter alone; one without
+// SYS_ADMIN is refused.
+func TestIsolation_StageSysAdminUserns_Root(t *testing.T) {
+	requireTaskRoot(t)
+	if _, err := os.Stat("/usr/bin/unshare"); err != nil {
+		t.Skipf("test needs /usr/bin/unshare: %v", err)
+	}
+	script := `if /usr/bin/unshare -U true 2>/dev/null; then echo unshare=ok; else echo unshare=refused; fi
+echo "filters=$(grep Seccomp_filters /proc/self/status | tr -d ' \t' | cut -d: -f2)"`
+	withAdmin := append(append([]string{}, DefaultCapabilities...), "CAP_SYS_ADMIN")
+	for _, tc := range []struct {
+		name    string
+		user    string
+		caps    []string
+		ambient []string
+		unshare string
+		filters string
+	}{
+		{"root default", "root", DefaultCapabilities, nil, "refused", "2"},
+		{"root sys_admin", "root", withAdmin, nil, "ok", "1"},
+		{"nobody default", "nobody", withAdmin, nil, "refused", "2"},
+		{"nobody ambient sys_admin", "nobody", withAdmin, []string{"CAP_SYS_ADMIN"}, "ok", "1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tt := isolatedSpec(t, script)
+			tt.spec.User = tc.user
+			tt.spec.Capabilities = tc.caps
+			tt.spec.AmbientCapabilities = tc.ambient
+			got := runLines(t, tt)
+			must.Eq(t, tc.unshare, got["unshare"])
+			must.Eq(t, tc.filters, got["filters"])
+		})
+	}
 }

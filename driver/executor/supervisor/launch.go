@@ -393,9 +393,15 @@ func forkTask(m mounter.Interface, spec *wire.Spec, attr *syscall.SysProcAttr, r
 	}
 	// The rules against user namespaces are added by the task's own first
 	// program, the seccomp stage, which then execs the command: Go forks
-	// with clone3, which they refuse (see usernsList).
+	// with clone3, which they refuse (see usernsList). The stage runs for
+	// a task that holds SYS_ADMIN too, which gets no such rules: the fork
+	// is this binary on the host's mount until it execs, so a command
+	// named /proc/self/exe (or a script with that interpreter) exec'd
+	// from it would run the host's file, which a root task could then
+	// chmod through /proc/<pid>/exe; the stage is run from selfExe's
+	// read-only clone.
 	var stageErr *os.File
-	if spec.Isolation != nil && len(usernsList(held)) > 0 {
+	if spec.Isolation != nil {
 		if selfExe == nil {
 			return nil, errors.New("the supervisor's binary is not open: cannot start the seccomp stage")
 		}

@@ -68,7 +68,7 @@ func runSeccompStage(args []string) {
 			env = append(env, kv)
 		}
 	}
-	if err := installFilter(usernsList(0)); err != nil {
+	if err := installFilter(usernsList(stageCaps())); err != nil {
 		fail(err)
 	}
 	if _, err := io.WriteString(errPipe, wire.SeccompReady); err != nil {
@@ -76,6 +76,18 @@ func runSeccompStage(args []string) {
 	}
 	err = syscall.Exec(args[0], args[1:], env)
 	fail(fmt.Errorf("failed to execute %q: %w", args[0], err))
+}
+
+// stageCaps is what the seccomp stage holds, and so the command after it:
+// the task's capabilities (no_new_privs keeps the exec from adding any).
+// On an error it is none, which gets every rule.
+func stageCaps() capSet {
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &data[0]); err != nil {
+		return 0
+	}
+	return capSet(data[0].Effective) | capSet(data[1].Effective)<<32
 }
 
 // hardenStage runs first in a supervisor or exec stage, which hold every
