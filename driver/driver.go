@@ -409,7 +409,7 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 		}
 		ready := make(chan setup, 1)
 		go func() {
-			mounts, err := d.setupVolumes(cfg, reqs)
+			mounts, err := d.setupVolumes(cfg, reqs, !tc.Privileged)
 			ready <- setup{mounts, err}
 		}()
 		late = sync.OnceValues(func() ([]executor.Mount, error) {
