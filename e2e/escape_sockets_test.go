@@ -59,6 +59,31 @@ func TestEscapePluginSockets(t *testing.T) {
 	val := a.WaitAlloc(t, victim.ID, volTimeout, StatusRunning)
 	a.WaitLogs(t, val.ID, "t", "started", escTimeout)
 
+	// What holds the socket, the volumes, the journal (with volume
+	// secrets) and the tasks' state is root's alone on the host too: a
+	// host user (or a task that some chroot_env gave a path below
+	// root_dir) cannot reach what lies beneath.
+	for _, c := range []struct {
+		path string
+		dir  bool
+	}{
+		{filepath.Join(a.DriverRoot, "plugins", fx.ID), true},
+		{filepath.Join(a.DriverRoot, "mnt"), true},
+		{filepath.Join(a.DriverRoot, "journal"), true},
+		{filepath.Join(a.DriverRoot, "journal", "journal.log"), false},
+		{filepath.Join(a.DriverRoot, "tasks"), true},
+	} {
+		fi, err := os.Stat(c.path)
+		if err != nil {
+			t.Errorf("%s: %v", c.path, err)
+			continue
+		}
+		t.Logf("%s: %v", c.path, fi.Mode())
+		if fi.IsDir() != c.dir || fi.Mode().Perm()&0o077 != 0 {
+			t.Errorf("%s is %v: it must be a %s only root reaches (0700 directory, 0600 file)", c.path, fi.Mode(), map[bool]string{true: "directory", false: "file"}[c.dir])
+		}
+	}
+
 	ours := escOurListeners(t, a)
 	for _, user := range []string{"", "root"} {
 		t.Run("user_"+map[string]string{"": "unset", "root": "root"}[user], func(t *testing.T) {
