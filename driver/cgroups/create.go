@@ -494,8 +494,10 @@ func (g *Group) applyV2(l Limits) error {
 	}
 	// pids.max is missing when the parent does not delegate the pids
 	// controller: a limit then cannot be kept.
-	if exists(filepath.Join(dir, "pids.max")) || l.PidsMax > 0 {
+	if exists(filepath.Join(dir, "pids.max")) {
 		writes = append(writes, struct{ file, v string }{"pids.max", pidsMax(l.PidsMax)})
+	} else if l.PidsMax > 0 && !v2LimitsOptional {
+		return fmt.Errorf("cgroup limit PidsMax (%d) needs the pids controller, which the cgroup v2 hierarchy does not enable here: enable it, or set the driver's pids_limit = 0", l.PidsMax)
 	}
 	for _, w := range writes {
 		path := filepath.Join(dir, w.file)
