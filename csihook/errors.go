@@ -1,9 +1,13 @@
 package csihook
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
+	"strconv"
 	"strings"
 
 	"google.golang.org/grpc/codes"
@@ -170,14 +174,15 @@ func hint(method string, code codes.Code, volumeID, pluginID, nodeID string) str
 
 const redacted = "<redacted>"
 
-// redact replaces every secret value in s. Longer values go first so a
-// secret containing another is removed whole.
+// redact replaces every secret value in s, in each form a plugin's message
+// may spell it (see secretForms). Longer values go first so a secret
+// containing another is removed whole.
 func redact(s string, secrets ...map[string]string) string {
 	var vals []string
 	for _, m := range secrets {
 		for _, v := range m {
 			if v != "" {
-				vals = append(vals, v)
+				vals = append(vals, secretForms(v)...)
 			}
 		}
 	}
@@ -189,4 +194,37 @@ func redact(s string, secrets ...map[string]string) string {
 		s = strings.ReplaceAll(s, v, redacted)
 	}
 	return s
+}
+
+// secretForms is a secret as it is and as a plugin that echoes its request
+// writes it: Go-quoted (%q, %+v of a request, protobuf's text format:
+// `a"b` as `a\"b`), Go-quoted in ASCII (%+q) and JSON-encoded, each
+// without its quotes. Only the value itself was redacted before, so a
+// secret holding a quote, a backslash or a control character reached the
+// task's events, `nomad alloc status` and the agent's log in full from a
+// plugin that printed it with %q: readable by whoever may read the job,
+// which for a secrets_file secret (from Vault, say) is more than may read
+// the secret.
+func secretForms(v string) []string {
+	forms := []string{v}
+	add := func(quoted string) {
+		if len(quoted) >= 2 {
+			quoted = quoted[1 : len(quoted)-1]
+		}
+		if quoted != "" && !slices.Contains(forms, quoted) {
+			forms = append(forms, quoted)
+		}
+	}
+	add(strconv.Quote(v))
+	add(strconv.QuoteToASCII(v))
+	if b, err := json.Marshal(v); err == nil {
+		add(string(b))
+	}
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if enc.Encode(v) == nil {
+		add(strings.TrimSuffix(buf.String(), "\n"))
+	}
+	return forms
 }

@@ -52,7 +52,47 @@ const (
 	MaxMapBytes = 64 << 10
 	// MaxMountFlagsBytes bounds the bytes of all mount flags together.
 	MaxMountFlagsBytes = 64 << 10
+	// MaxVolumesPerTask bounds the volume blocks of one task, and
+	// MaxTaskVolumeBytes all the bytes they hold together (requestBytes).
+	// Each field has its limit above, but a hostile job could repeat
+	// volume blocks at those limits up to what Nomad hands the driver in
+	// one call (4 MiB), in each task of a job of many: every volume is a
+	// record the journal keeps in memory and on disk (JSON, up to six
+	// bytes a byte) and a set of plugin calls, so a few such jobs would
+	// fill the driver's memory or the journal's disk and stall the
+	// teardown of every other allocation's volumes. At most 64 volumes of
+	// 16 KiB each per task is far above what a task needs (the CSI spec
+	// allows 4 KiB a map).
+	MaxVolumesPerTask  = 64
+	MaxTaskVolumeBytes = 1 << 20
 )
+
+// requestBytes is what a request's fields a job controls hold together.
+func requestBytes(req VolumeRequest) int {
+	n := len(req.Name) + len(req.PluginID) + len(req.VolumeID) + len(req.Destination) + len(req.FSType) +
+		len(strings.Join(req.MountFlags, "")) + mapBytes(req.Context) + mapBytes(req.Secrets)
+	if req.Create != nil {
+		n += mapBytes(req.Create.Parameters)
+	}
+	return n
+}
+
+// taskLimits reports a task whose volume blocks are too many or too large
+// together.
+func taskLimits(reqs []VolumeRequest) error {
+	if len(reqs) > MaxVolumesPerTask {
+		return invalidf("the task has %d volume blocks: a task may have at most %d", len(reqs), MaxVolumesPerTask)
+	}
+	n := 0
+	for _, r := range reqs {
+		n += requestBytes(r)
+	}
+	if n > MaxTaskVolumeBytes {
+		return invalidf("the task's volume blocks hold %d bytes of names, ids, destinations, mount_options, context, secrets and create.parameters together: they must hold at most %d (%s)",
+			n, MaxTaskVolumeBytes, humanBytes(MaxTaskVolumeBytes))
+	}
+	return nil
+}
 
 // quoted quotes s for a message, cut short when it is long.
 func quoted(s string) string {
@@ -135,6 +175,9 @@ func attachment(req VolumeRequest) string {
 func (m *Manager) Validate(reqs []VolumeRequest) error { return validate(reqs) }
 
 func validate(reqs []VolumeRequest) error {
+	if err := taskLimits(reqs); err != nil {
+		return err
+	}
 	var errs []error
 	names := map[string]bool{}
 	dests := map[string]string{}

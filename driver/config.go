@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -95,6 +96,10 @@ var configSpec = hclspec.NewObject(map[string]*hclspec.Spec{
 	"allow_host_namespaces": hclspec.NewDefault(
 		hclspec.NewAttr("allow_host_namespaces", "bool", false),
 		hclspec.NewLiteral("false"),
+	),
+	"pids_limit": hclspec.NewDefault(
+		hclspec.NewAttr("pids_limit", "number", false),
+		hclspec.NewLiteral(strconv.Itoa(DefaultPidsLimit)),
 	),
 	"denied_host_uids": hclspec.NewAttr("denied_host_uids", "string", false),
 	"denied_host_gids": hclspec.NewAttr("denied_host_gids", "string", false),
@@ -197,9 +202,16 @@ type Config struct {
 	AllowCaps      []string          `codec:"allow_caps"`
 	// AllowHostNamespaces lets a task that is not privileged ask for
 	// pid_mode or ipc_mode "host" itself (see checkHostModes).
-	AllowHostNamespaces bool   `codec:"allow_host_namespaces"`
-	DeniedHostUIDs      string `codec:"denied_host_uids"`
-	DeniedHostGIDs      string `codec:"denied_host_gids"`
+	AllowHostNamespaces bool `codec:"allow_host_namespaces"`
+	// PidsLimit caps the processes and threads of a task that is not
+	// privileged (its cgroup's pids.max); 0 leaves them unlimited. A
+	// task's fork bomb, as nobody too, otherwise takes every PID of the
+	// host (pid_max is 32768 on many): the driver, Nomad and every other
+	// allocation then cannot start a process or thread, and so cannot
+	// tear a volume down. Privileged tasks are not limited.
+	PidsLimit      int    `codec:"pids_limit"`
+	DeniedHostUIDs string `codec:"denied_host_uids"`
+	DeniedHostGIDs string `codec:"denied_host_gids"`
 
 	// VolumeStatsInterval is how often each published volume is sampled
 	// with NodeGetVolumeStats ("0" or "0s": never); MetricsAddress is the
@@ -208,12 +220,16 @@ type Config struct {
 	MetricsAddress      string `codec:"metrics_address"`
 }
 
+// DefaultPidsLimit is pids_limit's default: systemd's default TasksMax
+// for a 32768 pid_max, far above what a task runs, far below the host's.
+const DefaultPidsLimit = 4096
+
 // defaultConfig is the configuration of an agent that gives the plugin no
 // config block: what configSpec's defaults make.
 func defaultConfig() Config {
 	return Config{Enabled: true, PrivilegedPluginsOnly: true, RootDir: DefaultRootDir, CgroupParent: DefaultCgroupParent,
 		DefaultPIDMode: IsolationModePrivate, DefaultIPCMode: IsolationModePrivate, AllowCaps: executor.DefaultCapabilities,
-		VolumeStatsInterval: DefaultVolumeStatsInterval}
+		VolumeStatsInterval: DefaultVolumeStatsInterval, PidsLimit: DefaultPidsLimit}
 }
 
 func validIsolationMode(key, mode string, allowEmpty bool) error {
@@ -272,6 +288,9 @@ func (c *Config) validate() error {
 	}
 	if _, err := parseCapSet("allow_caps", c.AllowCaps); err != nil {
 		return err
+	}
+	if c.PidsLimit < 0 {
+		return fmt.Errorf("pids_limit must be 0 (no limit) or a positive number of processes, got %d", c.PidsLimit)
 	}
 	if _, err := parseIDRanges("denied_host_uids", c.DeniedHostUIDs); err != nil {
 		return err

@@ -409,7 +409,7 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 		}
 		ready := make(chan setup, 1)
 		go func() {
-			mounts, err := d.setupVolumes(cfg, reqs)
+			mounts, err := d.setupVolumes(cfg, reqs, !tc.Privileged)
 			ready <- setup{mounts, err}
 		}()
 		late = sync.OnceValues(func() ([]executor.Mount, error) {
@@ -606,6 +606,7 @@ func (d *Driver) buildSpec(conf *Config, cfg *drivers.TaskConfig, tc *TaskConfig
 			return nil, fmt.Errorf("invalid task config: %w", err)
 		}
 		spec.Isolation = conf.isolation(tc)
+		spec.Limits.PidsMax = int64(conf.PidsLimit)
 		// Only the minimal /dev can be opened; the devices Nomad hands
 		// over and block-device volumes are let in by the executor as
 		// their nodes are bound into the task.

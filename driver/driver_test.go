@@ -241,6 +241,7 @@ func TestConfig_validate(t *testing.T) {
 		{"bad allow_caps", Config{RootDir: "/x", CgroupParent: "c", AllowCaps: []string{"cap_flying"}}, `allow_caps: unknown capability "cap_flying"`},
 		{"bad denied uids", Config{RootDir: "/x", CgroupParent: "c", DeniedHostUIDs: "10-1"}, "denied_host_uids: range \"10-1\""},
 		{"bad denied gids", Config{RootDir: "/x", CgroupParent: "c", DeniedHostGIDs: "x"}, "denied_host_gids: \"x\" is not an id"},
+		{"negative pids_limit", Config{RootDir: "/x", CgroupParent: "c", PidsLimit: -1}, "pids_limit must be 0 (no limit) or a positive number"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -336,11 +337,14 @@ func TestStartTask_isolation(t *testing.T) {
 		{name: "empty user is nobody", wantUser: "nobody"},
 		{name: "explicit root stays", user: "root", wantUser: "root"},
 		{name: "plugin task keeps root", tc: TaskConfig{CSIPlugin: &PluginTaskConfig{ID: "p", Type: "controller", MountDir: "/csi"}}, wantUser: ""},
-		{name: "privileged keeps root and the host's view", conf: Config{AllowPrivileged: true}, tc: TaskConfig{Privileged: true}, wantUser: "",
+		{name: "privileged keeps root and the host's view", conf: Config{AllowPrivileged: true, PidsLimit: 100}, tc: TaskConfig{Privileged: true}, wantUser: "",
 			check: func(t *testing.T, spec *executor.Spec) {
 				must.Nil(t, spec.Isolation)
 				must.True(t, spec.Privileged)
+				must.Eq(t, 0, spec.Limits.PidsMax)
 			}},
+		{name: "pids_limit caps an isolated task", conf: Config{PidsLimit: 100}, wantUser: "nobody",
+			check: func(t *testing.T, spec *executor.Spec) { must.Eq(t, 100, spec.Limits.PidsMax) }},
 		{name: "denied uid", conf: Config{DeniedHostUIDs: "0-10"}, user: "root", wantErr: "denied_host_uids"},
 		{name: "denied gid", conf: Config{DeniedHostGIDs: "0"}, user: "root", wantErr: "denied_host_gids"},
 		{name: "nobody passes a root denial", conf: Config{DeniedHostUIDs: "0"}, wantUser: "nobody"},

@@ -314,7 +314,8 @@ func (d *Driver) volumesReleased(taskID string) {
 
 // setupVolumes stages and publishes a task's volumes and returns the bind
 // mounts that put them in the task. On error nothing is left behind.
-func (d *Driver) setupVolumes(cfg *drivers.TaskConfig, reqs []csihook.VolumeRequest) ([]executor.Mount, error) {
+// isolated says the task is not privileged: see volumeMounts.
+func (d *Driver) setupVolumes(cfg *drivers.TaskConfig, reqs []csihook.VolumeRequest, isolated bool) ([]executor.Mount, error) {
 	if len(reqs) == 0 {
 		return nil, nil
 	}
@@ -328,6 +329,24 @@ func (d *Driver) setupVolumes(cfg *drivers.TaskConfig, reqs []csihook.VolumeRequ
 	if err != nil {
 		return nil, err
 	}
+	return volumeMounts(pubs, isolated), nil
+}
+
+// volumeMounts are the mounts that put published volumes in a task.
+//
+// In a task that is not privileged every volume is nosuid, and nodev but a
+// block-device volume (a device node the task must open; the device filter
+// lets in only that one). A hostile job chooses its volume's mount_flags
+// ("suid", "dev"), which the driver passes to the plugin as the CSI spec
+// wants and most plugins hand to mount(2) as they are; a plugin that binds
+// a host directory gives the host filesystem's flags even without them.
+// Without these flags the task would hold a volume where a set-uid binary
+// or a device node it made works: one layer (no_new_privs, the device
+// filter) away from the host, and for whatever else, privileged task or
+// host process, reaches the volume. The flags go on the task's copy of the
+// mount, whatever the plugin did on the host, and the kernel locks them in
+// the task's namespace.
+func volumeMounts(pubs []csihook.Published, isolated bool) []executor.Mount {
 	mounts := make([]executor.Mount, 0, len(pubs))
 	for _, p := range pubs {
 		mounts = append(mounts, executor.Mount{
@@ -335,9 +354,11 @@ func (d *Driver) setupVolumes(cfg *drivers.TaskConfig, reqs []csihook.VolumeRequ
 			Target:      p.Destination,
 			ReadOnly:    p.ReadOnly,
 			Propagation: executor.PropagationPrivate,
+			NoSuid:      isolated,
+			NoDev:       isolated && !p.Block,
 		})
 	}
-	return mounts, nil
+	return mounts
 }
 
 // inOrderOf returns mounts in the order of want's targets: one mount for

@@ -13,11 +13,12 @@ import (
 
 // escMknodInVolume: a task running as root with CAP_MKNOD (Nomad's exec
 // allows it by default) makes a node for a host block device in its volume,
-// a host directory mounted without nodev, and reads it. Only the device
-// filter (devices.deny on cgroup v1, the BPF device program on v2) stands
-// in the way there, and it says EPERM ("Operation not permitted"): at mknod
-// (the filter allows no "m"), or else at open. mknod_block_device cannot
-// tell the filter from the nodev of the task's /tmp; this case can.
+// a host directory, and reads it. The volume is nodev in the task too
+// (TestEscapeVolumeMountFlags), which says EACCES at open; the device
+// filter (devices.deny on cgroup v1, the BPF device program on v2) says
+// EPERM ("Operation not permitted"): at mknod (the filter allows no "m"),
+// or else at open. mknod_block_device cannot tell the filter from the
+// nodev of the task's /tmp; this case can, by the error.
 func escMknodInVolume(t *testing.T, e *escEnv) {
 	u := escUniq()
 	marker := "ESCAPE-VOLBLK-" + u

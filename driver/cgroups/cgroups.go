@@ -27,6 +27,9 @@ type Limits struct {
 	// (v1), and CpusetCpus, when set, is written to it, as Nomad's own
 	// executors do; it is Nomad's, so it is never created or removed here.
 	CpusetCgroupPath string
+	// PidsMax caps the processes and threads in the group (v1 and v2
+	// pids.max); 0 leaves them unlimited.
+	PidsMax int64
 	// Devices, when non-nil, restricts the group to these devices:
 	// everything else is denied (open and mknod). nil means no filter
 	// (privileged tasks). An empty, non-nil list denies every device.

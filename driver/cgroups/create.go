@@ -134,6 +134,7 @@ func validLimits(l Limits) error {
 		{"CPUShares", l.CPUShares},
 		{"CPUQuota", l.CPUQuota},
 		{"CPUPeriod", l.CPUPeriod},
+		{"PidsMax", l.PidsMax},
 	} {
 		if f.v < 0 {
 			return fmt.Errorf("cgroup limit %s must not be negative, got %d", f.name, f.v)
@@ -348,7 +349,21 @@ func (g *Group) applyV1(l Limits) error {
 			return err
 		}
 	}
+	if dir, ok := g.paths["pids"]; ok {
+		if err := writeFile(filepath.Join(dir, "pids.max"), pidsMax(l.PidsMax)); err != nil {
+			return err
+		}
+	} else if l.PidsMax > 0 {
+		return fmt.Errorf("cgroup limit PidsMax (%d) needs the pids controller, which this host's cgroup v1 hierarchy lacks", l.PidsMax)
+	}
 	return nil
+}
+
+func pidsMax(n int64) string {
+	if n > 0 {
+		return strconv.FormatInt(n, 10)
+	}
+	return "max"
 }
 
 // setV1Memory sets memory.limit_in_bytes and, when the kernel accounts swap,
@@ -476,6 +491,13 @@ func (g *Group) applyV2(l Limits) error {
 	}
 	if l.CpusetCpus != "" {
 		writes = append(writes, struct{ file, v string }{"cpuset.cpus", l.CpusetCpus})
+	}
+	// pids.max is missing when the parent does not delegate the pids
+	// controller: a limit then cannot be kept.
+	if exists(filepath.Join(dir, "pids.max")) {
+		writes = append(writes, struct{ file, v string }{"pids.max", pidsMax(l.PidsMax)})
+	} else if l.PidsMax > 0 && !v2LimitsOptional {
+		return fmt.Errorf("cgroup limit PidsMax (%d) needs the pids controller, which the cgroup v2 hierarchy does not enable here: enable it, or set the driver's pids_limit = 0", l.PidsMax)
 	}
 	for _, w := range writes {
 		path := filepath.Join(dir, w.file)

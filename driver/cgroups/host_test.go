@@ -159,7 +159,7 @@ func startIn(t *testing.T, g *Group, script string) (*exec.Cmd, func()) {
 }
 
 func TestHost_Lifecycle(t *testing.T) {
-	g := hostGroup(t, Limits{MemoryBytes: 256 << 20, CPUShares: 512, CPUQuota: 50000, CPUPeriod: 100000})
+	g := hostGroup(t, Limits{MemoryBytes: 256 << 20, CPUShares: 512, CPUQuota: 50000, CPUPeriod: 100000, PidsMax: 77})
 
 	for k, dir := range g.State().Paths {
 		_, err := os.Stat(filepath.Join(dir, "cgroup.procs"))
@@ -196,6 +196,7 @@ func TestHost_Lifecycle(t *testing.T) {
 			"cpu/cpu.shares":               "512",
 			"cpu/cpu.cfs_quota_us":         "50000",
 			"cpu/cpu.cfs_period_us":        "100000",
+			"pids/pids.max":                "77",
 		} {
 			ctrl, name := filepath.Split(file)
 			got, err := readString(filepath.Join(g.paths[filepath.Clean(ctrl)], name))
@@ -209,6 +210,9 @@ func TestHost_Lifecycle(t *testing.T) {
 		got, err = readString(filepath.Join(g.paths[unifiedKey], "cpu.max"))
 		must.NoError(t, err)
 		must.Eq(t, "50000 100000", got)
+		got, err = readString(filepath.Join(g.paths[unifiedKey], "pids.max"))
+		must.NoError(t, err)
+		must.Eq(t, "77", got)
 	}
 
 	oom, err := g.OOMKilled()

@@ -67,6 +67,11 @@ type config struct {
 	// NodePublishVolume refuse (PermissionDenied) a request whose secrets
 	// lack it: a test sees that the secrets reached the plugin.
 	requireSecret string
+	// echoSecrets makes NodeStageVolume fail (InvalidArgument) with a
+	// message that echoes the request's secrets as careless plugins do:
+	// verbatim, Go-quoted and JSON-encoded. The driver must redact every
+	// form before the message reaches an event, a log or an error.
+	echoSecrets bool
 	// createdTopology, when set, is the accessible topology CreateVolume
 	// answers instead of the node's: a volume made elsewhere.
 	createdTopology map[string]string
@@ -122,6 +127,7 @@ func parseFlags(args []string) (config, error) {
 	fs.Int64Var(&cfg.maxVolumes, "max-volumes", 0, "max_volumes_per_node returned by NodeGetInfo and enforced (0: no limit)")
 	fs.BoolVar(&cfg.mountGroup, "mount-group", false, "advertise VOLUME_MOUNT_GROUP: a published file-system volume's root gets the volume_mount_group (setgid, g+rwx)")
 	fs.StringVar(&cfg.requireSecret, "require-secret", "", "KEY=VALUE: NodeStageVolume and NodePublishVolume need this secret (PermissionDenied otherwise; the value is never logged)")
+	fs.BoolVar(&cfg.echoSecrets, "echo-secrets", false, "NodeStageVolume fails with a message echoing the request's secrets (verbatim, %q and JSON): a careless plugin, for the driver's redaction")
 	fs.StringVar(&cfg.logCalls, "log-calls", "", "append one line per RPC (method and volume ID) to this file")
 	fs.Func("topology", "key=value segment of this node's accessible topology (repeatable)", func(s string) error {
 		k, v, ok := strings.Cut(s, "=")

@@ -2,11 +2,13 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log"
 	"os"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 
@@ -102,6 +104,9 @@ func (p *plugin) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRe
 	}
 	if err := p.checkSecret(req.GetSecrets()); err != nil {
 		return nil, err
+	}
+	if p.cfg.echoSecrets && len(req.GetSecrets()) > 0 {
+		return nil, echoSecretsError(req.GetSecrets())
 	}
 	stg := filepath.Clean(req.GetStagingTargetPath())
 	defer p.store.lock(req.GetVolumeId())()
@@ -493,6 +498,18 @@ func (p *plugin) withoutMountGroup(c *csi.VolumeCapability) *csi.VolumeCapabilit
 	c = proto.Clone(c).(*csi.VolumeCapability)
 	c.GetMount().VolumeMountGroup = ""
 	return c
+}
+
+// echoSecretsError is --echo-secrets' refusal: the secrets as a careless
+// plugin shows its request, in each form such a message may take.
+func echoSecretsError(secrets map[string]string) error {
+	var parts []string
+	for k, v := range secrets {
+		j, _ := json.Marshal(v)
+		parts = append(parts, fmt.Sprintf("%s=%s quoted=%q json=%s", k, v, v, j))
+	}
+	sort.Strings(parts)
+	return status.Errorf(codes.InvalidArgument, "refusing secrets %s", strings.Join(parts, " "))
 }
 
 // checkSecret enforces --require-secret without ever showing a value.
