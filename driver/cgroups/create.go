@@ -354,7 +354,7 @@ func (g *Group) applyV1(l Limits) error {
 			return err
 		}
 	} else if l.PidsMax > 0 {
-		return fmt.Errorf("cgroup limit PidsMax (%d) needs the pids controller, which this host's cgroup v1 hierarchy lacks", l.PidsMax)
+		return fmt.Errorf("cgroup limit PidsMax (%d) needs the pids controller, which this host's cgroup v1 hierarchy lacks: mount it, or set the driver's pids_limit = 0", l.PidsMax)
 	}
 	return nil
 }
