@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 
@@ -175,8 +174,14 @@ func hint(method string, code codes.Code, volumeID, pluginID, nodeID string) str
 const redacted = "<redacted>"
 
 // redact replaces every secret value in s, in each form a plugin's message
-// may spell it (see secretForms). Longer values go first so a secret
-// containing another is removed whole.
+// may spell it (see secretForms). Every byte of s that lies in any form's
+// occurrence is covered, and each run of covered bytes becomes one marker,
+// in one pass over the original s: secrets that overlap are removed whole,
+// and a marker is never itself searched again. Replacing one form after
+// another did search it: a job's secrets that are pieces of the marker
+// ("e", "<r", ...) put new markers inside the old ones at every step, so a
+// few dozen of them grew a short message exponentially, to gigabytes, in
+// the driver's memory.
 func redact(s string, secrets ...map[string]string) string {
 	var vals []string
 	for _, m := range secrets {
@@ -186,14 +191,45 @@ func redact(s string, secrets ...map[string]string) string {
 			}
 		}
 	}
-	if len(vals) == 0 {
+	if len(vals) == 0 || s == "" {
 		return s
 	}
-	sort.Slice(vals, func(i, j int) bool { return len(vals[i]) > len(vals[j]) })
+	covered := make([]bool, len(s))
+	found := false
 	for _, v := range vals {
-		s = strings.ReplaceAll(s, v, redacted)
+		// end is how far this form's occurrences have covered s: an
+		// overlapping one ("aa" in "aaa") marks only its new bytes.
+		end := 0
+		for from := 0; from+len(v) <= len(s); {
+			i := strings.Index(s[from:], v)
+			if i < 0 {
+				break
+			}
+			i += from
+			for k := max(i, end); k < i+len(v); k++ {
+				covered[k] = true
+			}
+			end = i + len(v)
+			found = true
+			from = i + 1
+		}
 	}
-	return s
+	if !found {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); {
+		if !covered[i] {
+			b.WriteByte(s[i])
+			i++
+			continue
+		}
+		b.WriteString(redacted)
+		for i < len(s) && covered[i] {
+			i++
+		}
+	}
+	return b.String()
 }
 
 // secretForms is a secret as it is and as a plugin that echoes its request
