@@ -94,8 +94,8 @@ func (p *Process) ReplaceMount(source, target string, readOnly bool) (string, er
 		return fail(fmt.Errorf("the fresh mount at %q cannot be read: %w", source, err))
 	}
 	isDir := st.Mode&unix.S_IFMT == unix.S_IFDIR
-	isolated := spec.Isolation != nil
-	if err := m.LockTree(tree, mnt.ReadOnly || readOnly, mnt.NoSuid || isolated, mnt.NoDev || isolated); err != nil {
+	noSuid, noDev := replaceFlags(mnt, spec.Isolation != nil, st.Mode)
+	if err := m.LockTree(tree, mnt.ReadOnly || readOnly, noSuid, noDev); err != nil {
 		return fail(err)
 	}
 	if err := m.PrivateTree(tree); err != nil {
@@ -114,6 +114,17 @@ func (p *Process) ReplaceMount(source, target string, readOnly bool) (string, er
 	}
 	p.logger.Info("replaced a mount in the running task", "source", source, "target", target, "read_only", mnt.ReadOnly || readOnly)
 	return target, nil
+}
+
+// replaceFlags are the nosuid and nodev of a fresh copy of mnt, a tree
+// whose root has mode: as the task's mount had them, and for an isolated
+// task always nosuid, and nodev but for a block-device volume, as its first
+// mount was (the driver's volumeMounts): the spec keeps a volume's target
+// only, and a repaired block-device volume made nodev could no longer be
+// opened by the task it was published for.
+func replaceFlags(mnt Mount, isolated bool, mode uint32) (noSuid, noDev bool) {
+	block := mode&unix.S_IFMT == unix.S_IFBLK
+	return mnt.NoSuid || isolated, mnt.NoDev || (isolated && !block)
 }
 
 // taskMountNS opens the mount namespace the task's main process is in now
