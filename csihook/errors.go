@@ -197,21 +197,8 @@ func redact(s string, secrets ...map[string]string) string {
 	covered := make([]bool, len(s))
 	found := false
 	for _, v := range vals {
-		// end is how far this form's occurrences have covered s: an
-		// overlapping one ("aa" in "aaa") marks only its new bytes.
-		end := 0
-		for from := 0; from+len(v) <= len(s); {
-			i := strings.Index(s[from:], v)
-			if i < 0 {
-				break
-			}
-			i += from
-			for k := max(i, end); k < i+len(v); k++ {
-				covered[k] = true
-			}
-			end = i + len(v)
+		if coverAll(s, v, covered) {
 			found = true
-			from = i + 1
 		}
 	}
 	if !found {
@@ -230,6 +217,48 @@ func redact(s string, secrets ...map[string]string) string {
 		}
 	}
 	return b.String()
+}
+
+// coverAll marks the bytes of every occurrence of v in s, overlapping ones
+// too ("aa" in "aaa"), and reports whether there was one. It runs in
+// O(len(s)+len(v)) (Knuth-Morris-Pratt): a search from each match's next
+// byte would compare v again and again where it repeats itself.
+func coverAll(s, v string, covered []bool) bool {
+	if len(v) == 0 || len(v) > len(s) {
+		return false
+	}
+	// fail[i] is the length of the longest proper prefix of v[:i+1] that
+	// is also its suffix.
+	fail := make([]int, len(v))
+	for i, k := 1, 0; i < len(v); i++ {
+		for k > 0 && v[i] != v[k] {
+			k = fail[k-1]
+		}
+		if v[i] == v[k] {
+			k++
+		}
+		fail[i] = k
+	}
+	found := false
+	end := 0 // how far s is covered already by v's earlier occurrences
+	for i, k := 0, 0; i < len(s); i++ {
+		for k > 0 && s[i] != v[k] {
+			k = fail[k-1]
+		}
+		if s[i] == v[k] {
+			k++
+		}
+		if k == len(v) {
+			start := i + 1 - len(v)
+			for j := max(start, end); j <= i; j++ {
+				covered[j] = true
+			}
+			end = i + 1
+			found = true
+			k = fail[k-1]
+		}
+	}
+	return found
 }
 
 // secretForms is a secret as it is and as a plugin that echoes its request

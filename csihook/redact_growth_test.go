@@ -44,3 +44,39 @@ func TestRedact_shortSecret(t *testing.T) {
 	must.Eq(t, "stag"+redacted+" fail"+redacted, got)
 	must.False(t, strings.Contains(strings.ReplaceAll(got, redacted, ""), "e"))
 }
+
+// coverAll finds every occurrence, overlapping ones too.
+func TestCoverAll(t *testing.T) {
+	for _, tc := range []struct{ s, v, want string }{
+		{"aaa", "aa", "xxx"},
+		{"abababx", "abab", "xxxxxx."},
+		{"aabaab", "aab", "xxxxxx"},
+		{"xyz", "q", "..."},
+		{"ab", "abc", ".."},
+		{"cabcab", "ab", ".xx.xx"},
+	} {
+		covered := make([]bool, len(tc.s))
+		found := coverAll(tc.s, tc.v, covered)
+		var b strings.Builder
+		for _, c := range covered {
+			if c {
+				b.WriteByte('x')
+			} else {
+				b.WriteByte('.')
+			}
+		}
+		must.Eq(t, tc.want, b.String(), must.Sprintf("%q in %q", tc.v, tc.s))
+		must.Eq(t, strings.Contains(tc.s, tc.v), found)
+	}
+}
+
+// A long secret that repeats itself, in a long message that repeats it
+// too, is found in time linear in the message: a search from each
+// match's next byte compared the whole secret at every byte.
+func BenchmarkRedact_periodic(b *testing.B) {
+	secret := strings.Repeat("a", 64<<10)
+	msg := strings.Repeat("a", 1<<20)
+	for b.Loop() {
+		_ = redact(msg, map[string]string{"k": secret})
+	}
+}
