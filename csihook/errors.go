@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -291,5 +292,38 @@ func secretForms(v string) []string {
 	if enc.Encode(v) == nil {
 		add(strings.TrimSuffix(buf.String(), "\n"))
 	}
+	// A plugin that puts a credential in a URL (an object store's
+	// "s3://key:secret@bucket", say) writes it percent-encoded: cloud
+	// secret keys are full of "/" and "+". And one that prints its request
+	// in protobuf's C text format escapes every byte outside printable
+	// ASCII in octal ("é" as \303\251).
+	for _, f := range []string{url.QueryEscape(v), url.PathEscape(v), strings.ReplaceAll(url.QueryEscape(v), "+", "%20"), cEscape(v)} {
+		add(`"` + f + `"`)
+	}
 	return forms
+}
+
+// cEscape is v as protobuf's C text format writes a string: quote,
+// apostrophe and backslash escaped, \n \r \t, and every other byte outside
+// printable ASCII as three octal digits.
+func cEscape(v string) string {
+	var b strings.Builder
+	for i := 0; i < len(v); i++ {
+		switch c := v[i]; {
+		case c == '\n':
+			b.WriteString(`\n`)
+		case c == '\r':
+			b.WriteString(`\r`)
+		case c == '\t':
+			b.WriteString(`\t`)
+		case c == '"' || c == '\'' || c == '\\':
+			b.WriteByte('\\')
+			b.WriteByte(c)
+		case c < 0x20 || c >= 0x7f:
+			fmt.Fprintf(&b, `\%03o`, c)
+		default:
+			b.WriteByte(c)
+		}
+	}
+	return b.String()
 }

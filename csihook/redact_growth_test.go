@@ -2,6 +2,7 @@ package csihook
 
 import (
 	"fmt"
+	"net/url"
 	"strings"
 	"testing"
 
@@ -79,4 +80,23 @@ func BenchmarkRedact_periodic(b *testing.B) {
 	for b.Loop() {
 		_ = redact(msg, map[string]string{"k": secret})
 	}
+}
+
+// A secret a plugin writes percent-encoded in a URL, or octal-escaped in
+// protobuf's C text format, is redacted too.
+func TestRedact_urlAndOctalForms(t *testing.T) {
+	core := "SECRETCORE"
+	for _, secret := range []string{core + "/ab+c d", core + "é\"x", "wJalr/" + core + "+EXAMPLEKEY"} {
+		for _, msg := range []string{
+			"mount s3://AKIA:" + url.QueryEscape(secret) + "@bucket failed",
+			"GET /v1/" + url.PathEscape(secret) + " 403",
+			"mount s3://AKIA:" + strings.ReplaceAll(url.QueryEscape(secret), "+", "%20") + "@bucket failed",
+			`request { secrets { key: "token" value: "` + cEscape(secret) + `" } }`,
+		} {
+			got := cleanBounded(msg, MaxErrorMessage, map[string]string{"token": secret})
+			must.StrNotContains(t, got, core, must.Sprintf("from %q", msg))
+			must.StrContains(t, got, redacted)
+		}
+	}
+	must.Eq(t, `SECRETCORE\303\251\"x`, cEscape(core+"é\"x"))
 }
