@@ -14,6 +14,7 @@ import (
 	"github.com/dustin/go-humanize"
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/nomad/plugins/drivers"
+	"golang.org/x/sys/unix"
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/csihook"
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor"
@@ -329,7 +330,7 @@ func (d *Driver) setupVolumes(cfg *drivers.TaskConfig, reqs []csihook.VolumeRequ
 	if err != nil {
 		return nil, err
 	}
-	return volumeMounts(pubs, isolated), nil
+	return volumeMounts(pubs, isolated, isBlockDevice), nil
 }
 
 // volumeMounts are the mounts that put published volumes in a task.
@@ -346,7 +347,12 @@ func (d *Driver) setupVolumes(cfg *drivers.TaskConfig, reqs []csihook.VolumeRequ
 // host process, reaches the volume. The flags go on the task's copy of the
 // mount, whatever the plugin did on the host, and the kernel locks them in
 // the task's namespace.
-func volumeMounts(pubs []csihook.Published, isolated bool) []executor.Mount {
+//
+// Block says what the job asked for (attachment_mode), not what the plugin
+// made: a plugin that ignores the access type publishes a directory for a
+// "block-device" volume. Only a volume whose publish target is a block
+// device node on the host (isBlock) keeps dev.
+func volumeMounts(pubs []csihook.Published, isolated bool, isBlock func(path string) bool) []executor.Mount {
 	mounts := make([]executor.Mount, 0, len(pubs))
 	for _, p := range pubs {
 		mounts = append(mounts, executor.Mount{
@@ -355,10 +361,17 @@ func volumeMounts(pubs []csihook.Published, isolated bool) []executor.Mount {
 			ReadOnly:    p.ReadOnly,
 			Propagation: executor.PropagationPrivate,
 			NoSuid:      isolated,
-			NoDev:       isolated && !p.Block,
+			NoDev:       isolated && !(p.Block && isBlock(p.HostPath)),
 		})
 	}
 	return mounts
+}
+
+// isBlockDevice reports whether path is a block device node (not
+// following a symlink).
+func isBlockDevice(path string) bool {
+	var st unix.Stat_t
+	return unix.Lstat(path, &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFBLK
 }
 
 // inOrderOf returns mounts in the order of want's targets: one mount for
