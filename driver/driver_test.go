@@ -499,6 +499,38 @@ func TestWaitTask_saysOOMKilled(t *testing.T) {
 	must.EqError(t, res.Err, "OOM Killed")
 }
 
+// A task that failed after its process limit refused forks is told why it
+// may have failed; one that succeeded anyway, or never hit the limit, is
+// not.
+func TestWaitTask_saysPidsLimited(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		status executor.ExitStatus
+		want   string
+	}{
+		{"failed at the limit", executor.ExitStatus{ExitCode: 2, PidsLimited: 14},
+			"the task reached its process limit 14 times (the driver's pids_limit caps its processes and threads)"},
+		{"succeeded at the limit", executor.ExitStatus{PidsLimited: 3}, ""},
+		{"failed without reaching it", executor.ExitStatus{ExitCode: 1}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := newTestDriver(t, Config{Enabled: true})
+			cfg := taskConfig(t, TaskConfig{Command: "/bin/forker"})
+			_, _, err := d.StartTask(cfg)
+			must.NoError(t, err)
+			d.procs[0].exit(tc.status)
+			ch, err := d.WaitTask(context.Background(), cfg.ID)
+			must.NoError(t, err)
+			res := <-ch
+			if tc.want == "" {
+				must.NoError(t, res.Err)
+				return
+			}
+			must.EqError(t, res.Err, tc.want)
+		})
+	}
+}
+
 func TestStopTask_defaultsToSIGINTAndRejectsUnknownSignal(t *testing.T) {
 	d := newTestDriver(t, Config{Enabled: true})
 	cfg := taskConfig(t, TaskConfig{Command: "/bin/sleep"})

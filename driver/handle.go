@@ -2,6 +2,7 @@ package driver
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -117,6 +118,10 @@ func (h *taskHandle) watch() {
 		case status.OOMKilled:
 			// What Nomad shows as the exit message in alloc status.
 			result.Err = errorString("OOM Killed")
+		case status.PidsLimited > 0 && (status.ExitCode != 0 || status.Signal != 0):
+			// A fork or thread refused by the process limit shows in
+			// the task only as EAGAIN; say why it may have failed.
+			result.Err = errorString(fmt.Sprintf("the task reached its process limit %d times (the driver's pids_limit caps its processes and threads)", status.PidsLimited))
 		}
 		if !status.ExitedAt.IsZero() {
 			completed = status.ExitedAt

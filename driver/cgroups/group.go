@@ -553,6 +553,25 @@ func (g *Group) OOMKilled() (bool, error) {
 	return kv["oom_kill"] > 0, nil
 }
 
+// PidsLimited returns how many times the group's pids.max refused a fork
+// or a new thread ("max" in pids.events, v1 and v2); 0 when the group has
+// no pids controller.
+func (g *Group) PidsLimited() (uint64, error) {
+	dir, ok := g.paths["pids"]
+	if g.version == 2 {
+		dir, ok = g.paths[unifiedKey]
+	}
+	path := filepath.Join(dir, "pids.events")
+	if !ok || !exists(path) {
+		return 0, nil
+	}
+	kv, err := readKeyed(path)
+	if err != nil {
+		return 0, err
+	}
+	return kv["max"], nil
+}
+
 // Destroy removes the group's directories (never the parent, nor Nomad's
 // cpuset group), retrying for up to destroyTimeout while the kernel says
 // they are busy. A directory already gone counts as removed.

@@ -351,6 +351,25 @@ func TestStart_OOMKilled_Root(t *testing.T) {
 	must.Eq(t, int(syscall.SIGKILL), st.Signal)
 }
 
+// The forks and threads a task's process limit refused are counted in its
+// exit status; a task without a limit counts none.
+func TestStart_PidsLimited_Root(t *testing.T) {
+	requireTaskRoot(t)
+	for _, tc := range []struct {
+		name    string
+		max     int64
+		limited bool
+	}{{"limit 6", 6, true}, {"no limit", 0, false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			tt := newTestSpec(t, "/bin/sh", "-c", `i=0; while [ $i -lt 12 ]; do sleep 30 & i=$((i+1)); done; exit 3`)
+			tt.spec.Limits.PidsMax = tc.max
+			p := startTest(t, tt)
+			st := waitExit(t, p)
+			must.Eq(t, tc.limited, st.PidsLimited > 0, must.Sprintf("status %+v", st))
+		})
+	}
+}
+
 // Nomad's logmon opens the read side of its FIFOs in the background: a task
 // started before the reader is there waits for it instead of failing.
 func TestStart_WaitsForLogFIFOReader_Root(t *testing.T) {

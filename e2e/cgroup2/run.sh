@@ -110,8 +110,9 @@ if ! { grep -qw cpu <<<"$have" && grep -qw memory <<<"$have"; }; then
   tags=cgroupv2_nocontrollers
   # The tests of limits, memory usage and OOM kills, which need the
   # memory and cpu controllers. The executor's OOM test would grow its
-  # task without bound, so it must not run.
-  skip_executor='^TestStart_OOMKilled_Root$'
+  # task without bound, so it must not run; its process limit test needs
+  # the pids controller.
+  skip_executor='^(TestStart_OOMKilled_Root|TestStart_PidsLimited_Root)$'
   skip_e2e='^TestMemoryLimitOOMKilled$'
   say "no cpu/memory controllers: building with -tags $tags (limits, memory usage and OOM detection skipped)"
 fi

@@ -182,7 +182,8 @@ func runSupervisor(args []string) int {
 		logger.Error("failed to record the exit status", "error", err)
 		return 1
 	}
-	logger.Info("task exited", "exit_code", status.ExitCode, "signal", status.Signal, "oom_killed", status.OOMKilled)
+	logger.Info("task exited", "exit_code", status.ExitCode, "signal", status.Signal, "oom_killed", status.OOMKilled,
+		"pids_limited", status.PidsLimited)
 	return 0
 }
 
@@ -474,6 +475,9 @@ func waitTask(logger hclog.Logger, cmd *exec.Cmd, group *cgroups.Group) *wire.Ex
 		logger.Warn("failed to check for an OOM kill", "error", err)
 	}
 	status.OOMKilled = oom
+	if status.PidsLimited, err = group.PidsLimited(); err != nil {
+		logger.Warn("failed to check the task's process limit", "error", err)
+	}
 	if err := group.Kill(); err != nil {
 		logger.Error("failed to kill the rest of the task's cgroup", "error", err)
 		if status.Err == "" {

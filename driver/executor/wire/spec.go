@@ -136,9 +136,12 @@ func (s *Spec) GroupName() string {
 
 // ExitStatus is how the task ended.
 type ExitStatus struct {
-	ExitCode  int       `json:"exit_code"`
-	Signal    int       `json:"signal"`
-	OOMKilled bool      `json:"oom_killed"`
-	Err       string    `json:"err,omitempty"`
-	ExitedAt  time.Time `json:"exited_at"`
+	ExitCode  int  `json:"exit_code"`
+	Signal    int  `json:"signal"`
+	OOMKilled bool `json:"oom_killed"`
+	// PidsLimited counts the forks and new threads the task's process
+	// limit (pids.max, the driver's pids_limit) refused.
+	PidsLimited uint64    `json:"pids_limited,omitempty"`
+	Err         string    `json:"err,omitempty"`
+	ExitedAt    time.Time `json:"exited_at"`
 }
