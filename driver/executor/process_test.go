@@ -351,6 +351,24 @@ func TestStart_OOMKilled_Root(t *testing.T) {
 	must.Eq(t, int(syscall.SIGKILL), st.Signal)
 }
 
+// The driver hears of a task only once the supervisor's launching thread
+// has left the task's cgroup (v1): a kill right after the start must not
+// find the supervisor in the group and take it with the task, losing the
+// exit status.
+func TestStart_SupervisorOutOfGroupWhenReady_Root(t *testing.T) {
+	requireTaskRoot(t)
+	for i := range 20 {
+		tt := newTestSpec(t, "sleep", "100")
+		p := startTest(t, tt)
+		pids, err := p.group.Pids()
+		must.NoError(t, err)
+		must.SliceNotContains(t, pids, p.State().SupervisorPID, must.Sprintf("start %d: the supervisor is in the task's cgroup", i))
+		must.NoError(t, p.Kill())
+		st := waitExit(t, p)
+		must.Eq(t, int(syscall.SIGKILL), st.Signal, must.Sprintf("start %d: status %+v", i, st))
+	}
+}
+
 // The forks and threads a task's process limit refused are counted in its
 // exit status; a task without a limit counts none.
 func TestStart_PidsLimited_Root(t *testing.T) {

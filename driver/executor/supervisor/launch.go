@@ -29,11 +29,11 @@ import (
 // to set the task up. The thread is never unlocked: the runtime ends it
 // with its goroutine, and only the task keeps the namespace alive.
 //
-// It calls started on the thread as soon as the command runs, and returns
-// after that. On v1 the thread is still in the task's cgroup then, on its
-// way out: left says when it is not, and nothing may look for the group's
-// processes before (see cgroups.Group.JoinThread). On error nothing was
-// forked, and the thread has left the group.
+// It calls started on the thread as soon as the command runs and, on v1,
+// the thread has left the task's cgroup (see cgroups.Group.JoinThread), and
+// returns after that; left says whether leaving failed (the thread is then
+// still in the group, and nothing may look for the group's processes until
+// it ends). On error nothing was forked, and the thread has left the group.
 func launchTask(spec *wire.Spec, group *cgroups.Group, stdio func() ([]*os.File, error), ctl *os.File, started func(*exec.Cmd), pre *prebuilt) (cmd *exec.Cmd, left <-chan error, err error) {
 	type result struct {
 		cmd *exec.Cmd
@@ -43,15 +43,19 @@ func launchTask(spec *wire.Spec, group *cgroups.Group, stdio func() ([]*os.File,
 	leftCh := make(chan error, 1)
 	job := func(pivoted bool) {
 		cmd, leave, err := launchOnThread(spec, group, stdio, ctl, pivoted)
+		var lerr error
+		if err == nil && leave != nil {
+			// Out of the task's cgroup before the driver hears of the
+			// task: the driver may kill the group at once (a stop right
+			// after the start), and this process, with a thread still in
+			// the group, would die with it and lose the exit status.
+			lerr = leave()
+		}
 		if err == nil {
 			started(cmd)
 		}
 		done <- result{cmd, err}
-		if err == nil && leave != nil {
-			leftCh <- leave()
-			return
-		}
-		leftCh <- nil
+		leftCh <- lerr
 	}
 	if pre == nil || !pre.take(spec, job) {
 		go func() {
