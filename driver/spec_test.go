@@ -78,5 +78,5 @@ func TestVolumeRequests_badSizes(t *testing.T) {
 	_, err := volumeRequests(map[string]VolumeConfig{"d": {Create: &VolumeCreateBlock{CapacityMin: "lots"}}})
 	must.ErrorContains(t, err, `volume "d": create capacity_min "lots" is not a size`)
 	_, err = volumeRequests(map[string]VolumeConfig{"d": {Create: &VolumeCreateBlock{CapacityMin: "2GiB", CapacityMax: "1GiB"}}})
-	must.ErrorContains(t, err, "capacity_min (2GiB) is larger than capacity_max (1GiB)")
+	must.ErrorContains(t, err, `capacity_min "2GiB" is larger than capacity_max "1GiB"`)
 }

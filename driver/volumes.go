@@ -64,7 +64,7 @@ func volumeRequests(vols map[string]VolumeConfig) ([]csihook.VolumeRequest, erro
 				return nil, err
 			}
 			if cr.CapacityMax > 0 && cr.CapacityMin > cr.CapacityMax {
-				return nil, fmt.Errorf("volume %q: create capacity_min (%s) is larger than capacity_max (%s)", name, c.CapacityMin, c.CapacityMax)
+				return nil, fmt.Errorf("volume %q: create capacity_min %q is larger than capacity_max %q", name, c.CapacityMin, c.CapacityMax)
 			}
 			req.Create = cr
 		}
