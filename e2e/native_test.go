@@ -122,14 +122,21 @@ func (r *nativeRun) pluginHealthy(t *testing.T) {
 func (r *nativeRun) examplesValidate(t *testing.T) {
 	a := r.a
 	dir := filepath.Join(a.Root, "examples", "native")
-	for _, f := range []string{"plugin.nomad.hcl", "workload.nomad.hcl", "workload-exec.nomad.hcl"} {
+	jobs, err := filepath.Glob(filepath.Join(dir, "*.nomad.hcl"))
+	must.NoError(t, err)
+	must.SliceContains(t, jobs, filepath.Join(dir, "plugin.nomad.hcl"))
+	for _, file := range jobs {
+		f := filepath.Base(file)
 		args := []string{"job", "validate"}
+		vars := map[string]string{}
 		if f == "plugin.nomad.hcl" {
 			args = append(args, "-var", "plugin_command="+FixtureBinary(a.Root))
+			vars["plugin_command"] = FixtureBinary(a.Root)
 		}
-		out, err := a.Nomad(append(args, filepath.Join(dir, f))...)
+		out, err := a.Nomad(append(args, file)...)
 		must.NoError(t, err, must.Sprintf("nomad job validate %s:\n%s", f, out))
 		must.StrContains(t, out, "Job validation successful")
+		checkCSITaskConfigs(t, a, file, vars)
 	}
 }
 

@@ -2,7 +2,7 @@
 
 package e2e
 
-// The README's Upgrading section, tested: the driver binary is replaced by
+// The Upgrading section of docs/install.md, tested: the driver binary is replaced by
 // a build stamped with another version (and carrying another supervisor
 // shim, as a real upgrade does) while the client is stopped, and the
 // client starts again on it.

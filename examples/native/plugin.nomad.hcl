@@ -7,9 +7,10 @@
 # Only the task's driver and config differ from a Docker-run plugin: the
 # plugin binary is on the client instead of in an image.
 #
-# The csi driver runs tasks without file system isolation, so Nomad gives
-# the plugin CSI_ENDPOINT as the socket's host path; the plugin must take
-# its endpoint from it. stage_publish_base_dir can stay at its default
+# The csi driver builds each task's root itself (file system isolation
+# "image"), so Nomad gives the plugin CSI_ENDPOINT as
+# unix://<mount_dir>/csi.sock, where the driver binds the plugin's socket
+# directory; the plugin must take its endpoint from it. stage_publish_base_dir can stay at its default
 # (/local/csi, made on the task's own root, not on the host), or be the
 # host directory Nomad keeps the plugin's mounts in,
 # <client state_dir>/csi/<type>/<id>, so that the plugin sees the same
