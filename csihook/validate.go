@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 )
@@ -207,13 +209,20 @@ func validate(reqs []VolumeRequest) error {
 
 		if req.PluginID == "" {
 			fail("plugin_id must not be empty")
-		} else if strings.ContainsAny(req.PluginID, "/\x00") || req.PluginID == "." || req.PluginID == ".." {
+		} else if why := badID(req.PluginID); why != "" {
+			fail("plugin_id %q %s", req.PluginID, why)
+		} else if strings.Contains(req.PluginID, "/") || req.PluginID == "." || req.PluginID == ".." {
 			fail("plugin_id %q must not contain '/' or be '.' or '..'", req.PluginID)
 		}
 		if req.VolumeID == "" {
 			fail("volume_id must not be empty")
-		} else if strings.ContainsRune(req.VolumeID, 0) {
-			fail("volume_id must not contain NUL")
+		} else if why := badID(req.VolumeID); why != "" {
+			fail("volume_id %s %s", quoted(req.VolumeID), why)
+		}
+		if req.FSType != "" {
+			if why := badID(req.FSType); why != "" {
+				fail("mount_options.fs_type %q %s", req.FSType, why)
+			}
 		}
 
 		switch dest := req.Destination; {
@@ -292,6 +301,41 @@ func validate(reqs []VolumeRequest) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// badID says what is wrong with an id a job wrote (plugin_id, volume_id,
+// fs_type), or "". A plugin compares ids byte for byte: "db " or "db\n"
+// is another volume than "db", which the job's author cannot see in the
+// job, in "nomad alloc status" or in the operator's listing, and a plugin
+// that trims or folds them would serve a look-alike of another volume.
+// Leading or trailing white space, control characters (C0, DEL, C1),
+// bidirectional formatting characters, which reorder what a terminal
+// shows, and bytes that are not UTF-8, which protobuf cannot send as a
+// string, are refused.
+func badID(s string) string {
+	if !utf8.ValidString(s) {
+		return "is not valid UTF-8: write the id as the plugin knows it"
+	}
+	first, _ := utf8.DecodeRuneInString(s)
+	last, _ := utf8.DecodeLastRuneInString(s)
+	if unicode.IsSpace(first) || unicode.IsSpace(last) {
+		return "has leading or trailing white space: remove it (the plugin would see another id)"
+	}
+	for _, r := range s {
+		switch {
+		case unicode.IsControl(r):
+			return fmt.Sprintf("holds the control character %U: remove it (the plugin would see another id)", r)
+		case bidiControl(r):
+			return fmt.Sprintf("holds the bidirectional formatting character %U: remove it (it reorders how the id is shown)", r)
+		}
+	}
+	return ""
+}
+
+// bidiControl reports the Unicode characters that change the display order
+// of text (embeddings, overrides, isolates and marks).
+func bidiControl(r rune) bool {
+	return r == 0x061C || r == 0x200E || r == 0x200F || (r >= 0x202A && r <= 0x202E) || (r >= 0x2066 && r <= 0x2069)
 }
 
 func hasDotDot(p string) bool {

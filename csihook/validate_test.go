@@ -66,3 +66,63 @@ func TestValidate_SizeLimits(t *testing.T) {
 	must.ErrorContains(t, err, "name must be 1-63")
 	must.Less(t, 400, len(err.Error()))
 }
+
+// TestValidate_IDCharacters: an id a job writes with white space around
+// it, a control character, a bidirectional formatting character or bytes
+// that are not UTF-8 is another id to the plugin than the one the job's
+// author sees: it is refused before any call, naming the field and what to
+// do, with the value quoted so that the character shows. Ids with inner
+// spaces and non-ASCII letters pass: plugins may use them.
+func TestValidate_IDCharacters(t *testing.T) {
+	bad := []struct {
+		name string
+		set  func(r *VolumeRequest)
+		want string
+	}{
+		{"volume_id trailing space", func(r *VolumeRequest) { r.VolumeID = "acc-hold-1 " },
+			`volume_id "acc-hold-1 " has leading or trailing white space: remove it`},
+		{"volume_id leading tab", func(r *VolumeRequest) { r.VolumeID = "\tacc-hold-1" },
+			`volume_id "\tacc-hold-1" has leading or trailing white space`},
+		{"volume_id trailing newline", func(r *VolumeRequest) { r.VolumeID = "db\n" },
+			`volume_id "db\n" has leading or trailing white space`},
+		{"volume_id no-break space", func(r *VolumeRequest) { r.VolumeID = "db\u00a0" },
+			`volume_id "db\u00a0" has leading or trailing white space`},
+		{"volume_id NUL", func(r *VolumeRequest) { r.VolumeID = "a\x00b" },
+			`volume_id "a\x00b" holds the control character U+0000`},
+		{"volume_id escape", func(r *VolumeRequest) { r.VolumeID = "a\x1b[31mb" },
+			`volume_id "a\x1b[31mb" holds the control character U+001B`},
+		{"volume_id DEL", func(r *VolumeRequest) { r.VolumeID = "a\x7fb" },
+			`volume_id "a\x7fb" holds the control character U+007F`},
+		{"volume_id C1", func(r *VolumeRequest) { r.VolumeID = "a\u0085b" },
+			`volume_id "a\u0085b" holds the control character U+0085`},
+		{"volume_id bidi override", func(r *VolumeRequest) { r.VolumeID = "db\u202e1-dloh" },
+			`volume_id "db\u202e1-dloh" holds the bidirectional formatting character U+202E`},
+		{"volume_id not UTF-8", func(r *VolumeRequest) { r.VolumeID = "db\xff" },
+			`volume_id "db\xff" is not valid UTF-8`},
+		{"plugin_id trailing space", func(r *VolumeRequest) { r.PluginID = "fixture " },
+			`plugin_id "fixture " has leading or trailing white space`},
+		{"plugin_id control", func(r *VolumeRequest) { r.PluginID = "fix\rture" },
+			`plugin_id "fix\rture" holds the control character U+000D`},
+		{"fs_type trailing space", func(r *VolumeRequest) { r.FSType = "ext4 " },
+			`mount_options.fs_type "ext4 " has leading or trailing white space`},
+	}
+	for _, tc := range bad {
+		t.Run(tc.name, func(t *testing.T) {
+			r := req("data", "vol1", "/data")
+			tc.set(&r)
+			err := validate([]VolumeRequest{r})
+			must.ErrorIs(t, err, ErrInvalid)
+			must.ErrorContains(t, err, `volume "data": `+tc.want)
+
+			h := newHarness(t)
+			_, err = h.m.Setup(context.Background(), "t", []VolumeRequest{r})
+			must.ErrorContains(t, err, tc.want)
+			must.SliceEmpty(t, h.fake.Methods())
+			must.SliceEmpty(t, h.journalRecords())
+		})
+	}
+	for _, id := range []string{"acc hold 1", "données-1", "pvc-0b8e/part:1", "a"} {
+		r := req("data", id, "/data")
+		must.NoError(t, validate([]VolumeRequest{r}), must.Sprintf("volume_id %q", id))
+	}
+}
