@@ -43,6 +43,7 @@ var shimPackages = []string{
 	"driver/executor/shim",
 	"driver/executor/supervisor",
 	"driver/executor/wire",
+	"driver/taskuser", // who a task runs as, resolved as the driver's checks resolve it
 	"mounter",
 }
 
