@@ -408,8 +408,12 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 			err    error
 		}
 		ready := make(chan setup, 1)
+		var writer *volumeWriter
+		if !tc.Privileged {
+			writer = &volumeWriter{user: spec.User, caps: slices.Clone(spec.Capabilities), ambient: slices.Clone(spec.AmbientCapabilities)}
+		}
 		go func() {
-			mounts, err := d.setupVolumes(cfg, reqs, !tc.Privileged)
+			mounts, err := d.setupVolumes(cfg, reqs, writer)
 			ready <- setup{mounts, err}
 		}()
 		late = sync.OnceValues(func() ([]executor.Mount, error) {

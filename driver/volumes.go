@@ -315,8 +315,10 @@ func (d *Driver) volumesReleased(taskID string) {
 
 // setupVolumes stages and publishes a task's volumes and returns the bind
 // mounts that put them in the task. On error nothing is left behind.
-// isolated says the task is not privileged: see volumeMounts.
-func (d *Driver) setupVolumes(cfg *drivers.TaskConfig, reqs []csihook.VolumeRequest, isolated bool) ([]executor.Mount, error) {
+// writer is who writes them in a task that is not privileged, nil for a
+// privileged task: see volumeMounts, and hintUnwritable, which tells the
+// task when it will not be able to write a volume.
+func (d *Driver) setupVolumes(cfg *drivers.TaskConfig, reqs []csihook.VolumeRequest, writer *volumeWriter) ([]executor.Mount, error) {
 	if len(reqs) == 0 {
 		return nil, nil
 	}
@@ -329,6 +331,10 @@ func (d *Driver) setupVolumes(cfg *drivers.TaskConfig, reqs []csihook.VolumeRequ
 	pubs, err := m.Setup(ctx, cfg.ID, reqs)
 	if err != nil {
 		return nil, err
+	}
+	isolated := writer != nil
+	if isolated {
+		d.hintUnwritable(func(msg string, ann map[string]string) { d.emitEvent(cfg, msg, ann) }, reqs, pubs, *writer)
 	}
 	return volumeMounts(pubs, isolated, isBlockDevice), nil
 }
