@@ -21,6 +21,10 @@ import (
 type JournalState struct {
 	Volumes []JournalVolume
 	Tasks   []JournalTask
+	// Created are the volumes created on this node, by the name a job
+	// gave them (its volume_id) and the id their plugin answered. They
+	// are kept after the volumes are released.
+	Created []JournalCreated
 	// Files are the other files in the directory: copies of a damaged
 	// log (journal.log.<time>.bad) and records of the file-per-record
 	// format that were not moved into the log yet, or were set aside
@@ -55,6 +59,28 @@ type JournalTask struct {
 	Destination string
 	// State is "pending", "publishing", "published" or "unpublishing".
 	State string
+}
+
+// JournalCreated is a volume created on this node: Name is the volume_id
+// the job wrote, VolumeID the id the plugin gave the volume, which every
+// other record and every later call use.
+type JournalCreated struct {
+	PluginID string
+	Name     string
+	VolumeID string
+}
+
+// NamesOf returns the names jobs created the plugin's volume under, when
+// they differ from its id (sorted; none for a volume named by its id).
+func (s JournalState) NamesOf(pluginID, volumeID string) []string {
+	var out []string
+	for _, c := range s.Created {
+		if c.PluginID == pluginID && c.VolumeID == volumeID && c.Name != volumeID {
+			out = append(out, c.Name)
+		}
+	}
+	sort.Strings(out)
+	return out
 }
 
 // ReadJournal replays the journal in dir without changing anything and
@@ -103,6 +129,13 @@ func ReadJournal(dir string) (JournalState, error) {
 				VolumeID: t.VolumeID, Target: t.Target, Destination: t.Destination, State: t.State})
 		}
 	}
+	for _, c := range scan.state.created {
+		st.Created = append(st.Created, JournalCreated{PluginID: c.PluginID, Name: c.Name, VolumeID: c.VolumeID})
+	}
+	sort.Slice(st.Created, func(i, j int) bool {
+		a, b := st.Created[i], st.Created[j]
+		return a.PluginID < b.PluginID || (a.PluginID == b.PluginID && a.Name < b.Name)
+	})
 	sort.Slice(st.Volumes, func(i, j int) bool {
 		a, b := st.Volumes[i], st.Volumes[j]
 		return a.PluginID < b.PluginID || (a.PluginID == b.PluginID && a.VolumeID < b.VolumeID)

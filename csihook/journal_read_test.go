@@ -44,6 +44,36 @@ func TestReadJournal(t *testing.T) {
 	must.True(t, st.Empty())
 }
 
+// TestReadJournal_CreatedNames: a volume created under a job's name is
+// read with that name and the plugin's id, and the name stays known after
+// the volume is released, as the manager keeps it.
+func TestReadJournal_CreatedNames(t *testing.T) {
+	h := newHarness(t)
+	dir := filepath.Join(h.root, "journal")
+	r := req("data", "acc-hold-1", "/data")
+	r.Create = &CreateRequest{}
+	plain := req("logs", "vol-by-id", "/logs")
+	_, err := h.m.Setup(t.Context(), "task-a", []VolumeRequest{r, plain})
+	must.NoError(t, err)
+	st, err := ReadJournal(dir)
+	must.NoError(t, err)
+	must.Eq(t, []JournalCreated{{PluginID: "p", Name: "acc-hold-1", VolumeID: "id-acc-hold-1"}}, st.Created)
+	must.Eq(t, []string{"acc-hold-1"}, st.NamesOf("p", "id-acc-hold-1"))
+	must.SliceEmpty(t, st.NamesOf("p", "vol-by-id"))
+	must.SliceEmpty(t, st.NamesOf("other", "id-acc-hold-1"))
+	var ids []string
+	for _, v := range st.Volumes {
+		ids = append(ids, v.VolumeID)
+	}
+	must.Eq(t, []string{"id-acc-hold-1", "vol-by-id"}, ids)
+
+	must.NoError(t, h.m.Teardown(t.Context(), "task-a"))
+	st, err = ReadJournal(dir)
+	must.NoError(t, err)
+	must.True(t, st.Empty())
+	must.Eq(t, []string{"acc-hold-1"}, st.NamesOf("p", "id-acc-hold-1"))
+}
+
 // TestReadJournal_TornTailAndDamage: a batch cut short at the end, as
 // while it is being written, is not there yet; damage before the end is
 // an error, returned with what the intact batches hold.

@@ -48,7 +48,9 @@ type staleRecord struct {
 	Name     string `json:"name"`
 	PluginID string `json:"plugin_id"`
 	VolumeID string `json:"volume_id"`
-	State    string `json:"state"`
+	// Names are the volume_id the volume was created under (volumeView).
+	Names []string `json:"names,omitempty"`
+	State string   `json:"state"`
 	// Why is "start never finished" or "no task state directory".
 	Why string `json:"why"`
 }
@@ -253,7 +255,7 @@ func findOrphans(rootDir string, m mounter.Interface, v *cleanupView) error {
 			why = "start never finished"
 		}
 		v.StaleRecords = append(v.StaleRecords, staleRecord{TaskID: t.TaskID, Name: t.Name, PluginID: t.PluginID,
-			VolumeID: t.VolumeID, State: t.State, Why: why})
+			VolumeID: t.VolumeID, Names: st.NamesOf(t.PluginID, t.VolumeID), State: t.State, Why: why})
 	}
 	if v.OrphanMounts == nil {
 		v.OrphanMounts = []string{}
@@ -344,7 +346,11 @@ func printCleanup(e *env, v cleanupView) {
 	} else {
 		fmt.Fprintln(e.out, "Journal records without a live task (the driver tears these down when it next starts; cleanup leaves them):")
 		for _, r := range v.StaleRecords {
-			fmt.Fprintf(e.out, "  task %s volume %s (%s of plugin %s), %s: %s\n", p(r.TaskID), p(r.Name), p(r.VolumeID), p(r.PluginID), p(r.State), r.Why)
+			vol := p(r.VolumeID)
+			if len(r.Names) > 0 {
+				vol = p(strings.Join(r.Names, ", ")) + ", plugin's volume ID " + vol
+			}
+			fmt.Fprintf(e.out, "  task %s volume %s (%s of plugin %s), %s: %s\n", p(r.TaskID), p(r.Name), vol, p(r.PluginID), p(r.State), r.Why)
 		}
 	}
 	if len(v.OtherMounts) > 0 {

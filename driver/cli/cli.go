@@ -30,11 +30,17 @@ driver keeps there. Each command is safe while the driver runs.
 Commands:
   volumes                         volumes, their tasks, states and mounts, from the journal
   probe <plugin id | socket path> ask a CSI plugin who it is, what it can do and if it is ready
-  stats <volume>                  NodeGetVolumeStats of a published volume (volume_id or name)
+  stats <volume>                  NodeGetVolumeStats of a published volume
   expand <volume> <size>          grow a published volume (ControllerExpandVolume, then
                                   NodeExpandVolume online), such as expand pg-data 20GiB
   cleanup [-apply]                mounts and journal records no task owns; unmounts orphan
                                   mounts only with -apply, and only while the driver is stopped
+
+A <volume> is the volume_id a job wrote (the name it created the volume
+under), the plugin's volume ID, or the name of a task's volume block.
+stats and expand take -plugin ID and -namespace NS to choose among volumes
+of one name, and -socket PATH for a plugin that is not a task of this
+driver.
 
 Flags of every command:
   -root-dir DIR   the driver's root_dir (default ` + driver.DefaultRootDir + `)
@@ -91,23 +97,26 @@ func run(args []string, stdout io.Writer) error {
 	var (
 		apply  bool
 		socket string
+		filter volumeFilter
 	)
+	// The flags of the commands that take a <volume>.
+	volumeFlags := func(fs *flag.FlagSet) {
+		fs.StringVar(&socket, "socket", "", "the plugin's socket, when it is not a plugin task of this driver")
+		fs.StringVar(&filter.plugin, "plugin", "", "only a volume of this plugin id")
+		fs.StringVar(&filter.namespace, "namespace", "", "only a volume of this Nomad namespace")
+	}
 	commands := map[string]command{
 		"volumes": {run: runVolumes},
 		"probe":   {run: runProbe, args: []string{"<plugin id | socket path>"}},
 		"stats": {
-			args: []string{"<volume>"},
-			flags: func(fs *flag.FlagSet) {
-				fs.StringVar(&socket, "socket", "", "the plugin's socket, when it is not a plugin task of this driver")
-			},
-			run: func(e *env, args []string) error { return runStats(e, args, socket) },
+			args:  []string{"<volume>"},
+			flags: volumeFlags,
+			run:   func(e *env, args []string) error { return runStats(e, args, socket, filter) },
 		},
 		"expand": {
-			args: []string{"<volume>", "<size>"},
-			flags: func(fs *flag.FlagSet) {
-				fs.StringVar(&socket, "socket", "", "the plugin's socket, when it is not a plugin task of this driver")
-			},
-			run: func(e *env, args []string) error { return runExpand(e, args, socket) },
+			args:  []string{"<volume>", "<size>"},
+			flags: volumeFlags,
+			run:   func(e *env, args []string) error { return runExpand(e, args, socket, filter) },
 		},
 		"cleanup": {
 			flags: func(fs *flag.FlagSet) {

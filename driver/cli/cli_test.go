@@ -45,17 +45,18 @@ func shortDir(t *testing.T) string {
 // operator's terminal escaped.
 const escTask = "task-\x1b]0;owned\x07\x1b[2J\u202e"
 
-// writeJournal sets up volumes through csihook with a fake plugin and a
-// fake mounter, so the journal under root is the real thing. The returned
-// manager holds the journal's lock until closed.
-func writeJournal(t *testing.T, root string, tasks map[string][]string) *csihook.Manager {
+// fakeManager is the volume lifecycle of the journal under root, with a
+// fake plugin behind every plugin id and a fake mounter, so the journal it
+// writes is the real thing. It holds the journal's lock until closed.
+func fakeManager(t *testing.T, root string) *csihook.Manager {
 	t.Helper()
 	fake := csihook.NewFakeClient(mounter.NewFake())
 	m, err := csihook.New(csihook.Config{
 		Root:       driver.StageRoot(root),
 		JournalDir: driver.JournalDir(root),
 		Lookup: func(id string) (csihook.PluginInfo, error) {
-			return csihook.PluginInfo{ID: id, Socket: driver.PluginSocketPath(root, id), NodeID: "n1", Healthy: true, StageUnstage: true}, nil
+			return csihook.PluginInfo{ID: id, Socket: driver.PluginSocketPath(root, id), NodeID: "n1", Healthy: true, StageUnstage: true,
+				CreateDelete: true}, nil
 		},
 		Dial:    fake.Dial,
 		Mounter: mounter.NewFake(),
@@ -63,6 +64,14 @@ func writeJournal(t *testing.T, root string, tasks map[string][]string) *csihook
 		Events:  func(string, string, map[string]string) {},
 	})
 	must.NoError(t, err)
+	return m
+}
+
+// writeJournal sets up volumes (by id, of plugin "p") for tasks through
+// fakeManager.
+func writeJournal(t *testing.T, root string, tasks map[string][]string) *csihook.Manager {
+	t.Helper()
+	m := fakeManager(t, root)
 	for task, vols := range tasks {
 		var reqs []csihook.VolumeRequest
 		for _, v := range vols {
@@ -279,6 +288,93 @@ func TestStats(t *testing.T) {
 	must.Eq(t, filepath.Join(driver.StageRoot(root), "publish", csihook.ShortHash("task-a"), "data"), p.asked[0].GetVolumePath())
 	must.StrHasPrefix(t, filepath.Join(driver.StageRoot(root), "staging"), p.asked[0].GetStagingTargetPath())
 	p.mu.Unlock()
+}
+
+// TestVolumeNames: a volume a job created under its own volume_id is
+// listed by that name next to the plugin's id, and stats and expand take
+// the name. The same name in two plugins (and namespaces) is refused with
+// the candidates listed, until -plugin or -namespace chooses one.
+func TestVolumeNames(t *testing.T) {
+	root := shortDir(t)
+	m := fakeManager(t, root)
+	defer m.Close()
+	vol := func(plugin, id, ns string, create bool) csihook.VolumeRequest {
+		r := csihook.VolumeRequest{Name: "data", PluginID: plugin, VolumeID: id, Destination: "/data", Namespace: ns,
+			AccessMode: csihook.AccessSingleNodeWriter, AttachmentMode: csihook.AttachmentFileSystem}
+		if create {
+			r.Create = &csihook.CreateRequest{}
+		}
+		return r
+	}
+	for task, r := range map[string]csihook.VolumeRequest{
+		"task-a": vol("p", "acc-hold-1", "default", true),
+		"task-b": vol("q", "acc-hold-1", "team-b", true),
+		"task-c": vol("p", "pg-data", "default", false),
+	} {
+		_, err := m.Setup(context.Background(), task, []csihook.VolumeRequest{r})
+		must.NoError(t, err)
+	}
+	// The fake plugin answers CreateVolume with the id "id-<name>".
+	code, out, errOut := runCLI("volumes", "-root-dir", root)
+	must.Eq(t, 0, code, must.Sprint(errOut))
+	for _, want := range []string{"Volume acc-hold-1 (plugin p, plugin's volume ID id-acc-hold-1)",
+		"Volume acc-hold-1 (plugin q, plugin's volume ID id-acc-hold-1)", "Volume pg-data (plugin p)"} {
+		must.StrContains(t, out, want)
+	}
+	code, out, _ = runCLI("volumes", "-json", "-root-dir", root)
+	must.Eq(t, 0, code)
+	var v volumesView
+	must.NoError(t, json.Unmarshal([]byte(out), &v))
+	must.SliceLen(t, 3, v.Volumes)
+	must.Eq(t, []string{"acc-hold-1"}, v.Volumes[0].Names)
+	must.Eq(t, "id-acc-hold-1", v.Volumes[0].VolumeID)
+	must.Eq(t, "pg-data", v.Volumes[1].VolumeID)
+	must.SliceEmpty(t, v.Volumes[1].Names)
+	must.Eq(t, "q", v.Volumes[2].PluginID)
+
+	// Ambiguous: both candidates, and how to choose.
+	for _, args := range [][]string{{"stats", "acc-hold-1"}, {"expand", "acc-hold-1", "1GiB"}, {"stats", "id-acc-hold-1"}} {
+		code, _, errOut = runCLI(append(args, "-root-dir", root)...)
+		must.Eq(t, 1, code)
+		must.StrContains(t, errOut, fmt.Sprintf(`%q names more than one published volume: `, args[1]))
+		must.StrContains(t, errOut, `plugin "p" volume ID "id-acc-hold-1" (created as "acc-hold-1") in namespace "default", volume block "data" of task "task-a"`)
+		must.StrContains(t, errOut, `plugin "q" volume ID "id-acc-hold-1" (created as "acc-hold-1") in namespace "team-b", volume block "data" of task "task-b"`)
+		must.StrContains(t, errOut, "choose one with -plugin or -namespace")
+	}
+
+	q := &testPlugin{name: "q", stats: true}
+	servePlugin(t, root, "q", q)
+	for _, choose := range [][]string{{"-plugin", "q"}, {"-namespace", "team-b"}} {
+		code, out, errOut = runCLI(append([]string{"stats", "acc-hold-1", "-root-dir", root}, choose...)...)
+		must.Eq(t, 0, code, must.Sprint(errOut))
+		must.StrContains(t, out, "Volume acc-hold-1 (plugin q, plugin's volume ID id-acc-hold-1), task task-b volume data")
+	}
+	code, out, _ = runCLI("stats", "acc-hold-1", "-plugin", "q", "-json", "-root-dir", root)
+	must.Eq(t, 0, code)
+	var sv statsView
+	must.NoError(t, json.Unmarshal([]byte(out), &sv))
+	must.Eq(t, []string{"acc-hold-1"}, sv.Names)
+	must.Eq(t, "id-acc-hold-1", sv.VolumeID)
+	q.mu.Lock()
+	for _, req := range q.asked {
+		must.Eq(t, "id-acc-hold-1", req.GetVolumeId()) // the plugin is asked by its own id
+	}
+	must.SliceLen(t, 3, q.asked)
+	q.mu.Unlock()
+
+	// expand resolves the name too (this plugin cannot expand).
+	code, _, errOut = runCLI("expand", "acc-hold-1", "1GiB", "-plugin", "q", "-root-dir", root)
+	must.Eq(t, 1, code)
+	must.StrContains(t, errOut, `plugin "q" cannot expand volumes`)
+
+	// A filter that matches nothing says so.
+	code, _, errOut = runCLI("stats", "acc-hold-1", "-plugin", "x", "-namespace", "default", "-root-dir", root)
+	must.Eq(t, 1, code)
+	must.StrContains(t, errOut, `no published volume "acc-hold-1" of plugin "x" in namespace "default" in the journal`)
+	// One name, one volume: no filter needed.
+	code, _, errOut = runCLI("stats", "pg-data", "-root-dir", root)
+	must.Eq(t, 1, code)
+	must.StrContains(t, errOut, `plugin of volume "pg-data"`) // found, but no plugin serves "p" here
 }
 
 func TestPrintable(t *testing.T) {

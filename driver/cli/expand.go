@@ -15,10 +15,11 @@ import (
 
 // expandView is what expand prints.
 type expandView struct {
-	PluginID string `json:"plugin_id"`
-	VolumeID string `json:"volume_id"`
-	Path     string `json:"path"`
-	Required int64  `json:"required_bytes"`
+	PluginID string   `json:"plugin_id"`
+	VolumeID string   `json:"volume_id"`
+	Names    []string `json:"names,omitempty"`
+	Path     string   `json:"path"`
+	Required int64    `json:"required_bytes"`
 	// Controller and Node are the capacities the plugin answered (0:
 	// not called or not said).
 	Controller int64        `json:"controller_capacity_bytes"`
@@ -47,16 +48,17 @@ func parseExpandSize(s string) (int64, error) {
 // What an operator's mistake can do: a size below the volume's is sent as
 // is and the plugin answers its current size (CSI expansion never
 // shrinks). The path comes from the driver's journal, never from a task.
-func runExpand(e *env, args []string, socket string) error {
+func runExpand(e *env, args []string, socket string, f volumeFilter) error {
 	want, err := parseExpandSize(args[1])
 	if err != nil {
 		return err
 	}
-	t, sock, staging, err := publishedVolume(e, args[0], socket)
+	c, sock, staging, err := publishedVolume(e, args[0], socket, f)
 	if err != nil {
 		return err
 	}
-	v := expandView{PluginID: t.PluginID, VolumeID: t.VolumeID, Path: t.Target, Required: want,
+	t := c.task
+	v := expandView{PluginID: t.PluginID, VolumeID: t.VolumeID, Names: c.names, Path: t.Target, Required: want,
 		Task: journalTaskV{TaskID: t.TaskID, Name: t.Name}}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -115,7 +117,7 @@ func runExpand(e *env, args []string, socket string) error {
 		return e.writeJSON(v)
 	}
 	p := Printable
-	fmt.Fprintf(e.out, "Volume %s (plugin %s), task %s volume %s\n", p(v.VolumeID), p(v.PluginID), p(v.Task.TaskID), p(v.Task.Name))
+	fmt.Fprintf(e.out, "%s, task %s volume %s\n", volumeTitle(v.VolumeID, v.PluginID, v.Names), p(v.Task.TaskID), p(v.Task.Name))
 	if ctrl {
 		fmt.Fprintf(e.out, "Controller: expanded to %s (%d bytes)\n", humanize.IBytes(uint64(v.Controller)), v.Controller)
 	}

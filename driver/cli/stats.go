@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -19,6 +20,7 @@ import (
 type statsView struct {
 	PluginID string       `json:"plugin_id"`
 	VolumeID string       `json:"volume_id"`
+	Names    []string     `json:"names,omitempty"`
 	Path     string       `json:"path"`
 	Usage    []usageView  `json:"usage"`
 	Abnormal *bool        `json:"abnormal,omitempty"`
@@ -40,35 +42,87 @@ type journalTaskV struct {
 	Name   string `json:"name"`
 }
 
-// findPublished returns the published task record of the volume named arg
-// (its volume_id, or the name a task gave it), one per volume.
-func findPublished(st csihook.JournalState, arg string) []csihook.JournalTask {
+// volumeFilter narrows the volumes a command's <volume> argument names:
+// to one plugin, one Nomad namespace, or both ("" for any).
+type volumeFilter struct {
+	plugin, namespace string
+}
+
+// candidate is one published volume an argument names.
+type candidate struct {
+	task      csihook.JournalTask
+	names     []string
+	namespace string
+}
+
+// findPublished returns the published volumes the argument names, one per
+// volume: by the plugin's volume id, by the volume_id a job created it
+// under (its name), or by the name of the task's volume block.
+func findPublished(st csihook.JournalState, arg string, f volumeFilter) []candidate {
+	ns := map[[2]string]string{}
+	for _, v := range st.Volumes {
+		ns[[2]string{v.PluginID, v.VolumeID}] = v.Namespace
+	}
 	seen := map[[2]string]bool{}
-	var out []csihook.JournalTask
+	var out []candidate
 	for _, t := range st.Tasks {
-		if t.State != "published" || (t.VolumeID != arg && t.Name != arg) {
+		k := [2]string{t.PluginID, t.VolumeID}
+		if t.State != "published" || seen[k] || (f.plugin != "" && t.PluginID != f.plugin) ||
+			(f.namespace != "" && ns[k] != f.namespace) {
 			continue
 		}
-		k := [2]string{t.PluginID, t.VolumeID}
-		if seen[k] {
+		names := st.NamesOf(t.PluginID, t.VolumeID)
+		if t.VolumeID != arg && t.Name != arg && !slices.Contains(names, arg) {
 			continue
 		}
 		seen[k] = true
-		out = append(out, t)
+		out = append(out, candidate{task: t, names: names, namespace: ns[k]})
 	}
 	sort.Slice(out, func(i, j int) bool {
-		return out[i].PluginID+"\x00"+out[i].VolumeID < out[j].PluginID+"\x00"+out[j].VolumeID
+		return out[i].task.PluginID+"\x00"+out[i].task.VolumeID < out[j].task.PluginID+"\x00"+out[j].task.VolumeID
 	})
 	return out
 }
 
-func runStats(e *env, args []string, socket string) error {
-	t, sock, staging, err := publishedVolume(e, args[0], socket)
+// volumeTitle heads what a command prints of a volume: the name its job
+// created it under next to the plugin's id, or the id alone.
+func volumeTitle(volumeID, pluginID string, names []string) string {
+	p := Printable
+	if len(names) > 0 {
+		return fmt.Sprintf("Volume %s (plugin %s, plugin's volume ID %s)", p(strings.Join(names, ", ")), p(pluginID), p(volumeID))
+	}
+	return fmt.Sprintf("Volume %s (plugin %s)", p(volumeID), p(pluginID))
+}
+
+// String names a candidate for the operator to tell it from the others.
+func (c candidate) String() string {
+	s := fmt.Sprintf("plugin %q volume ID %q", c.task.PluginID, c.task.VolumeID)
+	if len(c.names) > 0 {
+		s += fmt.Sprintf(" (created as %s)", quotedList(c.names))
+	}
+	if c.namespace != "" {
+		s += fmt.Sprintf(" in namespace %q", c.namespace)
+	}
+	return s + fmt.Sprintf(", volume block %q of task %q", c.task.Name, c.task.TaskID)
+}
+
+func quotedList(ss []string) string {
+	q := make([]string, len(ss))
+	for i, s := range ss {
+		q[i] = fmt.Sprintf("%q", s)
+	}
+	return strings.Join(q, ", ")
+}
+
+func runStats(e *env, args []string, socket string, f volumeFilter) error {
+	c, sock, staging, err := publishedVolume(e, args[0], socket, f)
 	if err != nil {
 		return err
 	}
+	t := c.task
 	last := readLastSample(e.rootDir, t.PluginID, t.VolumeID)
 	v, err := volumeStats(context.Background(), sock, t, staging)
+	v.Names = c.names
 	if err != nil {
 		if last != nil && !e.json {
 			printLastSample(e.out, last)
@@ -81,31 +135,39 @@ func runStats(e *env, args []string, socket string) error {
 
 // publishedVolume finds the one published volume arg names in the journal
 // and the socket and staging path to reach it by.
-func publishedVolume(e *env, arg, socket string) (csihook.JournalTask, string, string, error) {
-	args := []string{arg}
+func publishedVolume(e *env, arg, socket string, f volumeFilter) (candidate, string, string, error) {
 	_, st, err := readVolumes(e.rootDir)
 	if err != nil {
-		return csihook.JournalTask{}, "", "", err
+		return candidate{}, "", "", err
 	}
-	found := findPublished(st, args[0])
+	found := findPublished(st, arg, f)
 	switch {
 	case len(found) == 0:
-		return csihook.JournalTask{}, "", "", fmt.Errorf("no published volume %q in the journal under %q: give a volume_id or volume name that `volumes` lists as published",
-			args[0], e.rootDir)
+		var only string
+		if f.plugin != "" {
+			only += fmt.Sprintf(" of plugin %q", f.plugin)
+		}
+		if f.namespace != "" {
+			only += fmt.Sprintf(" in namespace %q", f.namespace)
+		}
+		return candidate{}, "", "", fmt.Errorf("no published volume %q%s in the journal under %q: give a volume_id, the plugin's volume ID or a volume block's name that `volumes` lists as published",
+			arg, only, e.rootDir)
 	case len(found) > 1:
 		var names []string
-		for _, t := range found {
-			names = append(names, fmt.Sprintf("%q of plugin %q", t.VolumeID, t.PluginID))
+		for _, c := range found {
+			names = append(names, c.String())
 		}
-		return csihook.JournalTask{}, "", "", fmt.Errorf("%q names more than one published volume (%s): give its volume_id", args[0], strings.Join(names, ", "))
+		return candidate{}, "", "", fmt.Errorf("%q names more than one published volume: %s; choose one with -plugin or -namespace, or give its plugin's volume ID",
+			arg, strings.Join(names, "; "))
 	}
-	t := found[0]
+	c := found[0]
+	t := c.task
 	if socket == "" {
 		socket = t.PluginID
 	}
 	sock, err := resolveSocket(e.rootDir, socket)
 	if err != nil {
-		return csihook.JournalTask{}, "", "", fmt.Errorf("plugin of volume %q: %w (give -socket when the plugin is not a plugin task of this driver)", t.VolumeID, err)
+		return candidate{}, "", "", fmt.Errorf("plugin of volume %q: %w (give -socket when the plugin is not a plugin task of this driver)", t.VolumeID, err)
 	}
 	var staging string
 	for _, vol := range st.Volumes {
@@ -113,7 +175,7 @@ func publishedVolume(e *env, arg, socket string) (csihook.JournalTask, string, s
 			staging = vol.StagingPath
 		}
 	}
-	return t, sock, staging, nil
+	return c, sock, staging, nil
 }
 
 func printStats(e *env, v statsView) error {
@@ -121,7 +183,7 @@ func printStats(e *env, v statsView) error {
 		return e.writeJSON(v)
 	}
 	p := Printable
-	fmt.Fprintf(e.out, "Volume %s (plugin %s), task %s volume %s\n", p(v.VolumeID), p(v.PluginID), p(v.Task.TaskID), p(v.Task.Name))
+	fmt.Fprintf(e.out, "%s, task %s volume %s\n", volumeTitle(v.VolumeID, v.PluginID, v.Names), p(v.Task.TaskID), p(v.Task.Name))
 	fmt.Fprintf(e.out, "Path %s\n", p(v.Path))
 	tw := tabwriter.NewWriter(e.out, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "UNIT\tTOTAL\tUSED\tAVAILABLE\t")

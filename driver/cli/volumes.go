@@ -13,8 +13,11 @@ import (
 
 // volumeView is one volume of the node with the tasks using it.
 type volumeView struct {
-	PluginID    string     `json:"plugin_id"`
+	PluginID string `json:"plugin_id"`
+	// VolumeID is the plugin's id of the volume; Names the volume_id a
+	// job created it under, when that is not the plugin's id.
 	VolumeID    string     `json:"volume_id"`
+	Names       []string   `json:"names,omitempty"`
 	Namespace   string     `json:"namespace,omitempty"`
 	Stage       string     `json:"stage"`
 	Controller  string     `json:"controller,omitempty"`
@@ -58,8 +61,8 @@ func readVolumes(rootDir string) (volumesView, csihook.JournalState, error) {
 	byKey := map[[2]string]int{}
 	for _, jv := range st.Volumes {
 		byKey[[2]string{jv.PluginID, jv.VolumeID}] = len(v.Volumes)
-		v.Volumes = append(v.Volumes, volumeView{PluginID: jv.PluginID, VolumeID: jv.VolumeID, Namespace: jv.Namespace,
-			Stage: jv.Stage, Controller: jv.Controller, StagingPath: jv.StagingPath, Tasks: []taskView{}})
+		v.Volumes = append(v.Volumes, volumeView{PluginID: jv.PluginID, VolumeID: jv.VolumeID, Names: st.NamesOf(jv.PluginID, jv.VolumeID),
+			Namespace: jv.Namespace, Stage: jv.Stage, Controller: jv.Controller, StagingPath: jv.StagingPath, Tasks: []taskView{}})
 	}
 	for _, jt := range st.Tasks {
 		k := [2]string{jt.PluginID, jt.VolumeID}
@@ -68,16 +71,22 @@ func readVolumes(rootDir string) (volumesView, csihook.JournalState, error) {
 			// A task record whose volume record is not (yet) there.
 			i = len(v.Volumes)
 			byKey[k] = i
-			v.Volumes = append(v.Volumes, volumeView{PluginID: jt.PluginID, VolumeID: jt.VolumeID, Tasks: []taskView{}})
+			v.Volumes = append(v.Volumes, volumeView{PluginID: jt.PluginID, VolumeID: jt.VolumeID, Names: st.NamesOf(jt.PluginID, jt.VolumeID),
+				Tasks: []taskView{}})
 		}
 		v.Volumes[i].Tasks = append(v.Volumes[i].Tasks, taskView{TaskID: jt.TaskID, Name: jt.Name, State: jt.State,
 			Target: jt.Target, Destination: jt.Destination})
 	}
+	// By plugin, then by the name an operator knows the volume by.
 	sort.Slice(v.Volumes, func(i, j int) bool {
-		if v.Volumes[i].PluginID != v.Volumes[j].PluginID {
-			return v.Volumes[i].PluginID < v.Volumes[j].PluginID
+		a, b := v.Volumes[i], v.Volumes[j]
+		if a.PluginID != b.PluginID {
+			return a.PluginID < b.PluginID
 		}
-		return v.Volumes[i].VolumeID < v.Volumes[j].VolumeID
+		if a.label() != b.label() {
+			return a.label() < b.label()
+		}
+		return a.VolumeID < b.VolumeID
 	})
 	for _, vol := range v.Volumes {
 		sort.Slice(vol.Tasks, func(i, j int) bool { return vol.Tasks[i].TaskID < vol.Tasks[j].TaskID })
@@ -108,7 +117,7 @@ func runVolumes(e *env, args []string) error {
 		if i > 0 {
 			fmt.Fprintln(e.out)
 		}
-		fmt.Fprintf(e.out, "Volume %s (plugin %s)\n", p(vol.VolumeID), p(vol.PluginID))
+		fmt.Fprintln(e.out, volumeTitle(vol.VolumeID, vol.PluginID, vol.Names))
 		tw := tabwriter.NewWriter(e.out, 0, 4, 2, ' ', 0)
 		if vol.Namespace != "" {
 			fmt.Fprintf(tw, "  Namespace\t%s\n", p(vol.Namespace))
@@ -139,6 +148,15 @@ func runVolumes(e *env, args []string) error {
 		}
 	}
 	return nil
+}
+
+// label is the name an operator knows a volume by: the volume_id its job
+// wrote.
+func (v volumeView) label() string {
+	if len(v.Names) > 0 {
+		return v.Names[0]
+	}
+	return v.VolumeID
 }
 
 func orNone(s string) string {
