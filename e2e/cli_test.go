@@ -4,8 +4,10 @@ package e2e
 
 // The operator CLI in the driver's binary, run as an operator would on a
 // client whose agent runs a volume task: volumes reads the journal beside
-// the running driver, probe and stats ask the plugin task through its
-// socket under root_dir, cleanup only looks.
+// the running driver and lists the volume by the volume_id its job wrote,
+// probe and stats ask the plugin task through its socket under root_dir
+// (stats by that name too, choosing among plugins that share it), cleanup
+// only looks.
 
 import (
 	"bytes"
@@ -59,9 +61,10 @@ func TestCLI(t *testing.T) {
 	must.NoError(t, err, must.Sprint(errOut))
 	var vols struct {
 		Volumes []struct {
-			PluginID string `json:"plugin_id"`
-			VolumeID string `json:"volume_id"`
-			Stage    string `json:"stage"`
+			PluginID string   `json:"plugin_id"`
+			VolumeID string   `json:"volume_id"`
+			Names    []string `json:"names"`
+			Stage    string   `json:"stage"`
 			Tasks    []struct {
 				TaskID string `json:"task_id"`
 				State  string `json:"state"`
@@ -77,6 +80,7 @@ func TestCLI(t *testing.T) {
 		}
 		found = true
 		must.Eq(t, fx.ID, v.PluginID)
+		must.Eq(t, []string{name}, v.Names)
 		must.Eq(t, "staged", v.Stage)
 		must.SliceLen(t, 1, v.Tasks)
 		must.StrHasPrefix(t, al.ID, v.Tasks[0].TaskID)
@@ -87,7 +91,9 @@ func TestCLI(t *testing.T) {
 
 	out, errOut, err = runDriverCLI(t, a, "volumes", "-root-dir", a.DriverRoot)
 	must.NoError(t, err, must.Sprint(errOut))
-	must.StrContains(t, out, "Volume "+volID+" (plugin "+fx.ID+")")
+	// The name the job wrote, next to the plugin's id.
+	must.NotEq(t, name, volID)
+	must.StrContains(t, out, "Volume "+name+" (plugin "+fx.ID+", plugin's volume ID "+volID+")")
 
 	out, errOut, err = runDriverCLI(t, a, "probe", fx.ID, "-root-dir", a.DriverRoot)
 	must.NoError(t, err, must.Sprint(errOut))
@@ -96,10 +102,35 @@ func TestCLI(t *testing.T) {
 	must.StrContains(t, out, "GET_VOLUME_STATS")
 	t.Logf("probe %s:\n%s", fx.ID, out)
 
-	out, errOut, err = runDriverCLI(t, a, "stats", volID, "-root-dir", a.DriverRoot)
+	for _, arg := range []string{volID, name} {
+		out, errOut, err = runDriverCLI(t, a, "stats", arg, "-root-dir", a.DriverRoot)
+		must.NoError(t, err, must.Sprint(errOut))
+		must.StrContains(t, out, "Volume "+name+" (plugin "+fx.ID+", plugin's volume ID "+volID+"), task ")
+		must.StrContains(t, out, "bytes")
+		must.StrContains(t, out, "Condition normal")
+	}
+
+	// A second plugin with a volume of the same name: the name is
+	// ambiguous, the error lists both, and -plugin chooses.
+	fx2 := a.StartVolFixture(t, "clifx2", VolFixtureOptions{})
+	dest2 := filepath.Join(volDir(a, name+"-2"), "data")
+	job2 := a.RunVolJob(t, VolJob{
+		Type:   "service",
+		Script: fmt.Sprintf("echo ready > %s/f && sleep 600", dest2),
+		Volumes: []VolSpec{{Name: "data", Plugin: fx2.ID, ID: name, Dest: dest2, Access: "single-node-writer",
+			Create: true, CreateType: "dir"}},
+	})
+	a.WaitAlloc(t, job2.ID, volTimeout, StatusRunning)
+	volID2 := fx2.VolumeID(name)
+	_, errOut, err = runDriverCLI(t, a, "stats", name, "-root-dir", a.DriverRoot)
+	must.Error(t, err)
+	must.StrContains(t, errOut, fmt.Sprintf("%q names more than one published volume", name))
+	must.StrContains(t, errOut, fmt.Sprintf(`plugin %q volume ID %q (created as %q)`, fx.ID, volID, name))
+	must.StrContains(t, errOut, fmt.Sprintf(`plugin %q volume ID %q (created as %q)`, fx2.ID, volID2, name))
+	must.StrContains(t, errOut, "choose one with -plugin or -namespace")
+	out, errOut, err = runDriverCLI(t, a, "stats", name, "-plugin", fx2.ID, "-root-dir", a.DriverRoot)
 	must.NoError(t, err, must.Sprint(errOut))
-	must.StrContains(t, out, "bytes")
-	must.StrContains(t, out, "Condition normal")
+	must.StrContains(t, out, "Volume "+name+" (plugin "+fx2.ID+", plugin's volume ID "+volID2+"), task ")
 
 	// Beside the running driver cleanup only looks, and -apply refuses.
 	out, errOut, err = runDriverCLI(t, a, "cleanup", "-root-dir", a.DriverRoot)

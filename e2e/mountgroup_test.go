@@ -65,6 +65,30 @@ func TestVolumeMountGroup(t *testing.T) {
 			t.Logf("%s:\n%s", r.name, out)
 			must.StrContains(t, out, "uid=65534(nobody)")
 			must.StrContains(t, out, r.want+"\n", must.Sprint(al.Describe()))
+			// The hint before the failure: only the task that cannot
+			// write its volume is told, before it starts, with both
+			// fixes.
+			hint := fmt.Sprintf(`Volume "data" (volume_id %q) is not writable by the task's user nobody (uid 65534, groups 65534): its root directory is owned by 0:0 with mode 0755.`, r.vol.ID)
+			text := eventsText(al, "t")
+			if r.want == "DENIED" {
+				must.StrContains(t, text, hint, must.Sprint(al.Describe()))
+				must.StrContains(t, text, "Set mount_group = true in the volume block")
+				must.StrContains(t, text, "or set the task's user to one that can write it (its owner, uid 0)")
+				hinted, started := -1, -1
+				for i, e := range al.Events("t") {
+					if strings.Contains(e.Text(), "is not writable by the task's user") {
+						hinted = i
+					}
+					if e.Type == "Started" && started < 0 {
+						started = i
+					}
+				}
+				must.Positive(t, started)
+				must.Less(t, started, hinted, must.Sprint("the hint comes before the task starts"))
+				must.NonNegative(t, hinted)
+			} else {
+				must.StrNotContains(t, text, "is not writable by the task's user", must.Sprint("a task that can write its volume is told it cannot"))
+			}
 			if r.want == "WROTE" {
 				// The root is the task's group with setgid and g+rwx; what
 				// the task made inherits the group.

@@ -392,6 +392,13 @@ func testVolumeBadInput(t *testing.T, a *Agent, fx *VolFixture) {
 			`read_only = true conflicts with access_mode = "single-node-writer"`},
 		{"block_on_dir_volume", with(func(v *VolSpec) { v.Attach = "block-device" }),
 			`block access needs a volume of type "ext4"`},
+		// An id as the job's author cannot see it: refused before any
+		// call, naming the field, the value quoted so the character
+		// shows.
+		{"volume_id_trailing_space", with(func(v *VolSpec) { v.ID = "acc-hold-1 " }),
+			`volume "data": volume_id "acc-hold-1 " has leading or trailing white space: remove it`},
+		{"volume_id_control_character", with(func(v *VolSpec) { v.ID = "acc\x1b[2Jhold" }),
+			`volume "data": volume_id "acc\x1b[2Jhold" holds the control character U+001B: remove it`},
 		{"second_single_node_writer", func(_, dir string) []VolSpec {
 			v := good(held, dir)
 			v.Create = false
