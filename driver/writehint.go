@@ -30,6 +30,12 @@ import (
 // hint may be wrong where the kernel knows more (an NFS server's own
 // mapping, an id-mapped mount), and a task may not need to write its
 // volume's root.
+//
+// What a hostile job can do with it: make its own task get an event that
+// tells the owner, group and mode of its own volume's root, which the task
+// can read itself. The root is read with lstat and lgetxattr on the
+// publish target the driver made, so a plugin or an earlier user of the
+// volume cannot point the check at another path with a symlink.
 
 // volumeWriter is who a task's volumes are written by: its user and the
 // capabilities that user holds after exec.

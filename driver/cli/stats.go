@@ -58,6 +58,11 @@ type candidate struct {
 // findPublished returns the published volumes the argument names, one per
 // volume: by the plugin's volume id, by the volume_id a job created it
 // under (its name), or by the name of the task's volume block.
+//
+// Names are a job's choice: a job of another namespace can create a volume
+// under the name of someone else's. The name then fits both, and the
+// command refuses and lists each with its plugin and namespace rather than
+// pick one; a name that fits one volume is shown with its plugin's id.
 func findPublished(st csihook.JournalState, arg string, f volumeFilter) []candidate {
 	ns := map[[2]string]string{}
 	for _, v := range st.Volumes {
