@@ -91,6 +91,7 @@ func TestCLI(t *testing.T) {
 
 	out, errOut, err = runDriverCLI(t, a, "volumes", "-root-dir", a.DriverRoot)
 	must.NoError(t, err, must.Sprint(errOut))
+	t.Logf("volumes:\n%s", out)
 	// The name the job wrote, next to the plugin's id.
 	must.NotEq(t, name, volID)
 	must.StrContains(t, out, "Volume "+name+" (plugin "+fx.ID+", plugin's volume ID "+volID+")")
