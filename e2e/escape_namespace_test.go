@@ -16,10 +16,11 @@ import (
 // asks for it by the name A created it with, by the id the plugin gave
 // it, and by look-alikes of both (another case, a trailing space). The
 // first two are refused, naming both namespaces and
-// allow_cross_namespace_volumes, before any task of B runs; the
-// look-alikes are other volumes to the plugin (a new one, or none) and
-// never show A's secret. TestPolicy covers the same refusal while A's task
-// runs.
+// allow_cross_namespace_volumes, before any task of B runs; the other
+// case is another volume to the plugin (a new one) and never shows A's
+// secret; the trailing space is refused before any plugin call, naming
+// volume_id, so that a plugin that trims ids never sees it. TestPolicy
+// covers the same refusal while A's task runs.
 func TestEscapeNamespaceVolumes(t *testing.T) {
 	t.Parallel()
 	requireCSI(t)
@@ -70,11 +71,13 @@ func TestEscapeNamespaceVolumes(t *testing.T) {
 		volumeID string
 		create   bool
 		refused  bool // by the driver, naming the owner
+		invalid  string
 	}{
-		{"create_name", name, true, true},
-		{"plugin_volume_id", realID, false, true},
-		{"name_other_case", strings.ToUpper(name), true, false},
-		{"plugin_volume_id_trailing_space", realID + " ", false, false},
+		{"create_name", name, true, true, ""},
+		{"plugin_volume_id", realID, false, true, ""},
+		{"name_other_case", strings.ToUpper(name), true, false, ""},
+		{"plugin_volume_id_trailing_space", realID + " ", false, false,
+			fmt.Sprintf(`volume "data": volume_id %q has leading or trailing white space`, realID+" ")},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			al, out := run(t, nsB, c.volumeID, c.create, reader)
@@ -82,6 +85,12 @@ func TestEscapeNamespaceVolumes(t *testing.T) {
 			t.Logf("namespace %s's task (%s) said %q; its events:\n%s", nsB, al.ClientStatus, out, text)
 			if strings.Contains(out, secret) {
 				t.Fatalf("ESCAPED: namespace %s read namespace %s's volume", nsB, nsA)
+			}
+			if c.invalid != "" {
+				must.Eq(t, StatusFailed, al.ClientStatus)
+				must.StrContains(t, text, c.invalid)
+				must.SliceEmpty(t, fx.VolumeCalls(c.volumeID), must.Sprint("the plugin was called with the id"))
+				return
 			}
 			if !c.refused {
 				return
