@@ -181,7 +181,7 @@ func newStartBench(b *testing.B, tweak ...func(*Config)) *startBench {
 	b.Cleanup(func() { removeCgroupParent("nomad-csi-bench") })
 	e.d = NewPlugin(hclog.NewNullLogger())
 	b.Cleanup(e.d.Shutdown)
-	conf := Config{Enabled: true, AllowPrivileged: true, PrivilegedPluginsOnly: false,
+	conf := Config{Enabled: true, AllowPrivileged: true, PrivilegedPluginsOnly: false, PrivilegedGrants: grantAll,
 		RootDir: root, CgroupParent: "nomad-csi-bench"}
 	for _, f := range tweak {
 		f(&conf)

@@ -103,6 +103,11 @@ var configSpec = hclspec.NewObject(map[string]*hclspec.Spec{
 	),
 	"denied_host_uids": hclspec.NewAttr("denied_host_uids", "string", false),
 	"denied_host_gids": hclspec.NewAttr("denied_host_gids", "string", false),
+	// Groups a task's user = "name:group" may name although the user is
+	// not a member (see checkUserGroup).
+	"allow_user_groups": hclspec.NewAttr("allow_user_groups", "list(string)", false),
+	// The operator's grants of privilege (grant.go).
+	"privileged_grant": privilegedGrantSpec,
 	// Stats and metrics (telemetry.go).
 	"volume_stats_interval": hclspec.NewDefault(
 		hclspec.NewAttr("volume_stats_interval", "string", false),
@@ -212,6 +217,13 @@ type Config struct {
 	PidsLimit      int    `codec:"pids_limit"`
 	DeniedHostUIDs string `codec:"denied_host_uids"`
 	DeniedHostGIDs string `codec:"denied_host_gids"`
+	// AllowUserGroups are groups (names or gids) that a task's user =
+	// "name:group" may name although the user is not a member of them in
+	// the host's group database.
+	AllowUserGroups []string `codec:"allow_user_groups"`
+	// PrivilegedGrants say which tasks may run privileged, and reserve
+	// plugin ids for them (see authorize).
+	PrivilegedGrants []PrivilegedGrant `codec:"privileged_grant"`
 
 	// VolumeStatsInterval is how often each published volume is sampled
 	// with NodeGetVolumeStats ("0" or "0s": never); MetricsAddress is the
@@ -297,6 +309,16 @@ func (c *Config) validate() error {
 	}
 	if _, err := parseIDRanges("denied_host_gids", c.DeniedHostGIDs); err != nil {
 		return err
+	}
+	for i, g := range c.AllowUserGroups {
+		if strings.TrimSpace(g) == "" || strings.ContainsAny(g, ": \t") {
+			return fmt.Errorf("allow_user_groups[%d] must be a group name or gid, such as \"www-data\" or \"33\", got %q", i, g)
+		}
+	}
+	for i, g := range c.PrivilegedGrants {
+		if err := g.validate(fmt.Sprintf("privileged_grant[%d]", i)); err != nil {
+			return err
+		}
 	}
 	return c.validateTelemetry()
 }
@@ -430,7 +452,7 @@ func (tc *TaskConfig) validate(cfg *Config) error {
 		return err
 	}
 	if tc.Privileged && !cfg.AllowPrivileged {
-		return fmt.Errorf("privileged = true is not allowed on this node: the operator must set allow_privileged = true in the agent's config for this driver (plugin \"nomad-driver-csi\")")
+		return fmt.Errorf("privileged = true is not allowed on this node: the operator must set allow_privileged = true, and grant the job with a privileged_grant block, in the agent's config for this driver (plugin \"nomad-driver-csi\")")
 	}
 	return nil
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/hashicorp/nomad/plugins/shared/hclspec"
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/csihook"
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor"
 )
 
 // fuzzCanary stands in for every secret value before validation: no error
@@ -136,7 +137,7 @@ func FuzzTaskConfig(f *testing.F) {
 		err = tc.validate(&conf)
 		checkCleanError(t, err)
 		if err == nil {
-			err = checkPrivileged(&conf, cfg, &tc)
+			_, err = authorize(&conf, cfg, &tc, &executor.Spec{Command: tc.Command, Dir: "/"}, taskImage{})
 			checkCleanError(t, err)
 		}
 		reqs, rerr := volumeRequests(tc.Volumes)
@@ -150,8 +151,9 @@ func FuzzTaskConfig(f *testing.F) {
 			return
 		}
 
-		if tc.Privileged && !allowPrivileged {
-			t.Fatalf("privileged task accepted with allow_privileged = false")
+		if tc.Privileged {
+			// The agent's config has no privileged_grant.
+			t.Fatalf("privileged task accepted without a privileged_grant (allow_privileged = %v)", allowPrivileged)
 		}
 		if p := tc.CSIPlugin; p != nil && (p.ID == "" || strings.ContainsAny(p.ID, "/\x00") || p.ID == "." || p.ID == "..") {
 			t.Fatalf("csi_plugin id %q accepted: it is not one path element", p.ID)

@@ -337,9 +337,6 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 	if err != nil {
 		return nil, nil, err
 	}
-	if err := checkPrivileged(conf, cfg, tc); err != nil {
-		return nil, nil, fmt.Errorf("invalid task config: %w", err)
-	}
 
 	logger := d.logger.With("alloc_id", cfg.AllocID, "task_name", cfg.Name, "task_id", cfg.ID)
 
@@ -360,6 +357,13 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 	spec, err := d.buildSpec(conf, cfg, tc)
 	if err != nil {
 		return nil, nil, err
+	}
+	grant, err := authorize(conf, cfg, tc, spec, taskImage{})
+	if err != nil {
+		return nil, nil, fmt.Errorf("invalid task config: %w", err)
+	}
+	if grant != nil {
+		logger.Info("privileged task granted", "grant", grant.String())
 	}
 	reqs, err := d.checkVolumes(cfg, tc, spec)
 	if err != nil {
@@ -540,7 +544,15 @@ func (d *Driver) buildSpec(conf *Config, cfg *drivers.TaskConfig, tc *TaskConfig
 		// Privileged and plugin tasks keep root.
 		taskUser = "nobody"
 	}
-	if err := checkHostIDs(conf, userOrRoot(taskUser)); err != nil {
+	// A privileged task runs as root by the operator's grant (authorize):
+	// denied_host_uids and denied_host_gids are for every other task,
+	// plugin tasks included.
+	if isolated {
+		if err := checkHostIDs(conf, userOrRoot(taskUser)); err != nil {
+			return nil, fmt.Errorf("invalid task config: %w", err)
+		}
+	}
+	if err := checkUserGroup(conf, taskUser); err != nil {
 		return nil, fmt.Errorf("invalid task config: %w", err)
 	}
 

@@ -305,7 +305,7 @@ func TestDriver_privilegedRefusedUnlessAllowed(t *testing.T) {
 // makes there reaches the host, and once the task is gone nothing is left.
 func TestDriver_bidirectionalMountReachesHost(t *testing.T) {
 	requireRoot(t)
-	h, _ := harnessDriver(t, Config{AllowPrivileged: true})
+	h, _ := harnessDriver(t, Config{AllowPrivileged: true, PrivilegedGrants: grantAll})
 	src := t.TempDir()
 	cfg := realTask(t, "bidi", TaskConfig{
 		Command:    "/bin/sh",
@@ -343,7 +343,7 @@ func TestDriver_bidirectionalMountReachesHost(t *testing.T) {
 // last task that used it.
 func TestDriver_selfBindRemovedWithLastTask(t *testing.T) {
 	requireRoot(t)
-	h, _ := harnessDriver(t, Config{AllowPrivileged: true})
+	h, _ := harnessDriver(t, Config{AllowPrivileged: true, PrivilegedGrants: grantAll})
 	src := t.TempDir()
 	cfg := realTask(t, "bidi", TaskConfig{Command: "/bin/sh", Args: []string{"-c", "sleep 60"}, Privileged: true})
 	cfg.Mounts = []*drivers.MountConfig{{TaskPath: "/bidi2", HostPath: src, PropagationMode: "bidirectional"}}
@@ -420,7 +420,7 @@ func TestDriver_pluginTaskAndVolumeLifecycle(t *testing.T) {
 	work := shortTempDir(t)
 	t.Cleanup(func() { unmountUnder(root) })
 
-	h, d := harnessDriver(t, Config{RootDir: root, AllowPrivileged: true})
+	h, d := harnessDriver(t, Config{RootDir: root, AllowPrivileged: true, PrivilegedGrants: grantAll})
 	plugin := realTask(t, "plugin", TaskConfig{
 		Command:    fixture,
 		Args:       []string{"--state-dir", state, "--node-id", "test-node"},

@@ -337,7 +337,7 @@ func TestStartTask_isolation(t *testing.T) {
 		{name: "empty user is nobody", wantUser: "nobody"},
 		{name: "explicit root stays", user: "root", wantUser: "root"},
 		{name: "plugin task keeps root", tc: TaskConfig{CSIPlugin: &PluginTaskConfig{ID: "p", Type: "controller", MountDir: "/csi"}}, wantUser: ""},
-		{name: "privileged keeps root and the host's view", conf: Config{AllowPrivileged: true, PidsLimit: 100}, tc: TaskConfig{Privileged: true}, wantUser: "",
+		{name: "privileged keeps root and the host's view", conf: Config{AllowPrivileged: true, PrivilegedGrants: grantAll, PidsLimit: 100}, tc: TaskConfig{Privileged: true}, wantUser: "",
 			check: func(t *testing.T, spec *executor.Spec) {
 				must.Nil(t, spec.Isolation)
 				must.True(t, spec.Privileged)
@@ -348,6 +348,19 @@ func TestStartTask_isolation(t *testing.T) {
 		{name: "denied uid", conf: Config{DeniedHostUIDs: "0-10"}, user: "root", wantErr: "denied_host_uids"},
 		{name: "denied gid", conf: Config{DeniedHostGIDs: "0"}, user: "root", wantErr: "denied_host_gids"},
 		{name: "nobody passes a root denial", conf: Config{DeniedHostUIDs: "0"}, wantUser: "nobody"},
+		// One rule: denied_host_* apply to every task that is not
+		// privileged, plugin tasks included; a privileged task is root by
+		// its grant.
+		{name: "granted privileged task passes a root denial", conf: Config{AllowPrivileged: true, PrivilegedGrants: grantAll, DeniedHostUIDs: "0", DeniedHostGIDs: "0"},
+			tc: TaskConfig{Privileged: true, CSIPlugin: &PluginTaskConfig{ID: "p", Type: "node", MountDir: "/csi"}}, wantUser: ""},
+		{name: "plugin task that is not privileged is checked", conf: Config{DeniedHostUIDs: "0"},
+			tc: TaskConfig{CSIPlugin: &PluginTaskConfig{ID: "p", Type: "controller", MountDir: "/csi"}}, wantErr: "denied_host_uids"},
+		{name: "privileged task as nobody", conf: Config{AllowPrivileged: true, PrivilegedGrants: grantAll},
+			tc: TaskConfig{Privileged: true, CSIPlugin: &PluginTaskConfig{ID: "p", Type: "node", MountDir: "/csi"}}, user: "nobody", wantErr: "a privileged task runs as root only"},
+		{name: "group of another user", user: "nobody:shadow", wantErr: `"nobody" is not a member of group "shadow"`},
+		{name: "numeric group of another user", user: "65534:42", wantErr: `"65534" is not a member of group "42"`},
+		{name: "group the operator lists", conf: Config{AllowUserGroups: []string{"shadow"}}, user: "nobody:shadow", wantUser: "nobody:shadow"},
+		{name: "the user's own group", user: "nobody:nogroup", wantUser: "nobody:nogroup"},
 		{name: "cap_add beyond allow_caps", tc: TaskConfig{CapAdd: []string{"sys_admin"}}, wantErr: "cap_add: sys_admin not allowed"},
 		{name: "cap_add within allow_caps", conf: Config{AllowCaps: []string{"chown", "net_admin"}}, tc: TaskConfig{CapAdd: []string{"NET_ADMIN"}, CapDrop: []string{"chown"}}, wantUser: "nobody",
 			check: func(t *testing.T, spec *executor.Spec) {

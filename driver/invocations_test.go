@@ -50,7 +50,7 @@ func volumeWorkload(t *testing.T, alloc, id string) *drivers.TaskConfig {
 func startVolumeNode(t *testing.T) *invocationCase {
 	t.Helper()
 	c := &invocationCase{root: shortTempDir(t)}
-	d := newTestDriver(t, Config{Enabled: true, AllowPrivileged: true, RootDir: c.root})
+	d := newTestDriver(t, Config{Enabled: true, AllowPrivileged: true, PrivilegedGrants: grantAll, RootDir: c.root})
 	c.mnt = d.mounter.(*mounter.Fake)
 	fp := withFakePlugins(t, d)
 	c.plugin = jobTask(t, TaskConfig{Command: "/bin/plugin", Privileged: true, CSIPlugin: &PluginTaskConfig{ID: "hp", Type: "monolith", MountDir: "/csi"}}, "alloc-p", "default", "plugin")
@@ -75,7 +75,7 @@ func (c *invocationCase) restart(t *testing.T, before ...func(*Driver)) (*testDr
 	if c.plugins != nil {
 		c.plugins(fp)
 	}
-	d := newTestDriver(t, Config{Enabled: true, AllowPrivileged: true, RootDir: c.root}, append(before, func(d *Driver) {
+	d := newTestDriver(t, Config{Enabled: true, AllowPrivileged: true, PrivilegedGrants: grantAll, RootDir: c.root}, append(before, func(d *Driver) {
 		d.mounter = c.mnt
 		d.dialVolume = fp.vols.Dial
 		d.prober = fingerprint.NewProber(fingerprint.Config{
@@ -309,7 +309,7 @@ func TestInvocations_scanTaskDirs(t *testing.T) {
 // A start that fails lets go of everything it took, the task's event
 // target among them, once its volumes are torn down.
 func TestStartTask_failureKeepsNoEventTarget(t *testing.T) {
-	d := newTestDriver(t, Config{Enabled: true, AllowPrivileged: true})
+	d := newTestDriver(t, Config{Enabled: true, AllowPrivileged: true, PrivilegedGrants: grantAll})
 	fp := withFakePlugins(t, d)
 	_, _, err := d.StartTask(jobTask(t, TaskConfig{Command: "/bin/plugin", Privileged: true,
 		CSIPlugin: &PluginTaskConfig{ID: "hp", Type: "monolith", MountDir: "/csi"}}, "alloc-p", "default", "plugin"))
@@ -398,7 +398,7 @@ func TestSetConfig_loaderValidationTouchesNothing(t *testing.T) {
 // A plugin task whose process fails to start leaves its plugin id free:
 // another task may serve it next.
 func TestStartTask_failedPluginStartFreesItsID(t *testing.T) {
-	d := newTestDriver(t, Config{Enabled: true, AllowPrivileged: true})
+	d := newTestDriver(t, Config{Enabled: true, AllowPrivileged: true, PrivilegedGrants: grantAll})
 	withFakePlugins(t, d)
 	plugin := func(alloc string) *drivers.TaskConfig {
 		return jobTask(t, TaskConfig{Command: "/bin/plugin", Privileged: true,

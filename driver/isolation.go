@@ -1,6 +1,7 @@
 package driver
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"os/user"
@@ -182,6 +183,70 @@ func checkHostIDs(conf *Config, name string) error {
 		}
 	}
 	return nil
+}
+
+// checkUserGroup refuses user = "name:group" (or "uid:gid") when the user
+// is not a member of the group in the host's group database (its primary
+// group or a supplementary one; a uid without a passwd entry has the gid
+// of the same number) and the operator did not list the group in
+// allow_user_groups: a job could otherwise take any host group's files,
+// such as "nobody:shadow" reading /etc/shadow through chroot_env's /etc.
+func checkUserGroup(conf *Config, name string) error {
+	userName, group, ok := strings.Cut(name, ":")
+	if !ok {
+		return nil
+	}
+	gid, err := lookupGID(group)
+	if err != nil {
+		return fmt.Errorf("user %q: %w", name, err)
+	}
+	for _, allowed := range conf.AllowUserGroups {
+		if g, err := lookupGID(allowed); err == nil && g == gid {
+			return nil
+		}
+	}
+	var member []string
+	if _, err := strconv.ParseUint(userName, 10, 32); err == nil {
+		u, err := user.LookupId(userName)
+		switch {
+		case err == nil:
+			member = append(member, u.Gid)
+			if more, err := u.GroupIds(); err == nil {
+				member = append(member, more...)
+			}
+		case errors.As(err, new(user.UnknownUserIdError)):
+			member = []string{userName}
+		default:
+			return fmt.Errorf("user %q: %w", name, err)
+		}
+	} else {
+		u, err := user.Lookup(userName)
+		if err != nil {
+			return fmt.Errorf("user %q: %w", name, err)
+		}
+		member = append(member, u.Gid)
+		more, err := u.GroupIds()
+		if err != nil {
+			return fmt.Errorf("user %q: failed to list the groups of %q: %w", name, userName, err)
+		}
+		member = append(member, more...)
+	}
+	if slices.Contains(member, strconv.FormatUint(gid, 10)) {
+		return nil
+	}
+	return fmt.Errorf("user %q: %q is not a member of group %q (gid %d) on this host, and a task may only take a group of its user's: use one of the user's groups, or the operator can list the group in allow_user_groups in the driver's plugin config", name, userName, group, gid)
+}
+
+// lookupGID is a group name's or a gid's number.
+func lookupGID(group string) (uint64, error) {
+	if n, err := strconv.ParseUint(group, 10, 32); err == nil {
+		return n, nil
+	}
+	g, err := user.LookupGroup(group)
+	if err != nil {
+		return 0, fmt.Errorf("group %q: %w", group, err)
+	}
+	return strconv.ParseUint(g.Gid, 10, 32)
 }
 
 // isolatedTargetReason says why a task that is not privileged cannot have

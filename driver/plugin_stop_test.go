@@ -70,7 +70,7 @@ type stopNode struct {
 
 func startStopNode(t *testing.T, stopWait string) *stopNode {
 	t.Helper()
-	d := newTestDriver(t, Config{Enabled: true, AllowPrivileged: true})
+	d := newTestDriver(t, Config{Enabled: true, AllowPrivileged: true, PrivilegedGrants: grantAll})
 	n := &stopNode{d: d, fp: withFakePlugins(t, d), events: watchEvents(t, d)}
 	n.plugin = jobTask(t, TaskConfig{Command: "/bin/plugin", Privileged: true,
 		CSIPlugin: &PluginTaskConfig{ID: "hp", Type: "monolith", MountDir: "/csi", StopWait: stopWait}}, "alloc-p", "default", "plugin")

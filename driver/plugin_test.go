@@ -65,7 +65,7 @@ func TestConfig_rootDirTooLongForSockets(t *testing.T) {
 }
 
 func TestStartTask_pluginTaskGetsSocketAndStageRoot(t *testing.T) {
-	d := newTestDriver(t, Config{Enabled: true, AllowPrivileged: true})
+	d := newTestDriver(t, Config{Enabled: true, AllowPrivileged: true, PrivilegedGrants: grantAll})
 	conf := d.currentConfig()
 	cfg := taskConfig(t, TaskConfig{
 		Command:    "/usr/bin/plugin",
@@ -133,7 +133,7 @@ func TestStartTask_controllerPluginUnprivileged(t *testing.T) {
 }
 
 func TestStartTask_pluginMountDirClash(t *testing.T) {
-	d := newTestDriver(t, Config{Enabled: true, AllowPrivileged: true})
+	d := newTestDriver(t, Config{Enabled: true, AllowPrivileged: true, PrivilegedGrants: grantAll})
 	cfg := taskConfig(t, TaskConfig{
 		Command:    "/usr/bin/plugin",
 		Privileged: true,

@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os/user"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -14,15 +17,154 @@ import (
 	"github.com/nomad-driver-csi/nomad-driver-csi/fingerprint"
 )
 
-// checkPrivileged refuses privileged = true for a task that is not a CSI
-// plugin task, when the operator limits privilege to plugins
-// (privileged_plugins_only, on by default). allow_privileged is checked
-// before, by TaskConfig.validate.
-func checkPrivileged(conf *Config, cfg *drivers.TaskConfig, tc *TaskConfig) error {
-	if !tc.Privileged || !conf.PrivilegedPluginsOnly || tc.CSIPlugin != nil || nomadPluginTask(cfg) {
+// taskImage is the image a task starts from: the reference as the job
+// wrote it and the digest of the manifest it resolved to for the node's
+// platform. Both are "" for a task that runs a host binary.
+type taskImage struct{ Ref, Digest string }
+
+// authorize applies the operator's word to a task that is starting, before
+// anything is set up for it:
+//   - a csi_plugin id that a privileged_grant reserves (plugin_id) is
+//     served only by a task one of those grants matches, privileged or
+//     not, whether or not the granted task runs now;
+//   - a privileged task needs allow_privileged, is a CSI plugin task
+//     unless privileged_plugins_only is off, runs as root, and runs only
+//     where a privileged_grant matches it. Under a grant that pins its
+//     command, spec.Path is set to the resolved executable, so that the
+//     task runs exactly what was matched; a grant that pins its command or
+//     image keeps the job from making that program load the job's code.
+//
+// It returns the grant of a privileged task (nil for one that is not). Its
+// errors name the key or the grant to add.
+func authorize(conf *Config, cfg *drivers.TaskConfig, tc *TaskConfig, spec *executor.Spec, img taskImage) (*PrivilegedGrant, error) {
+	job := jobOf(cfg)
+	s := grantSubject{Namespace: job.namespace, Job: job.id, ImageRef: img.Ref, ImageDigest: img.Digest}
+	if tc.CSIPlugin != nil {
+		s.PluginID = tc.CSIPlugin.ID
+	} else if id, ok := nomadPluginID(cfg); ok {
+		s.PluginID = id
+	}
+	targets := mountTargets(spec, tc)
+	if slices.ContainsFunc(conf.PrivilegedGrants, func(g PrivilegedGrant) bool { return g.Command != "" }) {
+		switch {
+		case img.Digest != "":
+			s.CommandErr = errors.New("the task runs from an image, whose programs a command grant does not name: pin the image instead")
+		case !tc.Privileged:
+			s.CommandErr = errors.New("the task is not privileged: its command is looked up in its own root, not the host's")
+		default:
+			s.Command, s.CommandErr = resolveGrantCommand(spec.Command, spec.Dir, spec.Env, targets,
+				[]string{conf.RootDir, allocationsDir(cfg)})
+		}
+	}
+
+	if s.PluginID != "" {
+		if res := reserving(conf.PrivilegedGrants, s.PluginID); len(res) > 0 {
+			g, why := matchGrantWhere(conf.PrivilegedGrants, s, func(g PrivilegedGrant) bool { return g.PluginID == s.PluginID })
+			if g == nil {
+				names := make([]string, len(res))
+				for i, r := range res {
+					names[i] = fmt.Sprintf("privileged_grant[%d] %s", r.index, r.grant.body())
+				}
+				msg := fmt.Sprintf("csi_plugin id %q is reserved on this node by the operator for the tasks of %s, which do not match %s", s.PluginID, strings.Join(names, " and "), job)
+				if len(why) > 0 {
+					msg += " (" + strings.Join(why, "; ") + ")"
+				}
+				return nil, fmt.Errorf("%s: choose another id, or have the operator grant this job the id in the driver's plugin config", msg)
+			}
+		}
+	}
+
+	if !tc.Privileged {
+		return nil, nil
+	}
+	// allow_privileged was checked by TaskConfig.validate.
+	if conf.PrivilegedPluginsOnly && s.PluginID == "" {
+		return nil, errors.New("privileged = true is only allowed for CSI plugin tasks on this node (privileged_plugins_only = true in the driver's plugin config): give the task a csi_plugin block (this driver's in config, or Nomad's in the task) if it is a CSI plugin, drop privileged = true otherwise, or have the operator set privileged_plugins_only = false")
+	}
+	if err := checkPrivilegedUser(cfg.User); err != nil {
+		return nil, err
+	}
+	g, why := matchGrant(conf.PrivilegedGrants, s)
+	if g == nil {
+		msg := fmt.Sprintf("privileged = true needs the operator's grant on this node, and no privileged_grant in the driver's plugin config matches %s", job)
+		if len(why) > 0 {
+			msg += " (" + strings.Join(why, "; ") + ")"
+		}
+		return nil, fmt.Errorf("%s: if the operator trusts this job with root on the node, they add to the config block of plugin \"nomad-driver-csi\": %s", msg, suggestGrant(s))
+	}
+	if g.Command != "" {
+		spec.Path = s.Command
+	}
+	if g.Command != "" || g.Image != "" {
+		if v := pinnedEnvVar(spec.Env); v != "" {
+			return nil, fmt.Errorf("env %s is not allowed in this task: it would make the program that %s pins load code the job names, as root; drop it from the job", v, g)
+		}
+		for _, t := range jobMountTargets(conf, spec, tc) {
+			if reason := pinnedMountReason(t, s.Command); reason != "" {
+				return nil, fmt.Errorf("the task runs under %s, and %s; choose another destination", g, reason)
+			}
+		}
+	}
+	return g, nil
+}
+
+// checkPrivilegedUser refuses a privileged task that names a user other
+// than root: it would run outside every isolation layer (the host's view,
+// PID namespace and devices) as a uid an ordinary task has too, and reach
+// other allocations' processes as their peer.
+func checkPrivilegedUser(name string) error {
+	if name == "" {
 		return nil
 	}
-	return errors.New("privileged = true is only allowed for CSI plugin tasks on this node (privileged_plugins_only = true in the driver's plugin config): give the task a csi_plugin block (this driver's in config, or Nomad's in the task) if it is a CSI plugin, drop privileged = true otherwise, or have the operator set privileged_plugins_only = false")
+	userName, _, _ := strings.Cut(name, ":")
+	uid := userName
+	if _, err := strconv.ParseUint(userName, 10, 32); err != nil {
+		u, err := user.Lookup(userName)
+		if err != nil {
+			return fmt.Errorf("user %q: %w", name, err)
+		}
+		uid = u.Uid
+	}
+	if uid != "0" {
+		return fmt.Errorf("user %q: a privileged task runs as root only: it has the host's view, processes and devices, and as another user it would reach other allocations' processes that run as that user; drop user, or drop privileged = true to run isolated as %q", name, userName)
+	}
+	return nil
+}
+
+// allocationsDir is the directory of the node's allocations (Nomad's
+// <data_dir>/alloc), "" when Nomad gave no allocation directory.
+func allocationsDir(cfg *drivers.TaskConfig) string {
+	if cfg.AllocDir == "" {
+		return ""
+	}
+	return filepath.Dir(filepath.Clean(cfg.AllocDir))
+}
+
+// mountTargets are the paths in the task that its mounts cover: Nomad's
+// and the driver's mounts, and its volumes' destinations.
+func mountTargets(spec *executor.Spec, tc *TaskConfig) []string {
+	var out []string
+	for _, m := range append(append([]executor.Mount(nil), spec.Mounts...), spec.LateMounts...) {
+		out = append(out, filepath.Clean(m.Target))
+	}
+	for _, v := range tc.Volumes {
+		if v.Destination != "" {
+			out = append(out, filepath.Clean(v.Destination))
+		}
+	}
+	return out
+}
+
+// jobMountTargets are the mount targets of a task that its job chooses:
+// mountTargets but the stage root, which the operator's root_dir places.
+func jobMountTargets(conf *Config, spec *executor.Spec, tc *TaskConfig) []string {
+	var out []string
+	for _, t := range mountTargets(spec, tc) {
+		if t != conf.stageRoot() {
+			out = append(out, t)
+		}
+	}
+	return out
 }
 
 // nomadPluginTask reports whether the task is a plugin task of Nomad's own
@@ -40,8 +182,15 @@ func checkPrivileged(conf *Config, cfg *drivers.TaskConfig, tc *TaskConfig) erro
 // it is taken from the socket mount, and the staging mount must be under
 // the same one.
 func nomadPluginTask(cfg *drivers.TaskConfig) bool {
+	_, ok := nomadPluginID(cfg)
+	return ok
+}
+
+// nomadPluginID is the plugin id of a plugin task of Nomad's own
+// csi_plugin block (see nomadPluginTask), read from its staging mount.
+func nomadPluginID(cfg *drivers.TaskConfig) (string, bool) {
 	if cfg.AllocID == "" || strings.ContainsRune(cfg.AllocID, '/') {
-		return false
+		return "", false
 	}
 	suffix := "/" + filepath.Join("csi", "plugins", cfg.AllocID)
 	var stateDirs []string
@@ -69,11 +218,11 @@ func nomadPluginTask(cfg *drivers.TaskConfig) bool {
 			}
 			switch typ {
 			case PluginTypeNode, PluginTypeController, PluginTypeMonolith:
-				return true
+				return id, true
 			}
 		}
 	}
-	return false
+	return "", false
 }
 
 // jobRef names a Nomad job: the owner of a plugin id.

@@ -29,11 +29,11 @@ func nomadPluginMounts(state, allocID string) []*drivers.MountConfig {
 	}
 }
 
-func TestCheckPrivileged(t *testing.T) {
+func TestAuthorize_privilegedPluginsOnly(t *testing.T) {
 	const alloc = "5b3c2f1e-0000-4000-8000-000000000001"
 	state := "/var/lib/nomad/client"
 	plugin := &PluginTaskConfig{ID: "p", Type: "node", MountDir: "/csi"}
-	only := &Config{AllowPrivileged: true, PrivilegedPluginsOnly: true}
+	only := &Config{AllowPrivileged: true, PrivilegedPluginsOnly: true, PrivilegedGrants: grantAll}
 	cases := []struct {
 		name   string
 		conf   *Config
@@ -44,7 +44,7 @@ func TestCheckPrivileged(t *testing.T) {
 	}{
 		{"unprivileged", only, TaskConfig{}, nil, nil, true},
 		{"privileged, not a plugin", only, TaskConfig{Privileged: true}, nil, nil, false},
-		{"privileged, limit off", &Config{AllowPrivileged: true}, TaskConfig{Privileged: true}, nil, nil, true},
+		{"privileged, limit off", &Config{AllowPrivileged: true, PrivilegedGrants: grantAll}, TaskConfig{Privileged: true}, nil, nil, true},
 		{"this driver's csi_plugin", only, TaskConfig{Privileged: true, CSIPlugin: plugin}, nil, nil, true},
 		{"Nomad's csi_plugin", only, TaskConfig{Privileged: true}, nomadPluginMounts(state, alloc), nil, true},
 		{"Nomad's csi_plugin, custom state_dir", only, TaskConfig{Privileged: true}, nomadPluginMounts("/srv/n/state", alloc), nil, true},
@@ -68,7 +68,8 @@ func TestCheckPrivileged(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			cfg := &drivers.TaskConfig{ID: alloc + "/t/1", AllocID: alloc, Mounts: c.mounts, Env: c.env}
-			err := checkPrivileged(c.conf, cfg, &c.tc)
+			c.tc.Command = "/bin/sh"
+			_, err := authorize(c.conf, cfg, &c.tc, &executor.Spec{Command: "/bin/sh", Dir: "/"}, taskImage{})
 			if c.ok {
 				must.NoError(t, err)
 				return
@@ -80,7 +81,7 @@ func TestCheckPrivileged(t *testing.T) {
 }
 
 func TestStartTask_privilegedOnlyForPluginTasks(t *testing.T) {
-	d := newTestDriver(t, Config{Enabled: true, AllowPrivileged: true, PrivilegedPluginsOnly: true})
+	d := newTestDriver(t, Config{Enabled: true, AllowPrivileged: true, PrivilegedGrants: grantAll, PrivilegedPluginsOnly: true})
 	cfg := taskConfig(t, TaskConfig{Command: "/bin/sh", Privileged: true})
 	_, _, err := d.StartTask(cfg)
 	must.ErrorContains(t, err, "privileged_plugins_only = true")
@@ -236,7 +237,7 @@ func TestStartTask_pluginIDOfSocketDirRefused(t *testing.T) {
 // job until they are released; workload volumes belong to their
 // namespace; a controller plugin never stages or publishes.
 func TestVolumes_pluginOwnerNamespaceAndControllerOnly(t *testing.T) {
-	d := newTestDriver(t, Config{Enabled: true, AllowPrivileged: true})
+	d := newTestDriver(t, Config{Enabled: true, AllowPrivileged: true, PrivilegedGrants: grantAll})
 	fp := withFakePlugins(t, d)
 
 	plugin := TaskConfig{Command: "/bin/plugin", Privileged: true, CSIPlugin: &PluginTaskConfig{ID: "hp", Type: "monolith", MountDir: "/csi"}}
@@ -293,7 +294,7 @@ func TestVolumes_pluginOwnerNamespaceAndControllerOnly(t *testing.T) {
 }
 
 func TestVolumes_allowCrossNamespace(t *testing.T) {
-	d := newTestDriver(t, Config{Enabled: true, AllowPrivileged: true, AllowCrossNamespaceVolumes: true})
+	d := newTestDriver(t, Config{Enabled: true, AllowPrivileged: true, PrivilegedGrants: grantAll, AllowCrossNamespaceVolumes: true})
 	withFakePlugins(t, d)
 	plugin := TaskConfig{Command: "/bin/plugin", Privileged: true, CSIPlugin: &PluginTaskConfig{ID: "hp", Type: "monolith", MountDir: "/csi"}}
 	_, _, err := d.StartTask(jobTask(t, plugin, "alloc-p", "default", "plugin"))

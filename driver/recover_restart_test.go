@@ -23,7 +23,7 @@ func persisted(t *testing.T, h *drivers.TaskHandle) *drivers.TaskHandle {
 }
 
 func TestRecoverTask_afterAgentRestartKeepsPluginAndVolumes(t *testing.T) {
-	d := newTestDriver(t, Config{Enabled: true, AllowPrivileged: true})
+	d := newTestDriver(t, Config{Enabled: true, AllowPrivileged: true, PrivilegedGrants: grantAll})
 	cfg := taskConfig(t, TaskConfig{
 		Command:    "/usr/bin/plugin",
 		Privileged: true,
@@ -37,7 +37,7 @@ func TestRecoverTask_afterAgentRestartKeepsPluginAndVolumes(t *testing.T) {
 
 	// A fresh driver process gets the handle from Nomad's state: the plugin
 	// is probed again and released when the task is destroyed.
-	d2 := newTestDriver(t, Config{Enabled: true, AllowPrivileged: true})
+	d2 := newTestDriver(t, Config{Enabled: true, AllowPrivileged: true, PrivilegedGrants: grantAll})
 	must.NoError(t, d2.RecoverTask(persisted(t, handle)))
 	ps, ok := d2.prober.Get("fixture")
 	must.True(t, ok, must.Sprint("the recovered plugin task is not probed"))

@@ -115,7 +115,7 @@ func mkdirs(paths ...string) error {
 // Two DestroyTask calls for one task at once (Nomad can make them) release
 // its shared mount points once: another task using the same source keeps it.
 func TestDestroyTask_concurrentReleasesOnce(t *testing.T) {
-	d := newTestDriver(t, Config{Enabled: true, AllowPrivileged: true})
+	d := newTestDriver(t, Config{Enabled: true, AllowPrivileged: true, PrivilegedGrants: grantAll})
 	fake := d.mounter.(*mounter.Fake)
 	src := filepath.Join(shortTempDir(t), "src")
 	must.NoError(t, mkdirs(src))

@@ -359,7 +359,7 @@ func forkTask(m mounter.Interface, spec *wire.Spec, attr *syscall.SysProcAttr, r
 			return nil, fmt.Errorf("failed to change to working directory %q: not a directory", spec.Dir)
 		}
 	}
-	path, err := lookPath(spec.Command, spec.Env)
+	path, err := commandPath(spec)
 	if err != nil {
 		return nil, err
 	}

@@ -265,7 +265,7 @@ func prepareAndExec(cfg *wire.StageConfig) error {
 			return fmt.Errorf("failed to change to working directory %q: %w", spec.Dir, err)
 		}
 	}
-	path, err := lookPath(spec.Command, spec.Env)
+	path, err := commandPath(spec)
 	if err != nil {
 		return err
 	}
@@ -276,6 +276,21 @@ func prepareAndExec(cfg *wire.StageConfig) error {
 	}
 	err = syscall.Exec(path, argv, env)
 	return fmt.Errorf("failed to execute %q: %w", path, err)
+}
+
+// commandPath is the executable the task runs: Path as the driver resolved
+// it, or Command looked up in the task's PATH.
+func commandPath(spec *wire.Spec) (string, error) {
+	if spec.Path == "" {
+		return lookPath(spec.Command, spec.Env)
+	}
+	if !filepath.IsAbs(spec.Path) {
+		return "", fmt.Errorf("command %q: the resolved path %q is not absolute", spec.Command, spec.Path)
+	}
+	if err := checkExecutable(spec.Path); err != nil {
+		return "", fmt.Errorf("command %q: %q: %w", spec.Command, spec.Path, err)
+	}
+	return spec.Path, nil
 }
 
 // lookPath finds command like a shell would, with the PATH of the task's

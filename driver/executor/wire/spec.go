@@ -39,8 +39,13 @@ type Spec struct {
 	// caller. The supervisor keeps its spec, log and exit status there.
 	StateDir string `json:"state_dir"`
 
-	Command string   `json:"command"`
-	Args    []string `json:"args"`
+	Command string `json:"command"`
+	// Path, when set, is the executable to run, already resolved by the
+	// driver (an absolute path in the task's view): the supervisor runs
+	// it without searching PATH, with Command as argv[0]. The driver sets
+	// it where it checked what the task runs (a privileged_grant command).
+	Path string   `json:"path,omitempty"`
+	Args []string `json:"args"`
 	// Env is KEY=VALUE pairs, exactly the task's environment.
 	Env []string `json:"env"`
 	// Dir is the working directory.
