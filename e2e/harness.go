@@ -149,10 +149,36 @@ func BuildDriver(root string) error {
 	return nil
 }
 
+// OperatorPluginJobs are the jobs that play the operator's own plugin jobs
+// in the tests: the job templates of e2e/jobs (RenderJob names a job after
+// its template: "<template>-<suffix>") and the example plugin jobs. An
+// agent with AllowPrivileged grants them privilege (OperatorGrants), as an
+// operator grants the plugin jobs they run; a job of an attack uses
+// another template and is granted nothing.
+var OperatorPluginJobs = []string{
+	"plugin_task-*", "plugin_propagation-*", "plugin_native-*", "volume_plugin-*",
+	"native_plugin-*", "native_managed_plugin-*", "cluster_plugin-*", "cluster_plugin_native-*",
+	"escape-privileged-plugin-*", "csi-plugin", "csi-fixture-plugin",
+}
+
+// OperatorGrants renders a privileged_grant block (namespace "*") for each
+// of OperatorPluginJobs.
+func OperatorGrants() string {
+	var b strings.Builder
+	for _, job := range OperatorPluginJobs {
+		fmt.Fprintf(&b, "    privileged_grant {\n      namespace = \"*\"\n      job       = %q\n    }\n", job)
+	}
+	return b.String()
+}
+
 // AgentOptions shape the agent's configuration.
 type AgentOptions struct {
-	// AllowPrivileged sets the csi plugin's allow_privileged.
+	// AllowPrivileged sets the csi plugin's allow_privileged and grants
+	// the operator's plugin jobs privilege (OperatorGrants).
 	AllowPrivileged bool
+	// Grants are more privileged_grant blocks (HCL) for the csi plugin's
+	// config, beyond OperatorGrants.
+	Grants string
 	// Persistent runs a server agent and a separate client agent (with the
 	// drivers), both without -dev, so that Restart restarts only the
 	// client, the way an operator restarts a node: jobs stay with the
@@ -362,10 +388,14 @@ func (a *Agent) setup() error {
 		DriverCgroup:    a.DriverCgroupParent(),
 		DriverConfig:    a.opts.DriverConfig,
 		AllowPrivileged: a.opts.AllowPrivileged,
+		Grants:          a.opts.Grants,
 		DriverRoot:      a.DriverRoot,
 		ChrootEnv:       chrootEnvHCL(map[string]string{CSIBinDir(a.Root): TaskCSIBinDir}),
 		Extra:           a.opts.ExtraConfig,
 		ClientExtra:     a.opts.ClientConfig,
+	}
+	if a.opts.AllowPrivileged {
+		cfg.Grants = OperatorGrants() + cfg.Grants
 	}
 	if j := a.opts.Join; j != nil {
 		if j.serverRPC == "" {
@@ -509,6 +539,7 @@ type agentConfig struct {
 	DriverCgroup    string // the csi driver's cgroup_parent
 	DriverConfig    string // more of the csi driver's config block
 	AllowPrivileged bool
+	Grants          string // privileged_grant blocks
 	DriverRoot      string
 	// ChrootEnv is the driver's chroot_env as HCL: exec's list and the
 	// directory of the CSI binaries the tests run as tasks, read-only, as
@@ -596,6 +627,9 @@ plugin "nomad-driver-csi" {
     root_dir         = "{{.DriverRoot}}"
     cgroup_parent    = "{{.DriverCgroup}}"
     chroot_env {{.ChrootEnv}}
+{{- if .Grants}}
+{{.Grants}}
+{{- end}}
 {{- if .DriverConfig}}
 {{.DriverConfig}}
 {{- end}}

@@ -14,12 +14,27 @@ plugin "nomad-driver-csi" {
     # Turn the driver off without removing it.
     enabled = true
 
-    # Let jobs run tasks with privileged = true (CSI node and monolith
-    # plugins need it). Off by default, as with Docker's driver.
+    # Let tasks run with privileged = true (CSI node and monolith plugins
+    # need it). Off by default, as with Docker's driver. It grants no job
+    # anything by itself: only the jobs of a privileged_grant below run
+    # privileged.
     allow_privileged = true
 
     # Only CSI plugin tasks may be privileged (the default).
     privileged_plugins_only = true
+
+    # The plugin job of examples/jobs/csi-plugin.nomad.hcl may run
+    # privileged, only from this binary (a file root owns and only root can
+    # write), and only it may serve the plugin id "fixture" on this node,
+    # even while it restarts. Repeat the block for every plugin job; a
+    # privileged task that no grant matches is refused, and the refusal
+    # gives the block to add. namespace and job are globs ("*").
+    privileged_grant {
+      namespace = "default"
+      job       = "csi-plugin"
+      command   = "/usr/local/bin/csi-fixture"
+      plugin_id = "fixture"
+    }
 
     # What tasks that are not privileged see of the host, read-only (exec's
     # list, plus where the programs they run are installed).
@@ -42,9 +57,15 @@ plugin "nomad-driver-csi" {
     "net_bind_service", "setfcap", "setgid", "setpcap", "setuid", "sys_chroot"]
 
     # To keep ordinary jobs from running as root on this node (privileged
-    # plugin tasks keep root; the example volume jobs run as root, since the
-    # fixture's volumes belong to root):
+    # plugin tasks keep root by their grant; every other task, plugin tasks
+    # that are not privileged included, is checked; the example volume jobs
+    # run as root, since the fixture's volumes belong to root):
     # denied_host_uids = "0"
+    # denied_host_gids = "0"
+
+    # A task's user = "name:group" may name only a group its user is a
+    # member of in the host's group database, or one listed here:
+    # allow_user_groups = ["www-data"]
 
     # Where the driver keeps task state. Keep it short: CSI socket paths
     # under it must stay below 107 bytes.

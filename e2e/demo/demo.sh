@@ -40,8 +40,11 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 http=$(free_port); rpc=$(free_port); serf=$(free_port)
 export NOMAD_ADDR="http://127.0.0.1:$http" NOMAD_CLI_SHOW_HINTS=false
 
-mkdir -p "$work/plugins" "$work/data" "$work/root"
+mkdir -p "$work/plugins" "$work/data" "$work/root" "$work/bin"
 cp "$driver" "$work/plugins/"
+# The plugin binary where an operator installs one: a file root owns and
+# only root can write, which the agent's grant names.
+install -m 0755 "$fixture" "$work/bin/csi-fixture"
 cat >"$work/agent.hcl" <<EOF
 disable_update_check = true
 ports {
@@ -58,6 +61,14 @@ plugin "nomad-driver-csi" {
   config {
     allow_privileged = true
     root_dir         = "$work/root"
+    # Only the job csi-plugin runs privileged, only this binary, and only
+    # it may serve the plugin id "fixture" on this node.
+    privileged_grant {
+      namespace = "default"
+      job       = "csi-plugin"
+      command   = "$work/bin/csi-fixture"
+      plugin_id = "fixture"
+    }
   }
 }
 EOF
@@ -101,7 +112,7 @@ run_batch() {
 run_batch examples/jobs/hello.nomad.hcl hello hello
 
 say "Running a CSI plugin as a task: examples/jobs/csi-plugin.nomad.hcl"
-"$nomad" job run -detach -var "plugin_command=$fixture" \
+"$nomad" job run -detach -var "plugin_command=$work/bin/csi-fixture" \
   -var "plugin_args=[\"--state-dir\",\"$work/plugin-state\"]" "$repo/examples/jobs/csi-plugin.nomad.hcl" >/dev/null
 for _ in $(seq 1 150); do
   node=$("$nomad" node status -self -verbose 2>/dev/null || true)
