@@ -232,6 +232,7 @@ func (d *Driver) setConfig(c *base.Config, cfg Config) error {
 			d.goBackground(d.repairLoop)
 		})
 	}
+	warnGrants(d.logger, &cfg)
 	d.logger.Debug("configured", "root_dir", cfg.RootDir, "allow_privileged", cfg.AllowPrivileged,
 		"privileged_plugins_only", cfg.PrivilegedPluginsOnly, "allow_cross_namespace_volumes", cfg.AllowCrossNamespaceVolumes,
 		"enabled", cfg.Enabled)

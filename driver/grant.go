@@ -6,6 +6,7 @@ import (
 	"regexp"
 	"strings"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/nomad/plugins/shared/hclspec"
 )
 
@@ -166,10 +167,21 @@ func (g PrivilegedGrant) mismatch(s grantSubject) string {
 		return fmt.Sprintf("the task's image %q resolved to %s, not %s", s.ImageRef, s.ImageDigest, g.digest())
 	case g.Command != "" && s.Command == "" && s.CommandErr != nil:
 		return fmt.Sprintf("the grant is for command %q: %v", g.Command, s.CommandErr)
-	case g.Command != "" && s.Command != g.Command:
+	case g.Command != "" && !sameCommand(g.Command, s.Command):
 		return fmt.Sprintf("the task's command resolves to %q, not %q", s.Command, g.Command)
 	}
 	return ""
+}
+
+// sameCommand reports whether a grant's command names the file at real (a
+// path without symlinks): as written, or once its own symlinks are
+// resolved ("/bin/x" where /bin is a link to usr/bin).
+func sameCommand(grant, real string) bool {
+	if grant == real {
+		return true
+	}
+	r, err := filepath.EvalSymlinks(grant)
+	return err == nil && r == real
 }
 
 // matchGrant returns the first grant that matches s, in the config's
@@ -241,4 +253,31 @@ func imageRepo(ref string) string {
 		ref = ref[:i]
 	}
 	return ref
+}
+
+// warnGrants logs what in the grants of a valid config would surprise an
+// operator: privilege allowed with no grant (every privileged task is
+// refused: an agent upgraded without grants), grants that allow_privileged
+// = false makes void, and a command that a task could not run under its
+// grant as the file is now.
+func warnGrants(logger hclog.Logger, c *Config) {
+	switch {
+	case c.AllowPrivileged && len(c.PrivilegedGrants) == 0:
+		logger.Warn("allow_privileged = true but no privileged_grant: every privileged task is refused; add a privileged_grant block for each plugin job")
+	case !c.AllowPrivileged && len(c.PrivilegedGrants) > 0:
+		logger.Warn("privileged_grant blocks give no privilege while allow_privileged = false (their plugin_id reservations hold)")
+	}
+	for i, g := range c.PrivilegedGrants {
+		if g.Command == "" {
+			continue
+		}
+		real, err := filepath.EvalSymlinks(g.Command)
+		if err == nil {
+			err = checkUnswappable(real)
+		}
+		if err != nil {
+			logger.Warn("a privileged_grant's command cannot be run as it is: tasks under it are refused until it is a file only root can replace",
+				"grant", fmt.Sprintf("privileged_grant[%d]", i), "command", g.Command, "error", err)
+		}
+	}
 }

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/hcl"
 	"github.com/hashicorp/nomad/helper/pluginutils/hclutils"
 	"github.com/hashicorp/nomad/plugins/drivers"
@@ -239,6 +240,11 @@ func TestResolveGrantCommand_Root(t *testing.T) {
 	must.NoError(t, err)
 	must.Eq(t, bin, got, must.Sprint("relative to the working directory"))
 
+	// A grant may name the file through a symlink of its own.
+	must.NoError(t, os.Symlink(filepath.Join(top, "bin"), filepath.Join(top, "linked-bin")))
+	must.True(t, sameCommand(filepath.Join(top, "linked-bin", "plugin"), bin))
+	must.False(t, sameCommand(filepath.Join(top, "linked-bin", "link"), filepath.Join(top, "bin", "link")))
+
 	// What the task sees there is its mount, not the host's file.
 	_, err = resolveGrantCommand(bin, "/", nil, []string{filepath.Join(top, "bin")}, nil)
 	must.ErrorContains(t, err, "inside the task's mount")
@@ -433,4 +439,52 @@ func TestAuthorize_pinnedCommand_Root(t *testing.T) {
 	// A task from an image never matches a command grant.
 	_, err = authorize(conf, cfg, tc, spec, taskImage{Ref: "r/hp:1", Digest: digestA})
 	must.ErrorContains(t, err, "the task runs from an image")
+}
+
+// The agent's log says what the grants of a valid config leave surprising.
+func TestWarnGrants(t *testing.T) {
+	logged := func(c *Config) string {
+		var buf strings.Builder
+		warnGrants(hclog.New(&hclog.LoggerOptions{Output: &buf, Level: hclog.Warn}), c)
+		return buf.String()
+	}
+	must.StrContains(t, logged(&Config{AllowPrivileged: true}), "every privileged task is refused")
+	must.StrContains(t, logged(&Config{PrivilegedGrants: grantAll}), "give no privilege while allow_privileged = false")
+	must.Eq(t, "", logged(&Config{AllowPrivileged: true, PrivilegedGrants: grantAll}))
+	must.StrContains(t, logged(&Config{AllowPrivileged: true, PrivilegedGrants: []PrivilegedGrant{{Namespace: "*", Job: "*", Command: "/no/such/plugin"}}}),
+		"privileged_grant[0]")
+	if os.Geteuid() == 0 {
+		// /bin/sh through its links: root's, as every system binary.
+		must.Eq(t, "", logged(&Config{AllowPrivileged: true, PrivilegedGrants: []PrivilegedGrant{{Namespace: "*", Job: "*", Command: "/bin/sh"}}}))
+	}
+}
+
+// examples/agent.hcl's driver config decodes and validates, its grant
+// included.
+func TestExampleAgentConfig(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("..", "examples", "agent.hcl"))
+	must.NoError(t, err)
+	text := string(b)
+	start := strings.Index(text, `plugin "nomad-driver-csi" {`)
+	must.Positive(t, start+1, must.Sprint("no plugin \"nomad-driver-csi\" block"))
+	i := strings.Index(text[start:], "config {")
+	must.Positive(t, i, must.Sprint("no config block"))
+	i += start
+	depth, end := 0, -1
+	for j := i; j < len(text) && end < 0; j++ {
+		switch text[j] {
+		case '{':
+			depth++
+		case '}':
+			if depth--; depth == 0 {
+				end = j + 1
+			}
+		}
+	}
+	must.Positive(t, end, must.Sprint("unbalanced config block"))
+	var c Config
+	hclutils.NewConfigParser(configSpec).ParseHCL(t, text[i:end], &c)
+	must.NoError(t, c.validate())
+	must.True(t, c.AllowPrivileged)
+	must.Eq(t, []PrivilegedGrant{{Namespace: "default", Job: "csi-plugin", Command: "/usr/local/bin/csi-fixture", PluginID: "fixture"}}, c.PrivilegedGrants)
 }
