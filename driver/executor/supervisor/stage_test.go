@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/shoenig/test/must"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor/wire"
 )
 
 func TestLookPath(t *testing.T) {
@@ -45,4 +47,27 @@ func TestLookPath(t *testing.T) {
 		_, err := lookPath(filepath.Join(dir, "data"), nil)
 		must.ErrorContains(t, err, "not executable")
 	}
+}
+
+// The driver's resolved Path is what runs: no PATH search, whatever a
+// directory earlier in PATH holds under the command's name.
+func TestCommandPath(t *testing.T) {
+	dir := t.TempDir()
+	granted := filepath.Join(dir, "granted", "tool")
+	job := filepath.Join(dir, "job", "tool")
+	for _, p := range []string{granted, job} {
+		must.NoError(t, os.MkdirAll(filepath.Dir(p), 0o755))
+		must.NoError(t, os.WriteFile(p, []byte("#!/bin/sh\n"), 0o755))
+	}
+	env := []string{"PATH=" + filepath.Dir(job) + ":" + filepath.Dir(granted)}
+	got, err := commandPath(&wire.Spec{Command: "tool", Env: env})
+	must.NoError(t, err)
+	must.Eq(t, job, got)
+	got, err = commandPath(&wire.Spec{Command: "tool", Path: granted, Env: env})
+	must.NoError(t, err)
+	must.Eq(t, granted, got)
+	_, err = commandPath(&wire.Spec{Command: "tool", Path: "granted/tool"})
+	must.ErrorContains(t, err, "is not absolute")
+	_, err = commandPath(&wire.Spec{Command: "tool", Path: filepath.Join(dir, "missing")})
+	must.ErrorContains(t, err, "no such file")
 }
