@@ -12,6 +12,7 @@ package bench
 // (privileged_plugins_only = false) for that.
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -74,7 +75,8 @@ func tweakTasks(tb testing.TB, job map[string]any, tweak func(task map[string]an
 // startIsolationAgent starts the agent of a benchmark that compares
 // isolated tasks with privileged ones: opts, with a driver that allows
 // privileged tasks that are not plugins (privileged_plugins_only = false
-// in the harness's driver block, whose cgroup_parent is the agent's own).
+// in the harness's driver block, whose cgroup_parent is the agent's own,
+// and a grant for the sleep and volume jobs).
 // Its root_dir is in a directory of the benchmark's own, which is cleaned
 // up after the agent.
 func startIsolationAgent(b *testing.B, opts e2e.AgentOptions) *e2e.Agent {
@@ -98,5 +100,9 @@ func startIsolationAgent(b *testing.B, opts e2e.AgentOptions) *e2e.Agent {
 	opts.AllowPrivileged = true
 	opts.DriverRoot = driverRoot
 	opts.DriverConfig += "\n    privileged_plugins_only = false"
+	// The privileged variants of the benchmarks' sleep and volume jobs.
+	for _, job := range []string{"sleep-*", "volume_task-*"} {
+		opts.Grants += fmt.Sprintf("\n    privileged_grant {\n      namespace = \"*\"\n      job       = %q\n    }", job)
+	}
 	return e2e.StartAgent(b, opts)
 }
