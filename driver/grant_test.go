@@ -459,32 +459,42 @@ func TestWarnGrants(t *testing.T) {
 	}
 }
 
-// examples/agent.hcl's driver config decodes and validates, its grant
-// included.
+// The example agent configurations' driver config decodes and validates,
+// their grants included.
 func TestExampleAgentConfig(t *testing.T) {
-	b, err := os.ReadFile(filepath.Join("..", "examples", "agent.hcl"))
-	must.NoError(t, err)
-	text := string(b)
-	start := strings.Index(text, `plugin "nomad-driver-csi" {`)
-	must.Positive(t, start+1, must.Sprint("no plugin \"nomad-driver-csi\" block"))
-	i := strings.Index(text[start:], "config {")
-	must.Positive(t, i, must.Sprint("no config block"))
-	i += start
-	depth, end := 0, -1
-	for j := i; j < len(text) && end < 0; j++ {
-		switch text[j] {
-		case '{':
-			depth++
-		case '}':
-			if depth--; depth == 0 {
-				end = j + 1
+	for file, want := range map[string][]PrivilegedGrant{
+		"agent.hcl":         {{Namespace: "default", Job: "csi-plugin", Command: "/usr/local/bin/csi-fixture", PluginID: "fixture"}},
+		"agent-minimal.hcl": {{Namespace: "default", Job: "csi-plugin", PluginID: "fixture"}},
+	} {
+		t.Run(file, func(t *testing.T) {
+			b, err := os.ReadFile(filepath.Join("..", "examples", file))
+			must.NoError(t, err)
+			text := string(b)
+			start := strings.Index(text, `plugin "nomad-driver-csi" {`)
+			must.Positive(t, start+1, must.Sprint("no plugin \"nomad-driver-csi\" block"))
+			i := strings.Index(text[start:], "config {")
+			must.Positive(t, i, must.Sprint("no config block"))
+			i += start
+			depth, end := 0, -1
+			for j := i; j < len(text) && end < 0; j++ {
+				switch text[j] {
+				case '{':
+					depth++
+				case '}':
+					if depth--; depth == 0 {
+						end = j + 1
+					}
+				}
 			}
-		}
+			must.Positive(t, end, must.Sprint("unbalanced config block"))
+			var c Config
+			hclutils.NewConfigParser(configSpec).ParseHCL(t, text[i:end], &c)
+			if c.RootDir == "" {
+				c.RootDir = DefaultRootDir
+			}
+			must.NoError(t, c.validate())
+			must.True(t, c.AllowPrivileged)
+			must.Eq(t, want, c.PrivilegedGrants)
+		})
 	}
-	must.Positive(t, end, must.Sprint("unbalanced config block"))
-	var c Config
-	hclutils.NewConfigParser(configSpec).ParseHCL(t, text[i:end], &c)
-	must.NoError(t, c.validate())
-	must.True(t, c.AllowPrivileged)
-	must.Eq(t, []PrivilegedGrant{{Namespace: "default", Job: "csi-plugin", Command: "/usr/local/bin/csi-fixture", PluginID: "fixture"}}, c.PrivilegedGrants)
 }
