@@ -9,7 +9,13 @@ client {
 
 plugin "nomad-driver-csi" {
   config {
-    # CSI node and monolith plugins run privileged.
+    # CSI node and monolith plugins run privileged, each plugin job by the
+    # operator's grant (examples/jobs/csi-plugin.nomad.hcl's here).
     allow_privileged = true
+    privileged_grant {
+      namespace = "default"
+      job       = "csi-plugin"
+      plugin_id = "fixture"
+    }
   }
 }
