@@ -24,8 +24,8 @@ type PrivilegedGrant struct {
 	// task's view (see resolveGrantCommand). "": any.
 	Command string `codec:"command"`
 	// Image is "repo@sha256:<hex>": the task must run from an image whose
-	// manifest for the node's platform has that digest. "": any, and a
-	// task without an image too.
+	// manifest for the node's platform has that digest. "": a task that
+	// runs a host binary, never one from an image.
 	Image string `codec:"image"`
 	// PluginID is the csi_plugin id the task serves. Set, it reserves the
 	// id on the node: a task of no grant naming it may serve it.
@@ -163,6 +163,10 @@ func (g PrivilegedGrant) mismatch(s grantSubject) string {
 		return fmt.Sprintf("the task serves csi_plugin %q, and the grant is for plugin %q", s.PluginID, g.PluginID)
 	case g.Image != "" && s.ImageDigest == "":
 		return fmt.Sprintf("the task runs no image, and the grant is for image %q", g.Image)
+	case g.Image == "" && s.ImageDigest != "":
+		// Any image a job names is anything at all: a task from an image
+		// is granted only by its digest.
+		return fmt.Sprintf("the task runs from image %q (%s), and the grant names no image: a task from an image needs a grant that names its digest", s.ImageRef, s.ImageDigest)
 	case g.Image != "" && s.ImageDigest != g.digest():
 		return fmt.Sprintf("the task's image %q resolved to %s, not %s", s.ImageRef, s.ImageDigest, g.digest())
 	case g.Command != "" && s.Command == "" && s.CommandErr != nil:

@@ -81,7 +81,7 @@ func TestPrivilegedGrant_mismatch(t *testing.T) {
 		{"image digest, grant of another repository name", PrivilegedGrant{Namespace: "*", Job: "*", Image: "mirror.example/ebs@" + digestA}, image, ""},
 		{"other image digest", PrivilegedGrant{Namespace: "*", Job: "*", Image: "registry.example/ebs@" + digestB}, image, "resolved to " + digestA + ", not " + digestB},
 		{"image grant, binary task", PrivilegedGrant{Namespace: "*", Job: "*", Image: "registry.example/ebs@" + digestA}, base, "the task runs no image"},
-		{"no image in grant, image task", PrivilegedGrant{Namespace: "storage", Job: "ebs-node"}, image, ""},
+		{"no image in grant, image task", PrivilegedGrant{Namespace: "storage", Job: "ebs-node"}, image, "the grant names no image: a task from an image needs a grant that names its digest"},
 		{"every field", PrivilegedGrant{Namespace: "storage", Job: "ebs-node", PluginID: "ebs", Image: "r/ebs@" + digestA}, image, ""},
 		{"every field, one off", PrivilegedGrant{Namespace: "storage", Job: "ebs-node", PluginID: "efs", Image: "r/ebs@" + digestA}, image, `grant is for plugin "efs"`},
 	}
@@ -438,7 +438,7 @@ func TestAuthorize_pinnedCommand_Root(t *testing.T) {
 
 	// A task from an image never matches a command grant.
 	_, err = authorize(conf, cfg, tc, spec, taskImage{Ref: "r/hp:1", Digest: digestA})
-	must.ErrorContains(t, err, "the task runs from an image")
+	must.ErrorContains(t, err, "the grant names no image: a task from an image needs a grant that names its digest")
 }
 
 // The agent's log says what the grants of a valid config leave surprising.
@@ -497,4 +497,44 @@ func TestExampleAgentConfig(t *testing.T) {
 			must.Eq(t, want, c.PrivilegedGrants)
 		})
 	}
+}
+
+// The digest the image store resolved is the grant check's input: a grant
+// that names an image matches that digest only, never a task that runs a
+// host binary; a task from an image needs such a grant.
+func TestAuthorize_imageDigest(t *testing.T) {
+	conf := &Config{AllowPrivileged: true, PrivilegedPluginsOnly: true, RootDir: "/var/lib/nomad-driver-csi", PrivilegedGrants: []PrivilegedGrant{
+		{Namespace: "storage", Job: "ebs-node", Image: "registry.example/ebs@" + digestA, PluginID: "ebs"},
+		{Namespace: "storage", Job: "hostpath"},
+	}}
+	task := func(job string) *drivers.TaskConfig {
+		return &drivers.TaskConfig{ID: "a1/t/1", AllocID: "a1", Namespace: "storage", JobID: job}
+	}
+	tc := func(id string) *TaskConfig {
+		return &TaskConfig{Privileged: true, CSIPlugin: &PluginTaskConfig{ID: id, Type: "node", MountDir: "/csi"}}
+	}
+	spec := func() *executor.Spec { return &executor.Spec{Command: "/bin/aws-ebs-csi-driver", Dir: "/"} }
+
+	g, err := authorize(conf, task("ebs-node"), tc("ebs"), spec(), taskImage{Ref: "registry.example/ebs:v1.2", Digest: digestA})
+	must.NoError(t, err)
+	must.Eq(t, conf.PrivilegedGrants[0], *g)
+
+	// The tag moved to another image.
+	_, err = authorize(conf, task("ebs-node"), tc("ebs"), spec(), taskImage{Ref: "registry.example/ebs:v1.2", Digest: digestB})
+	must.ErrorContains(t, err, `csi_plugin id "ebs" is reserved on this node`)
+	must.ErrorContains(t, err, `the task's image "registry.example/ebs:v1.2" resolved to `+digestB+", not "+digestA)
+	conf.PrivilegedGrants[0].PluginID = ""
+	_, err = authorize(conf, task("ebs-node"), tc("ebs"), spec(), taskImage{Ref: "registry.example/ebs:v1.2", Digest: digestB})
+	must.ErrorContains(t, err, `privileged_grant { namespace = "storage", job = "ebs-node", image = "registry.example/ebs@`+digestB+`", plugin_id = "ebs" }`)
+
+	// The same job running a host binary: the image grant is not for it.
+	_, err = authorize(conf, task("ebs-node"), tc("ebs"), spec(), taskImage{})
+	must.ErrorContains(t, err, "privileged_grant[0]: the task runs no image")
+
+	// A grant without image is for host binaries only.
+	_, err = authorize(conf, task("hostpath"), tc("hp"), spec(), taskImage{})
+	must.NoError(t, err)
+	_, err = authorize(conf, task("hostpath"), tc("hp"), spec(), taskImage{Ref: "registry.example/anything:latest", Digest: digestB})
+	must.ErrorContains(t, err, "privileged_grant[1]: the task runs from image \"registry.example/anything:latest\"")
+	must.ErrorContains(t, err, `image = "registry.example/anything@`+digestB+`"`)
 }
