@@ -201,16 +201,16 @@ func matchGrantWhere(grants []PrivilegedGrant, s grantSubject, where func(Privil
 	var why []string
 	for i := range grants {
 		g := &grants[i]
-		if !where(*g) {
+		// Grants of other jobs are passed over first, without the
+		// formatting of a reason.
+		if !where(*g) || !grantGlob(g.Namespace, s.Namespace) || !grantGlob(g.Job, s.Job) {
 			continue
 		}
 		reason := g.mismatch(s)
 		if reason == "" {
 			return g, nil
 		}
-		if grantGlob(g.Namespace, s.Namespace) && grantGlob(g.Job, s.Job) {
-			why = append(why, fmt.Sprintf("privileged_grant[%d]: %s", i, reason))
-		}
+		why = append(why, fmt.Sprintf("privileged_grant[%d]: %s", i, reason))
 	}
 	return nil, why
 }
