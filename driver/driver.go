@@ -359,6 +359,9 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 	if err != nil {
 		return nil, nil, err
 	}
+	// A task that runs from an image passes its reference and the digest
+	// its manifest resolved to (image.Image.Ref and Digest), pulled
+	// before this check; a task that runs a host binary passes none.
 	grant, err := authorize(conf, cfg, tc, spec, taskImage{})
 	if err != nil {
 		return nil, nil, fmt.Errorf("invalid task config: %w", err)
