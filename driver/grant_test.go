@@ -9,6 +9,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/hcl"
+	"github.com/hashicorp/nomad/helper/pluginutils/hclspecutils"
 	"github.com/hashicorp/nomad/helper/pluginutils/hclutils"
 	"github.com/hashicorp/nomad/plugins/drivers"
 	"github.com/shoenig/test/must"
@@ -563,5 +564,20 @@ func BenchmarkAuthorize(b *testing.B) {
 		if _, err := authorize(conf, cfg, tc, spec, taskImage{}); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// A grant without namespace or job does not get past the schema, which
+// names the missing field.
+func TestConfigSpec_grantRequiredFields(t *testing.T) {
+	dec, diags := hclspecutils.Convert(configSpec)
+	must.False(t, diags.HasErrors())
+	for field, grant := range map[string]map[string]any{
+		"job":       {"namespace": "storage"},
+		"namespace": {"job": "ebs-node"},
+	} {
+		_, diags, _ := hclutils.ParseHclInterface(map[string]any{"privileged_grant": []any{grant}}, dec, nil)
+		must.True(t, diags.HasErrors(), must.Sprint(field))
+		must.StrContains(t, diags.Error(), `The argument "`+field+`" is required`)
 	}
 }
