@@ -1,7 +1,6 @@
 package driver
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"os/user"
@@ -14,6 +13,7 @@ import (
 	"github.com/hashicorp/nomad/plugins/drivers"
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor"
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/taskuser"
 )
 
 // capAll in allow_caps, cap_add or cap_drop stands for every capability.
@@ -196,57 +196,23 @@ func checkUserGroup(conf *Config, name string) error {
 	if !ok {
 		return nil
 	}
-	gid, err := lookupGID(group)
+	gid, err := taskuser.GroupID(group)
 	if err != nil {
 		return fmt.Errorf("user %q: %w", name, err)
 	}
 	for _, allowed := range conf.AllowUserGroups {
-		if g, err := lookupGID(allowed); err == nil && g == gid {
+		if g, err := taskuser.GroupID(allowed); err == nil && g == gid {
 			return nil
 		}
 	}
-	var member []string
-	if _, err := strconv.ParseUint(userName, 10, 32); err == nil {
-		u, err := user.LookupId(userName)
-		switch {
-		case err == nil:
-			member = append(member, u.Gid)
-			if more, err := u.GroupIds(); err == nil {
-				member = append(member, more...)
-			}
-		case errors.As(err, new(user.UnknownUserIdError)):
-			member = []string{userName}
-		default:
-			return fmt.Errorf("user %q: %w", name, err)
-		}
-	} else {
-		u, err := user.Lookup(userName)
-		if err != nil {
-			return fmt.Errorf("user %q: %w", name, err)
-		}
-		member = append(member, u.Gid)
-		more, err := u.GroupIds()
-		if err != nil {
-			return fmt.Errorf("user %q: failed to list the groups of %q: %w", name, userName, err)
-		}
-		member = append(member, more...)
+	own, err := taskuser.Resolve(userName)
+	if err != nil {
+		return fmt.Errorf("user %q: %w", name, err)
 	}
-	if slices.Contains(member, strconv.FormatUint(gid, 10)) {
+	if own.GID == gid || slices.Contains(own.Groups, gid) {
 		return nil
 	}
 	return fmt.Errorf("user %q: %q is not a member of group %q (gid %d) on this host, and a task may only take a group of its user's: use one of the user's groups, or the operator can list the group in allow_user_groups in the driver's plugin config", name, userName, group, gid)
-}
-
-// lookupGID is a group name's or a gid's number.
-func lookupGID(group string) (uint64, error) {
-	if n, err := strconv.ParseUint(group, 10, 32); err == nil {
-		return n, nil
-	}
-	g, err := user.LookupGroup(group)
-	if err != nil {
-		return 0, fmt.Errorf("group %q: %w", group, err)
-	}
-	return strconv.ParseUint(g.Gid, 10, 32)
 }
 
 // isolatedTargetReason says why a task that is not privileged cannot have

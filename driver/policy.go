@@ -4,16 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os/user"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/hashicorp/nomad/plugins/drivers"
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor"
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/taskuser"
 	"github.com/nomad-driver-csi/nomad-driver-csi/fingerprint"
 )
 
@@ -113,19 +112,12 @@ func authorize(conf *Config, cfg *drivers.TaskConfig, tc *TaskConfig, spec *exec
 // PID namespace and devices) as a uid an ordinary task has too, and reach
 // other allocations' processes as their peer.
 func checkPrivilegedUser(name string) error {
-	if name == "" {
-		return nil
+	cred, err := taskuser.Resolve(name)
+	if err != nil {
+		return fmt.Errorf("user %q: %w", name, err)
 	}
-	userName, _, _ := strings.Cut(name, ":")
-	uid := userName
-	if _, err := strconv.ParseUint(userName, 10, 32); err != nil {
-		u, err := user.Lookup(userName)
-		if err != nil {
-			return fmt.Errorf("user %q: %w", name, err)
-		}
-		uid = u.Uid
-	}
-	if uid != "0" {
+	if cred.UID != 0 {
+		userName, _, _ := strings.Cut(name, ":")
 		return fmt.Errorf("user %q: a privileged task runs as root only: it has the host's view, processes and devices, and as another user it would reach other allocations' processes that run as that user; drop user, or drop privileged = true to run isolated as %q", name, userName)
 	}
 	return nil

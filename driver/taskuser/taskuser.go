@@ -100,6 +100,10 @@ func lookupUser(name string) (*user.User, error) {
 	return u, nil
 }
 
+// GroupID is a group's gid, by name or number, as Resolve reads the
+// group of "name:group".
+func GroupID(group string) (uint32, error) { return lookupGroup(group) }
+
 func lookupGroup(group string) (uint32, error) {
 	if n, err := strconv.ParseUint(group, 10, 32); err == nil {
 		return uint32(n), nil

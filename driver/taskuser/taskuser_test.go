@@ -44,3 +44,13 @@ func TestResolve(t *testing.T) {
 		})
 	}
 }
+
+func TestGroupID(t *testing.T) {
+	for group, want := range map[string]uint32{"root": 0, "0": 0, "nogroup": 65534, "4242": 4242} {
+		got, err := GroupID(group)
+		must.NoError(t, err, must.Sprint(group))
+		must.Eq(t, want, got, must.Sprint(group))
+	}
+	_, err := GroupID("no-such-group-x")
+	must.ErrorContains(t, err, `group "no-such-group-x" not found`)
+}
