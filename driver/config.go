@@ -114,6 +114,12 @@ var configSpec = hclspec.NewObject(map[string]*hclspec.Spec{
 		hclspec.NewLiteral(fmt.Sprintf("%q", DefaultVolumeStatsInterval)),
 	),
 	"metrics_address": hclspec.NewAttr("metrics_address", "string", false),
+	// The node's total CPU compute in MHz for task CPU stats, as the
+	// agent's cpu_total_compute; 0 measures it (cpuspeed.go).
+	"cpu_total_compute": hclspec.NewDefault(
+		hclspec.NewAttr("cpu_total_compute", "number", false),
+		hclspec.NewLiteral("0"),
+	),
 })
 
 // defaultAllowCapsHCL is allow_caps when the operator does not set it: the
@@ -230,6 +236,12 @@ type Config struct {
 	// host:port of the Prometheus endpoint ("": none). See telemetry.go.
 	VolumeStatsInterval string `codec:"volume_stats_interval"`
 	MetricsAddress      string `codec:"metrics_address"`
+
+	// CPUTotalCompute is the node's total CPU compute in MHz, the agent's
+	// cpu_total_compute repeated where the driver's own measurement of
+	// the CPU speed is wrong (see cpuspeed.go); 0 measures it. It only
+	// turns task CPU usage into the MHz ("ticks") Nomad shows.
+	CPUTotalCompute int `codec:"cpu_total_compute"`
 }
 
 // DefaultPidsLimit is pids_limit's default: systemd's default TasksMax
@@ -303,6 +315,9 @@ func (c *Config) validate() error {
 	}
 	if c.PidsLimit < 0 {
 		return fmt.Errorf("pids_limit must be 0 (no limit) or a positive number of processes, got %d", c.PidsLimit)
+	}
+	if c.CPUTotalCompute < 0 {
+		return fmt.Errorf("cpu_total_compute must be 0 (measure the CPU speed) or the node's total CPU compute in MHz, as the agent's cpu_total_compute, got %d", c.CPUTotalCompute)
 	}
 	if _, err := parseIDRanges("denied_host_uids", c.DeniedHostUIDs); err != nil {
 		return err

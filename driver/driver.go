@@ -8,8 +8,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"sort"
 	"strings"
@@ -72,6 +74,9 @@ type Driver struct {
 	discard func(hclog.Logger, string) error
 	// host answers the fingerprint's questions about this machine.
 	host hostProbe
+	// cpuRoot is the tree the CPU speed is read from ("/"; tests set a
+	// fake one).
+	cpuRoot fs.FS
 	// mounter makes the host side of bidirectional mounts; shared tracks
 	// them (created by SetConfig, once root_dir is known).
 	mounter mounter.Interface
@@ -118,6 +123,7 @@ func NewPlugin(logger hclog.Logger) *Driver {
 		recover: recoverExecutor,
 		discard: executor.Discard,
 		host:    realHost{},
+		cpuRoot: os.DirFS("/"),
 		mounter: mounter.NewWithLogger(logger),
 		plugins: newPluginTasks(),
 
@@ -180,13 +186,7 @@ func (d *Driver) setConfig(c *base.Config, cfg Config) error {
 		}
 	}
 
-	var mhz float64
-	if c != nil && c.AgentConfig != nil && c.AgentConfig.Driver != nil && c.AgentConfig.Driver.Topology != nil {
-		topo := c.AgentConfig.Driver.Topology
-		if n := topo.NumCores(); n > 0 {
-			mhz = float64(topo.TotalCompute()) / float64(n)
-		}
-	}
+	mhz := d.cpuMHzPerCore(cfg)
 
 	d.mu.Lock()
 	d.config = &cfg
@@ -237,6 +237,26 @@ func (d *Driver) setConfig(c *base.Config, cfg Config) error {
 		"privileged_plugins_only", cfg.PrivilegedPluginsOnly, "allow_cross_namespace_volumes", cfg.AllowCrossNamespaceVolumes,
 		"enabled", cfg.Enabled)
 	return nil
+}
+
+// cpuMHzPerCore is the speed of one core that task CPU stats are counted
+// in: the operator's cpu_total_compute over the node's cores, or what the
+// kernel says (cpuspeed.go). 0 when neither is known.
+func (d *Driver) cpuMHzPerCore(cfg Config) float64 {
+	speed, err := measureCPU(d.cpuRoot)
+	if speed.Cores <= 0 {
+		speed.Cores = runtime.NumCPU()
+	}
+	mhz := speed.mhzPerCore(cfg.CPUTotalCompute)
+	switch {
+	case cfg.CPUTotalCompute > 0:
+		d.logger.Debug("cpu speed from cpu_total_compute", "cpu_total_compute", cfg.CPUTotalCompute, "cores", speed.Cores, "mhz_per_core", mhz)
+	case err != nil:
+		d.logger.Warn("cpu usage of tasks will show 0 MHz: set cpu_total_compute to the node's total MHz", "error", err)
+	default:
+		d.logger.Debug("cpu speed measured", "source", speed.Source, "cores", speed.Cores, "mhz_per_core", mhz)
+	}
+	return mhz
 }
 
 func (d *Driver) shimPath() string {

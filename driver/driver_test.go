@@ -242,6 +242,8 @@ func TestConfig_validate(t *testing.T) {
 		{"bad denied uids", Config{RootDir: "/x", CgroupParent: "c", DeniedHostUIDs: "10-1"}, "denied_host_uids: range \"10-1\""},
 		{"bad denied gids", Config{RootDir: "/x", CgroupParent: "c", DeniedHostGIDs: "x"}, "denied_host_gids: \"x\" is not an id"},
 		{"negative pids_limit", Config{RootDir: "/x", CgroupParent: "c", PidsLimit: -1}, "pids_limit must be 0 (no limit) or a positive number"},
+		{"negative cpu_total_compute", Config{RootDir: "/x", CgroupParent: "c", CPUTotalCompute: -1}, "cpu_total_compute must be 0 (measure the CPU speed) or the node's total CPU compute in MHz"},
+		{"cpu_total_compute", Config{RootDir: "/x", CgroupParent: "c", CPUTotalCompute: 9600}, ""},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
