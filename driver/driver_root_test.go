@@ -1,8 +1,6 @@
 package driver
 
 import (
-	"context"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -15,11 +13,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"github.com/hashicorp/nomad/helper/uuid"
-	"github.com/hashicorp/nomad/nomad/structs"
 	"github.com/hashicorp/nomad/plugins/base"
 	"github.com/hashicorp/nomad/plugins/drivers"
-	dtestutil "github.com/hashicorp/nomad/plugins/drivers/testutils"
 	"github.com/shoenig/test/must"
 	"golang.org/x/sys/unix"
 
@@ -46,13 +41,13 @@ func requireRoot(t testing.TB) {
 	}
 }
 
-// harnessDriver is the real driver behind Nomad's gRPC driver harness.
-func harnessDriver(t *testing.T, cfg Config) (*dtestutil.DriverHarness, *Driver) {
+// harnessDriver is the real driver behind the gRPC harness (harness_test.go).
+func harnessDriver(t *testing.T, cfg Config) (*driverHarness, *Driver) {
 	t.Helper()
 	d := NewPlugin(hclog.NewNullLogger())
 	// A volume whose plugin is missing fails within a test's patience.
 	d.pluginWait = 200 * time.Millisecond
-	h := dtestutil.NewDriverHarness(t, d)
+	h := newDriverHarness(t, d)
 	if cfg.CgroupParent == "" {
 		cfg.CgroupParent = "nomad-csi-test"
 	}
@@ -69,34 +64,11 @@ func harnessDriver(t *testing.T, cfg Config) (*dtestutil.DriverHarness, *Driver)
 	return h, d
 }
 
-// mkAllocDir is the harness's MkAllocDir, whose cleanup also removes the
-// two temporary directories the harness makes for it and leaves behind.
-func mkAllocDir(t *testing.T, h *dtestutil.DriverHarness, cfg *drivers.TaskConfig, logs bool) func() {
+// mkAllocDir makes a task's directories (and, with logs, its log FIFOs);
+// the returned function removes them.
+func mkAllocDir(t *testing.T, h *driverHarness, cfg *drivers.TaskConfig, logs bool) func() {
 	t.Helper()
-	before := harnessDirs()
-	cleanup := h.MkAllocDir(cfg, logs)
-	var made []string
-	for dir := range harnessDirs() {
-		if !before[dir] {
-			made = append(made, dir)
-		}
-	}
-	return func() {
-		cleanup()
-		for _, dir := range made {
-			// Empty by now: never remove what still holds something.
-			_ = os.Remove(dir)
-		}
-	}
-}
-
-func harnessDirs() map[string]bool {
-	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), "nomad_driver_harness-*"))
-	out := make(map[string]bool, len(dirs))
-	for _, d := range dirs {
-		out[d] = true
-	}
-	return out
+	return h.MkAllocDir(cfg, logs)
 }
 
 // removeCgroupParent removes a test's cgroup parent in every hierarchy
@@ -105,54 +77,6 @@ func removeCgroupParent(parent string) {
 	dirs, _ := filepath.Glob("/sys/fs/cgroup/*/" + parent)
 	for _, dir := range append(dirs, "/sys/fs/cgroup/"+parent) {
 		_ = unix.Rmdir(dir)
-	}
-}
-
-func realTask(t testing.TB, name string, tc TaskConfig) *drivers.TaskConfig {
-	t.Helper()
-	allocID := uuid.Generate()
-	cfg := &drivers.TaskConfig{
-		ID:      allocID + "/" + name + "/" + uuid.Short(),
-		AllocID: allocID,
-		Name:    name,
-		Resources: &drivers.Resources{
-			NomadResources: &structs.AllocatedTaskResources{
-				Memory: structs.AllocatedMemoryResources{MemoryMB: 64},
-				Cpu:    structs.AllocatedCpuResources{CpuShares: 100},
-			},
-			LinuxResources: &drivers.LinuxResources{MemoryLimitBytes: 64 << 20, CPUShares: 100},
-		},
-	}
-	must.NoError(t, cfg.EncodeConcreteDriverConfig(&tc))
-	return cfg
-}
-
-// startTask starts a task and makes sure it is gone when the test ends,
-// pass or fail: tasks outlive the driver by design.
-func startTask(t *testing.T, h *dtestutil.DriverHarness, cfg *drivers.TaskConfig) *drivers.TaskHandle {
-	t.Helper()
-	handle, _, err := h.StartTask(cfg)
-	must.NoError(t, err)
-	d := h.Impl()
-	t.Cleanup(func() {
-		if err := d.DestroyTask(cfg.ID, true); err != nil && !errors.Is(err, drivers.ErrTaskNotFound) {
-			t.Logf("cleanup: destroy task %s: %v", cfg.Name, err)
-		}
-	})
-	return handle
-}
-
-func waitExit(t *testing.T, h *dtestutil.DriverHarness, id string, within time.Duration) *drivers.ExitResult {
-	t.Helper()
-	ch, err := h.WaitTask(context.Background(), id)
-	must.NoError(t, err)
-	select {
-	case res := <-ch:
-		must.NotNil(t, res)
-		return res
-	case <-time.After(within):
-		t.Fatalf("task %s did not exit within %s", id, within)
-		return nil
 	}
 }
 
