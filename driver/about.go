@@ -3,7 +3,6 @@ package driver
 import (
 	"github.com/hashicorp/nomad/plugins/base"
 	"github.com/hashicorp/nomad/plugins/drivers"
-	"github.com/hashicorp/nomad/plugins/drivers/fsisolation"
 )
 
 const (
@@ -43,7 +42,7 @@ var capabilities = &drivers.Capabilities{
 	// The driver builds each task's root itself (no chroot copy): Nomad
 	// hands it the allocation's directories to mount at /alloc, /local and
 	// /secrets, as for an image-based driver.
-	FSIsolation: fsisolation.Image,
+	FSIsolation: drivers.FSIsolationImage,
 	// As exec: the host's network, or the group's network namespace that
 	// Nomad makes (bridge, none, cni/*) and the task joins; the driver
 	// makes none of its own (see network.go).
