@@ -31,10 +31,10 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 )
 
 // allowedSPDX are the licences a linked file may carry: MPL-2.0 and the
@@ -202,7 +202,7 @@ func listDeps(goos, goarch, cgo, tags string, mains []string) ([]pkg, error) {
 func moduleOf(p pkg) (path, dir string) {
 	switch {
 	case p.Standard:
-		return "std", runtime.GOROOT()
+		return "std", goroot()
 	case p.Module == nil:
 		return p.ImportPath, p.Dir
 	case p.Module.Replace != nil:
@@ -210,6 +210,15 @@ func moduleOf(p pkg) (path, dir string) {
 	}
 	return strings.TrimSpace(p.Module.Path + " " + p.Module.Version), p.Module.Dir
 }
+
+// goroot is the standard library's root as the go command sees it.
+var goroot = sync.OnceValue(func() string {
+	out, err := exec.Command("go", "env", "GOROOT").Output()
+	if err != nil {
+		fatalf("go env GOROOT failed: %v", err)
+	}
+	return strings.TrimSpace(string(out))
+})
 
 func buildFiles(p pkg) []string {
 	var out []string
