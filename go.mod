@@ -2,10 +2,11 @@ module github.com/nomad-driver-csi/nomad-driver-csi
 
 go 1.26.0
 
-replace (
-	github.com/Microsoft/go-winio => github.com/endocrimes/go-winio v0.4.13-0.20190628114223-fb47a8b41948
-	github.com/hashicorp/hcl => github.com/hashicorp/hcl v1.0.1-nomad-1
-)
+// Nomad's fork of HCL1, as its agent parses the plugin's config block with
+// it: the tests that decode agent-style config (hclutils) parse as the agent
+// does. (Nomad's go-winio replacement is for its Windows code, which this
+// Linux-only driver never builds.)
+replace github.com/hashicorp/hcl => github.com/hashicorp/hcl v1.0.1-nomad-1
 
 require (
 	github.com/cilium/ebpf v0.17.3
