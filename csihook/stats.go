@@ -6,14 +6,12 @@ import (
 	"fmt"
 	"hash/fnv"
 	"sort"
-	"strings"
 	"sync"
 	"time"
-	"unicode"
-	"unicode/utf8"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 
+	"github.com/nomad-driver-csi/nomad-driver-csi/csihook/safetext"
 	"github.com/nomad-driver-csi/nomad-driver-csi/fingerprint/csiclient"
 )
 
@@ -509,35 +507,11 @@ func cleanMessage(s string, secrets ...map[string]string) string {
 // events, the task's failure and logs), in runes.
 const MaxErrorMessage = 1024
 
-// cleanBounded is cleanMessage with its bound in runes.
+// cleanBounded is cleanMessage with its bound in runes: the secrets are
+// redacted first, then the text goes through the one cleaner
+// (csihook/safetext).
 func cleanBounded(s string, limit int, secrets ...map[string]string) string {
-	s = redact(s, secrets...)
-	var b strings.Builder
-	n := 0
-	for i, r := range s {
-		if n == limit {
-			fmt.Fprintf(&b, "... (%d more bytes)", len(s)-i)
-			break
-		}
-		n++
-		switch {
-		case r == '\n':
-			b.WriteString(`\n`)
-		case r == '\r':
-			b.WriteString(`\r`)
-		case r == '\t':
-			b.WriteString(`\t`)
-		case r == utf8.RuneError:
-			b.WriteString(`\ufffd`)
-		case unicode.IsPrint(r):
-			b.WriteRune(r)
-		case r < 0x80:
-			fmt.Fprintf(&b, `\x%02x`, r)
-		default:
-			fmt.Fprintf(&b, `\u%04x`, r)
-		}
-	}
-	return b.String()
+	return safetext.Bounded(redact(s, secrets...), limit)
 }
 
 // shortID is a volume id for an event: as it is when short and printable,

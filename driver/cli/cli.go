@@ -14,9 +14,9 @@ import (
 	"io"
 	"os"
 	"strings"
-	"unicode"
 	"unicode/utf16"
 
+	"github.com/nomad-driver-csi/nomad-driver-csi/csihook/safetext"
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver"
 )
 
@@ -188,43 +188,14 @@ func wantArgs(cmd string, args []string, names ...string) error {
 // Printable returns s with every character that is not printable (control
 // characters, terminal escapes, bidirectional overrides) written as a Go
 // escape, so a string a task or plugin chose cannot drive the terminal it
-// is printed on.
-func Printable(s string) string {
-	clean := true
-	for _, r := range s {
-		if !unicode.IsGraphic(r) || r == unicode.ReplacementChar {
-			clean = false
-			break
-		}
-	}
-	if clean {
-		return s
-	}
-	var b strings.Builder
-	for i, r := range s {
-		switch {
-		case r == unicode.ReplacementChar:
-			// Invalid UTF-8 decodes as U+FFFD: show the byte.
-			if strings.HasPrefix(s[i:], string(unicode.ReplacementChar)) {
-				b.WriteRune(r)
-			} else {
-				fmt.Fprintf(&b, `\x%02x`, s[i])
-			}
-		case unicode.IsGraphic(r):
-			b.WriteRune(r)
-		case r < 0x10000:
-			fmt.Fprintf(&b, `\u%04x`, r)
-		default:
-			fmt.Fprintf(&b, `\U%08x`, r)
-		}
-	}
-	return b.String()
-}
+// is printed on: the one cleaner, csihook/safetext.
+func Printable(s string) string { return safetext.Clean(s) }
 
 // writeJSON prints v indented. encoding/json escapes C0 controls but
 // passes C1 controls (U+009B is an 8-bit CSI to some terminals), bidi
-// overrides and other invisible runes through: every rune that is not
-// graphic, but the newlines of the indentation, is escaped too, as \uXXXX
+// overrides and other invisible runes through: every rune the one cleaner
+// would escape (safetext.IsPrint), but the newlines of the indentation, is
+// escaped too, in JSON's syntax, as \uXXXX
 // (a surrogate pair beyond the BMP). Outside strings JSON holds only
 // graphic ASCII, so only strings change, and stay the same strings.
 func (e *env) writeJSON(v any) error {
@@ -237,7 +208,7 @@ func (e *env) writeJSON(v any) error {
 	var b strings.Builder
 	for _, r := range buf.String() {
 		switch {
-		case r == '\n' || unicode.IsGraphic(r):
+		case r == '\n' || safetext.IsPrint(r):
 			b.WriteRune(r)
 		case r < 0x10000:
 			fmt.Fprintf(&b, `\u%04x`, r)

@@ -140,7 +140,7 @@ func TestVolumes(t *testing.T) {
 	code, out, errOut := runCLI("volumes", "-root-dir", root)
 	must.Eq(t, 0, code, must.Sprint(errOut))
 	for _, want := range []string{"Volume vol1 (plugin p)", "Volume vol2 (plugin p)", "Stage", "staged",
-		"task-a", "task-b", "published", "/data", `task-\u001b]0;owned\u0007\u001b[2J\u202e`} {
+		"task-a", "task-b", "published", "/data", `task-\x1b]0;owned\x07\x1b[2J\u202e`} {
 		must.StrContains(t, out, want)
 	}
 	must.StrNotContains(t, out, "\x1b")
@@ -238,8 +238,8 @@ func TestProbe_hostilePlugin(t *testing.T) {
 	for _, arg := range []string{"p", sock} {
 		code, out, errOut := runCLI("probe", arg, "-root-dir", root)
 		must.Eq(t, 0, code, must.Sprint(errOut))
-		must.StrContains(t, out, `evil\u001b]52;c;cm0gLXJmIC8K\u0007`)
-		must.Eq(t, `n1\u001b[1A`, field(out, "Node ID"))
+		must.StrContains(t, out, `evil\x1b]52;c;cm0gLXJmIC8K\x07`)
+		must.Eq(t, `n1\x1b[1A`, field(out, "Node ID"))
 		must.Eq(t, "true", field(out, "Ready"))
 		must.Eq(t, "none", field(out, "Node capabilities"))
 		must.StrNotContains(t, out, "\x1b")
@@ -280,7 +280,7 @@ func TestStats(t *testing.T) {
 	must.Eq(t, 0, code, must.Sprint(errOut))
 	must.StrContains(t, out, "Volume vol1 (plugin p), task task-a volume data")
 	must.StrContains(t, out, "  bytes   1000   400        600")
-	must.StrContains(t, out, `Condition ABNORMAL: disk \u001b[5mon fire`)
+	must.StrContains(t, out, `Condition ABNORMAL: disk \x1b[5mon fire`)
 	must.StrNotContains(t, out, "\x1b")
 	p.mu.Lock()
 	must.SliceLen(t, 1, p.asked)
@@ -380,9 +380,9 @@ func TestVolumeNames(t *testing.T) {
 func TestPrintable(t *testing.T) {
 	cases := map[string]string{
 		"plain":           "plain",
-		"tab\there":       `tab\u0009here`,
-		"\x1b[31mred":     `\u001b[31mred`,
-		"del\x7f":         `del\u007f`,
+		"tab\there":       `tab\there`,
+		"\x1b[31mred":     `\x1b[31mred`,
+		"del\x7f":         `del\x7f`,
 		"c1\u009b":        `c1\u009b`,
 		"bidi\u202e":      `bidi\u202e`,
 		"bad\xffutf8":     `bad\xffutf8`,

@@ -34,7 +34,7 @@ func TestStats_lastSample(t *testing.T) {
 	code, out, _ := runCLI("stats", "vol1", "-root-dir", root)
 	must.Eq(t, 1, code)
 	must.StrContains(t, out, "Driver's last sample at 2026-01-02T03:04:05Z: bytes 40 used, 60 available, 100 total")
-	must.StrContains(t, out, `Driver's last condition ABNORMAL: bad \u001b[2J`)
+	must.StrContains(t, out, `Driver's last condition ABNORMAL: bad \x1b[2J`)
 	must.StrNotContains(t, out, "\x1b")
 
 	p.stats = true
