@@ -35,7 +35,11 @@ func main() {
 		fmt.Fprintln(os.Stderr, err)
 	}
 	defer stop()
-	plugins.Serve(func(logger hclog.Logger) interface{} {
-		return driver.NewPlugin(logger)
-	})
+	plugins.Serve(factory)
+}
+
+// factory is what Nomad is served: the driver behind the boundary that
+// cleans every error, event and exit message of job text (driver.Boundary).
+func factory(logger hclog.Logger) interface{} {
+	return driver.NewPlugin(logger).Boundary()
 }

@@ -109,9 +109,11 @@ type Driver struct {
 	telemetry telemetry
 }
 
-// NewPlugin returns the driver, ready for Nomad's SetConfig.
+// NewPlugin returns the driver, ready for Nomad's SetConfig. Nomad is
+// served its Boundary, which cleans the text of what it returns; the
+// driver's log is cleaned the same way from here.
 func NewPlugin(logger hclog.Logger) *Driver {
-	logger = logger.Named(PluginName)
+	logger = newCleanLogger(logger.Named(PluginName))
 	ctx, cancel := context.WithCancel(context.Background())
 	d := &Driver{
 		logger:  logger,

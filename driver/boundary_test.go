@@ -1,0 +1,171 @@
+package driver
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/nomad/plugins/drivers"
+	pstructs "github.com/hashicorp/nomad/plugins/shared/structs"
+	"github.com/shoenig/test/must"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/csihook"
+	"github.com/nomad-driver-csi/nomad-driver-csi/csihook/safetext"
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor"
+)
+
+// The Boundary serves every optional interface of Nomad's that the driver
+// implements: a method the driver gains must be added to the Boundary (and
+// cleaned there), or Nomad, served the Boundary, would not see it.
+func TestBoundary_servesWhatTheDriverImplements(t *testing.T) {
+	for _, iface := range []reflect.Type{
+		reflect.TypeFor[drivers.DriverPlugin](),
+		reflect.TypeFor[drivers.ExecTaskStreamingDriver](),
+		reflect.TypeFor[drivers.ExecTaskStreamingRawDriver](),
+		reflect.TypeFor[drivers.DriverNetworkManager](),
+		reflect.TypeFor[drivers.InternalCapabilitiesDriver](),
+	} {
+		d := reflect.TypeFor[*Driver]().Implements(iface)
+		b := reflect.TypeFor[*Boundary]().Implements(iface)
+		must.Eq(t, d, b, must.Sprintf("%s: the driver implements it: %t, the boundary: %t", iface, d, b))
+	}
+}
+
+// A plugin's messages (a volume call's error, a probe's failure), a
+// volume's fields and a task's exit message reach Nomad through the
+// Boundary escaped: the start error, every event, the exit result, the
+// task's status and the fingerprint.
+func TestBoundary_pluginTextAndExitMessages(t *testing.T) {
+	d := newTestDriver(t, Config{Enabled: true, AllowPrivileged: true})
+	fp := withFakePlugins(t, d)
+	b := d.Boundary()
+	events := collectEvents(t, b)
+
+	plugin := jobTask(t, TaskConfig{Command: "/bin/plugin", Privileged: true, CSIPlugin: &PluginTaskConfig{ID: "hp", Type: "monolith", MountDir: "/csi"}}, "alloc-p", "default", "plugin")
+	_, _, err := b.StartTask(plugin)
+	must.NoError(t, err)
+	waitHealthy(t, d, "hp")
+
+	// A volume call fails with the plugin's message; the volume id is the
+	// job's.
+	fp.vols.SetNextError(csihook.MethodNodePublishVolume, status.Error(codes.Internal, "disk on fire "+hostileText))
+	vol := jobTask(t, TaskConfig{Command: "/bin/sleep", Volumes: map[string]VolumeConfig{"data": {
+		PluginID: "hp", VolumeID: "v1" + hostileText, Destination: "/data", AccessMode: "single-node-writer", AttachmentMode: "file-system",
+	}}}, "alloc-w", "default", "web")
+	_, _, err = b.StartTask(vol)
+	must.Error(t, err)
+	t.Logf("start error: %v", err)
+	mustCleanAndCarry(t, err.Error())
+
+	// The plugin's probe fails with its message: the plugin task's event
+	// and the node's attributes.
+	d.Driver.mu.Lock()
+	for _, f := range fp.fakes {
+		f.NextProbeErr = status.Error(codes.Unavailable, "not ready "+hostileText)
+	}
+	d.Driver.mu.Unlock()
+	must.NoError(t, d.currentProber().Refresh(context.Background()))
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	fps, err := b.Fingerprint(ctx)
+	must.NoError(t, err)
+	got := <-fps
+	must.NotNil(t, got)
+	carried := false
+	for k, v := range got.Attributes {
+		if v.String != nil {
+			must.True(t, safetext.IsClean(*v.String), must.Sprintf("attribute %s = %q", k, *v.String))
+			carried = carried || strings.Contains(*v.String, hostileMark)
+		}
+	}
+	must.True(t, carried, must.Sprint("no attribute carries the plugin's message: the case proves nothing"))
+
+	// A task exits with a message its supervisor wrote.
+	work := jobTask(t, TaskConfig{Command: "/bin/sleep"}, "alloc-x", "default", "exit")
+	_, _, err = b.StartTask(work)
+	must.NoError(t, err)
+	d.mu.Lock()
+	proc := d.procs[len(d.procs)-1]
+	d.mu.Unlock()
+	proc.exit(executor.ExitStatus{ExitCode: 1, Err: "failed to kill the rest of the task: " + hostileText})
+	wait, err := b.WaitTask(ctx, work.ID)
+	must.NoError(t, err)
+	res := <-wait
+	must.NotNil(t, res)
+	must.Error(t, res.Err)
+	mustCleanAndCarry(t, res.Err.Error())
+	st, err := b.InspectTask(work.ID)
+	must.NoError(t, err)
+	must.NotNil(t, st.ExitResult)
+	mustCleanAndCarry(t, st.ExitResult.Err.Error())
+
+	all := events()
+	carried = false
+	for _, e := range all {
+		must.True(t, safetext.IsClean(e.Message), must.Sprintf("event %q", e.Message))
+		for k, v := range e.Annotations {
+			must.True(t, safetext.IsClean(k) && safetext.IsClean(v), must.Sprintf("annotation %q=%q", k, v))
+		}
+		carried = carried || strings.Contains(e.Message, hostileMark)
+	}
+	must.True(t, carried, must.Sprintf("no event carries the hostile text: the case proves nothing: %d events", len(all)))
+}
+
+// Each helper of the Boundary leaves clean text alone and escapes the rest.
+func TestBoundary_cleaners(t *testing.T) {
+	s := "ok " + hostileText
+	fp := cleanFingerprint(&drivers.Fingerprint{HealthDescription: s, Err: errors.New(s),
+		Attributes: map[string]*pstructs.Attribute{"a": pstructs.NewStringAttribute(s), "n": pstructs.NewIntAttribute(1, "")}})
+	mustCleanAndCarry(t, fp.HealthDescription)
+	mustCleanAndCarry(t, fp.Err.Error())
+	mustCleanAndCarry(t, *fp.Attributes["a"].String)
+	must.Eq(t, int64(1), *fp.Attributes["n"].Int)
+
+	ev := cleanEvent(&drivers.TaskEvent{Message: s, Annotations: map[string]string{"k": s}})
+	mustCleanAndCarry(t, ev.Message)
+	mustCleanAndCarry(t, ev.Annotations["k"])
+
+	plain := &drivers.ExitResult{ExitCode: 2, Err: errors.New("plain")}
+	must.True(t, cleanExitResult(plain) == plain)
+	mustCleanAndCarry(t, cleanExitResult(&drivers.ExitResult{Err: errors.New(s)}).Err.Error())
+	must.Nil(t, cleanExitResult(nil))
+}
+
+type stringer string
+
+func (s stringer) String() string { return string(s) }
+
+// The driver's log, which Nomad copies into the agent's log (where a value
+// with a newline is written as it is), holds job text escaped: messages,
+// keys and values, strings, errors, string lists and Stringers, and what
+// With and Named add.
+func TestCleanLogger(t *testing.T) {
+	var buf bytes.Buffer
+	base := hclog.New(&hclog.LoggerOptions{Output: &buf, Level: hclog.Trace})
+	l := newCleanLogger(base)
+	must.True(t, newCleanLogger(l) == l, must.Sprint("wrapped twice"))
+	s := "x" + hostileText
+	l = l.With("with", s).Named("n" + s)
+	l.Info("message "+s, "str", s, "err", fmt.Errorf("wrapped: %w", errors.New(s)), "list", []string{"a", s},
+		"stringer", stringer(s), "n", 3, "d", time.Second, "nil", nil)
+	l.Warn("two", "k"+s, "v")
+	l.Log(hclog.Error, "three", "v", s)
+	out := buf.String()
+	t.Logf("%s", out)
+	lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
+	must.SliceLen(t, 3, lines, must.Sprint("a value with a newline was written over several lines"))
+	for _, line := range lines {
+		must.True(t, safetext.IsClean(line), must.Sprintf("raw terminal text in %q", line))
+		must.StrContains(t, line, hostileMark)
+	}
+	must.StrContains(t, lines[0], "n=3")
+	must.StrContains(t, lines[0], "d=1s")
+}
