@@ -93,6 +93,11 @@ func start(logger hclog.Logger, spec *Spec, late func() ([]Mount, error), sp *sp
 	if err := wire.WriteJSON(filepath.Join(spec.StateDir, wire.SpecFile), spec, 0o600, false); err != nil {
 		return fail(fmt.Errorf("failed to start task: %w", err))
 	}
+	// The exit status's file is made now, while there is room: the
+	// supervisor writes the status into it in place (wire.WriteExit).
+	if err := wire.ReserveExit(filepath.Join(spec.StateDir, wire.ExitFile)); err != nil {
+		return fail(fmt.Errorf("failed to start task: %w", err))
+	}
 	logPath := filepath.Join(spec.StateDir, wire.SupervisorLogFile)
 	if sp != nil {
 		err := recordSupervisor(spec.StateDir, sp.cmd.Process.Pid)
@@ -316,11 +321,7 @@ func logTail(path string) string {
 }
 
 func readExitStatus(stateDir string) (*ExitStatus, error) {
-	var st ExitStatus
-	if err := wire.ReadJSON(filepath.Join(stateDir, wire.ExitFile), &st); err != nil {
-		return nil, err
-	}
-	return &st, nil
+	return wire.ReadExit(filepath.Join(stateDir, wire.ExitFile))
 }
 
 // watch waits for the supervisor to exit and records the task's status.

@@ -178,7 +178,9 @@ func runSupervisor(args []string) int {
 	}
 
 	status := waitTask(logger, cmd, group)
-	if err := wire.WriteJSONAtomic(filepath.Join(stateDir, wire.ExitFile), status, 0o600); err != nil {
+	// In place, into the file the start reserved: a full file system
+	// (another task may have filled it) must not lose the exit status.
+	if err := wire.WriteExit(filepath.Join(stateDir, wire.ExitFile), status); err != nil {
 		logger.Error("failed to record the exit status", "error", err)
 		return 1
 	}

@@ -44,7 +44,10 @@ const (
 
 // Files in Spec.StateDir.
 const (
-	SpecFile          = "spec.json"
+	SpecFile = "spec.json"
+	// ExitFile is reserved by the start and written in place by the
+	// supervisor (exit.go); an older supervisor renames a new file over
+	// it, which reads alike.
 	ExitFile          = "exit.json"
 	SupervisorLogFile = "supervisor.log"
 	// SupervisorFile names the supervisor (SupervisorRecord) from the
