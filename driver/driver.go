@@ -60,6 +60,8 @@ type Driver struct {
 	mhzPerCore float64
 	// sentAttrs are the attribute keys of the last fingerprint sent.
 	sentAttrs map[string]bool
+	// rootFull is set while root_dir's file system is full (diskfull.go).
+	rootFull bool
 	// shim is the supervisor binary tasks start with ("" = this binary).
 	shim string
 
@@ -359,6 +361,15 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 	tc, err := decodeTaskConfig(cfg, conf)
 	if err != nil {
 		return nil, nil, err
+	}
+	// A full root_dir cannot hold the task's state: refused now, before a
+	// volume is staged for it (diskfull.go).
+	if err := d.rootRoom(conf, nil); err != nil {
+		var full *fullError
+		if errors.As(err, &full) {
+			return nil, nil, fmt.Errorf("failed to start task: %w", err)
+		}
+		d.logger.Debug("failed to check the room left in root_dir", "error", err)
 	}
 
 	logger := d.logger.With("alloc_id", cfg.AllocID, "task_name", cfg.Name, "task_id", cfg.ID)

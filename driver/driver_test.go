@@ -16,6 +16,7 @@ import (
 	"github.com/hashicorp/nomad/plugins/drivers"
 	pstructs "github.com/hashicorp/nomad/plugins/shared/structs"
 	"github.com/shoenig/test/must"
+	"golang.org/x/sys/unix"
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/csihook"
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/cgroups"
@@ -112,12 +113,22 @@ type fakeHost struct {
 	mountNS   error
 	cgroupErr error
 	writeErr  error
+	// statfs is what Statfs reports (a roomy file system when nil).
+	statfs *unix.Statfs_t
 }
 
 func (h fakeHost) IsRoot() bool              { return h.root }
 func (h fakeHost) MountNamespaces() error    { return h.mountNS }
 func (h fakeHost) Cgroups() error            { return h.cgroupErr }
 func (h fakeHost) Writable(dir string) error { return h.writeErr }
+func (h fakeHost) Statfs(dir string, st *unix.Statfs_t) error {
+	if h.statfs == nil {
+		*st = unix.Statfs_t{Bsize: 4096, Blocks: 1 << 20, Bfree: 1 << 19, Files: 1 << 16, Ffree: 1 << 15}
+		return nil
+	}
+	*st = *h.statfs
+	return nil
+}
 
 // testDriver is a driver whose processes are fakes, configured with cfg.
 type testDriver struct {

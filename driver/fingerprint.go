@@ -7,6 +7,7 @@ import (
 
 	"github.com/hashicorp/nomad/plugins/drivers"
 	pstructs "github.com/hashicorp/nomad/plugins/shared/structs"
+	"golang.org/x/sys/unix"
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/cgroups"
 	"github.com/nomad-driver-csi/nomad-driver-csi/fingerprint"
@@ -23,6 +24,8 @@ type hostProbe interface {
 	Cgroups() error
 	// Writable is nil when dir can hold the driver's state.
 	Writable(dir string) error
+	// Statfs is statfs(2) of dir.
+	Statfs(dir string, st *unix.Statfs_t) error
 }
 
 type realHost struct{}
@@ -37,6 +40,8 @@ func (realHost) MountNamespaces() error {
 }
 
 func (realHost) Cgroups() error { return cgroups.Available() }
+
+func (realHost) Statfs(dir string, st *unix.Statfs_t) error { return unix.Statfs(dir, st) }
 
 func (realHost) Writable(dir string) error {
 	f, err := os.CreateTemp(dir, ".probe-*")
@@ -91,13 +96,42 @@ func (d *Driver) buildFingerprint() *drivers.Fingerprint {
 		fp.HealthDescription = fmt.Sprintf("cannot limit task resources: %v", err)
 		return fp
 	}
-	if err := d.host.Writable(conf.tasksDir()); err != nil {
+	werr := d.host.Writable(conf.tasksDir())
+	if werr != nil && !isFullErrno(werr) {
 		fp.Health = drivers.HealthStateUnhealthy
-		fp.HealthDescription = fmt.Sprintf("root_dir %q is not writable: %v", conf.RootDir, err)
+		fp.HealthDescription = fmt.Sprintf("root_dir %q is not writable: %v", conf.RootDir, werr)
 		return fp
 	}
+	// Full is not broken (see diskfull.go): the driver stays healthy and
+	// says so, and a job can keep off the node by the attribute.
 	fp.HealthDescription = drivers.DriverHealthy
+	err := d.rootRoom(conf, werr)
+	var full *fullError
+	if errors.As(err, &full) {
+		fp.HealthDescription = full.Error()
+		fp.Attributes["driver.csi.root_dir_full"] = pstructs.NewStringAttribute(full.what)
+	} else if err != nil {
+		d.logger.Debug("failed to check the room left in root_dir", "error", err)
+	}
+	d.noteFull(full)
 	return fp
+}
+
+// noteFull logs root_dir's file system filling up and being freed, once
+// each.
+func (d *Driver) noteFull(full *fullError) {
+	d.mu.Lock()
+	was := d.rootFull
+	d.rootFull = full != nil
+	d.mu.Unlock()
+	switch {
+	case full != nil && !was:
+		d.logger.Warn("root_dir's file system is full: new tasks are refused until files are removed there; running tasks go on",
+			"root_dir", full.rootDir, "file_system", full.fs, "full", full.what,
+			"fix", "remove files there; keep root_dir on a file system of its own, apart from Nomad's data_dir")
+	case full == nil && was:
+		d.logger.Info("root_dir's file system has room again: new tasks start")
+	}
 }
 
 // clearDropped adds an empty value for every attribute the last
