@@ -2,7 +2,7 @@ package driver
 
 import (
 	"fmt"
-	"net"
+	"path/filepath"
 	"testing"
 	"time"
 )
@@ -15,12 +15,7 @@ import (
 // start benchmarks. It reports the medians (on-ms, off-ms) and their
 // ratio.
 func BenchmarkStartTaskTelemetry(b *testing.B) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	_ = ln.Close()
+	addr := "unix://" + filepath.Join(shortTempDir(b), "metrics.sock")
 	on := newStartBench(b, func(c *Config) {
 		c.CgroupParent = "nomad-csi-bench-on"
 		c.VolumeStatsInterval = "1s"

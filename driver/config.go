@@ -113,7 +113,11 @@ var configSpec = hclspec.NewObject(map[string]*hclspec.Spec{
 		hclspec.NewAttr("volume_stats_interval", "string", false),
 		hclspec.NewLiteral(fmt.Sprintf("%q", DefaultVolumeStatsInterval)),
 	),
-	"metrics_address": hclspec.NewAttr("metrics_address", "string", false),
+	"metrics_address":    hclspec.NewAttr("metrics_address", "string", false),
+	"metrics_token_file": hclspec.NewAttr("metrics_token_file", "string", false),
+	// Refused, with why (telemetry.go): the agent's config is no place
+	// for a secret.
+	"metrics_token": hclspec.NewAttr("metrics_token", "string", false),
 	// The node's total CPU compute in MHz for task CPU stats, as the
 	// agent's cpu_total_compute; 0 measures it (cpuspeed.go).
 	"cpu_total_compute": hclspec.NewDefault(
@@ -233,9 +237,14 @@ type Config struct {
 
 	// VolumeStatsInterval is how often each published volume is sampled
 	// with NodeGetVolumeStats ("0" or "0s": never); MetricsAddress is the
-	// host:port of the Prometheus endpoint ("": none). See telemetry.go.
+	// host:port or unix:///path of the Prometheus endpoint ("": none),
+	// MetricsTokenFile the root-only file holding the bearer token it
+	// asks for (required on TCP). MetricsToken is refused. See
+	// telemetry.go.
 	VolumeStatsInterval string `codec:"volume_stats_interval"`
 	MetricsAddress      string `codec:"metrics_address"`
+	MetricsTokenFile    string `codec:"metrics_token_file"`
+	MetricsToken        string `codec:"metrics_token"`
 
 	// CPUTotalCompute is the node's total CPU compute in MHz, the agent's
 	// cpu_total_compute repeated where the driver's own measurement of

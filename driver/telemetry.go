@@ -2,11 +2,16 @@ package driver
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"net"
+	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/csihook"
@@ -24,7 +29,12 @@ import (
 // are bounded and hashed (driver/metrics). The plugin's condition message
 // reaches the task's events cleaned (csihook.cleanMessage): no terminal
 // escapes, no secrets, at most 256 runes. The endpoint listens only where
-// the operator says; a job cannot open or move it.
+// the operator says; a job cannot open or move it. What it serves (other
+// namespaces' volume ids, their usage, plugin health) is the node's, not a
+// job's: on a TCP port, which every task on the host network can reach
+// (loopback included), it asks for a bearer token read from a root-only
+// file; on a unix socket (mode 0600 in a root-only directory) only root
+// can connect.
 
 // DefaultVolumeStatsInterval is volume_stats_interval when unset.
 const DefaultVolumeStatsInterval = "1m"
@@ -55,7 +65,27 @@ func (c *Config) validateTelemetry() error {
 	if _, err := parseStatsInterval(c.VolumeStatsInterval); err != nil {
 		return err
 	}
+	if c.MetricsToken != "" {
+		return errors.New("metrics_token is not accepted: Nomad shows the plugin's config to whoever can read /v1/agent/self " +
+			"(with ACLs off, every task on the host network), and agent config files are often world-readable; write the token " +
+			"into a file only root can read (mode 0600) and name it with metrics_token_file")
+	}
+	if c.MetricsTokenFile != "" {
+		if c.MetricsAddress == "" {
+			return errors.New("metrics_token_file is set but metrics_address is not: set both, or neither")
+		}
+		if !filepath.IsAbs(c.MetricsTokenFile) {
+			return fmt.Errorf("metrics_token_file must be an absolute path, got %q", c.MetricsTokenFile)
+		}
+	}
 	if c.MetricsAddress == "" {
+		return nil
+	}
+	if path, ok := strings.CutPrefix(c.MetricsAddress, metrics.UnixPrefix); ok {
+		if !filepath.IsAbs(path) || filepath.Clean(path) != path {
+			return fmt.Errorf("metrics_address %q must name an absolute, clean socket path after %q, such as %q",
+				c.MetricsAddress, metrics.UnixPrefix, metrics.UnixPrefix+defaultMetricsSocket)
+		}
 		return nil
 	}
 	host, port, err := net.SplitHostPort(c.MetricsAddress)
@@ -70,10 +100,66 @@ func (c *Config) validateTelemetry() error {
 		}
 	}
 	if err != nil {
-		return fmt.Errorf("metrics_address must be an IP address and port to listen on such as \"127.0.0.1:9465\", got %q: %v",
-			c.MetricsAddress, err)
+		return fmt.Errorf("metrics_address must be a unix socket such as %q, or an IP address and port such as \"127.0.0.1:9465\", got %q: %v",
+			metrics.UnixPrefix+defaultMetricsSocket, c.MetricsAddress, err)
+	}
+	if c.MetricsTokenFile == "" {
+		return fmt.Errorf("metrics_address %q is a TCP port, which every task on the host network can reach, loopback included: "+
+			"set metrics_token_file to a root-only file holding a bearer token for the scraper, or listen on a unix socket such as %q",
+			c.MetricsAddress, metrics.UnixPrefix+defaultMetricsSocket)
 	}
 	return nil
+}
+
+// defaultMetricsSocket is the socket path the docs and errors suggest.
+const defaultMetricsSocket = "/run/nomad-driver-csi/metrics.sock"
+
+// Bounds of the metrics token.
+const (
+	minMetricsToken = 16
+	maxMetricsToken = 4096
+)
+
+// readMetricsToken reads the bearer token from path: a regular file (a
+// symlink is not followed) owned by root that neither its group nor
+// others can read or write, holding one line of at least minMetricsToken
+// visible ASCII characters (it goes into an HTTP header). It is read when
+// the driver is configured: a new token takes a restart of the agent.
+func readMetricsToken(path string) (string, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return "", fmt.Errorf("metrics_token_file %q: %w", path, err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return "", fmt.Errorf("metrics_token_file %q: %w", path, err)
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	switch {
+	case !fi.Mode().IsRegular():
+		return "", fmt.Errorf("metrics_token_file %q must be a regular file, not %s", path, fi.Mode().Type())
+	case !ok || st.Uid != 0:
+		return "", fmt.Errorf("metrics_token_file %q must be owned by root (chown root %s)", path, path)
+	case fi.Mode().Perm()&0o077 != 0:
+		return "", fmt.Errorf("metrics_token_file %q is mode %v: it must be readable by root only (chmod 0600 %s)", path, fi.Mode().Perm(), path)
+	case fi.Size() > maxMetricsToken:
+		return "", fmt.Errorf("metrics_token_file %q holds %d bytes: a token of at most %d is expected", path, fi.Size(), maxMetricsToken)
+	}
+	b, err := io.ReadAll(io.LimitReader(f, maxMetricsToken+1))
+	if err != nil {
+		return "", fmt.Errorf("metrics_token_file %q: %w", path, err)
+	}
+	token := strings.TrimRight(string(b), "\r\n")
+	if len(token) < minMetricsToken {
+		return "", fmt.Errorf("metrics_token_file %q holds a token of %d characters: use at least %d, such as the output of `openssl rand -hex 32`", path, len(token), minMetricsToken)
+	}
+	for i := 0; i < len(token); i++ {
+		if token[i] < 0x21 || token[i] > 0x7e {
+			return "", fmt.Errorf("metrics_token_file %q: the token must be one line of visible ASCII characters (no spaces), such as the output of `openssl rand -hex 32`", path)
+		}
+	}
+	return token, nil
 }
 
 // telemetry is the driver's metrics and their endpoint.
@@ -140,11 +226,19 @@ func (d *Driver) configureMetrics(cfg Config) error {
 		d.telemetry.endpoint.Close()
 		return nil
 	}
-	s, err := d.telemetry.endpoint.Set(d.telemetryMetrics(), cfg.MetricsAddress)
+	l := metrics.Listen{Address: cfg.MetricsAddress}
+	if cfg.MetricsTokenFile != "" {
+		token, err := readMetricsToken(cfg.MetricsTokenFile)
+		if err != nil {
+			return fmt.Errorf("invalid csi plugin config: %w", err)
+		}
+		l.Token = token
+	}
+	s, err := d.telemetry.endpoint.Set(d.telemetryMetrics(), l)
 	if err != nil {
 		return fmt.Errorf("invalid csi plugin config: %w", err)
 	}
-	d.logger.Info("serving metrics", "metrics_address", s.ListenAddr())
+	d.logger.Info("serving metrics", "metrics_address", s.ListenAddr(), "token", l.Token != "")
 	return nil
 }
 

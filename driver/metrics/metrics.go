@@ -21,10 +21,12 @@ package metrics
 
 import (
 	"context"
+	"crypto/subtle"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -223,23 +225,55 @@ func b2f(b bool) float64 {
 	return 0
 }
 
-// Server is the endpoint listening on one address.
-type Server struct {
-	addr string
-	ln   net.Listener
-	srv  *http.Server
-	done chan struct{}
+// Listen says where the endpoint listens and who may read it.
+type Listen struct {
+	// Address is "host:port" (TCP) or "unix:///path" (a unix socket, see
+	// listenUnix).
+	Address string
+	// Token, when set, is the bearer token every request must carry
+	// ("Authorization: Bearer <token>"); others get 401.
+	Token string
 }
 
-// Serve listens on addr (host:port) and serves /metrics until Close.
-func (m *Metrics) Serve(addr string) (*Server, error) {
-	ln, err := net.Listen("tcp", addr)
+// UnixPrefix starts an Address that is a unix socket's path.
+const UnixPrefix = "unix://"
+
+// Server is the endpoint listening on one address.
+type Server struct {
+	listen Listen
+	ln     net.Listener
+	srv    *http.Server
+	done   chan struct{}
+	// socket is the unix socket's path, removed on Close if it is still
+	// inode socketIno.
+	socket    string
+	socketIno uint64
+}
+
+// Serve listens as l says and serves /metrics until Close.
+func (m *Metrics) Serve(l Listen) (*Server, error) {
+	var (
+		ln     net.Listener
+		socket string
+		ino    uint64
+		err    error
+	)
+	if path, ok := strings.CutPrefix(l.Address, UnixPrefix); ok {
+		socket = path
+		ln, ino, err = listenUnix(path)
+	} else {
+		ln, err = net.Listen("tcp", l.Address)
+	}
 	if err != nil {
-		return nil, fmt.Errorf("failed to listen on metrics_address %q: %w", addr, err)
+		return nil, fmt.Errorf("failed to listen on metrics_address %q: %w", l.Address, err)
+	}
+	var h http.Handler = m.Handler()
+	if l.Token != "" {
+		h = requireToken(l.Token, h)
 	}
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", m.Handler())
-	s := &Server{addr: addr, ln: ln, done: make(chan struct{}),
+	mux.Handle("/metrics", h)
+	s := &Server{listen: l, ln: ln, done: make(chan struct{}), socket: socket, socketIno: ino,
 		srv: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
 			WriteTimeout: 30 * time.Second, MaxHeaderBytes: 16 << 10}}
 	go func() {
@@ -249,10 +283,29 @@ func (m *Metrics) Serve(addr string) (*Server, error) {
 	return s, nil
 }
 
+// requireToken serves h only to requests that carry the bearer token.
+func requireToken(token string, h http.Handler) http.Handler {
+	want := []byte("Bearer " + token)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got := []byte(r.Header.Get("Authorization"))
+		if subtle.ConstantTimeCompare(got, want) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="nomad-driver-csi metrics"`)
+			http.Error(w, "a bearer token is required (metrics_token_file in the driver's plugin config)", http.StatusUnauthorized)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
 // Addr is the address the server was asked to listen on; ListenAddr is
 // where it listens (with the port chosen for ":0").
-func (s *Server) Addr() string       { return s.addr }
-func (s *Server) ListenAddr() string { return s.ln.Addr().String() }
+func (s *Server) Addr() string { return s.listen.Address }
+func (s *Server) ListenAddr() string {
+	if s.socket != "" {
+		return UnixPrefix + s.socket
+	}
+	return s.ln.Addr().String()
+}
 
 // Close stops listening and waits for the server to end; scrapes in
 // flight get a moment to finish.
@@ -264,6 +317,11 @@ func (s *Server) Close() error {
 		err = s.srv.Close()
 	}
 	<-s.done
+	if s.socket != "" {
+		if rerr := removeSocket(s.socket, s.socketIno); rerr != nil && err == nil {
+			err = rerr
+		}
+	}
 	return err
 }
 
@@ -273,23 +331,23 @@ type Endpoint struct {
 	srv *Server
 }
 
-// Set makes the endpoint listen on addr: the server already listening
-// there is kept (a second SetConfig must not fail with "address in use"),
-// another is closed first, and "" closes it.
-func (e *Endpoint) Set(m *Metrics, addr string) (*Server, error) {
+// Set makes the endpoint listen as l says: the server already listening
+// so is kept (a second SetConfig must not fail with "address in use"),
+// another is closed first, and an empty Address closes it.
+func (e *Endpoint) Set(m *Metrics, l Listen) (*Server, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.srv != nil && e.srv.addr == addr {
+	if e.srv != nil && e.srv.listen == l {
 		return e.srv, nil
 	}
 	if e.srv != nil {
 		_ = e.srv.Close()
 		e.srv = nil
 	}
-	if addr == "" {
+	if l.Address == "" {
 		return nil, nil
 	}
-	s, err := m.Serve(addr)
+	s, err := m.Serve(l)
 	if err != nil {
 		return nil, err
 	}

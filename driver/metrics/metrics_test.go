@@ -20,7 +20,7 @@ import (
 // scrape returns the text exposition of m's registry.
 func scrape(t *testing.T, m *Metrics) string {
 	t.Helper()
-	srv, err := m.Serve("127.0.0.1:0")
+	srv, err := m.Serve(Listen{Address: "127.0.0.1:0"})
 	must.NoError(t, err)
 	defer srv.Close()
 	return get(t, srv.ListenAddr())
@@ -132,24 +132,24 @@ func TestEndpoint(t *testing.T) {
 	addr := freeAddr(t)
 	var e Endpoint
 	defer e.Close()
-	s1, err := e.Set(m, addr)
+	s1, err := e.Set(m, Listen{Address: addr})
 	must.NoError(t, err)
-	s2, err := e.Set(m, addr)
+	s2, err := e.Set(m, Listen{Address: addr})
 	must.NoError(t, err)
 	must.True(t, s1 == s2)
 	get(t, addr)
 
 	addr2 := freeAddr(t)
-	_, err = e.Set(m, addr2)
+	_, err = e.Set(m, Listen{Address: addr2})
 	must.NoError(t, err)
 	get(t, addr2)
 	mustBeFree(t, addr)
 
-	_, err = e.Set(m, "")
+	_, err = e.Set(m, Listen{})
 	must.NoError(t, err)
 	mustBeFree(t, addr2)
 
-	_, err = e.Set(m, addr)
+	_, err = e.Set(m, Listen{Address: addr})
 	must.NoError(t, err)
 	e.Close()
 	mustBeFree(t, addr)
@@ -158,7 +158,7 @@ func TestEndpoint(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	must.NoError(t, err)
 	defer ln.Close()
-	_, err = e.Set(m, ln.Addr().String())
+	_, err = e.Set(m, Listen{Address: ln.Addr().String()})
 	must.ErrorContains(t, err, "metrics_address")
 }
 
