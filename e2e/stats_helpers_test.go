@@ -4,12 +4,15 @@ package e2e
 
 // Helpers of the stats and metrics cases (stats_test.go, metrics_test.go):
 // an agent whose driver samples volume stats every second and serves its
-// metrics on a free loopback port, and a scrape of that endpoint.
+// metrics on a unix socket, and a scrape of that endpoint.
 
 import (
+	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -17,28 +20,33 @@ import (
 )
 
 // statsAgent starts a privileged agent for volume cases with
-// volume_stats_interval = "1s" and metrics on 127.0.0.1; it returns the
-// agent and the metrics address. The volume cases' final check runs
-// before the harness closes it.
+// volume_stats_interval = "1s" and metrics on a unix socket; it returns
+// the agent and the metrics address (unix:///path). The volume cases'
+// final check runs before the harness closes it.
 func statsAgent(t *testing.T) (*Agent, string) {
 	t.Helper()
 	requireCSI(t)
 	csiBin(t, "csi-fixture")
-	ports, err := freePorts(1)
-	if err != nil {
-		t.Fatalf("%v", err)
-	}
-	addr := fmt.Sprintf("127.0.0.1:%d", ports[0])
+	addr := "unix://" + filepath.Join(t.TempDir(), "metrics.sock")
 	a := StartAgent(t, AgentOptions{AllowPrivileged: true,
 		DriverConfig: fmt.Sprintf("volume_stats_interval = \"1s\"\n    metrics_address = %q\n", addr)})
 	t.Cleanup(func() { volFinalCheck(t, a) })
 	return a, addr
 }
 
-// scrapeMetrics returns the text the driver's metrics endpoint serves.
+// scrapeMetrics returns the text the driver's metrics endpoint serves at
+// addr, a unix:///path or a host:port without a token.
 func scrapeMetrics(addr string) (string, error) {
 	c := http.Client{Timeout: 10 * time.Second}
-	resp, err := c.Get("http://" + addr + "/metrics")
+	url := "http://" + addr + "/metrics"
+	if sock, ok := strings.CutPrefix(addr, "unix://"); ok {
+		c.Transport = &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", sock)
+		}}
+		url = "http://unix/metrics"
+	}
+	resp, err := c.Get(url)
 	if err != nil {
 		return "", err
 	}

@@ -78,7 +78,9 @@ plugin "nomad-driver-csi" {
     # once a minute; "0" turns it off.
     volume_stats_interval = "1m"
 
-    # Serve Prometheus metrics on the loopback only ("" or unset: none).
-    metrics_address = "127.0.0.1:9465"
+    # Serve Prometheus metrics on a unix socket only root can connect to
+    # ("" or unset: none). A TCP address is reached by every task on the
+    # host network, loopback included: it needs metrics_token_file too.
+    metrics_address = "unix:///run/nomad-driver-csi/metrics.sock"
   }
 }

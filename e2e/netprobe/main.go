@@ -6,6 +6,11 @@
 //	                             every connection with "netprobe NAME ADDR"
 //	netprobe dial ADDR...        connects to each address and prints one
 //	                             line "ADDR=ok NAME" or "ADDR=fail REASON"
+//	netprobe get URL [TOKEN]     GETs an http:// URL, or a path over a unix
+//	                             socket (unix:///socket/path:/url/path), with
+//	                             the bearer token when given, and prints
+//	                             "GET status=CODE" or "GET fail REASON", then
+//	                             the body
 //
 // serve prints "listening ADDR" for each address once it listens and runs
 // until it is killed; dial always exits 0 once every address is tried.
@@ -13,9 +18,12 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"strings"
 	"syscall"
@@ -28,7 +36,7 @@ const dialTimeout = 3 * time.Second
 
 func main() {
 	if len(os.Args) < 3 {
-		fmt.Fprintln(os.Stderr, "usage: netprobe serve NAME ADDR... | netprobe dial ADDR...")
+		fmt.Fprintln(os.Stderr, "usage: netprobe serve NAME ADDR... | netprobe dial ADDR... | netprobe get URL [TOKEN]")
 		os.Exit(2)
 	}
 	switch os.Args[1] {
@@ -45,6 +53,12 @@ func main() {
 		for _, addr := range os.Args[2:] {
 			fmt.Printf("%s=%s\n", addr, dial(addr))
 		}
+	case "get":
+		token := ""
+		if len(os.Args) > 3 {
+			token = os.Args[3]
+		}
+		get(os.Args[2], token)
 	default:
 		fmt.Fprintf(os.Stderr, "netprobe: unknown command %q\n", os.Args[1])
 		os.Exit(2)
@@ -97,11 +111,47 @@ func dial(addr string) string {
 	return "ok " + f[1]
 }
 
+// get GETs url (http://HOST/PATH, or unix:///SOCKET:/PATH) and prints the
+// status and the body; it always exits 0.
+func get(url, token string) {
+	tr := &http.Transport{}
+	if rest, ok := strings.CutPrefix(url, "unix://"); ok {
+		sock, path, _ := strings.Cut(rest, ":")
+		tr.DialContext = func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", sock)
+		}
+		url = "http://unix" + path
+	}
+	c := http.Client{Timeout: dialTimeout, Transport: tr}
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	if err != nil {
+		fmt.Printf("GET fail %s\n", reason(err))
+		return
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		fmt.Printf("GET fail %s\n", reason(err))
+		return
+	}
+	defer resp.Body.Close()
+	fmt.Printf("GET status=%d\n", resp.StatusCode)
+	_, _ = io.Copy(os.Stdout, io.LimitReader(resp.Body, 1<<20))
+	fmt.Println()
+}
+
 func reason(err error) string {
 	var ne net.Error
 	switch {
 	case errors.Is(err, syscall.ECONNREFUSED):
 		return "refused"
+	case errors.Is(err, syscall.EACCES):
+		return "permission denied"
+	case errors.Is(err, syscall.ENOENT):
+		return "no such file"
 	case errors.Is(err, syscall.ENETUNREACH), errors.Is(err, syscall.EHOSTUNREACH):
 		return "unreachable"
 	case errors.As(err, &ne) && ne.Timeout():
