@@ -103,6 +103,9 @@ var configSpec = hclspec.NewObject(map[string]*hclspec.Spec{
 	),
 	"denied_host_uids": hclspec.NewAttr("denied_host_uids", "string", false),
 	"denied_host_gids": hclspec.NewAttr("denied_host_gids", "string", false),
+	// A bounded tmpfs /tmp (tmp.go).
+	"tmp_size":   hclspec.NewAttr("tmp_size", "string", false),
+	"tmp_inodes": hclspec.NewAttr("tmp_inodes", "number", false),
 	// Groups a task's user = "name:group" may name although the user is
 	// not a member (see checkUserGroup).
 	"allow_user_groups": hclspec.NewAttr("allow_user_groups", "list(string)", false),
@@ -234,6 +237,12 @@ type Config struct {
 	// PrivilegedGrants say which tasks may run privileged, and reserve
 	// plugin ids for them (see authorize).
 	PrivilegedGrants []PrivilegedGrant `codec:"privileged_grant"`
+	// TmpSize ("64MiB"), when set, makes the /tmp of a task that is not
+	// privileged a tmpfs of that size with TmpInodes inodes (default: one
+	// per 4 KiB, at least 1024) instead of Nomad's task tmp/ directory on
+	// the allocation's disk. See tmp.go.
+	TmpSize   string `codec:"tmp_size"`
+	TmpInodes int    `codec:"tmp_inodes"`
 
 	// VolumeStatsInterval is how often each published volume is sampled
 	// with NodeGetVolumeStats ("0" or "0s": never); MetricsAddress is the
@@ -327,6 +336,9 @@ func (c *Config) validate() error {
 	}
 	if c.CPUTotalCompute < 0 {
 		return fmt.Errorf("cpu_total_compute must be 0 (measure the CPU speed) or the node's total CPU compute in MHz, as the agent's cpu_total_compute, got %d", c.CPUTotalCompute)
+	}
+	if _, _, err := c.tmpLimits(); err != nil {
+		return err
 	}
 	if _, err := parseIDRanges("denied_host_uids", c.DeniedHostUIDs); err != nil {
 		return err

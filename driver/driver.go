@@ -604,7 +604,8 @@ func (d *Driver) buildSpec(conf *Config, cfg *drivers.TaskConfig, tc *TaskConfig
 	} else if dns != nil && !slices.ContainsFunc(mounts, func(o executor.Mount) bool { return o.Target == dns.Target }) {
 		mounts = append(mounts, *dns)
 	}
-	for _, m := range nomadDirMounts(cfg, isolated) {
+	tmpSize, _, _ := conf.tmpLimits()
+	for _, m := range nomadDirMounts(cfg, isolated, tmpSize > 0) {
 		if _, err := os.Stat(m.Source); err != nil || slices.ContainsFunc(mounts, func(o executor.Mount) bool { return o.Target == m.Target }) {
 			continue
 		}

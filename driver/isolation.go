@@ -244,10 +244,13 @@ func (c *Config) isolation(tc *TaskConfig) *executor.Isolation {
 		}
 		return task != IsolationModeHost
 	}
+	size, inodes, _ := c.tmpLimits()
 	return &executor.Isolation{
 		ChrootEnv:  c.chrootEnv(),
 		PrivatePID: mode(tc.PIDMode, c.DefaultPIDMode),
 		PrivateIPC: mode(tc.IPCMode, c.DefaultIPCMode),
+		TmpSize:    size,
+		TmpInodes:  inodes,
 	}
 }
 
@@ -282,8 +285,9 @@ func (c *Config) defaultIsolation() *executor.Isolation { return c.isolation(&Ta
 // nomadDirMounts binds the allocation's directories where Nomad's
 // environment says they are for an image-based driver (/alloc, /local,
 // /secrets) and, for an isolated task, the task's own tmp at /tmp (a
-// privileged task sees the host's).
-func nomadDirMounts(cfg *drivers.TaskConfig, isolated bool) []executor.Mount {
+// privileged task sees the host's) unless tmpfsTmp says its /tmp is a
+// tmpfs of bounded size (tmp_size).
+func nomadDirMounts(cfg *drivers.TaskConfig, isolated, tmpfsTmp bool) []executor.Mount {
 	if cfg.AllocDir == "" {
 		return nil
 	}
@@ -293,7 +297,7 @@ func nomadDirMounts(cfg *drivers.TaskConfig, isolated bool) []executor.Mount {
 		{td.LocalDir, "/local"},
 		{td.SecretsDir, "/secrets"},
 	}
-	if isolated {
+	if isolated && !tmpfsTmp {
 		dirs = append(dirs, [2]string{td.Dir + "/tmp", "/tmp"})
 	}
 	out := make([]executor.Mount, 0, len(dirs)+1)

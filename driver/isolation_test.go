@@ -82,7 +82,7 @@ func TestNomadDirMounts_LogsReadOnly(t *testing.T) {
 		want     bool
 	}{{true, true}, {false, false}} {
 		var logs *executor.Mount
-		for _, m := range nomadDirMounts(cfg, tc.isolated) {
+		for _, m := range nomadDirMounts(cfg, tc.isolated, false) {
 			if m.Target == "/alloc/logs" {
 				logs = &m
 			}
@@ -120,7 +120,7 @@ func TestNomadDirMounts_TokensReadOnly(t *testing.T) {
 	must.NoError(t, os.Symlink("/etc/shadow", filepath.Join(secrets, "nomad_other.jwt")))
 
 	got := map[string]executor.Mount{}
-	for _, m := range nomadDirMounts(cfg, true) {
+	for _, m := range nomadDirMounts(cfg, true, false) {
 		if strings.HasPrefix(m.Target, "/secrets/") {
 			got[m.Target] = m
 		}
@@ -132,7 +132,7 @@ func TestNomadDirMounts_TokensReadOnly(t *testing.T) {
 		must.Eq(t, filepath.Join(secrets, name), m.Source)
 		must.True(t, m.ReadOnly)
 	}
-	for _, m := range nomadDirMounts(cfg, false) {
+	for _, m := range nomadDirMounts(cfg, false, false) {
 		must.False(t, strings.HasPrefix(m.Target, "/secrets/"), must.Sprint("a privileged task got a token mount"))
 	}
 }

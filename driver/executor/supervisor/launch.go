@@ -344,7 +344,7 @@ func forkTask(m mounter.Interface, spec *wire.Spec, attr *syscall.SysProcAttr, r
 		}
 	}
 	if spec.Isolation != nil {
-		if err := mountTmp(m, spec.Mounts, spec.LateMounts); err != nil {
+		if err := mountTmp(m, spec.Isolation, spec.Mounts, spec.LateMounts); err != nil {
 			return nil, err
 		}
 	}

@@ -284,8 +284,10 @@ func buildSys(m mounter.Interface, root string) error {
 }
 
 // mountTmp gives the task a /tmp of its own when none of its mounts is
-// one: a tmpfs, charged to the task's memory.
-func mountTmp(m mounter.Interface, mounts ...[]wire.Mount) error {
+// one: a tmpfs, charged to the task's memory, of iso.TmpSize bytes and
+// iso.TmpInodes inodes when set (the driver then leaves Nomad's task tmp/
+// out of the mounts).
+func mountTmp(m mounter.Interface, iso *wire.Isolation, mounts ...[]wire.Mount) error {
 	for _, list := range mounts {
 		for _, mnt := range list {
 			if filepath.Clean(mnt.Target) == "/tmp" {
@@ -298,8 +300,20 @@ func mountTmp(m mounter.Interface, mounts ...[]wire.Mount) error {
 		return err
 	}
 	_ = target.Close()
-	if err := m.Mount("tmpfs", "/tmp", "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=1777"); err != nil {
+	if err := m.Mount("tmpfs", "/tmp", "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, tmpOptions(iso)); err != nil {
 		return fmt.Errorf("failed to make the task's /tmp: %w", err)
 	}
 	return nil
+}
+
+// tmpOptions are the mount options of the task's /tmp.
+func tmpOptions(iso *wire.Isolation) string {
+	opts := "mode=1777"
+	if iso != nil && iso.TmpSize > 0 {
+		opts += fmt.Sprintf(",size=%d", iso.TmpSize)
+	}
+	if iso != nil && iso.TmpInodes > 0 {
+		opts += fmt.Sprintf(",nr_inodes=%d", iso.TmpInodes)
+	}
+	return opts
 }

@@ -113,6 +113,11 @@ type Isolation struct {
 	PrivatePID bool `json:"private_pid"`
 	// PrivateIPC runs the task in an IPC namespace of its own.
 	PrivateIPC bool `json:"private_ipc"`
+	// TmpSize, when set, makes the task's /tmp a tmpfs of this many
+	// bytes and TmpInodes inodes (the driver's tmp_size and tmp_inodes)
+	// rather than Nomad's task tmp/ directory on the allocation's disk.
+	TmpSize   int64 `json:"tmp_size,omitempty"`
+	TmpInodes int64 `json:"tmp_inodes,omitempty"`
 }
 
 // equal reports whether two isolations build the same root.
@@ -120,7 +125,8 @@ func (i *Isolation) Equal(o *Isolation) bool {
 	if i == nil || o == nil {
 		return i == o
 	}
-	if i.PrivatePID != o.PrivatePID || i.PrivateIPC != o.PrivateIPC || len(i.ChrootEnv) != len(o.ChrootEnv) {
+	if i.PrivatePID != o.PrivatePID || i.PrivateIPC != o.PrivateIPC || i.TmpSize != o.TmpSize || i.TmpInodes != o.TmpInodes ||
+		len(i.ChrootEnv) != len(o.ChrootEnv) {
 		return false
 	}
 	for k, v := range i.ChrootEnv {
