@@ -127,9 +127,17 @@ func TestDriverUpgrade(t *testing.T) {
 	// the volume.
 	must.Eq(t, "before\nafter\n", volExec(t, a, al.ID, "echo after >> "+dest+"/f && cat "+dest+"/f"))
 
-	// Stopping it tears everything down through the new driver.
+	// Stopping it tears everything down through the new driver, which
+	// reads the exit status the old supervisor recorded (E2E_PLUGIN_DIR
+	// naming an older build tests that format).
 	paths := a.VolJournalPaths(fx.VolumeID(name))
 	a.VolStopAndWait(t, job.ID, volTimeout)
+	for _, e := range a.Allocation(t, al.ID).Events("t") {
+		if e.Type == "Terminated" {
+			t.Logf("the task ended: %s", e.Text())
+			must.NotEq(t, "-1", e.Details["exit_code"], must.Sprintf("the new driver lost the old supervisor's exit status: %s", e.Text()))
+		}
+	}
 	volWaitCount(t, fx, "NodeUnstageVolume", fx.VolumeID(name), 1, 30*time.Second)
 	must.SliceEmpty(t, a.WaitVolMountsGone(10*time.Second), must.Sprint("mounted after the task stopped"))
 	must.SliceEmpty(t, VolMountedAmong(paths))
