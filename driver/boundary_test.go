@@ -169,3 +169,85 @@ func TestCleanLogger(t *testing.T) {
 	must.StrContains(t, lines[0], "n=3")
 	must.StrContains(t, lines[0], "d=1s")
 }
+
+// Every field of a task's config that a start error may quote, and the
+// mounts, devices and user Nomad hands over from the job, each with the
+// hostile text: the error through the Boundary is clean. The cases whose
+// bare error held the text raw are counted: the Boundary is what cleaned
+// them. (A volume's volume_id, fs_type and mount_flags never fail a start:
+// they reach the plugin as written, and what the plugin answers is
+// TestBoundary_pluginTextAndExitMessages's.)
+func TestBoundary_everyJobField(t *testing.T) {
+	h := hostileText
+	vol := func(f func(*VolumeConfig)) TaskConfig {
+		v := VolumeConfig{PluginID: "hp", VolumeID: "v1", Destination: "/data", AccessMode: "single-node-writer", AttachmentMode: "file-system"}
+		f(&v)
+		return TaskConfig{Command: "/bin/sleep", Volumes: map[string]VolumeConfig{"data": v}}
+	}
+	plugin := func(f func(*PluginTaskConfig)) TaskConfig {
+		p := PluginTaskConfig{ID: "hp2", Type: "monolith", MountDir: "/csi"}
+		f(&p)
+		return TaskConfig{Command: "/bin/plugin", Privileged: true, CSIPlugin: &p}
+	}
+	cases := []struct {
+		name string
+		tc   TaskConfig
+		cfg  func(*drivers.TaskConfig)
+	}{
+		{"cap_add", TaskConfig{Command: "/bin/true", CapAdd: []string{"sys_" + h}}, nil},
+		{"cap_drop", TaskConfig{Command: "/bin/true", CapDrop: []string{"kill" + h}}, nil},
+		{"pid_mode", TaskConfig{Command: "/bin/true", PIDMode: "host" + h}, nil},
+		{"ipc_mode", TaskConfig{Command: "/bin/true", IPCMode: "host" + h}, nil},
+		{"csi_plugin.id", plugin(func(p *PluginTaskConfig) { p.ID = "p" + h }), nil},
+		{"csi_plugin.type", plugin(func(p *PluginTaskConfig) { p.Type = "node" + h }), nil},
+		{"csi_plugin.mount_dir", plugin(func(p *PluginTaskConfig) { p.MountDir = "csi" + h }), nil},
+		{"csi_plugin.health_timeout", plugin(func(p *PluginTaskConfig) { p.HealthTimeout = "1m" + h }), nil},
+		{"volume.plugin_id", vol(func(v *VolumeConfig) { v.PluginID = "nope" + h }), nil},
+		{"volume.destination", vol(func(v *VolumeConfig) { v.Destination = "data" + h }), nil},
+		{"volume.access_mode", vol(func(v *VolumeConfig) { v.AccessMode = "rw" + h }), nil},
+		{"volume.attachment_mode", vol(func(v *VolumeConfig) { v.AttachmentMode = "fs" + h }), nil},
+		{"volume.secrets_file", vol(func(v *VolumeConfig) { v.SecretsFile = "s" + h }), nil},
+		{"volume.capacity_min", vol(func(v *VolumeConfig) { v.Create = &VolumeCreateBlock{CapacityMin: "1G" + h} }), nil},
+		{"mount", TaskConfig{Command: "/bin/true"}, func(c *drivers.TaskConfig) {
+			c.Mounts = []*drivers.MountConfig{{TaskPath: "/m" + h, HostPath: "/tmp", PropagationMode: "x" + h}}
+		}},
+		{"device", TaskConfig{Command: "/bin/true"}, func(c *drivers.TaskConfig) {
+			c.Devices = []*drivers.DeviceConfig{{TaskPath: "dev" + h, HostPath: "/dev/null"}}
+		}},
+		{"user", TaskConfig{Command: "/bin/true"}, func(c *drivers.TaskConfig) { c.User = "nobody" + h }},
+	}
+	d := newTestDriver(t, Config{Enabled: true, AllowPrivileged: true})
+	withFakePlugins(t, d)
+	d.pluginWait = 100 * time.Millisecond
+	b := d.Boundary()
+	p := jobTask(t, TaskConfig{Command: "/bin/plugin", Privileged: true, CSIPlugin: &PluginTaskConfig{ID: "hp", Type: "monolith", MountDir: "/csi"}}, "alloc-p", "default", "plugin")
+	_, _, err := d.StartTask(p)
+	must.NoError(t, err)
+	waitHealthy(t, d, "hp")
+	// The user is looked up by the driver itself where denied_host_uids
+	// is set (and by the supervisor, TestBoundary_jobFieldsReachNoTerminalRaw,
+	// otherwise).
+	denying := newTestDriver(t, Config{Enabled: true, DeniedHostUIDs: "0"})
+	rawBefore := 0
+	for i, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			d, b := d, b
+			if c.name == "user" {
+				d, b = denying, denying.Boundary()
+			}
+			cfg := jobTask(t, c.tc, fmt.Sprintf("alloc-%d", i), "default", "hostile")
+			if c.cfg != nil {
+				c.cfg(cfg)
+			}
+			_, _, err := b.StartTask(cfg)
+			must.Error(t, err, must.Sprint("the case's start did not fail: it proves nothing"))
+			t.Logf("%v", err)
+			must.True(t, safetext.IsClean(err.Error()), must.Sprintf("raw terminal text in %q", err))
+			_, _, bare := d.StartTask(cfg)
+			if bare != nil && !safetext.IsClean(bare.Error()) {
+				rawBefore++
+			}
+		})
+	}
+	t.Logf("%d of %d fields reached the bare driver's error raw", rawBefore, len(cases))
+}
