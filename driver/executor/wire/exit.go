@@ -41,13 +41,27 @@ const (
 )
 
 // ReserveExit makes the exit status file at path, ExitSlotSize bytes of
-// spaces, mode 0600; an existing file is replaced. It is not synced: the
-// file systems the driver runs on (ext4, xfs, tmpfs) count a written
-// block against the free space when it is written, not when it reaches
-// the disk, so the space is the file's from here on; and a task does not
+// spaces, mode 0600; an existing file is truncated first. It is written in
+// place, not renamed into place: until its last byte it reads as no status
+// all the same, and a start that fails to make it fails. It is not synced:
+// the file systems the driver runs on (ext4, xfs, tmpfs) count a written
+// block against the free space when it is written, not when it reaches the
+// disk, so the space is the file's from here on; and a task does not
 // outlive a crash of the host.
 func ReserveExit(path string) error {
-	return atomicfile.Write(path, bytes.Repeat([]byte{' '}, ExitSlotSize), 0o600, false)
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return fmt.Errorf("failed to reserve the exit status file: %w", err)
+	}
+	_, err = f.Write(bytes.Repeat([]byte{' '}, ExitSlotSize))
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		_ = os.Remove(path)
+		return fmt.Errorf("failed to reserve the exit status file %q: %w", path, err)
+	}
+	return nil
 }
 
 // WriteExit records st at path: in place, synced, when path is a reserved

@@ -207,3 +207,47 @@ func fillFS(t *testing.T, dir string) {
 	must.NoError(t, unix.Statfs(dir, &st))
 	t.Logf("full: %d of %d inodes free, %d of %d blocks free", st.Ffree, st.Files, st.Bfree, st.Blocks)
 }
+
+// BenchmarkExitFile is what the reserved exit status costs beside what it
+// replaced: "reserve" is the extra file every start now makes (unsynced),
+// "spec" the spec file every start already wrote, for scale, each a new
+// file as at a start; "in_place" and "renamed" are the supervisor's synced
+// write of the status now and before.
+func BenchmarkExitFile(b *testing.B) {
+	dir := b.TempDir()
+	st := exitStatus()
+	spec := Spec{TaskID: "a/b/c", StateDir: dir, Command: "/bin/sh", Args: []string{"-c", "true"},
+		Env: []string{"PATH=/usr/bin:/bin", "A=1"}, Mounts: make([]Mount, 8)}
+	b.Run("reserve", func(b *testing.B) {
+		for i := 0; i < b.N; i++ {
+			if err := ReserveExit(filepath.Join(dir, fmt.Sprintf("exit-%d", i))); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("spec", func(b *testing.B) {
+		for i := 0; i < b.N; i++ {
+			if err := WriteJSON(filepath.Join(dir, fmt.Sprintf("spec-%d", i)), &spec, 0o600, false); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	path := filepath.Join(dir, ExitFile)
+	b.Run("in_place", func(b *testing.B) {
+		if err := ReserveExit(path); err != nil {
+			b.Fatal(err)
+		}
+		for i := 0; i < b.N; i++ {
+			if err := WriteExit(path, st); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("renamed", func(b *testing.B) {
+		for i := 0; i < b.N; i++ {
+			if err := WriteJSONAtomic(filepath.Join(dir, "old.json"), st, 0o600); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
