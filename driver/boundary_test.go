@@ -54,11 +54,11 @@ func TestBoundary_pluginTextAndExitMessages(t *testing.T) {
 	must.NoError(t, err)
 	waitHealthy(t, d, "hp")
 
-	// A volume call fails with the plugin's message; the volume id is the
-	// job's.
+	// A volume call fails with the plugin's message (a volume id with the
+	// text is refused before any call: TestBoundary_everyJobField).
 	fp.vols.SetNextError(csihook.MethodNodePublishVolume, status.Error(codes.Internal, "disk on fire "+hostileText))
 	vol := jobTask(t, TaskConfig{Command: "/bin/sleep", Volumes: map[string]VolumeConfig{"data": {
-		PluginID: "hp", VolumeID: "v1" + hostileText, Destination: "/data", AccessMode: "single-node-writer", AttachmentMode: "file-system",
+		PluginID: "hp", VolumeID: "v1", Destination: "/data", AccessMode: "single-node-writer", AttachmentMode: "file-system",
 	}}}, "alloc-w", "default", "web")
 	_, _, err = b.StartTask(vol)
 	must.Error(t, err)
@@ -174,8 +174,8 @@ func TestCleanLogger(t *testing.T) {
 // mounts, devices and user Nomad hands over from the job, each with the
 // hostile text: the error through the Boundary is clean. The cases whose
 // bare error held the text raw are counted: the Boundary is what cleaned
-// them. (A volume's volume_id, fs_type and mount_flags never fail a start:
-// they reach the plugin as written, and what the plugin answers is
+// them. (A volume's fs_type and mount_flags do not fail a start: they reach
+// the plugin as written, and what the plugin answers is
 // TestBoundary_pluginTextAndExitMessages's.)
 func TestBoundary_everyJobField(t *testing.T) {
 	h := hostileText
@@ -203,6 +203,7 @@ func TestBoundary_everyJobField(t *testing.T) {
 		{"csi_plugin.mount_dir", plugin(func(p *PluginTaskConfig) { p.MountDir = "csi" + h }), nil},
 		{"csi_plugin.health_timeout", plugin(func(p *PluginTaskConfig) { p.HealthTimeout = "1m" + h }), nil},
 		{"volume.plugin_id", vol(func(v *VolumeConfig) { v.PluginID = "nope" + h }), nil},
+		{"volume.volume_id", vol(func(v *VolumeConfig) { v.VolumeID = "v" + h }), nil},
 		{"volume.destination", vol(func(v *VolumeConfig) { v.Destination = "data" + h }), nil},
 		{"volume.access_mode", vol(func(v *VolumeConfig) { v.AccessMode = "rw" + h }), nil},
 		{"volume.attachment_mode", vol(func(v *VolumeConfig) { v.AttachmentMode = "fs" + h }), nil},
