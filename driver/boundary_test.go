@@ -44,7 +44,7 @@ func TestBoundary_servesWhatTheDriverImplements(t *testing.T) {
 // Boundary escaped: the start error, every event, the exit result, the
 // task's status and the fingerprint.
 func TestBoundary_pluginTextAndExitMessages(t *testing.T) {
-	d := newTestDriver(t, Config{Enabled: true, AllowPrivileged: true})
+	d := newTestDriver(t, Config{Enabled: true, AllowPrivileged: true, PrivilegedGrants: grantAll})
 	fp := withFakePlugins(t, d)
 	b := d.Boundary()
 	events := collectEvents(t, b)
@@ -217,7 +217,7 @@ func TestBoundary_everyJobField(t *testing.T) {
 		}},
 		{"user", TaskConfig{Command: "/bin/true"}, func(c *drivers.TaskConfig) { c.User = "nobody" + h }},
 	}
-	d := newTestDriver(t, Config{Enabled: true, AllowPrivileged: true})
+	d := newTestDriver(t, Config{Enabled: true, AllowPrivileged: true, PrivilegedGrants: grantAll})
 	withFakePlugins(t, d)
 	d.pluginWait = 100 * time.Millisecond
 	b := d.Boundary()

@@ -84,7 +84,7 @@ func TestBuildFingerprint_fullIsNotBroken(t *testing.T) {
 // A task is refused on a full root_dir at once, saying why and what to do,
 // before its volumes are touched; with room again it starts.
 func TestStartTask_refusedOnFullRootDir(t *testing.T) {
-	d := newTestDriver(t, Config{Enabled: true, AllowPrivileged: true})
+	d := newTestDriver(t, Config{Enabled: true, AllowPrivileged: true, PrivilegedGrants: grantAll})
 	fp := withFakePlugins(t, d)
 	plugin := jobTask(t, TaskConfig{Command: "/bin/plugin", Privileged: true, CSIPlugin: &PluginTaskConfig{ID: "hp", Type: "monolith", MountDir: "/csi"}}, "alloc-p", "default", "plugin")
 	_, _, err := d.StartTask(plugin)

@@ -85,7 +85,8 @@ func TestDriver_tmpfsTmpIsBounded(t *testing.T) {
 	script := `dd if=/dev/zero of=/tmp/big bs=64k count=64 2>&1
 rm -f /tmp/big
 i=0; while true > "/tmp/f$i" 2>/dev/null; do i=$((i+1)); done; echo "files=$i"
-grep ' /tmp ' /proc/self/mountinfo`
+grep ' /tmp ' /proc/self/mountinfo
+echo END`
 	cfg := realTask(t, "tmp", TaskConfig{Command: "/bin/sh", Args: []string{"-c", script}})
 	cleanup := mkAllocDir(t, h, cfg, true)
 	defer cleanup()
@@ -96,7 +97,7 @@ grep ' /tmp ' /proc/self/mountinfo`
 	eventually(t, 5*time.Second, func() error {
 		b, err := os.ReadFile(cfg.TaskDir().LogDir + "/tmp.stdout.0")
 		out = string(b)
-		if err == nil && !strings.Contains(out, "files=") {
+		if err == nil && !strings.Contains(out, "END") {
 			err = os.ErrNotExist
 		}
 		return err
