@@ -7,31 +7,21 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hashicorp/go-hclog"
-	"github.com/hashicorp/nomad/plugins/base"
 	"github.com/hashicorp/nomad/plugins/drivers"
-	dtestutil "github.com/hashicorp/nomad/plugins/drivers/testutils"
 	"github.com/shoenig/test/must"
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/csihook/safetext"
 )
 
 // TestBoundary_jobFieldsReachNoTerminalRaw starts real tasks through
-// Nomad's gRPC harness, served the Boundary as main serves it, with a
+// Nomad's gRPC protocol (harness_test.go serves the Boundary, as main), with a
 // hostile terminal sequence in each job field whose text a start error
 // carries (the command, the work_dir, the user): the error Nomad gets, and
 // every event, hold the text escaped, never raw. The OS errors that wrap
 // these fields ("stat <path>: ...") carried them raw before.
 func TestBoundary_jobFieldsReachNoTerminalRaw(t *testing.T) {
 	requireRoot(t)
-	d := NewPlugin(hclog.NewNullLogger())
-	h := dtestutil.NewDriverHarness(t, d.Boundary())
-	cfg := Config{CgroupParent: "nomad-csi-test-boundary", RootDir: shortTempDir(t), Enabled: true}
-	t.Cleanup(func() { removeCgroupParent(cfg.CgroupParent) })
-	t.Cleanup(d.Shutdown)
-	var buf []byte
-	must.NoError(t, base.MsgPackEncode(&buf, &cfg))
-	must.NoError(t, h.SetConfig(&base.Config{PluginConfig: buf, AgentConfig: &base.AgentConfig{Driver: &base.ClientDriverConfig{}}}))
+	h, _ := harnessDriver(t, Config{CgroupParent: "nomad-csi-test-boundary"})
 	events := collectEvents(t, h)
 
 	cases := []struct {

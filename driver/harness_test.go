@@ -35,9 +35,12 @@ type driverHarness struct {
 func newDriverHarness(t *testing.T, d *Driver) *driverHarness {
 	t.Helper()
 	logger := hclog.New(&hclog.LoggerOptions{Name: "harness", Level: hclog.Warn, Output: io.Discard})
+	// Served as main serves it: behind the boundary that cleans what
+	// reaches Nomad (boundary.go).
+	served := d.Boundary()
 	client, server := plugin.TestPluginGRPCConn(t, true, map[string]plugin.Plugin{
-		base.PluginTypeDriver: drivers.NewDriverPlugin(d, logger),
-		base.PluginTypeBase:   &base.PluginBase{Impl: d},
+		base.PluginTypeDriver: drivers.NewDriverPlugin(served, logger),
+		base.PluginTypeBase:   &base.PluginBase{Impl: served},
 	})
 	t.Cleanup(func() {
 		_ = client.Close()
