@@ -16,6 +16,10 @@ type Image struct {
 	// Digest is the digest of the image's manifest for the node's platform
 	// ("sha256:..."): what privileged_grant's image matches.
 	Digest string
+	// IndexDigest is the digest of the multi-platform index Digest was
+	// picked from ("" when the reference named a single manifest): what an
+	// operator who pinned the index matches.
+	IndexDigest string
 	// Layers are the absolute host paths of the image's unpacked layers,
 	// lowest (the base) first. Each is a directory the store owns and
 	// shares with every image that has the layer; nothing may write in it.

@@ -1,0 +1,157 @@
+package image
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"syscall"
+
+	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
+)
+
+// What a pull can fail with, for errors.Is. The errors a pull returns are
+// one sentence each, naming the reference and what would fix it.
+var (
+	ErrNotFound       = errors.New("image not found")
+	ErrUnauthorized   = errors.New("registry refused the credentials")
+	ErrDigestMismatch = errors.New("content does not match its digest")
+	ErrPlatform       = errors.New("no image for this node's platform")
+	ErrUnreachable    = errors.New("registry unreachable")
+	ErrUntrusted      = errors.New("registry certificate not trusted")
+	ErrTooLarge       = errors.New("image exceeds the store's bounds")
+	ErrNotAllowed     = errors.New("image source not allowed")
+	ErrInvalid        = errors.New("invalid image")
+	ErrInUse          = errors.New("image in use")
+)
+
+// Error is a failed pull or store operation: Kind says which (one of the
+// Err values above), the message says it to a person.
+type Error struct {
+	Kind error
+	msg  string
+}
+
+func (e *Error) Error() string { return e.msg }
+
+func (e *Error) Is(target error) bool { return target == e.Kind }
+
+func errorf(kind error, format string, args ...any) error {
+	return &Error{Kind: kind, msg: fmt.Sprintf(format, args...)}
+}
+
+// kindOf says which kind err is (nil when none).
+func kindOf(err error) error {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Kind
+	}
+	return nil
+}
+
+// statusError is a registry's answer that is not what was asked for.
+type statusError struct {
+	code int
+	// codes are the registry's error codes (MANIFEST_UNKNOWN, ...), never
+	// its messages: those are the registry's text.
+	codes []string
+}
+
+func (e *statusError) Error() string {
+	s := fmt.Sprintf("%d %s", e.code, http.StatusText(e.code))
+	for _, c := range e.codes {
+		s += " " + c
+	}
+	return s
+}
+
+func newStatusError(err *transport.Error) *statusError {
+	se := &statusError{code: err.StatusCode}
+	for _, d := range err.Errors {
+		if len(se.codes) < 4 && len(d.Code) < 64 {
+			se.codes = append(se.codes, string(d.Code))
+		}
+	}
+	return se
+}
+
+// transient says whether a failed registry call may succeed if tried again:
+// the network, a timeout, a registry that is busy or restarting.
+func transient(err error) bool {
+	if err == nil || errors.Is(err, context.Canceled) {
+		return false
+	}
+	var se *statusError
+	if errors.As(err, &se) {
+		switch se.code {
+		case http.StatusRequestTimeout, http.StatusTooManyRequests, http.StatusInternalServerError,
+			http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
+			return true
+		}
+		return false
+	}
+	if kindOf(err) != nil || certError(err) {
+		return false
+	}
+	var ne net.Error
+	if errors.As(err, &ne) || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) ||
+		errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.EHOSTUNREACH) || errors.Is(err, syscall.ENETUNREACH) {
+		return true
+	}
+	var oe *net.OpError
+	return errors.As(err, &oe)
+}
+
+func certError(err error) bool {
+	var (
+		ua  x509.UnknownAuthorityError
+		hn  x509.HostnameError
+		ci  x509.CertificateInvalidError
+		tv  *tls.CertificateVerificationError
+		rec tls.RecordHeaderError
+	)
+	return errors.As(err, &ua) || errors.As(err, &hn) || errors.As(err, &ci) || errors.As(err, &tv) || errors.As(err, &rec)
+}
+
+// classify turns a registry call's error into the sentence a user reads.
+func classify(ref Reference, what string, err error) error {
+	if kindOf(err) != nil {
+		return err
+	}
+	if ref.Local() {
+		if errors.Is(err, context.DeadlineExceeded) {
+			return errorf(ErrUnreachable, "failed to read image %q: it did not finish within image_pull_timeout; raise image_pull_timeout", ref.Raw)
+		}
+		return errorf(ErrInvalid, "failed to read image %q while reading %s: %v", ref.Raw, what, err)
+	}
+	reg := ref.Registry()
+	var se *statusError
+	if errors.As(err, &se) {
+		switch se.code {
+		case http.StatusUnauthorized:
+			return errorf(ErrUnauthorized, "failed to pull image %q: registry %s refused the credentials (401 Unauthorized); check the task's auth block, or the plugin's auth config or helper for %s", ref.Raw, reg, reg)
+		case http.StatusForbidden:
+			return errorf(ErrUnauthorized, "failed to pull image %q: registry %s denied access to %s (403 Forbidden); use credentials that may pull it in the task's auth block or the plugin's auth config", ref.Raw, reg, what)
+		case http.StatusNotFound:
+			return errorf(ErrNotFound, "image %q not found: registry %s has no such repository, tag or digest; check the reference", ref.Raw, reg)
+		}
+		return errorf(ErrUnreachable, "failed to pull image %q: registry %s answered %s for %s; retry later or ask its operator", ref.Raw, reg, se, what)
+	}
+	if certError(err) {
+		return errorf(ErrUntrusted, "failed to pull image %q: the TLS certificate of registry %s is not trusted (%v); add its CA to the plugin option registry_ca_file, or list the registry in insecure_registries if it speaks plain HTTP", ref.Raw, reg, err)
+	}
+	if errors.Is(err, errPlainHTTP) {
+		return errorf(ErrNotAllowed, "failed to pull image %q: registry %s would be reached over plain HTTP; list it in the plugin option insecure_registries to allow that, or serve it over TLS", ref.Raw, reg)
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		return errorf(ErrUnreachable, "failed to pull image %q: the pull did not finish within image_pull_timeout while fetching %s from %s; raise image_pull_timeout or check the registry", ref.Raw, what, reg)
+	}
+	if errors.Is(err, context.Canceled) {
+		return fmt.Errorf("pull of image %q canceled", ref.Raw)
+	}
+	return errorf(ErrUnreachable, "failed to pull image %q: registry %s unreachable while fetching %s (%v); check that it runs and that this node reaches it", ref.Raw, reg, what, err)
+}

@@ -1,0 +1,555 @@
+package image
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/types"
+	"github.com/klauspost/compress/gzip"
+	"github.com/klauspost/compress/zstd"
+	"golang.org/x/sync/errgroup"
+	"golang.org/x/sys/unix"
+)
+
+// NodePlatform is the platform images are picked for on this node.
+func NodePlatform() v1.Platform {
+	p := v1.Platform{OS: "linux", Architecture: runtime.GOARCH}
+	switch runtime.GOARCH {
+	case "arm64":
+		p.Variant = "v8"
+	case "arm":
+		p.Variant = "v7"
+	}
+	return p
+}
+
+func platformString(p *v1.Platform) string {
+	if p == nil || p.OS == "" {
+		return ""
+	}
+	s := p.OS + "/" + p.Architecture
+	if p.Variant != "" {
+		s += "/" + p.Variant
+	}
+	return s
+}
+
+// platformMatches says whether an image built for p runs on node. An arm64
+// image with no variant is a v8 one.
+func platformMatches(p *v1.Platform, node v1.Platform) bool {
+	if p == nil || p.OS != node.OS || p.Architecture != node.Architecture {
+		return false
+	}
+	if p.Variant == "" || p.Variant == node.Variant {
+		return true
+	}
+	return node.Architecture == "arm64" && p.Variant == "v8" && node.Variant == ""
+}
+
+type resolved struct {
+	digest      string
+	indexDigest string
+	manifest    *v1.Manifest
+}
+
+func digestOf(b []byte) string {
+	sum := sha256.Sum256(b)
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
+// sniff finds a manifest's media type where the source did not say it.
+func sniff(raw []byte, mt types.MediaType) types.MediaType {
+	if mt.IsIndex() || mt.IsImage() || mt.IsSchema1() {
+		return mt
+	}
+	var probe struct {
+		MediaType types.MediaType `json:"mediaType"`
+		Manifests json.RawMessage `json:"manifests"`
+		Layers    json.RawMessage `json:"layers"`
+		FSLayers  json.RawMessage `json:"fsLayers"`
+	}
+	if json.Unmarshal(raw, &probe) != nil {
+		return mt
+	}
+	switch {
+	case probe.MediaType != "":
+		return probe.MediaType
+	case probe.Manifests != nil:
+		return types.OCIImageIndex
+	case probe.FSLayers != nil:
+		return types.DockerManifestSchema1
+	case probe.Layers != nil:
+		return types.OCIManifestSchema1
+	}
+	return mt
+}
+
+// resolve fetches the manifest for this node's platform.
+func (s *Store) resolve(ctx context.Context, ref Reference, src source, f *flight) (*resolved, error) {
+	var (
+		raw []byte
+		mt  types.MediaType
+	)
+	err := s.retry(ctx, ref, "the manifest", f.notify, func() (err error) {
+		raw, mt, err = src.top(ctx)
+		return err
+	})
+	if err != nil {
+		return nil, classify(ref, "the manifest", err)
+	}
+	d := digestOf(raw)
+	if ref.Digest != "" && d != ref.Digest {
+		return nil, errorf(ErrDigestMismatch, "image %q: the manifest served for it has digest %s; the registry or its storage is damaged or tampered with, nothing was kept", ref.Raw, shortDigest(d))
+	}
+	res := &resolved{}
+	mt = sniff(raw, mt)
+	if mt.IsIndex() {
+		res.indexDigest = d
+		var idx v1.IndexManifest
+		if json.Unmarshal(raw, &idx) != nil {
+			return nil, errorf(ErrInvalid, "image %q: its index is not valid JSON", ref.Raw)
+		}
+		child, err := pickPlatform(ref, &idx, s.opts.Platform)
+		if err != nil {
+			return nil, err
+		}
+		err = s.retry(ctx, ref, "the manifest", f.notify, func() (err error) {
+			raw, mt, err = src.manifest(ctx, child.Digest)
+			return err
+		})
+		if err != nil {
+			return nil, classify(ref, "the manifest for "+platformString(child.Platform), err)
+		}
+		if d = digestOf(raw); d != child.Digest.String() {
+			return nil, errorf(ErrDigestMismatch, "image %q: the manifest for %s does not match its digest %s; the registry or its storage is damaged or tampered with, nothing was kept", ref.Raw, platformString(child.Platform), shortDigest(child.Digest.String()))
+		}
+		if mt == "" {
+			mt = child.MediaType
+		}
+		if mt = sniff(raw, mt); mt.IsIndex() {
+			return nil, errorf(ErrInvalid, "image %q: its index for %s names another index; only one level is supported", ref.Raw, platformString(child.Platform))
+		}
+	}
+	if mt.IsSchema1() {
+		return nil, errorf(ErrInvalid, "image %q uses Docker's deprecated schema 1 manifest; push it again with a current client", ref.Raw)
+	}
+	var m v1.Manifest
+	if json.Unmarshal(raw, &m) != nil || m.SchemaVersion != 2 {
+		return nil, errorf(ErrInvalid, "image %q: its manifest is not an OCI or Docker schema 2 image manifest", ref.Raw)
+	}
+	res.digest, res.manifest = d, &m
+	return res, nil
+}
+
+func pickPlatform(ref Reference, idx *v1.IndexManifest, node v1.Platform) (*v1.Descriptor, error) {
+	var (
+		best *v1.Descriptor
+		have []string
+	)
+	for i := range idx.Manifests {
+		m := &idx.Manifests[i]
+		if m.Platform == nil || !(m.MediaType == "" || m.MediaType.IsImage()) {
+			continue
+		}
+		if ps := platformString(m.Platform); ps != "unknown/unknown" && len(have) < 12 {
+			have = append(have, ps)
+		}
+		if platformMatches(m.Platform, node) && (best == nil || best.Platform.Variant == "" && m.Platform.Variant != "") {
+			best = m
+		}
+	}
+	if best == nil {
+		return nil, errorf(ErrPlatform, "image %q has no image for this node's platform %s (it has %s); use an image built for %s",
+			ref.Raw, platformString(&node), orNone(have), platformString(&node))
+	}
+	return best, nil
+}
+
+// checkBounds refuses an image over image_max_layers or image_max_size
+// before anything is downloaded (the manifest's sizes; the download and the
+// unpacking are bounded again as they run).
+func (s *Store) checkBounds(ref Reference, m *v1.Manifest) error {
+	if n := len(m.Layers); n > s.opts.MaxLayers {
+		return errorf(ErrTooLarge, "image %q has %d layers, over this node's image_max_layers = %d; use an image with fewer layers or ask the operator to raise it", ref.Raw, n, s.opts.MaxLayers)
+	}
+	var total int64
+	for _, l := range m.Layers {
+		if l.Size < 0 || l.Size > s.opts.MaxSize {
+			total = s.opts.MaxSize + 1
+			break
+		}
+		total += l.Size
+	}
+	if total > s.opts.MaxSize {
+		return errorf(ErrTooLarge, "image %q is larger than this node's image_max_size = %s; use a smaller image or ask the operator to raise it", ref.Raw, humanBytes(s.opts.MaxSize))
+	}
+	for _, l := range m.Layers {
+		switch l.MediaType {
+		case types.OCILayer, types.OCILayerZStd, types.OCIUncompressedLayer, types.DockerLayer, types.DockerUncompressedLayer, "":
+		case types.DockerForeignLayer, types.OCIRestrictedLayer, types.OCIUncompressedRestrictedLayer:
+			return errorf(ErrInvalid, "image %q has a foreign (non-distributable) layer %s, which registries do not serve; rebuild it without", ref.Raw, shortDigest(l.Digest.String()))
+		default:
+			return errorf(ErrInvalid, "image %q has a layer of media type %q, which is not a filesystem layer; is it a container image?", ref.Raw, l.MediaType)
+		}
+	}
+	return nil
+}
+
+// fetchConfig reads and verifies the image's configuration.
+func (s *Store) fetchConfig(ctx context.Context, ref Reference, src source, res *resolved, f *flight) (*v1.ConfigFile, error) {
+	m := res.manifest
+	if err := s.checkBounds(ref, m); err != nil {
+		return nil, err
+	}
+	switch m.Config.MediaType {
+	case types.OCIConfigJSON, types.DockerConfigJSON, "":
+	default:
+		return nil, errorf(ErrInvalid, "image %q: its configuration has media type %q; it is not a container image", ref.Raw, m.Config.MediaType)
+	}
+	if m.Config.Size > maxConfigSize {
+		return nil, errorf(ErrTooLarge, "image %q: its configuration is over %d MiB", ref.Raw, maxConfigSize>>20)
+	}
+	var raw []byte
+	err := s.retry(ctx, ref, "the configuration", f.notify, func() error {
+		rc, err := src.blob(ctx, m.Config)
+		if err != nil {
+			return err
+		}
+		defer rc.Close()
+		raw, err = io.ReadAll(io.LimitReader(rc, maxConfigSize+1))
+		return err
+	})
+	if err != nil {
+		return nil, classify(ref, "the configuration", err)
+	}
+	if digestOf(raw) != m.Config.Digest.String() {
+		return nil, errorf(ErrDigestMismatch, "image %q: its configuration does not match the digest %s its manifest names; the source is damaged or tampered with, nothing was kept", ref.Raw, shortDigest(m.Config.Digest.String()))
+	}
+	cfg, err := v1.ParseConfigFile(bytes.NewReader(raw))
+	if err != nil {
+		return nil, errorf(ErrInvalid, "image %q: its configuration is not valid JSON", ref.Raw)
+	}
+	if cfg.OS != "" && !platformMatches(cfg.Platform(), s.opts.Platform) {
+		return nil, errorf(ErrPlatform, "image %q is built for %s, not this node's platform %s; use an image built for %s",
+			ref.Raw, platformString(cfg.Platform()), platformString(&s.opts.Platform), platformString(&s.opts.Platform))
+	}
+	if len(cfg.RootFS.DiffIDs) != len(m.Layers) {
+		return nil, errorf(ErrInvalid, "image %q: its manifest has %d layers and its configuration %d", ref.Raw, len(m.Layers), len(cfg.RootFS.DiffIDs))
+	}
+	for _, d := range cfg.RootFS.DiffIDs {
+		if !digestRE.MatchString(d.String()) {
+			return nil, errorf(ErrInvalid, "image %q: its configuration names a layer by %q, not a sha256 digest", ref.Raw, d.String())
+		}
+	}
+	return cfg, nil
+}
+
+func configOf(cfg *v1.ConfigFile) Config {
+	c := cfg.Config
+	return Config{Entrypoint: c.Entrypoint, Cmd: c.Cmd, Env: c.Env, WorkingDir: c.WorkingDir, User: c.User}
+}
+
+// layerMeta is layers/<hex>/layer.json.
+type layerMeta = layerRecord
+
+func (s *Store) readLayerMeta(diffID string) (layerMeta, bool) {
+	b, err := os.ReadFile(filepath.Join(s.layerDir(diffID), "layer.json"))
+	if err != nil {
+		return layerMeta{}, false
+	}
+	var m layerMeta
+	if json.Unmarshal(b, &m) != nil || m.DiffID != diffID {
+		return layerMeta{}, false
+	}
+	return m, true
+}
+
+// progress adds up a pull's downloaded bytes and tells the flight, a few
+// times a second at most.
+type progress struct {
+	f     *flight
+	ref   string
+	total int64
+	mu    sync.Mutex
+	done  []int64
+	last  time.Time
+}
+
+func (p *progress) set(i int, n int64) {
+	p.mu.Lock()
+	p.done[i] = n
+	var sum int64
+	for _, d := range p.done {
+		sum += d
+	}
+	now := time.Now()
+	emit := now.Sub(p.last) >= 250*time.Millisecond
+	if emit {
+		p.last = now
+	}
+	p.mu.Unlock()
+	if emit {
+		p.f.progress(Progress{Ref: p.ref, Done: min(sum, p.total), Total: p.total})
+	}
+}
+
+// fetchLayers makes every layer present; it returns their records and the
+// diff ids of the layers it unpacked itself (also on error, for the caller
+// to take away).
+func (s *Store) fetchLayers(ctx context.Context, ref Reference, src source, descs []v1.Descriptor, diffIDs []v1.Hash, f *flight) ([]layerRecord, []string, error) {
+	p := &progress{f: f, ref: ref.Raw, done: make([]int64, len(descs))}
+	for i, d := range descs {
+		if _, ok := s.readLayerMeta(diffIDs[i].String()); !ok {
+			p.total += d.Size
+		}
+	}
+	var budget atomic.Int64
+	budget.Store(s.opts.MaxSize)
+	out := make([]layerRecord, len(descs))
+	made := make([]bool, len(descs))
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(3)
+	for i := range descs {
+		g.Go(func() error {
+			m, fresh, err := s.ensureLayer(gctx, ref, src, descs[i], diffIDs[i].String(), &budget, func(n int64) { p.set(i, n) }, f)
+			out[i], made[i] = m, fresh
+			return err
+		})
+	}
+	err := g.Wait()
+	var created []string
+	for i, m := range made {
+		if m {
+			created = append(created, diffIDs[i].String())
+		}
+	}
+	if err != nil {
+		return nil, created, err
+	}
+	f.progress(Progress{Ref: ref.Raw, Done: p.total, Total: p.total})
+	return out, created, nil
+}
+
+// ensureLayer makes the layer present, unpacking it unless the store (or
+// another process, which holds the layer's lock meanwhile) already has it.
+func (s *Store) ensureLayer(ctx context.Context, ref Reference, src source, desc v1.Descriptor, diffID string, budget *atomic.Int64, onRead func(int64), f *flight) (layerRecord, bool, error) {
+	if m, ok := s.readLayerMeta(diffID); ok {
+		budget.Add(-m.Size)
+		return m, false, nil
+	}
+	unlock, err := lockFile(ctx, filepath.Join(s.dir, "tmp", hexOf(diffID)+".lock"), unix.LOCK_EX)
+	if err != nil {
+		return layerRecord{}, false, classify(ref, "layer "+shortDigest(desc.Digest.String()), err)
+	}
+	defer unlock()
+	if m, ok := s.readLayerMeta(diffID); ok {
+		budget.Add(-m.Size)
+		return m, false, nil
+	}
+	var m layerRecord
+	what := "layer " + shortDigest(desc.Digest.String())
+	err = s.retry(ctx, ref, what, f.notify, func() (err error) {
+		m, err = s.fetchLayer(ctx, ref, src, desc, diffID, budget, onRead)
+		return err
+	})
+	if err != nil {
+		return layerRecord{}, false, classify(ref, what, err)
+	}
+	return m, true, nil
+}
+
+// countingReader tells how many bytes went through it.
+type countingReader struct {
+	r      io.Reader
+	n      int64
+	onRead func(int64)
+	// err is the first error the source returned (io.EOF at its end).
+	err error
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += int64(n)
+	if err != nil && c.err == nil {
+		c.err = err
+	}
+	if n > 0 && c.onRead != nil {
+		c.onRead(c.n)
+	}
+	return n, err
+}
+
+// fetchLayer downloads and unpacks one layer under tmp/, verifying its
+// digest (as served) and its diff id (unpacked) on the way, and renames it
+// into layers/ only when both match and it is on disk.
+func (s *Store) fetchLayer(ctx context.Context, ref Reference, src source, desc v1.Descriptor, diffID string, budget *atomic.Int64, onRead func(int64)) (layerRecord, error) {
+	tmp := filepath.Join(s.dir, "tmp", hexOf(diffID))
+	if err := os.RemoveAll(tmp); err != nil {
+		return layerRecord{}, err
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			_ = os.RemoveAll(tmp)
+		}
+	}()
+	if err := os.Mkdir(tmp, 0o700); err != nil {
+		return layerRecord{}, s.diskError(ref, err)
+	}
+	if err := os.Mkdir(filepath.Join(tmp, "fs"), 0o755); err != nil {
+		return layerRecord{}, s.diskError(ref, err)
+	}
+	rc, err := src.blob(ctx, desc)
+	if err != nil {
+		return layerRecord{}, err
+	}
+	defer rc.Close()
+	counted := &countingReader{r: rc, onRead: onRead}
+	ch := sha256.New()
+	raw := bufio.NewReaderSize(io.TeeReader(io.LimitReader(counted, desc.Size+1), ch), 1<<16)
+	charged := new(atomic.Int64)
+	size, err := s.unpackStream(raw, filepath.Join(tmp, "fs"), budget, charged, diffID)
+	// Whatever went wrong, a blob that is not what its digest says is
+	// reported as that, its real cause.
+	_, _ = io.Copy(io.Discard, raw)
+	if counted.n != desc.Size || "sha256:"+hex.EncodeToString(ch.Sum(nil)) != desc.Digest.String() {
+		budget.Add(charged.Load())
+		if ctx.Err() != nil {
+			return layerRecord{}, ctx.Err()
+		}
+		// A stream cut short by the network is tried again; a blob that
+		// ended early, or is longer or other than its digest, is not.
+		if counted.err != nil && counted.err != io.EOF && transient(counted.err) {
+			return layerRecord{}, counted.err
+		}
+		return layerRecord{}, errorf(ErrDigestMismatch, "image %q: layer %s does not match its digest (%d bytes served of %d); the source is damaged or tampered with, nothing was kept",
+			ref.Raw, shortDigest(desc.Digest.String()), counted.n, desc.Size)
+	}
+	if err != nil {
+		budget.Add(charged.Load())
+		switch {
+		case errors.Is(err, errTooLarge):
+			return layerRecord{}, errorf(ErrTooLarge, "image %q unpacks to more than this node's image_max_size = %s; use a smaller image or ask the operator to raise it", ref.Raw, humanBytes(s.opts.MaxSize))
+		case errors.Is(err, ErrUnsafeLayer):
+			return layerRecord{}, errorf(ErrUnsafeLayer, "image %q: layer %s is refused: %v", ref.Raw, shortDigest(desc.Digest.String()), err)
+		case errors.Is(err, ErrDigestMismatch):
+			return layerRecord{}, errorf(ErrDigestMismatch, "image %q: layer %s is refused: %v", ref.Raw, shortDigest(desc.Digest.String()), err)
+		case errors.Is(err, unix.ENOSPC), errors.Is(err, unix.EDQUOT):
+			return layerRecord{}, s.diskError(ref, err)
+		}
+		return layerRecord{}, errorf(ErrInvalid, "image %q: layer %s cannot be unpacked: %v", ref.Raw, shortDigest(desc.Digest.String()), err)
+	}
+	m := layerRecord{DiffID: diffID, Digest: desc.Digest.String(), Size: size, Compressed: desc.Size}
+	b, _ := json.Marshal(m)
+	if err := os.WriteFile(filepath.Join(tmp, "layer.json"), b, 0o600); err != nil {
+		return layerRecord{}, s.diskError(ref, err)
+	}
+	if err := syncFS(tmp); err != nil {
+		return layerRecord{}, s.diskError(ref, err)
+	}
+	if err := os.Rename(tmp, s.layerDir(diffID)); err != nil {
+		return layerRecord{}, s.diskError(ref, err)
+	}
+	ok = true
+	return m, syncDir(filepath.Join(s.dir, "layers"))
+}
+
+// unpackStream decompresses raw (gzip, zstd or a plain tar, told by its
+// first bytes), checks the result against diffID, and unpacks it into dir.
+func (s *Store) unpackStream(raw *bufio.Reader, dir string, budget, charged *atomic.Int64, diffID string) (int64, error) {
+	magic, _ := raw.Peek(4)
+	var dec io.Reader = raw
+	switch {
+	case bytes.HasPrefix(magic, []byte{0x1f, 0x8b}):
+		zr, err := gzip.NewReader(raw)
+		if err != nil {
+			return 0, err
+		}
+		defer zr.Close()
+		dec = zr
+	case bytes.HasPrefix(magic, []byte{0x28, 0xb5, 0x2f, 0xfd}):
+		zr, err := zstd.NewReader(raw, zstd.WithDecoderMaxMemory(1<<30), zstd.WithDecoderConcurrency(1))
+		if err != nil {
+			return 0, err
+		}
+		defer zr.Close()
+		dec = zr
+	}
+	dh := sha256.New()
+	meter := &budgetReader{r: io.TeeReader(dec, dh), budget: budget, charged: charged}
+	size, err := unpackTar(meter, dir)
+	if err != nil {
+		return 0, err
+	}
+	// What follows the tar's end is part of the diff id too.
+	if _, err := io.Copy(io.Discard, meter); err != nil {
+		return 0, err
+	}
+	if got := "sha256:" + hex.EncodeToString(dh.Sum(nil)); got != diffID {
+		return 0, fmt.Errorf("%w: the unpacked layer is %s, not the diff id %s its image names", ErrDigestMismatch, shortDigest(got), shortDigest(diffID))
+	}
+	return size, nil
+}
+
+// budgetReader charges what is read to the image's budget.
+type budgetReader struct {
+	r       io.Reader
+	budget  *atomic.Int64
+	charged *atomic.Int64
+}
+
+func (b *budgetReader) Read(p []byte) (int, error) {
+	n, err := b.r.Read(p)
+	b.charged.Add(int64(n))
+	if b.budget.Add(-int64(n)) < 0 {
+		return n, errTooLarge
+	}
+	return n, err
+}
+
+func syncFS(dir string) error {
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	return unix.Syncfs(fd)
+}
+
+// diskError says the store cannot write, and where.
+func (s *Store) diskError(ref Reference, err error) error {
+	if errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EDQUOT) {
+		return fmt.Errorf("failed to pull image %q: the image store %s is full (%w); free space there or lower image_gc", ref.Raw, s.dir, unix.ENOSPC)
+	}
+	return fmt.Errorf("failed to pull image %q: cannot write in the image store %s: %w", ref.Raw, s.dir, err)
+}
+
+func humanBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	v := float64(n) / float64(div)
+	s := fmt.Sprintf("%.1f %ciB", v, "KMGTPE"[exp])
+	return strings.Replace(s, ".0 ", " ", 1)
+}

@@ -1,0 +1,197 @@
+package image
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
+	"github.com/google/go-containerregistry/pkg/v1/types"
+)
+
+// The registry client: go-containerregistry's transport does the ping and
+// the auth handshake (basic, or a bearer token from the challenge's
+// realm); the manifest and blob requests are the store's own, so that
+// their limits, their verification and the scheme they use are decided
+// here.
+
+// errPlainHTTP is a request over http to a registry (or a token realm, or a
+// redirect) that is not in insecure_registries.
+var errPlainHTTP = errors.New("plain HTTP to a registry not in insecure_registries")
+
+// maxManifestSize bounds a manifest or index (registries cap them at 4 MiB).
+const maxManifestSize = 4 << 20
+
+// schemeGuard refuses every request that is not HTTPS, but to the
+// registries the operator listed as insecure. go-containerregistry speaks
+// plain HTTP to loopback and private addresses of its own accord; here the
+// operator's list decides, for token realms and redirects too.
+type schemeGuard struct {
+	next     http.RoundTripper
+	insecure []string
+}
+
+func (g schemeGuard) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req.URL.Scheme != "https" && !isInsecure(req.URL.Host, g.insecure) {
+		return nil, errPlainHTTP
+	}
+	return g.next.RoundTrip(req)
+}
+
+// newBaseTransport is the store's HTTP transport: Go's system roots (so
+// SSL_CERT_FILE and SSL_CERT_DIR work) plus registry_ca_file, and the
+// scheme guard.
+func newBaseTransport(opts Options) (http.RoundTripper, error) {
+	pool, err := x509.SystemCertPool()
+	if err != nil || pool == nil {
+		pool = x509.NewCertPool()
+	}
+	if opts.RegistryCAFile != "" {
+		pem, err := os.ReadFile(opts.RegistryCAFile)
+		if err != nil {
+			return nil, fmt.Errorf("registry_ca_file %q cannot be read: %w", opts.RegistryCAFile, errors.Unwrap(err))
+		}
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("registry_ca_file %q holds no PEM certificate: give a file of CA certificates in PEM form", opts.RegistryCAFile)
+		}
+	}
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+	t.ResponseHeaderTimeout = time.Minute
+	t.MaxIdleConnsPerHost = 8
+	return schemeGuard{next: t, insecure: opts.InsecureRegistries}, nil
+}
+
+// remoteSource reads an image from a registry.
+type remoteSource struct {
+	ref    Reference
+	repo   name.Repository
+	scheme string
+	client *http.Client
+}
+
+func (s *Store) openRemote(ctx context.Context, ref Reference, creds *Credentials, notify func(string)) (*remoteSource, error) {
+	repo := ref.Remote.Context()
+	auth, err := s.authenticator(ctx, repo.RegistryStr(), creds)
+	if err != nil {
+		return nil, err
+	}
+	scheme := "https"
+	if isInsecure(repo.RegistryStr(), s.opts.InsecureRegistries) {
+		scheme = "http"
+	}
+	var rt http.RoundTripper
+	err = s.retry(ctx, ref, "the registry's API", notify, func() error {
+		var err error
+		rt, err = transport.NewWithContext(ctx, repo.Registry, auth, s.transport, []string{repo.Scope(transport.PullScope)})
+		return statusOf(err)
+	})
+	if err != nil {
+		return nil, classify(ref, "the registry's API", err)
+	}
+	client := &http.Client{Transport: rt, CheckRedirect: checkRedirect}
+	return &remoteSource{ref: ref, repo: repo, scheme: scheme, client: client}, nil
+}
+
+// checkRedirect follows at most 10 redirects, never to a link-local
+// address (cloud metadata services live there), nor from a public host to a
+// loopback or private one.
+func checkRedirect(req *http.Request, via []*http.Request) error {
+	if len(via) >= 10 {
+		return errors.New("stopped after 10 redirects")
+	}
+	ip := net.ParseIP(req.URL.Hostname())
+	if ip == nil {
+		return nil
+	}
+	if ip.IsLinkLocalUnicast() || ip.IsLinkLocalMulticast() || ip.IsUnspecified() {
+		return fmt.Errorf("redirect to the link-local address %s refused", ip)
+	}
+	if ip.IsLoopback() || ip.IsPrivate() {
+		if origin := net.ParseIP(via[0].URL.Hostname()); origin == nil || !(origin.IsLoopback() || origin.IsPrivate()) {
+			return fmt.Errorf("redirect from %s to the local address %s refused", via[0].URL.Host, ip)
+		}
+	}
+	return nil
+}
+
+// statusOf turns go-containerregistry's error for a registry's answer into
+// a statusError (codes, no text of the registry's).
+func statusOf(err error) error {
+	var te *transport.Error
+	if errors.As(err, &te) {
+		return newStatusError(te)
+	}
+	return err
+}
+
+var acceptedManifests = strings.Join([]string{
+	string(types.OCIImageIndex), string(types.OCIManifestSchema1),
+	string(types.DockerManifestList), string(types.DockerManifestSchema2),
+}, ",")
+
+func (r *remoteSource) describe() string { return r.ref.Raw }
+
+func (r *remoteSource) get(ctx context.Context, kind, id string, accept string) (*http.Response, error) {
+	u := fmt.Sprintf("%s://%s/v2/%s/%s/%s", r.scheme, r.repo.RegistryStr(), r.repo.RepositoryStr(), kind, id)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return nil, err
+	}
+	if accept != "" {
+		req.Header.Set("Accept", accept)
+	}
+	resp, err := r.client.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	if err := transport.CheckError(resp, http.StatusOK); err != nil {
+		resp.Body.Close()
+		return nil, statusOf(err)
+	}
+	return resp, nil
+}
+
+func (r *remoteSource) fetchManifest(ctx context.Context, id string) ([]byte, types.MediaType, error) {
+	resp, err := r.get(ctx, "manifests", id, acceptedManifests)
+	if err != nil {
+		return nil, "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, maxManifestSize+1))
+	if err != nil {
+		return nil, "", err
+	}
+	if len(b) > maxManifestSize {
+		return nil, "", errorf(ErrTooLarge, "image %q: the registry's manifest is over %d MiB; no image has one that large", r.ref.Raw, maxManifestSize>>20)
+	}
+	return b, types.MediaType(strings.TrimSpace(strings.Split(resp.Header.Get("Content-Type"), ";")[0])), nil
+}
+
+func (r *remoteSource) top(ctx context.Context) ([]byte, types.MediaType, error) {
+	return r.fetchManifest(ctx, r.ref.Remote.Identifier())
+}
+
+func (r *remoteSource) manifest(ctx context.Context, d v1.Hash) ([]byte, types.MediaType, error) {
+	return r.fetchManifest(ctx, d.String())
+}
+
+func (r *remoteSource) blob(ctx context.Context, d v1.Descriptor) (io.ReadCloser, error) {
+	resp, err := r.get(ctx, "blobs", d.Digest.String(), "")
+	if err != nil {
+		return nil, err
+	}
+	return resp.Body, nil
+}
+
+func (r *remoteSource) close() error { return nil }

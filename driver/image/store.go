@@ -1,0 +1,744 @@
+package image
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/types"
+	"github.com/hashicorp/go-hclog"
+	"golang.org/x/sys/unix"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/atomicfile"
+)
+
+// The store lives in <root_dir>/images:
+//
+//	store.lock            shared by pulls and leases, exclusive for GC and removal
+//	meta.lock             serialises changes to records and leases
+//	manifests/<hex>.json  one record per image (manifest digest): refs, config, layers
+//	layers/<hex>/fs       a layer unpacked (hex of its diff id), an overlay lower dir
+//	layers/<hex>/layer.json
+//	uses/<key>.json       a task's lease on an image
+//	tmp/                  layers being unpacked, and their lock files
+//
+// A layer directory is complete once it has its name under layers/: it is
+// unpacked under tmp/, its digests verified, the file system synced, and
+// only then renamed. An image is complete once its record is written, after
+// its layers. Nothing under tmp/ is ever used: a killed pull leaves only
+// that, and the next pull of the layer (or GC) removes it.
+
+// Options configure a store (the plugin options of the same names).
+type Options struct {
+	// RegistryCAFile adds CA certificates (PEM) to the system's roots.
+	RegistryCAFile string
+	// InsecureRegistries are host[:port] spoken to over plain HTTP.
+	InsecureRegistries []string
+	// AuthConfigFile is a docker-style config.json; AuthHelper names a
+	// docker-credential-<helper> program (the plugin's auth block).
+	AuthConfigFile string
+	AuthHelper     string
+	// LocalDirs are the directories local references may name files in.
+	LocalDirs []string
+	// MaxLayers and MaxSize bound one image: its layer count, and the
+	// bytes of its layers, as served and as unpacked.
+	MaxLayers int
+	MaxSize   int64
+	// Platform is the node's (runtime's when zero).
+	Platform v1.Platform
+	Logger   hclog.Logger
+}
+
+// Defaults of the bounds.
+const (
+	DefaultMaxLayers = 128
+	DefaultMaxSize   = 20 << 30
+)
+
+// Use is a task's lease on an image: while it is held the image and its
+// layers stay.
+type Use struct {
+	TaskID    string    `json:"task_id"`
+	AllocID   string    `json:"alloc_id,omitempty"`
+	TaskName  string    `json:"task_name,omitempty"`
+	Namespace string    `json:"namespace,omitempty"`
+	JobID     string    `json:"job_id,omitempty"`
+	Digest    string    `json:"digest"`
+	Since     time.Time `json:"since"`
+}
+
+// PullRequest is what a pull takes beside the reference.
+type PullRequest struct {
+	// Auth is the task's auth block (nil: the plugin's, or none).
+	Auth *Credentials
+	// Progress hears how far the download is, a few times a second at
+	// most; Notify hears what a user should read (retries, fallbacks).
+	Progress func(Progress)
+	Notify   func(string)
+	// Use, when set, is the lease taken on the image before the pull lets
+	// go of the store, so that GC cannot take it in between.
+	Use *Use
+}
+
+// Progress is a pull's download so far.
+type Progress struct {
+	Ref string
+	// Done and Total are bytes of the layers to download (those the store
+	// lacks).
+	Done, Total int64
+	// Present says the image was in the store: nothing to download.
+	Present bool
+}
+
+// Store is the content-addressed image store of one root_dir.
+type Store struct {
+	dir       string
+	opts      Options
+	logger    hclog.Logger
+	transport http.RoundTripper
+
+	mu      sync.Mutex
+	flights map[string]*flight
+
+	// retryBase and attempts shape the backoff of registry calls; now is
+	// the clock. Tests change them.
+	retryBase time.Duration
+	attempts  int
+	now       func() time.Time
+}
+
+// Dir is the store's directory under a root_dir.
+func Dir(rootDir string) string { return filepath.Join(rootDir, "images") }
+
+// Open opens (creating it when needed) the store under rootDir.
+func Open(rootDir string, opts Options) (*Store, error) {
+	if opts.MaxLayers <= 0 {
+		opts.MaxLayers = DefaultMaxLayers
+	}
+	if opts.MaxSize <= 0 {
+		opts.MaxSize = DefaultMaxSize
+	}
+	if opts.Platform.OS == "" {
+		opts.Platform = NodePlatform()
+	}
+	if opts.Logger == nil {
+		opts.Logger = hclog.NewNullLogger()
+	}
+	t, err := newBaseTransport(opts)
+	if err != nil {
+		return nil, err
+	}
+	s := &Store{dir: Dir(rootDir), opts: opts, logger: opts.Logger, transport: t, flights: map[string]*flight{},
+		retryBase: time.Second, attempts: 5, now: time.Now}
+	if err := os.MkdirAll(rootDir, 0o700); err != nil {
+		return nil, fmt.Errorf("failed to create the image store in %q: %w", s.dir, err)
+	}
+	// images/ is root's alone: setuid files and device nodes of layers
+	// must not be reachable by anyone else on the host.
+	if err := os.Mkdir(s.dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+		return nil, fmt.Errorf("failed to create the image store in %q: %w", s.dir, err)
+	}
+	if err := os.Chmod(s.dir, 0o700); err != nil {
+		return nil, err
+	}
+	for _, d := range []string{"manifests", "layers", "uses", "tmp"} {
+		if err := os.MkdirAll(filepath.Join(s.dir, d), 0o700); err != nil {
+			return nil, fmt.Errorf("failed to create the image store in %q: %w", s.dir, err)
+		}
+	}
+	return s, nil
+}
+
+// Path is the store's directory.
+func (s *Store) Path() string { return s.dir }
+
+// record is an image in the store: manifests/<hex>.json.
+type record struct {
+	Digest      string        `json:"digest"`
+	IndexDigest string        `json:"index_digest,omitempty"`
+	Refs        []string      `json:"refs"`
+	Config      Config        `json:"config"`
+	Platform    string        `json:"platform,omitempty"`
+	Layers      []layerRecord `json:"layers"`
+	PulledAt    time.Time     `json:"pulled_at"`
+	LastUsed    time.Time     `json:"last_used"`
+}
+
+type layerRecord struct {
+	DiffID string `json:"diff_id"`
+	Digest string `json:"digest"`
+	// Size is the bytes of its files unpacked; Compressed as served.
+	Size       int64 `json:"size"`
+	Compressed int64 `json:"compressed"`
+}
+
+func (r *record) size() int64 {
+	var n int64
+	for _, l := range r.Layers {
+		n += l.Size
+	}
+	return n
+}
+
+func hexOf(digest string) string {
+	_, h, _ := strings.Cut(digest, ":")
+	return h
+}
+
+func (s *Store) recordPath(digest string) string {
+	return filepath.Join(s.dir, "manifests", hexOf(digest)+".json")
+}
+
+func (s *Store) layerDir(diffID string) string { return filepath.Join(s.dir, "layers", hexOf(diffID)) }
+
+// LayerPath is the unpacked tree of a layer, an overlay lower directory.
+func (s *Store) LayerPath(diffID string) string { return filepath.Join(s.layerDir(diffID), "fs") }
+
+func (s *Store) image(r *record, ref string) *Image {
+	img := &Image{Ref: ref, Digest: r.Digest, IndexDigest: r.IndexDigest, Config: r.Config}
+	for _, l := range r.Layers {
+		img.Layers = append(img.Layers, s.LayerPath(l.DiffID))
+	}
+	return img
+}
+
+func (s *Store) readRecord(digest string) (*record, error) {
+	b, err := os.ReadFile(s.recordPath(digest))
+	if err != nil {
+		return nil, err
+	}
+	var r record
+	if err := json.Unmarshal(b, &r); err != nil {
+		return nil, fmt.Errorf("image record %s is damaged: %w", digest, err)
+	}
+	return &r, nil
+}
+
+func (s *Store) records() ([]*record, error) {
+	entries, err := os.ReadDir(filepath.Join(s.dir, "manifests"))
+	if err != nil {
+		return nil, err
+	}
+	var out []*record
+	for _, e := range entries {
+		h, ok := strings.CutSuffix(e.Name(), ".json")
+		if !ok || !digestRE.MatchString("sha256:"+h) {
+			continue
+		}
+		r, err := s.readRecord("sha256:" + h)
+		if err != nil {
+			s.logger.Warn("skipping a damaged image record", "digest", "sha256:"+h, "error", err)
+			continue
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+// complete says whether every layer of r is in the store.
+func (s *Store) complete(r *record) bool {
+	for _, l := range r.Layers {
+		if _, err := os.Stat(filepath.Join(s.layerDir(l.DiffID), "layer.json")); err != nil {
+			return false
+		}
+	}
+	return true
+}
+
+// writeRecord writes r, merging the refs of a record already there; the
+// caller holds meta.lock.
+func (s *Store) writeRecord(r *record) error {
+	if old, err := s.readRecord(r.Digest); err == nil {
+		for _, ref := range old.Refs {
+			if !slices.Contains(r.Refs, ref) {
+				r.Refs = append(r.Refs, ref)
+			}
+		}
+		if !old.PulledAt.IsZero() && old.PulledAt.Before(r.PulledAt) {
+			r.PulledAt = old.PulledAt
+		}
+	}
+	// A record keeps the refs it was pulled by, newest first, a few.
+	if len(r.Refs) > 16 {
+		r.Refs = r.Refs[:16]
+	}
+	b, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := atomicfile.Write(s.recordPath(r.Digest), b, 0o600, true); err != nil {
+		return err
+	}
+	return syncDir(filepath.Join(s.dir, "manifests"))
+}
+
+func syncDir(dir string) error {
+	f, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return f.Sync()
+}
+
+// lockFile takes a flock on path (created if needed): shared or exclusive,
+// waiting until ctx is done. flock(2) locks belong to the open file, so two
+// goroutines of one process exclude each other as two processes do.
+func lockFile(ctx context.Context, path string, how int) (func(), error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	for {
+		err := unix.Flock(int(f.Fd()), how|unix.LOCK_NB)
+		if err == nil {
+			return func() { f.Close() }, nil
+		}
+		if !errors.Is(err, unix.EWOULDBLOCK) {
+			f.Close()
+			return nil, fmt.Errorf("failed to lock %q: %w", path, err)
+		}
+		select {
+		case <-ctx.Done():
+			f.Close()
+			return nil, ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+func (s *Store) lockMeta(ctx context.Context) (func(), error) {
+	return lockFile(ctx, filepath.Join(s.dir, "meta.lock"), unix.LOCK_EX)
+}
+
+func (s *Store) lockStore(ctx context.Context, how int) (func(), error) {
+	return lockFile(ctx, filepath.Join(s.dir, "store.lock"), how)
+}
+
+// flight is one pull that every concurrent Pull of the same reference
+// (with the same credentials) waits for.
+type flight struct {
+	done   chan struct{}
+	cancel context.CancelFunc
+	img    *record
+	err    error
+
+	mu      sync.Mutex
+	waiters []*PullRequest
+	leased  map[*PullRequest]bool
+}
+
+func (f *flight) each(fn func(*PullRequest)) {
+	f.mu.Lock()
+	ws := slices.Clone(f.waiters)
+	f.mu.Unlock()
+	for _, w := range ws {
+		fn(w)
+	}
+}
+
+func (f *flight) notify(msg string) {
+	f.each(func(w *PullRequest) {
+		if w.Notify != nil {
+			w.Notify(msg)
+		}
+	})
+}
+
+func (f *flight) progress(p Progress) {
+	f.each(func(w *PullRequest) {
+		if w.Progress != nil {
+			w.Progress(p)
+		}
+	})
+}
+
+func (f *flight) leave(req *PullRequest) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.waiters = slices.DeleteFunc(f.waiters, func(w *PullRequest) bool { return w == req })
+	if len(f.waiters) == 0 {
+		f.cancel()
+	}
+}
+
+// Pull makes the image ref names present in the store and returns it. A
+// reference by digest that the store has is not fetched again; a tag is
+// always resolved at its registry (with the task's credentials), and only
+// the layers the store lacks are downloaded. Concurrent pulls of one
+// reference with the same credentials share one download.
+func (s *Store) Pull(ctx context.Context, raw string, req PullRequest) (*Image, error) {
+	ref, err := ParseReference(raw, s.opts.InsecureRegistries)
+	if err != nil {
+		return nil, errorf(ErrInvalid, "%s", err.Error())
+	}
+	key := ref.Raw + "\x00" + req.Auth.key()
+	s.mu.Lock()
+	f := s.flights[key]
+	var run func()
+	if f == nil {
+		fctx, cancel := context.WithCancel(context.Background())
+		f = &flight{done: make(chan struct{}), cancel: cancel, leased: map[*PullRequest]bool{}}
+		s.flights[key] = f
+		run = func() {
+			f.img, f.err = s.pull(fctx, ref, req.Auth, f)
+			s.mu.Lock()
+			delete(s.flights, key)
+			s.mu.Unlock()
+			cancel()
+			close(f.done)
+		}
+	}
+	f.mu.Lock()
+	f.waiters = append(f.waiters, &req)
+	f.mu.Unlock()
+	s.mu.Unlock()
+	if run != nil {
+		go run()
+	}
+	defer f.leave(&req)
+	select {
+	case <-f.done:
+	case <-ctx.Done():
+		return nil, classify(ref, "the image", ctx.Err())
+	}
+	if f.err != nil {
+		return nil, f.err
+	}
+	if req.Use != nil {
+		f.mu.Lock()
+		leased := f.leased[&req]
+		f.mu.Unlock()
+		if !leased {
+			if err := s.Acquire(ctx, *req.Use, f.img.Digest); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return s.image(f.img, ref.Raw), nil
+}
+
+// key identifies credentials without keeping them: a flight is shared only
+// by pulls with the same ones.
+func (c *Credentials) key() string {
+	if c.empty() {
+		return ""
+	}
+	sum := sha256.Sum256([]byte(c.Username + "\x00" + c.Password))
+	return hex.EncodeToString(sum[:])
+}
+
+// source is where an image is read from: a registry or a local layout or
+// archive.
+type source interface {
+	// top is the manifest or index the reference names.
+	top(ctx context.Context) ([]byte, types.MediaType, error)
+	// manifest is a manifest of an index, by digest.
+	manifest(ctx context.Context, d v1.Hash) ([]byte, types.MediaType, error)
+	blob(ctx context.Context, d v1.Descriptor) (io.ReadCloser, error)
+	close() error
+}
+
+func (s *Store) openSource(ctx context.Context, ref Reference, auth *Credentials, f *flight) (source, error) {
+	if ref.Local() {
+		return s.openLocal(ref)
+	}
+	return s.openRemote(ctx, ref, auth, f.notify)
+}
+
+// pull runs one flight: it holds store.lock shared throughout, so GC and
+// removal wait.
+func (s *Store) pull(ctx context.Context, ref Reference, auth *Credentials, f *flight) (*record, error) {
+	unlock, err := s.lockStore(ctx, unix.LOCK_SH)
+	if err != nil {
+		return nil, classify(ref, "the store's lock", err)
+	}
+	defer unlock()
+	if ref.Digest != "" && !ref.Local() {
+		if r := s.findDigest(ref.Digest); r != nil {
+			return s.present(ctx, r, ref, f)
+		}
+	}
+	src, err := s.openSource(ctx, ref, auth, f)
+	if err != nil {
+		return s.fallback(ctx, ref, f, err)
+	}
+	defer src.close()
+	res, err := s.resolve(ctx, ref, src, f)
+	if err != nil {
+		return s.fallback(ctx, ref, f, err)
+	}
+	if r, err := s.readRecord(res.digest); err == nil && s.complete(r) {
+		return s.present(ctx, r, ref, f)
+	}
+	cfg, err := s.fetchConfig(ctx, ref, src, res, f)
+	if err != nil {
+		return nil, err
+	}
+	rec := &record{Digest: res.digest, IndexDigest: res.indexDigest, Refs: []string{ref.Raw}, Config: configOf(cfg),
+		Platform: platformString(cfg.Platform()), PulledAt: s.now().UTC()}
+	layers, created, err := s.fetchLayers(ctx, ref, src, res.manifest.Layers, cfg.RootFS.DiffIDs, f)
+	if err == nil {
+		rec.Layers = layers
+		err = s.commit(ctx, rec, f)
+	}
+	if err != nil {
+		// A failed pull leaves nothing: the layers it unpacked go
+		// unless an image has them meanwhile.
+		s.discardLayers(created)
+		return nil, err
+	}
+	return rec, nil
+}
+
+// discardLayers removes the layers no image record names.
+func (s *Store) discardLayers(diffIDs []string) {
+	if len(diffIDs) == 0 {
+		return
+	}
+	unlock, err := s.lockMeta(context.Background())
+	if err != nil {
+		return
+	}
+	defer unlock()
+	recs, _ := s.records()
+	refd := referenced(recs)
+	for _, d := range diffIDs {
+		if !refd[d] {
+			if err := s.removeLayer(d); err != nil {
+				s.logger.Warn("failed to remove a layer of a failed pull", "diff_id", d, "error", err)
+			}
+		}
+	}
+}
+
+// commit writes the record of a pulled image (stamped as used now) and the
+// leases of the pull's waiters.
+func (s *Store) commit(ctx context.Context, rec *record, f *flight) error {
+	unlock, err := s.lockMeta(ctx)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	rec.LastUsed = s.now().UTC()
+	// A layer another pull's failure took away since it was found here:
+	// the image is not complete, and the next pull fetches it again.
+	if !s.complete(rec) {
+		return errorf(ErrUnreachable, "image %s lost a layer to a failed pull while it was pulled; start it again", shortDigest(rec.Digest))
+	}
+	if err := s.writeRecord(rec); err != nil {
+		return fmt.Errorf("failed to record image %s in the store: %w", rec.Digest, err)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, w := range f.waiters {
+		if w.Use == nil {
+			continue
+		}
+		if err := s.writeUse(*w.Use, rec.Digest); err != nil {
+			return err
+		}
+		f.leased[w] = true
+	}
+	return nil
+}
+
+// present is an image the store has: the reference is added to it.
+func (s *Store) present(ctx context.Context, r *record, ref Reference, f *flight) (*record, error) {
+	f.progress(Progress{Ref: ref.Raw, Present: true})
+	if !slices.Contains(r.Refs, ref.Raw) {
+		r.Refs = append([]string{ref.Raw}, r.Refs...)
+	}
+	return r, s.commit(ctx, r, f)
+}
+
+// fallback serves a tag the registry cannot be asked about from the store,
+// when an earlier pull of the same reference left it there: a node plugin
+// must restart while its registry is down.
+func (s *Store) fallback(ctx context.Context, ref Reference, f *flight, err error) (*record, error) {
+	if ref.Local() || !errors.Is(err, ErrUnreachable) {
+		return nil, err
+	}
+	var found *record
+	recs, _ := s.records()
+	for _, r := range recs {
+		if slices.Contains(r.Refs, ref.Raw) && s.complete(r) && (found == nil || r.PulledAt.After(found.PulledAt)) {
+			found = r
+		}
+	}
+	if found == nil {
+		return nil, err
+	}
+	f.notify(fmt.Sprintf("Registry %s unreachable: using image %s (%s) pulled %s", ref.Registry(), ref.Raw, shortDigest(found.Digest), found.PulledAt.Format(time.RFC3339)))
+	return s.present(ctx, found, ref, f)
+}
+
+func (s *Store) findDigest(digest string) *record {
+	if r, err := s.readRecord(digest); err == nil && s.complete(r) {
+		return r
+	}
+	recs, _ := s.records()
+	for _, r := range recs {
+		if r.IndexDigest == digest && s.complete(r) {
+			return r
+		}
+	}
+	return nil
+}
+
+func shortDigest(d string) string {
+	if len(d) > 19 {
+		return d[:19]
+	}
+	return d
+}
+
+// retry runs fn until it succeeds, fails for good, or the attempts are
+// spent, waiting a capped, jittered, doubling delay between tries, and
+// says so.
+func (s *Store) retry(ctx context.Context, ref Reference, what string, notify func(string), fn func() error) error {
+	delay := s.retryBase
+	for attempt := 1; ; attempt++ {
+		err := fn()
+		if err == nil || !transient(err) || attempt >= s.attempts || ctx.Err() != nil {
+			return err
+		}
+		wait := delay/2 + rand.N(delay/2+1)
+		if notify != nil {
+			notify(fmt.Sprintf("Registry %s unreachable while fetching %s (%s): retrying in %s (attempt %d of %d)",
+				ref.Registry(), what, shortError(err), wait.Round(100*time.Millisecond), attempt+1, s.attempts))
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(wait):
+		}
+		delay = min(delay*2, 30*time.Second)
+	}
+}
+
+// shortError is an error's last part ("connection refused"), for events.
+func shortError(err error) string {
+	msg := err.Error()
+	if i := strings.LastIndex(msg, ": "); i >= 0 && i+2 < len(msg) {
+		msg = msg[i+2:]
+	}
+	if len(msg) > 120 {
+		msg = msg[:120]
+	}
+	return msg
+}
+
+// Acquire records that task u.TaskID uses the image digest, which must be
+// in the store; it is idempotent.
+func (s *Store) Acquire(ctx context.Context, u Use, digest string) error {
+	unlockStore, err := s.lockStore(ctx, unix.LOCK_SH)
+	if err != nil {
+		return err
+	}
+	defer unlockStore()
+	unlock, err := s.lockMeta(ctx)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	r, err := s.readRecord(digest)
+	if err != nil || !s.complete(r) {
+		return errorf(ErrNotFound, "image %s is not in the store", digest)
+	}
+	if err := s.writeUse(u, digest); err != nil {
+		return err
+	}
+	r.LastUsed = s.now().UTC()
+	return s.writeRecord(r)
+}
+
+func (s *Store) usePath(taskID string) string {
+	sum := sha256.Sum256([]byte(taskID))
+	return filepath.Join(s.dir, "uses", hex.EncodeToString(sum[:16])+".json")
+}
+
+func (s *Store) writeUse(u Use, digest string) error {
+	u.Digest = digest
+	if u.Since.IsZero() {
+		u.Since = s.now().UTC()
+	}
+	b, err := json.Marshal(u)
+	if err != nil {
+		return err
+	}
+	if err := atomicfile.Write(s.usePath(u.TaskID), b, 0o600, true); err != nil {
+		return fmt.Errorf("failed to record the use of image %s: %w", digest, err)
+	}
+	return syncDir(filepath.Join(s.dir, "uses"))
+}
+
+// Release lets go of task taskID's lease (none is fine): its image counts
+// as used until now.
+func (s *Store) Release(ctx context.Context, taskID string) error {
+	unlock, err := s.lockMeta(ctx)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	return s.release(taskID)
+}
+
+func (s *Store) release(taskID string) error {
+	p := s.usePath(taskID)
+	b, err := os.ReadFile(p)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var u Use
+	if json.Unmarshal(b, &u) == nil {
+		if r, err := s.readRecord(u.Digest); err == nil {
+			r.LastUsed = s.now().UTC()
+			if err := s.writeRecord(r); err != nil {
+				return err
+			}
+		}
+	}
+	if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return nil
+}
+
+func (s *Store) uses() ([]Use, error) {
+	entries, err := os.ReadDir(filepath.Join(s.dir, "uses"))
+	if err != nil {
+		return nil, err
+	}
+	var out []Use
+	for _, e := range entries {
+		if !strings.HasSuffix(e.Name(), ".json") || strings.HasPrefix(e.Name(), ".") {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(s.dir, "uses", e.Name()))
+		if err != nil {
+			continue
+		}
+		var u Use
+		if json.Unmarshal(b, &u) == nil && u.TaskID != "" {
+			out = append(out, u)
+		}
+	}
+	return out, nil
+}
