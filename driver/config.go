@@ -13,6 +13,7 @@ import (
 	"github.com/hashicorp/nomad/plugins/shared/hclspec"
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor"
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/image"
 	"github.com/nomad-driver-csi/nomad-driver-csi/fingerprint"
 	"github.com/nomad-driver-csi/nomad-driver-csi/mounter"
 )
@@ -127,6 +128,26 @@ var configSpec = hclspec.NewObject(map[string]*hclspec.Spec{
 		hclspec.NewAttr("cpu_total_compute", "number", false),
 		hclspec.NewLiteral("0"),
 	),
+	// Images (images.go).
+	"auth": hclspec.NewBlock("auth", false, hclspec.NewObject(map[string]*hclspec.Spec{
+		"config": hclspec.NewAttr("config", "string", false),
+		"helper": hclspec.NewAttr("helper", "string", false),
+	})),
+	"registry_ca_file":    hclspec.NewAttr("registry_ca_file", "string", false),
+	"insecure_registries": hclspec.NewAttr("insecure_registries", "list(string)", false),
+	"local_image_dirs":    hclspec.NewAttr("local_image_dirs", "list(string)", false),
+	"image_gc": hclspec.NewDefault(
+		hclspec.NewAttr("image_gc", "string", false),
+		hclspec.NewLiteral(fmt.Sprintf("%q", DefaultImageGC)),
+	),
+	"image_max_layers": hclspec.NewDefault(
+		hclspec.NewAttr("image_max_layers", "number", false),
+		hclspec.NewLiteral(strconv.Itoa(image.DefaultMaxLayers)),
+	),
+	"image_max_size": hclspec.NewDefault(
+		hclspec.NewAttr("image_max_size", "string", false),
+		hclspec.NewLiteral(fmt.Sprintf("%q", DefaultImageMaxSize)),
+	),
 })
 
 // defaultAllowCapsHCL is allow_caps when the operator does not set it: the
@@ -136,7 +157,16 @@ const defaultAllowCapsHCL = `["AUDIT_WRITE","CHOWN","DAC_OVERRIDE","FOWNER","FSE
 
 // taskConfigSpec is the `config` block of a task with `driver = "csi"`.
 var taskConfigSpec = hclspec.NewObject(map[string]*hclspec.Spec{
-	"command":    hclspec.NewAttr("command", "string", true),
+	"command": hclspec.NewAttr("command", "string", true),
+	"image":   hclspec.NewAttr("image", "string", false),
+	"auth": hclspec.NewBlock("auth", false, hclspec.NewObject(map[string]*hclspec.Spec{
+		"username": hclspec.NewAttr("username", "string", false),
+		"password": hclspec.NewAttr("password", "string", false),
+	})),
+	"image_pull_timeout": hclspec.NewDefault(
+		hclspec.NewAttr("image_pull_timeout", "string", false),
+		hclspec.NewLiteral(fmt.Sprintf("%q", DefaultImagePullTimeout)),
+	),
 	"args":       hclspec.NewAttr("args", "list(string)", false),
 	"work_dir":   hclspec.NewAttr("work_dir", "string", false),
 	"privileged": hclspec.NewAttr("privileged", "bool", false),
@@ -260,6 +290,15 @@ type Config struct {
 	// the CPU speed is wrong (see cpuspeed.go); 0 measures it. It only
 	// turns task CPU usage into the MHz ("ticks") Nomad shows.
 	CPUTotalCompute int `codec:"cpu_total_compute"`
+
+	// Images: see images.go.
+	Auth               *PluginAuth `codec:"auth"`
+	RegistryCAFile     string      `codec:"registry_ca_file"`
+	InsecureRegistries []string    `codec:"insecure_registries"`
+	LocalImageDirs     []string    `codec:"local_image_dirs"`
+	ImageGC            string      `codec:"image_gc"`
+	ImageMaxLayers     int         `codec:"image_max_layers"`
+	ImageMaxSize       string      `codec:"image_max_size"`
 }
 
 // DefaultPidsLimit is pids_limit's default: systemd's default TasksMax
@@ -271,7 +310,8 @@ const DefaultPidsLimit = 4096
 func defaultConfig() Config {
 	return Config{Enabled: true, PrivilegedPluginsOnly: true, RootDir: DefaultRootDir, CgroupParent: DefaultCgroupParent,
 		DefaultPIDMode: IsolationModePrivate, DefaultIPCMode: IsolationModePrivate, AllowCaps: executor.DefaultCapabilities,
-		VolumeStatsInterval: DefaultVolumeStatsInterval, PidsLimit: DefaultPidsLimit}
+		VolumeStatsInterval: DefaultVolumeStatsInterval, PidsLimit: DefaultPidsLimit,
+		ImageGC: DefaultImageGC, ImageMaxLayers: image.DefaultMaxLayers, ImageMaxSize: DefaultImageMaxSize}
 }
 
 func validIsolationMode(key, mode string, allowEmpty bool) error {
@@ -356,21 +396,28 @@ func (c *Config) validate() error {
 			return err
 		}
 	}
+	if err := c.validateImages(); err != nil {
+		return err
+	}
 	return c.validateTelemetry()
 }
 
 // TaskConfig is the decoded `config` block of a task.
 type TaskConfig struct {
-	Command    string                  `codec:"command"`
-	Args       []string                `codec:"args"`
-	WorkDir    string                  `codec:"work_dir"`
-	Privileged bool                    `codec:"privileged"`
-	CSIPlugin  *PluginTaskConfig       `codec:"csi_plugin"`
-	Volumes    map[string]VolumeConfig `codec:"volume"`
-	PIDMode    string                  `codec:"pid_mode"`
-	IPCMode    string                  `codec:"ipc_mode"`
-	CapAdd     []string                `codec:"cap_add"`
-	CapDrop    []string                `codec:"cap_drop"`
+	Command string `codec:"command"`
+	// Image, Auth and ImagePullTimeout: see images.go.
+	Image            string                  `codec:"image"`
+	Auth             *TaskAuth               `codec:"auth"`
+	ImagePullTimeout string                  `codec:"image_pull_timeout"`
+	Args             []string                `codec:"args"`
+	WorkDir          string                  `codec:"work_dir"`
+	Privileged       bool                    `codec:"privileged"`
+	CSIPlugin        *PluginTaskConfig       `codec:"csi_plugin"`
+	Volumes          map[string]VolumeConfig `codec:"volume"`
+	PIDMode          string                  `codec:"pid_mode"`
+	IPCMode          string                  `codec:"ipc_mode"`
+	CapAdd           []string                `codec:"cap_add"`
+	CapDrop          []string                `codec:"cap_drop"`
 }
 
 // PluginTaskConfig is a task's csi_plugin block: the task is a CSI plugin.
@@ -464,6 +511,9 @@ func (tc *TaskConfig) validate(cfg *Config) error {
 	}
 	if tc.WorkDir != "" && !filepath.IsAbs(tc.WorkDir) {
 		return fmt.Errorf("work_dir must be an absolute path, got %q", tc.WorkDir)
+	}
+	if err := tc.validateImage(cfg); err != nil {
+		return err
 	}
 	if p := tc.CSIPlugin; p != nil {
 		if err := p.validate(cfg, tc.Privileged); err != nil {

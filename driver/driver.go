@@ -29,6 +29,7 @@ import (
 	"github.com/nomad-driver-csi/nomad-driver-csi/csihook"
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/cgroups"
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor"
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/image"
 	"github.com/nomad-driver-csi/nomad-driver-csi/fingerprint"
 	"github.com/nomad-driver-csi/nomad-driver-csi/mounter"
 )
@@ -109,6 +110,14 @@ type Driver struct {
 	background sync.WaitGroup
 	// telemetry is the metrics and their endpoint (telemetry.go).
 	telemetry telemetry
+	// images is the image store (images.go; nil with imagesErr saying
+	// why when it cannot be opened); imageGCOnce starts its GC loop.
+	images      *image.Store
+	imagesErr   error
+	imageGCOnce sync.Once
+	// imageRoot makes an image the task's root (applyImageRoot; tests
+	// record it).
+	imageRoot func(*Config, *drivers.TaskConfig, *TaskConfig, *executor.Spec, *image.Image) error
 }
 
 // NewPlugin returns the driver, ready for Nomad's SetConfig. Nomad is
@@ -134,6 +143,7 @@ func NewPlugin(logger hclog.Logger) *Driver {
 		invocations: newInvocations(),
 	}
 	d.start = d.startExecutor
+	d.imageRoot = d.applyImageRoot
 	return d
 }
 
@@ -208,6 +218,7 @@ func (d *Driver) setConfig(c *base.Config, cfg Config) error {
 	prober := d.prober
 	d.mu.Unlock()
 	if cfg.Enabled {
+		d.openImages(&cfg)
 		if err := resetSparesDir(cfg.sparesDir()); err != nil {
 			d.logger.Warn("spare supervisors will not prepare task roots ahead", "error", err)
 		} else {
@@ -388,6 +399,19 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 		return nil, nil, err
 	}
 
+	// What the steps below set up goes again, last first, unless the task
+	// is handed to Nomad.
+	var u undo
+	defer u.run()
+
+	// The image is pulled (and leased) before the task's root is made.
+	var img *image.Image
+	if tc.Image != "" {
+		if img, err = d.pullImage(logger, cfg, tc); err != nil {
+			return nil, nil, err
+		}
+		u.push(func() { d.releaseImage(logger, cfg.ID) })
+	}
 	spec, err := d.buildSpec(conf, cfg, tc)
 	if err != nil {
 		return nil, nil, err
@@ -395,22 +419,26 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 	// A task that runs from an image passes its reference and the digest
 	// its manifest resolved to (image.Image.Ref and Digest), pulled
 	// before this check; a task that runs a host binary passes none.
-	grant, err := authorize(conf, cfg, tc, spec, taskImage{})
+	var ti taskImage
+	if img != nil {
+		ti = taskImage{Ref: img.Ref, Digest: img.Digest}
+	}
+	grant, err := authorize(conf, cfg, tc, spec, ti)
 	if err != nil {
 		return nil, nil, fmt.Errorf("invalid task config: %w", err)
 	}
 	if grant != nil {
 		logger.Info("privileged task granted", "grant", grant.String())
 	}
+	if img != nil {
+		if err := d.imageRoot(conf, cfg, tc, spec, img); err != nil {
+			return nil, nil, err
+		}
+	}
 	reqs, err := d.checkVolumes(cfg, tc, spec)
 	if err != nil {
 		return nil, nil, fmt.Errorf("invalid task config: %w", err)
 	}
-
-	// What the steps below set up goes again, last first, unless the task
-	// is handed to Nomad.
-	var u undo
-	defer u.run()
 
 	pc := tc.CSIPlugin
 	var reclaim bool
@@ -499,6 +527,9 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 	handle.Config = cfg
 	handle.State = drivers.TaskStateRunning
 	state := &TaskState{Process: p.State(), StartedAt: started, Plugin: pc, Volumes: len(reqs) > 0, SharedSources: shared}
+	if img != nil {
+		state.Image = img.Digest
+	}
 	if pc != nil {
 		job := jobOf(cfg)
 		state.Namespace, state.JobID = job.namespace, job.id
@@ -520,6 +551,7 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 	h.sharedSources = shared
 	h.plugin = pc
 	h.volumes = len(reqs) > 0
+	h.image = state.Image
 	d.tasks.Set(cfg.ID, h)
 	logger.Info("task started", "pid", p.Pid())
 	return handle, nil, nil
@@ -886,6 +918,9 @@ func (d *Driver) RecoverTask(handle *drivers.TaskHandle) error {
 		// Nomad starts the task afresh; what this one held goes now. Its
 		// plugin id stays its job's for the restart.
 		d.forgetLostTask(logger, handle.Config, volumes)
+		if st.Image != "" {
+			d.releaseImage(logger, handle.Config.ID)
+		}
 		if pc != nil && d.plugins.claimGone(handle.Config, *pc, job) {
 			d.scheduleForget(handle.Config.ID, pc)
 		}
@@ -899,6 +934,9 @@ func (d *Driver) RecoverTask(handle *drivers.TaskHandle) error {
 	}
 	d.eventTargets.Store(handle.Config.ID, handle.Config)
 	h.volumes = volumes
+	if h.image = st.Image; h.image != "" {
+		d.recoverImage(logger, handle.Config, st.Image)
+	}
 	d.sharedSources().adopt(h.sharedSources)
 	if pc != nil {
 		h.plugin = pc
@@ -999,6 +1037,9 @@ func (d *Driver) DestroyTask(taskID string, force bool) error {
 		d.stopPluginProbe(taskID, h.plugin)
 	}
 	d.releaseVolumes(h)
+	if h.image != "" {
+		d.releaseImage(h.logger, taskID)
+	}
 	d.tasks.Delete(taskID)
 	return nil
 }

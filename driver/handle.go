@@ -51,6 +51,9 @@ type TaskState struct {
 	// points, its plugin's stage root included (that mount is the
 	// driver's, so it is not among the mounts Nomad stores).
 	SharedSources []string `json:"shared_sources,omitempty"`
+	// Image is the digest of the task's image (leased in the image store
+	// while the task exists).
+	Image string `json:"image,omitempty"`
 }
 
 // taskHandle is the driver's view of one task.
@@ -67,6 +70,8 @@ type taskHandle struct {
 	plugin *PluginTaskConfig
 	// volumes is set when the task has CSI volumes to tear down.
 	volumes bool
+	// image is the digest of the task's image, leased while it exists.
+	image string
 
 	// destroyMu serialises DestroyTask calls; destroyed is set once one
 	// has released what the task held.

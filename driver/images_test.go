@@ -1,0 +1,216 @@
+package driver
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/hashicorp/nomad/plugins/drivers"
+	"github.com/shoenig/test/must"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor"
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/image"
+	"github.com/nomad-driver-csi/nomad-driver-csi/e2e/imagebuild"
+)
+
+func TestConfig_validateImages(t *testing.T) {
+	ok := Config{RootDir: "/var/lib/x", CgroupParent: "c"}
+	cases := []struct {
+		name string
+		mod  func(*Config)
+		want string
+	}{
+		{"defaults", func(*Config) {}, ""},
+		{"all set", func(c *Config) {
+			c.Auth = &PluginAuth{Config: "/etc/docker/config.json", Helper: "ecr-login"}
+			c.RegistryCAFile, c.InsecureRegistries = "/etc/ca.pem", []string{"reg.internal:5000", "[::1]:5000"}
+			c.LocalImageDirs, c.ImageGC, c.ImageMaxLayers, c.ImageMaxSize = []string{"/srv/images"}, "0", 500, "1TiB"
+		}, ""},
+		{"relative auth config", func(c *Config) { c.Auth = &PluginAuth{Config: "config.json"} }, "auth config must be an absolute path"},
+		{"helper path", func(c *Config) { c.Auth = &PluginAuth{Helper: "../../bin/sh"} }, "auth helper \"../../bin/sh\" must be the name"},
+		{"relative ca", func(c *Config) { c.RegistryCAFile = "ca.pem" }, "registry_ca_file must be an absolute path"},
+		{"insecure with scheme", func(c *Config) { c.InsecureRegistries = []string{"http://reg:5000"} }, "insecure_registries[0] \"http://reg:5000\" must be a registry's host[:port]"},
+		{"local dir relative", func(c *Config) { c.LocalImageDirs = []string{"images"} }, "local_image_dirs[0] must be an absolute, clean path"},
+		{"local dir slash", func(c *Config) { c.LocalImageDirs = []string{"/"} }, "local_image_dirs[0] must be an absolute, clean path other than \"/\""},
+		{"local dir in root_dir", func(c *Config) { c.LocalImageDirs = []string{"/srv", "/var/lib/x/images"} }, "local_image_dirs[1] \"/var/lib/x/images\" must not be root_dir"},
+		{"local dir around root_dir", func(c *Config) { c.LocalImageDirs = []string{"/var/lib"} }, "must not be root_dir \"/var/lib/x\", inside it or around it"},
+		{"bad gc", func(c *Config) { c.ImageGC = "daily" }, "image_gc must be a duration of at least \"1s\""},
+		{"tiny gc", func(c *Config) { c.ImageGC = "10ms" }, "image_gc must be a duration"},
+		{"too many layers", func(c *Config) { c.ImageMaxLayers = 501 }, "image_max_layers must be from 1 to 500"},
+		{"bad size", func(c *Config) { c.ImageMaxSize = "huge" }, "image_max_size must be a size such as \"20GiB\""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := ok
+			tc.mod(&c)
+			err := c.validate()
+			if tc.want == "" {
+				must.NoError(t, err)
+				return
+			}
+			must.ErrorContains(t, err, tc.want)
+		})
+	}
+}
+
+func TestTaskConfig_validateImage(t *testing.T) {
+	conf := &Config{}
+	cases := []struct {
+		name string
+		tc   TaskConfig
+		want string
+	}{
+		{"registry", TaskConfig{Command: "x", Image: "registry.example/csi:1.2"}, ""},
+		{"digest", TaskConfig{Command: "x", Image: "registry.example/csi@sha256:" + strings.Repeat("0", 64), ImagePullTimeout: "30s"}, ""},
+		{"layout", TaskConfig{Command: "x", Image: "oci:/srv/images/csi:1.2", Auth: &TaskAuth{Username: "u", Password: "p"}}, ""},
+		{"bad ref", TaskConfig{Command: "x", Image: "Not A Ref"}, "image \"Not A Ref\" has a space"},
+		{"relative local", TaskConfig{Command: "x", Image: "oci-archive:csi.tar"}, "needs an absolute, clean host path"},
+		{"auth without image", TaskConfig{Command: "x", Auth: &TaskAuth{Username: "u"}}, "auth is only for image"},
+		{"bad timeout", TaskConfig{Command: "x", Image: "r/x:1", ImagePullTimeout: "forever"}, "image_pull_timeout \"forever\" must be a duration"},
+		{"long timeout", TaskConfig{Command: "x", Image: "r/x:1", ImagePullTimeout: "48h"}, "image_pull_timeout \"48h\" must be a duration from \"1s\" to \"24h0m0s\""},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			err := c.tc.validate(conf)
+			if c.want == "" {
+				must.NoError(t, err)
+				return
+			}
+			must.ErrorContains(t, err, c.want)
+		})
+	}
+}
+
+// imageDriver is a test driver with a local image directory holding one
+// image, whose image roots are recorded instead of made.
+type imageDriver struct {
+	*testDriver
+	ref    string
+	digest string
+	roots  []*image.Image
+	events *eventLog
+}
+
+func newImageDriver(t *testing.T, rootErr error) *imageDriver {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: the image store sets owners of unpacked files")
+	}
+	dir := shortTempDir(t)
+	layer, err := imagebuild.Layer(imagebuild.File("bin/plugin", []byte("#!/bin/sh\n"), 0o755))
+	must.NoError(t, err)
+	img, err := imagebuild.Build(imagebuild.Spec{Entrypoint: []string{"/bin/plugin"}}, layer)
+	must.NoError(t, err)
+	must.NoError(t, imagebuild.WriteLayout(filepath.Join(dir, "plugin"), "1.0", img))
+	digest, err := img.Digest()
+	must.NoError(t, err)
+	id := &imageDriver{ref: "oci:" + filepath.Join(dir, "plugin") + ":1.0", digest: digest.String()}
+	id.testDriver = newTestDriver(t, Config{Enabled: true, LocalImageDirs: []string{dir}}, func(d *Driver) {
+		d.imageRoot = func(_ *Config, _ *drivers.TaskConfig, _ *TaskConfig, _ *executor.Spec, img *image.Image) error {
+			id.roots = append(id.roots, img)
+			return rootErr
+		}
+	})
+	id.events = watchEvents(t, id.testDriver)
+	return id
+}
+
+func (id *imageDriver) uses(t *testing.T) []string {
+	t.Helper()
+	entries, err := os.ReadDir(filepath.Join(image.Dir(id.currentConfig().RootDir), "uses"))
+	must.NoError(t, err)
+	var out []string
+	for _, e := range entries {
+		out = append(out, e.Name())
+	}
+	return out
+}
+
+func TestStartTask_pullsLeasesAndReleasesTheImage(t *testing.T) {
+	d := newImageDriver(t, nil)
+	cfg := taskConfig(t, TaskConfig{Command: "/bin/plugin", Image: d.ref})
+	handle, _, err := d.StartTask(cfg)
+	must.NoError(t, err)
+	must.SliceLen(t, 1, d.roots)
+	must.Eq(t, d.digest, d.roots[0].Digest)
+	must.Eq(t, []string{"/bin/plugin"}, d.roots[0].Config.Entrypoint)
+	d.events.waitFor(t, "Pulled image "+d.ref)
+	must.SliceLen(t, 1, d.uses(t))
+	var st TaskState
+	must.NoError(t, handle.GetDriverState(&st))
+	must.Eq(t, d.digest, st.Image)
+
+	// A second task of the same image: present, no download.
+	cfg2 := taskConfig(t, TaskConfig{Command: "/bin/plugin", Image: d.ref})
+	cfg2.ID = "alloc-2/web/def"
+	_, _, err = d.StartTask(cfg2)
+	must.NoError(t, err)
+	d.events.waitFor(t, "alloc-2/web/def: Image "+d.ref+" is present")
+	must.SliceLen(t, 2, d.uses(t))
+
+	// Destroyed, the task lets its image go.
+	d.procs[0].exit(executor.ExitStatus{})
+	must.NoError(t, d.DestroyTask(cfg.ID, true))
+	must.SliceLen(t, 1, d.uses(t))
+	list, err := d.images.List(nil)
+	must.NoError(t, err)
+	must.SliceLen(t, 1, list)
+	must.SliceLen(t, 1, list[0].InUseBy)
+	must.Eq(t, cfg2.ID, list[0].InUseBy[0].TaskID)
+}
+
+func TestStartTask_failedStartReleasesTheImage(t *testing.T) {
+	d := newImageDriver(t, errors.New("no root"))
+	_, _, err := d.StartTask(taskConfig(t, TaskConfig{Command: "/bin/plugin", Image: d.ref}))
+	must.ErrorContains(t, err, "no root")
+	must.SliceEmpty(t, d.uses(t))
+	must.SliceEmpty(t, d.started)
+}
+
+func TestStartTask_imageErrorsReachTheTask(t *testing.T) {
+	d := newImageDriver(t, nil)
+	dir := filepath.Dir(strings.TrimSuffix(strings.TrimPrefix(d.ref, "oci:"), ":1.0"))
+	for ref, want := range map[string]string{
+		strings.TrimSuffix(d.ref, "1.0") + "2.0":    "has no image named \"2.0\"",
+		"oci-archive:/etc/shadow":                   "is not inside a directory of the plugin option local_image_dirs",
+		"oci:" + filepath.Join(dir, "missing"):      "does not exist",
+		"docker-archive:" + filepath.Join(dir, "x"): "does not exist",
+	} {
+		_, _, err := d.StartTask(taskConfig(t, TaskConfig{Command: "/bin/plugin", Image: ref}))
+		must.ErrorContains(t, err, want)
+		must.ErrorContains(t, err, ref)
+	}
+	must.SliceEmpty(t, d.roots)
+	must.SliceEmpty(t, d.uses(t))
+}
+
+func TestRecoverTask_keepsTheImageLease(t *testing.T) {
+	d := newImageDriver(t, nil)
+	cfg := taskConfig(t, TaskConfig{Command: "/bin/plugin", Image: d.ref})
+	handle, _, err := d.StartTask(cfg)
+	must.NoError(t, err)
+	must.NoError(t, os.MkdirAll(d.currentConfig().taskStateDir(cfg.ID), 0o700))
+
+	// A new driver process on the same root_dir: the lease is on disk,
+	// and GC keeps the image although its clock says it is old.
+	d2 := newTestDriver(t, Config{Enabled: true, RootDir: d.currentConfig().RootDir, LocalImageDirs: d.currentConfig().LocalImageDirs})
+	must.NoError(t, d2.RecoverTask(handle))
+	removed, err := d2.images.GC(1, d2.taskLive(d2.currentConfig()))
+	must.NoError(t, err)
+	must.SliceEmpty(t, removed)
+	list, err := d2.images.List(d2.taskLive(d2.currentConfig()))
+	must.NoError(t, err)
+	must.SliceLen(t, 1, list)
+	must.SliceLen(t, 1, list[0].InUseBy)
+
+	// Once the task is gone, GC takes it.
+	d2.procs[0].exit(executor.ExitStatus{})
+	must.NoError(t, d2.DestroyTask(cfg.ID, true))
+	must.NoError(t, os.RemoveAll(d.currentConfig().taskStateDir(cfg.ID)))
+	d.tasks.Delete(cfg.ID)
+	removed, err = d2.images.GC(1, d2.taskLive(d2.currentConfig()))
+	must.NoError(t, err)
+	must.Eq(t, []string{d.digest}, removed)
+}
