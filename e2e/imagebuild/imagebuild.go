@@ -400,3 +400,34 @@ func (h httpsOnly) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	return h.next.RoundTrip(req)
 }
+
+// FixtureTools are the host programs the e2e fixture plugin runs
+// (e2e/csiplugin: mkfs.ext4, resize2fs, losetup) and the files they read.
+var FixtureTools = []string{"/usr/sbin/mkfs.ext4", "/usr/sbin/resize2fs", "/usr/sbin/losetup", "/etc/mke2fs.conf"}
+
+// FixturePluginPath is where FixturePlugin puts the plugin in the image.
+const FixturePluginPath = "/usr/local/bin/csi-fixture"
+
+// FixturePlugin builds the image of the e2e fixture plugin (its binary at
+// bin, build/csi/csi-fixture) with the tools it runs and their libraries,
+// copied from this host, in two layers: the tools (a base another image
+// can share) and the plugin. Its entrypoint is the plugin.
+func FixturePlugin(bin string) (v1.Image, error) {
+	tools, err := HostFiles(nil, FixtureTools...)
+	if err != nil {
+		return nil, err
+	}
+	base, err := Layer(append(tools, Dir("tmp", 0o1777), Dir("dev", 0o755), Dir("proc", 0o555), Dir("sys", 0o555))...)
+	if err != nil {
+		return nil, err
+	}
+	plugin, err := HostFiles(map[string]string{FixturePluginPath: bin})
+	if err != nil {
+		return nil, err
+	}
+	top, err := Layer(plugin...)
+	if err != nil {
+		return nil, err
+	}
+	return Build(Spec{Entrypoint: []string{FixturePluginPath}, Env: []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}}, base, top)
+}
