@@ -246,7 +246,7 @@ func (o ImageOptions) StoreOptions() image.Options {
 // rootDir: a task the driver runs, or one a restarted driver will be
 // asked to recover. An image lease of any other task is let go.
 func TaskExists(rootDir, taskID string) bool {
-	_, err := os.Stat((&Config{RootDir: rootDir}).taskStateDir(taskID))
+	_, err := os.Stat(TaskStateDir(rootDir, taskID))
 	return err == nil
 }
 

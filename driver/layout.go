@@ -16,3 +16,9 @@ func JournalDir(rootDir string) string { return filepath.Join(rootDir, "journal"
 
 // StageRoot is the directory every volume is staged and published under.
 func StageRoot(rootDir string) string { return (&Config{RootDir: rootDir}).stageRoot() }
+
+// TaskStateDir is the directory a task's state lives in while the task
+// exists (a task of this driver, or one a restarted driver is to recover).
+func TaskStateDir(rootDir, taskID string) string {
+	return (&Config{RootDir: rootDir}).taskStateDir(taskID)
+}

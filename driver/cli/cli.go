@@ -1,8 +1,9 @@
 // Package cli is the operator's command line of nomad-driver-csi, run from
-// the driver's own binary on a client node: volumes, probe, stats, expand
-// and cleanup. Every command is safe while the driver runs: it reads the
-// journal without its lock and writes nothing, and only cleanup -apply
-// acts, and only when no driver holds the journal.
+// the driver's own binary on a client node: volumes, probe, stats, expand,
+// cleanup and images. Every command is safe while the driver runs: it
+// reads the journal without its lock and writes nothing, only cleanup
+// -apply acts, and only when no driver holds the journal, and images rm
+// and images pull take the image store's locks as the driver does.
 package cli
 
 import (
@@ -35,6 +36,11 @@ Commands:
                                   NodeExpandVolume online), such as expand pg-data 20GiB
   cleanup [-apply]                mounts and journal records no task owns; unmounts orphan
                                   mounts only with -apply, and only while the driver is stopped
+  images                          the image store: reference, digest, size, last used, in use by
+  images rm <reference | digest>  remove an image no task uses, and its layers no other image has
+  images pull <reference>         pull an image into the store as the driver would (its registry
+                                  CA, insecure registries, local image dirs and auth from the
+                                  driver's options; -username with -password-stdin for a user)
 
 A <volume> is the volume_id a job wrote (the name it created the volume
 under), the plugin's volume ID, or the name of a task's volume block.
@@ -73,11 +79,16 @@ type command struct {
 // Main runs the command line args (without the program name) and returns
 // the exit code: 0 done, 1 failed, 2 bad command line.
 func Main(args []string, stdout, stderr io.Writer) int {
+	return MainWithInput(args, os.Stdin, stdout, stderr)
+}
+
+// MainWithInput is Main reading stdin from in (images pull -password-stdin).
+func MainWithInput(args []string, in io.Reader, stdout, stderr io.Writer) int {
 	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "-help" || args[0] == "--help" {
 		fmt.Fprint(stdout, Usage)
 		return 0
 	}
-	err := run(args, stdout)
+	err := run(args, in, stdout)
 	if err == nil {
 		return 0
 	}
@@ -92,12 +103,18 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	return 1
 }
 
-func run(args []string, stdout io.Writer) error {
+func run(args []string, stdin io.Reader, stdout io.Writer) error {
 	name := args[0]
+	// images has subcommands: "images rm" and "images pull" are commands
+	// of their own.
+	if name == "images" && len(args) > 1 && (args[1] == "rm" || args[1] == "pull") {
+		name, args = "images "+args[1], args[1:]
+	}
 	var (
 		apply  bool
 		socket string
 		filter volumeFilter
+		pull   imagePullFlags
 	)
 	// The flags of the commands that take a <volume>.
 	volumeFlags := func(fs *flag.FlagSet) {
@@ -124,10 +141,17 @@ func run(args []string, stdout io.Writer) error {
 			},
 			run: func(e *env, args []string) error { return runCleanup(e, args, apply) },
 		},
+		"images":    {run: runImages},
+		"images rm": {run: runImagesRm, args: []string{"<reference | digest>"}},
+		"images pull": {
+			args:  []string{"<reference>"},
+			flags: pull.register,
+			run:   func(e *env, args []string) error { return runImagesPull(e, args, &pull, stdin) },
+		},
 	}
 	cmd, ok := commands[name]
 	if !ok {
-		return usagef("unknown command %q: use volumes, probe, stats, expand or cleanup", name)
+		return usagef("unknown command %q: use volumes, probe, stats, expand, cleanup or images", name)
 	}
 	e := &env{out: stdout}
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)

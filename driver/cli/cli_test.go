@@ -94,7 +94,7 @@ func TestMain_badInput(t *testing.T) {
 		code int
 		want string
 	}{
-		{"unknown command", []string{"resize", "v", "1G"}, 2, `unknown command "resize": use volumes, probe, stats, expand or cleanup`},
+		{"unknown command", []string{"resize", "v", "1G"}, 2, `unknown command "resize": use volumes, probe, stats, expand, cleanup or images`},
 		{"expand without size", []string{"expand", "v", "-root-dir", root}, 2, "expand needs <volume> <size>"},
 		{"expand bad size", []string{"expand", "v", "lots", "-root-dir", root}, 2, `expand: size "lots" is not a size above zero: write it as "10GiB" or "512MiB"`},
 		{"expand zero size", []string{"expand", "v", "0", "-root-dir", root}, 2, `expand: size "0" is not a size above zero`},
