@@ -141,7 +141,25 @@ func (s *Store) Remove(ctx context.Context, what string, live Live) (Info, error
 		return info, errorf(ErrInUse, "image %s is in use by %d task(s) (%s); stop them first", shortDigest(r.Digest), n, strings.Join(ids, ", "))
 	}
 	kept := slices.DeleteFunc(slices.Clone(recs), func(o *record) bool { return o.Digest == r.Digest })
-	return info, s.removeImages([]*record{r}, kept)
+	if err := s.removeImages([]*record{r}, kept); err != nil {
+		return info, err
+	}
+	s.removeConfigs(kept)
+	return info, nil
+}
+
+// removeConfigs removes the cached configurations no kept image has.
+func (s *Store) removeConfigs(kept []*record) {
+	keep := map[string]bool{}
+	for _, r := range kept {
+		keep[hexOf(r.ConfigDigest)+".json"] = true
+	}
+	entries, _ := os.ReadDir(filepath.Join(s.dir, "configs"))
+	for _, e := range entries {
+		if !keep[e.Name()] {
+			_ = os.Remove(filepath.Join(s.dir, "configs", e.Name()))
+		}
+	}
 }
 
 // GC removes the images that no task has used for delay, and then the
@@ -196,6 +214,7 @@ func (s *Store) GC(delay time.Duration, live Live) ([]string, error) {
 	}
 	// Layers no image names: a pull killed before it wrote its record
 	// left them; the next pull may still use them, for delay.
+	s.removeConfigs(kept)
 	refd := referenced(kept)
 	entries, _ := os.ReadDir(filepath.Join(s.dir, "layers"))
 	for _, e := range entries {

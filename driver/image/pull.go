@@ -24,6 +24,8 @@ import (
 	"github.com/klauspost/compress/zstd"
 	"golang.org/x/sync/errgroup"
 	"golang.org/x/sys/unix"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/atomicfile"
 )
 
 // NodePlatform is the platform images are picked for on this node.
@@ -224,21 +226,9 @@ func (s *Store) fetchConfig(ctx context.Context, ref Reference, src source, res 
 	if m.Config.Size > maxConfigSize {
 		return nil, errorf(ErrTooLarge, "image %q: its configuration is over %d MiB", ref.Raw, maxConfigSize>>20)
 	}
-	var raw []byte
-	err := s.retry(ctx, ref, "the configuration", f.notify, func() error {
-		rc, err := src.blob(ctx, m.Config)
-		if err != nil {
-			return err
-		}
-		defer rc.Close()
-		raw, err = io.ReadAll(io.LimitReader(rc, maxConfigSize+1))
-		return err
-	})
+	raw, err := s.configBlob(ctx, ref, src, m.Config, f)
 	if err != nil {
-		return nil, classify(ref, "the configuration", err)
-	}
-	if digestOf(raw) != m.Config.Digest.String() {
-		return nil, errorf(ErrDigestMismatch, "image %q: its configuration does not match the digest %s its manifest names; the source is damaged or tampered with, nothing was kept", ref.Raw, shortDigest(m.Config.Digest.String()))
+		return nil, err
 	}
 	cfg, err := v1.ParseConfigFile(bytes.NewReader(raw))
 	if err != nil {
@@ -257,6 +247,53 @@ func (s *Store) fetchConfig(ctx context.Context, ref Reference, src source, res 
 		}
 	}
 	return cfg, nil
+}
+
+// configBlob reads an image's configuration from the store's cache
+// (configs/<hex>.json), or fetches, verifies and caches it under the
+// blob's lock, so that concurrent pulls (in other processes too) fetch it
+// once.
+func (s *Store) configBlob(ctx context.Context, ref Reference, src source, desc v1.Descriptor, f *flight) ([]byte, error) {
+	want := desc.Digest.String()
+	cache := s.configPath(want)
+	cached := func() []byte {
+		b, err := os.ReadFile(cache)
+		if err != nil || digestOf(b) != want {
+			return nil
+		}
+		return b
+	}
+	if b := cached(); b != nil {
+		return b, nil
+	}
+	unlock, err := lockFile(ctx, filepath.Join(s.dir, "tmp", hexOf(want)+".lock"), unix.LOCK_EX)
+	if err != nil {
+		return nil, classify(ref, "the configuration", err)
+	}
+	defer unlock()
+	if b := cached(); b != nil {
+		return b, nil
+	}
+	var raw []byte
+	err = s.retry(ctx, ref, "the configuration", f.notify, func() error {
+		rc, err := src.blob(ctx, desc)
+		if err != nil {
+			return err
+		}
+		defer rc.Close()
+		raw, err = io.ReadAll(io.LimitReader(rc, maxConfigSize+1))
+		return err
+	})
+	if err != nil {
+		return nil, classify(ref, "the configuration", err)
+	}
+	if digestOf(raw) != want {
+		return nil, errorf(ErrDigestMismatch, "image %q: its configuration does not match the digest %s its manifest names; the source is damaged or tampered with, nothing was kept", ref.Raw, shortDigest(want))
+	}
+	if err := atomicfile.Write(cache, raw, 0o600, true); err != nil {
+		return nil, s.diskError(ref, err)
+	}
+	return raw, nil
 }
 
 func configOf(cfg *v1.ConfigFile) Config {

@@ -32,6 +32,7 @@ import (
 //	manifests/<hex>.json  one record per image (manifest digest): refs, config, layers
 //	layers/<hex>/fs       a layer unpacked (hex of its diff id), an overlay lower dir
 //	layers/<hex>/layer.json
+//	configs/<hex>.json    image configurations, verified, by digest
 //	uses/<key>.json       a task's lease on an image
 //	tmp/                  layers being unpacked, and their lock files
 //
@@ -154,7 +155,7 @@ func Open(rootDir string, opts Options) (*Store, error) {
 	if err := os.Chmod(s.dir, 0o700); err != nil {
 		return nil, err
 	}
-	for _, d := range []string{"manifests", "layers", "uses", "tmp"} {
+	for _, d := range []string{"manifests", "layers", "configs", "uses", "tmp"} {
 		if err := os.MkdirAll(filepath.Join(s.dir, d), 0o700); err != nil {
 			return nil, fmt.Errorf("failed to create the image store in %q: %w", s.dir, err)
 		}
@@ -167,14 +168,15 @@ func (s *Store) Path() string { return s.dir }
 
 // record is an image in the store: manifests/<hex>.json.
 type record struct {
-	Digest      string        `json:"digest"`
-	IndexDigest string        `json:"index_digest,omitempty"`
-	Refs        []string      `json:"refs"`
-	Config      Config        `json:"config"`
-	Platform    string        `json:"platform,omitempty"`
-	Layers      []layerRecord `json:"layers"`
-	PulledAt    time.Time     `json:"pulled_at"`
-	LastUsed    time.Time     `json:"last_used"`
+	Digest       string        `json:"digest"`
+	IndexDigest  string        `json:"index_digest,omitempty"`
+	ConfigDigest string        `json:"config_digest,omitempty"`
+	Refs         []string      `json:"refs"`
+	Config       Config        `json:"config"`
+	Platform     string        `json:"platform,omitempty"`
+	Layers       []layerRecord `json:"layers"`
+	PulledAt     time.Time     `json:"pulled_at"`
+	LastUsed     time.Time     `json:"last_used"`
 }
 
 type layerRecord struct {
@@ -200,6 +202,10 @@ func hexOf(digest string) string {
 
 func (s *Store) recordPath(digest string) string {
 	return filepath.Join(s.dir, "manifests", hexOf(digest)+".json")
+}
+
+func (s *Store) configPath(digest string) string {
+	return filepath.Join(s.dir, "configs", hexOf(digest)+".json")
 }
 
 func (s *Store) layerDir(diffID string) string { return filepath.Join(s.dir, "layers", hexOf(diffID)) }
@@ -488,7 +494,7 @@ func (s *Store) pull(ctx context.Context, ref Reference, auth *Credentials, f *f
 	if err != nil {
 		return nil, err
 	}
-	rec := &record{Digest: res.digest, IndexDigest: res.indexDigest, Refs: []string{ref.Raw}, Config: configOf(cfg),
+	rec := &record{Digest: res.digest, IndexDigest: res.indexDigest, ConfigDigest: res.manifest.Config.Digest.String(), Refs: []string{ref.Raw}, Config: configOf(cfg),
 		Platform: platformString(cfg.Platform()), PulledAt: s.now().UTC()}
 	layers, created, err := s.fetchLayers(ctx, ref, src, res.manifest.Layers, cfg.RootFS.DiffIDs, f)
 	if err == nil {
@@ -496,25 +502,30 @@ func (s *Store) pull(ctx context.Context, ref Reference, auth *Credentials, f *f
 		err = s.commit(ctx, rec, f)
 	}
 	if err != nil {
-		// A failed pull leaves nothing: the layers it unpacked go
-		// unless an image has them meanwhile.
-		s.discardLayers(created)
+		// A failed pull leaves nothing: the layers it unpacked and the
+		// configuration go unless an image has them meanwhile.
+		s.discard(created, rec.ConfigDigest)
 		return nil, err
 	}
 	return rec, nil
 }
 
-// discardLayers removes the layers no image record names.
-func (s *Store) discardLayers(diffIDs []string) {
-	if len(diffIDs) == 0 {
-		return
-	}
+// discard removes the layers and the configuration a failed pull left,
+// those no image record names.
+func (s *Store) discard(diffIDs []string, config string) {
 	unlock, err := s.lockMeta(context.Background())
 	if err != nil {
 		return
 	}
 	defer unlock()
 	recs, _ := s.records()
+	configUsed := false
+	for _, r := range recs {
+		configUsed = configUsed || r.ConfigDigest == config
+	}
+	if !configUsed {
+		_ = os.Remove(s.configPath(config))
+	}
 	refd := referenced(recs)
 	for _, d := range diffIDs {
 		if !refd[d] {

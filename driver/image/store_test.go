@@ -200,7 +200,7 @@ func assertTmpClean(t *testing.T, s *Store) {
 // assertEmpty checks that the store has no image, layer or lease.
 func assertEmpty(t *testing.T, s *Store) {
 	t.Helper()
-	for _, d := range []string{"manifests", "layers", "uses"} {
+	for _, d := range []string{"manifests", "layers", "configs", "uses"} {
 		entries, err := os.ReadDir(filepath.Join(s.Path(), d))
 		must.NoError(t, err)
 		must.SliceEmpty(t, entries, must.Sprintf("%s/ is not empty", d))
