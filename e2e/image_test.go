@@ -1,0 +1,448 @@
+//go:build e2e
+
+package e2e
+
+// Image pulls against a real registry (Debian's docker-registry with TLS
+// from a test CA and htpasswd auth, behind a counting proxy), with images
+// built here from host files: by the operator's CLI (`images pull`), which
+// runs the same store as the driver, and by the driver inside a real agent,
+// whose task events say what happened.
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/shoenig/test/must"
+	"github.com/shoenig/test/wait"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/image"
+	"github.com/nomad-driver-csi/nomad-driver-csi/e2e/imagebuild"
+)
+
+// driverCLI runs the driver binary as an operator would (no plugin
+// handshake), with stdin.
+func driverCLI(t *testing.T, stdin string, args ...string) (string, string, error) {
+	t.Helper()
+	cmd := imageCLICommand(t, args...)
+	cmd.Stdin = strings.NewReader(stdin)
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	err := cmd.Run()
+	return out.String(), errOut.String(), err
+}
+
+func imageCLICommand(t *testing.T, args ...string) *exec.Cmd {
+	t.Helper()
+	root, err := RepoRoot()
+	must.NoError(t, err)
+	cmd := exec.Command(filepath.Join(PluginDir(root), "nomad-driver-csi"), args...)
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "NOMAD_PLUGIN_MAGIC_COOKIE=") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	return cmd
+}
+
+// fixtureImage is the fixture plugin's image (its tools and libraries from
+// this host).
+func fixtureImage(t *testing.T) v1.Image {
+	t.Helper()
+	root, err := RepoRoot()
+	must.NoError(t, err)
+	img, err := imagebuild.FixturePlugin(filepath.Join(CSIBinDir(root), "csi-fixture"))
+	must.NoError(t, err)
+	return img
+}
+
+// storeState lists what an image store under root holds: records,
+// layers, configurations, leases and what tmp/ holds but lock files.
+func storeState(t *testing.T, root string) map[string][]string {
+	t.Helper()
+	out := map[string][]string{}
+	for _, d := range []string{"manifests", "layers", "configs", "uses", "tmp"} {
+		entries, err := os.ReadDir(filepath.Join(image.Dir(root), d))
+		if os.IsNotExist(err) {
+			continue
+		}
+		must.NoError(t, err)
+		for _, e := range entries {
+			if d == "tmp" && strings.HasSuffix(e.Name(), ".lock") {
+				continue
+			}
+			out[d] = append(out[d], e.Name())
+		}
+	}
+	return out
+}
+
+func listImages(t *testing.T, root string) []image.Info {
+	t.Helper()
+	out, errOut, err := driverCLI(t, "", "images", "-json", "-root-dir", root)
+	must.NoError(t, err, must.Sprint(errOut))
+	var v struct{ Images []image.Info }
+	must.NoError(t, json.Unmarshal([]byte(out), &v))
+	return v.Images
+}
+
+// sameFile checks that a file of an unpacked layer is the host's file.
+func sameFile(t *testing.T, layers []string, inImage, host string) {
+	t.Helper()
+	want, err := os.ReadFile(host)
+	must.NoError(t, err)
+	for i := len(layers) - 1; i >= 0; i-- {
+		if got, err := os.ReadFile(filepath.Join(layers[i], inImage)); err == nil {
+			must.True(t, bytes.Equal(want, got), must.Sprintf("%s differs from %s", inImage, host))
+			return
+		}
+	}
+	t.Fatalf("no layer has %s", inImage)
+}
+
+func TestImageRegistryPull(t *testing.T) {
+	reg := StartRegistry(t)
+	img := fixtureImage(t)
+	ref, err := reg.Push("csi/fixture:1.0", img)
+	must.NoError(t, err)
+	digest, err := img.Digest()
+	must.NoError(t, err)
+	good := reg.DockerConfig(t, reg.Password)
+	bad := reg.DockerConfig(t, "wrong-"+reg.Password)
+	newRoot := func() string { return t.TempDir() }
+	pull := func(root string, args ...string) (string, string, error) {
+		return driverCLI(t, "", append([]string{"images", "pull", "-root-dir", root, "-timeout", "2m"}, args...)...)
+	}
+
+	t.Run("tls and auth", func(t *testing.T) {
+		root := newRoot()
+		out, errOut, err := pull(root, "-registry-ca-file", reg.CAFile, "-auth-config", good, ref)
+		must.NoError(t, err, must.Sprint(errOut))
+		must.StrContains(t, out, "Pulled "+ref)
+		list := listImages(t, root)
+		must.SliceLen(t, 1, list)
+		must.Eq(t, digest.String(), list[0].Digest)
+		must.Eq(t, []string{ref}, list[0].Refs)
+		// The layers hold the host's files, byte for byte.
+		out, errOut, err = pull(root, "-json", "-registry-ca-file", reg.CAFile, "-auth-config", good, ref)
+		must.NoError(t, err, must.Sprint(errOut))
+		var got image.Image
+		must.NoError(t, json.Unmarshal([]byte(out), &got))
+		for _, f := range imagebuild.FixtureTools {
+			sameFile(t, got.Layers, f, f)
+		}
+		// A user and password on stdin, as a task's auth block.
+		root2 := newRoot()
+		_, errOut, err = driverCLI(t, reg.Password+"\n", "images", "pull", "-root-dir", root2, "-registry-ca-file", reg.CAFile,
+			"-username", reg.Username, "-password-stdin", ref)
+		must.NoError(t, err, must.Sprint(errOut))
+		must.SliceLen(t, 1, listImages(t, root2))
+	})
+
+	// Each failure has its own error, names the reference and the fix,
+	// and leaves nothing in the store.
+	for _, tc := range []struct {
+		name string
+		args []string
+		want []string
+	}{
+		{"wrong credentials", []string{"-registry-ca-file", reg.CAFile, "-auth-config", bad, ref},
+			[]string{"refused the credentials (401 Unauthorized)", "auth"}},
+		{"no credentials", []string{"-registry-ca-file", reg.CAFile, ref}, []string{"refused the credentials"}},
+		{"unknown tag", []string{"-registry-ca-file", reg.CAFile, "-auth-config", good, reg.Host + "/csi/fixture:9.9"},
+			[]string{"not found", "csi/fixture:9.9"}},
+		{"unknown repository", []string{"-registry-ca-file", reg.CAFile, "-auth-config", good, reg.Host + "/csi/none:1"},
+			[]string{"not found"}},
+		{"untrusted certificate", []string{"-auth-config", good, ref}, []string{"not trusted", "registry_ca_file"}},
+		{"wrong platform", []string{"-registry-ca-file", reg.CAFile, "-auth-config", good, pushForeign(t, reg)},
+			[]string{"linux/s390x", "use an image built for"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := newRoot()
+			_, errOut, err := pull(root, tc.args...)
+			must.Error(t, err)
+			for _, w := range tc.want {
+				must.StrContains(t, errOut, w)
+			}
+			must.StrContains(t, errOut, tc.args[len(tc.args)-1])
+			must.StrNotContains(t, errOut, reg.Password)
+			must.MapEmpty(t, storeState(t, root))
+		})
+	}
+
+	t.Run("digest mismatch", func(t *testing.T) {
+		// An image of its own, with a layer the registry's storage then
+		// corrupts: same size, one byte flipped.
+		layer, err := imagebuild.Layer(imagebuild.File("data", randomBytes(t, 1<<20), 0o644))
+		must.NoError(t, err)
+		base, err := img.Layers()
+		must.NoError(t, err)
+		tampered, err := imagebuild.Build(imagebuild.Spec{}, base[0], layer)
+		must.NoError(t, err)
+		tref, err := reg.Push("csi/tampered:1", tampered)
+		must.NoError(t, err)
+		ld, err := layer.Digest()
+		must.NoError(t, err)
+		b, err := os.ReadFile(reg.BlobFile(ld.String()))
+		must.NoError(t, err)
+		b[len(b)/2] ^= 0xff
+		must.NoError(t, os.WriteFile(reg.BlobFile(ld.String()), b, 0o644))
+		root := newRoot()
+		_, errOut, err := pull(root, "-registry-ca-file", reg.CAFile, "-auth-config", good, tref)
+		must.Error(t, err)
+		must.StrContains(t, errOut, "does not match its digest")
+		must.StrContains(t, errOut, tref)
+		must.MapEmpty(t, storeState(t, root))
+	})
+
+	t.Run("registry down", func(t *testing.T) {
+		reg.Stop()
+		defer func() { must.NoError(t, reg.Start()) }()
+		root := newRoot()
+		start := time.Now()
+		out, errOut, err := pull(root, "-registry-ca-file", reg.CAFile, "-auth-config", good, ref)
+		must.Error(t, err)
+		must.StrContains(t, errOut, "unreachable")
+		must.StrContains(t, errOut, ref)
+		// Retried, with capped backoff, and said so.
+		must.StrContains(t, out, "retrying in")
+		must.StrContains(t, out, "attempt 5 of 5")
+		must.Less(t, 90*time.Second, time.Since(start))
+		must.MapEmpty(t, storeState(t, root))
+	})
+}
+
+// pushForeign pushes an image for another platform only and returns its
+// reference.
+func pushForeign(t *testing.T, reg *TestRegistry) string {
+	t.Helper()
+	layer, err := imagebuild.Layer(imagebuild.File("x", []byte("x"), 0o644))
+	must.NoError(t, err)
+	img, err := imagebuild.Build(imagebuild.Spec{Platform: &v1.Platform{OS: "linux", Architecture: "s390x"}}, layer)
+	must.NoError(t, err)
+	idx, err := imagebuild.Index(img)
+	must.NoError(t, err)
+	ref, err := reg.Push("csi/foreign:1", idx)
+	must.NoError(t, err)
+	return ref
+}
+
+func randomBytes(t *testing.T, n int) []byte {
+	t.Helper()
+	b := make([]byte, n)
+	_, err := rand.Read(b)
+	must.NoError(t, err)
+	return b
+}
+
+// blobsOf lists an image's blob digests: configuration and layers.
+func blobsOf(t *testing.T, img v1.Image) []string {
+	t.Helper()
+	m, err := img.Manifest()
+	must.NoError(t, err)
+	out := []string{m.Config.Digest.String()}
+	for _, l := range m.Layers {
+		out = append(out, l.Digest.String())
+	}
+	return out
+}
+
+func TestImageConcurrentPullsFetchOnce(t *testing.T) {
+	reg := StartRegistry(t)
+	img := fixtureImage(t)
+	ref, err := reg.Push("csi/fixture:1.0", img)
+	must.NoError(t, err)
+	good := reg.DockerConfig(t, reg.Password)
+	root := t.TempDir()
+	// Slow enough that the pulls overlap.
+	reg.SetBlobDelay(2 * time.Millisecond)
+	reg.ResetRequests()
+	var wg sync.WaitGroup
+	errs := make([]error, 3)
+	outs := make([]string, 3)
+	for i := range errs {
+		wg.Go(func() {
+			_, outs[i], errs[i] = driverCLI(t, "", "images", "pull", "-root-dir", root, "-registry-ca-file", reg.CAFile, "-auth-config", good, ref)
+		})
+	}
+	wg.Wait()
+	for i := range errs {
+		must.NoError(t, errs[i], must.Sprint(outs[i]))
+	}
+	// Three processes, one store: each blob was fetched once.
+	for _, b := range blobsOf(t, img) {
+		must.Eq(t, 1, reg.Requests("GET", "/blobs/"+b), must.Sprintf("blob %s", b))
+	}
+	must.SliceLen(t, 1, listImages(t, root))
+	st := storeState(t, root)
+	must.MapNotContainsKey(t, st, "tmp")
+	must.SliceLen(t, 2, st["layers"])
+}
+
+func TestImageKilledPullIsRedone(t *testing.T) {
+	reg := StartRegistry(t)
+	base, err := fixtureImage(t).Layers()
+	must.NoError(t, err)
+	big, err := imagebuild.Layer(imagebuild.File("big", randomBytes(t, 8<<20), 0o644))
+	must.NoError(t, err)
+	img, err := imagebuild.Build(imagebuild.Spec{}, base[0], big)
+	must.NoError(t, err)
+	ref, err := reg.Push("csi/big:1", img)
+	must.NoError(t, err)
+	good := reg.DockerConfig(t, reg.Password)
+	root := t.TempDir()
+	diff, err := big.DiffID()
+	must.NoError(t, err)
+	partial := filepath.Join(image.Dir(root), "tmp", diff.Hex, "fs")
+
+	// 8 MiB at 32 KiB per 20 ms: about 5 s; killed once the layer is
+	// being unpacked.
+	reg.SetBlobDelay(20 * time.Millisecond)
+	cmd := imageCLICommand(t, "images", "pull", "-root-dir", root, "-registry-ca-file", reg.CAFile, "-auth-config", good, ref)
+	must.NoError(t, cmd.Start())
+	killed := false
+	defer func() {
+		if !killed {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+	}()
+	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+		entries, err := os.ReadDir(partial)
+		return err == nil && len(entries) > 0
+	}), wait.Timeout(60*time.Second), wait.Gap(20*time.Millisecond)))
+	must.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
+	err = cmd.Wait()
+	killed = true
+	must.Error(t, err)
+
+	// Nothing half-made is an image, or a layer.
+	must.SliceEmpty(t, listImages(t, root))
+	st := storeState(t, root)
+	must.SliceNotContains(t, st["layers"], diff.Hex)
+	must.MapNotContainsKey(t, st, "manifests")
+
+	reg.SetBlobDelay(0)
+	out, errOut, err := driverCLI(t, "", "images", "pull", "-json", "-root-dir", root, "-registry-ca-file", reg.CAFile, "-auth-config", good, ref)
+	must.NoError(t, err, must.Sprint(errOut))
+	var got image.Image
+	must.NoError(t, json.Unmarshal([]byte(out), &got))
+	d, err := img.Digest()
+	must.NoError(t, err)
+	must.Eq(t, d.String(), got.Digest)
+	fi, err := os.Stat(filepath.Join(got.Layers[1], "big"))
+	must.NoError(t, err)
+	must.Eq(t, int64(8<<20), fi.Size())
+	must.MapNotContainsKey(t, storeState(t, root), "tmp")
+}
+
+// imageAgent starts an agent whose driver trusts the registry's CA and
+// keeps unused images for gc.
+func imageAgent(t *testing.T, reg *TestRegistry, gc string) *Agent {
+	t.Helper()
+	return StartAgent(t, AgentOptions{Drivers: []string{DriverName}, DriverConfig: fmt.Sprintf(
+		"    registry_ca_file = %q\n    image_gc = %q", reg.CAFile, gc)})
+}
+
+// imageJob runs the image job and returns it.
+func imageJob(t *testing.T, a *Agent, ref, user, password string, count int) Job {
+	t.Helper()
+	return a.RunJob(t, "image.hcl", map[string]string{"Image": ref, "Username": user, "Password": password,
+		"Count": fmt.Sprint(count)})
+}
+
+// allocEvents waits until every allocation of the job has an event that
+// contains want, and returns the events' text of each.
+func allocEvents(t *testing.T, a *Agent, jobID string, count int, want string) []string {
+	t.Helper()
+	var texts []string
+	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+		allocs, err := a.JobAllocations(jobID)
+		if err != nil || len(allocs) != count {
+			return false
+		}
+		texts = texts[:0]
+		for _, s := range allocs {
+			al, err := a.allocation(s.ID)
+			if err != nil {
+				return false
+			}
+			var all []string
+			for _, e := range al.Events("") {
+				all = append(all, e.Text())
+			}
+			text := strings.Join(all, "\n")
+			if !strings.Contains(text, want) {
+				return false
+			}
+			texts = append(texts, text)
+		}
+		return true
+	}), wait.Timeout(2*time.Minute), wait.Gap(250*time.Millisecond)), must.Sprintf("no event with %q", want))
+	return texts
+}
+
+func TestImageTaskPullErrorsAndEvents(t *testing.T) {
+	reg := StartRegistry(t)
+	img := fixtureImage(t)
+	ref, err := reg.Push("csi/fixture:1.0", img)
+	must.NoError(t, err)
+	a := imageAgent(t, reg, "24h")
+
+	t.Run("two tasks, one pull", func(t *testing.T) {
+		reg.SetBlobDelay(time.Millisecond)
+		defer reg.SetBlobDelay(0)
+		reg.ResetRequests()
+		job := imageJob(t, a, ref, reg.Username, reg.Password, 2)
+		texts := allocEvents(t, a, job.ID, 2, "Image "+ref)
+		pulled := 0
+		for _, text := range texts {
+			if strings.Contains(text, "Pulled image "+ref) {
+				pulled++
+				must.StrContains(t, text, "Downloading image "+ref)
+			}
+			must.StrNotContains(t, text, reg.Password)
+		}
+		must.Positive(t, pulled)
+		for _, b := range blobsOf(t, img) {
+			must.Eq(t, 1, reg.Requests("GET", "/blobs/"+b), must.Sprintf("blob %s", b))
+		}
+		a.StopJob(t, job.ID)
+	})
+
+	for _, tc := range []struct {
+		name, ref, user, password, want string
+	}{
+		{"wrong credentials", ref, reg.Username, "not-" + reg.Password, "refused the credentials"},
+		{"unknown tag", reg.Host + "/csi/fixture:0.0", reg.Username, reg.Password, "not found"},
+		{"local file outside local_image_dirs", "oci-archive:/etc/shadow", "", "", "local_image_dirs"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			job := imageJob(t, a, tc.ref, tc.user, tc.password, 1)
+			al := a.WaitAlloc(t, job.ID, 2*time.Minute, StatusFailed)
+			var text []string
+			for _, e := range al.Events("") {
+				text = append(text, e.Text())
+			}
+			all := strings.Join(text, "\n")
+			must.StrContains(t, all, tc.want)
+			must.StrContains(t, all, tc.ref)
+			if tc.password != "" {
+				must.StrNotContains(t, all, tc.password)
+				must.StrNotContains(t, a.Log(), tc.password)
+			}
+		})
+	}
+	// No lease outlives its task.
+	must.MapNotContainsKey(t, storeState(t, a.DriverRoot), "uses")
+}

@@ -1,0 +1,43 @@
+# A batch task from an image in a registry, with the task's own
+# credentials ({{.Vars.Username}} empty: none). {{.Vars.Count}} copies; one
+# run each, no rescheduling.
+job "{{.JobID}}" {
+  type = "batch"
+
+  group "g" {
+    count = {{.Vars.Count}}
+
+    restart {
+      attempts = 0
+      mode     = "fail"
+    }
+
+    reschedule {
+      attempts  = 0
+      unlimited = false
+    }
+
+    task "t" {
+      driver = "csi"
+
+      config {
+        image              = "{{.Vars.Image}}"
+        image_pull_timeout = "2m"
+        command            = "/usr/local/bin/csi-fixture"
+        args               = ["--help"]
+{{- if .Vars.Username}}
+
+        auth {
+          username = "{{.Vars.Username}}"
+          password = "{{.Vars.Password}}"
+        }
+{{- end}}
+      }
+
+      resources {
+        cpu    = 50
+        memory = 64
+      }
+    }
+  }
+}
