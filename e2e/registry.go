@@ -20,6 +20,7 @@ import (
 	"encoding/pem"
 	"fmt"
 	"io"
+	"log"
 	"math/big"
 	"net"
 	"net/http"
@@ -137,18 +138,18 @@ func randomString(n int) string {
 // Start starts (or starts again) the registry process and waits until it
 // answers.
 func (r *TestRegistry) Start() error {
-	log, err := os.OpenFile(filepath.Join(r.Dir, "registry.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	logFile, err := os.OpenFile(filepath.Join(r.Dir, "registry.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return err
 	}
 	cmd := exec.Command("docker-registry", "serve", filepath.Join(r.Dir, "config.yml"))
-	cmd.Stdout, cmd.Stderr = log, log
+	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
-		log.Close()
+		logFile.Close()
 		return fmt.Errorf("failed to start docker-registry: %w", err)
 	}
-	r.cmd, r.log = cmd, log
+	r.cmd, r.log = cmd, logFile
 	deadline := time.Now().Add(15 * time.Second)
 	for time.Now().Before(deadline) {
 		if c, err := net.DialTimeout("tcp", r.Direct, 200*time.Millisecond); err == nil {
@@ -228,6 +229,7 @@ func (r *TestRegistry) startProxy() error {
 	}
 	pool.AppendCertsFromPEM(ca)
 	rp.Transport = &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}
+	rp.ErrorLog = log.New(io.Discard, "", 0)
 	rp.ModifyResponse = func(resp *http.Response) error {
 		if strings.Contains(resp.Request.URL.Path, "/blobs/sha256:") && resp.Request.Method == http.MethodGet {
 			r.mu.Lock()

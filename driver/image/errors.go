@@ -139,12 +139,14 @@ func classify(ref Reference, what string, err error) error {
 		case http.StatusNotFound:
 			return errorf(ErrNotFound, "image %q not found: registry %s has no such repository, tag or digest; check the reference", ref.Raw, reg)
 		}
-		return errorf(ErrUnreachable, "failed to pull image %q: registry %s answered %s for %s; retry later or ask its operator", ref.Raw, reg, se, what)
+		return errorf(ErrUnreachable, "failed to pull image %q: registry %s unreachable: it answered %s for %s; retry later or ask its operator", ref.Raw, reg, se, what)
 	}
 	if certError(err) {
 		return errorf(ErrUntrusted, "failed to pull image %q: the TLS certificate of registry %s is not trusted (%v); add its CA to the plugin option registry_ca_file, or list the registry in insecure_registries if it speaks plain HTTP", ref.Raw, reg, err)
 	}
-	if errors.Is(err, errPlainHTTP) {
+	var oe *net.OpError
+	isNet := errors.As(err, &oe)
+	if errors.Is(err, errPlainHTTP) && !isNet {
 		return errorf(ErrNotAllowed, "failed to pull image %q: registry %s would be reached over plain HTTP; list it in the plugin option insecure_registries to allow that, or serve it over TLS", ref.Raw, reg)
 	}
 	if errors.Is(err, context.DeadlineExceeded) {
@@ -152,6 +154,11 @@ func classify(ref Reference, what string, err error) error {
 	}
 	if errors.Is(err, context.Canceled) {
 		return fmt.Errorf("pull of image %q canceled", ref.Raw)
+	}
+	if isNet {
+		// The network's error, not the plain-HTTP attempt
+		// go-containerregistry makes beside it for a local address.
+		err = oe
 	}
 	return errorf(ErrUnreachable, "failed to pull image %q: registry %s unreachable while fetching %s (%v); check that it runs and that this node reaches it", ref.Raw, reg, what, err)
 }

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -643,6 +644,10 @@ func (s *Store) retry(ctx context.Context, ref Reference, what string, notify fu
 
 // shortError is an error's last part ("connection refused"), for events.
 func shortError(err error) string {
+	var oe *net.OpError
+	if errors.As(err, &oe) {
+		err = oe
+	}
 	msg := err.Error()
 	if i := strings.LastIndex(msg, ": "); i >= 0 && i+2 < len(msg) {
 		msg = msg[i+2:]
