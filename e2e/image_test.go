@@ -421,6 +421,7 @@ func TestImageTaskPullErrorsAndEvents(t *testing.T) {
 			must.StrNotContains(t, text, reg.Password)
 		}
 		must.Positive(t, pulled)
+		must.StrNotContains(t, a.Log(), reg.Password)
 		for _, b := range blobsOf(t, img) {
 			must.Eq(t, 1, reg.Requests("GET", "/blobs/"+b), must.Sprintf("blob %s", b))
 		}
@@ -452,4 +453,100 @@ func TestImageTaskPullErrorsAndEvents(t *testing.T) {
 	}
 	// No lease outlives its task.
 	must.MapNotContainsKey(t, storeState(t, a.DriverRoot), "uses")
+}
+
+// runningTaskID reads the driver's task ID of the allocation's task from
+// its state under root_dir (tasks/*/invocation.json).
+func runningTaskID(t *testing.T, a *Agent, allocID string) string {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join(a.DriverRoot, "tasks", "*", "invocation.json"))
+	must.NoError(t, err)
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		must.NoError(t, err)
+		var iv struct {
+			TaskID  string `json:"task_id"`
+			AllocID string `json:"alloc_id"`
+		}
+		must.NoError(t, json.Unmarshal(b, &iv))
+		if iv.AllocID == allocID {
+			return iv.TaskID
+		}
+	}
+	t.Fatalf("no task state of allocation %s under %s", allocID, a.DriverRoot)
+	return ""
+}
+
+// The driver's GC loop removes the images no task uses once image_gc has
+// passed, and their layers no other image has; an image a task that still
+// exists uses stays, and goes once the task is gone.
+func TestImageGC(t *testing.T) {
+	reg := StartRegistry(t)
+	fixture := fixtureImage(t)
+	base, err := fixture.Layers()
+	must.NoError(t, err)
+	build := func(name string) (string, v1.Image) {
+		l, err := imagebuild.Layer(imagebuild.File(name, randomBytes(t, 64<<10), 0o644))
+		must.NoError(t, err)
+		img, err := imagebuild.Build(imagebuild.Spec{}, base[0], l)
+		must.NoError(t, err)
+		ref, err := reg.Push("gc/"+name+":1", img)
+		must.NoError(t, err)
+		return ref, img
+	}
+	usedRef, used := build("used")
+	unusedRef, unused := build("unused")
+	a := imageAgent(t, reg, "3s")
+	good := reg.DockerConfig(t, reg.Password)
+	for _, ref := range []string{usedRef, unusedRef} {
+		_, errOut, err := driverCLI(t, "", "images", "pull", "-root-dir", a.DriverRoot, "-auth-config", good, ref)
+		must.NoError(t, err, must.Sprint(errOut))
+	}
+	must.SliceLen(t, 2, listImages(t, a.DriverRoot))
+
+	// A task of this driver takes a lease on "used", as StartTask does
+	// for a task's image (the store is shared with other processes).
+	job := a.RunJob(t, "sleep", map[string]string{"Driver": DriverName, "Count": "1"})
+	al := a.WaitAlloc(t, job.ID, time.Minute, StatusRunning)
+	taskID := runningTaskID(t, a, al.ID)
+	s, err := image.Open(a.DriverRoot, image.Options{})
+	must.NoError(t, err)
+	usedDigest, err := used.Digest()
+	must.NoError(t, err)
+	must.NoError(t, s.Acquire(t.Context(), image.Use{TaskID: taskID, AllocID: al.ID, TaskName: "t"}, usedDigest.String()))
+
+	unusedDigest, err := unused.Digest()
+	must.NoError(t, err)
+	digests := func() []string {
+		var out []string
+		for _, i := range listImages(t, a.DriverRoot) {
+			out = append(out, i.Digest)
+		}
+		return out
+	}
+	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+		return !slices.Contains(digests(), unusedDigest.String())
+	}), wait.Timeout(time.Minute), wait.Gap(500*time.Millisecond)), must.Sprint("the unused image stayed"))
+	// Several GC rounds later the used image and the shared base stay.
+	time.Sleep(5 * time.Second)
+	list := listImages(t, a.DriverRoot)
+	must.SliceLen(t, 1, list)
+	must.Eq(t, usedDigest.String(), list[0].Digest)
+	must.SliceLen(t, 1, list[0].InUseBy)
+	st := storeState(t, a.DriverRoot)
+	must.SliceLen(t, 2, st["layers"])
+	ul, err := unused.Layers()
+	must.NoError(t, err)
+	gone, err := ul[1].DiffID()
+	must.NoError(t, err)
+	must.SliceNotContains(t, st["layers"], gone.Hex)
+
+	// The task goes: its lease no longer holds, and the image follows.
+	a.StopJob(t, job.ID)
+	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+		return len(listImages(t, a.DriverRoot)) == 0
+	}), wait.Timeout(time.Minute), wait.Gap(500*time.Millisecond)), must.Sprint("the image of the stopped task stayed"))
+	st = storeState(t, a.DriverRoot)
+	must.SliceEmpty(t, st["layers"])
+	must.SliceEmpty(t, st["uses"])
 }
