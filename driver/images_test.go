@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/nomad/plugins/drivers"
 	"github.com/shoenig/test/must"
@@ -213,4 +214,23 @@ func TestRecoverTask_keepsTheImageLease(t *testing.T) {
 	removed, err = d2.images.GC(1, d2.taskLive(d2.currentConfig()))
 	must.NoError(t, err)
 	must.Eq(t, []string{d.digest}, removed)
+}
+
+// A pull's progress becomes a few events, not one per read.
+func TestPullEventsAreFew(t *testing.T) {
+	d := newTestDriver(t, Config{Enabled: true})
+	events := watchEvents(t, d)
+	cfg := taskConfig(t, TaskConfig{Command: "x", Image: "r/x:1"})
+	p := &pullEvents{d: d.Driver, cfg: cfg, ref: "r/x:1", start: time.Now()}
+	for i := int64(0); i <= 1000; i++ {
+		p.progress(image.Progress{Ref: "r/x:1", Done: i * (120 << 20) / 1000, Total: 120 << 20})
+	}
+	// 5 s later, 10% further: one more.
+	p.last = p.last.Add(-6 * time.Second)
+	p.progress(image.Progress{Ref: "r/x:1", Done: 50 << 20, Total: 120 << 20})
+	p.progress(image.Progress{Ref: "r/x:1", Done: 51 << 20, Total: 120 << 20})
+	p.finish(&image.Image{Digest: "sha256:" + strings.Repeat("a", 64)})
+	events.waitFor(t, "Pulled image r/x:1 (sha256:aaaaaaaaaaaa, 120 MiB)")
+	must.Eq(t, []string{cfg.ID + ": Downloading image r/x:1: 0 KiB of 120 MiB", cfg.ID + ": Downloading image r/x:1: 50 MiB of 120 MiB"},
+		events.with("Downloading"))
 }

@@ -27,6 +27,7 @@ var (
 	ErrNotAllowed     = errors.New("image source not allowed")
 	ErrInvalid        = errors.New("invalid image")
 	ErrInUse          = errors.New("image in use")
+	ErrStoreFull      = errors.New("image store full")
 )
 
 // Error is a failed pull or store operation: Kind says which (one of the
@@ -34,9 +35,14 @@ var (
 type Error struct {
 	Kind error
 	msg  string
+	// cause is what the message is about, when errors.Is should find it
+	// too (ENOSPC); its text is in the message.
+	cause error
 }
 
 func (e *Error) Error() string { return e.msg }
+
+func (e *Error) Unwrap() error { return e.cause }
 
 func (e *Error) Is(target error) bool { return target == e.Kind }
 
@@ -97,13 +103,18 @@ func transient(err error) bool {
 	if kindOf(err) != nil || certError(err) {
 		return false
 	}
-	var ne net.Error
-	if errors.As(err, &ne) || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) ||
-		errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.EHOSTUNREACH) || errors.Is(err, syscall.ENETUNREACH) {
+	// The network's errors only: a syscall.Errno is a net.Error too, and
+	// a full disk is not tried again.
+	var (
+		oe  *net.OpError
+		dns *net.DNSError
+		ne  net.Error
+		en  syscall.Errno
+	)
+	if errors.As(err, &oe) || errors.As(err, &dns) || errors.Is(err, io.ErrUnexpectedEOF) {
 		return true
 	}
-	var oe *net.OpError
-	return errors.As(err, &oe)
+	return errors.As(err, &ne) && ne.Timeout() && !errors.As(err, &en)
 }
 
 func certError(err error) bool {

@@ -571,9 +571,10 @@ func syncFS(dir string) error {
 // diskError says the store cannot write, and where.
 func (s *Store) diskError(ref Reference, err error) error {
 	if errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EDQUOT) {
-		return fmt.Errorf("failed to pull image %q: the image store %s is full (%w); free space there or lower image_gc", ref.Raw, s.dir, unix.ENOSPC)
+		return &Error{Kind: ErrStoreFull, cause: err,
+			msg: fmt.Sprintf("failed to pull image %q: the image store %s is full (%v); free space there or lower image_gc", ref.Raw, s.dir, unix.ENOSPC)}
 	}
-	return fmt.Errorf("failed to pull image %q: cannot write in the image store %s: %w", ref.Raw, s.dir, err)
+	return &Error{Kind: ErrStoreFull, cause: err, msg: fmt.Sprintf("failed to pull image %q: cannot write in the image store %s: %v", ref.Raw, s.dir, err)}
 }
 
 func humanBytes(n int64) string {

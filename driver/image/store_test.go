@@ -1,14 +1,17 @@
 package image
 
 import (
-	"archive/tar"
 	"context"
 	"errors"
+	"fmt"
+	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -643,5 +646,36 @@ func TestRetryIsBoundedAndSaid(t *testing.T) {
 	reg := Reference{Raw: "r/x:1", Kind: KindRegistry}
 	must.True(t, errors.Is(classify(reg, "x", err), ErrUnauthorized))
 	must.True(t, errors.Is(classify(reg, "x", &statusError{code: 404}), ErrNotFound))
-	_ = tar.TypeReg
+	// A full disk or a permission is not the network: not tried again.
+	must.False(t, transient(fmt.Errorf("write: %w", syscall.ENOSPC)))
+	must.False(t, transient(&os.PathError{Op: "open", Path: "x", Err: syscall.EACCES}))
+	must.True(t, transient(&net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}))
+	must.True(t, transient(fmt.Errorf("body: %w", io.ErrUnexpectedEOF)))
+}
+
+func TestFullDiskLeavesNothing(t *testing.T) {
+	f := newFixture(t)
+	// The store on a file system of 2 MiB; the image unpacks to 3.
+	root := t.TempDir()
+	must.NoError(t, unix.Mount("tmpfs", root, "tmpfs", 0, "size=2m"))
+	t.Cleanup(func() { _ = unix.Unmount(root, unix.MNT_DETACH) })
+	s, err := Open(root, Options{LocalDirs: []string{f.images}})
+	must.NoError(t, err)
+	big := make([]byte, 3<<20)
+	for i := range big {
+		big[i] = byte(i*7 + i>>8)
+	}
+	ref := f.layout(t, "big", "1", mustImage(t, imagebuild.Spec{}, mustLayer(t, imagebuild.File("big", big, 0o644))))
+	_, err = s.Pull(context.Background(), ref, PullRequest{})
+	must.ErrorContains(t, err, "is full")
+	must.ErrorContains(t, err, "free space there or lower image_gc")
+	must.ErrorIs(t, err, unix.ENOSPC)
+	assertEmpty(t, s)
+	// With room, the same pull completes.
+	must.NoError(t, unix.Mount("tmpfs", root, "tmpfs", unix.MS_REMOUNT, "size=16m"))
+	img, err := s.Pull(context.Background(), ref, PullRequest{})
+	must.NoError(t, err)
+	b, err := os.ReadFile(filepath.Join(img.Layers[0], "big"))
+	must.NoError(t, err)
+	must.Eq(t, len(big), len(b))
 }
