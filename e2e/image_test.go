@@ -365,7 +365,7 @@ func imageAgent(t *testing.T, reg *TestRegistry, gc string) *Agent {
 func imageJob(t *testing.T, a *Agent, ref, user, password string, count int) Job {
 	t.Helper()
 	return a.RunJob(t, "image", map[string]string{"Image": ref, "Username": user, "Password": password,
-		"Count": fmt.Sprint(count)})
+		"Count": fmt.Sprint(count), "Timeout": "2m"})
 }
 
 // allocEvents waits until every allocation of the job has an event that
@@ -451,6 +451,31 @@ func TestImageTaskPullErrorsAndEvents(t *testing.T) {
 			}
 		})
 	}
+	t.Run("image_pull_timeout", func(t *testing.T) {
+		// An image the store lacks, whose blobs crawl through the proxy:
+		// 3 s are not enough.
+		big, err := imagebuild.Layer(imagebuild.File("big", randomBytes(t, 4<<20), 0o644))
+		must.NoError(t, err)
+		slowImg, err := imagebuild.Build(imagebuild.Spec{}, big)
+		must.NoError(t, err)
+		slow, err := reg.Push("csi/slow:1", slowImg)
+		must.NoError(t, err)
+		reg.SetBlobDelay(200 * time.Millisecond)
+		defer reg.SetBlobDelay(0)
+		job := a.RunJob(t, "image", map[string]string{"Image": slow, "Username": reg.Username, "Password": reg.Password,
+			"Count": "1", "Timeout": "3s"})
+		start := time.Now()
+		al := a.WaitAlloc(t, job.ID, 2*time.Minute, StatusFailed)
+		var text []string
+		for _, e := range al.Events("") {
+			text = append(text, e.Text())
+		}
+		all := strings.Join(text, "\n")
+		must.StrContains(t, all, "did not finish within image_pull_timeout")
+		must.StrContains(t, all, slow)
+		must.Less(t, time.Minute, time.Since(start))
+		must.MapNotContainsKey(t, storeState(t, a.DriverRoot), "tmp")
+	})
 	// No lease outlives its task.
 	must.MapNotContainsKey(t, storeState(t, a.DriverRoot), "uses")
 }

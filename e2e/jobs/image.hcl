@@ -1,6 +1,6 @@
 # A batch task from an image in a registry, with the task's own
-# credentials ({{.Vars.Username}} empty: none). {{.Vars.Count}} copies; one
-# run each, no rescheduling.
+# credentials ({{.Vars.Username}} empty: none), pulled within {{.Vars.Timeout}}.
+# {{.Vars.Count}} copies, one run each, no rescheduling.
 job "{{.JobID}}" {
   type = "batch"
 
@@ -22,7 +22,7 @@ job "{{.JobID}}" {
 
       config {
         image              = "{{.Vars.Image}}"
-        image_pull_timeout = "2m"
+        image_pull_timeout = "{{.Vars.Timeout}}"
         command            = "/usr/local/bin/csi-fixture"
         args               = ["--help"]
 {{- if .Vars.Username}}
