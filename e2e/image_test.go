@@ -35,7 +35,14 @@ import (
 // handshake), with stdin.
 func driverCLI(t *testing.T, stdin string, args ...string) (string, string, error) {
 	t.Helper()
+	return driverCLIEnv(t, nil, stdin, args...)
+}
+
+// driverCLIEnv is driverCLI with more environment (KEY=VALUE).
+func driverCLIEnv(t *testing.T, env []string, stdin string, args ...string) (string, string, error) {
+	t.Helper()
 	cmd := imageCLICommand(t, args...)
+	cmd.Env = append(cmd.Env, env...)
 	cmd.Stdin = strings.NewReader(stdin)
 	var out, errOut bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errOut
@@ -148,6 +155,29 @@ func TestImageRegistryPull(t *testing.T) {
 			"-username", reg.Username, "-password-stdin", ref)
 		must.NoError(t, err, must.Sprint(errOut))
 		must.SliceLen(t, 1, listImages(t, root2))
+	})
+
+	t.Run("by digest, with SSL_CERT_FILE", func(t *testing.T) {
+		// Go's system roots: SSL_CERT_FILE names the CA, no
+		// registry_ca_file.
+		root := newRoot()
+		byDigest := reg.Host + "/csi/fixture@" + digest.String()
+		env := []string{"SSL_CERT_FILE=" + reg.CAFile}
+		_, errOut, err := driverCLIEnv(t, env, "", "images", "pull", "-root-dir", root, "-auth-config", good, byDigest)
+		must.NoError(t, err, must.Sprint(errOut))
+		list := listImages(t, root)
+		must.SliceLen(t, 1, list)
+		must.Eq(t, digest.String(), list[0].Digest)
+		// Present by digest: the registry is not asked again.
+		reg.ResetRequests()
+		_, errOut, err = driverCLIEnv(t, env, "", "images", "pull", "-root-dir", root, "-auth-config", good, byDigest)
+		must.NoError(t, err, must.Sprint(errOut))
+		must.Eq(t, 0, reg.Requests("GET", "/v2/"))
+		// A digest the registry does not have.
+		other := reg.Host + "/csi/fixture@sha256:" + strings.Repeat("0", 64)
+		_, errOut, err = driverCLIEnv(t, env, "", "images", "pull", "-root-dir", root, "-auth-config", good, other)
+		must.Error(t, err)
+		must.StrContains(t, errOut, "not found")
 	})
 
 	// Each failure has its own error, names the reference and the fix,

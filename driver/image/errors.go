@@ -117,15 +117,31 @@ func transient(err error) bool {
 	return errors.As(err, &ne) && ne.Timeout() && !errors.As(err, &en)
 }
 
-func certError(err error) bool {
+func certError(err error) bool { return certCause(err) != nil }
+
+// certCause is the TLS error in err (nil when none): the certificate's
+// verification, or a server that does not speak TLS.
+func certCause(err error) error {
 	var (
+		tv  *tls.CertificateVerificationError
 		ua  x509.UnknownAuthorityError
 		hn  x509.HostnameError
 		ci  x509.CertificateInvalidError
-		tv  *tls.CertificateVerificationError
 		rec tls.RecordHeaderError
 	)
-	return errors.As(err, &ua) || errors.As(err, &hn) || errors.As(err, &ci) || errors.As(err, &tv) || errors.As(err, &rec)
+	switch {
+	case errors.As(err, &tv):
+		return tv
+	case errors.As(err, &ua):
+		return ua
+	case errors.As(err, &hn):
+		return hn
+	case errors.As(err, &ci):
+		return ci
+	case errors.As(err, &rec):
+		return rec
+	}
+	return nil
 }
 
 // classify turns a registry call's error into the sentence a user reads.
@@ -153,7 +169,7 @@ func classify(ref Reference, what string, err error) error {
 		return errorf(ErrUnreachable, "failed to pull image %q: registry %s unreachable: it answered %s for %s; retry later or ask its operator", ref.Raw, reg, se, what)
 	}
 	if certError(err) {
-		return errorf(ErrUntrusted, "failed to pull image %q: the TLS certificate of registry %s is not trusted (%v); add its CA to the plugin option registry_ca_file, or list the registry in insecure_registries if it speaks plain HTTP", ref.Raw, reg, err)
+		return errorf(ErrUntrusted, "failed to pull image %q: the TLS certificate of registry %s is not trusted (%v); add its CA to the plugin option registry_ca_file, or list the registry in insecure_registries if it speaks plain HTTP", ref.Raw, reg, certCause(err))
 	}
 	var oe *net.OpError
 	isNet := errors.As(err, &oe)
