@@ -250,12 +250,14 @@ func TaskExists(rootDir, taskID string) bool {
 	return err == nil
 }
 
+// taskLive says which leases hold: a task the driver runs, starts (its
+// lease is taken before its state exists) or is to recover.
 func (d *Driver) taskLive(conf *Config) image.Live {
-	return func(taskID string) bool {
-		if _, ok := d.tasks.Get(taskID); ok {
+	return func(u image.Use) bool {
+		if _, ok := d.tasks.Get(u.TaskID); ok || d.invocations.alive(u.TaskID) {
 			return true
 		}
-		return TaskExists(conf.RootDir, taskID)
+		return TaskExists(conf.RootDir, u.TaskID)
 	}
 }
 

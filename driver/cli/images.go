@@ -93,10 +93,16 @@ func (f *imagePullFlags) storeOptions(rootDir string) (image.Options, error) {
 }
 
 // imageLive says which tasks' leases hold: those with state under the
-// root_dir.
+// root_dir, and those taken in the last startGrace (a task's lease is taken
+// as its image is pulled, before its state exists).
 func imageLive(rootDir string) image.Live {
-	return func(taskID string) bool { return driver.TaskExists(rootDir, taskID) }
+	return func(u image.Use) bool {
+		return driver.TaskExists(rootDir, u.TaskID) || time.Since(u.Since) < startGrace
+	}
 }
+
+// startGrace is how long a lease counts as a task still starting.
+const startGrace = 10 * time.Minute
 
 // openImageStore opens the store of rootDir, or says there is none.
 func openImageStore(rootDir string, opts image.Options) (*image.Store, error) {

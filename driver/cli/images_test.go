@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/shoenig/test/must"
 
@@ -56,7 +57,7 @@ func TestImagesCommands(t *testing.T) {
 	taskID := "alloc-1/" + escTask + "/1"
 	s, err := image.Open(root, image.Options{})
 	must.NoError(t, err)
-	must.NoError(t, s.Acquire(t.Context(), image.Use{TaskID: taskID, AllocID: "alloc-1", TaskName: escTask}, img.Digest))
+	must.NoError(t, s.Acquire(t.Context(), image.Use{TaskID: taskID, AllocID: "alloc-1", TaskName: escTask, Since: time.Now().Add(-time.Hour)}, img.Digest))
 	stateDir := driver.TaskStateDir(root, taskID)
 	must.NoError(t, os.MkdirAll(stateDir, 0o700))
 

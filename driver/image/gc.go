@@ -30,8 +30,8 @@ type Info struct {
 	InUseBy []Use `json:"in_use_by"`
 }
 
-// Live says whether the task with an ID still exists (its lease holds).
-type Live func(taskID string) bool
+// Live says whether the task of a lease still exists (its lease holds).
+type Live func(Use) bool
 
 // List describes every image in the store, sorted by reference. It takes
 // no lock: records and leases are written whole.
@@ -72,7 +72,7 @@ func (s *Store) info(r *record, uses []Use, live Live) Info {
 	i := Info{Digest: r.Digest, IndexDigest: r.IndexDigest, Refs: r.Refs, Platform: r.Platform, Layers: len(r.Layers),
 		Size: r.size(), PulledAt: r.PulledAt, LastUsed: r.LastUsed, InUseBy: []Use{}}
 	for _, u := range uses {
-		if u.Digest == r.Digest && (live == nil || live(u.TaskID)) {
+		if u.Digest == r.Digest && (live == nil || live(u)) {
 			i.InUseBy = append(i.InUseBy, u)
 		}
 	}
@@ -188,7 +188,7 @@ func (s *Store) GC(delay time.Duration, live Live) ([]string, error) {
 	}
 	held := map[string]bool{}
 	for _, u := range uses {
-		if live != nil && !live(u.TaskID) {
+		if live != nil && !live(u) {
 			if err := s.release(u.TaskID); err != nil {
 				return nil, err
 			}

@@ -355,15 +355,16 @@ func (s *Store) fetchLayers(ctx context.Context, ref Reference, src source, desc
 			p.total += d.Size
 		}
 	}
-	var budget atomic.Int64
-	budget.Store(s.opts.MaxSize)
+	b := &bounds{}
+	b.size.Store(s.opts.MaxSize)
+	b.entries.Store(s.maxEntries)
 	out := make([]layerRecord, len(descs))
 	made := make([]bool, len(descs))
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(3)
 	for i := range descs {
 		g.Go(func() error {
-			m, fresh, err := s.ensureLayer(gctx, ref, src, descs[i], diffIDs[i].String(), &budget, func(n int64) { p.set(i, n) }, f)
+			m, fresh, err := s.ensureLayer(gctx, ref, src, descs[i], diffIDs[i].String(), b, func(n int64) { p.set(i, n) }, f)
 			out[i], made[i] = m, fresh
 			return err
 		})
@@ -384,9 +385,9 @@ func (s *Store) fetchLayers(ctx context.Context, ref Reference, src source, desc
 
 // ensureLayer makes the layer present, unpacking it unless the store (or
 // another process, which holds the layer's lock meanwhile) already has it.
-func (s *Store) ensureLayer(ctx context.Context, ref Reference, src source, desc v1.Descriptor, diffID string, budget *atomic.Int64, onRead func(int64), f *flight) (layerRecord, bool, error) {
+func (s *Store) ensureLayer(ctx context.Context, ref Reference, src source, desc v1.Descriptor, diffID string, b *bounds, onRead func(int64), f *flight) (layerRecord, bool, error) {
 	if m, ok := s.readLayerMeta(diffID); ok {
-		budget.Add(-m.Size)
+		b.size.Add(-m.Size)
 		return m, false, nil
 	}
 	unlock, err := lockFile(ctx, filepath.Join(s.dir, "tmp", hexOf(diffID)+".lock"), unix.LOCK_EX)
@@ -395,13 +396,13 @@ func (s *Store) ensureLayer(ctx context.Context, ref Reference, src source, desc
 	}
 	defer unlock()
 	if m, ok := s.readLayerMeta(diffID); ok {
-		budget.Add(-m.Size)
+		b.size.Add(-m.Size)
 		return m, false, nil
 	}
 	var m layerRecord
 	what := "layer " + shortDigest(desc.Digest.String())
 	err = s.retry(ctx, ref, what, f.notify, func() (err error) {
-		m, err = s.fetchLayer(ctx, ref, src, desc, diffID, budget, onRead)
+		m, err = s.fetchLayer(ctx, ref, src, desc, diffID, b, onRead)
 		return err
 	})
 	if err != nil {
@@ -434,7 +435,7 @@ func (c *countingReader) Read(p []byte) (int, error) {
 // fetchLayer downloads and unpacks one layer under tmp/, verifying its
 // digest (as served) and its diff id (unpacked) on the way, and renames it
 // into layers/ only when both match and it is on disk.
-func (s *Store) fetchLayer(ctx context.Context, ref Reference, src source, desc v1.Descriptor, diffID string, budget *atomic.Int64, onRead func(int64)) (layerRecord, error) {
+func (s *Store) fetchLayer(ctx context.Context, ref Reference, src source, desc v1.Descriptor, diffID string, b *bounds, onRead func(int64)) (layerRecord, error) {
 	tmp := filepath.Join(s.dir, "tmp", hexOf(diffID))
 	if err := os.RemoveAll(tmp); err != nil {
 		return layerRecord{}, err
@@ -460,12 +461,12 @@ func (s *Store) fetchLayer(ctx context.Context, ref Reference, src source, desc 
 	ch := sha256.New()
 	raw := bufio.NewReaderSize(io.TeeReader(io.LimitReader(counted, desc.Size+1), ch), 1<<16)
 	charged := new(atomic.Int64)
-	size, err := s.unpackStream(raw, filepath.Join(tmp, "fs"), budget, charged, diffID)
+	size, err := s.unpackStream(raw, filepath.Join(tmp, "fs"), b, charged, diffID)
 	// Whatever went wrong, a blob that is not what its digest says is
 	// reported as that, its real cause.
 	_, _ = io.Copy(io.Discard, raw)
 	if counted.n != desc.Size || "sha256:"+hex.EncodeToString(ch.Sum(nil)) != desc.Digest.String() {
-		budget.Add(charged.Load())
+		b.size.Add(charged.Load())
 		if ctx.Err() != nil {
 			return layerRecord{}, ctx.Err()
 		}
@@ -478,8 +479,10 @@ func (s *Store) fetchLayer(ctx context.Context, ref Reference, src source, desc 
 			ref.Raw, shortDigest(desc.Digest.String()), counted.n, desc.Size)
 	}
 	if err != nil {
-		budget.Add(charged.Load())
+		b.size.Add(charged.Load())
 		switch {
+		case errors.Is(err, errTooManyEntries):
+			return layerRecord{}, errorf(ErrTooLarge, "image %q has more than %d files, directories and links; the store takes at most that many of one image", ref.Raw, s.maxEntries)
 		case errors.Is(err, errTooLarge):
 			return layerRecord{}, errorf(ErrTooLarge, "image %q unpacks to more than this node's image_max_size = %s; use a smaller image or ask the operator to raise it", ref.Raw, humanBytes(s.opts.MaxSize))
 		case errors.Is(err, ErrUnsafeLayer):
@@ -492,8 +495,8 @@ func (s *Store) fetchLayer(ctx context.Context, ref Reference, src source, desc 
 		return layerRecord{}, errorf(ErrInvalid, "image %q: layer %s cannot be unpacked: %v", ref.Raw, shortDigest(desc.Digest.String()), err)
 	}
 	m := layerRecord{DiffID: diffID, Digest: desc.Digest.String(), Size: size, Compressed: desc.Size}
-	b, _ := json.Marshal(m)
-	if err := os.WriteFile(filepath.Join(tmp, "layer.json"), b, 0o600); err != nil {
+	meta, _ := json.Marshal(m)
+	if err := os.WriteFile(filepath.Join(tmp, "layer.json"), meta, 0o600); err != nil {
 		return layerRecord{}, s.diskError(ref, err)
 	}
 	if err := syncFS(tmp); err != nil {
@@ -508,7 +511,7 @@ func (s *Store) fetchLayer(ctx context.Context, ref Reference, src source, desc 
 
 // unpackStream decompresses raw (gzip, zstd or a plain tar, told by its
 // first bytes), checks the result against diffID, and unpacks it into dir.
-func (s *Store) unpackStream(raw *bufio.Reader, dir string, budget, charged *atomic.Int64, diffID string) (int64, error) {
+func (s *Store) unpackStream(raw *bufio.Reader, dir string, b *bounds, charged *atomic.Int64, diffID string) (int64, error) {
 	magic, _ := raw.Peek(4)
 	var dec io.Reader = raw
 	switch {
@@ -520,7 +523,7 @@ func (s *Store) unpackStream(raw *bufio.Reader, dir string, budget, charged *ato
 		defer zr.Close()
 		dec = zr
 	case bytes.HasPrefix(magic, []byte{0x28, 0xb5, 0x2f, 0xfd}):
-		zr, err := zstd.NewReader(raw, zstd.WithDecoderMaxMemory(1<<30), zstd.WithDecoderConcurrency(1))
+		zr, err := zstd.NewReader(raw, zstd.WithDecoderMaxMemory(256<<20), zstd.WithDecoderConcurrency(1))
 		if err != nil {
 			return 0, err
 		}
@@ -528,8 +531,8 @@ func (s *Store) unpackStream(raw *bufio.Reader, dir string, budget, charged *ato
 		dec = zr
 	}
 	dh := sha256.New()
-	meter := &budgetReader{r: io.TeeReader(dec, dh), budget: budget, charged: charged}
-	size, err := unpackTar(meter, dir)
+	meter := &budgetReader{r: io.TeeReader(dec, dh), budget: &b.size, charged: charged}
+	size, err := unpackTar(meter, dir, &b.entries)
 	if err != nil {
 		return 0, err
 	}
@@ -541,6 +544,12 @@ func (s *Store) unpackStream(raw *bufio.Reader, dir string, budget, charged *ato
 		return 0, fmt.Errorf("%w: the unpacked layer is %s, not the diff id %s its image names", ErrDigestMismatch, shortDigest(got), shortDigest(diffID))
 	}
 	return size, nil
+}
+
+// bounds are what an image may still take as it is pulled: bytes (as
+// served and as unpacked) and entries, shared by its layers.
+type bounds struct {
+	size, entries atomic.Int64
 }
 
 // budgetReader charges what is read to the image's budget.

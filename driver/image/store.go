@@ -120,6 +120,8 @@ type Store struct {
 	retryBase time.Duration
 	attempts  int
 	now       func() time.Time
+	// maxEntries bounds the entries of one image (MaxEntries).
+	maxEntries int64
 }
 
 // Dir is the store's directory under a root_dir.
@@ -144,7 +146,7 @@ func Open(rootDir string, opts Options) (*Store, error) {
 		return nil, err
 	}
 	s := &Store{dir: Dir(rootDir), opts: opts, logger: opts.Logger, transport: t, flights: map[string]*flight{},
-		retryBase: time.Second, attempts: 5, now: time.Now}
+		retryBase: time.Second, attempts: 5, now: time.Now, maxEntries: MaxEntries}
 	if err := os.MkdirAll(rootDir, 0o700); err != nil {
 		return nil, fmt.Errorf("failed to create the image store in %q: %w", s.dir, err)
 	}

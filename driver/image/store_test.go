@@ -419,6 +419,14 @@ func TestBounds(t *testing.T) {
 	must.ErrorContains(t, err, "image_max_size")
 	assertEmpty(t, f.store)
 	f.store.opts.MaxSize = DefaultMaxSize
+	// Entries are bounded too: inodes, which small files take within
+	// any size.
+	f.store.maxEntries = 3
+	_, err = f.store.Pull(context.Background(), ref, PullRequest{})
+	must.ErrorIs(t, err, ErrTooLarge)
+	must.ErrorContains(t, err, "more than 3 files, directories and links")
+	assertEmpty(t, f.store)
+	f.store.maxEntries = 4
 	_, err = f.store.Pull(context.Background(), ref, PullRequest{})
 	must.NoError(t, err)
 }
@@ -533,7 +541,7 @@ func TestLeasesAndGC(t *testing.T) {
 	must.NoError(t, f.store.Release(ctx, "alloc4/recent/1"))
 	now = now.Add(30 * time.Minute)
 
-	live := func(id string) bool { return id == "alloc1/used/1" }
+	live := func(u Use) bool { return u.TaskID == "alloc1/used/1" }
 	list, err := f.store.List(live)
 	must.NoError(t, err)
 	must.SliceLen(t, 4, list)

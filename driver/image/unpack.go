@@ -8,6 +8,7 @@ import (
 	"os"
 	"path"
 	"strings"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 )
@@ -74,14 +75,22 @@ type dirTime struct {
 // unpackTar writes the tar stream r into the directory dir (which exists
 // and is empty); it returns the bytes of file content written. dir is the
 // store's own, made by the caller: nothing in it is followed. The caller
-// bounds r.
-func unpackTar(r io.Reader, dir string) (int64, error) {
+// bounds r; entries (when not nil) bounds the entries made.
+func unpackTar(r io.Reader, dir string, entries *atomic.Int64) (_ int64, err error) {
 	root, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return 0, fmt.Errorf("failed to open layer directory %q: %w", dir, err)
 	}
 	u := &unpacker{root: root, parentFd: -1}
 	defer u.close()
+	var made int64
+	defer func() {
+		// A layer that fails gives its entries back: it is tried again,
+		// or the pull fails.
+		if err != nil && entries != nil {
+			entries.Add(made)
+		}
+	}()
 	tr := tar.NewReader(r)
 	for {
 		hdr, err := tr.Next()
@@ -90,6 +99,12 @@ func unpackTar(r io.Reader, dir string) (int64, error) {
 		}
 		if err != nil {
 			return 0, fmt.Errorf("failed to read the layer's tar: %w", err)
+		}
+		if entries != nil {
+			made++
+			if entries.Add(-1) < 0 {
+				return 0, errTooManyEntries
+			}
 		}
 		if err := u.entry(hdr, tr); err != nil {
 			return 0, err
@@ -108,9 +123,17 @@ func (u *unpacker) close() {
 	unix.Close(u.root)
 }
 
-// errTooLarge is turned into the error that names image_max_size by the
-// caller, which knows the image.
-var errTooLarge = errors.New("the image unpacks to more than image_max_size")
+// errTooLarge and errTooManyEntries are turned into errors that name the
+// image by the caller, which knows it.
+var (
+	errTooLarge       = errors.New("the image unpacks to more than image_max_size")
+	errTooManyEntries = errors.New("the image has more files than the store takes")
+)
+
+// MaxEntries bounds the files, directories and links of one image: its
+// inodes on root_dir's file system (a real image has thousands; a hostile
+// one of small files could take the node's inodes within image_max_size).
+const MaxEntries = 1 << 20
 
 // cleanName turns a tar entry name into a path relative to the layer's
 // root ("" for the root itself). A name with a ".." component is refused,
