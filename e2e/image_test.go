@@ -605,3 +605,48 @@ func TestImageGC(t *testing.T) {
 	must.SliceEmpty(t, st["layers"])
 	must.SliceEmpty(t, st["uses"])
 }
+
+// A driver killed in the middle of a layer leaves nothing a later start
+// uses; started again, it pulls the layer whole for the task.
+func TestImageDriverKilledMidPull(t *testing.T) {
+	reg := StartRegistry(t)
+	base, err := fixtureImage(t).Layers()
+	must.NoError(t, err)
+	big, err := imagebuild.Layer(imagebuild.File("big", randomBytes(t, 8<<20), 0o644))
+	must.NoError(t, err)
+	img, err := imagebuild.Build(imagebuild.Spec{}, base[0], big)
+	must.NoError(t, err)
+	ref, err := reg.Push("csi/big:1", img)
+	must.NoError(t, err)
+	diff, err := big.DiffID()
+	must.NoError(t, err)
+	a := imageAgent(t, reg, "24h")
+	partial := filepath.Join(image.Dir(a.DriverRoot), "tmp", diff.Hex, "fs")
+
+	reg.SetBlobDelay(20 * time.Millisecond)
+	first := imageJob(t, a, ref, reg.Username, reg.Password, 1)
+	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+		entries, err := os.ReadDir(partial)
+		return err == nil && len(entries) > 0
+	}), wait.Timeout(time.Minute), wait.Gap(20*time.Millisecond)), must.Sprint("the layer was never being unpacked"))
+	old := a.KillDriver(t)
+	reg.SetBlobDelay(0)
+	a.WaitDriverBack(t, old, time.Minute)
+
+	// Nomad starts the task again on the new driver process (a plugin
+	// that died is a recoverable error): that start pulls the layer anew,
+	// whole, and verifies it; nothing of the killed pull is used.
+	allocEvents(t, a, first.ID, 1, "Pulled image "+ref)
+	bd, err := big.Digest()
+	must.NoError(t, err)
+	must.Eq(t, 2, reg.Requests("GET", "/blobs/"+bd.String()))
+	list := listImages(t, a.DriverRoot)
+	must.SliceLen(t, 1, list)
+	d, err := img.Digest()
+	must.NoError(t, err)
+	must.Eq(t, d.String(), list[0].Digest)
+	must.MapNotContainsKey(t, storeState(t, a.DriverRoot), "tmp")
+	fi, err := os.Stat(filepath.Join(image.Dir(a.DriverRoot), "layers", diff.Hex, "fs", "big"))
+	must.NoError(t, err)
+	must.Eq(t, int64(8<<20), fi.Size())
+}
