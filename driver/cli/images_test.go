@@ -87,7 +87,7 @@ func TestImagesCommands(t *testing.T) {
 	code, _, errOut = runCLI("images", "rm", "-root-dir", root, b)
 	must.Eq(t, 1, code)
 	must.StrContains(t, errOut, "is in use by 1 task(s)")
-	code, out, errOut = runCLI("images", "rm", "-root-dir", root, img.Digest[:19])
+	code, _, errOut = runCLI("images", "rm", "-root-dir", root, img.Digest[:19])
 	must.Eq(t, 1, code)
 	must.StrContains(t, errOut, "in use")
 	code, out, errOut = runCLI("images", "rm", "-root-dir", root, a)

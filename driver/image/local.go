@@ -189,7 +189,7 @@ func indexTar(f *os.File, ref Reference) (*tarFS, error) {
 		if err != nil {
 			return nil, errorf(ErrInvalid, "image %q: %s is not a tar archive (or is damaged)", ref.Raw, ref.Path)
 		}
-		if hdr.Typeflag != tar.TypeReg && hdr.Typeflag != tar.TypeRegA { //nolint:staticcheck
+		if hdr.Typeflag != tar.TypeReg {
 			continue
 		}
 		if _, sparse := hdr.PAXRecords["GNU.sparse.major"]; sparse {

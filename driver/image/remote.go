@@ -140,8 +140,6 @@ var acceptedManifests = strings.Join([]string{
 	string(types.DockerManifestList), string(types.DockerManifestSchema2),
 }, ",")
 
-func (r *remoteSource) describe() string { return r.ref.Raw }
-
 func (r *remoteSource) get(ctx context.Context, kind, id string, accept string) (*http.Response, error) {
 	u := fmt.Sprintf("%s://%s/v2/%s/%s/%s", r.scheme, r.repo.RegistryStr(), r.repo.RepositoryStr(), kind, id)
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)

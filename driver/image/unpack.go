@@ -190,7 +190,7 @@ func (u *unpacker) entry(hdr *tar.Header, content io.Reader) error {
 	switch hdr.Typeflag {
 	case tar.TypeDir:
 		return u.mkdir(parent, rel, base, hdr)
-	case tar.TypeReg, tar.TypeRegA: //nolint:staticcheck // TypeRegA is how old tars spell a file
+	case tar.TypeReg: // the reader gives old tars' TypeRegA as TypeReg
 		return u.file(parent, base, hdr, content)
 	case tar.TypeSymlink:
 		if err := u.replace(parent, base, false); err != nil {
