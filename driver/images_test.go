@@ -94,7 +94,7 @@ type imageDriver struct {
 	events *eventLog
 }
 
-func newImageDriver(t *testing.T, rootErr error) *imageDriver {
+func newImageDriver(t *testing.T, rootErr error, mods ...func(c *Config, digest string)) *imageDriver {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: the image store sets owners of unpacked files")
@@ -108,7 +108,11 @@ func newImageDriver(t *testing.T, rootErr error) *imageDriver {
 	digest, err := img.Digest()
 	must.NoError(t, err)
 	id := &imageDriver{ref: "oci:" + filepath.Join(dir, "plugin") + ":1.0", digest: digest.String()}
-	id.testDriver = newTestDriver(t, Config{Enabled: true, LocalImageDirs: []string{dir}}, func(d *Driver) {
+	conf := Config{Enabled: true, LocalImageDirs: []string{dir}}
+	for _, m := range mods {
+		m(&conf, id.digest)
+	}
+	id.testDriver = newTestDriver(t, conf, func(d *Driver) {
 		d.imageRoot = func(_ *Config, _ *drivers.TaskConfig, _ *TaskConfig, _ *executor.Spec, img *image.Image) error {
 			id.roots = append(id.roots, img)
 			return rootErr
@@ -233,4 +237,34 @@ func TestPullEventsAreFew(t *testing.T) {
 	events.waitFor(t, "Pulled image r/x:1 (sha256:aaaaaaaaaaaa, 120 MiB)")
 	must.Eq(t, []string{cfg.ID + ": Downloading image r/x:1: 0 KiB of 120 MiB", cfg.ID + ": Downloading image r/x:1: 50 MiB of 120 MiB"},
 		events.with("Downloading"))
+}
+
+// A privileged task from an image is granted by the digest its reference
+// resolved to, as pulled.
+func TestStartTask_theGrantMatchesThePulledDigest(t *testing.T) {
+	grant := func(digest string) func(c *Config, _ string) {
+		return func(c *Config, _ string) {
+			c.AllowPrivileged, c.PrivilegedPluginsOnly = true, false
+			c.PrivilegedGrants = []PrivilegedGrant{{Namespace: "default", Job: "csi", Image: "registry.example/plugin@" + digest}}
+		}
+	}
+	start := func(d *imageDriver) error {
+		cfg := taskConfig(t, TaskConfig{Command: "/bin/plugin", Image: d.ref, Privileged: true})
+		cfg.JobID = "csi"
+		_, _, err := d.StartTask(cfg)
+		return err
+	}
+	var pinned string
+	d := newImageDriver(t, nil, func(c *Config, digest string) { pinned = digest; grant(digest)(c, digest) })
+	must.NoError(t, start(d))
+	must.SliceLen(t, 1, d.roots)
+
+	other := "sha256:" + strings.Repeat("0", 64)
+	d = newImageDriver(t, nil, grant(other))
+	err := start(d)
+	must.ErrorContains(t, err, "resolved to "+pinned)
+	must.ErrorContains(t, err, "privileged_grant")
+	must.SliceEmpty(t, d.roots)
+	// The refused task lets its image go.
+	must.SliceEmpty(t, d.uses(t))
 }
