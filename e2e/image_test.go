@@ -598,12 +598,14 @@ func TestImageGC(t *testing.T) {
 
 	// The task goes: its lease no longer holds, and the image follows.
 	a.StopJob(t, job.ID)
+	// GC removes the record first, then the layers: wait for both.
 	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
-		return len(listImages(t, a.DriverRoot)) == 0
+		st := storeState(t, a.DriverRoot)
+		return len(listImages(t, a.DriverRoot)) == 0 && len(st["layers"]) == 0
 	}), wait.Timeout(time.Minute), wait.Gap(500*time.Millisecond)), must.Sprint("the image of the stopped task stayed"))
 	st = storeState(t, a.DriverRoot)
-	must.SliceEmpty(t, st["layers"])
 	must.SliceEmpty(t, st["uses"])
+	must.SliceEmpty(t, st["configs"])
 }
 
 // A driver killed in the middle of a layer leaves nothing a later start
