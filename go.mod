@@ -25,6 +25,7 @@ require (
 	github.com/opencontainers/cgroups v0.0.6
 	github.com/prometheus/client_golang v1.23.2
 	github.com/shoenig/test v1.13.2
+	golang.org/x/crypto v0.55.0
 	golang.org/x/sync v0.22.0
 	golang.org/x/sys v0.49.0
 	google.golang.org/grpc v1.79.2
@@ -135,7 +136,6 @@ require (
 	go.opentelemetry.io/otel/sdk/metric v1.47.0 // indirect
 	go.yaml.in/yaml/v2 v2.4.3 // indirect
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
-	golang.org/x/crypto v0.55.0 // indirect
 	golang.org/x/exp v0.0.0-20250808145144-a408d31f581a // indirect
 	golang.org/x/mod v0.39.0 // indirect
 	golang.org/x/net v0.58.0 // indirect
