@@ -481,6 +481,39 @@ func TestImageTaskPullErrorsAndEvents(t *testing.T) {
 			}
 		})
 	}
+	t.Run("crafted layers", func(t *testing.T) {
+		// Layers that try to write on the host, through the registry and
+		// the driver: each is refused, the host is as it was.
+		hostDir := t.TempDir()
+		victim := filepath.Join(hostDir, "victim")
+		must.NoError(t, os.WriteFile(victim, []byte("host"), 0o644))
+		for name, entries := range map[string][]imagebuild.Entry{
+			"dotdot":            {imagebuild.File("../../../../../../.."+victim, []byte("pwned"), 0o644)},
+			"symlink then file": {imagebuild.Symlink("evil", hostDir), imagebuild.File("evil/victim", []byte("pwned"), 0o644)},
+			"hardlink to host":  {imagebuild.Hardlink("h", victim), imagebuild.File("h", []byte("pwned"), 0o644)},
+		} {
+			layer, err := imagebuild.Layer(entries...)
+			must.NoError(t, err)
+			crafted, err := imagebuild.Build(imagebuild.Spec{}, layer)
+			must.NoError(t, err)
+			cref, err := reg.Push("evil/"+strings.ReplaceAll(name, " ", "-")+":1", crafted)
+			must.NoError(t, err)
+			job := imageJob(t, a, cref, reg.Username, reg.Password, 1)
+			al := a.WaitAlloc(t, job.ID, 2*time.Minute, StatusFailed)
+			var text []string
+			for _, e := range al.Events("") {
+				text = append(text, e.Text())
+			}
+			must.StrContains(t, strings.Join(text, "\n"), "is refused: unsafe layer", must.Sprint(name))
+			b, err := os.ReadFile(victim)
+			must.NoError(t, err)
+			must.Eq(t, "host", string(b), must.Sprint(name))
+			entries, err := os.ReadDir(hostDir)
+			must.NoError(t, err)
+			must.SliceLen(t, 1, entries, must.Sprint(name))
+		}
+	})
+
 	t.Run("image_pull_timeout", func(t *testing.T) {
 		// An image the store lacks, whose blobs crawl through the proxy:
 		// 3 s are not enough.
