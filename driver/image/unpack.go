@@ -352,7 +352,7 @@ func (u *unpacker) whiteout(parent int, dir, base, name string) error {
 		return nil
 	}
 	target := strings.TrimPrefix(base, whiteoutPrefix)
-	if target == "" || target == "." {
+	if target == "" || target == "." || target == ".." {
 		return fmt.Errorf("%w: whiteout %q names nothing", ErrUnsafeLayer, name)
 	}
 	// A whiteout hides what lower layers have; an entry of this layer
