@@ -473,6 +473,7 @@ func TestImageTaskPullErrorsAndEvents(t *testing.T) {
 				text = append(text, e.Text())
 			}
 			all := strings.Join(text, "\n")
+			t.Logf("events:\n%s", all)
 			must.StrContains(t, all, tc.want)
 			must.StrContains(t, all, tc.ref)
 			if tc.password != "" {
@@ -539,6 +540,28 @@ func TestImageTaskPullErrorsAndEvents(t *testing.T) {
 		must.Less(t, time.Minute, time.Since(start))
 		must.MapNotContainsKey(t, storeState(t, a.DriverRoot), "tmp")
 	})
+	t.Run("registry down", func(t *testing.T) {
+		// A tag this node never pulled (so no image of the store can
+		// stand in for it), from a registry that stopped: the driver
+		// says it retries, then fails saying the registry is unreachable.
+		down, err := reg.Push("csi/fixture:down", img)
+		must.NoError(t, err)
+		reg.Stop()
+		defer func() { must.NoError(t, reg.Start()) }()
+		job := imageJob(t, a, down, reg.Username, reg.Password, 1)
+		al := a.WaitAlloc(t, job.ID, 2*time.Minute, StatusFailed)
+		var text []string
+		for _, e := range al.Events("") {
+			text = append(text, e.Text())
+		}
+		all := strings.Join(text, "\n")
+		t.Logf("events:\n%s", all)
+		must.StrContains(t, all, "retrying in")
+		must.StrContains(t, all, "(attempt 5 of 5)")
+		must.StrContains(t, all, "unreachable")
+		must.StrContains(t, all, down)
+	})
+
 	// No lease outlives its task.
 	must.MapNotContainsKey(t, storeState(t, a.DriverRoot), "uses")
 }
