@@ -52,8 +52,9 @@ type TaskState struct {
 	// driver's, so it is not among the mounts Nomad stores).
 	SharedSources []string `json:"shared_sources,omitempty"`
 	// Image is the digest of the task's image (leased in the image store
-	// while the task exists).
-	Image string `json:"image,omitempty"`
+	// while the task exists). Left out when empty, so that the handle of a
+	// task without an image is what earlier builds wrote.
+	Image string `json:"image,omitempty" codec:",omitempty"`
 }
 
 // taskHandle is the driver's view of one task.
