@@ -74,6 +74,17 @@ func fixtureImage(t *testing.T) v1.Image {
 	return img
 }
 
+// registryWithFixture starts a registry and pushes the fixture plugin's
+// image to it as csi/fixture:1.0, the reference it returns.
+func registryWithFixture(t *testing.T) (*TestRegistry, v1.Image, string) {
+	t.Helper()
+	reg := StartRegistry(t)
+	img := fixtureImage(t)
+	ref, err := reg.Push("csi/fixture:1.0", img)
+	must.NoError(t, err)
+	return reg, img, ref
+}
+
 // storeState lists what an image store under root holds: records,
 // layers, configurations, leases and what tmp/ holds but lock files.
 func storeState(t *testing.T, root string) map[string][]string {
@@ -119,10 +130,7 @@ func sameFile(t *testing.T, layers []string, inImage, host string) {
 }
 
 func TestImageRegistryPull(t *testing.T) {
-	reg := StartRegistry(t)
-	img := fixtureImage(t)
-	ref, err := reg.Push("csi/fixture:1.0", img)
-	must.NoError(t, err)
+	reg, img, ref := registryWithFixture(t)
 	digest, err := img.Digest()
 	must.NoError(t, err)
 	good := reg.DockerConfig(t, reg.Password)
@@ -215,14 +223,7 @@ func TestImageRegistryPull(t *testing.T) {
 	t.Run("digest mismatch", func(t *testing.T) {
 		// An image of its own, with a layer the registry's storage then
 		// corrupts: same size, one byte flipped.
-		layer, err := imagebuild.Layer(imagebuild.File("data", randomBytes(t, 1<<20), 0o644))
-		must.NoError(t, err)
-		base, err := img.Layers()
-		must.NoError(t, err)
-		tampered, err := imagebuild.Build(imagebuild.Spec{}, base[0], layer)
-		must.NoError(t, err)
-		tref, err := reg.Push("csi/tampered:1", tampered)
-		must.NoError(t, err)
+		tref, _, layer := pushOnFixtureBase(t, reg, "csi/tampered:1", imagebuild.File("data", randomBytes(t, 1<<20), 0o644))
 		ld, err := layer.Digest()
 		must.NoError(t, err)
 		b, err := os.ReadFile(reg.BlobFile(ld.String()))
@@ -282,6 +283,22 @@ func randomBytes(t *testing.T, n int) []byte {
 	return b
 }
 
+// pushOnFixtureBase pushes, as ref, an image of the fixture image's base
+// layer and a layer of files above it; it returns the full reference, the
+// image and its own layer.
+func pushOnFixtureBase(t *testing.T, reg *TestRegistry, ref string, files ...imagebuild.Entry) (string, v1.Image, v1.Layer) {
+	t.Helper()
+	base, err := fixtureImage(t).Layers()
+	must.NoError(t, err)
+	layer, err := imagebuild.Layer(files...)
+	must.NoError(t, err)
+	img, err := imagebuild.Build(imagebuild.Spec{}, base[0], layer)
+	must.NoError(t, err)
+	full, err := reg.Push(ref, img)
+	must.NoError(t, err)
+	return full, img, layer
+}
+
 // blobsOf lists an image's blob digests: configuration and layers.
 func blobsOf(t *testing.T, img v1.Image) []string {
 	t.Helper()
@@ -295,10 +312,7 @@ func blobsOf(t *testing.T, img v1.Image) []string {
 }
 
 func TestImageConcurrentPullsFetchOnce(t *testing.T) {
-	reg := StartRegistry(t)
-	img := fixtureImage(t)
-	ref, err := reg.Push("csi/fixture:1.0", img)
-	must.NoError(t, err)
+	reg, img, ref := registryWithFixture(t)
 	good := reg.DockerConfig(t, reg.Password)
 	root := t.TempDir()
 	// Slow enough that the pulls overlap.
@@ -328,14 +342,7 @@ func TestImageConcurrentPullsFetchOnce(t *testing.T) {
 
 func TestImageKilledPullIsRedone(t *testing.T) {
 	reg := StartRegistry(t)
-	base, err := fixtureImage(t).Layers()
-	must.NoError(t, err)
-	big, err := imagebuild.Layer(imagebuild.File("big", randomBytes(t, 8<<20), 0o644))
-	must.NoError(t, err)
-	img, err := imagebuild.Build(imagebuild.Spec{}, base[0], big)
-	must.NoError(t, err)
-	ref, err := reg.Push("csi/big:1", img)
-	must.NoError(t, err)
+	ref, img, big := pushOnFixtureBase(t, reg, "csi/big:1", imagebuild.File("big", randomBytes(t, 8<<20), 0o644))
 	good := reg.DockerConfig(t, reg.Password)
 	root := t.TempDir()
 	diff, err := big.DiffID()
@@ -414,11 +421,7 @@ func allocEvents(t *testing.T, a *Agent, jobID string, count int, want ...string
 			if err != nil {
 				return false
 			}
-			var all []string
-			for _, e := range al.Events("") {
-				all = append(all, e.Text())
-			}
-			text := strings.Join(all, "\n")
+			text := eventsText(al, "")
 			if !slices.ContainsFunc(want, func(w string) bool { return strings.Contains(text, w) }) {
 				return false
 			}
@@ -430,10 +433,7 @@ func allocEvents(t *testing.T, a *Agent, jobID string, count int, want ...string
 }
 
 func TestImageTaskPullErrorsAndEvents(t *testing.T) {
-	reg := StartRegistry(t)
-	img := fixtureImage(t)
-	ref, err := reg.Push("csi/fixture:1.0", img)
-	must.NoError(t, err)
+	reg, img, ref := registryWithFixture(t)
 	a := imageAgent(t, reg, "24h")
 
 	t.Run("two tasks, one pull", func(t *testing.T) {
@@ -468,11 +468,7 @@ func TestImageTaskPullErrorsAndEvents(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			job := imageJob(t, a, tc.ref, tc.user, tc.password, 1)
 			al := a.WaitAlloc(t, job.ID, 2*time.Minute, StatusFailed)
-			var text []string
-			for _, e := range al.Events("") {
-				text = append(text, e.Text())
-			}
-			all := strings.Join(text, "\n")
+			all := eventsText(al, "")
 			t.Logf("events:\n%s", all)
 			must.StrContains(t, all, tc.want)
 			must.StrContains(t, all, tc.ref)
@@ -501,11 +497,7 @@ func TestImageTaskPullErrorsAndEvents(t *testing.T) {
 			must.NoError(t, err)
 			job := imageJob(t, a, cref, reg.Username, reg.Password, 1)
 			al := a.WaitAlloc(t, job.ID, 2*time.Minute, StatusFailed)
-			var text []string
-			for _, e := range al.Events("") {
-				text = append(text, e.Text())
-			}
-			must.StrContains(t, strings.Join(text, "\n"), "is refused: unsafe layer", must.Sprint(name))
+			must.StrContains(t, eventsText(al, ""), "is refused: unsafe layer", must.Sprint(name))
 			b, err := os.ReadFile(victim)
 			must.NoError(t, err)
 			must.Eq(t, "host", string(b), must.Sprint(name))
@@ -530,11 +522,7 @@ func TestImageTaskPullErrorsAndEvents(t *testing.T) {
 			"Count": "1", "Timeout": "3s"})
 		start := time.Now()
 		al := a.WaitAlloc(t, job.ID, 2*time.Minute, StatusFailed)
-		var text []string
-		for _, e := range al.Events("") {
-			text = append(text, e.Text())
-		}
-		all := strings.Join(text, "\n")
+		all := eventsText(al, "")
 		must.StrContains(t, all, "did not finish within image_pull_timeout")
 		must.StrContains(t, all, slow)
 		must.Less(t, time.Minute, time.Since(start))
@@ -550,11 +538,7 @@ func TestImageTaskPullErrorsAndEvents(t *testing.T) {
 		defer func() { must.NoError(t, reg.Start()) }()
 		job := imageJob(t, a, down, reg.Username, reg.Password, 1)
 		al := a.WaitAlloc(t, job.ID, 2*time.Minute, StatusFailed)
-		var text []string
-		for _, e := range al.Events("") {
-			text = append(text, e.Text())
-		}
-		all := strings.Join(text, "\n")
+		all := eventsText(al, "")
 		t.Logf("events:\n%s", all)
 		must.StrContains(t, all, "retrying in")
 		must.StrContains(t, all, "(attempt 5 of 5)")
@@ -593,16 +577,8 @@ func runningTaskID(t *testing.T, a *Agent, allocID string) string {
 // exists uses stays, and goes once the task is gone.
 func TestImageGC(t *testing.T) {
 	reg := StartRegistry(t)
-	fixture := fixtureImage(t)
-	base, err := fixture.Layers()
-	must.NoError(t, err)
 	build := func(name string) (string, v1.Image) {
-		l, err := imagebuild.Layer(imagebuild.File(name, randomBytes(t, 64<<10), 0o644))
-		must.NoError(t, err)
-		img, err := imagebuild.Build(imagebuild.Spec{}, base[0], l)
-		must.NoError(t, err)
-		ref, err := reg.Push("gc/"+name+":1", img)
-		must.NoError(t, err)
+		ref, img, _ := pushOnFixtureBase(t, reg, "gc/"+name+":1", imagebuild.File(name, randomBytes(t, 64<<10), 0o644))
 		return ref, img
 	}
 	usedRef, used := build("used")
@@ -668,14 +644,7 @@ func TestImageGC(t *testing.T) {
 // uses; started again, it pulls the layer whole for the task.
 func TestImageDriverKilledMidPull(t *testing.T) {
 	reg := StartRegistry(t)
-	base, err := fixtureImage(t).Layers()
-	must.NoError(t, err)
-	big, err := imagebuild.Layer(imagebuild.File("big", randomBytes(t, 8<<20), 0o644))
-	must.NoError(t, err)
-	img, err := imagebuild.Build(imagebuild.Spec{}, base[0], big)
-	must.NoError(t, err)
-	ref, err := reg.Push("csi/big:1", img)
-	must.NoError(t, err)
+	ref, img, big := pushOnFixtureBase(t, reg, "csi/big:1", imagebuild.File("big", randomBytes(t, 8<<20), 0o644))
 	diff, err := big.DiffID()
 	must.NoError(t, err)
 	a := imageAgent(t, reg, "24h")
