@@ -67,7 +67,7 @@ func TestImagesCommands(t *testing.T) {
 	must.StrContains(t, out, a)
 	must.StrContains(t, out, "in use")
 	must.StrNotContains(t, out, "\x1b")
-	must.StrContains(t, out, `\u001b]0;owned`)
+	must.StrContains(t, out, Printable(escTask))
 	code, out, _ = runCLI("images", "-json", "-root-dir", root)
 	must.Eq(t, 0, code)
 	must.StrNotContains(t, out, "\x1b")
