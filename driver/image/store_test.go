@@ -1,6 +1,7 @@
 package image
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -15,7 +16,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/compression"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/static"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/google/go-containerregistry/pkg/v1/types"
 	"github.com/shoenig/test/must"
 	"golang.org/x/sys/unix"
 
@@ -686,4 +691,36 @@ func TestFullDiskLeavesNothing(t *testing.T) {
 	b, err := os.ReadFile(filepath.Join(img.Layers[0], "big"))
 	must.NoError(t, err)
 	must.Eq(t, len(big), len(b))
+}
+
+// Layers come gzip-compressed, zstd-compressed or as plain tars.
+func TestPullCompressions(t *testing.T) {
+	f := newFixture(t)
+	b, err := imagebuild.Tar(imagebuild.File("zstd", []byte(strings.Repeat("z", 1<<16)), 0o644))
+	must.NoError(t, err)
+	zl, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil },
+		tarball.WithCompression(compression.ZStd), tarball.WithMediaType(types.OCILayerZStd))
+	must.NoError(t, err)
+	mt, err := zl.MediaType()
+	must.NoError(t, err)
+	must.Eq(t, types.OCILayerZStd, mt)
+	rc, err := zl.Compressed()
+	must.NoError(t, err)
+	magic := make([]byte, 4)
+	_, err = io.ReadFull(rc, magic)
+	must.NoError(t, err)
+	rc.Close()
+	must.Eq(t, []byte{0x28, 0xb5, 0x2f, 0xfd}, magic)
+	plain, err := imagebuild.Tar(imagebuild.File("plain", []byte("p"), 0o644))
+	must.NoError(t, err)
+	pl := static.NewLayer(plain, types.OCIUncompressedLayer)
+	ref := f.layout(t, "mixed", "1", mustImage(t, imagebuild.Spec{}, baseLayer(t), zl, pl))
+	img, err := f.store.Pull(context.Background(), ref, PullRequest{})
+	must.NoError(t, err)
+	got, err := os.ReadFile(filepath.Join(img.Layers[1], "zstd"))
+	must.NoError(t, err)
+	must.Eq(t, 1<<16, len(got))
+	got, err = os.ReadFile(filepath.Join(img.Layers[2], "plain"))
+	must.NoError(t, err)
+	must.Eq(t, "p", string(got))
 }
