@@ -121,6 +121,9 @@ type Interface interface {
 	// private before it is attached: no later mount on the host reaches it
 	// and none made below it leaves.
 	PrivateTree(tree *os.File) error
+	// MountOverlay mounts an overlay file system of o at target, which
+	// must be a directory. On error nothing is mounted. See overlay.go.
+	MountOverlay(target string, o Overlay) error
 }
 
 // SanitizeOptions joins options for logging, with every sensitive option
