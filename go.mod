@@ -12,6 +12,7 @@ require (
 	github.com/cilium/ebpf v0.17.3
 	github.com/container-storage-interface/spec v1.12.0
 	github.com/creack/pty v1.1.24
+	github.com/cyphar/filepath-securejoin v0.6.1
 	github.com/dustin/go-humanize v1.0.1
 	github.com/google/go-containerregistry v0.22.1
 	github.com/hanwen/go-fuse/v2 v2.7.2
@@ -25,6 +26,7 @@ require (
 	github.com/opencontainers/cgroups v0.0.6
 	github.com/prometheus/client_golang v1.23.2
 	github.com/shoenig/test v1.13.2
+	github.com/zclconf/go-cty v1.18.0
 	golang.org/x/crypto v0.55.0
 	golang.org/x/sync v0.22.0
 	golang.org/x/sys v0.49.0
@@ -44,7 +46,6 @@ require (
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/containerd/log v0.1.0 // indirect
 	github.com/coreos/go-systemd/v22 v22.6.0 // indirect
-	github.com/cyphar/filepath-securejoin v0.6.1 // indirect
 	github.com/davecgh/go-spew v1.1.2-0.20180830191138-d8f796af33cc // indirect
 	github.com/docker/cli v29.7.2+incompatible // indirect
 	github.com/docker/docker v28.5.2+incompatible // indirect
@@ -130,7 +131,6 @@ require (
 	github.com/vmihailenco/msgpack/v5 v5.3.5 // indirect
 	github.com/vmihailenco/tagparser/v2 v2.0.0 // indirect
 	github.com/yusufpapurcu/wmi v1.2.4 // indirect
-	github.com/zclconf/go-cty v1.18.0 // indirect
 	go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp v0.72.0 // indirect
 	go.opentelemetry.io/otel v1.47.0 // indirect
 	go.opentelemetry.io/otel/sdk/metric v1.47.0 // indirect

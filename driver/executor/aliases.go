@@ -8,6 +8,8 @@ type (
 	Spec       = wire.Spec
 	Mount      = wire.Mount
 	Isolation  = wire.Isolation
+	Credential = wire.Credential
+	ImageRoot  = wire.ImageRoot
 	ExitStatus = wire.ExitStatus
 )
 

@@ -54,6 +54,7 @@ func (p *Process) Exec(ctx context.Context, opts ExecOptions) (int, error) {
 		Env:                 spec.Env,
 		Dir:                 spec.Dir,
 		User:                prof.User,
+		Credential:          prof.Credential,
 		Privileged:          prof.Privileged,
 		Capabilities:        prof.Capabilities,
 		AmbientCapabilities: prof.AmbientCapabilities,

@@ -33,7 +33,9 @@ func TestMain(m *testing.M) {
 	if path := os.Getenv(envStartHelper); path != "" {
 		os.Exit(runStartHelper(path))
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	removeStaticShim()
+	os.Exit(code)
 }
 
 func runStartHelper(path string) int {

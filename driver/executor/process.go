@@ -553,6 +553,7 @@ func sendControl(ctl *os.File, v any, fds []int) error {
 func profileOf(s *Spec) Profile {
 	return Profile{
 		User:                s.User,
+		Credential:          s.Credential,
 		Privileged:          s.Privileged,
 		Capabilities:        s.Capabilities,
 		AmbientCapabilities: s.AmbientCapabilities,

@@ -12,10 +12,14 @@ import (
 // State, which the driver stores with Nomad, never in a file below the
 // task's reach.
 type Profile struct {
-	User                string   `json:"user,omitempty"`
-	Privileged          bool     `json:"privileged,omitempty"`
-	Capabilities        []string `json:"capabilities,omitempty"`
-	AmbientCapabilities []string `json:"ambient_capabilities,omitempty"`
+	User string `json:"user,omitempty"`
+	// Credential is the user the driver resolved (an image task's, from
+	// the image's /etc/passwd and /etc/group when the task started):
+	// never looked up again in the task's root, which the task can write.
+	Credential          *Credential `json:"credential,omitempty" codec:"credential,omitempty"`
+	Privileged          bool        `json:"privileged,omitempty"`
+	Capabilities        []string    `json:"capabilities,omitempty"`
+	AmbientCapabilities []string    `json:"ambient_capabilities,omitempty"`
 	// Isolated is set when the task has an Isolation: its execs get
 	// no_new_privs and join its PID and IPC namespaces.
 	Isolated    bool `json:"isolated,omitempty"`

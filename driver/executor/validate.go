@@ -89,6 +89,21 @@ func validateSpec(spec *Spec) error {
 	if spec.Dir != "" && !filepath.IsAbs(spec.Dir) {
 		return fmt.Errorf("dir %q must be an absolute path", spec.Dir)
 	}
+	if img := spec.Image; img != nil {
+		if len(img.Layers) == 0 {
+			return fmt.Errorf("image %q has no layers", img.Ref)
+		}
+		for _, l := range img.Layers {
+			if !filepath.IsAbs(l) {
+				return fmt.Errorf("image %q: layer %q must be an absolute path", img.Ref, l)
+			}
+			if fi, err := os.Stat(l); err != nil {
+				return fmt.Errorf("image %q: layer %q: %w", img.Ref, l, err)
+			} else if !fi.IsDir() {
+				return fmt.Errorf("image %q: layer %q is not a directory", img.Ref, l)
+			}
+		}
+	}
 	if spec.Capabilities != nil {
 		if _, err := ParseCapabilities(spec.Capabilities); err != nil {
 			return err

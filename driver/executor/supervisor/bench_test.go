@@ -131,7 +131,7 @@ func timeIsolatedRoot(root string, iso *wire.Isolation, dirs []wire.Mount) (map[
 			if err := unix.Unshare(namespaceFlags(iso)); err != nil {
 				return err
 			}
-			return prepareNamespace(m, nil, "", iso)
+			return prepareNamespace(m, nil, "", iso, nil)
 		}},
 		{"root", func() error {
 			if err := os.MkdirAll(root, 0o755); err != nil {
@@ -180,7 +180,7 @@ func timePrivilegedRoot(root string, dirs []wire.Mount) (map[string]time.Duratio
 			if err := unix.Unshare(namespaceFlags(nil)); err != nil {
 				return err
 			}
-			return prepareNamespace(m, nil, "", nil)
+			return prepareNamespace(m, nil, "", nil, nil)
 		}},
 		{"root", func() error { return buildRoot(m, root) }},
 		{"dirs", func() error { return bindAll(m, dirs, root) }},

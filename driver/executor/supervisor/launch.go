@@ -108,7 +108,7 @@ func buildNamespace(root string, iso *wire.Isolation) error {
 	if err := unix.Unshare(namespaceFlags(iso)); err != nil {
 		return fmt.Errorf("failed to make the task's namespaces: %w", err)
 	}
-	if err := prepareNamespace(mounter.New(), nil, root, iso); err != nil {
+	if err := prepareNamespace(mounter.New(), nil, root, iso, nil); err != nil {
 		return err
 	}
 	if err := pivotRoot(root); err != nil {
@@ -135,6 +135,11 @@ func (p *prebuilt) take(spec *wire.Spec, job func(pivoted bool)) bool {
 	// there: see netns.go.
 	if spec.NetNS != "" {
 		p.why = "the task joins a network namespace and the prepared root's sysfs shows the host's network"
+		close(p.jobs)
+		return false
+	}
+	if spec.Image != nil {
+		p.why = "the task's root is an image, not the chroot_env root prepared ahead"
 		close(p.jobs)
 		return false
 	}
@@ -165,7 +170,7 @@ func launchOnThread(spec *wire.Spec, group *cgroups.Group, stdio func() ([]*os.F
 	if hostRoot >= 0 {
 		group = group.Via(hostRootPath())
 	}
-	cred, err := resolveUser(spec.User)
+	cred, err := specCredential(spec)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -178,8 +183,11 @@ func launchOnThread(spec *wire.Spec, group *cgroups.Group, stdio func() ([]*os.F
 		return nil, nil, err
 	}
 
-	m := mounter.New()
+	var m mounter.Interface = mounter.New()
 	root := filepath.Join(spec.StateDir, "root")
+	if spec.Image != nil {
+		m = newImageTargets(m, root, spec)
+	}
 	iso := spec.Isolation
 	var early, after []wire.Mount
 	if iso == nil {
@@ -201,7 +209,7 @@ func launchOnThread(spec *wire.Spec, group *cgroups.Group, stdio func() ([]*os.F
 		if err := joinNetNS(spec.NetNS); err != nil {
 			return nil, nil, err
 		}
-		if err := prepareNamespace(m, spec.Mounts, root, iso); err != nil {
+		if err := prepareNamespace(m, spec.Mounts, root, iso, spec.Image); err != nil {
 			return nil, nil, err
 		}
 		if iso == nil {
@@ -348,8 +356,24 @@ func forkTask(m mounter.Interface, spec *wire.Spec, attr *syscall.SysProcAttr, r
 			return nil, err
 		}
 	}
-	if err := sealRoot(m); err != nil {
-		return nil, err
+	// An image's working directory may be missing from the image, as
+	// Docker and runc make it: made here, without following a symlink
+	// inside another of the task's mounts (see imageTargets).
+	if spec.Image != nil && spec.Dir != "" {
+		if _, err := os.Stat(spec.Dir); errors.Is(err, os.ErrNotExist) {
+			f, err := m.OpenTarget("/", spec.Dir, true)
+			if err != nil {
+				return nil, fmt.Errorf("failed to make working directory %q: %w", spec.Dir, err)
+			}
+			_ = f.Close()
+		}
+	}
+	// An image root keeps its writable layer, unless the job asked for
+	// readonly_rootfs.
+	if spec.Image == nil || spec.Image.ReadOnly {
+		if err := sealRoot(m); err != nil {
+			return nil, err
+		}
 	}
 
 	if spec.Dir != "" {
@@ -408,6 +432,11 @@ func forkTask(m mounter.Interface, spec *wire.Spec, attr *syscall.SysProcAttr, r
 	if spec.Isolation != nil {
 		if selfExe == nil {
 			return nil, errors.New("the supervisor's binary is not open: cannot start the seccomp stage")
+		}
+		if spec.Image != nil {
+			if err := checkStaticExe(selfExe); err != nil {
+				return nil, err
+			}
 		}
 		r, w, err := os.Pipe()
 		if err != nil {

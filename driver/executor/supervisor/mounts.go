@@ -36,13 +36,14 @@ import (
 //
 // With root set, the task also gets a root of its own, assembled at root (a
 // directory on the host, in the task's state directory) between the two
-// steps and entered with pivot_root: see buildRoot. Mount targets are then
+// steps and entered with pivot_root: see buildRoot, buildIsolatedRoot and,
+// for a task whose root is an image, buildImageRoot. Mount targets are then
 // made under it, so a missing top-level target ("/csi", "/local/csi",
 // "/data") lands on the task's own tmpfs instead of the host's disk.
 //
 // prepareNamespace is step 1, and the assembly of the task's root at root
 // when it is set.
-func prepareNamespace(m mounter.Interface, mounts []wire.Mount, root string, iso *wire.Isolation) error {
+func prepareNamespace(m mounter.Interface, mounts []wire.Mount, root string, iso *wire.Isolation, img *wire.ImageRoot) error {
 	var bidi []string
 	for _, mnt := range mounts {
 		if mnt.Propagation != wire.PropagationBidirectional {
@@ -82,6 +83,8 @@ func prepareNamespace(m mounter.Interface, mounts []wire.Mount, root string, iso
 	switch {
 	case root == "":
 		return nil
+	case img != nil:
+		return buildImageRoot(m, root, img, iso)
 	case iso != nil:
 		return buildIsolatedRoot(m, root, iso)
 	default:
@@ -245,12 +248,28 @@ func bindOne(m mounter.Interface, mnt wire.Mount, root string) error {
 			return fmt.Errorf("mount %q: %w", mnt.Source, err)
 		}
 		_ = tf.Close()
-		target = filepath.Join(root, target)
+		// The path OpenTarget walked (in an image, with the image's own
+		// symlinks resolved in the root): none is left on the way.
+		target = tf.Name()
 		if err := m.BindMount(source, target, mnt.ReadOnly, true); err != nil {
 			return fmt.Errorf("mount %q: %w", mnt.Source, err)
 		}
 	} else {
-		target = filepath.Join(root, target)
+		if it, ok := m.(*imageTargets); ok {
+			// An image has no mount point of the host's here: made as above.
+			fi, err := os.Stat(source)
+			if err != nil {
+				return fmt.Errorf("mount %q: %w", mnt.Source, err)
+			}
+			tf, err := it.OpenTarget(root, target, fi.IsDir())
+			if err != nil {
+				return fmt.Errorf("mount %q: %w", mnt.Source, err)
+			}
+			_ = tf.Close()
+			target = tf.Name()
+		} else {
+			target = filepath.Join(root, target)
+		}
 		isMount, err := m.IsMountPoint(target)
 		if err != nil {
 			return fmt.Errorf("mount %q: %w", mnt.Source, err)

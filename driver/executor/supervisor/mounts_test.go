@@ -106,7 +106,7 @@ func boolWord(b bool, word string) string {
 
 // setupMounts is what launchTask does for a task without late mounts.
 func setupMounts(m mounter.Interface, mounts []wire.Mount, root string) error {
-	if err := prepareNamespace(m, mounts, root, nil); err != nil {
+	if err := prepareNamespace(m, mounts, root, nil, nil); err != nil {
 		return err
 	}
 	if err := bindAll(m, mounts, root); err != nil {
@@ -128,7 +128,7 @@ func TestPrepareNamespace_HostMountGoneMeanwhile_Fake(t *testing.T) {
 		mounter.MountPoint{ID: 3, Path: "/deleted", Shared: true, PeerGroup: 3},
 	)
 	f.PropagationErrs = map[string]error{"/gone": unix.EINVAL, "/deleted": unix.ENOENT}
-	must.NoError(t, prepareNamespace(f, nil, "", nil))
+	must.NoError(t, prepareNamespace(f, nil, "", nil, nil))
 	var slaved []string
 	for _, a := range f.GetActions() {
 		if a.Kind == mounter.ActionSetPropagation {
@@ -138,5 +138,5 @@ func TestPrepareNamespace_HostMountGoneMeanwhile_Fake(t *testing.T) {
 	must.SliceContains(t, slaved, "/")
 
 	f.PropagationErrs = map[string]error{"/gone": unix.EPERM}
-	must.ErrorIs(t, prepareNamespace(f, nil, "", nil), unix.EPERM)
+	must.ErrorIs(t, prepareNamespace(f, nil, "", nil, nil), unix.EPERM)
 }

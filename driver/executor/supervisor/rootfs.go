@@ -55,6 +55,11 @@ func buildIsolatedRoot(m mounter.Interface, root string, iso *wire.Isolation) er
 	if err := bindChrootEnv(m, root, iso.ChrootEnv); err != nil {
 		return err
 	}
+	return buildKernelDirs(m, root, iso)
+}
+
+// buildKernelDirs makes an isolated task's /dev, /proc and /sys at root.
+func buildKernelDirs(m mounter.Interface, root string, iso *wire.Isolation) error {
 	if err := buildDev(m, root, iso.PrivateIPC); err != nil {
 		return fmt.Errorf("failed to make the task's /dev: %w", err)
 	}
@@ -148,7 +153,7 @@ func bindReadOnly(m mounter.Interface, src, root, dst string, isDir bool) error 
 // read-only once made (the mounts inside stay writable).
 func buildDev(m mounter.Interface, root string, privateIPC bool) error {
 	dev := filepath.Join(root, "dev")
-	if err := os.Mkdir(dev, 0o755); err != nil {
+	if err := mkdirOrDir(dev, 0o755); err != nil {
 		return err
 	}
 	if err := m.Mount("tmpfs", dev, "tmpfs", unix.MS_NOSUID|unix.MS_NOEXEC, "mode=0755,size=64k"); err != nil {
@@ -204,6 +209,23 @@ func buildDev(m mounter.Interface, root string, privateIPC bool) error {
 	return m.RemountReadOnly(dev, false)
 }
 
+// mkdirOrDir makes the directory path, or takes the one there (an image's
+// /dev, /proc or /sys): never a symlink or anything else.
+func mkdirOrDir(path string, perm os.FileMode) error {
+	err := os.Mkdir(path, perm)
+	if err == nil || !errors.Is(err, os.ErrExist) {
+		return err
+	}
+	fi, err := os.Lstat(path)
+	if err != nil {
+		return err
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("%q exists and is not a directory", path)
+	}
+	return nil
+}
+
 // bindHostDir binds a host directory that may be missing.
 func bindHostDir(m mounter.Interface, src, dst string) error {
 	if _, err := os.Stat(src); errors.Is(err, os.ErrNotExist) {
@@ -220,7 +242,7 @@ func bindHostDir(m mounter.Interface, src, dst string) error {
 // asked.
 func buildProc(m mounter.Interface, root string, privatePID bool) error {
 	proc := filepath.Join(root, "proc")
-	if err := os.Mkdir(proc, 0o555); err != nil {
+	if err := mkdirOrDir(proc, 0o555); err != nil {
 		return err
 	}
 	// hidepid=4 (ptraceable, Linux 5.8) shows a process only to whoever
@@ -273,7 +295,7 @@ func buildProc(m mounter.Interface, root string, privatePID bool) error {
 // kernel that refuses a new sysfs here gets the host's, read-only.
 func buildSys(m mounter.Interface, root string) error {
 	sys := filepath.Join(root, "sys")
-	if err := os.Mkdir(sys, 0o555); err != nil {
+	if err := mkdirOrDir(sys, 0o555); err != nil {
 		return err
 	}
 	flags := uintptr(unix.MS_RDONLY | unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC)

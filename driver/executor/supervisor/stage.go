@@ -198,7 +198,7 @@ func prepareAndExec(cfg *wire.StageConfig) error {
 	if err := os.Chdir("/"); err != nil {
 		return fmt.Errorf("failed to enter the task's root: %w", err)
 	}
-	cred, err := resolveUser(spec.User)
+	cred, err := specCredential(spec)
 	if err != nil {
 		return err
 	}

@@ -53,6 +53,11 @@ type Spec struct {
 	// User is a user name or numeric uid ("" means root), optionally
 	// "user:group".
 	User string `json:"user"`
+	// Credential, when set, is who the task runs as, resolved by the
+	// driver (an image task's user is looked up in the image's
+	// /etc/passwd and /etc/group, never the host's): User is then only
+	// its name in messages.
+	Credential *Credential `json:"credential,omitempty"`
 
 	// StdoutPath and StderrPath are Nomad's log FIFOs (or plain files).
 	StdoutPath string `json:"stdout_path"`
@@ -70,6 +75,10 @@ type Spec struct {
 	// Isolation, when set, keeps the task from the host: see Isolation.
 	// nil gives the task the host's view (a privileged task).
 	Isolation *Isolation `json:"isolation,omitempty"`
+	// Image, when set, makes an image the task's root in place of
+	// Isolation's chroot_env (a task that is not privileged) or of the
+	// host's root (a privileged task): see ImageRoot.
+	Image *ImageRoot `json:"image,omitempty"`
 
 	// NetNS is the path of the network namespace the task runs in (the
 	// group's, that Nomad made); "" keeps the host's network. See netns.go.
@@ -101,6 +110,38 @@ type Spec struct {
 	// memory of the whole driver, whose package initialisation is heavy.
 	Supervisor string `json:"supervisor,omitempty"`
 }
+
+// Credential is a resolved user: uid, primary gid and supplementary gids.
+type Credential struct {
+	UID    uint32   `json:"uid"`
+	GID    uint32   `json:"gid"`
+	Groups []uint32 `json:"groups,omitempty"`
+}
+
+// ImageRoot is a task's root made of an image: an overlay of the image's
+// layers, read-only and shared with every task of the image, under a
+// writable layer of the task's own in its state directory (UpperDir and
+// WorkDir). A task that is not privileged gets it nosuid and nodev, and its
+// /dev, /proc, /sys and /tmp as with chroot_env; a privileged task gets
+// the host's /dev, /sys and /proc and, read-only, /lib/modules.
+type ImageRoot struct {
+	// Layers are the host paths of the image's unpacked layer
+	// directories, lowest (the base) first.
+	Layers []string `json:"layers"`
+	// ReadOnly keeps the root read-only (readonly_rootfs): no writable
+	// layer on disk; the mount points the supervisor makes go to a small
+	// one in memory, and the root is made read-only before the task runs.
+	ReadOnly bool `json:"read_only,omitempty"`
+	// Ref and Digest name the image, for messages.
+	Ref    string `json:"ref,omitempty"`
+	Digest string `json:"digest,omitempty"`
+}
+
+// Directories of an image task's writable layer in Spec.StateDir.
+const (
+	ImageUpperDir = "upper"
+	ImageWorkDir  = "work"
+)
 
 // Isolation is what keeps a task that is not privileged from the host.
 type Isolation struct {
