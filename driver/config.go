@@ -157,7 +157,7 @@ const defaultAllowCapsHCL = `["AUDIT_WRITE","CHOWN","DAC_OVERRIDE","FOWNER","FSE
 
 // taskConfigSpec is the `config` block of a task with `driver = "csi"`.
 var taskConfigSpec = hclspec.NewObject(map[string]*hclspec.Spec{
-	"command": hclspec.NewAttr("command", "string", true),
+	"command": hclspec.NewAttr("command", "string", false),
 	"image":   hclspec.NewAttr("image", "string", false),
 	"auth": hclspec.NewBlock("auth", false, hclspec.NewObject(map[string]*hclspec.Spec{
 		"username": hclspec.NewAttr("username", "string", false),
@@ -174,7 +174,10 @@ var taskConfigSpec = hclspec.NewObject(map[string]*hclspec.Spec{
 	"ipc_mode":   hclspec.NewAttr("ipc_mode", "string", false),
 	"cap_add":    hclspec.NewAttr("cap_add", "list(string)", false),
 	"cap_drop":   hclspec.NewAttr("cap_drop", "list(string)", false),
-	"volume":     volumeSpec,
+	// An image task's root and command (image_root.go).
+	"entrypoint":      hclspec.NewAttr("entrypoint", "list(string)", false),
+	"readonly_rootfs": hclspec.NewAttr("readonly_rootfs", "bool", false),
+	"volume":          volumeSpec,
 	"csi_plugin": hclspec.NewBlock("csi_plugin", false, hclspec.NewObject(map[string]*hclspec.Spec{
 		"id":   hclspec.NewAttr("id", "string", true),
 		"type": hclspec.NewAttr("type", "string", true),
@@ -418,6 +421,10 @@ type TaskConfig struct {
 	IPCMode          string                  `codec:"ipc_mode"`
 	CapAdd           []string                `codec:"cap_add"`
 	CapDrop          []string                `codec:"cap_drop"`
+	// Entrypoint replaces the image's entrypoint; ReadonlyRootfs keeps
+	// the image root read-only (see imageCommand, executor.ImageRoot).
+	Entrypoint     []string `codec:"entrypoint"`
+	ReadonlyRootfs bool     `codec:"readonly_rootfs"`
 }
 
 // PluginTaskConfig is a task's csi_plugin block: the task is a CSI plugin.
@@ -506,8 +513,8 @@ func (p *PluginTaskConfig) healthTimeout() time.Duration {
 // validate checks a task's configuration against the agent's; its errors
 // name the field and say what would be right.
 func (tc *TaskConfig) validate(cfg *Config) error {
-	if strings.TrimSpace(tc.Command) == "" {
-		return fmt.Errorf("command must not be empty: give the program to run, such as \"/bin/sh\"")
+	if err := tc.validateCommand(); err != nil {
+		return err
 	}
 	if tc.WorkDir != "" && !filepath.IsAbs(tc.WorkDir) {
 		return fmt.Errorf("work_dir must be an absolute path, got %q", tc.WorkDir)
@@ -539,6 +546,30 @@ func (tc *TaskConfig) validate(cfg *Config) error {
 	}
 	if tc.Privileged && !cfg.AllowPrivileged {
 		return fmt.Errorf("privileged = true is not allowed on this node: the operator must set allow_privileged = true, and grant the job with a privileged_grant block, in the agent's config for this driver (plugin \"nomad-driver-csi\")")
+	}
+	return nil
+}
+
+// validateCommand checks command, entrypoint and readonly_rootfs: a task
+// without an image names its program; one with an image may leave it to
+// the image (see imageCommand).
+func (tc *TaskConfig) validateCommand() error {
+	if tc.Image == "" {
+		switch {
+		case strings.TrimSpace(tc.Command) == "":
+			return fmt.Errorf("command must not be empty: give the program to run, such as \"/bin/sh\", or an image to run")
+		case len(tc.Entrypoint) > 0:
+			return fmt.Errorf("entrypoint needs an image: without one, give the program as command and its arguments as args")
+		case tc.ReadonlyRootfs:
+			return fmt.Errorf("readonly_rootfs needs an image: a task without one has a read-only root already")
+		}
+		return nil
+	}
+	if tc.Command != "" && strings.TrimSpace(tc.Command) != tc.Command {
+		return fmt.Errorf("command %q has white space around it: give the program alone, and its arguments as args", tc.Command)
+	}
+	if len(tc.Entrypoint) > 0 && strings.TrimSpace(tc.Entrypoint[0]) == "" {
+		return fmt.Errorf("entrypoint's first element must be the program to run, got %q", tc.Entrypoint[0])
 	}
 	return nil
 }

@@ -361,6 +361,7 @@ func (d *Driver) fingerprintLoop(ctx context.Context, ch chan<- *drivers.Fingerp
 
 // StartTask starts a task and returns the handle Nomad stores for recovery.
 func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drivers.DriverNetwork, error) {
+	called := time.Now()
 	if _, ok := d.tasks.Get(cfg.ID); ok {
 		return nil, nil, fmt.Errorf("task with ID %q is already started", cfg.ID)
 	}
@@ -417,11 +418,12 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 		return nil, nil, err
 	}
 	// A task that runs from an image passes its reference and the digest
-	// its manifest resolved to (image.Image.Ref and Digest), pulled
-	// before this check; a task that runs a host binary passes none.
+	// its manifest resolved to (pulled above); a task that runs a host
+	// binary passes none. The check sees the job's environment only: the
+	// image's comes in with its root, next.
 	var ti taskImage
 	if img != nil {
-		ti = taskImage{Ref: img.Ref, Digest: img.Digest}
+		ti = taskImage{Ref: img.Ref, Digest: img.Digest, IndexDigest: img.IndexDigest}
 	}
 	grant, err := authorize(conf, cfg, tc, spec, ti)
 	if err != nil {
@@ -479,7 +481,7 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 		ready := make(chan setup, 1)
 		var writer *volumeWriter
 		if !tc.Privileged {
-			writer = &volumeWriter{user: spec.User, caps: slices.Clone(spec.Capabilities), ambient: slices.Clone(spec.AmbientCapabilities)}
+			writer = &volumeWriter{user: spec.User, cred: spec.Credential, caps: slices.Clone(spec.Capabilities), ambient: slices.Clone(spec.AmbientCapabilities)}
 		}
 		go func() {
 			mounts, err := d.setupVolumes(cfg, reqs, writer)
@@ -553,7 +555,9 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 	h.volumes = len(reqs) > 0
 	h.image = state.Image
 	d.tasks.Set(cfg.ID, h)
-	logger.Info("task started", "pid", p.Pid())
+	// duration is the whole StartTask: an image's pull, the volumes'
+	// set-up and the process's start.
+	logger.Info("task started", "pid", p.Pid(), "duration", time.Since(called).String())
 	return handle, nil, nil
 }
 
@@ -613,16 +617,20 @@ func (d *Driver) buildSpec(conf *Config, cfg *drivers.TaskConfig, tc *TaskConfig
 		// Privileged and plugin tasks keep root.
 		taskUser = "nobody"
 	}
-	// A privileged task runs as root by the operator's grant (authorize):
-	// denied_host_uids and denied_host_gids are for every other task,
-	// plugin tasks included.
-	if isolated {
-		if err := checkHostIDs(conf, userOrRoot(taskUser)); err != nil {
+	// An image task's user is the image's, resolved in the image's own
+	// /etc/passwd and /etc/group, and its ids checked there
+	// (applyImageRoot). A privileged task runs as root by the operator's
+	// grant (authorize): denied_host_uids and denied_host_gids are for
+	// every other task, plugin tasks included.
+	if tc.Image == "" {
+		if isolated {
+			if err := checkHostIDs(conf, userOrRoot(taskUser)); err != nil {
+				return nil, fmt.Errorf("invalid task config: %w", err)
+			}
+		}
+		if err := checkUserGroup(conf, taskUser); err != nil {
 			return nil, fmt.Errorf("invalid task config: %w", err)
 		}
-	}
-	if err := checkUserGroup(conf, taskUser); err != nil {
-		return nil, fmt.Errorf("invalid task config: %w", err)
 	}
 
 	mounts, err := taskMounts(cfg, tc)

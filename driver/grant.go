@@ -148,6 +148,11 @@ type grantSubject struct {
 	// job wrote it and as resolved (the platform manifest's digest); both
 	// "" for a task that runs a host binary.
 	ImageRef, ImageDigest string
+	// ImageIndexDigest is the digest of the multi-platform index
+	// ImageDigest was picked from ("" when the reference named one
+	// manifest): an operator who pinned the index (what a registry shows
+	// for a multi-platform tag) names that one.
+	ImageIndexDigest string
 }
 
 // mismatch says why g does not match s, or "" when it does.
@@ -167,7 +172,7 @@ func (g PrivilegedGrant) mismatch(s grantSubject) string {
 		// Any image a job names is anything at all: a task from an image
 		// is granted only by its digest.
 		return fmt.Sprintf("the task runs from image %q (%s), and the grant names no image: a task from an image needs a grant that names its digest", s.ImageRef, s.ImageDigest)
-	case g.Image != "" && s.ImageDigest != g.digest():
+	case g.Image != "" && s.ImageDigest != g.digest() && (s.ImageIndexDigest == "" || s.ImageIndexDigest != g.digest()):
 		return fmt.Sprintf("the task's image %q resolved to %s, not %s", s.ImageRef, s.ImageDigest, g.digest())
 	case g.Command != "" && s.Command == "" && s.CommandErr != nil:
 		return fmt.Sprintf("the grant is for command %q: %v", g.Command, s.CommandErr)

@@ -1,7 +1,11 @@
 package driver
 
 import (
-	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
 
 	"github.com/hashicorp/nomad/plugins/drivers"
 
@@ -9,13 +13,176 @@ import (
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/image"
 )
 
-// applyImageRoot makes the pulled image the task's root: its layers as
-// the read-only lower layers of an overlay, its configuration as the
-// defaults of the task's command, environment, working directory and
-// user. StartTask calls it after buildSpec for a task with an image.
-//
-// The task root is built on the imgroot branch; until it lands here a task
-// with an image fails rather than run on the host's root.
+// applyImageRoot makes the pulled image img the root of the task whose
+// spec buildSpec made: the overlay of its layers (executor.ImageRoot), and
+// the image's configuration as the defaults of the task's command,
+// environment, working directory and user, overridden as Nomad's docker
+// driver overrides them (imageCommand, imageEnv). The user is resolved in
+// the image's /etc/passwd and /etc/group, and denied_host_uids and
+// denied_host_gids apply to the ids it resolves to; a privileged task must
+// resolve to root.
 func (d *Driver) applyImageRoot(conf *Config, cfg *drivers.TaskConfig, tc *TaskConfig, spec *executor.Spec, img *image.Image) error {
-	return errors.New("image roots are not supported by this build of the driver yet: remove image from the task, or run a build with image roots")
+	if len(img.Layers) == 0 {
+		return fmt.Errorf("image %q has no layers to make a root of", img.Ref)
+	}
+	argv, err := imageCommand(img, tc)
+	if err != nil {
+		return fmt.Errorf("invalid task config: %w", err)
+	}
+	spec.Command, spec.Args = argv[0], argv[1:]
+
+	fs := newLayeredFS(img.Layers)
+	user, def := cfg.User, false
+	if user == "" {
+		user = img.Config.User
+	}
+	if user == "" {
+		// Neither the job nor the image says: the driver's default
+		// (buildSpec's), nobody for a task that is not privileged and no
+		// plugin, root otherwise.
+		user, def = spec.User, true
+	}
+	var u *imageUser
+	switch {
+	case user == "":
+		u = &imageUser{home: "/root"}
+	case def:
+		if u, err = resolveImageUser(fs, user); err != nil {
+			// An image without nobody: the id every distribution gives it.
+			u = &imageUser{cred: executor.Credential{UID: 65534, GID: 65534}, home: "/"}
+		}
+	default:
+		if u, err = resolveImageUser(fs, user); err != nil {
+			return fmt.Errorf("invalid task config: image %q: %w", img.Ref, err)
+		}
+	}
+	if tc.Privileged {
+		// A privileged task runs as root: the operator grants root, and
+		// another user holds none of the powers a privileged task is for.
+		if u.cred.UID != 0 {
+			return fmt.Errorf("invalid task config: a privileged task runs as root, and image %q runs as user %q (uid %d): set user = \"root\" in the task", img.Ref, user, u.cred.UID)
+		}
+	} else if err := checkDeniedIDs(conf, userOrRoot(user), u.cred); err != nil {
+		return fmt.Errorf("invalid task config: %w", err)
+	}
+	spec.User = user
+	cred := u.cred
+	spec.Credential = &cred
+
+	spec.Env = imageEnv(img.Config.Env, nomadEnv(cfg, spec.Env))
+	if !hasEnv(spec.Env, "PATH") {
+		spec.Env = append(spec.Env, "PATH="+defaultTaskPath)
+	}
+	if !hasEnv(spec.Env, "HOME") {
+		spec.Env = append(spec.Env, "HOME="+u.home)
+	}
+	switch {
+	case tc.WorkDir != "":
+		spec.Dir = tc.WorkDir
+	case img.Config.WorkingDir != "":
+		spec.Dir = filepath.Join("/", img.Config.WorkingDir)
+	}
+
+	spec.Image = &executor.ImageRoot{Layers: img.Layers, ReadOnly: tc.ReadonlyRootfs, Ref: img.Ref, Digest: img.Digest}
+	if spec.Isolation != nil {
+		// The image is the task's whole view: none of the host's files.
+		spec.Isolation.ChrootEnv = nil
+	}
+	// The host's resolver configuration and hosts file, read-only, as
+	// Docker gives a container on the host's network (a task's own dns
+	// block, or a mount of the job's, wins; an image whose file is a
+	// symlink keeps its own).
+	for _, f := range []string{hostResolvConf, hostHostsFile} {
+		if slices.ContainsFunc(spec.Mounts, func(m executor.Mount) bool { return m.Target == f }) {
+			continue
+		}
+		if _, err := os.Stat(f); err != nil {
+			continue
+		}
+		// An image whose file is a symlink (to its own resolver's
+		// configuration, say) keeps it: a mount never goes where an
+		// image's symlink leads but inside the image.
+		if link, err := fs.isSymlink(f); err != nil || link {
+			continue
+		}
+		spec.Mounts = append(spec.Mounts, executor.Mount{Source: f, Target: f, ReadOnly: true,
+			Propagation: executor.PropagationPrivate, NoSuid: spec.Isolation != nil, NoDev: spec.Isolation != nil})
+	}
+	return nil
+}
+
+// hostHostsFile is the host's hosts file, an image task's /etc/hosts.
+const hostHostsFile = "/etc/hosts"
+
+// imageCommand is the task's command line from the image's entrypoint and
+// cmd and the task's entrypoint, command and args, as Nomad's docker driver
+// (and Docker under it) combines them:
+//
+//	task entrypoint  task command  task args   runs
+//	-                -             -           image Entrypoint + image Cmd
+//	-                -             A           image Entrypoint + A
+//	-                C             (A)         image Entrypoint + C (+ A)
+//	E                -             -           E   (the image's Cmd is dropped)
+//	E                -             A           E + A
+//	E                C             (A)         E + C (+ A)
+func imageCommand(img *image.Image, tc *TaskConfig) ([]string, error) {
+	var cmd []string
+	switch {
+	case tc.Command != "":
+		cmd = append([]string{tc.Command}, tc.Args...)
+	case len(tc.Args) > 0:
+		cmd = tc.Args
+	case len(tc.Entrypoint) == 0:
+		cmd = img.Config.Cmd
+	}
+	entry := img.Config.Entrypoint
+	if len(tc.Entrypoint) > 0 {
+		entry = tc.Entrypoint
+	}
+	argv := append(append([]string(nil), entry...), cmd...)
+	if len(argv) == 0 || argv[0] == "" {
+		return nil, fmt.Errorf("image %q has no entrypoint or cmd to run: set command (or entrypoint) in the task's config", img.Ref)
+	}
+	return argv, nil
+}
+
+// nomadEnv is the part of env that Nomad gave the task (its env map and
+// device env), with the PATH buildSpec adds when Nomad gives none left out:
+// the image's PATH comes before that default.
+func nomadEnv(cfg *drivers.TaskConfig, env []string) []string {
+	_, nomadPath := cfg.Env["PATH"]
+	if _, ok := cfg.DeviceEnv["PATH"]; ok {
+		nomadPath = true
+	}
+	if nomadPath {
+		return env
+	}
+	out := env[:0:0]
+	for _, kv := range env {
+		if kv != "PATH="+defaultTaskPath {
+			out = append(out, kv)
+		}
+	}
+	return out
+}
+
+// imageEnv is the image's environment under the task's: a variable the
+// task has (from Nomad: the job's env, Nomad's NOMAD_*, the driver's
+// CSI_ENDPOINT) replaces the image's of the same name.
+func imageEnv(image, task []string) []string {
+	keys := make(map[string]bool, len(task))
+	for _, kv := range task {
+		k, _, _ := strings.Cut(kv, "=")
+		keys[k] = true
+	}
+	out := make([]string, 0, len(image)+len(task))
+	for _, kv := range image {
+		k, _, ok := strings.Cut(kv, "=")
+		if !ok || k == "" || keys[k] {
+			continue
+		}
+		keys[k] = true
+		out = append(out, kv)
+	}
+	return append(out, task...)
 }

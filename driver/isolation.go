@@ -134,15 +134,22 @@ func inRanges(ranges []idRange, id uint64) bool {
 	return false
 }
 
+// deniedIDs are denied_host_uids and denied_host_gids parsed.
+func (c *Config) deniedIDs() (uids, gids []idRange, err error) {
+	if uids, err = parseIDRanges("denied_host_uids", c.DeniedHostUIDs); err != nil {
+		return nil, nil, err
+	}
+	if gids, err = parseIDRanges("denied_host_gids", c.DeniedHostGIDs); err != nil {
+		return nil, nil, err
+	}
+	return uids, gids, nil
+}
+
 // checkHostIDs refuses a task user whose uid, or one of whose groups, the
 // operator denied, as Nomad's exec driver does. name is a user name or
 // uid, optionally with ":group".
 func checkHostIDs(conf *Config, name string) error {
-	uids, err := parseIDRanges("denied_host_uids", conf.DeniedHostUIDs)
-	if err != nil {
-		return err
-	}
-	gids, err := parseIDRanges("denied_host_gids", conf.DeniedHostGIDs)
+	uids, gids, err := conf.deniedIDs()
 	if err != nil {
 		return err
 	}

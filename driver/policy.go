@@ -19,7 +19,10 @@ import (
 // taskImage is the image a task starts from: the reference as the job
 // wrote it and the digest of the manifest it resolved to for the node's
 // platform. Both are "" for a task that runs a host binary.
-type taskImage struct{ Ref, Digest string }
+// taskImage is the image a task starts from: its reference as the job
+// wrote it, the digest of its manifest for this node's platform and, when
+// the reference named a multi-platform index, the index's digest.
+type taskImage struct{ Ref, Digest, IndexDigest string }
 
 // authorize applies the operator's word to a task that is starting, before
 // anything is set up for it:
@@ -37,7 +40,7 @@ type taskImage struct{ Ref, Digest string }
 // errors name the key or the grant to add.
 func authorize(conf *Config, cfg *drivers.TaskConfig, tc *TaskConfig, spec *executor.Spec, img taskImage) (*PrivilegedGrant, error) {
 	job := jobOf(cfg)
-	s := grantSubject{Namespace: job.namespace, Job: job.id, ImageRef: img.Ref, ImageDigest: img.Digest}
+	s := grantSubject{Namespace: job.namespace, Job: job.id, ImageRef: img.Ref, ImageDigest: img.Digest, ImageIndexDigest: img.IndexDigest}
 	if tc.CSIPlugin != nil {
 		s.PluginID = tc.CSIPlugin.ID
 	} else if id, ok := nomadPluginID(cfg); ok {

@@ -437,7 +437,7 @@ func (d *Driver) checkVolumes(cfg *drivers.TaskConfig, tc *TaskConfig, spec *exe
 	// a volume on this node owns it (allow_cross_namespace_volumes lets
 	// others in).
 	ns := jobOf(cfg).namespace
-	group, err := taskGroup(spec.User)
+	group, err := specGroup(spec)
 	if err != nil {
 		return nil, err
 	}

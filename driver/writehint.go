@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/csihook"
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor"
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/taskuser"
 )
 
@@ -41,6 +42,9 @@ import (
 // capabilities that user holds after exec.
 type volumeWriter struct {
 	user string
+	// cred is the credential the driver resolved for an image task (nil:
+	// user is looked up on the host).
+	cred *executor.Credential
 	// caps is the task's capability set, which a root task holds;
 	// ambient what a task of another user holds (its cap_add).
 	caps, ambient []string
@@ -154,7 +158,7 @@ func writableFileSystem(req csihook.VolumeRequest) bool {
 // task w cannot write. Only tasks that are not privileged are checked.
 func (d *Driver) hintUnwritable(emit func(msg string, annotations map[string]string), reqs []csihook.VolumeRequest,
 	pubs []csihook.Published, w volumeWriter) {
-	cred, err := taskuser.Resolve(w.user)
+	cred, err := credentialOf(w.user, w.cred)
 	if err != nil {
 		return // the supervisor reports the user
 	}
