@@ -25,7 +25,8 @@ import (
 // capabilities, or write it once no process runs it.
 //
 // The service task watches its /proc for a process whose executable is not
-// one of its own programs (sh, perl, sleep) for $1 seconds, opens that
+// one of its own programs (sh, perl, sleep; busybox in an image) for $1
+// seconds, opens that
 // executable, and tries to open it for writing and to set its sticky bit; meanwhile the test runs "/proc/self/exe help" with
 // "nomad alloc exec" until the task says it tried. The host's driver
 // binary and supervisor shims must keep their modes.
@@ -40,7 +41,7 @@ while (!$got && time < $deadline) {
   for my $p (readdir $d) {
     next unless $p =~ /^\d+$/ && $p != $$;
     my $l = readlink("/proc/$p/exe");
-    next unless defined $l && $l !~ m{/(sh|dash|bash|perl[0-9.]*|sleep)$};
+    next unless defined $l && $l !~ m{/(sh|dash|bash|perl[0-9.]*|sleep|busybox)$};
     open(my $f, "<", "/proc/$p/exe") or next;
     ($got, $pid, $link) = ($f, $p, $l);
     last;

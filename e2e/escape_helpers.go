@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -46,7 +47,12 @@ type escJob struct {
 	Volumes  []VolSpec
 	Prestart string // when set, a prestart task "prestart" runs this script first, as User on Driver
 	PidMode  string // the task's pid_mode ("" leaves it unset: private)
+	Image    string // the task's image ("": none, the chroot_env root)
 }
+
+// escImages maps an agent to the image its attackers run from (see
+// TestEscapeImage): escRun gives it to every job on the driver under test.
+var escImages sync.Map
 
 func (j escJob) vars() map[string]string {
 	v := map[string]string{
@@ -57,6 +63,7 @@ func (j escJob) vars() map[string]string {
 		"Args":     volHCLList(j.Args),
 		"Prestart": "",
 		"PidMode":  j.PidMode,
+		"Image":    j.Image,
 	}
 	if v["Type"] == "" {
 		v["Type"] = "batch"

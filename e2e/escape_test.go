@@ -59,30 +59,8 @@ func TestEscape(t *testing.T) {
 	t.Cleanup(func() { volFinalCheck(t, a) })
 	e := &escEnv{a: a, fx: a.StartVolFixture(t, "escape", VolFixtureOptions{}), fixture: fixture}
 
-	attacks := []struct {
-		name string
-		run  func(t *testing.T, e *escEnv, user string)
-	}{
-		{"host_file_write", escHostWrite},
-		{"mknod_block_device", escMknod},
-		{"host_processes", escHostProcesses},
-		{"driver_state_and_secrets", escReadState},
-		{"read_only_volume_write", escReadOnlyVolume},
-		{"spec_rewrite_then_alloc_exec", escSpecRewrite},
-		{"leave_cgroup", escLeaveCgroup},
-		{"destination_on_host", escDestination},
-		{"destination_through_symlink", escSymlinkDestination},
-		{"host_keyring", escKeyring},
-		{"user_namespace", escUserNamespace},
-		{"join_user_namespace", escJoinUserNamespace},
-		{"host_binary_through_proc_exe", escExe},
-		{"supervisor_and_descriptors", escSupervisor},
-		{"kernel_interfaces", escKernel},
-		{"log_rotation_symlink", escLogRotation},
-		{"identity_token_symlink", escIdentityToken},
-	}
 	users := []struct{ name, user string }{{"user_unset", ""}, {"user_root", "root"}}
-	for _, at := range attacks {
+	for _, at := range escAttacks {
 		t.Run(at.name, func(t *testing.T) {
 			t.Parallel()
 			for _, u := range users {
@@ -110,12 +88,41 @@ func TestEscape(t *testing.T) {
 	})
 }
 
+// escAttacks are the attacks TestEscape runs as user unset and as root,
+// and TestEscapeImage from a task whose root is an image.
+var escAttacks = []struct {
+	name string
+	run  func(t *testing.T, e *escEnv, user string)
+}{
+	{"host_file_write", escHostWrite},
+	{"mknod_block_device", escMknod},
+	{"host_processes", escHostProcesses},
+	{"driver_state_and_secrets", escReadState},
+	{"read_only_volume_write", escReadOnlyVolume},
+	{"spec_rewrite_then_alloc_exec", escSpecRewrite},
+	{"leave_cgroup", escLeaveCgroup},
+	{"destination_on_host", escDestination},
+	{"destination_through_symlink", escSymlinkDestination},
+	{"host_keyring", escKeyring},
+	{"user_namespace", escUserNamespace},
+	{"join_user_namespace", escJoinUserNamespace},
+	{"host_binary_through_proc_exe", escExe},
+	{"supervisor_and_descriptors", escSupervisor},
+	{"kernel_interfaces", escKernel},
+	{"log_rotation_symlink", escLogRotation},
+	{"identity_token_symlink", escIdentityToken},
+}
+
 // escRun runs an attack job on the driver under test (unless the job
 // names its driver) and stops and purges it when the test ends.
 func escRun(t *testing.T, a *Agent, j escJob) Job {
 	t.Helper()
 	if j.Driver == "" {
 		j.Driver = testDriver
+		// The attackers of TestEscapeImage run from its image.
+		if img, ok := escImages.Load(a); ok && j.Image == "" {
+			j.Image = img.(string)
+		}
 	}
 	job := a.RunJob(t, "escape-task", j.vars())
 	t.Cleanup(func() { a.stopJobs([]string{job.ID}, escTimeout) })

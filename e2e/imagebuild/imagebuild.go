@@ -114,7 +114,8 @@ func Layer(entries ...Entry) (v1.Layer, error) {
 	if err != nil {
 		return nil, err
 	}
-	return tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil })
+	return tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil },
+		tarball.WithMediaType(types.OCILayer))
 }
 
 // HostFiles copies files of this host into entries: copy maps a path in the
@@ -254,7 +255,9 @@ func Build(spec Spec, layers ...v1.Layer) (v1.Image, error) {
 	if err != nil {
 		return nil, err
 	}
-	return mutate.MediaType(img, types.OCIManifestSchema1), nil
+	// An OCI manifest names an OCI configuration and OCI layers: Podman
+	// (containers/image) refuses a Docker configuration in one.
+	return mutate.ConfigMediaType(mutate.MediaType(img, types.OCIManifestSchema1), types.OCIConfigJSON), nil
 }
 
 // Index makes a multi-platform index of images, each under the platform

@@ -3,6 +3,7 @@
 # attack's shell script (Vars.Script, written in e2e/escape_test.go) with
 # /bin/sh -c, $0 "escape" and Vars.Args as $1..., on the driver Vars.Driver,
 # as Vars.User (unset when empty), with the CSI volumes the test rendered.
+# With Vars.Image, the task runs from that image (TestEscapeImage).
 # With Vars.Prestart, a prestart task "prestart" runs that script to its end
 # first, as the same user on the same driver. It never restarts nor
 # reschedules, so a failure stays visible.
@@ -54,6 +55,9 @@ job "{{.JobID}}" {
 {{- end}}
 
       config {
+{{- if .Vars.Image}}
+        image    = "{{.Vars.Image}}"
+{{- end}}
         command  = "/bin/sh"
         args     = concat(["-c", {{.Vars.Script}}, "escape"], {{.Vars.Args}})
 {{- if .Vars.PidMode}}
