@@ -134,41 +134,13 @@ func tnRunOne(b *testing.B, a *e2e.Agent, s string) time.Duration {
 	tnNoErr(b, err)
 	t0, err := a.SubmitRendered(job)
 	tnNoErr(b, err)
-	started := tnWaitRunning(b, a, job.ID, 2*time.Minute)
+	started, _ := waitTaskRunning(b, a, job.ID, "t", 2*time.Minute)
 	tnNoErr(b, a.StopWaitPurge(job.ID, true, time.Minute))
 	if strings.HasPrefix(s, "native") {
 		_, err := a.WaitNativeVolumeReleased("bench-native", time.Minute)
 		tnNoErr(b, err)
 	}
 	return started.Sub(t0)
-}
-
-// tnWaitRunning waits for the job's task "t" to run and returns its
-// StartedAt; an allocation that ends first fails the benchmark.
-func tnWaitRunning(b *testing.B, a *e2e.Agent, jobID string, timeout time.Duration) time.Time {
-	b.Helper()
-	deadline := time.Now().Add(timeout)
-	for time.Now().Before(deadline) {
-		allocs, err := a.JobAllocations(jobID)
-		if err == nil {
-			for _, al := range allocs {
-				if e2e.IsTerminal(al.ClientStatus) {
-					b.Fatalf("allocation of %s ended while starting:\n%s", jobID, a.Allocation(b, al.ID).Describe())
-				}
-				if ts := al.TaskStates["t"]; ts != nil && ts.State == "running" && !ts.StartedAt.IsZero() {
-					return ts.StartedAt
-				}
-			}
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	allocs, _ := a.JobAllocations(jobID)
-	desc := "no allocation"
-	if len(allocs) > 0 {
-		desc = a.Allocation(b, allocs[0].ID).Describe()
-	}
-	b.Fatalf("job %s: task not running after %v:\n%s", jobID, timeout, desc)
-	return time.Time{}
 }
 
 func tnWaitAttr(a *e2e.Agent, key, want string, timeout time.Duration) error {

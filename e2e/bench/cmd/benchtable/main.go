@@ -101,6 +101,16 @@ var rows = []row{
 		num: []string{"native-ms"}, numAs: "native", den: []string{"driver-ms"}, denAs: "driver-managed", unit: "ms"},
 	{label: "drain of a client with 3 workloads: with a driver-managed volume each vs without", bench: "ClusterDrain",
 		num: []string{"drain-volumes-ms"}, numAs: "with volumes", den: []string{"drain-plain-ms"}, denAs: "without", unit: "ms"},
+	{label: "CSI plugin task from its image, warm: StartTask vs podman run --privileged -d (target ≤ 0.3)", bench: "ImageStart",
+		num: []string{"warm-start-ms"}, numAs: "csi", den: []string{"podman-run-ms"}, denAs: "podman run", unit: "ms"},
+	{label: "CSI plugin task from its image, cold: StartTask (pull + unpack + start) vs podman pull + run (target ≤ 0.8)", bench: "ImageStart",
+		num: []string{"cold-start-ms"}, numAs: "csi", den: []string{"podman-pull-run-ms"}, denAs: "podman pull + run", unit: "ms"},
+	{label: "CSI plugin task StartTask: warm image vs host binary (target ≤ 1.2)", bench: "ImageStart",
+		num: []string{"warm-start-ms"}, numAs: "image", den: []string{"binary-start-ms"}, denAs: "binary", unit: "ms"},
+	{label: "submit → running, CSI plugin task: warm image vs host binary", bench: "ImageStart",
+		num: []string{"warm-run-ms"}, numAs: "image", den: []string{"binary-run-ms"}, denAs: "binary", unit: "ms"},
+	{label: "image store, two images sharing their base layer: bytes stored vs the images' sizes summed", bench: "ImageStart",
+		num: []string{"store-MiB"}, numAs: "stored", den: []string{"images-sum-MiB"}, denAs: "summed", unit: "MiB"},
 }
 
 // order is the order the benchmarks run in; others follow by name.
