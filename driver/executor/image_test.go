@@ -23,6 +23,10 @@ var (
 	shimErr  error
 )
 
+// shimBuildTags are the build tags of this test binary that the shim must
+// share (see shimtags_nocontrollers_test.go).
+var shimBuildTags = ""
+
 // staticShim builds the supervisor shim as make dev does (static, no cgo)
 // once per test binary: an image task's seccomp stage is the supervisor's
 // binary run inside the image, which has no dynamic loader of the host's.
@@ -41,7 +45,7 @@ func staticShim(t *testing.T) string {
 		}
 		shimPath = filepath.Join(dir, "shim")
 		_, self, _, _ := runtime.Caller(0)
-		cmd := exec.Command(goBin, "build", "-o", shimPath, "./shim")
+		cmd := exec.Command(goBin, "build", "-tags", shimBuildTags, "-o", shimPath, "./shim")
 		cmd.Dir = filepath.Dir(self)
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
