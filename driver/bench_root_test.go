@@ -17,6 +17,7 @@ import (
 	"github.com/shoenig/test/must"
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/csihook"
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor/shimtest"
 )
 
 // BenchmarkStartTaskWithVolume measures what the issue calls volume task
@@ -164,12 +165,7 @@ func newStartBench(b *testing.B, tweak ...func(*Config)) *startBench {
 	requireRoot(b)
 	fixture := buildFixture(b)
 	// Supervisors run from the shim, built fresh, as make dev builds it.
-	shim := filepath.Join(shortTempDir(b), shimName)
-	build := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", shim, "github.com/nomad-driver-csi/nomad-driver-csi/driver/executor/shim")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	out, err := build.CombinedOutput()
-	must.NoError(b, err, must.Sprintf("go build: %s", out))
-	shimData, err := os.ReadFile(shim)
+	shimData, err := os.ReadFile(shimtest.Build(b, ""))
 	must.NoError(b, err)
 	shimSource = fstest.MapFS{"shimbin/" + shimName: {Data: shimData}}
 	b.Cleanup(func() { shimSource = fstest.MapFS{} })

@@ -106,27 +106,30 @@ func TestIsolation_StageSysAdminUserns_Root(t *testing.T) {
 	script := `if /usr/bin/unshare -U true 2>/dev/null; then echo unshare=ok; else echo unshare=refused; fi
 echo "filters=$(grep Seccomp_filters /proc/self/status | tr -d ' \t' | cut -d: -f2)"`
 	withAdmin := append(append([]string{}, DefaultCapabilities...), "CAP_SYS_ADMIN")
-	for _, tc := range []struct {
-		name    string
-		user    string
-		caps    []string
-		ambient []string
-		unshare string
-		filters string
-	}{
-		{"root default", "root", DefaultCapabilities, nil, "refused", "2"},
-		{"root sys_admin", "root", withAdmin, nil, "ok", "1"},
-		{"nobody default", "nobody", withAdmin, nil, "refused", "2"},
-		{"nobody ambient sys_admin", "nobody", withAdmin, []string{"CAP_SYS_ADMIN"}, "ok", "1"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			tt := isolatedSpec(t, script)
-			tt.spec.User = tc.user
-			tt.spec.Capabilities = tc.caps
-			tt.spec.AmbientCapabilities = tc.ambient
-			got := runLines(t, tt)
-			must.Eq(t, tc.unshare, got["unshare"])
-			must.Eq(t, tc.filters, got["filters"])
-		})
-	}
+	withEachStage(t, func(t *testing.T, supervisor string) {
+		for _, tc := range []struct {
+			name    string
+			user    string
+			caps    []string
+			ambient []string
+			unshare string
+			filters string
+		}{
+			{"root default", "root", DefaultCapabilities, nil, "refused", "2"},
+			{"root sys_admin", "root", withAdmin, nil, "ok", "1"},
+			{"nobody default", "nobody", withAdmin, nil, "refused", "2"},
+			{"nobody ambient sys_admin", "nobody", withAdmin, []string{"CAP_SYS_ADMIN"}, "ok", "1"},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				tt := isolatedSpec(t, script)
+				tt.spec.Supervisor = supervisor
+				tt.spec.User = tc.user
+				tt.spec.Capabilities = tc.caps
+				tt.spec.AmbientCapabilities = tc.ambient
+				got := runLines(t, tt)
+				must.Eq(t, tc.unshare, got["unshare"])
+				must.Eq(t, tc.filters, got["filters"])
+			})
+		}
+	})
 }

@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/cgroups"
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor/shimtest"
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor/supervisor"
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor/wire"
 )
@@ -55,6 +56,16 @@ func runStartHelper(path string) int {
 }
 
 var testSeq atomic.Int64
+
+// withEachStage runs f with each seccomp stage a task that is not
+// privileged can start from: the Go stage (the test binary as the
+// supervisor, supervisor "") and the shim's entry point, which runs before
+// the Go runtime (the shim as make dev builds it).
+func withEachStage(t *testing.T, f func(t *testing.T, supervisor string)) {
+	t.Helper()
+	t.Run("go stage", func(t *testing.T) { f(t, "") })
+	t.Run("shim entry", func(t *testing.T) { f(t, shimtest.Build(t, "")) })
+}
 
 // requireTaskRoot skips tests that start real tasks unless they can: they
 // need root (mount namespaces, cgroups, setuid) and usable cgroups.

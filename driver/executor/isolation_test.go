@@ -152,10 +152,13 @@ func TestIsolation_InheritedDescriptors_Root(t *testing.T) {
 	fd, err := unix.Open(secret, unix.O_RDONLY|unix.O_DIRECTORY, 0) // no O_CLOEXEC
 	must.NoError(t, err)
 	t.Cleanup(func() { _ = unix.Close(fd) })
-	tt := isolatedSpec(t, `echo "fds=$(ls /proc/self/fd | tr '\n' ' ')"`)
-	got := runLines(t, tt)
-	// 0-2, and the descriptor ls opens on /proc/self/fd itself.
-	must.Eq(t, "0 1 2 3", strings.TrimSpace(got["fds"]), must.Sprintf("descriptor %d leaked into the task", fd))
+	withEachStage(t, func(t *testing.T, supervisor string) {
+		tt := isolatedSpec(t, `echo "fds=$(ls /proc/self/fd | tr '\n' ' ')"`)
+		tt.spec.Supervisor = supervisor
+		got := runLines(t, tt)
+		// 0-2, and the descriptor ls opens on /proc/self/fd itself.
+		must.Eq(t, "0 1 2 3", strings.TrimSpace(got["fds"]), must.Sprintf("descriptor %d leaked into the task", fd))
+	})
 }
 
 // seccompScript prints, for each call the seccomp filter refuses and one it
@@ -214,47 +217,52 @@ func TestIsolation_Seccomp_Root(t *testing.T) {
 	if _, err := os.Stat("/usr/bin/perl"); err != nil {
 		t.Skip("test makes its calls with /usr/bin/perl, which this host lacks")
 	}
-	tt := isolatedSpec(t, seccompScript())
-	// The task's environment reaches the command, not the stage: a stage
-	// that took GODEBUG=inittrace=1 would print its Go runtime's
-	// initialisation on the task's stderr.
-	tt.spec.Env = append(tt.spec.Env, "GODEBUG=inittrace=1")
-	got := runLines(t, tt)
-	must.Eq(t, "hunter2", got["secret"], must.Sprint("the task's environment reaches the command"))
-	must.Eq(t, "inittrace=1", got["godebug"])
-	must.StrNotContains(t, readFile(t, tt.stderr), "init ", must.Sprint("the stage ran with the task's GODEBUG"))
-	// The launching thread's filter and the stage's.
-	must.Eq(t, "2", got["filters"])
-	eperm, enosys := strconv.Itoa(int(unix.EPERM)), strconv.Itoa(int(unix.ENOSYS))
-	must.Eq(t, eperm, got["keyctl"], must.Sprint("keyctl is refused"))
-	must.Eq(t, enosys, got["io_uring"], must.Sprint("io_uring_setup is refused"))
-	must.Eq(t, eperm, got["userfaultfd"], must.Sprint("userfaultfd is refused"))
-	must.Eq(t, eperm, got["perf"], must.Sprint("perf_event_open is refused"))
-	must.Eq(t, eperm, got["bpf"], must.Sprint("bpf is refused"))
-	must.Eq(t, "ok", got["getpid"])
-	must.Eq(t, eperm, got["unshare_user"], must.Sprint("a user namespace is refused"))
-	must.Eq(t, enosys, got["clone3"], must.Sprint("clone3 is refused"))
-	must.Eq(t, "refused", got["unshare_cmd"], must.Sprint("unshare -U works in the task"))
-	must.Eq(t, eperm, got["clone_user"], must.Sprint("clone(CLONE_NEWUSER) is refused"))
-	must.Eq(t, eperm, got["setns"], must.Sprint("setns is refused"))
+	withEachStage(t, func(t *testing.T, supervisor string) {
+		tt := isolatedSpec(t, seccompScript())
+		tt.spec.Supervisor = supervisor
+		// The task's environment reaches the command, not the stage: a stage
+		// that took GODEBUG=inittrace=1 would print its Go runtime's
+		// initialisation on the task's stderr.
+		tt.spec.Env = append(tt.spec.Env, "GODEBUG=inittrace=1")
+		got := runLines(t, tt)
+		must.Eq(t, "hunter2", got["secret"], must.Sprint("the task's environment reaches the command"))
+		must.Eq(t, "inittrace=1", got["godebug"])
+		must.StrNotContains(t, readFile(t, tt.stderr), "init ", must.Sprint("the stage ran with the task's GODEBUG"))
+		// The launching thread's filter and the stage's.
+		must.Eq(t, "2", got["filters"])
+		eperm, enosys := strconv.Itoa(int(unix.EPERM)), strconv.Itoa(int(unix.ENOSYS))
+		must.Eq(t, eperm, got["keyctl"], must.Sprint("keyctl is refused"))
+		must.Eq(t, enosys, got["io_uring"], must.Sprint("io_uring_setup is refused"))
+		must.Eq(t, eperm, got["userfaultfd"], must.Sprint("userfaultfd is refused"))
+		must.Eq(t, eperm, got["perf"], must.Sprint("perf_event_open is refused"))
+		must.Eq(t, eperm, got["bpf"], must.Sprint("bpf is refused"))
+		must.Eq(t, "ok", got["getpid"])
+		must.Eq(t, eperm, got["unshare_user"], must.Sprint("a user namespace is refused"))
+		must.Eq(t, enosys, got["clone3"], must.Sprint("clone3 is refused"))
+		must.Eq(t, "refused", got["unshare_cmd"], must.Sprint("unshare -U works in the task"))
+		must.Eq(t, eperm, got["clone_user"], must.Sprint("clone(CLONE_NEWUSER) is refused"))
+		must.Eq(t, eperm, got["setns"], must.Sprint("setns is refused"))
 
-	// A task given PERFMON may open perf events: the kernel answers it (an
-	// error for the zeroed attribute here, but not the filter's EPERM).
-	perf := isolatedSpec(t, seccompScript())
-	perf.spec.Capabilities = append(append([]string(nil), DefaultCapabilities...), "PERFMON")
-	got = runLines(t, perf)
-	must.NotEq(t, eperm, got["perf"], must.Sprint("a task holding PERFMON is refused perf_event_open"))
-	must.Eq(t, eperm, got["keyctl"], must.Sprint("keyctl is refused whatever the capabilities"))
+		// A task given PERFMON may open perf events: the kernel answers it (an
+		// error for the zeroed attribute here, but not the filter's EPERM).
+		perf := isolatedSpec(t, seccompScript())
+		perf.spec.Supervisor = supervisor
+		perf.spec.Capabilities = append(append([]string(nil), DefaultCapabilities...), "PERFMON")
+		got = runLines(t, perf)
+		must.NotEq(t, eperm, got["perf"], must.Sprint("a task holding PERFMON is refused perf_event_open"))
+		must.Eq(t, eperm, got["keyctl"], must.Sprint("keyctl is refused whatever the capabilities"))
 
-	priv := newTestSpec(t, "/bin/sh", "-c", seccompScript())
-	got = runLines(t, priv)
-	must.Eq(t, "ok", got["keyctl"], must.Sprint("a privileged task is not filtered"))
-	must.Eq(t, "ok", got["getpid"])
-	must.Eq(t, "ok", got["unshare_user"], must.Sprint("a privileged task makes user namespaces"))
-	must.Eq(t, "ok", got["unshare_cmd"])
-	must.Eq(t, "ok", got["clone_user"])
-	must.Eq(t, strconv.Itoa(int(unix.EINVAL)), got["setns"], must.Sprint("the kernel's own answer to setns into one's own user namespace"))
-	must.Eq(t, "0", got["filters"])
+		priv := newTestSpec(t, "/bin/sh", "-c", seccompScript())
+		priv.spec.Supervisor = supervisor
+		got = runLines(t, priv)
+		must.Eq(t, "ok", got["keyctl"], must.Sprint("a privileged task is not filtered"))
+		must.Eq(t, "ok", got["getpid"])
+		must.Eq(t, "ok", got["unshare_user"], must.Sprint("a privileged task makes user namespaces"))
+		must.Eq(t, "ok", got["unshare_cmd"])
+		must.Eq(t, "ok", got["clone_user"])
+		must.Eq(t, strconv.Itoa(int(unix.EINVAL)), got["setns"], must.Sprint("the kernel's own answer to setns into one's own user namespace"))
+		must.Eq(t, "0", got["filters"])
+	})
 }
 
 // A command run in a task that is not privileged (nomad alloc exec) runs
@@ -292,17 +300,20 @@ func TestIsolation_SeccompStageExecError_Root(t *testing.T) {
 	requireTaskRoot(t)
 	vol := t.TempDir()
 	must.NoError(t, os.WriteFile(vol+"/notaprogram", []byte("\x00\x01\x02 not an executable\n"), 0o755))
-	tt := isolatedSpec(t, "")
-	tt.spec.Command, tt.spec.Args = "/vol/notaprogram", nil
-	tt.spec.LateMounts = []Mount{{Target: "/vol"}}
-	p, err := Start(hclog.NewNullLogger(), tt.spec, func() ([]Mount, error) {
-		return []Mount{{Source: vol, Target: "/vol"}}, nil
+	withEachStage(t, func(t *testing.T, supervisor string) {
+		tt := isolatedSpec(t, "")
+		tt.spec.Supervisor = supervisor
+		tt.spec.Command, tt.spec.Args = "/vol/notaprogram", nil
+		tt.spec.LateMounts = []Mount{{Target: "/vol"}}
+		p, err := Start(hclog.NewNullLogger(), tt.spec, func() ([]Mount, error) {
+			return []Mount{{Source: vol, Target: "/vol"}}, nil
+		})
+		if err == nil {
+			_ = p.Kill()
+			_ = p.Destroy()
+			t.Fatal("a command that is no program started")
+		}
+		must.StrContains(t, err.Error(), `failed to execute "/vol/notaprogram"`)
+		must.StrContains(t, err.Error(), "exec format error")
 	})
-	if err == nil {
-		_ = p.Kill()
-		_ = p.Destroy()
-		t.Fatal("a command that is no program started")
-	}
-	must.StrContains(t, err.Error(), `failed to execute "/vol/notaprogram"`)
-	must.StrContains(t, err.Error(), "exec format error")
 }

@@ -121,7 +121,8 @@ out=build/cgroup2
 mkdir -p "$out/plugins"
 if [ -z "$short" ]; then
   say "building the driver and its supervisor shim into $out"
-  CGO_ENABLED=0 go build -tags "$tags" -trimpath -ldflags "-s -w" -o "$out/nomad-driver-csi-shim" ./driver/executor/shim
+  # With the seccomp stage's entry point, as make dev builds it.
+  CGO_ENABLED=0 go build -tags "$tags" -trimpath -ldflags "-s -w -E github.com/nomad-driver-csi/nomad-driver-csi/driver/executor/supervisor.stageEntry" -o "$out/nomad-driver-csi-shim" ./driver/executor/shim
   # The driver embeds driver/shimbin/nomad-driver-csi-shim; the overlay makes
   # it embed this build's shim without touching the source tree.
   printf '{"Replace":{"%s":"%s"}}\n' "$repo/driver/shimbin/nomad-driver-csi-shim" "$repo/$out/nomad-driver-csi-shim" >"$out/overlay.json"

@@ -1,6 +1,7 @@
 package supervisor
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -444,7 +445,7 @@ func forkTask(m mounter.Interface, spec *wire.Spec, attr *syscall.SysProcAttr, r
 		}
 		defer r.Close()
 		defer w.Close()
-		envFile, err := stageEnv(env)
+		envFile, err := stageFile(env)
 		if err != nil {
 			return nil, err
 		}
@@ -468,7 +469,7 @@ func forkTask(m mounter.Interface, spec *wire.Spec, attr *syscall.SysProcAttr, r
 		return nil, fmt.Errorf("failed to execute %q: %w", path, err)
 	}
 	if stageErr != nil {
-		if err := stageAnswer(stageErr, cmd.ExtraFiles[1]); err != nil {
+		if err := stageAnswer(stageErr, cmd.ExtraFiles[1], path); err != nil {
 			killStarted(cmd)
 			return nil, err
 		}
@@ -481,9 +482,10 @@ var stageTimeout = time.Minute
 
 // stageAnswer reads what the seccomp stage says on its error pipe: the
 // ready byte and EOF when it executed the command, an error otherwise
-// (what it wrote, or that it ended or hung before the exec). w is the
-// pipe's write end, closed here so that EOF can come.
-func stageAnswer(r, w *os.File) error {
+// (what it wrote, the errno of its exec of path, or that it ended or hung
+// before the exec). w is the pipe's write end, closed here so that EOF can
+// come.
+func stageAnswer(r, w *os.File, path string) error {
 	_ = w.Close()
 	if err := r.SetReadDeadline(time.Now().Add(stageTimeout)); err != nil {
 		return fmt.Errorf("failed to bound the wait for the seccomp stage: %w", err)
@@ -499,31 +501,82 @@ func stageAnswer(r, w *os.File) error {
 	case len(msg) == 0:
 		return errors.New("the seccomp stage ended before it started the command (its reason, if any, is in the task's stderr)")
 	}
+	if rest, ok := strings.CutPrefix(string(msg), wire.SeccompReady+wire.SeccompExecFailed); ok && len(rest) == 2 {
+		errno := syscall.Errno(binary.LittleEndian.Uint16([]byte(rest)))
+		return fmt.Errorf("failed to execute %q: %w", path, errno)
+	}
 	return errors.New(strings.TrimPrefix(string(msg), wire.SeccompReady))
 }
 
-// stageEnv is the task's environment in a memory file, for the seccomp
-// stage (wire.SeccompEnvFD): never in its own environment or arguments.
-func stageEnv(env []string) (*os.File, error) {
-	fd, err := unix.MemfdCreate("nomad-task-env", unix.MFD_CLOEXEC)
+// stageFile is the seccomp stage's memory file (wire.SeccompEnvFD): the
+// user namespace rules, which the stage attaches unless it holds
+// CAP_SYS_ADMIN, and the task's environment, handed to the command alone
+// (never in the stage's own environment or arguments). It is sealed: no
+// process that reaches the descriptor can change what the stage reads.
+func stageFile(env []string) (*os.File, error) {
+	prog, err := seccompProgram(usernsList(0))
+	if err != nil {
+		return nil, err
+	}
+	fd, err := unix.MemfdCreate("nomad-task-env", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 	if err != nil {
 		return nil, fmt.Errorf("failed to make the seccomp stage's environment file: %w", err)
 	}
 	f := os.NewFile(uintptr(fd), "nomad-task-env")
-	var b strings.Builder
+	size := 8 + 8*len(prog)
 	for _, kv := range env {
-		b.WriteString(kv)
-		b.WriteByte(0)
+		size += len(kv) + 1
 	}
-	if _, err := io.WriteString(f, b.String()); err != nil {
+	b := make([]byte, 8, size)
+	binary.LittleEndian.PutUint64(b, uint64(len(prog)))
+	for _, in := range prog {
+		b = binary.LittleEndian.AppendUint16(b, in.Code)
+		b = append(b, in.Jt, in.Jf)
+		b = binary.LittleEndian.AppendUint32(b, in.K)
+	}
+	for _, kv := range env {
+		b = append(append(b, kv...), 0)
+	}
+	if _, err := f.Write(b); err != nil {
 		f.Close()
 		return nil, fmt.Errorf("failed to write the seccomp stage's environment file: %w", err)
 	}
-	if _, err := f.Seek(0, io.SeekStart); err != nil {
+	if _, err := unix.FcntlInt(f.Fd(), unix.F_ADD_SEALS, unix.F_SEAL_SEAL|unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_WRITE); err != nil {
 		f.Close()
-		return nil, fmt.Errorf("failed to rewind the seccomp stage's environment file: %w", err)
+		return nil, fmt.Errorf("failed to seal the seccomp stage's environment file: %w", err)
 	}
 	return f, nil
+}
+
+// readStageFile reads what stageFile wrote, from offset 0.
+func readStageFile(f *os.File) ([]unix.SockFilter, []string, error) {
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, nil, err
+	}
+	b := make([]byte, fi.Size())
+	if _, err := f.ReadAt(b, 0); err != nil && !errors.Is(err, io.EOF) {
+		return nil, nil, err
+	}
+	if len(b) < 8 {
+		return nil, nil, fmt.Errorf("the file has %d bytes", len(b))
+	}
+	n := binary.LittleEndian.Uint64(b)
+	if n > uint64(len(b)-8)/8 {
+		return nil, nil, fmt.Errorf("the file has %d bytes for %d filter instructions", len(b), n)
+	}
+	prog := make([]unix.SockFilter, n)
+	for i := range prog {
+		in := b[8+8*i:]
+		prog[i] = unix.SockFilter{Code: binary.LittleEndian.Uint16(in), Jt: in[2], Jf: in[3], K: binary.LittleEndian.Uint32(in[4:])}
+	}
+	env := []string{}
+	for _, kv := range strings.Split(string(b[8+8*n:]), "\x00") {
+		if kv != "" {
+			env = append(env, kv)
+		}
+	}
+	return prog, env, nil
 }
 
 // deviceRules are the device filter rules for the trees that are device

@@ -119,7 +119,9 @@ func seccompList(held capSet) []seccompDenied {
 // These rules cannot sit on the launching thread: Go forks the task with
 // clone3 when it places it in a cgroup v2 by descriptor, so they are
 // installed by the task's own process, the seccomp stage, just before it
-// execs the task's command (runSeccompStage).
+// execs the task's command (runSeccompStage, or stageEntry in the shim).
+// The supervisor hands the stage the program of the whole list (stageFile),
+// which the stage attaches unless it holds SYS_ADMIN itself.
 func usernsList(held capSet) []seccompDenied {
 	if held.has(unix.CAP_SYS_ADMIN) {
 		return nil
@@ -229,6 +231,17 @@ func installFilter(list []seccompDenied) error {
 	prog, err := seccompProgram(list)
 	if err != nil {
 		return err
+	}
+	return attachProgram(prog)
+}
+
+// attachProgram attaches prog (none when empty) to the calling thread.
+func attachProgram(prog []unix.SockFilter) error {
+	if len(prog) == 0 {
+		return nil
+	}
+	if len(prog) > unix.BPF_MAXINSNS {
+		return fmt.Errorf("seccomp filter of %d instructions is longer than the kernel takes", len(prog))
 	}
 	fprog := unix.SockFprog{Len: uint16(len(prog)), Filter: &prog[0]}
 	if err := unix.Prctl(unix.PR_SET_SECCOMP, unix.SECCOMP_MODE_FILTER, uintptr(unsafe.Pointer(&fprog)), 0, 0); err != nil {

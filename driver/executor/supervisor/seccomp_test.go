@@ -196,7 +196,8 @@ func TestSeccompProgram_userNamespaces(t *testing.T) {
 }
 
 // The supervisor reads the seccomp stage's answer: the ready byte alone
-// (then EOF at exec) is a start; a message after it is the exec's error; a
+// (then EOF at exec) is a start; a message after it, or the exec-failed
+// marker and an errno, is the exec's error; a
 // message without it is the stage's own failure; nothing at all is a stage
 // that ended before its exec; and a stage that says nothing and keeps the
 // pipe open is given up on after stageTimeout.
@@ -211,6 +212,9 @@ func TestStageAnswer(t *testing.T) {
 	}{
 		{"started", wire.SeccompReady, false, ""},
 		{"exec failed", wire.SeccompReady + `failed to execute "/x": exec format error`, false, `failed to execute "/x": exec format error`},
+		// The shim's stage before the Go runtime (stageEntry) says the errno.
+		{"exec failed, errno", wire.SeccompReady + wire.SeccompExecFailed + "\x08\x00", false, `failed to execute "/x": exec format error`},
+		{"exec failed, errno past 255", wire.SeccompReady + wire.SeccompExecFailed + "\x0c\x01", false, `failed to execute "/x": errno 268`},
 		{"stage failed", "the seccomp stage got no command", false, "the seccomp stage got no command"},
 		{"ended", "", false, "the seccomp stage ended before it started the command"},
 		{"hung", "", true, "the seccomp stage did not start the command within 200ms"},
@@ -231,7 +235,7 @@ func TestStageAnswer(t *testing.T) {
 			} else {
 				defer unix.Close(stage)
 			}
-			err = stageAnswer(r, w)
+			err = stageAnswer(r, w, "/x")
 			if c.want == "" {
 				must.NoError(t, err)
 				return

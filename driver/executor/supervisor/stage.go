@@ -41,11 +41,14 @@ func RunReexec() bool {
 }
 
 // runSeccompStage is the task's own process before its command: it adds
-// the user namespace rules (usernsList) to the filter it inherited and
-// execs the command, on one thread, so that the command inherits both. It
-// runs as the task already, with no more than the task's capabilities and
-// no_new_privs; its binary's descriptor and its error pipe are closed at
-// exec (hardenStage). It never returns.
+// the user namespace rules (usernsList, as a program in the stage's file:
+// see stageFile) to the filter it inherited, unless it holds SYS_ADMIN,
+// and execs the command, on one thread, so that the command inherits both.
+// It runs as the task already, with no more than the task's capabilities
+// and no_new_privs; its binary's descriptor and its error pipe are closed
+// at exec (hardenStage). It never returns. A shim built with stageEntry as
+// its entry point does the same before the Go runtime starts, and gets
+// here only when that could not.
 func runSeccompStage(args []string) {
 	runtime.LockOSThread()
 	errPipe := os.NewFile(wire.SeccompErrorFD, "error-pipe")
@@ -57,19 +60,15 @@ func runSeccompStage(args []string) {
 		fail(errors.New("the seccomp stage got no command"))
 	}
 	envFile := os.NewFile(wire.SeccompEnvFD, "task-env")
-	b, err := io.ReadAll(envFile)
+	prog, env, err := readStageFile(envFile)
 	_ = envFile.Close()
 	if err != nil {
 		fail(fmt.Errorf("the seccomp stage could not read the task's environment: %w", err))
 	}
-	env := []string{}
-	for _, kv := range strings.Split(string(b), "\x00") {
-		if kv != "" {
-			env = append(env, kv)
+	if !stageCaps().has(unix.CAP_SYS_ADMIN) {
+		if err := attachProgram(prog); err != nil {
+			fail(err)
 		}
-	}
-	if err := installFilter(usernsList(stageCaps())); err != nil {
-		fail(err)
 	}
 	if _, err := io.WriteString(errPipe, wire.SeccompReady); err != nil {
 		os.Exit(127)

@@ -24,11 +24,23 @@ const (
 	// after it why the exec failed; EOF at exec (CLOEXEC). EOF with nothing
 	// written means the stage ended before it got to the exec.
 	SeccompErrorFD = 4
-	SeccompEnvFD   = 5 // read: the task's environment, NUL-terminated entries
+	// SeccompEnvFD is a sealed memory file, read from offset 0: a
+	// little-endian uint64 n, n classic BPF instructions (struct
+	// sock_filter, 8 bytes each: the user namespace rules, which the stage
+	// adds unless it holds CAP_SYS_ADMIN), then the task's environment as
+	// NUL-terminated entries to the end of the file.
+	SeccompEnvFD = 5
 )
 
 // SeccompReady is the byte the seccomp stage writes just before its exec.
 const SeccompReady = "\x00"
+
+// SeccompExecFailed, after SeccompReady, says the stage's exec failed; the
+// errno follows as two bytes, little-endian. The stage that runs before
+// the Go runtime (a shim built with its entry point, see
+// supervisor.StageEntrySymbol) says it so; the Go stage writes the
+// message itself.
+const SeccompExecFailed = "\x01"
 
 // File descriptors of the exec stage (ExtraFiles 0, 1 and 2).
 const (

@@ -1,0 +1,49 @@
+// Package shimtest builds the supervisor shim for tests and benchmarks the
+// way make dev builds it: static, stripped, with the seccomp stage's entry
+// point (supervisor.StageEntrySymbol). Only tests import it.
+package shimtest
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+)
+
+// Package is the shim's import path.
+const Package = "github.com/nomad-driver-csi/nomad-driver-csi/driver/executor/shim"
+
+// LDFlags are the linker flags make dev and make dist build the shim with:
+// its entry point is supervisor.StageEntrySymbol (spelled out here, since
+// the supervisor's own tests import this package; TestLDFlags checks it).
+const LDFlags = "-s -w -E github.com/nomad-driver-csi/nomad-driver-csi/driver/executor/supervisor.stageEntry"
+
+// Build builds the shim for goarch ("" for this machine's) into a new
+// directory that every user may search (a task's seccomp stage runs from
+// it, as the task's user), removed when t ends. It skips t without the go
+// command.
+func Build(t testing.TB, goarch string) string {
+	t.Helper()
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		t.Skip("needs the go command to build the shim")
+	}
+	dir, err := os.MkdirTemp("", "shim-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(dir, "nomad-driver-csi-shim")
+	cmd := exec.Command(goBin, "build", "-trimpath", "-ldflags", LDFlags, "-o", out, Package)
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if goarch != "" {
+		cmd.Env = append(cmd.Env, "GOARCH="+goarch)
+	}
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build %s: %v: %s", Package, err, b)
+	}
+	return out
+}
