@@ -17,6 +17,7 @@ import (
 	"github.com/hashicorp/nomad/plugins/drivers"
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/csihook"
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/atomicfile"
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor"
 )
 
@@ -220,9 +221,15 @@ func writeInvocation(dir string, cfg *drivers.TaskConfig) error {
 	return nil
 }
 
-// markHanded records that Nomad gets the task's handle.
+// markHanded records that Nomad gets the task's handle. Not synced: it is
+// written after the task runs, on the way to StartTask's answer, and the
+// mark matters only while the host is up (it tells a later driver process
+// whether Nomad may still recover the task; after a crash of the host no
+// task is alive, and a start without the mark is ended just as Nomad's
+// recovery of it would fail). The invocation file, written before
+// anything starts, is synced.
 func markHanded(dir string) error {
-	if err := writeFileAtomic(filepath.Join(dir, handedFile), nil, 0o600); err != nil {
+	if err := atomicfile.Write(filepath.Join(dir, handedFile), nil, 0o600, false); err != nil {
 		return fmt.Errorf("failed to record the task's start: %w", err)
 	}
 	return nil
