@@ -2,7 +2,10 @@
 // names a file in NOMAD_DRIVER_CSI_DEBUG_STATS, the driver rewrites that
 // file every second with its goroutine count and heap figures, and a
 // second file beside it (FILE.goroutines) with its goroutines grouped by
-// stack. Soak tests read them to see whether the driver leaks goroutines;
+// stack. Every ProfileWindow it also writes the CPU profile of the window
+// that ended (FILE.cpu.pprof) and a heap profile (FILE.heap.pprof), for go
+// tool pprof. Soak tests read them to see whether the driver leaks
+// goroutines, and the many-tasks benchmark where its time and memory go;
 // an operator hunting a leak can set the variable in the Nomad agent's
 // environment, which Nomad passes on to its plugins.
 //
@@ -30,6 +33,9 @@ const Env = "NOMAD_DRIVER_CSI_DEBUG_STATS"
 // Interval is how often the files are rewritten.
 const Interval = time.Second
 
+// ProfileWindow is how long each CPU profile runs before it is written.
+const ProfileWindow = 10 * time.Second
+
 // Stats is the content of the stats file.
 type Stats struct {
 	PID         int       `json:"pid"`
@@ -51,24 +57,42 @@ func StartFromEnv() (stop func(), err error) {
 	if !filepath.IsAbs(path) {
 		return func() {}, fmt.Errorf("%s must be an absolute file path, got %q", Env, path)
 	}
-	return Start(path, Interval), nil
+	return Start(path, Interval, ProfileWindow), nil
 }
 
-// Start writes the stats file at path now and then every interval until
-// stop is called.
-func Start(path string, interval time.Duration) (stop func()) {
+// Start writes the stats file at path now and then every interval, and
+// the profiles every window, until stop is called. The CPU profile runs
+// only when no other is (pprof allows one at a time).
+func Start(path string, interval, window time.Duration) (stop func()) {
 	done := make(chan struct{})
 	finished := make(chan struct{})
 	go func() {
 		defer close(finished)
 		t := time.NewTicker(interval)
 		defer t.Stop()
+		w := time.NewTicker(window)
+		defer w.Stop()
+		var cpu bytes.Buffer
+		profiling := pprof.StartCPUProfile(&cpu) == nil
+		defer func() {
+			if profiling {
+				pprof.StopCPUProfile()
+			}
+		}()
 		for {
 			_ = Write(path)
 			select {
 			case <-done:
 				return
 			case <-t.C:
+			case <-w.C:
+				if profiling {
+					pprof.StopCPUProfile()
+					_ = writeAtomic(path+".cpu.pprof", cpu.Bytes())
+					cpu.Reset()
+					profiling = pprof.StartCPUProfile(&cpu) == nil
+				}
+				_ = writeHeap(path + ".heap.pprof")
 			}
 		}
 	}()
@@ -76,6 +100,15 @@ func Start(path string, interval time.Duration) (stop func()) {
 		close(done)
 		<-finished
 	}
+}
+
+// writeHeap writes the heap profile (in use and allocated since the start).
+func writeHeap(path string) error {
+	var b bytes.Buffer
+	if err := pprof.Lookup("heap").WriteTo(&b, 0); err != nil {
+		return err
+	}
+	return writeAtomic(path, b.Bytes())
 }
 
 // Write writes the stats file at path and the goroutine profile at

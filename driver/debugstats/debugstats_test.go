@@ -89,27 +89,36 @@ func TestWriteCountsGoroutines(t *testing.T) {
 	must.True(t, strings.Contains(string(prof), "TestWriteCountsGoroutines"), must.Sprint("the profile names the waiting goroutines' function"))
 }
 
-// Start keeps rewriting the file until stop returns; no temp file is left.
+// Start keeps rewriting the file until stop returns, and writes the CPU
+// and heap profiles of each window; no temp file is left.
 func TestStartRewrites(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "stats.json")
-	stop := Start(path, 10*time.Millisecond)
+	stop := Start(path, 10*time.Millisecond, 50*time.Millisecond)
 	first := time.Now()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		st, err := Read(path)
-		if err == nil && st.Time.After(first) {
+		_, cpuErr := os.Stat(path + ".cpu.pprof")
+		_, heapErr := os.Stat(path + ".heap.pprof")
+		if err == nil && st.Time.After(first) && cpuErr == nil && heapErr == nil {
 			break
 		}
-		must.True(t, time.Now().Before(deadline), must.Sprint("the stats file was not rewritten"))
+		must.True(t, time.Now().Before(deadline), must.Sprintf("the stats file or a profile was not written: %v %v %v", err, cpuErr, heapErr))
 		time.Sleep(5 * time.Millisecond)
 	}
 	stop()
+	for _, p := range []string{path + ".cpu.pprof", path + ".heap.pprof"} {
+		b, err := os.ReadFile(p)
+		must.NoError(t, err)
+		// A profile is gzipped protobuf.
+		must.True(t, len(b) > 2 && b[0] == 0x1f && b[1] == 0x8b, must.Sprintf("%s is not a profile", p))
+	}
 	entries, err := os.ReadDir(dir)
 	must.NoError(t, err)
 	var names []string
 	for _, e := range entries {
 		names = append(names, e.Name())
 	}
-	must.SliceContainsAll(t, []string{"stats.json", "stats.json.goroutines"}, names)
+	must.SliceContainsAll(t, []string{"stats.json", "stats.json.goroutines", "stats.json.cpu.pprof", "stats.json.heap.pprof"}, names)
 }
