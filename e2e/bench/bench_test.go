@@ -27,6 +27,7 @@ package bench
 import (
 	"flag"
 	"fmt"
+	"math"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -138,6 +139,19 @@ func median(ds []time.Duration) time.Duration {
 		return s[len(s)/2]
 	}
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+// percentile is the p-th percentile (0 < p <= 100) of ds, by the
+// nearest-rank method: the smallest value at least p % of ds are at or
+// below.
+func percentile(ds []time.Duration, p float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := append([]time.Duration(nil), ds...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	rank := int(math.Ceil(p / 100 * float64(len(s))))
+	return s[min(max(rank, 1), len(s))-1]
 }
 
 // startOne runs a one-task sleep job on driver d (or a variant of the csi
