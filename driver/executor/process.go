@@ -327,16 +327,8 @@ func readExitStatus(stateDir string) (*ExitStatus, error) {
 // watch waits for the supervisor to exit and records the task's status.
 func (p *Process) watch() {
 	if p.supFD >= 0 {
-		fds := []unix.PollFd{{Fd: int32(p.supFD), Events: unix.POLLIN}}
-		for {
-			_, err := unix.Poll(fds, -1)
-			if err == nil {
-				break
-			}
-			if !errors.Is(err, unix.EINTR) {
-				p.logger.Error("failed to wait for the supervisor", "error", err)
-				break
-			}
+		if err := waitExited(p.supFD); err != nil {
+			p.logger.Error("failed to wait for the supervisor", "error", err)
 		}
 	}
 	if p.reaped != nil {

@@ -262,7 +262,7 @@ func startSupervisor(binary string, args []string, out *os.File, control, pidNS 
 	}
 	sp := &spare{cmd: cmd, reportR: reportR, ctl: ctl, reaped: make(chan struct{}), pidNS: pidNS}
 	go func() {
-		_ = cmd.Wait()
+		_ = waitChild(cmd.Process, cmd.Wait)
 		close(sp.reaped)
 	}()
 	return sp, nil
