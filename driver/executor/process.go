@@ -276,13 +276,22 @@ func openVerifiedPidfd(pid int, start uint64) int {
 }
 
 // supervisorEnv is the supervisor's environment: only what a Go program
-// may want, never the task's (which is in the spec file).
+// may want, never the task's (which is in the spec file). A supervisor
+// runs with GOMAXPROCS=1 unless the driver's environment says otherwise:
+// it makes a few system calls at a time, for the task's whole life, and
+// each processor of the Go runtime costs it memory (its allocation caches)
+// beside hundreds of others on a busy node.
 func supervisorEnv() []string {
 	var env []string
+	procs := false
 	for _, kv := range os.Environ() {
 		if strings.HasPrefix(kv, "PATH=") || strings.HasPrefix(kv, "GO") || strings.HasPrefix(kv, "TMPDIR=") {
 			env = append(env, kv)
+			procs = procs || strings.HasPrefix(kv, "GOMAXPROCS=")
 		}
+	}
+	if !procs {
+		env = append(env, "GOMAXPROCS=1")
 	}
 	return env
 }

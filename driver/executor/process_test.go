@@ -440,3 +440,19 @@ func TestReadReport(t *testing.T) {
 	_, err = readReport(r, time.Second)
 	must.ErrorContains(t, err, "supervisor exited before reporting")
 }
+
+// A supervisor gets GOMAXPROCS=1, unless the driver's environment sets it,
+// and nothing of the driver's environment but what a Go program reads.
+func TestSupervisorEnv(t *testing.T) {
+	t.Setenv("GOMAXPROCS", "")
+	os.Unsetenv("GOMAXPROCS")
+	t.Setenv("SECRET_TOKEN", "hunter2")
+	env := supervisorEnv()
+	must.SliceContains(t, env, "GOMAXPROCS=1")
+	must.SliceNotContains(t, env, "SECRET_TOKEN=hunter2")
+
+	t.Setenv("GOMAXPROCS", "4")
+	env = supervisorEnv()
+	must.SliceContains(t, env, "GOMAXPROCS=4")
+	must.SliceNotContains(t, env, "GOMAXPROCS=1")
+}
