@@ -2,12 +2,15 @@
 // names a file in NOMAD_DRIVER_CSI_DEBUG_STATS, the driver rewrites that
 // file every second with its goroutine count and heap figures, and a
 // second file beside it (FILE.goroutines) with its goroutines grouped by
-// stack. Every ProfileWindow it also writes the CPU profile of the window
-// that ended (FILE.cpu.pprof) and a heap profile (FILE.heap.pprof), for go
-// tool pprof. Soak tests read them to see whether the driver leaks
-// goroutines, and the many-tasks benchmark where its time and memory go;
-// an operator hunting a leak can set the variable in the Nomad agent's
-// environment, which Nomad passes on to its plugins.
+// stack. When NOMAD_DRIVER_CSI_DEBUG_PROFILES is set too (to anything),
+// every ProfileWindow it also writes the CPU profile of the window that
+// ended (FILE.cpu.pprof) and a heap profile (FILE.heap.pprof), for go tool
+// pprof; the CPU profile costs the driver about 1 MiB and a sampling
+// signal 100 times a second while it runs. Soak tests read the files to
+// see whether the driver leaks goroutines, and the many-tasks benchmark
+// where its time and memory go; an operator hunting a leak can set the
+// variables in the Nomad agent's environment, which Nomad passes on to its
+// plugins.
 //
 // Nothing starts when the variable is unset (the default): no listener,
 // no signal handler, no goroutine. The files are written atomically
@@ -29,6 +32,9 @@ import (
 
 // Env is the environment variable that names the stats file.
 const Env = "NOMAD_DRIVER_CSI_DEBUG_STATS"
+
+// ProfilesEnv, set beside Env, adds the CPU and heap profiles.
+const ProfilesEnv = "NOMAD_DRIVER_CSI_DEBUG_PROFILES"
 
 // Interval is how often the files are rewritten.
 const Interval = time.Second
@@ -57,12 +63,16 @@ func StartFromEnv() (stop func(), err error) {
 	if !filepath.IsAbs(path) {
 		return func() {}, fmt.Errorf("%s must be an absolute file path, got %q", Env, path)
 	}
-	return Start(path, Interval, ProfileWindow), nil
+	window := time.Duration(0)
+	if os.Getenv(ProfilesEnv) != "" {
+		window = ProfileWindow
+	}
+	return Start(path, Interval, window), nil
 }
 
 // Start writes the stats file at path now and then every interval, and
-// the profiles every window, until stop is called. The CPU profile runs
-// only when no other is (pprof allows one at a time).
+// the profiles every window (none when window is 0), until stop is called.
+// The CPU profile runs only when no other is (pprof allows one at a time).
 func Start(path string, interval, window time.Duration) (stop func()) {
 	done := make(chan struct{})
 	finished := make(chan struct{})
@@ -70,10 +80,15 @@ func Start(path string, interval, window time.Duration) (stop func()) {
 		defer close(finished)
 		t := time.NewTicker(interval)
 		defer t.Stop()
-		w := time.NewTicker(window)
-		defer w.Stop()
+		var windows <-chan time.Time
 		var cpu bytes.Buffer
-		profiling := pprof.StartCPUProfile(&cpu) == nil
+		profiling := false
+		if window > 0 {
+			w := time.NewTicker(window)
+			defer w.Stop()
+			windows = w.C
+			profiling = pprof.StartCPUProfile(&cpu) == nil
+		}
 		defer func() {
 			if profiling {
 				pprof.StopCPUProfile()
@@ -85,7 +100,7 @@ func Start(path string, interval, window time.Duration) (stop func()) {
 			case <-done:
 				return
 			case <-t.C:
-			case <-w.C:
+			case <-windows:
 				if profiling {
 					pprof.StopCPUProfile()
 					_ = writeAtomic(path+".cpu.pprof", cpu.Bytes())

@@ -39,6 +39,9 @@ func TestStartFromEnv(t *testing.T) {
 			stop()
 			entries, err := os.ReadDir(dir)
 			must.NoError(t, err)
+			for _, e := range entries {
+				must.StrNotContains(t, e.Name(), ".pprof", must.Sprintf("a profile without %s", ProfilesEnv))
+			}
 			if !tc.wantRun {
 				must.SliceEmpty(t, entries)
 				return
