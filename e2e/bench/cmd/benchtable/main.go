@@ -88,6 +88,16 @@ var rows = []row{
 	{label: "driver RSS: 50 volume tasks vs idle", bench: "Volumes",
 		num: []string{"rss-busy-MiB"}, numText: `^driver RSS, \d+ volume tasks running\s+([\d.]+ MiB)`, numAs: "50 tasks",
 		den: []string{"rss-idle-MiB"}, denText: `^driver RSS, idle.*?\s+([\d.]+ MiB)`, denAs: "idle", unit: "MiB"},
+	{label: "500 tasks at once on one node: submit → all running, csi volume tasks vs raw_exec", bench: "ManyTasks",
+		num: []string{"many-csi-ms"}, numAs: "csi", den: []string{"many-raw-ms"}, denAs: "raw_exec", unit: "ms"},
+	{label: "500 tasks at once: stop → all volumes torn down vs raw_exec's stop → all dead", bench: "ManyTasks",
+		num: []string{"many-csi-stop-ms"}, numAs: "csi", den: []string{"many-raw-stop-ms"}, denAs: "raw_exec", unit: "ms"},
+	{label: "500 tasks at once: csi stop vs raw_exec's stop + the plugin's own teardown of the 500 volumes at once", bench: "ManyTasks",
+		num: []string{"many-csi-stop-ms"}, numAs: "csi", den: []string{"many-stop-floor-ms"}, denAs: "raw_exec + teardown floor", unit: "ms"},
+	{label: "500 tasks at once: driver RSS with the 500 csi tasks vs idle", bench: "ManyTasks",
+		num: []string{"many-driver-MiB"}, numAs: "500 tasks", den: []string{"idle-driver-MiB"}, denAs: "idle", unit: "MiB"},
+	{label: "500 tasks at once: PSS per task, csi supervisor vs raw_exec executor", bench: "ManyTasks",
+		num: []string{"supervisor-pss-MiB"}, numAs: "supervisor", den: []string{"executor-pss-MiB"}, denAs: "executor", unit: "MiB"},
 	{label: "submit → running, sleep task: csi vs exec", bench: "DriverOverhead",
 		num: []string{"csi-ms"}, numAs: "csi", den: []string{"exec-ms"}, denAs: "exec", unit: "ms"},
 	{label: "submit → running, sleep task: csi vs raw_exec", bench: "DriverOverhead",
@@ -134,7 +144,7 @@ type result struct {
 func main() {
 	runs := flag.Int("runs", 0, "measured runs per set-up, passed to benchmarks that take -runs or -*-runs (0: their default)")
 	only := flag.String("bench", ".", "run only the benchmarks whose name matches this regexp")
-	timeout := flag.Duration("timeout", 25*time.Minute, "give up on the whole run after this long")
+	timeout := flag.Duration("timeout", 60*time.Minute, "give up on the whole run after this long")
 	out := flag.String("out", "", "write the table here too (default build/bench.md)")
 	flag.Parse()
 	if err := run(*runs, *only, *timeout, *out); err != nil {

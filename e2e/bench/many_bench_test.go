@@ -1,0 +1,585 @@
+//go:build e2e
+
+package bench
+
+// BenchmarkManyTasks packs one node: -many (500) volume tasks of the csi
+// driver, one fresh dir volume of the fixture plugin each, submitted at
+// once as one job on one agent, against as many raw_exec tasks (the same
+// sleep, no volume) on the same agent in the same run, one driver after the
+// other (-many-rounds 2 alternates the order: raw_exec, csi, csi, raw_exec).
+// Both ask for cpu = 4 and memory = 16, so that a two-CPU node places them
+// all (at cpu = 20 it places about 250). For each it reports:
+//
+//   - submit -> all running: registration of the job to the last task's
+//     StartedAt;
+//   - stop -> all torn down: the job's deregistration to the last task's
+//     FinishedAt, and for csi to the moment the driver's journal holds no
+//     volume or task record and nothing is mounted under its staging and
+//     publish roots (polled every 100 ms);
+//   - the floor of both, in the same round: the same volumes staged and
+//     published straight through the plugin's socket, all at once, then
+//     unpublished and unstaged (the plugin's own work, which a stop of
+//     raw_exec tasks does not have);
+//   - with all running: the driver's RSS and goroutines (its debug stats
+//     file), the mounts under its root_dir, and the per-task processes'
+//     summed RSS and PSS: the csi supervisors (the spare included) against
+//     raw_exec's executors ("nomad executor"), and Nomad's logmon, which
+//     every task of either driver has;
+//   - what is left once all is stopped that was not there before the
+//     first round: mounts, journal records, task cgroups, supervisors but
+//     the spare and the plugin's, executors. Anything left fails the
+//     benchmark.
+//
+// With -many-profiles DIR it keeps the driver's goroutine, CPU and heap
+// profiles (its debug stats files) with all csi tasks running and after
+// their stop, for go tool pprof.
+//
+// Its short form, -many 50, is part of make test (make bench-many-short).
+//
+//	go test -tags e2e -run '^$' -bench ManyTasks -benchtime 1x ./e2e/bench/ -args -many 500
+//
+// Like the e2e tests it needs root and build/nomad; it builds the driver
+// and build/csi first (E2E_SKIP_BUILD=1 uses what is there).
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	csi "github.com/container-storage-interface/spec/lib/go/csi"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/csihook"
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/debugstats"
+	"github.com/nomad-driver-csi/nomad-driver-csi/e2e"
+)
+
+var manyN = flag.Int("many", 500, "tasks of each driver BenchmarkManyTasks starts at once")
+
+var manyRounds = flag.Int("many-rounds", 1, "rounds of BenchmarkManyTasks (each: both drivers, the order alternating)")
+
+var manyProfiles = flag.String("many-profiles", "", "copy the driver's goroutine, CPU and heap profiles (debug stats) here, with all csi tasks running and after their stop")
+
+// manyRun is one driver's round.
+type manyRun struct {
+	driver          string
+	running, torn   time.Duration // submit -> all running; stop -> all torn down
+	floorUp         time.Duration // the volumes staged and published straight through the plugin, all at once
+	floorDown       time.Duration // and unpublished and unstaged
+	dead            time.Duration // stop -> the last task dead
+	stopSteps       string        // when the tasks' stop events came (csi)
+	medianStart     time.Duration // submit -> a task running, the median task
+	procs           int           // supervisors (csi) or executors (raw_exec)
+	procRSS, procPS int64         // their summed RSS and PSS, kB
+	driverRSS       int64         // the csi driver's RSS, kB
+	goroutines      int           // the csi driver's goroutines
+	mounts          int           // under the csi driver's root_dir
+	logmons         int           // Nomad's logmon processes (one per task, either driver)
+	logRSS, logPSS  int64         // their summed RSS and PSS, kB
+}
+
+func BenchmarkManyTasks(b *testing.B) {
+	setup(b, e2e.VolBuildCSIBinaries)
+	n := *manyN
+	stats := filepath.Join(e2e.OwnedTempDir(b, "ncsb-"), "stats.json")
+	env := []string{debugstats.Env + "=" + stats}
+	if *manyProfiles != "" {
+		// Only then: the CPU profile costs the driver about 1 MiB.
+		env = append(env, debugstats.ProfilesEnv+"=1")
+	}
+	var a *e2e.Agent
+	b.Cleanup(func() {
+		if a != nil {
+			_ = e2e.VolDetachLoops(a.Dir)
+		}
+	})
+	a = startIsolationAgent(b, e2e.AgentOptions{
+		Drivers: []string{"csi", "raw_exec"},
+		// Terminal allocations are collected only past this many: the
+		// default (50) would have the client collecting while it starts.
+		ClientConfig: fmt.Sprintf("gc_max_allocs = %d", 4*n+100),
+		Env:          env,
+	})
+	fx := a.StartVolFixture(b, "fixture", e2e.VolFixtureOptions{})
+	var jobs []string
+	b.Cleanup(func() { volStopAll(b, a, jobs) })
+	time.Sleep(2 * time.Second)
+	idleRSS := pluginRSS(b, a)
+	idleGoroutines := manyGoroutines(b, a, stats)
+	plugins := pluginSupervisors(a)
+	before := map[string]bool{}
+	for _, l := range manyLeft(a, plugins) {
+		before[l] = true
+	}
+
+	var rounds [][2]manyRun
+	for i := 0; i < *manyRounds; i++ {
+		order := []string{"raw_exec", "csi"}
+		if i%2 == 1 {
+			order = []string{"csi", "raw_exec"}
+		}
+		var round [2]manyRun
+		for _, d := range order {
+			r := manyRound(b, a, fx, &jobs, stats, plugins, d, n, i)
+			if d == "csi" {
+				round[0] = r
+			} else {
+				round[1] = r
+			}
+		}
+		rounds = append(rounds, round)
+	}
+	var left []string
+	for _, l := range manyLeft(a, plugins) {
+		if !before[l] {
+			left = append(left, l)
+		}
+	}
+
+	ratio := func(x, y time.Duration) string { return fmt.Sprintf("%.2fx", float64(x)/float64(y)) }
+	mib := func(kB int64) float64 { return float64(kB) / 1024 }
+	var sb strings.Builder
+	row := func(k, format string, args ...any) { fmt.Fprintf(&sb, "%-60s %s\n", k, fmt.Sprintf(format, args...)) }
+	fmt.Fprintf(&sb, "\n%-60s %s\n%s %s\n", "metric", "value", strings.Repeat("-", 60), strings.Repeat("-", 30))
+	var csiRun, rawRun, csiTorn, rawTorn []time.Duration
+	for i, r := range rounds {
+		c, x := r[0], r[1]
+		csiRun, rawRun = append(csiRun, c.running), append(rawRun, x.running)
+		csiTorn, rawTorn = append(csiTorn, c.torn), append(rawTorn, x.torn)
+		p := fmt.Sprintf("round %d: ", i+1)
+		row(p+fmt.Sprintf("%d csi volume tasks: submit->all running", n), "%v (median task %v)", c.running.Round(time.Millisecond), c.medianStart.Round(time.Millisecond))
+		row(p+fmt.Sprintf("%d raw_exec tasks: submit->all running", n), "%v (median task %v)", x.running.Round(time.Millisecond), x.medianStart.Round(time.Millisecond))
+		row(p+"ratio csi / raw_exec, submit->all running", "%s (target <= 1.1x)", ratio(c.running, x.running))
+		row(p+"csi: stop->all volumes torn down", "%v (the last task dead after %v)", c.torn.Round(time.Millisecond), c.dead.Round(time.Millisecond))
+		row(p+"csi: stop->task events, median / last", "%s", c.stopSteps)
+		row(p+"raw_exec: stop->all tasks dead", "%v", x.torn.Round(time.Millisecond))
+		row(p+"ratio csi / raw_exec, stop->all torn down", "%s (target <= 1.1x)", ratio(c.torn, x.torn))
+		row(p+fmt.Sprintf("floor: the %d volumes straight through the plugin, all at once", n), "NodeStage+NodePublish %v, NodeUnpublish+NodeUnstage %v",
+			c.floorUp.Round(time.Millisecond), c.floorDown.Round(time.Millisecond))
+		row(p+"ratio csi stop / (raw_exec stop + teardown floor)", "%s", ratio(c.torn, x.torn+c.floorDown))
+		row(p+fmt.Sprintf("driver RSS / goroutines, %d csi tasks", n), "%.1f MiB (target <= %.1f MiB) / %d", mib(c.driverRSS), 40+0.1*float64(n), c.goroutines)
+		row(p+fmt.Sprintf("driver RSS / goroutines, %d raw_exec tasks", n), "%.1f MiB / %d", mib(x.driverRSS), x.goroutines)
+		row(p+"csi supervisors (the spare too): count, RSS, PSS", "%d, %.1f MiB, %.1f MiB", c.procs, mib(c.procRSS), mib(c.procPS))
+		row(p+"raw_exec executors: count, RSS, PSS", "%d, %.1f MiB, %.1f MiB", x.procs, mib(x.procRSS), mib(x.procPS))
+		row(p+"per task: supervisor PSS / executor PSS", "%.2f MiB (target <= 1.5 MiB) / %.2f MiB", perTask(c.procPS, c.procs), perTask(x.procPS, x.procs))
+		row(p+"per task: supervisor RSS / executor RSS", "%.2f MiB / %.2f MiB", perTask(c.procRSS, c.procs), perTask(x.procRSS, x.procs))
+		row(p+"logmons (csi / raw_exec): count, PSS per task", "%d, %.2f MiB / %d, %.2f MiB", c.logmons, perTask(c.logPSS, c.logmons), x.logmons, perTask(x.logPSS, x.logmons))
+		row(p+fmt.Sprintf("mounts under root_dir, %d csi tasks", n), "%d", c.mounts)
+	}
+	row("driver RSS / goroutines, idle", "%.1f MiB / %d", mib(idleRSS), idleGoroutines)
+	row("left after the last stop", "%d (%s)", len(left), strings.Join(left, "; "))
+	fmt.Print(sb.String())
+	if len(left) > 0 {
+		b.Fatalf("left after every task stopped: %v", left)
+	}
+
+	last := rounds[len(rounds)-1]
+	b.ReportMetric(float64(median(csiRun).Milliseconds()), "many-csi-ms")
+	b.ReportMetric(float64(median(rawRun).Milliseconds()), "many-raw-ms")
+	b.ReportMetric(float64(median(csiTorn).Milliseconds()), "many-csi-stop-ms")
+	b.ReportMetric(float64(median(rawTorn).Milliseconds()), "many-raw-stop-ms")
+	b.ReportMetric(float64((last[1].torn + last[0].floorDown).Milliseconds()), "many-stop-floor-ms")
+	b.ReportMetric(mib(last[0].driverRSS), "many-driver-MiB")
+	b.ReportMetric(mib(idleRSS), "idle-driver-MiB")
+	b.ReportMetric(float64(last[0].goroutines), "many-goroutines")
+	b.ReportMetric(perTask(last[0].procPS, last[0].procs), "supervisor-pss-MiB")
+	b.ReportMetric(perTask(last[1].procPS, last[1].procs), "executor-pss-MiB")
+	b.ReportMetric(float64(len(left)), "left")
+}
+
+func perTask(kB int64, n int) float64 {
+	if n == 0 {
+		return 0
+	}
+	return float64(kB) / 1024 / float64(n)
+}
+
+// manyRound runs n tasks of driver at once, samples them, and stops them.
+func manyRound(b *testing.B, a *e2e.Agent, fx *e2e.VolFixture, jobs *[]string, stats string, plugins map[int]bool, driver string, n, round int) manyRun {
+	b.Helper()
+	r := manyRun{driver: driver}
+	small := func(task map[string]any) {
+		res, _ := task["Resources"].(map[string]any)
+		if res == nil {
+			res = map[string]any{}
+			task["Resources"] = res
+		}
+		res["CPU"], res["MemoryMB"] = 4, 16
+	}
+	t0 := time.Now()
+	var job string
+	if driver == "csi" {
+		vol := e2e.VolSpec{Name: "data", Plugin: fx.ID, ID: fmt.Sprintf("many-%d-${NOMAD_ALLOC_INDEX}", round), Interpolate: true,
+			Dest: filepath.Join(a.Dir, "dst", "many"), Access: "single-node-writer", Create: true, CreateType: "dir"}
+		job = volSubmit(b, a, jobs, e2e.VolJob{Type: "service", Count: n, Script: "exec sleep 3600", Volumes: []e2e.VolSpec{vol}}, small)
+	} else {
+		rendered, err := a.RenderJob("sleep", map[string]string{"Driver": driver, "Count": strconv.Itoa(n)})
+		if err != nil {
+			b.Fatal(err)
+		}
+		*jobs = append(*jobs, rendered.ID)
+		register(b, a, rendered, small)
+		job = rendered.ID
+	}
+	started := manyWait(b, a, job, n, 15*time.Minute, func(ts *e2e.TaskState) (time.Time, bool) {
+		return ts.StartedAt, ts.State == "running" && !ts.StartedAt.IsZero()
+	})
+	times := since(t0, started)
+	r.running, r.medianStart = maxDur(times), median(times)
+
+	time.Sleep(2 * time.Second)
+	r.driverRSS = pluginRSS(b, a)
+	r.goroutines = manyGoroutines(b, a, stats)
+	if driver == "csi" {
+		r.procs, r.procRSS, r.procPS = manyProcs(isSupervisor(a, plugins))
+	} else {
+		r.procs, r.procRSS, r.procPS = manyProcs(isNomadHelper(a, "executor"))
+	}
+	r.logmons, r.logRSS, r.logPSS = manyProcs(isNomadHelper(a, "logmon"))
+	if m, err := e2e.MountsUnder(a.DriverRoot); err == nil {
+		r.mounts = len(m)
+	}
+	if driver == "csi" {
+		manyKeepProfiles(b, stats, fmt.Sprintf("round%d-running", round+1))
+	}
+
+	t1 := time.Now()
+	if err := a.PutJSON("DELETE", "/v1/job/"+url.PathEscape(job), nil, nil); err != nil {
+		b.Fatalf("failed to stop %s: %v", job, err)
+	}
+	finished := manyWait(b, a, job, n, 15*time.Minute, func(ts *e2e.TaskState) (time.Time, bool) {
+		return ts.FinishedAt, ts.State == "dead" && !ts.FinishedAt.IsZero()
+	})
+	r.dead = maxDur(since(t1, finished))
+	r.torn = r.dead
+	if driver == "csi" {
+		r.stopSteps = manyStopSteps(b, a, job, t1)
+	}
+	if driver == "csi" {
+		deadline := time.Now().Add(15 * time.Minute)
+		for len(a.VolJournalLeft()) > 0 || len(a.VolMounts()) > 0 {
+			if time.Now().After(deadline) {
+				b.Fatalf("volumes still set up 15 minutes after the stop: %v %v", a.VolJournalLeft(), a.VolMounts())
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		r.torn = max(r.torn, time.Since(t1))
+		r.floorUp, r.floorDown = manyFloor(b, a, fx, round, n)
+		time.Sleep(2 * time.Second)
+		manyKeepProfiles(b, stats, fmt.Sprintf("round%d-stopped", round+1))
+	}
+	if err := a.PutJSON("DELETE", "/v1/job/"+url.PathEscape(job)+"?purge=true", nil, nil); err != nil {
+		b.Fatalf("failed to purge %s: %v", job, err)
+	}
+	// The next round starts from a quiet node.
+	time.Sleep(5 * time.Second)
+	return r
+}
+
+// manyFloor stages and publishes the round's n volumes straight through
+// the plugin's socket, all at once, and then unpublishes and unstages them
+// all at once: what the plugin itself takes for the volumes of n tasks
+// starting or stopping together, timed each way.
+func manyFloor(b *testing.B, a *e2e.Agent, fx *e2e.VolFixture, round, n int) (up, down time.Duration) {
+	b.Helper()
+	client, err := csihook.DialUnix(filepath.Join(a.DriverRoot, "plugins", fx.ID, "csi.sock"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer client.Close()
+	ids := fixtureVolumeIDs(b, fx)
+	vc := &csi.VolumeCapability{
+		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
+		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
+	}
+	type vol struct{ id, staging, target string }
+	vols := make([]vol, n)
+	for i := range vols {
+		id := ids[fmt.Sprintf("many-%d-%d", round, i)]
+		if id == "" {
+			b.Fatalf("the fixture has no volume many-%d-%d", round, i)
+		}
+		base := filepath.Join(a.DriverRoot, "mnt", "bench-floor-many", strconv.Itoa(i))
+		vols[i] = vol{id, filepath.Join(base, "staging"), filepath.Join(base, "publish", "data")}
+		if err := os.MkdirAll(filepath.Dir(vols[i].target), 0o700); err != nil {
+			b.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	all := func(call func(v vol) error) time.Duration {
+		errs := make(chan error, n)
+		t0 := time.Now()
+		for _, v := range vols {
+			go func() { errs <- call(v) }()
+		}
+		for range vols {
+			if err := <-errs; err != nil {
+				b.Fatal(err)
+			}
+		}
+		return time.Since(t0)
+	}
+	up = all(func(v vol) error {
+		if _, err := client.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: v.id, StagingTargetPath: v.staging, VolumeCapability: vc}); err != nil {
+			return fmt.Errorf("NodeStageVolume %s: %w", v.id, err)
+		}
+		_, err := client.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: v.id, StagingTargetPath: v.staging, TargetPath: v.target, VolumeCapability: vc})
+		if err != nil {
+			return fmt.Errorf("NodePublishVolume %s: %w", v.id, err)
+		}
+		return nil
+	})
+	down = all(func(v vol) error {
+		if _, err := client.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: v.id, TargetPath: v.target}); err != nil {
+			return fmt.Errorf("NodeUnpublishVolume %s: %w", v.id, err)
+		}
+		_, err := client.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: v.id, StagingTargetPath: v.staging})
+		if err != nil {
+			return fmt.Errorf("NodeUnstageVolume %s: %w", v.id, err)
+		}
+		return nil
+	})
+	return up, down
+}
+
+// fixtureVolumeIDs maps the names of the fixture's volumes to their ids,
+// from its state directory (fx.VolumeID reads every record per name).
+func fixtureVolumeIDs(b *testing.B, fx *e2e.VolFixture) map[string]string {
+	b.Helper()
+	files, err := filepath.Glob(filepath.Join(fx.StateDir, "meta", "*.json"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, f := range files {
+		var v struct {
+			ID   string `json:"id"`
+			Name string `json:"name"`
+		}
+		if data, err := os.ReadFile(f); err == nil && json.Unmarshal(data, &v) == nil {
+			out[v.Name] = v.ID
+		}
+	}
+	return out
+}
+
+// manyStopSteps says when, after t1, the job's tasks got the events of
+// their stop: Nomad's "Killing" (it asks the driver to stop the task) and
+// "Terminated" (the driver said the task exited), the driver's
+// "Unpublishing volume" (its teardown began) and Nomad's "Killed"; the
+// median task's and the last one's.
+func manyStopSteps(b *testing.B, a *e2e.Agent, jobID string, t1 time.Time) string {
+	b.Helper()
+	allocs, err := a.JobAllocations(jobID)
+	if err != nil {
+		b.Fatal(err)
+	}
+	steps := []struct{ name, typ, prefix string }{
+		{"Killing", "Killing", ""}, {"Terminated", "Terminated", ""},
+		{"Unpublishing", "Driver", "Unpublishing volume"}, {"Killed", "Killed", ""},
+	}
+	at := make([][]time.Duration, len(steps))
+	for _, stub := range allocs {
+		al := a.Allocation(b, stub.ID)
+		for i, st := range steps {
+			for _, e := range al.Events("t") {
+				if e.Type == st.typ && strings.HasPrefix(e.DisplayMessage, st.prefix) {
+					at[i] = append(at[i], time.Unix(0, e.Time).Sub(t1))
+					break
+				}
+			}
+		}
+	}
+	var parts []string
+	for i, st := range steps {
+		parts = append(parts, fmt.Sprintf("%s %v / %v", st.name, median(at[i]).Round(time.Millisecond), maxDur(at[i]).Round(time.Millisecond)))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// manyWait polls the job's allocations (every 250 ms: each poll lists
+// them all) until n of them have their task in the state done says, and
+// returns the times done reads from them.
+func manyWait(b *testing.B, a *e2e.Agent, jobID string, n int, timeout time.Duration, done func(*e2e.TaskState) (time.Time, bool)) []time.Time {
+	b.Helper()
+	deadline := time.Now().Add(timeout)
+	var last []e2e.AllocStub
+	for time.Now().Before(deadline) {
+		allocs, err := a.JobAllocations(jobID)
+		if err == nil {
+			last = allocs
+			var ts []time.Time
+			for _, al := range allocs {
+				if st := al.TaskStates["t"]; st != nil {
+					if t, ok := done(st); ok {
+						ts = append(ts, t)
+					}
+				}
+			}
+			if len(ts) >= n {
+				return ts
+			}
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	states := map[string]int{}
+	for _, al := range last {
+		states[al.ClientStatus]++
+	}
+	b.Fatalf("job %s: fewer than %d tasks there after %v (%d allocations by client status: %v)", jobID, n, timeout, len(last), states)
+	return nil
+}
+
+// manyGoroutines reads the driver's goroutine count from its debug stats
+// file, waiting for one written after the call.
+func manyGoroutines(b *testing.B, a *e2e.Agent, path string) int {
+	b.Helper()
+	began := time.Now()
+	pid := a.DriverPluginPID()
+	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		if st, err := debugstats.Read(path); err == nil && st.PID == pid && st.Time.After(began) {
+			return st.Goroutines
+		}
+	}
+	b.Fatalf("the driver (pid %d) wrote no debug stats to %s", pid, path)
+	return 0
+}
+
+// isSupervisor says whether pid is one of the driver's supervisors but
+// those in skip (the plugin task's): a child of the driver, run from its
+// shim under root_dir/bin (or, for a driver without one, from the driver's
+// binary).
+func isSupervisor(a *e2e.Agent, skip map[int]bool) func(pid int, exe, cmdline string) bool {
+	plugin := a.DriverPluginPID()
+	bins := []string{filepath.Join(a.DriverRoot, "bin") + "/", filepath.Join(e2e.PluginDir(a.Root), "nomad-driver-csi")}
+	return func(pid int, exe, cmdline string) bool {
+		if pid == plugin || skip[pid] || !hasParent(pid, plugin) {
+			return false
+		}
+		for _, b := range bins {
+			if strings.HasPrefix(exe, b) {
+				return true
+			}
+		}
+		return false
+	}
+}
+
+// pluginSupervisors are the supervisors running when no workload does but
+// the spare: those of the plugin tasks.
+func pluginSupervisors(a *e2e.Agent) map[int]bool {
+	out := map[int]bool{}
+	match := isSupervisor(a, nil)
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
+		cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if match(pid, strings.TrimSuffix(exe, " (deleted)"), string(cmdline)) && !strings.Contains(string(cmdline), "\x00--spare-root\x00") {
+			out[pid] = true
+		}
+	}
+	return out
+}
+
+// isNomadHelper says whether pid is one of this agent's per-task Nomad
+// processes of the kind ("executor": raw_exec's, "logmon": every task's).
+func isNomadHelper(a *e2e.Agent, kind string) func(pid int, exe, cmdline string) bool {
+	return func(pid int, exe, cmdline string) bool {
+		args := strings.Split(cmdline, "\x00")
+		return filepath.Base(exe) == "nomad" && len(args) > 1 && args[1] == kind && a.Owns(pid)
+	}
+}
+
+// manyKeepProfiles copies the driver's debug stats profiles to
+// -many-profiles, named after when.
+func manyKeepProfiles(b *testing.B, stats, when string) {
+	b.Helper()
+	if *manyProfiles == "" {
+		return
+	}
+	if err := os.MkdirAll(*manyProfiles, 0o755); err != nil {
+		b.Fatal(err)
+	}
+	// A window that ends after now: the profiles cover the state sampled.
+	time.Sleep(debugstats.ProfileWindow)
+	for _, ext := range []string{".goroutines", ".cpu.pprof", ".heap.pprof"} {
+		data, err := os.ReadFile(stats + ext)
+		if err == nil {
+			err = os.WriteFile(filepath.Join(*manyProfiles, when+ext), data, 0o644)
+		}
+		if err != nil {
+			b.Logf("failed to keep %s: %v", stats+ext, err)
+		}
+	}
+}
+
+// manyProcs sums VmRSS and PSS, in kB, of the processes that match.
+func manyProcs(match func(pid int, exe, cmdline string) bool) (int, int64, int64) {
+	count, rss, pss := 0, int64(0), int64(0)
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
+		if err != nil {
+			continue
+		}
+		cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if !match(pid, strings.TrimSuffix(exe, " (deleted)"), string(cmdline)) {
+			continue
+		}
+		v, err := e2e.StatusField(pid, "VmRSS")
+		if err != nil {
+			continue
+		}
+		count++
+		rss += parseKB(v)
+		pss += pssKB(pid)
+	}
+	return count, rss, pss
+}
+
+// manyLeft lists what the tasks left: mounts under the driver's root_dir
+// (the plugin's socket directory aside), journal records, task cgroups
+// under the driver's cgroup parent, supervisors but the spare and the
+// plugins', executors.
+func manyLeft(a *e2e.Agent, plugins map[int]bool) []string {
+	var left []string
+	if m, err := e2e.MountsUnder(a.DriverRoot); err != nil {
+		left = append(left, err.Error())
+	} else {
+		left = append(left, m...)
+	}
+	left = append(left, a.VolJournalLeft()...)
+	roots, _ := filepath.Glob("/sys/fs/cgroup/*/" + a.DriverCgroupParent())
+	roots = append(roots, filepath.Join("/sys/fs/cgroup", a.DriverCgroupParent()))
+	for _, root := range roots {
+		entries, _ := os.ReadDir(root)
+		for _, e := range entries {
+			if e.IsDir() {
+				left = append(left, filepath.Join(root, e.Name()))
+			}
+		}
+	}
+	if n, _, _ := manyProcs(isSupervisor(a, plugins)); n > 1 {
+		left = append(left, fmt.Sprintf("%d supervisors (one is the spare)", n))
+	}
+	if n, _, _ := manyProcs(isNomadHelper(a, "executor")); n > 0 {
+		left = append(left, fmt.Sprintf("%d executors", n))
+	}
+	return left
+}
