@@ -969,17 +969,7 @@ func (d *Driver) WaitTask(ctx context.Context, taskID string) (<-chan *drivers.E
 	if !ok {
 		return nil, drivers.ErrTaskNotFound
 	}
-	ch := make(chan *drivers.ExitResult, 1)
-	go func() {
-		defer close(ch)
-		select {
-		case <-h.done:
-			ch <- h.exitResult()
-		case <-ctx.Done():
-		case <-d.ctx.Done():
-		}
-	}()
-	return ch, nil
+	return h.waitExit(ctx, d.ctx), nil
 }
 
 // StopTask sends the task its kill signal and kills it after timeout.

@@ -39,6 +39,7 @@ type fakeProcess struct {
 	// ignore makes Shutdown's signal not end the task: only the kill after
 	// the grace period does.
 	ignore bool
+	onExit []func()
 }
 
 func newFakeProcess(pid int) *fakeProcess {
@@ -47,12 +48,29 @@ func newFakeProcess(pid int) *fakeProcess {
 
 func (p *fakeProcess) exit(st executor.ExitStatus) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	if p.status != nil {
+		p.mu.Unlock()
 		return
 	}
 	p.status = &st
 	close(p.exitCh)
+	hooks := p.onExit
+	p.onExit = nil
+	p.mu.Unlock()
+	for _, f := range hooks {
+		f()
+	}
+}
+
+func (p *fakeProcess) OnExit(f func()) {
+	p.mu.Lock()
+	if p.status == nil {
+		p.onExit = append(p.onExit, f)
+		p.mu.Unlock()
+		return
+	}
+	p.mu.Unlock()
+	f()
 }
 
 func (p *fakeProcess) Pid() int              { return p.pid }

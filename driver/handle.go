@@ -28,6 +28,9 @@ type taskProcess interface {
 	Stats() (*cgroups.Stats, error)
 	Exec(ctx context.Context, opts executor.ExecOptions) (int, error)
 	Destroy() error
+	// OnExit has f run once the process has exited (Wait returns at
+	// once), or now when it has already; f must not block.
+	OnExit(f func())
 }
 
 // TaskState is what the driver stores with Nomad for each task, so that it
@@ -90,6 +93,9 @@ type taskHandle struct {
 	state       drivers.TaskState
 	completedAt time.Time
 	exit        *drivers.ExitResult
+	// waiters are called once the task has exited (see onExit), by key.
+	waiters    map[int]func()
+	nextWaiter int
 }
 
 func newTaskHandle(logger hclog.Logger, cfg *drivers.TaskConfig, p taskProcess, startedAt time.Time) *taskHandle {
@@ -101,11 +107,13 @@ func newTaskHandle(logger hclog.Logger, cfg *drivers.TaskConfig, p taskProcess, 
 		done:      make(chan struct{}),
 		state:     drivers.TaskStateRunning,
 	}
-	go h.watch()
+	// No goroutine waits for the task: the process says when it ended.
+	p.OnExit(h.watch)
 	return h
 }
 
-// watch waits for the process to end and records how it ended.
+// watch records how the process ended, once it has (the process's
+// OnExit), and calls the waiters.
 func (h *taskHandle) watch() {
 	status, err := h.process.Wait(context.Background())
 	result := &drivers.ExitResult{}
@@ -137,9 +145,86 @@ func (h *taskHandle) watch() {
 	h.state = drivers.TaskStateExited
 	h.exit = result
 	h.completedAt = completed
+	waiters := h.waiters
+	h.waiters = nil
+	close(h.done)
 	h.mu.Unlock()
 	h.logger.Debug("task exited", "exit_code", result.ExitCode, "signal", result.Signal, "oom_killed", result.OOMKilled)
-	close(h.done)
+	for _, f := range waiters {
+		f()
+	}
+}
+
+// waitExit returns a channel that gets the task's exit result once it has
+// exited, or is closed empty when one of ctxs ends first. No goroutine
+// waits for either (a WaitTask per task, for the task's whole life, would
+// cost one each): the task's end and the contexts call back.
+func (h *taskHandle) waitExit(ctxs ...context.Context) <-chan *drivers.ExitResult {
+	ch := make(chan *drivers.ExitResult, 1)
+	var (
+		mu       sync.Mutex
+		answered bool
+		stops    []func()
+	)
+	answer := func(r *drivers.ExitResult) {
+		mu.Lock()
+		if answered {
+			mu.Unlock()
+			return
+		}
+		answered = true
+		pending := stops
+		stops = nil
+		mu.Unlock()
+		for _, stop := range pending {
+			stop()
+		}
+		if r != nil {
+			ch <- r
+		}
+		close(ch)
+	}
+	// add keeps stop for the answer, or calls it when that came already.
+	add := func(stop func()) {
+		mu.Lock()
+		if answered {
+			mu.Unlock()
+			stop()
+			return
+		}
+		stops = append(stops, stop)
+		mu.Unlock()
+	}
+	for _, ctx := range ctxs {
+		stop := context.AfterFunc(ctx, func() { answer(nil) })
+		add(func() { stop() })
+	}
+	add(h.onExit(func() { answer(h.exitResult()) }))
+	return ch
+}
+
+// onExit has f called once the task has exited (now, when it has), on the
+// goroutine that saw it exit: f must not block. cancel forgets f when it
+// was not called yet.
+func (h *taskHandle) onExit(f func()) (cancel func()) {
+	h.mu.Lock()
+	if h.exited() {
+		h.mu.Unlock()
+		f()
+		return func() {}
+	}
+	if h.waiters == nil {
+		h.waiters = map[int]func(){}
+	}
+	key := h.nextWaiter
+	h.nextWaiter++
+	h.waiters[key] = f
+	h.mu.Unlock()
+	return func() {
+		h.mu.Lock()
+		delete(h.waiters, key)
+		h.mu.Unlock()
+	}
 }
 
 func (h *taskHandle) exited() bool {

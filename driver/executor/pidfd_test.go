@@ -3,6 +3,7 @@ package executor
 import (
 	"os"
 	"os/exec"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -97,4 +98,44 @@ func TestWaitChild(t *testing.T) {
 	err := waitChild(c.Process, c.Wait)
 	must.Error(t, err)
 	must.Eq(t, 3, c.ProcessState.ExitCode())
+}
+
+// A running task costs the driver one goroutine, the one that reaps its
+// supervisor and then records the task's end (OnExit callers are called
+// back from it): a second one waiting on a pidfd, as before, made two per
+// task for the task's life. Every task's end is still seen.
+func TestStart_OneGoroutinePerTask_Root(t *testing.T) {
+	requireTaskRoot(t)
+	const n = 8
+	settle := func() int {
+		g := runtime.NumGoroutine()
+		for range 50 {
+			time.Sleep(20 * time.Millisecond)
+			if h := runtime.NumGoroutine(); h == g {
+				return g
+			} else {
+				g = h
+			}
+		}
+		return g
+	}
+	before := settle()
+	var procs []*Process
+	for range n {
+		procs = append(procs, startTest(t, newTestSpec(t, "/bin/sleep", "60")))
+	}
+	during := settle()
+	must.LessEq(t, before+n+n/2, during, must.Sprintf("%d tasks took %d goroutines", n, during-before))
+	ended := make(chan struct{}, n)
+	for _, p := range procs {
+		p.OnExit(func() { ended <- struct{}{} })
+		must.NoError(t, p.Kill())
+	}
+	for i := range n {
+		select {
+		case <-ended:
+		case <-time.After(30 * time.Second):
+			t.Fatalf("%d of %d tasks seen to end", i, n)
+		}
+	}
 }

@@ -43,18 +43,20 @@ type Process struct {
 
 	// group is nil when the cgroup could not be loaded on Recover.
 	group *cgroups.Group
-	// supFD and taskFD are pidfds of the supervisor and of the task's main
-	// process, -1 when unknown or gone.
+	// supFD and taskFD are pidfds of the supervisor (a recovered one: a
+	// started one is this process's child, which its spare's reaper waits
+	// for) and of the task's main process, -1 when unknown or gone.
 	supFD, taskFD int
-	// reaped is closed once this process has reaped the supervisor it
-	// started; nil for a recovered one (not our child).
-	reaped chan struct{}
 
 	done   chan struct{}
 	status *ExitStatus
 
 	mu        sync.Mutex
 	destroyed bool
+	// onExit run once the task has exited, after done is closed (see
+	// OnExit); exitRan is set then.
+	onExit  []func()
+	exitRan bool
 }
 
 // Start starts the task described by spec under a new supervisor and
@@ -181,7 +183,6 @@ func start(logger hclog.Logger, spec *Spec, late func() ([]Mount, error), sp *sp
 		logger: logger,
 		supFD:  -1,
 		taskFD: -1,
-		reaped: reaped,
 		done:   make(chan struct{}),
 		state: State{
 			SupervisorPID: cmd.Process.Pid,
@@ -198,17 +199,14 @@ func start(logger hclog.Logger, spec *Spec, late func() ([]Mount, error), sp *sp
 	if p.state.SupervisorStart, err = wire.ProcStartTime(cmd.Process.Pid); err != nil {
 		logger.Warn("failed to read the supervisor's start time", "error", err)
 	}
-	if fd, err := unix.PidfdOpen(cmd.Process.Pid, 0); err == nil {
-		p.supFD = fd
-	} else {
-		logger.Warn("failed to open a pidfd for the supervisor", "supervisor_pid", cmd.Process.Pid, "error", err)
-	}
 	p.taskFD = openVerifiedPidfd(rep.TaskPID, rep.TaskStart)
 	if p.group, err = cgroups.Load(rep.Cgroup); err != nil {
 		logger.Warn("failed to load the task's cgroup", "error", err)
 	}
 	logger.Info("task started", "pid", rep.TaskPID, "supervisor_pid", cmd.Process.Pid)
-	go p.watch()
+	// The goroutine that reaps the supervisor records the task's end: no
+	// other waits for it.
+	sp.afterReap(p.finish)
 	return p, nil
 }
 
@@ -246,6 +244,7 @@ func Recover(logger hclog.Logger, st State) (*Process, error) {
 		}
 		p.status = status
 		close(p.done)
+		p.exitRan = true
 		return p, nil
 	}
 
@@ -333,16 +332,20 @@ func readExitStatus(stateDir string) (*ExitStatus, error) {
 	return wire.ReadExit(filepath.Join(stateDir, wire.ExitFile))
 }
 
-// watch waits for the supervisor to exit and records the task's status.
+// watch waits for a recovered task's supervisor to exit and records the
+// task's status.
 func (p *Process) watch() {
 	if p.supFD >= 0 {
 		if err := waitExited(p.supFD); err != nil {
 			p.logger.Error("failed to wait for the supervisor", "error", err)
 		}
 	}
-	if p.reaped != nil {
-		<-p.reaped
-	}
+	p.finish()
+}
+
+// finish records the task's status once its supervisor has exited (and,
+// when it is this process's child, was reaped), and runs what OnExit gave.
+func (p *Process) finish() {
 	status, err := readExitStatus(p.state.StateDir)
 	if err != nil {
 		p.logger.Error("supervisor exited without recording the task's exit status", "error", err)
@@ -357,6 +360,28 @@ func (p *Process) watch() {
 	}
 	p.status = status
 	close(p.done)
+	p.mu.Lock()
+	hooks := p.onExit
+	p.onExit, p.exitRan = nil, true
+	p.mu.Unlock()
+	for _, f := range hooks {
+		f()
+	}
+}
+
+// OnExit has f run once the task has exited (Wait then returns at once),
+// on the goroutine that saw it exit; when it has already, f runs now. f
+// must not block: it is how a caller follows the task without a goroutine
+// of its own waiting for it.
+func (p *Process) OnExit(f func()) {
+	p.mu.Lock()
+	if !p.exitRan {
+		p.onExit = append(p.onExit, f)
+		p.mu.Unlock()
+		return
+	}
+	p.mu.Unlock()
+	f()
 }
 
 // State returns what Recover needs.

@@ -62,8 +62,40 @@ type spare struct {
 	// directory is sent first (wire.SpareHello), then the late mounts.
 	ctl    *os.File
 	reaped chan struct{}
+	// after runs once the supervisor is reaped, on the goroutine that
+	// reaped it (see afterReap).
+	afterMu   sync.Mutex
+	after     func()
+	afterDone bool
 	// pidNS is set for a supervisor started in a PID namespace of its own.
 	pidNS bool
+}
+
+// afterReap has f run once the supervisor is reaped: by the goroutine that
+// waits for it, so that a task's supervisor costs the driver that one
+// goroutine for the task's life. When it is reaped already, f runs now.
+func (sp *spare) afterReap(f func()) {
+	sp.afterMu.Lock()
+	if !sp.afterDone {
+		sp.after = f
+		sp.afterMu.Unlock()
+		return
+	}
+	sp.afterMu.Unlock()
+	f()
+}
+
+// reap waits for the supervisor, reaps it, and runs what afterReap gave.
+func (sp *spare) reap() {
+	_ = waitChild(sp.cmd.Process, sp.cmd.Wait)
+	close(sp.reaped)
+	sp.afterMu.Lock()
+	f := sp.after
+	sp.after, sp.afterDone = nil, true
+	sp.afterMu.Unlock()
+	if f != nil {
+		f()
+	}
 }
 
 // Start is the package's Start, run by a spare supervisor of
@@ -261,10 +293,7 @@ func startSupervisor(binary string, args []string, out *os.File, control, pidNS 
 		return nil, fmt.Errorf("failed to start the supervisor: %w", err)
 	}
 	sp := &spare{cmd: cmd, reportR: reportR, ctl: ctl, reaped: make(chan struct{}), pidNS: pidNS}
-	go func() {
-		_ = waitChild(cmd.Process, cmd.Wait)
-		close(sp.reaped)
-	}()
+	go sp.reap()
 	return sp, nil
 }
 
