@@ -19,10 +19,12 @@ import (
 // still peers of the host's).
 //
 //  1. Every shared mount that is not a bidirectional source, nor inside one,
-//     becomes a slave, one mount at a time (never "rslave /", which would
-//     cut the bidirectional sources off the host too). From then on, new
-//     mounts in the task do not reach the host, and host mounts still
-//     reach the task.
+//     becomes a slave. Without bidirectional mounts (every task but a CSI
+//     plugin's) that is one "rslave /", whatever the host mounts; with them
+//     it is one mount at a time, since "rslave /" would cut the
+//     bidirectional sources off the host too. From then on, new mounts in
+//     the task do not reach the host, and host mounts still reach the
+//     task.
 //  2. Each Mount is bound onto its target (recursively). A bind of a shared
 //     source joins the source's peer group; the bind itself does not leak
 //     because the target's parent is now a slave. Then private mounts become
@@ -56,6 +58,19 @@ func prepareNamespace(m mounter.Interface, mounts []wire.Mount, root string, iso
 		bidi = append(bidi, src)
 	}
 
+	if len(bidi) == 0 {
+		// One call, where a mount at a time cost every task a mount(2)
+		// per shared mount of the host: two per CSI volume published on
+		// the node (under root_dir/mnt, which is shared), so that each
+		// start took longer the more tasks ran, and hundreds of tasks
+		// starting together took time in the square of their number.
+		// MS_SLAVE leaves private and unbindable mounts as they are.
+		if err := m.SetPropagation("/", mounter.PropagationSlave, true); err != nil {
+			return err
+		}
+		return enterNewRoot(m, root, iso, img)
+	}
+
 	table, err := m.List()
 	if err != nil {
 		return err
@@ -80,6 +95,12 @@ func prepareNamespace(m mounter.Interface, mounts []wire.Mount, root string, iso
 		}
 	}
 
+	return enterNewRoot(m, root, iso, img)
+}
+
+// enterNewRoot assembles the task's root at root, when it is set: from
+// its image (img), or of the host's paths.
+func enterNewRoot(m mounter.Interface, root string, iso *wire.Isolation, img *wire.ImageRoot) error {
 	switch {
 	case root == "":
 		return nil

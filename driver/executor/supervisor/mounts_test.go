@@ -1,6 +1,7 @@
 package supervisor
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -120,15 +121,18 @@ func setupMounts(m mounter.Interface, mounts []wire.Mount, root string) error {
 
 // A host mount unmounted between the read of the mount table and its turn
 // to become a slave (EINVAL: no mount point any more) is passed over, as a
-// deleted one is (ENOENT); any other error stops.
+// deleted one is (ENOENT); any other error stops. (Only a task with a
+// bidirectional mount makes the mounts slaves one at a time.)
 func TestPrepareNamespace_HostMountGoneMeanwhile_Fake(t *testing.T) {
+	bidi := t.TempDir()
 	f := mounter.NewFake(
 		mounter.MountPoint{ID: 1, Path: "/", Shared: true, PeerGroup: 1},
 		mounter.MountPoint{ID: 2, Path: "/gone", Shared: true, PeerGroup: 2},
 		mounter.MountPoint{ID: 3, Path: "/deleted", Shared: true, PeerGroup: 3},
 	)
+	mounts := []wire.Mount{{Source: bidi, Target: "/b", Propagation: wire.PropagationBidirectional}}
 	f.PropagationErrs = map[string]error{"/gone": unix.EINVAL, "/deleted": unix.ENOENT}
-	must.NoError(t, prepareNamespace(f, nil, "", nil, nil))
+	must.NoError(t, prepareNamespace(f, mounts, "", nil, nil))
 	var slaved []string
 	for _, a := range f.GetActions() {
 		if a.Kind == mounter.ActionSetPropagation {
@@ -138,5 +142,40 @@ func TestPrepareNamespace_HostMountGoneMeanwhile_Fake(t *testing.T) {
 	must.SliceContains(t, slaved, "/")
 
 	f.PropagationErrs = map[string]error{"/gone": unix.EPERM}
-	must.ErrorIs(t, prepareNamespace(f, nil, "", nil, nil), unix.EPERM)
+	must.ErrorIs(t, prepareNamespace(f, mounts, "", nil, nil), unix.EPERM)
+}
+
+// Without a bidirectional mount, every shared mount becomes a slave in one
+// call, however many the host has: the mounts of the CSI volumes already
+// published on the node are shared, and one mount(2) for each made every
+// start slower the more tasks ran. Private and unbindable mounts stay so.
+func TestPrepareNamespace_OneCallWithoutBidirectional_Fake(t *testing.T) {
+	for _, n := range []int{1, 10, 500} {
+		table := []mounter.MountPoint{
+			{ID: 1, Path: "/", Shared: true, PeerGroup: 1},
+			{ID: 2, Path: "/proc"},
+			{ID: 3, Path: "/private"},
+			{ID: 4, Path: "/unbindable", Unbindable: true},
+		}
+		for i := range n {
+			table = append(table,
+				mounter.MountPoint{ID: 10 + 2*i, Path: fmt.Sprintf("/csi/mnt/staging/v%d", i), Shared: true, PeerGroup: 10 + 2*i},
+				mounter.MountPoint{ID: 11 + 2*i, Path: fmt.Sprintf("/csi/mnt/publish/t%d/data", i), Shared: true, PeerGroup: 11 + 2*i})
+		}
+		f := mounter.NewFake(table...)
+		must.NoError(t, prepareNamespace(f, []wire.Mount{{Source: "/csi/mnt/publish/t0/data", Target: "/data"}}, "", nil, nil))
+		var calls []string
+		for _, a := range f.GetActions() {
+			calls = append(calls, a.Kind+" "+a.Target+" "+a.Mode+" "+boolWord(a.Recursive, "rec"))
+		}
+		must.Eq(t, []string{"propagation / slave rec"}, calls, must.Sprintf("with %d volumes published", n))
+		after, err := f.List()
+		must.NoError(t, err)
+		for _, mp := range after {
+			must.False(t, mp.Shared, must.Sprintf("%s is still shared", mp.Path))
+			if mp.Path == "/unbindable" {
+				must.True(t, mp.Unbindable)
+			}
+		}
+	}
 }
