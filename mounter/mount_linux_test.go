@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"testing"
 
 	"github.com/shoenig/test/must"
@@ -470,4 +471,88 @@ func TestMounter_UnmountExact_Root(t *testing.T) {
 		}
 		must.True(t, mounted(victim))
 	})
+}
+
+// IsMountPoint answers as the mount table does, for a tmpfs, a bind of a
+// directory inside one, a bind of a file, a directory inside a mount, a
+// path mounted twice, a symlink to a mount point, and a plain directory.
+func TestMounter_IsMountPoint_AgreesWithTable_Root(t *testing.T) {
+	requireRoot(t)
+	m := New()
+	dir := privateDir(t)
+	tmp := filepath.Join(dir, "tmp")
+	mountTmpfs(t, tmp)
+	must.NoError(t, os.MkdirAll(filepath.Join(tmp, "inner"), 0o755))
+	sub := filepath.Join(dir, "sub")
+	must.NoError(t, os.MkdirAll(sub, 0o755))
+	cleanupMount(t, sub)
+	must.NoError(t, unix.Mount(filepath.Join(tmp, "inner"), sub, "", unix.MS_BIND, ""))
+	file, fileTarget := filepath.Join(dir, "file"), filepath.Join(dir, "file-target")
+	must.NoError(t, os.WriteFile(file, nil, 0o644))
+	must.NoError(t, os.WriteFile(fileTarget, nil, 0o644))
+	cleanupMount(t, fileTarget)
+	must.NoError(t, unix.Mount(file, fileTarget, "", unix.MS_BIND, ""))
+	twice := filepath.Join(dir, "twice")
+	mountTmpfs(t, twice)
+	mountTmpfs(t, twice)
+	link := filepath.Join(dir, "link")
+	must.NoError(t, os.Symlink(tmp, link))
+	plain := filepath.Join(dir, "plain")
+	must.NoError(t, os.MkdirAll(plain, 0o755))
+
+	table, err := m.List()
+	must.NoError(t, err)
+	for path, want := range map[string]bool{
+		tmp: true, sub: true, fileTarget: true, twice: true, link: true, dir: true,
+		filepath.Join(tmp, "inner"): false, plain: false, file: false,
+	} {
+		ok, err := m.IsMountPoint(path)
+		must.NoError(t, err)
+		must.Eq(t, want, ok, must.Sprintf("IsMountPoint(%s)", path))
+		real, err := filepath.EvalSymlinks(path)
+		must.NoError(t, err)
+		must.Eq(t, isMountPoint(table, real), ok, must.Sprintf("%s: the table says otherwise", path))
+	}
+}
+
+// BenchmarkIsMountPoint checks one mount point on a node with n more mounts
+// (tmpfs mounts under a private directory, as many CSI volumes leave
+// under root_dir/mnt), with statx and by reading the mount table, which
+// IsMountPoint did before: the table's cost grows with the node's mounts.
+//
+//	go test -run '^$' -bench IsMountPoint ./mounter/ (root)
+func BenchmarkIsMountPoint(b *testing.B) {
+	if os.Geteuid() != 0 {
+		b.Skip("needs root: it mounts")
+	}
+	m := New().(*mounter)
+	for _, n := range []int{10, 100, 1000} {
+		b.Run(fmt.Sprintf("mounts=%d", n), func(b *testing.B) {
+			dir := b.TempDir()
+			must.NoError(b, unix.Mount(dir, dir, "", unix.MS_BIND, ""))
+			must.NoError(b, unix.Mount("", dir, "", unix.MS_PRIVATE, ""))
+			b.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
+			for i := range n {
+				p := filepath.Join(dir, strconv.Itoa(i))
+				must.NoError(b, os.Mkdir(p, 0o755))
+				must.NoError(b, unix.Mount("tmpfs", p, "tmpfs", 0, "size=64k"))
+			}
+			target := filepath.Join(dir, "0")
+			b.Run("statx", func(b *testing.B) {
+				for b.Loop() {
+					if ok, err := m.IsMountPoint(target); err != nil || !ok {
+						b.Fatalf("IsMountPoint(%s) = %v, %v", target, ok, err)
+					}
+				}
+			})
+			b.Run("table", func(b *testing.B) {
+				for b.Loop() {
+					table, err := m.List()
+					if err != nil || !isMountPoint(table, target) {
+						b.Fatalf("%s not in the table: %v", target, err)
+					}
+				}
+			})
+		})
+	}
 }
