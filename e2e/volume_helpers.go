@@ -47,6 +47,8 @@ type VolFixtureOptions struct {
 	Args []string
 	// RestartDelay is the restart delay of the plugin task (default 1s).
 	RestartDelay time.Duration
+	// MemoryMB is the plugin task's memory (default 128).
+	MemoryMB int
 }
 
 // VolFixture is a csi-fixture running as a plugin task of the agent.
@@ -71,6 +73,9 @@ func (a *Agent) StartVolFixture(t testing.TB, id string, opts VolFixtureOptions)
 	if opts.RestartDelay == 0 {
 		opts.RestartDelay = time.Second
 	}
+	if opts.MemoryMB == 0 {
+		opts.MemoryMB = 128
+	}
 	dir := filepath.Join(a.Dir, "fx-"+id)
 	p := &VolFixture{
 		ID:       id,
@@ -89,6 +94,7 @@ func (a *Agent) StartVolFixture(t testing.TB, id string, opts VolFixtureOptions)
 		"Command":      filepath.Join(VolCSIBinDir(a.Root), "csi-fixture"),
 		"Args":         volHCLList(args),
 		"RestartDelay": opts.RestartDelay.String(),
+		"Memory":       strconv.Itoa(opts.MemoryMB),
 	})
 	p.JobID = job.ID
 	al := a.WaitAlloc(t, job.ID, time.Minute, StatusRunning)

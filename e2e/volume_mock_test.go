@@ -56,6 +56,7 @@ func startVolMock(t *testing.T, a *Agent, m *volMock) {
 		"Command":      "/usr/bin/env",
 		"Args":         volHCLList([]string{"X_CSI_REQ_LOGGING=true", csiBin(t, m.bin)}),
 		"RestartDelay": "1s",
+		"Memory":       "128",
 	})
 	m.allocID = a.WaitAlloc(t, job.ID, time.Minute, StatusRunning).ID
 	a.WaitVolPluginHealthy(t, m.id, time.Minute)

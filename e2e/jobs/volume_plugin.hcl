@@ -36,7 +36,7 @@ job "{{.JobID}}" {
 
       resources {
         cpu    = 100
-        memory = 128
+        memory = {{.Vars.Memory}}
       }
     }
   }
