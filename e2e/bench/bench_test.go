@@ -30,7 +30,6 @@ import (
 	"math"
 	"net/url"
 	"os"
-	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -280,32 +279,11 @@ func parseKB(v string) int64 {
 	return n
 }
 
-// supervisorsRSS counts the driver's other processes (the re-executed
-// per-task supervisors) that belong to this agent and sums their VmRSS and
-// their PSS (which does not count the shared binary 20 times).
+// supervisorsRSS counts the driver's per-task supervisors (see
+// isSupervisor) and sums their VmRSS and their PSS (which does not count
+// the shared binary 20 times).
 func supervisorsRSS(a *e2e.Agent) (int, int64, int64) {
-	plugin := a.DriverPluginPID()
-	bin := filepath.Join(e2e.PluginDir(a.Root), "nomad-driver-csi")
-	count, total, pss := 0, int64(0), int64(0)
-	entries, _ := os.ReadDir("/proc")
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid == plugin {
-			continue
-		}
-		exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
-		if err != nil || strings.TrimSuffix(exe, " (deleted)") != bin || (!a.Owns(pid) && !hasParent(pid, plugin)) {
-			continue
-		}
-		v, err := e2e.StatusField(pid, "VmRSS")
-		if err != nil {
-			continue
-		}
-		count++
-		total += parseKB(v)
-		pss += pssKB(pid)
-	}
-	return count, total, pss
+	return procsRSS(isSupervisor(a, nil))
 }
 
 // pssKB reads a process's proportional set size (shared pages split among

@@ -242,11 +242,11 @@ func manyRound(b *testing.B, a *e2e.Agent, fx *e2e.VolFixture, jobs *[]string, s
 	r.driverRSS = pluginRSS(b, a)
 	r.goroutines = manyGoroutines(b, a, stats)
 	if driver == "csi" {
-		r.procs, r.procRSS, r.procPS = manyProcs(isSupervisor(a, plugins))
+		r.procs, r.procRSS, r.procPS = procsRSS(isSupervisor(a, plugins))
 	} else {
-		r.procs, r.procRSS, r.procPS = manyProcs(isNomadHelper(a, "executor"))
+		r.procs, r.procRSS, r.procPS = procsRSS(isNomadHelper(a, "executor"))
 	}
-	r.logmons, r.logRSS, r.logPSS = manyProcs(isNomadHelper(a, "logmon"))
+	r.logmons, r.logRSS, r.logPSS = procsRSS(isNomadHelper(a, "logmon"))
 	if m, err := e2e.MountsUnder(a.DriverRoot); err == nil {
 		r.mounts = len(m)
 	}
@@ -546,8 +546,8 @@ func manyKeepProfiles(b *testing.B, stats, when string) {
 	}
 }
 
-// manyProcs sums VmRSS and PSS, in kB, of the processes that match.
-func manyProcs(match func(pid int, exe, cmdline string) bool) (int, int64, int64) {
+// procsRSS sums VmRSS and PSS, in kB, of the processes that match.
+func procsRSS(match func(pid int, exe, cmdline string) bool) (int, int64, int64) {
 	count, rss, pss := 0, int64(0), int64(0)
 	entries, _ := os.ReadDir("/proc")
 	for _, e := range entries {
@@ -596,10 +596,10 @@ func manyLeft(a *e2e.Agent, plugins map[int]bool) []string {
 			}
 		}
 	}
-	if n, _, _ := manyProcs(isSupervisor(a, plugins)); n > 1 {
+	if n, _, _ := procsRSS(isSupervisor(a, plugins)); n > 1 {
 		left = append(left, fmt.Sprintf("%d supervisors (one is the spare)", n))
 	}
-	if n, _, _ := manyProcs(isNomadHelper(a, "executor")); n > 0 {
+	if n, _, _ := procsRSS(isNomadHelper(a, "executor")); n > 0 {
 		left = append(left, fmt.Sprintf("%d executors", n))
 	}
 	return left
