@@ -18,7 +18,8 @@ const Package = "github.com/nomad-driver-csi/nomad-driver-csi/driver/executor/sh
 // the supervisor's own tests import this package; TestLDFlags checks it).
 const LDFlags = "-s -w -E github.com/nomad-driver-csi/nomad-driver-csi/driver/executor/supervisor.stageEntry"
 
-// Build builds the shim for goarch ("" for this machine's) into a new
+// Build builds the shim for goarch ("" for this machine's), with the
+// build tags of the calling tests (see buildTags), into a new
 // directory that every user may search (a task's seccomp stage runs from
 // it, as the task's user), removed when t ends. It skips t without the go
 // command.
@@ -37,7 +38,11 @@ func Build(t testing.TB, goarch string) string {
 		t.Fatal(err)
 	}
 	out := filepath.Join(dir, "nomad-driver-csi-shim")
-	cmd := exec.Command(goBin, "build", "-trimpath", "-ldflags", LDFlags, "-o", out, Package)
+	args := []string{"build", "-trimpath", "-ldflags", LDFlags, "-o", out}
+	if buildTags != "" {
+		args = append(args, "-tags", buildTags)
+	}
+	cmd := exec.Command(goBin, append(args, Package)...)
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if goarch != "" {
 		cmd.Env = append(cmd.Env, "GOARCH="+goarch)
