@@ -81,12 +81,15 @@ func (b *Boundary) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *dri
 	return h, n, safetext.Error(err)
 }
 
+// WaitTask cleans the result where the driver makes it, not through a
+// relay: a WaitTask waits for the task's whole life, and a goroutine each
+// would cost every running task one (see taskHandle.waitExit).
 func (b *Boundary) WaitTask(ctx context.Context, taskID string) (<-chan *drivers.ExitResult, error) {
-	ch, err := b.d.WaitTask(ctx, taskID)
+	ch, err := b.d.waitTask(ctx, taskID, cleanExitResult)
 	if err != nil {
 		return nil, safetext.Error(err)
 	}
-	return relay(ctx, ch, cleanExitResult), nil
+	return ch, nil
 }
 
 func (b *Boundary) StopTask(taskID string, timeout time.Duration, signal string) error {

@@ -969,7 +969,16 @@ func (d *Driver) WaitTask(ctx context.Context, taskID string) (<-chan *drivers.E
 	if !ok {
 		return nil, drivers.ErrTaskNotFound
 	}
-	return h.waitExit(ctx, d.ctx), nil
+	return h.waitExit(nil, ctx, d.ctx), nil
+}
+
+// waitTask is WaitTask with the result passed through clean.
+func (d *Driver) waitTask(ctx context.Context, taskID string, clean func(*drivers.ExitResult) *drivers.ExitResult) (<-chan *drivers.ExitResult, error) {
+	h, ok := d.tasks.Get(taskID)
+	if !ok {
+		return nil, drivers.ErrTaskNotFound
+	}
+	return h.waitExit(clean, ctx, d.ctx), nil
 }
 
 // StopTask sends the task its kill signal and kills it after timeout.

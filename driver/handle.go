@@ -155,11 +155,12 @@ func (h *taskHandle) watch() {
 	}
 }
 
-// waitExit returns a channel that gets the task's exit result once it has
-// exited, or is closed empty when one of ctxs ends first. No goroutine
-// waits for either (a WaitTask per task, for the task's whole life, would
-// cost one each): the task's end and the contexts call back.
-func (h *taskHandle) waitExit(ctxs ...context.Context) <-chan *drivers.ExitResult {
+// waitExit returns a channel that gets the task's exit result (through
+// clean, when set) once it has exited, or is closed empty when one of ctxs
+// ends first. No goroutine waits for either (a WaitTask per task, for the
+// task's whole life, would cost one each): the task's end and the contexts
+// call back.
+func (h *taskHandle) waitExit(clean func(*drivers.ExitResult) *drivers.ExitResult, ctxs ...context.Context) <-chan *drivers.ExitResult {
 	ch := make(chan *drivers.ExitResult, 1)
 	var (
 		mu       sync.Mutex
@@ -199,7 +200,13 @@ func (h *taskHandle) waitExit(ctxs ...context.Context) <-chan *drivers.ExitResul
 		stop := context.AfterFunc(ctx, func() { answer(nil) })
 		add(func() { stop() })
 	}
-	add(h.onExit(func() { answer(h.exitResult()) }))
+	add(h.onExit(func() {
+		r := h.exitResult()
+		if clean != nil {
+			r = clean(r)
+		}
+		answer(r)
+	}))
 	return ch
 }
 
