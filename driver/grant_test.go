@@ -285,10 +285,10 @@ func TestPinnedEnvAndMounts(t *testing.T) {
 	}
 
 	for _, target := range []string{"/etc", "/etc/ld.so.preload", "/usr/lib", "/lib64", "/", "/usr/local/bin", "/opt/csi/bin/x", "/opt/csi", "/opt"} {
-		must.NotEq(t, "", pinnedMountReason(target, "/opt/csi/bin/plugin"), must.Sprint(target))
+		must.NotEq(t, "", pinnedMountReason(target, []string{"/opt/csi/bin"}), must.Sprint(target))
 	}
 	for _, target := range []string{"/csi", "/local/csi", "/data", "/etc/resolv.conf", "/etc/hosts", "/opt/other", "/var/lib/x"} {
-		must.Eq(t, "", pinnedMountReason(target, "/opt/csi/bin/plugin"), must.Sprint(target))
+		must.Eq(t, "", pinnedMountReason(target, []string{"/opt/csi/bin"}), must.Sprint(target))
 	}
 }
 

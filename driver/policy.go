@@ -98,16 +98,43 @@ func authorize(conf *Config, cfg *drivers.TaskConfig, tc *TaskConfig, spec *exec
 		spec.Path = s.Command
 	}
 	if g.Command != "" || g.Image != "" {
-		if v := pinnedEnvVar(spec.Env); v != "" {
-			return nil, fmt.Errorf("env %s is not allowed in this task: it would make the program that %s pins load code the job names, as root; drop it from the job", v, g)
-		}
-		for _, t := range jobMountTargets(conf, spec, tc) {
-			if reason := pinnedMountReason(t, s.Command); reason != "" {
-				return nil, fmt.Errorf("the task runs under %s, and %s; choose another destination", g, reason)
-			}
+		if err := checkPinned(conf, cfg, tc, spec, g, s.Command, targets); err != nil {
+			return nil, err
 		}
 	}
 	return g, nil
+}
+
+// checkPinned keeps a task whose grant g pins its program (command, the
+// resolved file of a command grant; "" for an image) from making that
+// program run the job's code as root: through the loader's and
+// interpreters' variables, the PATH it runs other programs from, the
+// interpreters and libraries it loads, or a mount over any of those.
+func checkPinned(conf *Config, cfg *drivers.TaskConfig, tc *TaskConfig, spec *executor.Spec, g *PrivilegedGrant, command string, targets []string) error {
+	if v := pinnedEnvVar(spec.Env); v != "" {
+		return fmt.Errorf("env %s is not allowed in this task: it would make the program that %s pins load code the job names, as root; drop it from the job", v, g)
+	}
+	forbidden := []string{conf.RootDir, allocationsDir(cfg)}
+	var dirs []string
+	if command != "" {
+		load, err := pinnedLoadDirs(command, targets, forbidden)
+		if err != nil {
+			return fmt.Errorf("the task runs under %s, and %w", g, err)
+		}
+		dirs = append(dirs, load...)
+	}
+	for _, d := range pinnedPath(spec.Env) {
+		if err := checkPinnedDir(d, targets, forbidden, command != ""); err != nil {
+			return fmt.Errorf("the task runs under %s, and its env PATH entry %w: the granted program would run what it finds there by name (mount, mkfs.ext4, ...) as root; drop PATH from the task's env (the driver's default is %s) or name only host directories that only root can write", g, err, defaultTaskPath)
+		}
+		dirs = append(dirs, filepath.Clean(d))
+	}
+	for _, t := range jobMountTargets(conf, spec, tc) {
+		if reason := pinnedMountReason(t, dirs); reason != "" {
+			return fmt.Errorf("the task runs under %s, and %s; choose another destination", g, reason)
+		}
+	}
+	return nil
 }
 
 // checkPrivilegedUser refuses a privileged task that names a user other

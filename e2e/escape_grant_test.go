@@ -67,9 +67,12 @@ type grantJob struct {
 	PluginType string // "" is "controller"
 	Env        map[string]string
 	Data       string
-	Volume     *VolSpec // a volume block of the driver's
-	Attempts   int
-	Delay      string // "" is "1s"
+	// DataDest is where Data is rendered ("" is local/data), DataPerms
+	// its mode ("" is 0644).
+	DataDest, DataPerms string
+	Volume              *VolSpec // a volume block of the driver's
+	Attempts            int
+	Delay               string // "" is "1s"
 }
 
 func (j grantJob) vars() map[string]string {
@@ -77,6 +80,13 @@ func (j grantJob) vars() map[string]string {
 		"Namespace": j.Namespace, "Type": j.Type, "User": j.User, "Privileged": fmt.Sprint(j.Privileged),
 		"PluginID": j.PluginID, "PluginType": j.PluginType, "Attempts": fmt.Sprint(j.Attempts), "Delay": j.Delay,
 		"Command": volHCLString(j.Command), "Args": volHCLList(j.Args), "Env": "", "Data": "", "Volumes": "",
+		"DataDest": j.DataDest, "DataPerms": j.DataPerms,
+	}
+	if v["DataDest"] == "" {
+		v["DataDest"] = "local/data"
+	}
+	if v["DataPerms"] == "" {
+		v["DataPerms"] = "0644"
 	}
 	if j.Volume != nil {
 		v["Volumes"] = j.Volume.HCL()

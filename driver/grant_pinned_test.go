@@ -1,0 +1,186 @@
+package driver
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+
+	"github.com/hashicorp/nomad/plugins/drivers"
+	"github.com/shoenig/test/must"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor"
+)
+
+func TestPinnedPath(t *testing.T) {
+	must.Eq(t, []string{"/usr/bin", "", "bin"}, pinnedPath([]string{"A=1", "PATH=/usr/bin::bin"}))
+	must.Eq(t, []string{""}, pinnedPath([]string{"PATH="}), must.Sprint("an empty PATH is the working directory"))
+	must.Eq(t, []string{"/a", "/b"}, pinnedPath([]string{"PATH=/a", "PATH=/b"}), must.Sprint("every PATH is checked"))
+}
+
+func TestCheckPinnedDir_Root(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: the directories must be root's")
+	}
+	top := t.TempDir() // root's, 0700, under /tmp (sticky)
+	bin := filepath.Join(top, "bin")
+	must.NoError(t, os.Mkdir(bin, 0o755))
+	tenant := filepath.Join(top, "tenant")
+	must.NoError(t, os.Mkdir(tenant, 0o755))
+	must.NoError(t, os.Chown(tenant, 65534, 65534))
+	sticky := filepath.Join(top, "sticky")
+	must.NoError(t, os.Mkdir(sticky, 0o755))
+	must.NoError(t, os.Chmod(sticky, 0o777|os.ModeSticky))
+	allocs := filepath.Join(top, "alloc")
+	must.NoError(t, os.MkdirAll(filepath.Join(allocs, "a1", "t", "local", "bin"), 0o755))
+	must.NoError(t, os.Symlink(filepath.Join(allocs, "a1", "t", "local", "bin"), filepath.Join(top, "to-alloc")))
+
+	for _, ok := range []string{bin, bin + "/", filepath.Join(bin, "missing"), filepath.Join(bin, "missing", "deeper")} {
+		must.NoError(t, checkPinnedDir(ok, []string{"/local"}, []string{allocs}, true), must.Sprint(ok))
+	}
+	for _, c := range []struct{ dir, want string }{
+		{"", "is relative"},
+		{"bin", "is relative"},
+		{"./bin", "is relative"},
+		{"/local/bin", `inside the task's mount "/local"`},
+		{"/local", `inside the task's mount "/local"`},
+		{tenant, "owned by uid 65534, not root"},
+		{filepath.Join(tenant, "missing"), "does not exist, and whoever can write"},
+		{sticky, "writable by its group or by others"},
+		{filepath.Join(sticky, "missing"), "does not exist, and whoever can write"},
+		{filepath.Join(top, "to-alloc"), "where tasks write"},
+	} {
+		err := checkPinnedDir(c.dir, []string{"/local"}, []string{allocs}, true)
+		must.ErrorContains(t, err, c.want, must.Sprint(c.dir))
+	}
+	// In an image (host false) only what the job places is checked: the
+	// image's own files are the digest's.
+	must.NoError(t, checkPinnedDir(tenant, []string{"/local"}, nil, false))
+	must.ErrorContains(t, checkPinnedDir("/local/bin", []string{"/local"}, nil, false), "inside the task's mount")
+	must.ErrorContains(t, checkPinnedDir("bin", nil, nil, false), "is relative")
+}
+
+func TestPinnedLoadDirs_Root(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: the files must be root's")
+	}
+	top := t.TempDir()
+	write := func(p, body string) string {
+		t.Helper()
+		must.NoError(t, os.MkdirAll(filepath.Dir(p), 0o755))
+		must.NoError(t, os.WriteFile(p, []byte(body), 0o755))
+		must.NoError(t, os.Chmod(p, 0o755))
+		return p
+	}
+	sh, err := filepath.EvalSymlinks("/bin/sh")
+	must.NoError(t, err)
+
+	// A script: its directory and its interpreter's, and the loader the
+	// interpreter names.
+	plugin := write(filepath.Join(top, "opt", "bin", "plugin"), "#!/bin/sh -e\nexit 0\n")
+	dirs, err := pinnedLoadDirs(plugin, nil, nil)
+	must.NoError(t, err)
+	must.SliceContains(t, dirs, filepath.Join(top, "opt", "bin"))
+	must.SliceContains(t, dirs, filepath.Dir(sh))
+
+	// The interpreter is checked as the command is: a tenant's, in a
+	// mount of the task, relative, or a chain too long.
+	tenant := write(filepath.Join(top, "tenant", "interp"), "#!/bin/sh\n")
+	must.NoError(t, os.Chown(filepath.Dir(tenant), 65534, 65534))
+	for _, c := range []struct{ line, want string }{
+		{"#!" + tenant + "\n", "owned by uid 65534, not root"},
+		{"#!/local/python3\n", `inside the task's mount "/local"`},
+		{"#!python3\n", "is relative"},
+	} {
+		write(plugin, c.line)
+		_, err := pinnedLoadDirs(plugin, []string{"/local"}, nil)
+		must.ErrorContains(t, err, c.want, must.Sprint(c.line))
+	}
+	prev := "/bin/sh"
+	for i := range maxInterpreters + 1 {
+		prev = write(filepath.Join(top, "opt", "chain", string(rune('a'+i))), "#!"+prev+"\n")
+	}
+	_, err = pinnedLoadDirs(prev, nil, nil)
+	must.ErrorContains(t, err, `"#!" interpreters in a row`)
+
+	// An ELF program's RUNPATH ($ORIGIN/../lib) is where its libraries
+	// come from: a mount of the job's there is refused.
+	if _, err := exec.LookPath("cc"); err != nil {
+		t.Skip("no C compiler to build a program with a RUNPATH")
+	}
+	src := filepath.Join(top, "main.c")
+	must.NoError(t, os.WriteFile(src, []byte("int main(void) { return 0; }\n"), 0o644))
+	elfBin := filepath.Join(top, "ebs", "bin", "driver")
+	must.NoError(t, os.MkdirAll(filepath.Dir(elfBin), 0o755))
+	out, err := exec.Command("cc", "-o", elfBin, src, "-Wl,--enable-new-dtags,-rpath,$ORIGIN/../lib").CombinedOutput()
+	must.NoError(t, err, must.Sprint(string(out)))
+	dirs, err = pinnedLoadDirs(elfBin, nil, nil)
+	must.NoError(t, err)
+	must.SliceContains(t, dirs, filepath.Join(top, "ebs", "lib"))
+	must.NotEq(t, "", pinnedMountReason(filepath.Join(top, "ebs", "lib"), dirs))
+	must.NotEq(t, "", pinnedMountReason(filepath.Join(top, "ebs"), dirs))
+	must.Eq(t, "", pinnedMountReason(filepath.Join(top, "ebs-data"), dirs))
+
+	must.Eq(t, "/opt/x/lib", filepath.Clean(expandOrigin("$ORIGIN/../lib", "/opt/x/bin")))
+	must.Eq(t, "/opt/x/bin/lib", expandOrigin("${ORIGIN}/lib", "/opt/x/bin"))
+	must.Eq(t, "/opt/x", expandOrigin("/opt/x/$LIB", "/b"), must.Sprint("another token: the directory before it"))
+	must.Eq(t, "/opt", expandOrigin("/opt/x$PLATFORM/y", "/b"))
+}
+
+// authorize with a pinned command: the PATH the program inherits, and the
+// mounts over it.
+func TestAuthorize_pinnedPath_Root(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: the command's files must be root's")
+	}
+	top := t.TempDir()
+	bin := installRootBinary(t, filepath.Join(top, "bin"), "plugin")
+	tenant := filepath.Join(top, "tenant")
+	must.NoError(t, os.Mkdir(tenant, 0o755))
+	must.NoError(t, os.Chown(tenant, 65534, 65534))
+	conf := &Config{AllowPrivileged: true, PrivilegedPluginsOnly: true, RootDir: "/var/lib/nomad-driver-csi", PrivilegedGrants: []PrivilegedGrant{
+		{Namespace: "storage", Job: "hp", Command: bin, PluginID: "hp"},
+	}}
+	cfg := &drivers.TaskConfig{ID: "a1/t/1", AllocID: "a1", Namespace: "storage", JobID: "hp"}
+	tc := &TaskConfig{Privileged: true, CSIPlugin: &PluginTaskConfig{ID: "hp", Type: "monolith", MountDir: "/csi"}}
+	spec := func(path string) *executor.Spec {
+		return &executor.Spec{Command: bin, Dir: "/local", Env: []string{"PATH=" + path},
+			Mounts: []executor.Mount{{Source: "/x", Target: "/local"}, {Source: "/y", Target: "/csi"}}}
+	}
+
+	_, err := authorize(conf, cfg, tc, spec(defaultTaskPath), taskImage{})
+	must.NoError(t, err)
+	for _, c := range []struct{ path, want string }{
+		{"/local/bin:" + defaultTaskPath, `its env PATH entry "/local/bin" is inside the task's mount "/local"`},
+		{defaultTaskPath + ":.", `its env PATH entry "." is relative`},
+		{defaultTaskPath + ":", `its env PATH entry "" is relative`},
+		{tenant + ":" + defaultTaskPath, "owned by uid 65534, not root"},
+	} {
+		_, err := authorize(conf, cfg, tc, spec(c.path), taskImage{})
+		must.ErrorContains(t, err, c.want, must.Sprint(c.path))
+		must.ErrorContains(t, err, "drop PATH from the task's env")
+	}
+
+	// A mount of the job's over a directory of its PATH, or the
+	// command's.
+	opt := filepath.Join(top, "opt", "bin")
+	must.NoError(t, os.MkdirAll(opt, 0o755))
+	for _, c := range []struct{ dest, want string }{
+		{filepath.Join(top, "opt"), `is inside the task's mount "` + filepath.Join(top, "opt") + `"`},
+		{opt, `is inside the task's mount "` + opt + `"`},
+		{filepath.Join(opt, "mount"), `a mount at "` + filepath.Join(opt, "mount") + `" would put the job's files into ` + opt},
+		{filepath.Join(top, "bin"), `inside the task's mount "` + filepath.Join(top, "bin") + `": a file of the job's`},
+	} {
+		tc.Volumes = map[string]VolumeConfig{"v": {Destination: c.dest}}
+		_, err := authorize(conf, cfg, tc, spec(opt+":"+defaultTaskPath), taskImage{})
+		must.ErrorContains(t, err, c.want, must.Sprint(c.dest))
+	}
+	tc.Volumes = map[string]VolumeConfig{"v": {Destination: filepath.Join(top, "data")}}
+	_, err = authorize(conf, cfg, tc, spec(opt+":"+defaultTaskPath), taskImage{})
+	must.NoError(t, err)
+
+	// Without a pin the job is trusted with what runs: its PATH is its own.
+	conf.PrivilegedGrants[0].Command = ""
+	_, err = authorize(conf, cfg, tc, spec("/local/bin:"+defaultTaskPath), taskImage{})
+	must.NoError(t, err)
+}

@@ -1,0 +1,67 @@
+//go:build e2e
+
+package e2e
+
+// What a job under a granted name (ACLs off: any job author can take it)
+// still makes the pinned program do as root. The command pin holds the
+// program itself; these are the ways around it that go through what the
+// program runs or reads next:
+//
+//   - PATH: a CSI plugin runs mkfs, mount, losetup or resize2fs by name,
+//     and finds them in the PATH it inherits from the job's env block. On
+//     the code before this case, a job set PATH=/local/bin:..., rendered
+//     its own mkfs.ext4 there with a template, and the pinned fixture ran
+//     it as root when a volume was created.
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/shoenig/test/must"
+)
+
+func TestEscapeGrantPinnedPath(t *testing.T) {
+	t.Parallel()
+	requireCSI(t)
+	u := escUniq()
+	prefix, plugin := "grant-path-"+u, "path-"+u
+	a, command := grantPinnedAgent(t, prefix+"-*", plugin, "")
+	marker := filepath.Join(a.Dir, "path-marker-"+u)
+	t.Cleanup(func() { escRemove(t, marker) })
+
+	// The job's mkfs.ext4: it writes the marker as whoever runs it, then
+	// formats as the real one would, so that nothing else fails.
+	evil := fmt.Sprintf("#!/bin/sh\nid -u > %s\nPATH=/usr/sbin:/usr/bin:/sbin:/bin exec mkfs.ext4 \"$@\"\n", marker)
+	job := grantRun(t, a, grantJob{ID: prefix + "-plugin", Type: "service", Privileged: true, PluginID: plugin, PluginType: "monolith",
+		Command: command, Args: []string{"--state-dir", filepath.Join(a.Dir, "path-state"), "--node-id", "e2e-path"},
+		Env:  map[string]string{"PATH": "/local/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+		Data: evil, DataDest: "local/bin/mkfs.ext4", DataPerms: "0755"})
+	al := waitNamespacedAlloc(t, a, "default", job, escTimeout, StatusRunning, StatusFailed)
+	text := eventsText(al, "t")
+	t.Logf("events of the job's plugin %s:\n%s", job, text)
+	if al.ClientStatus == StatusRunning {
+		// It runs under the grant: a volume created through it has the
+		// fixture format an image with mkfs.ext4, found in the job's PATH.
+		_, _, err := a.WaitPluginAttr(plugin, "healthy", "true", 200*time.Millisecond, escTimeout)
+		must.NoError(t, err, must.Sprint(eventsText(a.Allocation(t, al.ID), "t")))
+		work := grantRun(t, a, grantJob{Script: "echo DONE", Volume: &VolSpec{Name: "data", Plugin: plugin, ID: "path-vol-" + u,
+			Dest: "/data", Create: true, CreateType: "ext4"}})
+		wAl := waitNamespacedAlloc(t, a, "default", work, escTimeout, StatusComplete, StatusFailed)
+		t.Logf("events of the workload %s:\n%s", work, eventsText(wAl, "t"))
+		if fi, err := os.Stat(marker); err == nil {
+			b, _ := os.ReadFile(marker)
+			t.Errorf("ESCAPED: the pinned plugin ran the job's /local/bin/mkfs.ext4, which wrote %s as uid %s (owner uid %d)",
+				marker, strings.TrimSpace(string(b)), fi.Sys().(*syscall.Stat_t).Uid)
+		}
+		t.Fatalf("job %s runs with its own PATH under the pinned grant: it was not refused", job)
+	}
+	must.StrContains(t, text, `env PATH entry "/local/bin"`)
+	must.StrContains(t, text, `inside the task's mount "/local"`)
+	must.SliceEmpty(t, TaskPIDs(al.ID, "t"), must.Sprint("a refused task has processes"))
+	escMustNotExist(t, marker, "the marker of the job's mkfs.ext4")
+}
