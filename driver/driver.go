@@ -532,6 +532,9 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 	if img != nil {
 		state.Image = img.Digest
 	}
+	if grant.pins() {
+		state.PinnedBy = grant.String()
+	}
 	if pc != nil {
 		job := jobOf(cfg)
 		state.Namespace, state.JobID = job.namespace, job.id
@@ -554,6 +557,7 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 	h.plugin = pc
 	h.volumes = len(reqs) > 0
 	h.image = state.Image
+	h.pinnedBy = state.PinnedBy
 	d.tasks.Set(cfg.ID, h)
 	// duration is the whole StartTask: an image's pull, the volumes'
 	// set-up and the process's start.
@@ -945,6 +949,7 @@ func (d *Driver) RecoverTask(handle *drivers.TaskHandle) error {
 	if h.image = st.Image; h.image != "" {
 		d.recoverImage(logger, handle.Config, st.Image)
 	}
+	h.pinnedBy = st.PinnedBy
 	d.sharedSources().adopt(h.sharedSources)
 	if pc != nil {
 		h.plugin = pc
@@ -1103,6 +1108,9 @@ func (d *Driver) ExecTask(taskID string, cmd []string, timeout time.Duration) (*
 	if len(cmd) == 0 {
 		return nil, errors.New("exec: command must not be empty")
 	}
+	if err := h.execRefused(); err != nil {
+		return nil, err
+	}
 	ctx := d.ctx
 	if timeout > 0 {
 		var cancel context.CancelFunc
@@ -1134,6 +1142,9 @@ func (d *Driver) ExecTaskStreaming(ctx context.Context, taskID string, opts *dri
 	}
 	if len(opts.Command) == 0 {
 		return nil, errors.New("exec: command must not be empty")
+	}
+	if err := h.execRefused(); err != nil {
+		return nil, err
 	}
 	var resize chan executor.TerminalSize
 	if opts.ResizeCh != nil {

@@ -1,10 +1,12 @@
 package driver
 
 import (
+	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/nomad/plugins/drivers"
 	"github.com/shoenig/test/must"
@@ -183,4 +185,43 @@ func TestAuthorize_pinnedPath_Root(t *testing.T) {
 	conf.PrivilegedGrants[0].Command = ""
 	_, err = authorize(conf, cfg, tc, spec("/local/bin:"+defaultTaskPath), taskImage{})
 	must.NoError(t, err)
+}
+
+// Nothing is exec'd into a task whose grant pins its program (nomad alloc
+// exec, script checks, change_script and actions all come this way), in
+// the driver that started it or in one that recovered it.
+func TestExecTask_pinnedRefused_Root(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: the command's files must be root's")
+	}
+	bin := installRootBinary(t, filepath.Join(t.TempDir(), "bin"), "plugin")
+	pinned := []PrivilegedGrant{{Namespace: "*", Job: "*", Command: bin}}
+	d := newTestDriver(t, Config{Enabled: true, AllowPrivileged: true, PrivilegedGrants: pinned})
+	cfg := taskConfig(t, TaskConfig{Command: bin, Privileged: true, CSIPlugin: &PluginTaskConfig{ID: "hp", Type: "monolith", MountDir: "/csi"}})
+	handle, _, err := d.StartTask(cfg)
+	must.NoError(t, err)
+	var st TaskState
+	must.NoError(t, handle.GetDriverState(&st))
+	must.StrContains(t, st.PinnedBy, `command = "`+bin+`"`)
+
+	refused := func(d *testDriver) {
+		t.Helper()
+		_, err := d.ExecTask(cfg.ID, []string{"/bin/sh", "-c", "id"}, time.Second)
+		must.ErrorContains(t, err, "exec into this task is refused: it runs privileged under privileged_grant")
+		_, err = d.ExecTaskStreaming(context.Background(), cfg.ID, &drivers.ExecOptions{Command: []string{"/bin/sh"}})
+		must.ErrorContains(t, err, "exec into this task is refused")
+	}
+	refused(d)
+	d2 := newTestDriver(t, Config{Enabled: true, AllowPrivileged: true, PrivilegedGrants: pinned})
+	must.NoError(t, d2.RecoverTask(persisted(t, handle)))
+	refused(d2)
+
+	// Under a grant that pins nothing, the job is trusted with what runs
+	// in its task, exec included.
+	d3 := newTestDriver(t, Config{Enabled: true, AllowPrivileged: true, PrivilegedGrants: grantAll})
+	_, _, err = d3.StartTask(cfg)
+	must.NoError(t, err)
+	res, err := d3.ExecTask(cfg.ID, []string{"id"}, time.Second)
+	must.NoError(t, err)
+	must.Eq(t, 7, res.ExitResult.ExitCode)
 }

@@ -65,3 +65,44 @@ func TestEscapeGrantPinnedPath(t *testing.T) {
 	must.SliceEmpty(t, TaskPIDs(al.ID, "t"), must.Sprint("a refused task has processes"))
 	escMustNotExist(t, marker, "the marker of the job's mkfs.ext4")
 }
+
+// Exec into the pinned task: nomad alloc exec (and so a script check, a
+// template's change_script, an action, which Nomad runs the same way)
+// runs any command in the task. On the code before this case, a shell
+// exec'd into the job's copy of the pinned plugin wrote a host file as
+// root.
+func TestEscapeGrantPinnedExec(t *testing.T) {
+	t.Parallel()
+	requireCSI(t)
+	u := escUniq()
+	prefix, plugin := "grant-exec-"+u, "exec-"+u
+	a, command := grantPinnedAgent(t, prefix+"-*", plugin, "")
+	marker := filepath.Join(a.Dir, "exec-marker-"+u)
+	t.Cleanup(func() { escRemove(t, marker) })
+
+	job := grantRun(t, a, grantJob{ID: prefix + "-plugin", Type: "service", Privileged: true, PluginID: plugin, PluginType: "monolith",
+		Command: command, Args: []string{"--state-dir", filepath.Join(a.Dir, "exec-state"), "--node-id", "e2e-exec"}})
+	al := waitNamespacedAlloc(t, a, "default", job, escTimeout, StatusRunning)
+	pid, err := TaskPIDByComm(al.ID, "t", "csi-fixture")
+	must.NoError(t, err)
+	exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
+	must.NoError(t, err)
+	must.Eq(t, command, exe, must.Sprint("the job's task runs the pinned file"))
+
+	out, err := a.Nomad("alloc", "exec", "-i=false", "-t=false", "-task", "t", al.ID, "/bin/sh", "-c", fmt.Sprintf("id -u > %s && echo wrote", marker))
+	t.Logf("nomad alloc exec: err %v, output:\n%s", err, out)
+	if fi, serr := os.Stat(marker); serr == nil {
+		b, _ := os.ReadFile(marker)
+		t.Errorf("ESCAPED: a shell exec'd into the pinned task wrote %s as uid %s (owner uid %d)",
+			marker, strings.TrimSpace(string(b)), fi.Sys().(*syscall.Stat_t).Uid)
+	}
+	must.Error(t, err, must.Sprint("exec into the pinned task was not refused"))
+	// Nomad 1.11.3's CLI says only "unexpected EOF" once the session is
+	// up; the agent's log has the driver's refusal.
+	log, err := a.ReadLog()
+	must.NoError(t, err)
+	must.StrContains(t, log, "exec into this task is refused: it runs privileged under privileged_grant")
+	escMustNotExist(t, marker, "the marker of the exec'd shell")
+	// The plugin itself runs on.
+	must.Eq(t, StatusRunning, a.Allocation(t, al.ID).ClientStatus)
+}
