@@ -135,16 +135,37 @@ func checkUnswappable(real string) error {
 	return nil
 }
 
-// pinnedEnvVars are environment variables that make a program load code
-// the job names: the dynamic loader's and the common interpreters'. A task
-// whose grant pins its command or image must not set them, or the pinned
-// program would run the job's code as root.
+// pinnedEnvVars are environment variables that make a program load or
+// run code the job names, or read a configuration that names some: the
+// dynamic loader's, the C library's and OpenSSL's; the common shells' and
+// interpreters' (exported bash functions, xtrace prompts, startup files,
+// module paths and options); and the home and configuration directories
+// and credential files whose formats name commands to run (git's hooks
+// and ssh commands, the AWS SDK's credential_process, kubeconfig's exec
+// plugins, Google's executable-sourced credentials, docker's credential
+// helpers). A task whose grant pins its command or image must not set
+// them, or the pinned program would run the job's code as root. An entry
+// ending in '_' names every variable it begins. No list knows every
+// program's variables: a grant pins programs that take no code from their
+// environment.
 var pinnedEnvVars = []string{
 	"LD_", // LD_PRELOAD, LD_LIBRARY_PATH, LD_AUDIT, ... (every one of the loader's)
 	"GCONV_PATH", "GLIBC_TUNABLES", "MALLOC_TRACE", "LOCPATH", "NLSPATH",
-	"NODE_OPTIONS", "NODE_PATH", "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONUSERBASE",
-	"PERL5LIB", "PERL5OPT", "PERLLIB", "RUBYLIB", "RUBYOPT", "BASH_ENV", "ENV",
+	"OPENSSL_CONF", "OPENSSL_ENGINES", "OPENSSL_MODULES", "KRB5_CONFIG", "SASL_PATH",
+	"BASH_ENV", "ENV", "BASH_FUNC_", "SHELLOPTS", "BASHOPTS", "PS4", "PROMPT_COMMAND", "ZDOTDIR",
+	"NODE_OPTIONS", "NODE_PATH",
+	"PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONUSERBASE", "PYTHONWARNINGS", "PYTHONBREAKPOINT",
+	"PYTHONINSPECT", "PYTHONPYCACHEPREFIX", "PYTHONPLATLIBDIR",
+	"PERL5LIB", "PERL5OPT", "PERLLIB", "PERL5DB",
+	"RUBYLIB", "RUBYOPT", "GEM_HOME", "GEM_PATH", "BUNDLE_GEMFILE",
+	"LUA_", "TCLLIBPATH", "PHPRC", "PHP_INI_SCAN_DIR",
+	"ERL_FLAGS", "ERL_AFLAGS", "ERL_ZFLAGS", "ERL_LIBS",
+	"R_PROFILE", "R_PROFILE_USER", "R_ENVIRON", "R_ENVIRON_USER", "R_LIBS", "R_LIBS_USER",
 	"JAVA_TOOL_OPTIONS", "_JAVA_OPTIONS", "JDK_JAVA_OPTIONS", "CLASSPATH",
+	"DOTNET_STARTUP_HOOKS", "DOTNET_ADDITIONAL_DEPS", "CORECLR_",
+	"HOME", "XDG_CONFIG_HOME", "XDG_CONFIG_DIRS", "GIT_", "SSH_ASKPASS",
+	"AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE", "KUBECONFIG", "GOOGLE_APPLICATION_CREDENTIALS",
+	"GOOGLE_EXTERNAL_ACCOUNT_ALLOW_EXECUTABLES", "DOCKER_CONFIG",
 }
 
 // pinnedEnvVar is the first variable of env in pinnedEnvVars, or "".

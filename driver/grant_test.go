@@ -278,8 +278,19 @@ func TestResolveGrantCommand_Root(t *testing.T) {
 }
 
 func TestPinnedEnvAndMounts(t *testing.T) {
-	must.Eq(t, "", pinnedEnvVar([]string{"PATH=/bin", "CSI_ENDPOINT=unix:///csi/csi.sock", "NOMAD_TASK_DIR=/local", "OLD_PRELOAD=x"}))
-	for _, kv := range []string{"LD_PRELOAD=/local/x.so", "LD_LIBRARY_PATH=/local", "LD_AUDIT=x", "NODE_OPTIONS=--require /local/x.js", "PYTHONPATH=/local", "GLIBC_TUNABLES=x", "BASH_ENV=/local/rc"} {
+	must.Eq(t, "", pinnedEnvVar([]string{"PATH=/bin", "CSI_ENDPOINT=unix:///csi/csi.sock", "NOMAD_TASK_DIR=/local", "OLD_PRELOAD=x",
+		"AWS_REGION=eu-west-1", "PYTHONUNBUFFERED=1", "HOMEPAGE=x", "ENVIRONMENT=prod", "CSI_NODE_ID=n1"}))
+	for _, kv := range []string{"LD_PRELOAD=/local/x.so", "LD_LIBRARY_PATH=/local", "LD_AUDIT=x", "NODE_OPTIONS=--require /local/x.js", "PYTHONPATH=/local", "GLIBC_TUNABLES=x", "BASH_ENV=/local/rc",
+		// What else runs the job's code: OpenSSL's engines, bash's exported
+		// functions and xtrace prompt, Lua's init, Python's warning
+		// categories and bytecode cache, the AWS SDK's credential_process,
+		// kubeconfig's exec plugins, git's commands, a home with all of
+		// those in it.
+		"OPENSSL_CONF=/local/engine.cnf", "BASH_FUNC_mount%%=() { /local/x; }", "SHELLOPTS=xtrace", "PS4=$(/local/x)",
+		"LUA_INIT=@/local/x.lua", "PYTHONWARNINGS=ignore::x.Y", "PYTHONPYCACHEPREFIX=/local/pyc",
+		"AWS_CONFIG_FILE=/local/aws", "AWS_SHARED_CREDENTIALS_FILE=/secrets/aws", "KUBECONFIG=/local/kube",
+		"GIT_SSH_COMMAND=/local/x", "HOME=/local", "XDG_CONFIG_HOME=/local", "DOTNET_STARTUP_HOOKS=/local/x.dll",
+		"CORECLR_PROFILER_PATH=/local/x.so", "PERL5DB=x", "GEM_PATH=/local"} {
 		k, _, _ := strings.Cut(kv, "=")
 		must.Eq(t, k, pinnedEnvVar([]string{"PATH=/bin", kv}))
 	}

@@ -106,3 +106,22 @@ func TestEscapeGrantPinnedExec(t *testing.T) {
 	// The plugin itself runs on.
 	must.Eq(t, StatusRunning, a.Allocation(t, al.ID).ClientStatus)
 }
+
+// A template with env = true feeds the task's environment as the env
+// block does: the pinned task's checks see its variables too.
+func TestEscapeGrantPinnedTemplateEnv(t *testing.T) {
+	t.Parallel()
+	requireCSI(t)
+	u := escUniq()
+	prefix, plugin := "grant-tenv-"+u, "tenv-"+u
+	a, command := grantPinnedAgent(t, prefix+"-*", plugin, "")
+	for i, c := range []struct{ env, want string }{
+		{"LD_PRELOAD=/local/evil.so", "env LD_PRELOAD is not allowed in this task"},
+		{"PATH=/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", `its env PATH entry "/local/bin" is inside the task's mount "/local"`},
+		{"AWS_CONFIG_FILE=/local/aws-config", "env AWS_CONFIG_FILE is not allowed in this task"},
+	} {
+		job := grantRun(t, a, grantJob{ID: fmt.Sprintf("%s-%d", prefix, i), Privileged: true, PluginID: plugin, PluginType: "monolith",
+			Command: command, Args: []string{"--state-dir", filepath.Join(a.Dir, "tenv-state")}, Data: c.env + "\n", DataEnv: true})
+		grantRefused(t, a, "default", job, c.want)
+	}
+}

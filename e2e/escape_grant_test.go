@@ -70,9 +70,12 @@ type grantJob struct {
 	// DataDest is where Data is rendered ("" is local/data), DataPerms
 	// its mode ("" is 0644).
 	DataDest, DataPerms string
-	Volume              *VolSpec // a volume block of the driver's
-	Attempts            int
-	Delay               string // "" is "1s"
+	// DataEnv renders Data with env = true: its lines join the task's
+	// environment, as the env block's do.
+	DataEnv  bool
+	Volume   *VolSpec // a volume block of the driver's
+	Attempts int
+	Delay    string // "" is "1s"
 }
 
 func (j grantJob) vars() map[string]string {
@@ -80,7 +83,7 @@ func (j grantJob) vars() map[string]string {
 		"Namespace": j.Namespace, "Type": j.Type, "User": j.User, "Privileged": fmt.Sprint(j.Privileged),
 		"PluginID": j.PluginID, "PluginType": j.PluginType, "Attempts": fmt.Sprint(j.Attempts), "Delay": j.Delay,
 		"Command": volHCLString(j.Command), "Args": volHCLList(j.Args), "Env": "", "Data": "", "Volumes": "",
-		"DataDest": j.DataDest, "DataPerms": j.DataPerms,
+		"DataDest": j.DataDest, "DataPerms": j.DataPerms, "DataEnv": fmt.Sprint(j.DataEnv),
 	}
 	if v["DataDest"] == "" {
 		v["DataDest"] = "local/data"

@@ -4,7 +4,8 @@
 # {{.Vars.Privileged}}, as Vars.User (unset when empty), with a csi_plugin
 # block when Vars.PluginID is set, the volume blocks of Vars.Volumes, the env
 # lines of Vars.Env, and Vars.Data rendered into Vars.DataDest (local/data by
-# default) with mode Vars.DataPerms. Nomad restarts it Vars.Attempts times, Vars.Delay
+# default) with mode Vars.DataPerms (its lines the task's env with
+# Vars.DataEnv). Nomad restarts it Vars.Attempts times, Vars.Delay
 # apart; it never reschedules, so a failure stays visible.
 job "{{.JobID}}" {
   namespace = "{{.Vars.Namespace}}"
@@ -41,6 +42,7 @@ job "{{.JobID}}" {
         data            = {{.Vars.Data}}
         destination     = "{{.Vars.DataDest}}"
         perms           = "{{.Vars.DataPerms}}"
+        env             = {{.Vars.DataEnv}}
         left_delimiter  = "[[["
         right_delimiter = "]]]"
       }
