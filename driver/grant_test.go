@@ -386,6 +386,20 @@ func TestAuthorize(t *testing.T) {
 	_, err = authorize(&conf2, nomad, &TaskConfig{Privileged: true}, spec(), taskImage{})
 	must.ErrorContains(t, err, `csi_plugin id "hostpath" is reserved on this node`)
 
+	// A decoy: a volume the job mounted bidirectionally from Nomad's
+	// state directory (a dynamic host volume registered there, with ACLs
+	// off) ahead of the supervisor's staging mount. Read first, it made
+	// the task pass for plugin "decoy" while Nomad registered "hostpath",
+	// reserved for another job.
+	decoy := task("ops", "nomad-plugin")
+	decoy.Mounts = append([]*drivers.MountConfig{{TaskPath: "/decoy", HostPath: "/var/lib/nomad/client/csi/node/decoy", PropagationMode: "bidirectional"}},
+		nomadPluginMounts("/var/lib/nomad/client", "a1")...)
+	_, err = authorize(&conf2, decoy, &TaskConfig{Privileged: true}, spec(), taskImage{})
+	must.ErrorContains(t, err, `the task has mounts of Nomad's csi_plugin staging directories of more than one plugin ("decoy", "hostpath")`)
+	must.ErrorContains(t, err, "mount no volume from /var/lib/nomad/client/csi")
+	_, err = authorize(&conf2, decoy, &TaskConfig{}, spec(), taskImage{})
+	must.ErrorContains(t, err, "more than one plugin", must.Sprint("privileged or not"))
+
 	// Root only, granted or not.
 	nobody := task("ops", "x")
 	nobody.User = "nobody"

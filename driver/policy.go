@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -43,8 +44,10 @@ func authorize(conf *Config, cfg *drivers.TaskConfig, tc *TaskConfig, spec *exec
 	s := grantSubject{Namespace: job.namespace, Job: job.id, ImageRef: img.Ref, ImageDigest: img.Digest, ImageIndexDigest: img.IndexDigest}
 	if tc.CSIPlugin != nil {
 		s.PluginID = tc.CSIPlugin.ID
-	} else if id, ok := nomadPluginID(cfg); ok {
-		s.PluginID = id
+	} else if p, err := nomadPlugin(cfg); err != nil {
+		return nil, err
+	} else if p != nil {
+		s.PluginID = p.id
 	}
 	targets := mountTargets(spec, tc)
 	if slices.ContainsFunc(conf.PrivilegedGrants, func(g PrivilegedGrant) bool { return g.Command != "" }) {
@@ -209,28 +212,57 @@ func nomadPluginTask(cfg *drivers.TaskConfig) bool {
 }
 
 // nomadPluginID is the plugin id of a plugin task of Nomad's own
-// csi_plugin block (see nomadPluginTask), read from its staging mount.
+// csi_plugin block (see nomadPluginTask), read from its staging mount;
+// none when the task's mounts name more than one (nomadPlugin).
 func nomadPluginID(cfg *drivers.TaskConfig) (string, bool) {
-	if cfg.AllocID == "" || strings.ContainsRune(cfg.AllocID, '/') {
+	p, err := nomadPlugin(cfg)
+	if err != nil || p == nil {
 		return "", false
 	}
+	return p.id, true
+}
+
+// nomadPluginInfo is what the mounts of Nomad's plugin supervisor say of a
+// plugin task of Nomad's csi_plugin block: the plugin's id, and the host
+// paths of the two mounts the supervisor made (the socket and staging
+// directories, both in Nomad's state directory).
+type nomadPluginInfo struct {
+	id              string
+	socket, staging string
+}
+
+// nomadPlugin reads a task's mounts for those of Nomad's plugin
+// supervisor (see nomadPluginTask): nil when there are none. A job can
+// add mounts of its own, and with ACLs off it can register a dynamic host
+// volume at any host path, one in Nomad's state directory included, and
+// mount it bidirectionally: then two staging directories of different
+// plugin ids stand side by side, and the one the job chose could pass for
+// the task's plugin while Nomad registers the other. That is an error:
+// which id the task serves cannot be told.
+func nomadPlugin(cfg *drivers.TaskConfig) (*nomadPluginInfo, error) {
+	if cfg.AllocID == "" || strings.ContainsRune(cfg.AllocID, '/') {
+		return nil, nil
+	}
 	suffix := "/" + filepath.Join("csi", "plugins", cfg.AllocID)
-	var stateDirs []string
-	for _, m := range cfg.Mounts {
-		if m == nil || m.PropagationMode != executor.PropagationBidirectional {
+	bidirectional := func(m *drivers.MountConfig) bool {
+		return m != nil && m.PropagationMode == executor.PropagationBidirectional
+	}
+	var found []nomadPluginInfo
+	for _, sock := range cfg.Mounts {
+		if !bidirectional(sock) {
 			continue
 		}
-		host := filepath.Clean(m.HostPath)
-		if state, ok := strings.CutSuffix(host, suffix); ok && state != "" && filepath.IsAbs(state) {
-			stateDirs = append(stateDirs, state)
+		socket := filepath.Clean(sock.HostPath)
+		state, ok := strings.CutSuffix(socket, suffix)
+		if !ok || state == "" || !filepath.IsAbs(state) {
+			continue
 		}
-	}
-	for _, state := range stateDirs {
 		for _, m := range cfg.Mounts {
-			if m == nil || m.PropagationMode != executor.PropagationBidirectional {
+			if !bidirectional(m) {
 				continue
 			}
-			rel, err := filepath.Rel(filepath.Join(state, "csi"), filepath.Clean(m.HostPath))
+			staging := filepath.Clean(m.HostPath)
+			rel, err := filepath.Rel(filepath.Join(state, "csi"), staging)
 			if err != nil {
 				continue
 			}
@@ -240,11 +272,32 @@ func nomadPluginID(cfg *drivers.TaskConfig) (string, bool) {
 			}
 			switch typ {
 			case PluginTypeNode, PluginTypeController, PluginTypeMonolith:
-				return id, true
+				found = append(found, nomadPluginInfo{id: id, socket: socket, staging: staging})
 			}
 		}
 	}
-	return "", false
+	if len(found) == 0 {
+		return nil, nil
+	}
+	var ids []string
+	for _, f := range found {
+		if !slices.Contains(ids, f.id) {
+			ids = append(ids, f.id)
+		}
+	}
+	if len(ids) > 1 {
+		return nil, fmt.Errorf("the task has mounts of Nomad's csi_plugin staging directories of more than one plugin (%s): which one it serves cannot be told, as a volume mounted bidirectionally from Nomad's state directory can pass for Nomad's own; mount no volume from %s", strings.Join(quoteAll(ids), ", "), filepath.Dir(filepath.Dir(found[0].socket)))
+	}
+	return &found[0], nil
+}
+
+// quoteAll quotes each of ss with %q.
+func quoteAll(ss []string) []string {
+	out := make([]string, len(ss))
+	for i, s := range ss {
+		out[i] = strconv.Quote(s)
+	}
+	return out
 }
 
 // jobRef names a Nomad job: the owner of a plugin id.
