@@ -177,8 +177,30 @@ func TestAuthorize_pinnedPath_Root(t *testing.T) {
 		_, err := authorize(conf, cfg, tc, spec(opt+":"+defaultTaskPath), taskImage{})
 		must.ErrorContains(t, err, c.want, must.Sprint(c.dest))
 	}
-	tc.Volumes = map[string]VolumeConfig{"v": {Destination: filepath.Join(top, "data")}}
+	tc.Volumes = map[string]VolumeConfig{"v": {Destination: "/local/data"}}
 	_, err = authorize(conf, cfg, tc, spec(opt+":"+defaultTaskPath), taskImage{})
+	must.NoError(t, err)
+
+	// Elsewhere, a volume of the job's would stand in for host files the
+	// program reads on its own: its home's credentials, the device links
+	// it resolves. The job's volume blocks and its volume_mounts alike.
+	for _, dest := range []string{"/root/.aws", filepath.Join(top, "data"), "/var/lib/kubelet", "/run/udev"} {
+		tc.Volumes = map[string]VolumeConfig{"v": {Destination: dest}}
+		_, err = authorize(conf, cfg, tc, spec(defaultTaskPath), taskImage{})
+		must.ErrorContains(t, err, `its mount at "`+dest+`" is outside /alloc, /local, /secrets`, must.Sprint(dest))
+	}
+	tc.Volumes = nil
+	hostVol := *cfg
+	hostVol.Mounts = []*drivers.MountConfig{{TaskPath: "/dev/disk/by-id", HostPath: "/srv/volumes/links"}}
+	_, err = authorize(conf, &hostVol, tc, spec(defaultTaskPath), taskImage{})
+	must.ErrorContains(t, err, `its mount at "/dev/disk/by-id" is outside /alloc, /local, /secrets`)
+	// Nomad's own: the plugin supervisor's socket, staging and /dev
+	// mounts, and the devices of its device plugins.
+	nomad := *cfg
+	nomad.Mounts = nomadPluginMounts("/var/lib/nomad/client", cfg.AllocID)
+	nomad.Mounts[1].HostPath = "/var/lib/nomad/client/csi/monolith/hp"
+	nomad.Devices = []*drivers.DeviceConfig{{TaskPath: "/dev/nvidia0", HostPath: "/dev/nvidia0"}}
+	_, err = authorize(conf, &nomad, &TaskConfig{Privileged: true}, spec(defaultTaskPath), taskImage{})
 	must.NoError(t, err)
 
 	// Without a pin the job is trusted with what runs: its PATH is its own.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor"
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/taskuser"
 	"github.com/nomad-driver-csi/nomad-driver-csi/fingerprint"
+	"github.com/nomad-driver-csi/nomad-driver-csi/mounter"
 )
 
 // taskImage is the image a task starts from: the reference as the job
@@ -137,7 +139,49 @@ func checkPinned(conf *Config, cfg *drivers.TaskConfig, tc *TaskConfig, spec *ex
 			return fmt.Errorf("the task runs under %s, and %s; choose another destination", g, reason)
 		}
 	}
+	for _, t := range jobOwnMountTargets(cfg, tc) {
+		if !mounter.WithinAny(t, pinnedTaskDirs) && !slices.Contains(pinnedMountExceptions, t) {
+			return fmt.Errorf("the task runs under %s, and its mount at %q is outside %s: there the job's files would stand in for host files that the granted program reads as root on its own (its home's configuration and credentials, the device links it resolves, the sockets it talks to); mount it inside /local or /alloc and pass its path in args", g, t, strings.Join(pinnedTaskDirs, ", "))
+		}
+	}
 	return nil
+}
+
+// pinnedTaskDirs are where the job's own mounts go in a task whose grant
+// pins its program: the task's directories, which the program reads where
+// its arguments say.
+var pinnedTaskDirs = []string{"/alloc", "/local", "/secrets"}
+
+// jobOwnMountTargets are the targets of the mounts whose content the
+// job chooses: its volume blocks' and volume_mounts' destinations (host
+// volumes, Nomad's CSI volumes). Not the driver's (Nomad's task
+// directories, the csi_plugin socket directory and stage root), not
+// those of Nomad's plugin supervisor (the plugin's socket and staging
+// directories and the host's /dev), not the devices Nomad's device
+// plugins hand over.
+func jobOwnMountTargets(cfg *drivers.TaskConfig, tc *TaskConfig) []string {
+	var own []string
+	if p, err := nomadPlugin(cfg); err == nil && p != nil {
+		own = []string{p.socket, p.staging}
+	}
+	var out []string
+	for _, m := range cfg.Mounts {
+		if m == nil {
+			continue
+		}
+		host, target := filepath.Clean(m.HostPath), filepath.Clean(m.TaskPath)
+		if slices.Contains(own, host) || host == "/dev" && target == "/dev" {
+			continue
+		}
+		out = append(out, target)
+	}
+	for _, v := range tc.Volumes {
+		if v.Destination != "" {
+			out = append(out, filepath.Clean(v.Destination))
+		}
+	}
+	sort.Strings(out)
+	return out
 }
 
 // checkPrivilegedUser refuses a privileged task that names a user other
