@@ -923,6 +923,15 @@ func (d *Driver) RecoverTask(handle *drivers.TaskHandle) error {
 	if st.JobID != "" {
 		job = jobRef{namespace: st.Namespace, id: st.JobID}
 	}
+	if conf := d.currentConfig(); pc != nil && conf != nil {
+		if why := reservedFromJob(conf.PrivilegedGrants, pc.ID, job); why != "" {
+			// The task runs on (Nomad stops it), serving nothing: the
+			// id stays the granted job's.
+			logger.Warn("recovered task does not get back its plugin id", "plugin_id", pc.ID, "reason", why)
+			d.emitEvent(handle.Config, fmt.Sprintf("Plugin %q not served by this task after the driver restarted: %s", pc.ID, why), nil)
+			pc = nil
+		}
+	}
 	p, err := d.recover(logger, st.Process)
 	// Nomad has decided on the task either way: it is no longer waited for.
 	defer d.invocations.settled(handle.Config.ID)

@@ -247,3 +247,44 @@ func TestExecTask_pinnedRefused_Root(t *testing.T) {
 	must.NoError(t, err)
 	must.Eq(t, 7, res.ExitResult.ExitCode)
 }
+
+// A plugin task taken back after the driver restarted does not keep an
+// id the operator has since reserved for another job: it started before
+// the grant (an upgrade, or a config change with the restart), and would
+// otherwise serve the id, and get its volumes' calls and secrets, while
+// the granted job's plugin is refused.
+func TestRecoverTask_reservedPluginID(t *testing.T) {
+	d := newTestDriver(t, Config{Enabled: true, AllowPrivileged: true, PrivilegedGrants: grantAll})
+	cfg := taskConfig(t, TaskConfig{Command: "/usr/bin/plugin", Privileged: true,
+		CSIPlugin: &PluginTaskConfig{ID: "ebs", Type: "monolith", MountDir: "/csi"}})
+	cfg.Namespace, cfg.JobID = "default", "squatter"
+	handle, _, err := d.StartTask(cfg)
+	must.NoError(t, err)
+
+	reserved := []PrivilegedGrant{{Namespace: "storage", Job: "ebs-node", PluginID: "ebs"}, {Namespace: "*", Job: "*"}}
+	d2 := newTestDriver(t, Config{Enabled: true, AllowPrivileged: true, PrivilegedGrants: reserved})
+	must.NoError(t, d2.RecoverTask(persisted(t, handle)))
+	_, ok := d2.prober.Get("ebs")
+	must.False(t, ok, must.Sprint("the recovered squatter serves the reserved id"))
+	_, held := d2.plugins.job("ebs", cfg.ID)
+	must.False(t, held, must.Sprint("the recovered squatter holds the reserved id"))
+	h, ok := d2.tasks.Get(cfg.ID)
+	must.True(t, ok, must.Sprint("the task itself is taken back"))
+	must.Nil(t, h.plugin)
+
+	// The granted job's plugin starts.
+	op := taskConfig(t, TaskConfig{Command: "/usr/bin/plugin", Privileged: true,
+		CSIPlugin: &PluginTaskConfig{ID: "ebs", Type: "monolith", MountDir: "/csi"}})
+	op.ID, op.AllocID, op.Namespace, op.JobID = "alloc-9/plugin/x", "alloc-9", "storage", "ebs-node"
+	_, _, err = d2.StartTask(op)
+	must.NoError(t, err)
+
+	// The granted job's own task is taken back with its id.
+	d3 := newTestDriver(t, Config{Enabled: true, AllowPrivileged: true, PrivilegedGrants: reserved})
+	opHandle, _, err := newTestDriver(t, Config{Enabled: true, AllowPrivileged: true, PrivilegedGrants: reserved}).StartTask(op)
+	must.NoError(t, err)
+	must.NoError(t, d3.RecoverTask(persisted(t, opHandle)))
+	ps, ok := d3.prober.Get("ebs")
+	must.True(t, ok)
+	must.Eq(t, op.ID, ps.TaskID)
+}

@@ -344,6 +344,27 @@ func quoteAll(ss []string) []string {
 	return out
 }
 
+// reservedFromJob says why job may not serve plugin id on this node ("" when
+// it may): grants reserve the id, and none of them names job's namespace
+// and job. A task taken back after a restart of the driver is checked so
+// (its command is not known then): one started before the operator
+// reserved the id, or before the driver had grants at all, does not keep
+// the id from the job the operator named.
+func reservedFromJob(grants []PrivilegedGrant, id string, job jobRef) string {
+	res := reserving(grants, id)
+	if len(res) == 0 {
+		return ""
+	}
+	names := make([]string, len(res))
+	for i, r := range res {
+		if grantGlob(r.grant.Namespace, job.namespace) && grantGlob(r.grant.Job, job.id) {
+			return ""
+		}
+		names[i] = fmt.Sprintf("privileged_grant[%d] %s", r.index, r.grant.body())
+	}
+	return fmt.Sprintf("csi_plugin id %q is reserved on this node by the operator for the tasks of %s, which do not match %s", id, strings.Join(names, " and "), job)
+}
+
 // jobRef names a Nomad job: the owner of a plugin id.
 type jobRef struct{ namespace, id string }
 
