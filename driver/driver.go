@@ -923,6 +923,11 @@ func (d *Driver) RecoverTask(handle *drivers.TaskHandle) error {
 	if st.JobID != "" {
 		job = jobRef{namespace: st.Namespace, id: st.JobID}
 	}
+	if conf := d.currentConfig(); conf != nil && st.Process.Profile != nil && st.Process.Profile.Privileged && !grantsJob(conf.PrivilegedGrants, job) {
+		// Started before the driver had grants, or before the operator
+		// removed the job's: taken back as it is, refused at its next start.
+		logger.Warn("recovered a privileged task that no privileged_grant matches; it runs on until it is stopped, and is refused at its next start", "namespace", job.namespace, "job_id", job.id)
+	}
 	if conf := d.currentConfig(); pc != nil && conf != nil {
 		if why := reservedFromJob(conf.PrivilegedGrants, pc.ID, job); why != "" {
 			// The task runs on (Nomad stops it), serving nothing: the

@@ -365,6 +365,13 @@ func reservedFromJob(grants []PrivilegedGrant, id string, job jobRef) string {
 	return fmt.Sprintf("csi_plugin id %q is reserved on this node by the operator for the tasks of %s, which do not match %s", id, strings.Join(names, " and "), job)
 }
 
+// grantsJob reports whether a grant names job's namespace and job.
+func grantsJob(grants []PrivilegedGrant, job jobRef) bool {
+	return slices.ContainsFunc(grants, func(g PrivilegedGrant) bool {
+		return grantGlob(g.Namespace, job.namespace) && grantGlob(g.Job, job.id)
+	})
+}
+
 // jobRef names a Nomad job: the owner of a plugin id.
 type jobRef struct{ namespace, id string }
 
