@@ -122,6 +122,16 @@ func TestEscapeGrantPinnedTemplateEnv(t *testing.T) {
 	} {
 		job := grantRun(t, a, grantJob{ID: fmt.Sprintf("%s-%d", prefix, i), Privileged: true, PluginID: plugin, PluginType: "monolith",
 			Command: command, Args: []string{"--state-dir", filepath.Join(a.Dir, "tenv-state")}, Data: c.env + "\n", DataEnv: true})
-		grantRefused(t, a, "default", job, c.want)
+		al := waitNamespacedAlloc(t, a, "default", job, escTimeout, StatusRunning, StatusFailed)
+		text := eventsText(al, "t")
+		if al.ClientStatus == StatusRunning {
+			t.Errorf("job %s runs the pinned plugin with %s from its template: it was not refused\n%s", job, c.env, text)
+			// It holds the plugin id: stopped (its allocation ended)
+			// before the next case.
+			stopNamespaced(t, a, "default", job)
+			continue
+		}
+		must.StrContains(t, text, c.want)
+		must.SliceEmpty(t, TaskPIDs(al.ID, "t"), must.Sprint("a refused task has processes"))
 	}
 }
