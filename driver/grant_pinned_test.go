@@ -184,16 +184,16 @@ func TestAuthorize_pinnedPath_Root(t *testing.T) {
 	// Elsewhere, a volume of the job's would stand in for host files the
 	// program reads on its own: its home's credentials, the device links
 	// it resolves. The job's volume blocks and its volume_mounts alike.
-	for _, dest := range []string{"/root/.aws", filepath.Join(top, "data"), "/var/lib/kubelet", "/run/udev"} {
+	for _, dest := range []string{"/root/.aws", filepath.Join(top, "data"), "/var/lib/kubelet", "/run/udev", "/alloc/data/x"} {
 		tc.Volumes = map[string]VolumeConfig{"v": {Destination: dest}}
 		_, err = authorize(conf, cfg, tc, spec(defaultTaskPath), taskImage{})
-		must.ErrorContains(t, err, `its mount at "`+dest+`" is outside /alloc, /local, /secrets`, must.Sprint(dest))
+		must.ErrorContains(t, err, `its mount at "`+dest+`" is outside /local or /secrets`, must.Sprint(dest))
 	}
 	tc.Volumes = nil
 	hostVol := *cfg
 	hostVol.Mounts = []*drivers.MountConfig{{TaskPath: "/dev/disk/by-id", HostPath: "/srv/volumes/links"}}
 	_, err = authorize(conf, &hostVol, tc, spec(defaultTaskPath), taskImage{})
-	must.ErrorContains(t, err, `its mount at "/dev/disk/by-id" is outside /alloc, /local, /secrets`)
+	must.ErrorContains(t, err, `its mount at "/dev/disk/by-id" is outside /local or /secrets`)
 	// Nomad's own: the plugin supervisor's socket, staging and /dev
 	// mounts, and the devices of its device plugins.
 	nomad := *cfg

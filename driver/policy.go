@@ -141,16 +141,20 @@ func checkPinned(conf *Config, cfg *drivers.TaskConfig, tc *TaskConfig, spec *ex
 	}
 	for _, t := range jobOwnMountTargets(cfg, tc) {
 		if !mounter.WithinAny(t, pinnedTaskDirs) && !slices.Contains(pinnedMountExceptions, t) {
-			return fmt.Errorf("the task runs under %s, and its mount at %q is outside %s: there the job's files would stand in for host files that the granted program reads as root on its own (its home's configuration and credentials, the device links it resolves, the sockets it talks to); mount it inside /local or /alloc and pass its path in args", g, t, strings.Join(pinnedTaskDirs, ", "))
+			return fmt.Errorf("the task runs under %s, and its mount at %q is outside %s: elsewhere the job's files would stand in for host files that the granted program reads as root on its own (its home's configuration and credentials, the device links it resolves, the sockets it talks to), and in /alloc the group's other tasks could turn the target into a symlink while it is mounted; mount it inside /local and pass its path in args", g, t, strings.Join(pinnedTaskDirs, " or "))
 		}
 	}
 	return nil
 }
 
 // pinnedTaskDirs are where the job's own mounts go in a task whose grant
-// pins its program: the task's directories, which the program reads where
-// its arguments say.
-var pinnedTaskDirs = []string{"/alloc", "/local", "/secrets"}
+// pins its program: the task's own directories, which the program reads
+// where its arguments say. Not /alloc: the group's other tasks (the job's,
+// not privileged) write there while the task's mounts are made, and a
+// target they turn into a symlink between its check and its bind would
+// put the job's volume where the symlink points, in the host's view the
+// program has.
+var pinnedTaskDirs = []string{"/local", "/secrets"}
 
 // jobOwnMountTargets are the targets of the mounts whose content the
 // job chooses: its volume blocks' and volume_mounts' destinations (host
