@@ -213,6 +213,9 @@ func (d *Driver) setConfig(c *base.Config, cfg Config) error {
 		d.prober = fingerprint.NewProber(fingerprint.Config{
 			Logger:         d.logger,
 			OnHealthChange: d.onPluginHealth,
+			Dial: func(socket string, rpcTimeout time.Duration) (fingerprint.Client, error) {
+				return fingerprint.NewClientPeer(socket, rpcTimeout, d.socketPeer(socket))
+			},
 		})
 	}
 	prober := d.prober
@@ -682,10 +685,8 @@ func (d *Driver) buildSpec(conf *Config, cfg *drivers.TaskConfig, tc *TaskConfig
 		NetNS:        taskNetNS(cfg),
 		Limits:       taskLimits(cfg),
 		CgroupParent: conf.CgroupParent,
-		// Nomad's task IDs are "alloc/task/invocation": keep them readable
-		// in the cgroup tree without the slashes.
-		CgroupName: strings.ReplaceAll(cfg.ID, "/", "."),
-		Supervisor: d.shimPath(),
+		CgroupName:   taskCgroupName(cfg),
+		Supervisor:   d.shimPath(),
 	}
 	if cfg.Resources != nil && cfg.Resources.LinuxResources != nil {
 		spec.OOMScoreAdj = int(cfg.Resources.LinuxResources.OOMScoreAdj)
@@ -717,6 +718,11 @@ func (d *Driver) buildSpec(conf *Config, cfg *drivers.TaskConfig, tc *TaskConfig
 	}
 	return spec, nil
 }
+
+// taskCgroupName is the name of a task's control group: Nomad's task ID
+// ("alloc/task/invocation"), kept readable in the cgroup tree without the
+// slashes.
+func taskCgroupName(cfg *drivers.TaskConfig) string { return strings.ReplaceAll(cfg.ID, "/", ".") }
 
 // defaultTaskPath is a task's PATH when its environment has none.
 const defaultTaskPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"

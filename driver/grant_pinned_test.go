@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -287,4 +288,37 @@ func TestRecoverTask_reservedPluginID(t *testing.T) {
 	ps, ok := d3.prober.Get("ebs")
 	must.True(t, ok)
 	must.Eq(t, op.ID, ps.TaskID)
+}
+
+// The process on a plugin task's socket must be the task's: another
+// privileged task's program given the socket's path would otherwise take
+// the plugin's calls.
+func TestSocketPeer(t *testing.T) {
+	d := newTestDriver(t, Config{Enabled: true, AllowPrivileged: true, PrivilegedGrants: grantAll})
+	conf := d.currentConfig()
+	must.Nil(t, d.socketPeer("/run/csi/other/csi.sock"), must.Sprint("an operator's socket is not checked"))
+	peer := d.socketPeer(conf.pluginSocket("hp"))
+	must.NotNil(t, peer)
+	must.ErrorContains(t, peer(int32(os.Getpid())), `no task serves csi_plugin "hp" on this node`)
+
+	cfg := taskConfig(t, TaskConfig{Command: "/usr/bin/plugin", Privileged: true, CSIPlugin: &PluginTaskConfig{ID: "hp", Type: "monolith", MountDir: "/csi"}})
+	_, _, err := d.StartTask(cfg)
+	must.NoError(t, err)
+	must.ErrorContains(t, peer(int32(os.Getpid())), "is not the plugin task's (control group \""+taskCgroupName(cfg)+"\")")
+
+	// A process in a control group of the task's name passes: this one's
+	// own, read from /proc.
+	b, err := os.ReadFile("/proc/self/cgroup")
+	must.NoError(t, err)
+	var own string
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		if parts := strings.SplitN(line, ":", 3); len(parts) == 3 && filepath.Base(parts[2]) != "/" && filepath.Base(parts[2]) != "." {
+			own = filepath.Base(parts[2])
+		}
+	}
+	if own == "" {
+		t.Skip("this process is in the root control group")
+	}
+	must.NoError(t, inTaskCgroup(int32(os.Getpid()), own))
+	must.ErrorContains(t, inTaskCgroup(int32(os.Getpid()), own+"x"), "is not the plugin task's")
 }

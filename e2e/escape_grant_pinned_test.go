@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/shoenig/test/must"
+	"github.com/shoenig/test/wait"
 )
 
 func TestEscapeGrantPinnedPath(t *testing.T) {
@@ -134,4 +135,74 @@ func TestEscapeGrantPinnedTemplateEnv(t *testing.T) {
 		must.StrContains(t, text, c.want)
 		must.SliceEmpty(t, TaskPIDs(al.ID, "t"), must.Sprint("a refused task has processes"))
 	}
+}
+
+// Another plugin's socket: a job granted the pinned program for a plugin
+// id of its own runs it with --endpoint naming the socket of another
+// plugin task (root_dir/plugins/<id>/csi.sock, in the host's view every
+// privileged task has). The fixture, as most plugins, removes a stale
+// socket before it listens. On the code before this case the driver then
+// sent the other plugin's volume calls (CreateVolume, NodeStageVolume with
+// the volume's secrets, NodePublishVolume) to the job's process.
+func TestEscapeGrantPinnedSocket(t *testing.T) {
+	t.Parallel()
+	requireCSI(t)
+	u := escUniq()
+	prefix, victim, evil := "grant-sock-"+u, "victim-"+u, "evil-"+u
+	fixture := csiBin(t, "csi-fixture")
+	var command string
+	a := grantAgent(t, "", "", func(a *Agent) error {
+		var err error
+		if command, err = installFixture(t, fixture, filepath.Join(a.Dir, "bin")); err != nil {
+			return err
+		}
+		// The operator's plugin, and a job granted the same program for a
+		// plugin id of its own.
+		a.opts.Grants += fmt.Sprintf(`
+    privileged_grant {
+      namespace = "default"
+      job       = %q
+      command   = %q
+      plugin_id = %q
+    }
+    privileged_grant {
+      namespace = "default"
+      job       = %q
+      command   = %q
+    }
+`, prefix+"-op", command, victim, prefix+"-evil", command)
+		return nil
+	})
+	grantRun(t, a, grantJob{ID: prefix + "-op", Type: "service", Privileged: true, PluginID: victim, PluginType: "monolith",
+		Command: command, Args: []string{"--state-dir", filepath.Join(a.Dir, "op-state"), "--node-id", "e2e-operator"}})
+	_, _, err := a.WaitPluginAttr(victim, "node_id", "e2e-operator", 200*time.Millisecond, time.Minute)
+	must.NoError(t, err)
+
+	calls := filepath.Join(a.Dir, "evil-calls.log")
+	sock := filepath.Join(a.DriverRoot, "plugins", victim, "csi.sock")
+	grantRun(t, a, grantJob{ID: prefix + "-evil", Type: "service", Privileged: true, PluginID: evil, PluginType: "monolith",
+		Command: command, Args: []string{"--state-dir", filepath.Join(a.Dir, "evil-state"), "--node-id", "e2e-evil",
+			"--log-calls", calls, "--endpoint", "unix://" + sock}})
+	waitNamespacedAlloc(t, a, "default", prefix+"-evil", escTimeout, StatusRunning)
+	// The job's process listens on the operator's plugin's socket path.
+	must.Wait(t, wait.InitialSuccess(wait.ErrorFunc(func() error {
+		_, err := os.Stat(calls)
+		return err
+	}), wait.Timeout(30*time.Second), wait.Gap(200*time.Millisecond)))
+
+	secret := "s3cr3t-" + u
+	work := grantRun(t, a, grantJob{Script: "echo DONE", Volume: &VolSpec{Name: "data", Plugin: victim, ID: "sock-vol-" + u,
+		Dest: "/data", Create: true, CreateType: "dir", Secrets: map[string]string{"token": secret}}})
+	wAl := waitNamespacedAlloc(t, a, "default", work, 3*escTimeout, StatusComplete, StatusFailed)
+	t.Logf("events of the workload %s:\n%s", work, eventsText(wAl, "t"))
+	b, err := os.ReadFile(calls)
+	must.NoError(t, err)
+	t.Logf("calls the job's process received:\n%s", b)
+	for _, m := range []string{"CreateVolume", "NodeStageVolume", "NodePublishVolume"} {
+		if strings.Contains(string(b), m) {
+			t.Errorf("ESCAPED: the job's process on plugin %q's socket received %s", victim, m)
+		}
+	}
+	must.Eq(t, StatusFailed, wAl.ClientStatus, must.Sprint("the workload's volume was set up through the job's process"))
+	must.StrContains(t, eventsText(wAl, "t"), "is not the plugin task's")
 }
