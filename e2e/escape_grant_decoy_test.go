@@ -60,23 +60,13 @@ func TestEscapeGrantNomadPluginDecoy(t *testing.T) {
 		}
 	})
 
-	rendered, err := a.RenderJob("native_plugin", a.NativePluginVars(reserved, true, ""))
-	must.NoError(t, err)
-	b, err := os.ReadFile(rendered.File)
-	must.NoError(t, err)
-	job, err := a.api.Jobs().ParseHCLOpts(&api.JobsParseRequest{JobHCL: string(b), Canonicalize: true})
-	must.NoError(t, err)
-	job.ID, job.Name = &attackJob, &attackJob
-	g := job.TaskGroups[0]
-	g.Volumes = map[string]*api.VolumeRequest{"decoy": {Name: "decoy", Type: "host", Source: decoy,
-		AccessMode: "single-node-writer", AttachmentMode: "file-system"}}
-	task := g.Tasks[0]
-	dest, prop := "/decoy", "bidirectional"
-	vol := "decoy"
-	task.VolumeMounts = append(task.VolumeMounts, &api.VolumeMount{Volume: &vol, Destination: &dest, PropagationMode: &prop})
-	a.TrackJob(attackJob)
-	_, _, err = a.api.Jobs().Register(job, nil)
-	must.NoError(t, err)
+	grantRunNative(t, a, attackJob, reserved, func(job *api.Job) {
+		g := job.TaskGroups[0]
+		g.Volumes = map[string]*api.VolumeRequest{"decoy": {Name: "decoy", Type: "host", Source: decoy,
+			AccessMode: "single-node-writer", AttachmentMode: "file-system"}}
+		vol, dest, prop := "decoy", "/decoy", "bidirectional"
+		g.Tasks[0].VolumeMounts = append(g.Tasks[0].VolumeMounts, &api.VolumeMount{Volume: &vol, Destination: &dest, PropagationMode: &prop})
+	})
 
 	al := waitNamespacedAlloc(t, a, "default", attackJob, escTimeout, StatusRunning, StatusFailed)
 	text := eventsText(al, "plugin")

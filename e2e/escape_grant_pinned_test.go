@@ -149,29 +149,10 @@ func TestEscapeGrantPinnedSocket(t *testing.T) {
 	requireCSI(t)
 	u := escUniq()
 	prefix, victim, evil := "grant-sock-"+u, "victim-"+u, "evil-"+u
-	fixture := csiBin(t, "csi-fixture")
-	var command string
-	a := grantAgent(t, "", "", func(a *Agent) error {
-		var err error
-		if command, err = installFixture(t, fixture, filepath.Join(a.Dir, "bin")); err != nil {
-			return err
-		}
-		// The operator's plugin, and a job granted the same program for a
-		// plugin id of its own.
-		a.opts.Grants += fmt.Sprintf(`
-    privileged_grant {
-      namespace = "default"
-      job       = %q
-      command   = %q
-      plugin_id = %q
-    }
-    privileged_grant {
-      namespace = "default"
-      job       = %q
-      command   = %q
-    }
-`, prefix+"-op", command, victim, prefix+"-evil", command)
-		return nil
+	// The operator's plugin, and a job granted the same program for a
+	// plugin id of its own.
+	a, command := grantPinnedAgentWith(t, prefix+"-op", victim, func(command string) string {
+		return fmt.Sprintf("\n    privileged_grant {\n      namespace = \"default\"\n      job       = %q\n      command   = %q\n    }\n", prefix+"-evil", command)
 	})
 	grantRun(t, a, grantJob{ID: prefix + "-op", Type: "service", Privileged: true, PluginID: victim, PluginType: "monolith",
 		Command: command, Args: []string{"--state-dir", filepath.Join(a.Dir, "op-state"), "--node-id", "e2e-operator"}})
