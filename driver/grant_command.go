@@ -242,6 +242,9 @@ func checkPinnedDir(dir string, targets, forbidden []string, host bool) error {
 	if !host {
 		return nil
 	}
+	if via, ok := throughProc(p); ok {
+		return fmt.Errorf("%q goes through %q, in /proc, whose links (/proc/<pid>/root, /proc/self/fd) lead into other processes' views, which a job's task chooses", dir, via)
+	}
 	for {
 		real, err := filepath.EvalSymlinks(p)
 		switch {
@@ -268,6 +271,30 @@ func checkPinnedDir(dir string, targets, forbidden []string, host bool) error {
 			return fmt.Errorf("%q: %w", dir, err)
 		}
 	}
+}
+
+// throughProc reports the first leading part of p (a clean absolute path)
+// that is in /proc once its symlinks are resolved ("/dev/fd" is
+// "/proc/self/fd"): from there on the path is not the host's, as
+// /proc/<pid>/root leads into the root of any process, a task's too, and a
+// look-up of p's real path (filepath.EvalSymlinks reads /proc's links as
+// text, "/") says nothing of what a program finds there.
+func throughProc(p string) (string, bool) {
+	prefix := "/"
+	for _, el := range strings.Split(strings.TrimPrefix(p, "/"), "/") {
+		if el == "" {
+			continue
+		}
+		prefix = filepath.Join(prefix, el)
+		real, err := filepath.EvalSymlinks(prefix)
+		if err != nil {
+			return "", false
+		}
+		if mounter.PathWithin(real, "/proc") {
+			return prefix, true
+		}
+	}
+	return "", false
 }
 
 // maxInterpreters bounds the chain of "#!" interpreters followed, as the

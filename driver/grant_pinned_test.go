@@ -2,6 +2,7 @@ package driver
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -52,6 +53,11 @@ func TestCheckPinnedDir_Root(t *testing.T) {
 		{sticky, "writable by its group or by others"},
 		{filepath.Join(sticky, "missing"), "does not exist, and whoever can write"},
 		{filepath.Join(top, "to-alloc"), "where tasks write"},
+		// /proc's links lead into any process's view, a task's root
+		// among them, whatever filepath.EvalSymlinks reads in them.
+		{fmt.Sprintf("/proc/%d/root/data", os.Getpid()), `goes through "/proc"`},
+		{"/proc/self/root/usr/bin", `goes through "/proc"`},
+		{"/dev/fd/3", `goes through "/dev/fd", in /proc`},
 	} {
 		err := checkPinnedDir(c.dir, []string{"/local"}, []string{allocs}, true)
 		must.ErrorContains(t, err, c.want, must.Sprint(c.dir))
@@ -181,6 +187,17 @@ func TestAuthorize_pinnedPath_Root(t *testing.T) {
 	tc.Volumes = map[string]VolumeConfig{"v": {Destination: "/local/data"}}
 	_, err = authorize(conf, cfg, tc, spec(opt+":"+defaultTaskPath), taskImage{})
 	must.NoError(t, err)
+
+	// Nomad's data directory holds what tasks write beyond their
+	// allocations: its CSI volumes' staging and per-alloc directories,
+	// the dynamic host volumes. A directory there a root task made is
+	// root's, and still the job's.
+	inData := *cfg
+	inData.AllocDir = filepath.Join(top, "data", "alloc", "a1")
+	hvBin := filepath.Join(top, "data", "host_volumes", "v1", "bin")
+	must.NoError(t, os.MkdirAll(hvBin, 0o755))
+	_, err = authorize(conf, &inData, tc, spec(hvBin+":"+defaultTaskPath), taskImage{})
+	must.ErrorContains(t, err, `inside "`+filepath.Join(top, "data")+`", where tasks write`)
 
 	// Elsewhere, a volume of the job's would stand in for host files the
 	// program reads on its own: its home's credentials, the device links

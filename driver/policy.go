@@ -60,7 +60,7 @@ func authorize(conf *Config, cfg *drivers.TaskConfig, tc *TaskConfig, spec *exec
 			s.CommandErr = errors.New("the task is not privileged: its command is looked up in its own root, not the host's")
 		default:
 			s.Command, s.CommandErr = resolveGrantCommand(spec.Command, spec.Dir, spec.Env, targets,
-				[]string{conf.RootDir, allocationsDir(cfg)})
+				tasksWriteDirs(conf, cfg))
 		}
 	}
 
@@ -119,7 +119,7 @@ func checkPinned(conf *Config, cfg *drivers.TaskConfig, tc *TaskConfig, spec *ex
 	if v := pinnedEnvVar(spec.Env); v != "" {
 		return fmt.Errorf("env %s is not allowed in this task: it would make the program that %s pins load code the job names, as root; drop it from the job", v, g)
 	}
-	forbidden := []string{conf.RootDir, allocationsDir(cfg)}
+	forbidden := tasksWriteDirs(conf, cfg)
 	var dirs []string
 	if command != "" {
 		load, err := pinnedLoadDirs(command, targets, forbidden)
@@ -202,6 +202,22 @@ func checkPrivilegedUser(name string) error {
 		return fmt.Errorf("user %q: a privileged task runs as root only: it has the host's view, processes and devices, and as another user it would reach other allocations' processes that run as that user; drop user, or drop privileged = true to run isolated as %q", name, userName)
 	}
 	return nil
+}
+
+// tasksWriteDirs are the host directories whose files tasks write, none of
+// which a pinned program may run or load code from: the driver's root_dir
+// (its tasks' volumes), Nomad's allocations, and, when those are at
+// <data_dir>/alloc (Nomad's layout unless alloc_dir moves them), Nomad's
+// whole data directory: its client state holds the staging and per-alloc
+// directories of Nomad's CSI volumes, and host_volumes the dynamic host
+// volumes, all of which tasks write.
+func tasksWriteDirs(conf *Config, cfg *drivers.TaskConfig) []string {
+	allocs := allocationsDir(cfg)
+	out := []string{conf.RootDir, allocs}
+	if allocs != "" && filepath.Base(allocs) == "alloc" {
+		out = append(out, filepath.Dir(allocs))
+	}
+	return out
 }
 
 // allocationsDir is the directory of the node's allocations (Nomad's
