@@ -49,6 +49,17 @@ func TestGrantGlob(t *testing.T) {
 		{"backup", "backup/dispatch-1700000000-ab12", false},
 		{"[ab]", "a", false}, // no classes: '[' is itself
 		{"[ab]", "[ab]", true},
+		// Look-alikes are other names: a Cyrillic 'о', a zero-width space,
+		// fullwidth letters, a trailing space, a case fold.
+		{"ebs-node", "ebs-n\u043ede", false},
+		{"ebs-node", "ebs-node\u200b", false},
+		{"ebs-node", "\uff45bs-node", false},
+		{"ebs-node", "ebs-node ", false},
+		{"ebs-node", "EBS-NODE", false},
+		{"ebs-*", "ebs-n\u043ede", true},    // a glob takes whatever follows
+		{"ebs-?ode", "ebs-\u00f1ode", true}, // '?' is one character, not one byte
+		{"", "", true},
+		{"", "x", false},
 	}
 	for _, c := range cases {
 		must.Eq(t, c.want, grantGlob(c.pattern, c.value), must.Sprintf("%q ~ %q", c.pattern, c.value))
