@@ -14,6 +14,7 @@ import (
 	"github.com/shoenig/test/must"
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor"
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/taskuser"
 )
 
 func TestPinnedPath(t *testing.T) {
@@ -338,4 +339,23 @@ func TestSocketPeer(t *testing.T) {
 	}
 	must.NoError(t, inTaskCgroup(int32(os.Getpid()), own))
 	must.ErrorContains(t, inTaskCgroup(int32(os.Getpid()), own+"x"), "is not the plugin task's")
+}
+
+// Every spelling of user that the supervisor would run as uid 0 or with
+// gid 0 is refused by denied_host_uids/denied_host_gids = "0"; the
+// spellings it cannot resolve are refused too, never passed through.
+func TestCheckHostIDs_userForms(t *testing.T) {
+	conf := &Config{DeniedHostUIDs: "0", DeniedHostGIDs: "0"}
+	for _, u := range []string{"root", "0", "00", "000", "root:0", "root:root", "0:0", "00:00", "nobody:0", "nobody:00", "nobody:root",
+		"+0", " 0", "0 ", "-0", "0x0", "4294967296", "65534:+0", "nobody: 0", "root "} {
+		cred, rerr := taskuser.Resolve(u)
+		herr := checkHostIDs(conf, u)
+		if rerr != nil {
+			must.Error(t, herr, must.Sprintf("%q does not resolve (%v) but passes the check", u, rerr))
+			continue
+		}
+		if cred.UID == 0 || cred.GID == 0 {
+			must.Error(t, herr, must.Sprintf("%q runs as uid %d gid %d", u, cred.UID, cred.GID))
+		}
+	}
 }
