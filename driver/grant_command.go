@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 
@@ -179,6 +180,19 @@ func pinnedEnvVar(env []string) string {
 		}
 	}
 	return ""
+}
+
+// envName is a variable's name as a message shows it: as it is when it is
+// made of letters, digits and "_.%-" (BASH_FUNC_x%% included), quoted
+// otherwise, so that a name from a job's template carries no terminal
+// escapes into an event.
+func envName(k string) string {
+	for _, r := range k {
+		if !(r >= 'A' && r <= 'Z' || r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || strings.ContainsRune("_.%-", r)) {
+			return strconv.Quote(k)
+		}
+	}
+	return k
 }
 
 // pinnedSystemDirs are where the loader and a program's libraries come

@@ -306,6 +306,10 @@ func TestPinnedEnvAndMounts(t *testing.T) {
 		must.Eq(t, k, pinnedEnvVar([]string{"PATH=/bin", kv}))
 	}
 
+	must.Eq(t, "LD_PRELOAD", envName("LD_PRELOAD"))
+	must.Eq(t, "BASH_FUNC_mount%%", envName("BASH_FUNC_mount%%"))
+	must.Eq(t, `"LD_PRELOAD\x1b]0;x\a"`, envName("LD_PRELOAD\x1b]0;x\a"))
+
 	for _, target := range []string{"/etc", "/etc/ld.so.preload", "/usr/lib", "/lib64", "/", "/usr/local/bin", "/opt/csi/bin/x", "/opt/csi", "/opt"} {
 		must.NotEq(t, "", pinnedMountReason(target, []string{"/opt/csi/bin"}), must.Sprint(target))
 	}

@@ -117,7 +117,7 @@ func authorize(conf *Config, cfg *drivers.TaskConfig, tc *TaskConfig, spec *exec
 // interpreters and libraries it loads, or a mount over any of those.
 func checkPinned(conf *Config, cfg *drivers.TaskConfig, tc *TaskConfig, spec *executor.Spec, g *PrivilegedGrant, command string, targets []string) error {
 	if v := pinnedEnvVar(spec.Env); v != "" {
-		return fmt.Errorf("env %s is not allowed in this task: it would make the program that %s pins load code the job names, as root; drop it from the job", v, g)
+		return fmt.Errorf("env %s is not allowed in this task: it would make the program that %s pins load code the job names, as root; drop it from the job", envName(v), g)
 	}
 	forbidden := tasksWriteDirs(conf, cfg)
 	var dirs []string
