@@ -644,6 +644,7 @@ func (d *Driver) buildSpec(conf *Config, cfg *drivers.TaskConfig, tc *TaskConfig
 	if err != nil {
 		return nil, err
 	}
+	nomadMounts := slices.Clone(mounts)
 	// The group's `dns` block, as exec honours it; a mount of the job's
 	// own at /etc/resolv.conf wins.
 	if dns, err := dnsMount(cfg, hostResolvConf); err != nil {
@@ -713,6 +714,17 @@ func (d *Driver) buildSpec(conf *Config, cfg *drivers.TaskConfig, tc *TaskConfig
 		for _, m := range spec.Mounts {
 			if reason := isolatedTargetReason(m.Target); reason != "" {
 				return nil, fmt.Errorf("invalid task config: %s", reason)
+			}
+		}
+		// Nomad's mounts (host volumes, its CSI volumes, devices) name
+		// host paths; the driver's own are the task's directories.
+		if len(nomadMounts) > 0 {
+			table, err := d.mounter.List()
+			if err != nil {
+				return nil, fmt.Errorf("failed to read the host's mounts: %w", err)
+			}
+			if err := checkHostKernelMounts(nomadMounts, table); err != nil {
+				return nil, fmt.Errorf("invalid task config: %w", err)
 			}
 		}
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor"
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/taskuser"
+	"github.com/nomad-driver-csi/nomad-driver-csi/mounter"
 )
 
 func TestPinnedPath(t *testing.T) {
@@ -358,4 +359,53 @@ func TestCheckHostIDs_userForms(t *testing.T) {
 			must.Error(t, herr, must.Sprintf("%q runs as uid %d gid %d", u, cred.UID, cred.GID))
 		}
 	}
+}
+
+// A task that is not privileged gets no host path that holds, or is in,
+// the host's kernel interfaces, nor one through /proc: a host volume of
+// "/" (which with ACLs off any job can register) brought the host's /proc.
+func TestCheckHostKernelMounts(t *testing.T) {
+	table := []mounter.MountPoint{
+		{Path: "/", FSType: "ext4"},
+		{Path: "/proc", FSType: "proc"},
+		{Path: "/proc/sys/fs/binfmt_misc", FSType: "binfmt_misc"},
+		{Path: "/sys", FSType: "sysfs"},
+		{Path: "/sys/fs/cgroup/memory", FSType: "cgroup"},
+		{Path: "/run/netns/x", FSType: "nsfs"},
+		{Path: "/srv", FSType: "xfs"},
+		{Path: "/dev", FSType: "devtmpfs"},
+	}
+	mount := func(src string) []executor.Mount { return []executor.Mount{{Source: src, Target: "/host"}} }
+	for _, c := range []struct{ src, want string }{
+		{"/", `is in or holds the host's proc file system at "/proc"`},
+		{"/sys/fs", `is in or holds the host's sysfs file system at "/sys"`},
+		{"/sys/fs/cgroup/memory/x", `the host's sysfs file system at "/sys"`},
+		{"/proc/1/root/srv", `goes through "/proc"`},
+		{fmt.Sprintf("/proc/%d/root", os.Getpid()), `goes through "/proc"`},
+		{"/run", `is in or holds the host's nsfs file system at "/run/netns/x"`},
+	} {
+		must.ErrorContains(t, checkHostKernelMounts(mount(c.src), table), c.want, must.Sprint(c.src))
+	}
+	for _, ok := range []string{"/srv", "/etc/ssl/certs", "/dev/fuse", "/var/lib"} {
+		must.NoError(t, checkHostKernelMounts(mount(ok), table), must.Sprint(ok))
+	}
+}
+
+// StartTask applies checkHostKernelMounts to the mounts Nomad hands a task
+// that is not privileged, and not to a privileged one.
+func TestStartTask_hostVolumeOfRoot(t *testing.T) {
+	fake := func(d *Driver) {
+		d.mounter = mounter.NewFake(mounter.MountPoint{Path: "/", Shared: true, PeerGroup: 1}, mounter.MountPoint{Path: "/proc", FSType: "proc"})
+	}
+	d := newTestDriver(t, Config{Enabled: true, AllowPrivileged: true, PrivilegedGrants: grantAll, PrivilegedPluginsOnly: false}, fake)
+	cfg := taskConfig(t, TaskConfig{Command: "/bin/sh"})
+	cfg.Mounts = []*drivers.MountConfig{{TaskPath: "/host", HostPath: "/", Readonly: true}}
+	_, _, err := d.StartTask(cfg)
+	must.ErrorContains(t, err, `mount "/host": its host path "/" is in or holds the host's proc file system at "/proc"`)
+	must.SliceEmpty(t, d.started)
+
+	priv := taskConfig(t, TaskConfig{Command: "/bin/sh", Privileged: true})
+	priv.Mounts = cfg.Mounts
+	_, _, err = d.StartTask(priv)
+	must.NoError(t, err)
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor"
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/taskuser"
+	"github.com/nomad-driver-csi/nomad-driver-csi/mounter"
 )
 
 // capAll in allow_caps, cap_add or cap_drop stands for every capability.
@@ -220,6 +221,49 @@ func checkUserGroup(conf *Config, name string) error {
 		return nil
 	}
 	return fmt.Errorf("user %q: %q is not a member of group %q (gid %d) on this host, and a task may only take a group of its user's: use one of the user's groups, or the operator can list the group in allow_user_groups in the driver's plugin config", name, userName, group, gid)
+}
+
+// hostKernelFSTypes are the file systems through which a process reaches
+// the kernel's view of the whole node rather than files: every process
+// (proc, and in it /proc/sys and binfmt_misc), devices and control groups
+// (sysfs, cgroup, cgroup2), namespaces (nsfs), and the kernel's debugging,
+// tracing, security, BPF and firmware interfaces.
+var hostKernelFSTypes = []string{"proc", "sysfs", "cgroup", "cgroup2", "nsfs", "binfmt_misc", "debugfs", "tracefs",
+	"securityfs", "configfs", "bpf", "efivarfs", "pstore", "fusectl"}
+
+// checkHostKernelMounts refuses, for a task that is not privileged, a
+// mount whose host path holds one of the host's hostKernelFSTypes
+// mounts (table, the host's mount table), or is inside one, or goes
+// through /proc. Nomad hands the driver host volumes as the operator's,
+// but with ACLs off any job registers a dynamic host volume at any
+// existing host path: one of "/", bound with what is mounted below it,
+// gave a nobody task the host's /proc, where it read another namespace's
+// task's environment and wrote into its root (TestEscapeHostVolumeProc).
+func checkHostKernelMounts(mounts []executor.Mount, table []mounter.MountPoint) error {
+	for _, m := range mounts {
+		src := filepath.Clean(m.Source)
+		if via, ok := throughProc(src); ok {
+			return fmt.Errorf("mount %q: its host path %q goes through %q, in the host's /proc, which leads into other processes' views; a task that is not privileged gets no host path there", m.Target, m.Source, via)
+		}
+		real, err := filepath.EvalSymlinks(src)
+		if err != nil {
+			// Not there (the executor says so) or not readable: judged
+			// as written.
+			real = src
+		}
+		var found []mounter.MountPoint
+		for _, mp := range table {
+			if slices.Contains(hostKernelFSTypes, mp.FSType) && (mounter.PathWithin(mp.Path, real) || mounter.PathWithin(real, mp.Path)) {
+				found = append(found, mp)
+			}
+		}
+		if len(found) == 0 {
+			continue
+		}
+		slices.SortFunc(found, func(a, b mounter.MountPoint) int { return strings.Compare(a.Path, b.Path) })
+		return fmt.Errorf("mount %q: its host path %q is in or holds the host's %s file system at %q, which would give a task that is not privileged the node's processes, devices or control groups; mount a directory without it, or run the task privileged under the operator's grant", m.Target, m.Source, found[0].FSType, found[0].Path)
+	}
+	return nil
 }
 
 // isolatedTargetReason says why a task that is not privileged cannot have
