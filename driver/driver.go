@@ -723,7 +723,7 @@ func (d *Driver) buildSpec(conf *Config, cfg *drivers.TaskConfig, tc *TaskConfig
 			if err != nil {
 				return nil, fmt.Errorf("failed to read the host's mounts: %w", err)
 			}
-			if err := checkHostKernelMounts(nomadMounts, table); err != nil {
+			if err := checkHostMountSources(nomadMounts, table, []string{allocationsDir(cfg), conf.RootDir}, cfg.AllocDir); err != nil {
 				return nil, fmt.Errorf("invalid task config: %w", err)
 			}
 		}

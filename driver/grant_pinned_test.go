@@ -384,14 +384,25 @@ func TestCheckHostKernelMounts(t *testing.T) {
 		{fmt.Sprintf("/proc/%d/root", os.Getpid()), `goes through "/proc"`},
 		{"/run", `is in or holds the host's nsfs file system at "/run/netns/x"`},
 	} {
-		must.ErrorContains(t, checkHostKernelMounts(mount(c.src), table), c.want, must.Sprint(c.src))
+		must.ErrorContains(t, checkHostMountSources(mount(c.src), table, nil, ""), c.want, must.Sprint(c.src))
 	}
 	for _, ok := range []string{"/srv", "/etc/ssl/certs", "/dev/fuse", "/var/lib"} {
-		must.NoError(t, checkHostKernelMounts(mount(ok), table), must.Sprint(ok))
+		must.NoError(t, checkHostMountSources(mount(ok), table, nil, ""), must.Sprint(ok))
+	}
+
+	// Other allocations' directories (their tasks' /secrets), and the
+	// driver's root_dir; the task's own allocation directory is its.
+	others := []string{"/var/lib/nomad/alloc", "/var/lib/nomad-driver-csi"}
+	own := "/var/lib/nomad/alloc/a1"
+	for _, bad := range []string{"/var/lib/nomad/alloc/a2/web/secrets", "/var/lib/nomad/alloc", "/var/lib/nomad", "/var/lib/nomad-driver-csi/tasks"} {
+		must.ErrorContains(t, checkHostMountSources(mount(bad), nil, others, own), "the directories of other allocations or of the driver", must.Sprint(bad))
+	}
+	for _, ok := range []string{"/var/lib/nomad/alloc/a1/alloc/data", "/var/lib/nomad/client/csi/node/p/per-alloc/a1/v/rw", "/srv"} {
+		must.NoError(t, checkHostMountSources(mount(ok), nil, others, own), must.Sprint(ok))
 	}
 }
 
-// StartTask applies checkHostKernelMounts to the mounts Nomad hands a task
+// StartTask applies checkHostMountSources to the mounts Nomad hands a task
 // that is not privileged, and not to a privileged one.
 func TestStartTask_hostVolumeOfRoot(t *testing.T) {
 	fake := func(d *Driver) {

@@ -231,15 +231,19 @@ func checkUserGroup(conf *Config, name string) error {
 var hostKernelFSTypes = []string{"proc", "sysfs", "cgroup", "cgroup2", "nsfs", "binfmt_misc", "debugfs", "tracefs",
 	"securityfs", "configfs", "bpf", "efivarfs", "pstore", "fusectl"}
 
-// checkHostKernelMounts refuses, for a task that is not privileged, a
+// checkHostMountSources refuses, for a task that is not privileged, a
 // mount whose host path holds one of the host's hostKernelFSTypes
 // mounts (table, the host's mount table), or is inside one, or goes
 // through /proc. Nomad hands the driver host volumes as the operator's,
 // but with ACLs off any job registers a dynamic host volume at any
 // existing host path: one of "/", bound with what is mounted below it,
 // gave a nobody task the host's /proc, where it read another namespace's
-// task's environment and wrote into its root (TestEscapeHostVolumeProc).
-func checkHostKernelMounts(mounts []executor.Mount, table []mounter.MountPoint) error {
+// task's environment and wrote into its root (TestEscapeHostVolumeRegistered).
+//
+// Nor does it get a host path in others' directories (others, with own
+// the task's own allocation directory within them): the node's other
+// allocations, with their tasks' /secrets, and the driver's root_dir.
+func checkHostMountSources(mounts []executor.Mount, table []mounter.MountPoint, others []string, own string) error {
 	for _, m := range mounts {
 		src := filepath.Clean(m.Source)
 		if via, ok := throughProc(src); ok {
@@ -257,11 +261,15 @@ func checkHostKernelMounts(mounts []executor.Mount, table []mounter.MountPoint) 
 				found = append(found, mp)
 			}
 		}
-		if len(found) == 0 {
-			continue
+		if len(found) > 0 {
+			slices.SortFunc(found, func(a, b mounter.MountPoint) int { return strings.Compare(a.Path, b.Path) })
+			return fmt.Errorf("mount %q: its host path %q is in or holds the host's %s file system at %q, which would give a task that is not privileged the node's processes, devices or control groups; mount a directory without it, or run the task privileged under the operator's grant", m.Target, m.Source, found[0].FSType, found[0].Path)
 		}
-		slices.SortFunc(found, func(a, b mounter.MountPoint) int { return strings.Compare(a.Path, b.Path) })
-		return fmt.Errorf("mount %q: its host path %q is in or holds the host's %s file system at %q, which would give a task that is not privileged the node's processes, devices or control groups; mount a directory without it, or run the task privileged under the operator's grant", m.Target, m.Source, found[0].FSType, found[0].Path)
+		for _, o := range others {
+			if o != "" && (mounter.PathWithin(real, o) || mounter.PathWithin(o, real)) && !(own != "" && mounter.PathWithin(real, own)) {
+				return fmt.Errorf("mount %q: its host path %q is in or holds %q, the directories of other allocations or of the driver, with their tasks' secrets; a task that is not privileged gets no host path there", m.Target, m.Source, o)
+			}
+		}
 	}
 	return nil
 }
