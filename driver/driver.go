@@ -723,7 +723,8 @@ func (d *Driver) buildSpec(conf *Config, cfg *drivers.TaskConfig, tc *TaskConfig
 			if err != nil {
 				return nil, fmt.Errorf("failed to read the host's mounts: %w", err)
 			}
-			if err := checkHostMountSources(nomadMounts, table, []string{allocationsDir(cfg), conf.RootDir}, cfg.AllocDir); err != nil {
+			others, mine := othersDirs(conf, cfg)
+			if err := checkHostMountSources(nomadMounts, table, others, mine); err != nil {
 				return nil, fmt.Errorf("invalid task config: %w", err)
 			}
 		}

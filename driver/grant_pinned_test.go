@@ -364,7 +364,7 @@ func TestCheckHostIDs_userForms(t *testing.T) {
 // A task that is not privileged gets no host path that holds, or is in,
 // the host's kernel interfaces, nor one through /proc: a host volume of
 // "/" (which with ACLs off any job can register) brought the host's /proc.
-func TestCheckHostKernelMounts(t *testing.T) {
+func TestCheckHostMountSources(t *testing.T) {
 	table := []mounter.MountPoint{
 		{Path: "/", FSType: "ext4"},
 		{Path: "/proc", FSType: "proc"},
@@ -376,6 +376,7 @@ func TestCheckHostKernelMounts(t *testing.T) {
 		{Path: "/dev", FSType: "devtmpfs"},
 	}
 	mount := func(src string) []executor.Mount { return []executor.Mount{{Source: src, Target: "/host"}} }
+	nobody := func(string) bool { return false }
 	for _, c := range []struct{ src, want string }{
 		{"/", `is in or holds the host's proc file system at "/proc"`},
 		{"/sys/fs", `is in or holds the host's sysfs file system at "/sys"`},
@@ -384,21 +385,24 @@ func TestCheckHostKernelMounts(t *testing.T) {
 		{fmt.Sprintf("/proc/%d/root", os.Getpid()), `goes through "/proc"`},
 		{"/run", `is in or holds the host's nsfs file system at "/run/netns/x"`},
 	} {
-		must.ErrorContains(t, checkHostMountSources(mount(c.src), table, nil, ""), c.want, must.Sprint(c.src))
+		must.ErrorContains(t, checkHostMountSources(mount(c.src), table, nil, nobody), c.want, must.Sprint(c.src))
 	}
 	for _, ok := range []string{"/srv", "/etc/ssl/certs", "/dev/fuse", "/var/lib"} {
-		must.NoError(t, checkHostMountSources(mount(ok), table, nil, ""), must.Sprint(ok))
+		must.NoError(t, checkHostMountSources(mount(ok), table, nil, nobody), must.Sprint(ok))
 	}
 
-	// Other allocations' directories (their tasks' /secrets), and the
-	// driver's root_dir; the task's own allocation directory is its.
-	others := []string{"/var/lib/nomad/alloc", "/var/lib/nomad-driver-csi"}
-	own := "/var/lib/nomad/alloc/a1"
-	for _, bad := range []string{"/var/lib/nomad/alloc/a2/web/secrets", "/var/lib/nomad/alloc", "/var/lib/nomad", "/var/lib/nomad-driver-csi/tasks"} {
-		must.ErrorContains(t, checkHostMountSources(mount(bad), nil, others, own), "the directories of other allocations or of the driver", must.Sprint(bad))
+	// Other allocations' directories (their tasks' /secrets), the
+	// driver's root_dir and Nomad's client state (other allocations' CSI
+	// volumes); the task's own allocation directory and its own CSI
+	// volumes' per-alloc directories are its.
+	others, mine := othersDirs(&Config{RootDir: "/var/lib/nomad-driver-csi"},
+		&drivers.TaskConfig{AllocID: "a1", AllocDir: "/var/lib/nomad/alloc/a1"})
+	for _, bad := range []string{"/var/lib/nomad/alloc/a2/web/secrets", "/var/lib/nomad/alloc", "/var/lib/nomad", "/var/lib/nomad-driver-csi/tasks",
+		"/var/lib/nomad/client/csi/node/p/per-alloc/a2/v/rw", "/var/lib/nomad/client/csi/node/p/staging/v", "/var/lib/nomad/client/state.db"} {
+		must.ErrorContains(t, checkHostMountSources(mount(bad), nil, others, mine), "the directories of other allocations or of the driver", must.Sprint(bad))
 	}
-	for _, ok := range []string{"/var/lib/nomad/alloc/a1/alloc/data", "/var/lib/nomad/client/csi/node/p/per-alloc/a1/v/rw", "/srv"} {
-		must.NoError(t, checkHostMountSources(mount(ok), nil, others, own), must.Sprint(ok))
+	for _, ok := range []string{"/var/lib/nomad/alloc/a1/alloc/data", "/var/lib/nomad/client/csi/node/p/per-alloc/a1/v/rw-file-system-single-node-writer", "/srv", "/var/lib/nomad/host_volumes/x"} {
+		must.NoError(t, checkHostMountSources(mount(ok), nil, others, mine), must.Sprint(ok))
 	}
 }
 

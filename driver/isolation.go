@@ -240,10 +240,11 @@ var hostKernelFSTypes = []string{"proc", "sysfs", "cgroup", "cgroup2", "nsfs", "
 // gave a nobody task the host's /proc, where it read another namespace's
 // task's environment and wrote into its root (TestEscapeHostVolumeRegistered).
 //
-// Nor does it get a host path in others' directories (others, with own
-// the task's own allocation directory within them): the node's other
-// allocations, with their tasks' /secrets, and the driver's root_dir.
-func checkHostMountSources(mounts []executor.Mount, table []mounter.MountPoint, others []string, own string) error {
+// Nor does it get a host path in others' directories (others, but where
+// mine says a path is the task's own): the node's other allocations, with
+// their tasks' /secrets, the driver's root_dir, and Nomad's client state,
+// with the per-alloc directories of other allocations' CSI volumes.
+func checkHostMountSources(mounts []executor.Mount, table []mounter.MountPoint, others []string, mine func(string) bool) error {
 	for _, m := range mounts {
 		src := filepath.Clean(m.Source)
 		if via, ok := throughProc(src); ok {
@@ -266,12 +267,44 @@ func checkHostMountSources(mounts []executor.Mount, table []mounter.MountPoint, 
 			return fmt.Errorf("mount %q: its host path %q is in or holds the host's %s file system at %q, which would give a task that is not privileged the node's processes, devices or control groups; mount a directory without it, or run the task privileged under the operator's grant", m.Target, m.Source, found[0].FSType, found[0].Path)
 		}
 		for _, o := range others {
-			if o != "" && (mounter.PathWithin(real, o) || mounter.PathWithin(o, real)) && !(own != "" && mounter.PathWithin(real, own)) {
+			if o != "" && (mounter.PathWithin(real, o) || mounter.PathWithin(o, real)) && !mine(real) {
 				return fmt.Errorf("mount %q: its host path %q is in or holds %q, the directories of other allocations or of the driver, with their tasks' secrets; a task that is not privileged gets no host path there", m.Target, m.Source, o)
 			}
 		}
 	}
 	return nil
+}
+
+// othersDirs are the host directories of other tasks than cfg's, and
+// whether a path in them is cfg's own after all (checkHostMountSources):
+// Nomad's allocations (the task's own allocation directory is its own),
+// the driver's root_dir, and, when the allocations are at
+// <data_dir>/alloc, Nomad's client state at <data_dir>/client, where
+// only its CSI volumes' per-alloc directories of the task's allocation,
+// csi/<type>/<plugin>/per-alloc/<alloc id>/..., are the task's.
+func othersDirs(conf *Config, cfg *drivers.TaskConfig) ([]string, func(string) bool) {
+	allocs := allocationsDir(cfg)
+	others := []string{allocs, conf.RootDir}
+	var state string
+	if allocs != "" && filepath.Base(allocs) == "alloc" {
+		state = filepath.Join(filepath.Dir(allocs), "client")
+		others = append(others, state)
+	}
+	mine := func(p string) bool {
+		if cfg.AllocDir != "" && mounter.PathWithin(p, filepath.Clean(cfg.AllocDir)) {
+			return true
+		}
+		if state == "" || cfg.AllocID == "" {
+			return false
+		}
+		rel, err := filepath.Rel(filepath.Join(state, "csi"), p)
+		if err != nil {
+			return false
+		}
+		parts := strings.Split(rel, "/")
+		return len(parts) >= 4 && parts[2] == "per-alloc" && parts[3] == cfg.AllocID
+	}
+	return others, mine
 }
 
 // isolatedTargetReason says why a task that is not privileged cannot have
