@@ -424,3 +424,31 @@ func TestStartTask_hostVolumeOfRoot(t *testing.T) {
 	_, _, err = d.StartTask(priv)
 	must.NoError(t, err)
 }
+
+// Under an image grant the task sees its image, not the host: its state
+// volume may go where the image keeps state; the image's system
+// directories, PATH and exec stay the pin's.
+func TestAuthorize_imagePinnedMounts(t *testing.T) {
+	conf := &Config{AllowPrivileged: true, PrivilegedPluginsOnly: true, RootDir: "/var/lib/nomad-driver-csi", PrivilegedGrants: []PrivilegedGrant{
+		{Namespace: "storage", Job: "ebs-node", Image: "registry.example/ebs@" + digestA, PluginID: "ebs"},
+	}}
+	cfg := &drivers.TaskConfig{ID: "a1/t/1", AllocID: "a1", Namespace: "storage", JobID: "ebs-node"}
+	tc := &TaskConfig{Privileged: true, CSIPlugin: &PluginTaskConfig{ID: "ebs", Type: "node", MountDir: "/csi"}}
+	img := taskImage{Ref: "registry.example/ebs:1", Digest: digestA}
+	spec := func(path string) *executor.Spec {
+		return &executor.Spec{Command: "/bin/aws-ebs-csi-driver", Dir: "/", Env: []string{"PATH=" + path},
+			Mounts: []executor.Mount{{Source: "/x", Target: "/local"}, {Source: "/y", Target: "/csi"}}}
+	}
+	cfg.Mounts = []*drivers.MountConfig{{TaskPath: "/var/lib/ebs", HostPath: "/srv/ebs-state"}}
+	g, err := authorize(conf, cfg, tc, spec(defaultTaskPath), img)
+	must.NoError(t, err)
+	must.True(t, g.pins())
+	cfg.Mounts = []*drivers.MountConfig{{TaskPath: "/usr/lib/ebs", HostPath: "/srv/ebs-state"}}
+	sp := spec(defaultTaskPath)
+	sp.Mounts = append(sp.Mounts, executor.Mount{Source: "/srv/ebs-state", Target: "/usr/lib/ebs"})
+	_, err = authorize(conf, cfg, tc, sp, img)
+	must.ErrorContains(t, err, `a mount at "/usr/lib/ebs" would put the job's files into /usr`)
+	cfg.Mounts = nil
+	_, err = authorize(conf, cfg, tc, spec("/local/bin:"+defaultTaskPath), img)
+	must.ErrorContains(t, err, `its env PATH entry "/local/bin" is inside the task's mount "/local"`)
+}

@@ -139,6 +139,13 @@ func checkPinned(conf *Config, cfg *drivers.TaskConfig, tc *TaskConfig, spec *ex
 			return fmt.Errorf("the task runs under %s, and %s; choose another destination", g, reason)
 		}
 	}
+	// A command grant's program sees the host's files, which the job's
+	// mounts would stand in for. (An image's task sees its image, whose
+	// system directories pinnedMountReason keeps: its other paths, a
+	// plugin's state directory among them, take the job's mounts.)
+	if command == "" {
+		return nil
+	}
 	for _, t := range jobOwnMountTargets(cfg, tc) {
 		if !mounter.WithinAny(t, pinnedTaskDirs) && !slices.Contains(pinnedMountExceptions, t) {
 			return fmt.Errorf("the task runs under %s, and its mount at %q is outside %s: elsewhere the job's files would stand in for host files that the granted program reads as root on its own (its home's configuration and credentials, the device links it resolves, the sockets it talks to), and in /alloc the group's other tasks could turn the target into a symlink while it is mounted; mount it inside /local and pass its path in args", g, t, strings.Join(pinnedTaskDirs, " or "))
