@@ -52,11 +52,15 @@ var _ Client = (*grpcClient)(nil)
 // DialUnix returns a Client for the plugin listening on the unix socket
 // at path. It does not connect until the first call, so a plugin that is
 // down shows as Unavailable on that call.
-func DialUnix(path string) (Client, error) {
+func DialUnix(path string) (Client, error) { return DialUnixPeer(path, nil) }
+
+// DialUnixPeer is DialUnix with a check of the process listening on the
+// socket before each connection is used (csiclient.Options.Peer).
+func DialUnixPeer(path string, peer func(pid int32) error) (Client, error) {
 	if !filepath.IsAbs(path) {
 		return nil, fmt.Errorf("CSI socket path %q must be absolute", path)
 	}
-	conn, err := csiclient.Dial(path, csiclient.Options{})
+	conn, err := csiclient.Dial(path, csiclient.Options{Peer: peer})
 	if err != nil {
 		return nil, fmt.Errorf("failed to create a client for CSI socket %q: %w", path, err)
 	}

@@ -213,6 +213,9 @@ func (d *Driver) setConfig(c *base.Config, cfg Config) error {
 		d.prober = fingerprint.NewProber(fingerprint.Config{
 			Logger:         d.logger,
 			OnHealthChange: d.onPluginHealth,
+			Dial: func(socket string, rpcTimeout time.Duration) (fingerprint.Client, error) {
+				return fingerprint.NewClientPeer(socket, rpcTimeout, d.socketPeer(socket))
+			},
 		})
 	}
 	prober := d.prober
@@ -532,6 +535,9 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 	if img != nil {
 		state.Image = img.Digest
 	}
+	if grant.pins() {
+		state.PinnedBy = grant.String()
+	}
 	if pc != nil {
 		job := jobOf(cfg)
 		state.Namespace, state.JobID = job.namespace, job.id
@@ -554,6 +560,7 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 	h.plugin = pc
 	h.volumes = len(reqs) > 0
 	h.image = state.Image
+	h.pinnedBy = state.PinnedBy
 	d.tasks.Set(cfg.ID, h)
 	// duration is the whole StartTask: an image's pull, the volumes'
 	// set-up and the process's start.
@@ -637,6 +644,7 @@ func (d *Driver) buildSpec(conf *Config, cfg *drivers.TaskConfig, tc *TaskConfig
 	if err != nil {
 		return nil, err
 	}
+	nomadMounts := slices.Clone(mounts)
 	// The group's `dns` block, as exec honours it; a mount of the job's
 	// own at /etc/resolv.conf wins.
 	if dns, err := dnsMount(cfg, hostResolvConf); err != nil {
@@ -678,10 +686,8 @@ func (d *Driver) buildSpec(conf *Config, cfg *drivers.TaskConfig, tc *TaskConfig
 		NetNS:        taskNetNS(cfg),
 		Limits:       taskLimits(cfg),
 		CgroupParent: conf.CgroupParent,
-		// Nomad's task IDs are "alloc/task/invocation": keep them readable
-		// in the cgroup tree without the slashes.
-		CgroupName: strings.ReplaceAll(cfg.ID, "/", "."),
-		Supervisor: d.shimPath(),
+		CgroupName:   taskCgroupName(cfg),
+		Supervisor:   d.shimPath(),
 	}
 	if cfg.Resources != nil && cfg.Resources.LinuxResources != nil {
 		spec.OOMScoreAdj = int(cfg.Resources.LinuxResources.OOMScoreAdj)
@@ -710,9 +716,26 @@ func (d *Driver) buildSpec(conf *Config, cfg *drivers.TaskConfig, tc *TaskConfig
 				return nil, fmt.Errorf("invalid task config: %s", reason)
 			}
 		}
+		// Nomad's mounts (host volumes, its CSI volumes, devices) name
+		// host paths; the driver's own are the task's directories.
+		if len(nomadMounts) > 0 {
+			table, err := d.mounter.List()
+			if err != nil {
+				return nil, fmt.Errorf("failed to read the host's mounts: %w", err)
+			}
+			others, mine := othersDirs(conf, cfg)
+			if err := checkHostMountSources(nomadMounts, table, others, mine); err != nil {
+				return nil, fmt.Errorf("invalid task config: %w", err)
+			}
+		}
 	}
 	return spec, nil
 }
+
+// taskCgroupName is the name of a task's control group: Nomad's task ID
+// ("alloc/task/invocation"), kept readable in the cgroup tree without the
+// slashes.
+func taskCgroupName(cfg *drivers.TaskConfig) string { return strings.ReplaceAll(cfg.ID, "/", ".") }
 
 // defaultTaskPath is a task's PATH when its environment has none.
 const defaultTaskPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -919,6 +942,20 @@ func (d *Driver) RecoverTask(handle *drivers.TaskHandle) error {
 	if st.JobID != "" {
 		job = jobRef{namespace: st.Namespace, id: st.JobID}
 	}
+	if conf := d.currentConfig(); conf != nil && st.Process.Profile != nil && st.Process.Profile.Privileged && !grantsJob(conf.PrivilegedGrants, job) {
+		// Started before the driver had grants, or before the operator
+		// removed the job's: taken back as it is, refused at its next start.
+		logger.Warn("recovered a privileged task that no privileged_grant matches; it runs on until it is stopped, and is refused at its next start", "namespace", job.namespace, "job_id", job.id)
+	}
+	if conf := d.currentConfig(); pc != nil && conf != nil {
+		if why := reservedFromJob(conf.PrivilegedGrants, pc.ID, job); why != "" {
+			// The task runs on (Nomad stops it), serving nothing: the
+			// id stays the granted job's.
+			logger.Warn("recovered task does not get back its plugin id", "plugin_id", pc.ID, "reason", why)
+			d.emitEvent(handle.Config, fmt.Sprintf("Plugin %q not served by this task after the driver restarted: %s", pc.ID, why), nil)
+			pc = nil
+		}
+	}
 	p, err := d.recover(logger, st.Process)
 	// Nomad has decided on the task either way: it is no longer waited for.
 	defer d.invocations.settled(handle.Config.ID)
@@ -945,6 +982,7 @@ func (d *Driver) RecoverTask(handle *drivers.TaskHandle) error {
 	if h.image = st.Image; h.image != "" {
 		d.recoverImage(logger, handle.Config, st.Image)
 	}
+	h.pinnedBy = st.PinnedBy
 	d.sharedSources().adopt(h.sharedSources)
 	if pc != nil {
 		h.plugin = pc
@@ -1102,6 +1140,9 @@ func (d *Driver) ExecTask(taskID string, cmd []string, timeout time.Duration) (*
 	if len(cmd) == 0 {
 		return nil, errors.New("exec: command must not be empty")
 	}
+	if err := h.execRefused(); err != nil {
+		return nil, err
+	}
 	ctx := d.ctx
 	if timeout > 0 {
 		var cancel context.CancelFunc
@@ -1133,6 +1174,9 @@ func (d *Driver) ExecTaskStreaming(ctx context.Context, taskID string, opts *dri
 	}
 	if len(opts.Command) == 0 {
 		return nil, errors.New("exec: command must not be empty")
+	}
+	if err := h.execRefused(); err != nil {
+		return nil, err
 	}
 	var resize chan executor.TerminalSize
 	if opts.ResizeCh != nil {

@@ -65,6 +65,10 @@ func (g PrivilegedGrant) body() string {
 	return b.String()
 }
 
+// pins reports whether g (nil: no grant) pins the program its tasks run,
+// by command or by image.
+func (g *PrivilegedGrant) pins() bool { return g != nil && (g.Command != "" || g.Image != "") }
+
 // digest is the digest of Image ("sha256:..."), or "".
 func (g PrivilegedGrant) digest() string {
 	if m := imageDigestRef.FindStringSubmatch(g.Image); m != nil {

@@ -49,6 +49,17 @@ func TestGrantGlob(t *testing.T) {
 		{"backup", "backup/dispatch-1700000000-ab12", false},
 		{"[ab]", "a", false}, // no classes: '[' is itself
 		{"[ab]", "[ab]", true},
+		// Look-alikes are other names: a Cyrillic 'о', a zero-width space,
+		// fullwidth letters, a trailing space, a case fold.
+		{"ebs-node", "ebs-n\u043ede", false},
+		{"ebs-node", "ebs-node\u200b", false},
+		{"ebs-node", "\uff45bs-node", false},
+		{"ebs-node", "ebs-node ", false},
+		{"ebs-node", "EBS-NODE", false},
+		{"ebs-*", "ebs-n\u043ede", true},    // a glob takes whatever follows
+		{"ebs-?ode", "ebs-\u00f1ode", true}, // '?' is one character, not one byte
+		{"", "", true},
+		{"", "x", false},
 	}
 	for _, c := range cases {
 		must.Eq(t, c.want, grantGlob(c.pattern, c.value), must.Sprintf("%q ~ %q", c.pattern, c.value))
@@ -278,17 +289,32 @@ func TestResolveGrantCommand_Root(t *testing.T) {
 }
 
 func TestPinnedEnvAndMounts(t *testing.T) {
-	must.Eq(t, "", pinnedEnvVar([]string{"PATH=/bin", "CSI_ENDPOINT=unix:///csi/csi.sock", "NOMAD_TASK_DIR=/local", "OLD_PRELOAD=x"}))
-	for _, kv := range []string{"LD_PRELOAD=/local/x.so", "LD_LIBRARY_PATH=/local", "LD_AUDIT=x", "NODE_OPTIONS=--require /local/x.js", "PYTHONPATH=/local", "GLIBC_TUNABLES=x", "BASH_ENV=/local/rc"} {
+	must.Eq(t, "", pinnedEnvVar([]string{"PATH=/bin", "CSI_ENDPOINT=unix:///csi/csi.sock", "NOMAD_TASK_DIR=/local", "OLD_PRELOAD=x",
+		"AWS_REGION=eu-west-1", "PYTHONUNBUFFERED=1", "HOMEPAGE=x", "ENVIRONMENT=prod", "CSI_NODE_ID=n1"}))
+	for _, kv := range []string{"LD_PRELOAD=/local/x.so", "LD_LIBRARY_PATH=/local", "LD_AUDIT=x", "NODE_OPTIONS=--require /local/x.js", "PYTHONPATH=/local", "GLIBC_TUNABLES=x", "BASH_ENV=/local/rc",
+		// What else runs the job's code: OpenSSL's engines, bash's exported
+		// functions and xtrace prompt, Lua's init, Python's warning
+		// categories and bytecode cache, the AWS SDK's credential_process,
+		// kubeconfig's exec plugins, git's commands, a home with all of
+		// those in it.
+		"OPENSSL_CONF=/local/engine.cnf", "BASH_FUNC_mount%%=() { /local/x; }", "SHELLOPTS=xtrace", "PS4=$(/local/x)",
+		"LUA_INIT=@/local/x.lua", "PYTHONWARNINGS=ignore::x.Y", "PYTHONPYCACHEPREFIX=/local/pyc",
+		"AWS_CONFIG_FILE=/local/aws", "AWS_SHARED_CREDENTIALS_FILE=/secrets/aws", "KUBECONFIG=/local/kube",
+		"GIT_SSH_COMMAND=/local/x", "HOME=/local", "XDG_CONFIG_HOME=/local", "DOTNET_STARTUP_HOOKS=/local/x.dll",
+		"CORECLR_PROFILER_PATH=/local/x.so", "PERL5DB=x", "GEM_PATH=/local"} {
 		k, _, _ := strings.Cut(kv, "=")
 		must.Eq(t, k, pinnedEnvVar([]string{"PATH=/bin", kv}))
 	}
 
+	must.Eq(t, "LD_PRELOAD", envName("LD_PRELOAD"))
+	must.Eq(t, "BASH_FUNC_mount%%", envName("BASH_FUNC_mount%%"))
+	must.Eq(t, `"LD_PRELOAD\x1b]0;x\a"`, envName("LD_PRELOAD\x1b]0;x\a"))
+
 	for _, target := range []string{"/etc", "/etc/ld.so.preload", "/usr/lib", "/lib64", "/", "/usr/local/bin", "/opt/csi/bin/x", "/opt/csi", "/opt"} {
-		must.NotEq(t, "", pinnedMountReason(target, "/opt/csi/bin/plugin"), must.Sprint(target))
+		must.NotEq(t, "", pinnedMountReason(target, []string{"/opt/csi/bin"}), must.Sprint(target))
 	}
 	for _, target := range []string{"/csi", "/local/csi", "/data", "/etc/resolv.conf", "/etc/hosts", "/opt/other", "/var/lib/x"} {
-		must.Eq(t, "", pinnedMountReason(target, "/opt/csi/bin/plugin"), must.Sprint(target))
+		must.Eq(t, "", pinnedMountReason(target, []string{"/opt/csi/bin"}), must.Sprint(target))
 	}
 }
 
@@ -374,6 +400,20 @@ func TestAuthorize(t *testing.T) {
 	conf2.PrivilegedGrants = append(conf2.PrivilegedGrants, PrivilegedGrant{Namespace: "storage", Job: "hostpath", PluginID: "hostpath"})
 	_, err = authorize(&conf2, nomad, &TaskConfig{Privileged: true}, spec(), taskImage{})
 	must.ErrorContains(t, err, `csi_plugin id "hostpath" is reserved on this node`)
+
+	// A decoy: a volume the job mounted bidirectionally from Nomad's
+	// state directory (a dynamic host volume registered there, with ACLs
+	// off) ahead of the supervisor's staging mount. Read first, it made
+	// the task pass for plugin "decoy" while Nomad registered "hostpath",
+	// reserved for another job.
+	decoy := task("ops", "nomad-plugin")
+	decoy.Mounts = append([]*drivers.MountConfig{{TaskPath: "/decoy", HostPath: "/var/lib/nomad/client/csi/node/decoy", PropagationMode: "bidirectional"}},
+		nomadPluginMounts("/var/lib/nomad/client", "a1")...)
+	_, err = authorize(&conf2, decoy, &TaskConfig{Privileged: true}, spec(), taskImage{})
+	must.ErrorContains(t, err, `the task has mounts of Nomad's csi_plugin staging directories of more than one plugin ("decoy", "hostpath")`)
+	must.ErrorContains(t, err, "mount no volume from /var/lib/nomad/client/csi")
+	_, err = authorize(&conf2, decoy, &TaskConfig{}, spec(), taskImage{})
+	must.ErrorContains(t, err, "more than one plugin", must.Sprint("privileged or not"))
 
 	// Root only, granted or not.
 	nobody := task("ops", "x")

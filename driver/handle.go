@@ -58,6 +58,14 @@ type TaskState struct {
 	// while the task exists). Left out when empty, so that the handle of a
 	// task without an image is what earlier builds wrote.
 	Image string `json:"image,omitempty" codec:",omitempty"`
+	// PinnedBy is the privileged_grant, as the config wrote it, that
+	// pins the program of a privileged task (its command or image): no
+	// command is exec'd into such a task, after a restart of the driver
+	// too. "" for every other task, and for a task started before it was
+	// kept; omitted when "", so that other tasks' handles are those of
+	// earlier builds byte for byte, and an earlier build that reads a
+	// handle with it passes it over.
+	PinnedBy string `json:"pinned_by,omitempty" codec:",omitempty"`
 }
 
 // taskHandle is the driver's view of one task.
@@ -76,6 +84,8 @@ type taskHandle struct {
 	volumes bool
 	// image is the digest of the task's image, leased while it exists.
 	image string
+	// pinnedBy is TaskState.PinnedBy.
+	pinnedBy string
 
 	// destroyMu serialises DestroyTask calls; destroyed is set once one
 	// has released what the task held.
@@ -307,4 +317,15 @@ func (s *taskStore) Len() int {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	return len(s.tasks)
+}
+
+// execRefused refuses a command exec'd into a task whose grant pins its
+// program: it would run as root on the host, outside the pin, and what
+// Nomad execs into a task comes from its job (nomad alloc exec, a script
+// check, a template's change_script, an action).
+func (h *taskHandle) execRefused() error {
+	if h.pinnedBy == "" {
+		return nil
+	}
+	return fmt.Errorf("exec into this task is refused: it runs privileged under %s, which pins the program it runs, and a command exec'd into it would run as root on the host (nomad alloc exec, a script check, a template's change_script or an action); read its logs instead, or have the operator grant the job without command or image while it is debugged", h.pinnedBy)
 }

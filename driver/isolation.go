@@ -14,6 +14,7 @@ import (
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor"
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/taskuser"
+	"github.com/nomad-driver-csi/nomad-driver-csi/mounter"
 )
 
 // capAll in allow_caps, cap_add or cap_drop stands for every capability.
@@ -220,6 +221,90 @@ func checkUserGroup(conf *Config, name string) error {
 		return nil
 	}
 	return fmt.Errorf("user %q: %q is not a member of group %q (gid %d) on this host, and a task may only take a group of its user's: use one of the user's groups, or the operator can list the group in allow_user_groups in the driver's plugin config", name, userName, group, gid)
+}
+
+// hostKernelFSTypes are the file systems through which a process reaches
+// the kernel's view of the whole node rather than files: every process
+// (proc, and in it /proc/sys and binfmt_misc), devices and control groups
+// (sysfs, cgroup, cgroup2), namespaces (nsfs), and the kernel's debugging,
+// tracing, security, BPF and firmware interfaces.
+var hostKernelFSTypes = []string{"proc", "sysfs", "cgroup", "cgroup2", "nsfs", "binfmt_misc", "debugfs", "tracefs",
+	"securityfs", "configfs", "bpf", "efivarfs", "pstore", "fusectl"}
+
+// checkHostMountSources refuses, for a task that is not privileged, a
+// mount whose host path holds one of the host's hostKernelFSTypes
+// mounts (table, the host's mount table), or is inside one, or goes
+// through /proc. Nomad hands the driver host volumes as the operator's,
+// but with ACLs off any job registers a dynamic host volume at any
+// existing host path: one of "/", bound with what is mounted below it,
+// gave a nobody task the host's /proc, where it read another namespace's
+// task's environment and wrote into its root (TestEscapeHostVolumeRegistered).
+//
+// Nor does it get a host path in others' directories (others, but where
+// mine says a path is the task's own): the node's other allocations, with
+// their tasks' /secrets, the driver's root_dir, and Nomad's client state,
+// with the per-alloc directories of other allocations' CSI volumes.
+func checkHostMountSources(mounts []executor.Mount, table []mounter.MountPoint, others []string, mine func(string) bool) error {
+	for _, m := range mounts {
+		src := filepath.Clean(m.Source)
+		if via, ok := throughProc(src); ok {
+			return fmt.Errorf("mount %q: its host path %q goes through %q, in the host's /proc, which leads into other processes' views; a task that is not privileged gets no host path there", m.Target, m.Source, via)
+		}
+		real, err := filepath.EvalSymlinks(src)
+		if err != nil {
+			// Not there (the executor says so) or not readable: judged
+			// as written.
+			real = src
+		}
+		var found []mounter.MountPoint
+		for _, mp := range table {
+			if slices.Contains(hostKernelFSTypes, mp.FSType) && (mounter.PathWithin(mp.Path, real) || mounter.PathWithin(real, mp.Path)) {
+				found = append(found, mp)
+			}
+		}
+		if len(found) > 0 {
+			slices.SortFunc(found, func(a, b mounter.MountPoint) int { return strings.Compare(a.Path, b.Path) })
+			return fmt.Errorf("mount %q: its host path %q is in or holds the host's %s file system at %q, which would give a task that is not privileged the node's processes, devices or control groups; mount a directory without it, or run the task privileged under the operator's grant", m.Target, m.Source, found[0].FSType, found[0].Path)
+		}
+		for _, o := range others {
+			if o != "" && (mounter.PathWithin(real, o) || mounter.PathWithin(o, real)) && !mine(real) {
+				return fmt.Errorf("mount %q: its host path %q is in or holds %q, the directories of other allocations or of the driver, with their tasks' secrets; a task that is not privileged gets no host path there", m.Target, m.Source, o)
+			}
+		}
+	}
+	return nil
+}
+
+// othersDirs are the host directories of other tasks than cfg's, and
+// whether a path in them is cfg's own after all (checkHostMountSources):
+// Nomad's allocations (the task's own allocation directory is its own),
+// the driver's root_dir, and, when the allocations are at
+// <data_dir>/alloc, Nomad's client state at <data_dir>/client, where
+// only its CSI volumes' per-alloc directories of the task's allocation,
+// csi/<type>/<plugin>/per-alloc/<alloc id>/..., are the task's.
+func othersDirs(conf *Config, cfg *drivers.TaskConfig) ([]string, func(string) bool) {
+	allocs := allocationsDir(cfg)
+	others := []string{allocs, conf.RootDir}
+	var state string
+	if allocs != "" && filepath.Base(allocs) == "alloc" {
+		state = filepath.Join(filepath.Dir(allocs), "client")
+		others = append(others, state)
+	}
+	mine := func(p string) bool {
+		if cfg.AllocDir != "" && mounter.PathWithin(p, filepath.Clean(cfg.AllocDir)) {
+			return true
+		}
+		if state == "" || cfg.AllocID == "" {
+			return false
+		}
+		rel, err := filepath.Rel(filepath.Join(state, "csi"), p)
+		if err != nil {
+			return false
+		}
+		parts := strings.Split(rel, "/")
+		return len(parts) >= 4 && parts[2] == "per-alloc" && parts[3] == cfg.AllocID
+	}
+	return others, mine
 }
 
 // isolatedTargetReason says why a task that is not privileged cannot have

@@ -3,6 +3,9 @@ package driver
 import (
 	"fmt"
 	"os"
+	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -139,6 +142,49 @@ func (p *pluginTasks) task(id string) (*drivers.TaskConfig, bool) {
 		return nil, false
 	}
 	return cur.config, true
+}
+
+// socketPeer is the check of the process listening on a socket the driver
+// dials (csiclient.Options.Peer), nil for a socket that is not a plugin
+// task's (plugin_socket_dirs, the operator's): the listener on
+// root_dir/plugins/<id>/csi.sock must be a process of the task that serves
+// id, in its control group. Every privileged task sees the host's files,
+// and one whose program takes its socket from a flag (--endpoint), as most
+// plugins remove a stale socket before they listen, would otherwise listen
+// in another plugin's place and get its calls, volume secrets included.
+func (d *Driver) socketPeer(socket string) func(pid int32) error {
+	conf := d.currentConfig()
+	if conf == nil || filepath.Base(socket) != pluginSocketName {
+		return nil
+	}
+	dir := filepath.Dir(socket)
+	id := filepath.Base(dir)
+	if filepath.Clean(socket) != conf.pluginSocket(id) {
+		return nil
+	}
+	return func(pid int32) error {
+		cfg, ok := d.plugins.task(id)
+		if !ok {
+			return fmt.Errorf("no task serves csi_plugin %q on this node, and process %d listens on its socket", id, pid)
+		}
+		return inTaskCgroup(pid, taskCgroupName(cfg))
+	}
+}
+
+// inTaskCgroup checks that process pid is in the control group named
+// name (a task's, taskCgroupName), or one below it, in some hierarchy.
+func inTaskCgroup(pid int32, name string) error {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		return fmt.Errorf("cannot read the control group of process %d listening on the socket: %w", pid, err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		parts := strings.SplitN(line, ":", 3)
+		if len(parts) == 3 && slices.Contains(strings.Split(parts[2], "/"), name) {
+			return nil
+		}
+	}
+	return fmt.Errorf("process %d listening on the socket is not the plugin task's (control group %q): another task took the socket's path", pid, name)
 }
 
 // pluginMounts are the mounts a plugin task gets: its socket directory at

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
+	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -14,6 +16,7 @@ import (
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor"
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/taskuser"
 	"github.com/nomad-driver-csi/nomad-driver-csi/fingerprint"
+	"github.com/nomad-driver-csi/nomad-driver-csi/mounter"
 )
 
 // taskImage is the image a task starts from: the reference as the job
@@ -43,8 +46,10 @@ func authorize(conf *Config, cfg *drivers.TaskConfig, tc *TaskConfig, spec *exec
 	s := grantSubject{Namespace: job.namespace, Job: job.id, ImageRef: img.Ref, ImageDigest: img.Digest, ImageIndexDigest: img.IndexDigest}
 	if tc.CSIPlugin != nil {
 		s.PluginID = tc.CSIPlugin.ID
-	} else if id, ok := nomadPluginID(cfg); ok {
-		s.PluginID = id
+	} else if p, err := nomadPlugin(cfg); err != nil {
+		return nil, err
+	} else if p != nil {
+		s.PluginID = p.id
 	}
 	targets := mountTargets(spec, tc)
 	if slices.ContainsFunc(conf.PrivilegedGrants, func(g PrivilegedGrant) bool { return g.Command != "" }) {
@@ -55,7 +60,7 @@ func authorize(conf *Config, cfg *drivers.TaskConfig, tc *TaskConfig, spec *exec
 			s.CommandErr = errors.New("the task is not privileged: its command is looked up in its own root, not the host's")
 		default:
 			s.Command, s.CommandErr = resolveGrantCommand(spec.Command, spec.Dir, spec.Env, targets,
-				[]string{conf.RootDir, allocationsDir(cfg)})
+				tasksWriteDirs(conf, cfg))
 		}
 	}
 
@@ -98,16 +103,96 @@ func authorize(conf *Config, cfg *drivers.TaskConfig, tc *TaskConfig, spec *exec
 		spec.Path = s.Command
 	}
 	if g.Command != "" || g.Image != "" {
-		if v := pinnedEnvVar(spec.Env); v != "" {
-			return nil, fmt.Errorf("env %s is not allowed in this task: it would make the program that %s pins load code the job names, as root; drop it from the job", v, g)
-		}
-		for _, t := range jobMountTargets(conf, spec, tc) {
-			if reason := pinnedMountReason(t, s.Command); reason != "" {
-				return nil, fmt.Errorf("the task runs under %s, and %s; choose another destination", g, reason)
-			}
+		if err := checkPinned(conf, cfg, tc, spec, g, s.Command, targets); err != nil {
+			return nil, err
 		}
 	}
 	return g, nil
+}
+
+// checkPinned keeps a task whose grant g pins its program (command, the
+// resolved file of a command grant; "" for an image) from making that
+// program run the job's code as root: through the loader's and
+// interpreters' variables, the PATH it runs other programs from, the
+// interpreters and libraries it loads, or a mount over any of those.
+func checkPinned(conf *Config, cfg *drivers.TaskConfig, tc *TaskConfig, spec *executor.Spec, g *PrivilegedGrant, command string, targets []string) error {
+	if v := pinnedEnvVar(spec.Env); v != "" {
+		return fmt.Errorf("env %s is not allowed in this task: it would make the program that %s pins load code the job names, as root; drop it from the job", envName(v), g)
+	}
+	forbidden := tasksWriteDirs(conf, cfg)
+	var dirs []string
+	if command != "" {
+		load, err := pinnedLoadDirs(command, targets, forbidden)
+		if err != nil {
+			return fmt.Errorf("the task runs under %s, and %w", g, err)
+		}
+		dirs = append(dirs, load...)
+	}
+	for _, d := range pinnedPath(spec.Env) {
+		if err := checkPinnedDir(d, targets, forbidden, command != ""); err != nil {
+			return fmt.Errorf("the task runs under %s, and its env PATH entry %w: the granted program would run what it finds there by name (mount, mkfs.ext4, ...) as root; drop PATH from the task's env (the driver's default is %s) or name only host directories that only root can write", g, err, defaultTaskPath)
+		}
+		dirs = append(dirs, filepath.Clean(d))
+	}
+	for _, t := range jobMountTargets(conf, spec, tc) {
+		if reason := pinnedMountReason(t, dirs); reason != "" {
+			return fmt.Errorf("the task runs under %s, and %s; choose another destination", g, reason)
+		}
+	}
+	// A command grant's program sees the host's files, which the job's
+	// mounts would stand in for. (An image's task sees its image, whose
+	// system directories pinnedMountReason keeps: its other paths, a
+	// plugin's state directory among them, take the job's mounts.)
+	if command == "" {
+		return nil
+	}
+	for _, t := range jobOwnMountTargets(cfg, tc) {
+		if !mounter.WithinAny(t, pinnedTaskDirs) && !slices.Contains(pinnedMountExceptions, t) {
+			return fmt.Errorf("the task runs under %s, and its mount at %q is outside %s: elsewhere the job's files would stand in for host files that the granted program reads as root on its own (its home's configuration and credentials, the device links it resolves, the sockets it talks to), and in /alloc the group's other tasks could turn the target into a symlink while it is mounted; mount it inside /local and pass its path in args", g, t, strings.Join(pinnedTaskDirs, " or "))
+		}
+	}
+	return nil
+}
+
+// pinnedTaskDirs are where the job's own mounts go in a task whose grant
+// pins its program: the task's own directories, which the program reads
+// where its arguments say. Not /alloc: the group's other tasks (the job's,
+// not privileged) write there while the task's mounts are made, and a
+// target they turn into a symlink between its check and its bind would
+// put the job's volume where the symlink points, in the host's view the
+// program has.
+var pinnedTaskDirs = []string{"/local", "/secrets"}
+
+// jobOwnMountTargets are the targets of the mounts whose content the
+// job chooses: its volume blocks' and volume_mounts' destinations (host
+// volumes, Nomad's CSI volumes). Not the driver's (Nomad's task
+// directories, the csi_plugin socket directory and stage root), not
+// those of Nomad's plugin supervisor (the plugin's socket and staging
+// directories and the host's /dev), not the devices Nomad's device
+// plugins hand over.
+func jobOwnMountTargets(cfg *drivers.TaskConfig, tc *TaskConfig) []string {
+	var own []string
+	if p, err := nomadPlugin(cfg); err == nil && p != nil {
+		own = []string{p.socket, p.staging}
+	}
+	var out []string
+	for _, m := range cfg.Mounts {
+		if m == nil {
+			continue
+		}
+		host, target := filepath.Clean(m.HostPath), filepath.Clean(m.TaskPath)
+		if slices.Contains(own, host) || host == "/dev" && target == "/dev" {
+			continue
+		}
+		out = append(out, target)
+	}
+	for _, v := range tc.Volumes {
+		if v.Destination != "" {
+			out = append(out, filepath.Clean(v.Destination))
+		}
+	}
+	sort.Strings(out)
+	return out
 }
 
 // checkPrivilegedUser refuses a privileged task that names a user other
@@ -124,6 +209,22 @@ func checkPrivilegedUser(name string) error {
 		return fmt.Errorf("user %q: a privileged task runs as root only: it has the host's view, processes and devices, and as another user it would reach other allocations' processes that run as that user; drop user, or drop privileged = true to run isolated as %q", name, userName)
 	}
 	return nil
+}
+
+// tasksWriteDirs are the host directories whose files tasks write, none of
+// which a pinned program may run or load code from: the driver's root_dir
+// (its tasks' volumes), Nomad's allocations, and, when those are at
+// <data_dir>/alloc (Nomad's layout unless alloc_dir moves them), Nomad's
+// whole data directory: its client state holds the staging and per-alloc
+// directories of Nomad's CSI volumes, and host_volumes the dynamic host
+// volumes, all of which tasks write.
+func tasksWriteDirs(conf *Config, cfg *drivers.TaskConfig) []string {
+	allocs := allocationsDir(cfg)
+	out := []string{conf.RootDir, allocs}
+	if allocs != "" && filepath.Base(allocs) == "alloc" {
+		out = append(out, filepath.Dir(allocs))
+	}
+	return out
 }
 
 // allocationsDir is the directory of the node's allocations (Nomad's
@@ -182,28 +283,57 @@ func nomadPluginTask(cfg *drivers.TaskConfig) bool {
 }
 
 // nomadPluginID is the plugin id of a plugin task of Nomad's own
-// csi_plugin block (see nomadPluginTask), read from its staging mount.
+// csi_plugin block (see nomadPluginTask), read from its staging mount;
+// none when the task's mounts name more than one (nomadPlugin).
 func nomadPluginID(cfg *drivers.TaskConfig) (string, bool) {
-	if cfg.AllocID == "" || strings.ContainsRune(cfg.AllocID, '/') {
+	p, err := nomadPlugin(cfg)
+	if err != nil || p == nil {
 		return "", false
 	}
+	return p.id, true
+}
+
+// nomadPluginInfo is what the mounts of Nomad's plugin supervisor say of a
+// plugin task of Nomad's csi_plugin block: the plugin's id, and the host
+// paths of the two mounts the supervisor made (the socket and staging
+// directories, both in Nomad's state directory).
+type nomadPluginInfo struct {
+	id              string
+	socket, staging string
+}
+
+// nomadPlugin reads a task's mounts for those of Nomad's plugin
+// supervisor (see nomadPluginTask): nil when there are none. A job can
+// add mounts of its own, and with ACLs off it can register a dynamic host
+// volume at any host path, one in Nomad's state directory included, and
+// mount it bidirectionally: then two staging directories of different
+// plugin ids stand side by side, and the one the job chose could pass for
+// the task's plugin while Nomad registers the other. That is an error:
+// which id the task serves cannot be told.
+func nomadPlugin(cfg *drivers.TaskConfig) (*nomadPluginInfo, error) {
+	if cfg.AllocID == "" || strings.ContainsRune(cfg.AllocID, '/') {
+		return nil, nil
+	}
 	suffix := "/" + filepath.Join("csi", "plugins", cfg.AllocID)
-	var stateDirs []string
-	for _, m := range cfg.Mounts {
-		if m == nil || m.PropagationMode != executor.PropagationBidirectional {
+	bidirectional := func(m *drivers.MountConfig) bool {
+		return m != nil && m.PropagationMode == executor.PropagationBidirectional
+	}
+	var found []nomadPluginInfo
+	for _, sock := range cfg.Mounts {
+		if !bidirectional(sock) {
 			continue
 		}
-		host := filepath.Clean(m.HostPath)
-		if state, ok := strings.CutSuffix(host, suffix); ok && state != "" && filepath.IsAbs(state) {
-			stateDirs = append(stateDirs, state)
+		socket := filepath.Clean(sock.HostPath)
+		state, ok := strings.CutSuffix(socket, suffix)
+		if !ok || state == "" || !filepath.IsAbs(state) {
+			continue
 		}
-	}
-	for _, state := range stateDirs {
 		for _, m := range cfg.Mounts {
-			if m == nil || m.PropagationMode != executor.PropagationBidirectional {
+			if !bidirectional(m) {
 				continue
 			}
-			rel, err := filepath.Rel(filepath.Join(state, "csi"), filepath.Clean(m.HostPath))
+			staging := filepath.Clean(m.HostPath)
+			rel, err := filepath.Rel(filepath.Join(state, "csi"), staging)
 			if err != nil {
 				continue
 			}
@@ -213,11 +343,60 @@ func nomadPluginID(cfg *drivers.TaskConfig) (string, bool) {
 			}
 			switch typ {
 			case PluginTypeNode, PluginTypeController, PluginTypeMonolith:
-				return id, true
+				found = append(found, nomadPluginInfo{id: id, socket: socket, staging: staging})
 			}
 		}
 	}
-	return "", false
+	if len(found) == 0 {
+		return nil, nil
+	}
+	var ids []string
+	for _, f := range found {
+		if !slices.Contains(ids, f.id) {
+			ids = append(ids, f.id)
+		}
+	}
+	if len(ids) > 1 {
+		return nil, fmt.Errorf("the task has mounts of Nomad's csi_plugin staging directories of more than one plugin (%s): which one it serves cannot be told, as a volume mounted bidirectionally from Nomad's state directory can pass for Nomad's own; mount no volume from %s", strings.Join(quoteAll(ids), ", "), filepath.Dir(filepath.Dir(found[0].socket)))
+	}
+	return &found[0], nil
+}
+
+// quoteAll quotes each of ss with %q.
+func quoteAll(ss []string) []string {
+	out := make([]string, len(ss))
+	for i, s := range ss {
+		out[i] = strconv.Quote(s)
+	}
+	return out
+}
+
+// reservedFromJob says why job may not serve plugin id on this node ("" when
+// it may): grants reserve the id, and none of them names job's namespace
+// and job. A task taken back after a restart of the driver is checked so
+// (its command is not known then): one started before the operator
+// reserved the id, or before the driver had grants at all, does not keep
+// the id from the job the operator named.
+func reservedFromJob(grants []PrivilegedGrant, id string, job jobRef) string {
+	res := reserving(grants, id)
+	if len(res) == 0 {
+		return ""
+	}
+	names := make([]string, len(res))
+	for i, r := range res {
+		if grantGlob(r.grant.Namespace, job.namespace) && grantGlob(r.grant.Job, job.id) {
+			return ""
+		}
+		names[i] = fmt.Sprintf("privileged_grant[%d] %s", r.index, r.grant.body())
+	}
+	return fmt.Sprintf("csi_plugin id %q is reserved on this node by the operator for the tasks of %s, which do not match %s", id, strings.Join(names, " and "), job)
+}
+
+// grantsJob reports whether a grant names job's namespace and job.
+func grantsJob(grants []PrivilegedGrant, job jobRef) bool {
+	return slices.ContainsFunc(grants, func(g PrivilegedGrant) bool {
+		return grantGlob(g.Namespace, job.namespace) && grantGlob(g.Job, job.id)
+	})
 }
 
 // jobRef names a Nomad job: the owner of a plugin id.

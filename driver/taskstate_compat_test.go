@@ -38,6 +38,23 @@ func TestTaskState_readsHandlesOfTheV1_11SDK(t *testing.T) {
 	must.NoError(t, base.MsgPackDecode(golden, &want))
 	must.NoError(t, base.MsgPackDecode(mine.DriverState, &have))
 	must.Eq(t, want, have)
+
+	// A pinned task's handle carries PinnedBy; a build without the field
+	// (any earlier one) reads the rest of it.
+	pinned := goldenTaskState()
+	pinned.PinnedBy = `privileged_grant { namespace = "default", job = "plugin-job", command = "/usr/local/bin/p" }`
+	must.NoError(t, mine.SetDriverState(pinned))
+	var back TaskState
+	must.NoError(t, mine.GetDriverState(&back))
+	must.Eq(t, pinned, &back)
+	var earlier struct {
+		Process executor.State
+		Plugin  *PluginTaskConfig
+		JobID   string
+	}
+	must.NoError(t, base.MsgPackDecode(mine.DriverState, &earlier))
+	must.Eq(t, "plugin-job", earlier.JobID)
+	must.Eq(t, pinned.Process, earlier.Process)
 }
 
 // goldenTaskState is a TaskState with every field set, as

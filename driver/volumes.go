@@ -180,7 +180,7 @@ func (d *Driver) volumes() (*csihook.Manager, error) {
 	}
 	dial := d.dialVolume
 	if dial == nil {
-		dial = csihook.DialUnix
+		dial = func(socket string) (csihook.Client, error) { return csihook.DialUnixPeer(socket, d.socketPeer(socket)) }
 	}
 	m, err := csihook.New(csihook.Config{
 		Root:       conf.stageRoot(),

@@ -67,9 +67,15 @@ type grantJob struct {
 	PluginType string // "" is "controller"
 	Env        map[string]string
 	Data       string
-	Volume     *VolSpec // a volume block of the driver's
-	Attempts   int
-	Delay      string // "" is "1s"
+	// DataDest is where Data is rendered ("" is local/data), DataPerms
+	// its mode ("" is 0644).
+	DataDest, DataPerms string
+	// DataEnv renders Data with env = true: its lines join the task's
+	// environment, as the env block's do.
+	DataEnv  bool
+	Volume   *VolSpec // a volume block of the driver's
+	Attempts int
+	Delay    string // "" is "1s"
 }
 
 func (j grantJob) vars() map[string]string {
@@ -77,6 +83,13 @@ func (j grantJob) vars() map[string]string {
 		"Namespace": j.Namespace, "Type": j.Type, "User": j.User, "Privileged": fmt.Sprint(j.Privileged),
 		"PluginID": j.PluginID, "PluginType": j.PluginType, "Attempts": fmt.Sprint(j.Attempts), "Delay": j.Delay,
 		"Command": volHCLString(j.Command), "Args": volHCLList(j.Args), "Env": "", "Data": "", "Volumes": "",
+		"DataDest": j.DataDest, "DataPerms": j.DataPerms, "DataEnv": fmt.Sprint(j.DataEnv),
+	}
+	if v["DataDest"] == "" {
+		v["DataDest"] = "local/data"
+	}
+	if v["DataPerms"] == "" {
+		v["DataPerms"] = "0644"
 	}
 	if j.Volume != nil {
 		v["Volumes"] = j.Volume.HCL()
@@ -244,6 +257,13 @@ func grantBlock(ns, job string) string {
 // more. It returns the agent and the plugin binary's path.
 func grantPinnedAgent(t *testing.T, job, plugin, more string) (*Agent, string) {
 	t.Helper()
+	return grantPinnedAgentWith(t, job, plugin, func(string) string { return more })
+}
+
+// grantPinnedAgentWith is grantPinnedAgent with more grants made from the
+// installed binary's path.
+func grantPinnedAgentWith(t *testing.T, job, plugin string, more func(command string) string) (*Agent, string) {
+	t.Helper()
 	fixture := csiBin(t, "csi-fixture")
 	var command string
 	a := grantAgent(t, "", "", func(a *Agent) error {
@@ -258,10 +278,30 @@ func grantPinnedAgent(t *testing.T, job, plugin, more string) (*Agent, string) {
       command   = %q
       plugin_id = %q
     }
-`, job, command, plugin) + more
+`, job, command, plugin) + more(command)
 		return nil
 	})
 	return a, command
+}
+
+// grantRunNative registers, as job id, the fixture as a privileged plugin
+// of Nomad's own csi_plugin block with plugin id plugin
+// (e2e/jobs/native_plugin.hcl), after change (nil: none) shaped it.
+func grantRunNative(t *testing.T, a *Agent, id, plugin string, change func(*api.Job)) {
+	t.Helper()
+	rendered, err := a.RenderJob("native_plugin", a.NativePluginVars(plugin, true, ""))
+	must.NoError(t, err)
+	b, err := os.ReadFile(rendered.File)
+	must.NoError(t, err)
+	job, err := a.api.Jobs().ParseHCLOpts(&api.JobsParseRequest{JobHCL: string(b), Canonicalize: true})
+	must.NoError(t, err)
+	job.ID, job.Name = &id, &id
+	if change != nil {
+		change(job)
+	}
+	a.TrackJob(id)
+	_, _, err = a.api.Jobs().Register(job, nil)
+	must.NoError(t, err)
 }
 
 func TestEscapeGrantPluginNode(t *testing.T) {
@@ -295,16 +335,7 @@ echo DONE
 	t.Run("nomad_plugin_block", func(t *testing.T) {
 		t.Parallel()
 		id := "native-attack-" + u
-		rendered, err := a.RenderJob("native_plugin", a.NativePluginVars(id, true, ""))
-		must.NoError(t, err)
-		b, err := os.ReadFile(rendered.File)
-		must.NoError(t, err)
-		job, err := a.api.Jobs().ParseHCLOpts(&api.JobsParseRequest{JobHCL: string(b), Canonicalize: true})
-		must.NoError(t, err)
-		job.ID, job.Name = &id, &id
-		a.TrackJob(id)
-		_, _, err = a.api.Jobs().Register(job, nil)
-		must.NoError(t, err)
+		grantRunNative(t, a, id, id, nil)
 		al := waitNamespacedAlloc(t, a, "default", id, escTimeout, StatusRunning, StatusFailed)
 		text := eventsText(al, "plugin")
 		t.Logf("events of job %s:\n%s", id, text)

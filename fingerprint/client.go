@@ -128,6 +128,12 @@ var _ Client = (*grpcClient)(nil)
 // caller's deadline, whichever is sooner. Calls are not retried: the
 // prober's next round is the retry.
 func NewClient(socket string, rpcTimeout time.Duration) (Client, error) {
+	return NewClientPeer(socket, rpcTimeout, nil)
+}
+
+// NewClientPeer is NewClient with a check of the process listening on the
+// socket before each connection is used (csiclient.Options.Peer).
+func NewClientPeer(socket string, rpcTimeout time.Duration, peer func(pid int32) error) (Client, error) {
 	if rpcTimeout <= 0 {
 		rpcTimeout = DefaultRPCTimeout
 	}
@@ -137,6 +143,7 @@ func NewClient(socket string, rpcTimeout time.Duration) (Client, error) {
 		ReconnectMax:   time.Second,
 		ConnectTimeout: rpcTimeout,
 		Watch:          true,
+		Peer:           peer,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("failed to create a client for plugin socket %q: %w", socket, err)

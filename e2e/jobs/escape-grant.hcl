@@ -3,7 +3,9 @@
 # "t" runs {{.Vars.Command}} with Vars.Args on the csi driver, privileged =
 # {{.Vars.Privileged}}, as Vars.User (unset when empty), with a csi_plugin
 # block when Vars.PluginID is set, the volume blocks of Vars.Volumes, the env
-# lines of Vars.Env, and Vars.Data rendered into local/data. Nomad restarts it Vars.Attempts times, Vars.Delay
+# lines of Vars.Env, and Vars.Data rendered into Vars.DataDest (local/data by
+# default) with mode Vars.DataPerms (its lines the task's env with
+# Vars.DataEnv). Nomad restarts it Vars.Attempts times, Vars.Delay
 # apart; it never reschedules, so a failure stays visible.
 job "{{.JobID}}" {
   namespace = "{{.Vars.Namespace}}"
@@ -38,7 +40,9 @@ job "{{.JobID}}" {
 
       template {
         data            = {{.Vars.Data}}
-        destination     = "local/data"
+        destination     = "{{.Vars.DataDest}}"
+        perms           = "{{.Vars.DataPerms}}"
+        env             = {{.Vars.DataEnv}}
         left_delimiter  = "[[["
         right_delimiter = "]]]"
       }

@@ -2,12 +2,14 @@ package csiclient
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	csi "github.com/container-storage-interface/spec/lib/go/csi"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/connectivity"
@@ -24,6 +26,10 @@ type Options struct {
 	ConnectTimeout time.Duration
 	// Watch makes Changed signal each change of the connection's state.
 	Watch bool
+	// Peer, when set, is asked about the process listening on the socket
+	// (its pid, as SO_PEERCRED gives it) for each new connection, before
+	// any call goes over it: an error refuses the connection.
+	Peer func(pid int32) error
 }
 
 // Conn is a connection to one plugin socket with the three CSI services.
@@ -48,10 +54,17 @@ func Dial(socket string, o Options) (*Conn, error) {
 	dialer := func(ctx context.Context, _ string) (net.Conn, error) {
 		var d net.Dialer
 		conn, err := d.DialContext(ctx, "unix", socket)
-		if err == nil {
-			c.dials.Add(1)
+		if err != nil {
+			return nil, err
 		}
-		return conn, err
+		if o.Peer != nil {
+			if err := checkPeer(conn, o.Peer); err != nil {
+				_ = conn.Close()
+				return nil, fmt.Errorf("plugin socket %q: %w", socket, err)
+			}
+		}
+		c.dials.Add(1)
+		return conn, nil
 	}
 	opts := []grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
@@ -114,4 +127,28 @@ func (c *Conn) Close() error {
 	err := c.conn.Close()
 	c.wg.Wait()
 	return err
+}
+
+// checkPeer asks peer about the process at the other end of a unix
+// connection.
+func checkPeer(conn net.Conn, peer func(pid int32) error) error {
+	uc, ok := conn.(*net.UnixConn)
+	if !ok {
+		return fmt.Errorf("not a unix connection (%T)", conn)
+	}
+	raw, err := uc.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var cred *unix.Ucred
+	var credErr error
+	if err := raw.Control(func(fd uintptr) {
+		cred, credErr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return err
+	}
+	if credErr != nil {
+		return fmt.Errorf("cannot read the credentials of the process listening: %w", credErr)
+	}
+	return peer(cred.Pid)
 }
