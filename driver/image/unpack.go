@@ -42,9 +42,14 @@ var ErrUnsafeLayer = errors.New("unsafe layer")
 // keptXattr says which extended attributes of a layer's entries are
 // written: file capabilities (privileged plugins need them), user
 // attributes and ACLs. trusted.* (overlay's own attributes among them:
-// redirect, metacopy, origin could steer the overlay) and other security.*
-// attributes (labels of another host's policy) are dropped.
+// redirect, metacopy, origin could steer the overlay), user.overlay.*
+// (the same attributes, which overlay reads instead on a mount with
+// userxattr) and other security.* attributes (labels of another host's
+// policy) are dropped.
 func keptXattr(name string) bool {
+	if strings.HasPrefix(name, "user.overlay.") {
+		return false
+	}
 	return name == "security.capability" || strings.HasPrefix(name, "user.") ||
 		name == "system.posix_acl_access" || name == "system.posix_acl_default"
 }
