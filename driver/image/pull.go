@@ -532,7 +532,7 @@ func (s *Store) unpackStream(raw *bufio.Reader, dir string, b *bounds, charged *
 	}
 	dh := sha256.New()
 	meter := &budgetReader{r: io.TeeReader(dec, dh), budget: &b.size, charged: charged}
-	size, err := unpackTar(meter, dir, &b.entries)
+	size, err := unpackTar(meter, dir, b, charged)
 	if err != nil {
 		return 0, err
 	}
