@@ -5,13 +5,21 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/shoenig/test/must"
 	"golang.org/x/sys/unix"
@@ -232,6 +240,186 @@ func TestSameLayerTwice(t *testing.T) {
 	must.NoError(t, err)
 	must.SliceLen(t, 3, img.Layers)
 	must.Eq(t, img.Layers[0], img.Layers[2])
+	entries, err := os.ReadDir(filepath.Join(f.store.Path(), "layers"))
+	must.NoError(t, err)
+	must.SliceLen(t, 1, entries)
+	assertTmpClean(t, f.store)
+}
+
+// stallingRegistry is a registry (go-containerregistry's, over plain HTTP)
+// that never finishes the blobs of stall in the repositories under prefix:
+// a hostile registry that answers slowly for ever.
+type stallingRegistry struct {
+	host    string
+	stall   sync.Map    // digest -> true
+	stalled chan string // the path of each blob request it stalls
+}
+
+func startStallingRegistry(t *testing.T, prefix string) *stallingRegistry {
+	t.Helper()
+	reg := registry.New(registry.Logger(log.New(io.Discard, "", 0)))
+	release := make(chan struct{})
+	r := &stallingRegistry{stalled: make(chan string, 16)}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		_, digest, blob := strings.Cut(req.URL.Path, "/blobs/")
+		if _, stall := r.stall.Load(digest); stall && blob && req.Method == http.MethodGet && strings.HasPrefix(req.URL.Path, "/v2/"+prefix) {
+			w.WriteHeader(http.StatusOK)
+			_, _ = w.Write([]byte{0x1f})
+			w.(http.Flusher).Flush()
+			r.stalled <- req.URL.Path
+			select {
+			case <-release:
+			case <-req.Context().Done():
+			}
+			return
+		}
+		reg.ServeHTTP(w, req)
+	}))
+	t.Cleanup(func() {
+		close(release)
+		srv.Close()
+	})
+	r.host = strings.TrimPrefix(srv.URL, "http://")
+	return r
+}
+
+func (r *stallingRegistry) push(t *testing.T, repo string, img v1.Image) string {
+	t.Helper()
+	ref := r.host + "/" + repo
+	tag, err := name.NewTag(ref, name.Insecure)
+	must.NoError(t, err)
+	must.NoError(t, remote.Write(tag, img))
+	return ref
+}
+
+// A pull that a registry stalls holds no lock another source's pull of the
+// same configuration or layer waits for: a job naming an image of its own
+// registry with a popular base layer (or a copy of another job's image)
+// would otherwise stop every other pull of that layer on the node for its
+// image_pull_timeout.
+func TestStalledPullBlocksNoOtherSource(t *testing.T) {
+	f := newFixture(t)
+	reg := startStallingRegistry(t, "slow/")
+	s, err := Open(f.root, Options{InsecureRegistries: []string{reg.host}})
+	must.NoError(t, err)
+	for _, name := range []string{"configuration", "layer"} {
+		t.Run(name, func(t *testing.T) {
+			base := mustLayer(t, imagebuild.File("base", []byte(strings.Repeat(name, 1<<12)), 0o644))
+			baseDigest, err := base.Digest()
+			must.NoError(t, err)
+			victim := mustImage(t, imagebuild.Spec{Env: []string{"CASE=" + name}}, base,
+				mustLayer(t, imagebuild.File(name, []byte(name), 0o644)))
+			// The hostile image is the victim's, byte for byte, its
+			// configuration stalled; or one of its own on the
+			// victim's base layer, that layer stalled.
+			hostile := victim
+			if name == "configuration" {
+				cd, err := victim.ConfigName()
+				must.NoError(t, err)
+				reg.stall.Store(cd.String(), true)
+			} else {
+				hostile = mustImage(t, imagebuild.Spec{Env: []string{"HOSTILE=1"}}, base)
+				reg.stall.Store(baseDigest.String(), true)
+			}
+			slowRef := reg.push(t, "slow/"+name, hostile)
+			fastRef := reg.push(t, "fast/"+name, victim)
+			hctx, hcancel := context.WithCancel(context.Background())
+			defer hcancel()
+			done := make(chan error, 1)
+			go func() {
+				_, err := s.Pull(hctx, slowRef, PullRequest{})
+				done <- err
+			}()
+			select {
+			case <-reg.stalled:
+			case err := <-done:
+				t.Fatalf("the stalled pull ended: %v", err)
+			case <-time.After(30 * time.Second):
+				t.Fatal("the hostile pull never reached a blob")
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			img, err := s.Pull(ctx, fastRef, PullRequest{})
+			must.NoError(t, err)
+			want, err := victim.Digest()
+			must.NoError(t, err)
+			must.Eq(t, want.String(), img.Digest)
+			hcancel()
+			must.Error(t, <-done)
+		})
+	}
+	// The victims' images are whole; the stalled pulls, once their
+	// flights end, leave nothing but lock files.
+	list, err := s.List(nil)
+	must.NoError(t, err)
+	must.SliceLen(t, 2, list)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		entries, err := os.ReadDir(filepath.Join(s.Path(), "tmp"))
+		must.NoError(t, err)
+		if !slices.ContainsFunc(entries, func(e os.DirEntry) bool { return !strings.HasSuffix(e.Name(), ".lock") }) || time.Now().After(deadline) {
+			break
+		}
+	}
+	assertTmpClean(t, s)
+}
+
+// Two sources unpack one layer side by side: the first to finish gives it
+// its name; the other's copy goes, and the pull uses the one there.
+func TestLayerFromTwoSourcesIsStoredOnce(t *testing.T) {
+	f := newFixture(t)
+	layer := baseLayer(t)
+	img := mustImage(t, imagebuild.Spec{}, layer)
+	refA := f.layout(t, "a", "1", img)
+	refB := f.layout(t, "b", "1", img)
+	first, err := f.store.Pull(context.Background(), refA, PullRequest{})
+	must.NoError(t, err)
+	before, err := os.Stat(first.Layers[0])
+	must.NoError(t, err)
+
+	// The second source's unpack, as it runs when the first finished
+	// while it was under way.
+	parsed, err := ParseReference(refB, nil)
+	must.NoError(t, err)
+	src, err := f.store.openLocal(parsed)
+	must.NoError(t, err)
+	defer src.close()
+	digest, err := layer.Digest()
+	must.NoError(t, err)
+	size, err := layer.Size()
+	must.NoError(t, err)
+	mt, err := layer.MediaType()
+	must.NoError(t, err)
+	diff, err := layer.DiffID()
+	must.NoError(t, err)
+	b := &bounds{}
+	b.size.Store(DefaultMaxSize)
+	b.entries.Store(MaxEntries)
+	m, made, err := f.store.fetchLayer(context.Background(), parsed, src, v1.Descriptor{Digest: digest, Size: size, MediaType: mt}, diff.String(), b, nil)
+	must.NoError(t, err)
+	must.False(t, made)
+	must.Eq(t, diff.String(), m.DiffID)
+	after, err := os.Stat(first.Layers[0])
+	must.NoError(t, err)
+	must.True(t, os.SameFile(before, after))
+	assertTmpClean(t, f.store)
+
+	// And whole pulls from both, at once, in two processes.
+	other, err := Open(f.root, Options{LocalDirs: []string{f.images}})
+	must.NoError(t, err)
+	must.NoError(t, f.store.removeLayer(diff.String()))
+	var wg sync.WaitGroup
+	errs := make([]error, 6)
+	for i := range errs {
+		s, ref := f.store, refA
+		if i%2 == 1 {
+			s, ref = other, refB
+		}
+		wg.Go(func() { _, errs[i] = s.Pull(context.Background(), ref, PullRequest{}) })
+	}
+	wg.Wait()
+	for _, err := range errs {
+		must.NoError(t, err)
+	}
 	entries, err := os.ReadDir(filepath.Join(f.store.Path(), "layers"))
 	must.NoError(t, err)
 	must.SliceLen(t, 1, entries)

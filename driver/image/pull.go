@@ -266,7 +266,7 @@ func (s *Store) configBlob(ctx context.Context, ref Reference, src source, desc 
 	if b := cached(); b != nil {
 		return b, nil
 	}
-	unlock, err := lockFile(ctx, filepath.Join(s.dir, "tmp", hexOf(want)+".lock"), unix.LOCK_EX)
+	unlock, err := lockFile(ctx, s.tmpPath(want, ref)+".lock", unix.LOCK_EX)
 	if err != nil {
 		return nil, classify(ref, "the configuration", err)
 	}
@@ -390,7 +390,7 @@ func (s *Store) ensureLayer(ctx context.Context, ref Reference, src source, desc
 		b.size.Add(-m.Size)
 		return m, false, nil
 	}
-	unlock, err := lockFile(ctx, filepath.Join(s.dir, "tmp", hexOf(diffID)+".lock"), unix.LOCK_EX)
+	unlock, err := lockFile(ctx, s.tmpPath(diffID, ref)+".lock", unix.LOCK_EX)
 	if err != nil {
 		return layerRecord{}, false, classify(ref, "layer "+shortDigest(desc.Digest.String()), err)
 	}
@@ -399,16 +399,34 @@ func (s *Store) ensureLayer(ctx context.Context, ref Reference, src source, desc
 		b.size.Add(-m.Size)
 		return m, false, nil
 	}
-	var m layerRecord
+	var (
+		m    layerRecord
+		made bool
+	)
 	what := "layer " + shortDigest(desc.Digest.String())
 	err = s.retry(ctx, ref, what, f.notify, func() (err error) {
-		m, err = s.fetchLayer(ctx, ref, src, desc, diffID, b, onRead)
+		m, made, err = s.fetchLayer(ctx, ref, src, desc, diffID, b, onRead)
 		return err
 	})
 	if err != nil {
 		return layerRecord{}, false, classify(ref, what, err)
 	}
-	return m, true, nil
+	return m, made, nil
+}
+
+// tmpPath is where a pull from ref's source unpacks the layer (or fetches
+// the configuration) digest names, under tmp/; with ".lock", the lock that
+// pulls from that source take for it. A lock is per source (registry and
+// repository, or host path): pulls of one source share one download, but
+// a source that stalls (a hostile registry, slow for ever) holds no other
+// source's pull of the same content, which unpacks beside it.
+func (s *Store) tmpPath(digest string, ref Reference) string {
+	src := ref.Kind + ":" + ref.Path
+	if !ref.Local() {
+		src = ref.Remote.Context().Name()
+	}
+	sum := sha256.Sum256([]byte(src))
+	return filepath.Join(s.dir, "tmp", hexOf(digest)+"."+hex.EncodeToString(sum[:8]))
 }
 
 // countingReader tells how many bytes went through it.
@@ -434,11 +452,13 @@ func (c *countingReader) Read(p []byte) (int, error) {
 
 // fetchLayer downloads and unpacks one layer under tmp/, verifying its
 // digest (as served) and its diff id (unpacked) on the way, and renames it
-// into layers/ only when both match and it is on disk.
-func (s *Store) fetchLayer(ctx context.Context, ref Reference, src source, desc v1.Descriptor, diffID string, b *bounds, onRead func(int64)) (layerRecord, error) {
-	tmp := filepath.Join(s.dir, "tmp", hexOf(diffID))
+// into layers/ only when both match and it is on disk. made is false when
+// a pull from another source put the layer there first: that one is kept,
+// this one goes.
+func (s *Store) fetchLayer(ctx context.Context, ref Reference, src source, desc v1.Descriptor, diffID string, b *bounds, onRead func(int64)) (_ layerRecord, made bool, _ error) {
+	tmp := s.tmpPath(diffID, ref)
 	if err := os.RemoveAll(tmp); err != nil {
-		return layerRecord{}, err
+		return layerRecord{}, false, err
 	}
 	ok := false
 	defer func() {
@@ -447,14 +467,14 @@ func (s *Store) fetchLayer(ctx context.Context, ref Reference, src source, desc 
 		}
 	}()
 	if err := os.Mkdir(tmp, 0o700); err != nil {
-		return layerRecord{}, s.diskError(ref, err)
+		return layerRecord{}, false, s.diskError(ref, err)
 	}
 	if err := os.Mkdir(filepath.Join(tmp, "fs"), 0o755); err != nil {
-		return layerRecord{}, s.diskError(ref, err)
+		return layerRecord{}, false, s.diskError(ref, err)
 	}
 	rc, err := src.blob(ctx, desc)
 	if err != nil {
-		return layerRecord{}, err
+		return layerRecord{}, false, err
 	}
 	defer rc.Close()
 	counted := &countingReader{r: rc, onRead: onRead}
@@ -468,45 +488,50 @@ func (s *Store) fetchLayer(ctx context.Context, ref Reference, src source, desc 
 	if counted.n != desc.Size || "sha256:"+hex.EncodeToString(ch.Sum(nil)) != desc.Digest.String() {
 		b.size.Add(charged.Load())
 		if ctx.Err() != nil {
-			return layerRecord{}, ctx.Err()
+			return layerRecord{}, false, ctx.Err()
 		}
 		// A stream cut short by the network is tried again; a blob that
 		// ended early, or is longer or other than its digest, is not.
 		if counted.err != nil && counted.err != io.EOF && transient(counted.err) {
-			return layerRecord{}, counted.err
+			return layerRecord{}, false, counted.err
 		}
-		return layerRecord{}, errorf(ErrDigestMismatch, "image %q: layer %s does not match its digest (%d bytes served of %d); the source is damaged or tampered with, nothing was kept",
+		return layerRecord{}, false, errorf(ErrDigestMismatch, "image %q: layer %s does not match its digest (%d bytes served of %d); the source is damaged or tampered with, nothing was kept",
 			ref.Raw, shortDigest(desc.Digest.String()), counted.n, desc.Size)
 	}
 	if err != nil {
 		b.size.Add(charged.Load())
 		switch {
 		case errors.Is(err, errTooManyEntries):
-			return layerRecord{}, errorf(ErrTooLarge, "image %q has more than %d files, directories and links; the store takes at most that many of one image", ref.Raw, s.maxEntries)
+			return layerRecord{}, false, errorf(ErrTooLarge, "image %q has more than %d files, directories and links; the store takes at most that many of one image", ref.Raw, s.maxEntries)
 		case errors.Is(err, errTooLarge):
-			return layerRecord{}, errorf(ErrTooLarge, "image %q unpacks to more than this node's image_max_size = %s; use a smaller image or ask the operator to raise it", ref.Raw, humanBytes(s.opts.MaxSize))
+			return layerRecord{}, false, errorf(ErrTooLarge, "image %q unpacks to more than this node's image_max_size = %s; use a smaller image or ask the operator to raise it", ref.Raw, humanBytes(s.opts.MaxSize))
 		case errors.Is(err, ErrUnsafeLayer):
-			return layerRecord{}, errorf(ErrUnsafeLayer, "image %q: layer %s is refused: %v", ref.Raw, shortDigest(desc.Digest.String()), err)
+			return layerRecord{}, false, errorf(ErrUnsafeLayer, "image %q: layer %s is refused: %v", ref.Raw, shortDigest(desc.Digest.String()), err)
 		case errors.Is(err, ErrDigestMismatch):
-			return layerRecord{}, errorf(ErrDigestMismatch, "image %q: layer %s is refused: %v", ref.Raw, shortDigest(desc.Digest.String()), err)
+			return layerRecord{}, false, errorf(ErrDigestMismatch, "image %q: layer %s is refused: %v", ref.Raw, shortDigest(desc.Digest.String()), err)
 		case errors.Is(err, unix.ENOSPC), errors.Is(err, unix.EDQUOT):
-			return layerRecord{}, s.diskError(ref, err)
+			return layerRecord{}, false, s.diskError(ref, err)
 		}
-		return layerRecord{}, errorf(ErrInvalid, "image %q: layer %s cannot be unpacked: %v", ref.Raw, shortDigest(desc.Digest.String()), err)
+		return layerRecord{}, false, errorf(ErrInvalid, "image %q: layer %s cannot be unpacked: %v", ref.Raw, shortDigest(desc.Digest.String()), err)
 	}
 	m := layerRecord{DiffID: diffID, Digest: desc.Digest.String(), Size: size, Compressed: desc.Size}
 	meta, _ := json.Marshal(m)
 	if err := os.WriteFile(filepath.Join(tmp, "layer.json"), meta, 0o600); err != nil {
-		return layerRecord{}, s.diskError(ref, err)
+		return layerRecord{}, false, s.diskError(ref, err)
 	}
 	if err := syncFS(tmp); err != nil {
-		return layerRecord{}, s.diskError(ref, err)
+		return layerRecord{}, false, s.diskError(ref, err)
 	}
 	if err := os.Rename(tmp, s.layerDir(diffID)); err != nil {
-		return layerRecord{}, s.diskError(ref, err)
+		// A layer directory is never replaced: one that is there was
+		// made whole by another source's pull.
+		if other, there := s.readLayerMeta(diffID); there {
+			return other, false, nil
+		}
+		return layerRecord{}, false, s.diskError(ref, err)
 	}
 	ok = true
-	return m, syncDir(filepath.Join(s.dir, "layers"))
+	return m, true, syncDir(filepath.Join(s.dir, "layers"))
 }
 
 // unpackStream decompresses raw (gzip, zstd or a plain tar, told by its

@@ -506,10 +506,14 @@ func TestInterruptedPullIsRedone(t *testing.T) {
 	must.NoError(t, err)
 	// What a pull killed mid-layer leaves: a part of the layer under
 	// tmp/, its lock file, no record.
-	part := filepath.Join(f.store.Path(), "tmp", diff.Hex, "fs", "etc")
+	parsed, err := ParseReference(ref, nil)
+	must.NoError(t, err)
+	tmp := f.store.tmpPath(diff.String(), parsed)
+	must.StrHasPrefix(t, filepath.Join(f.store.Path(), "tmp", diff.Hex+"."), tmp)
+	part := filepath.Join(tmp, "fs", "etc")
 	must.NoError(t, os.MkdirAll(part, 0o755))
 	must.NoError(t, os.WriteFile(filepath.Join(part, "half"), []byte("half"), 0o644))
-	must.NoError(t, os.WriteFile(filepath.Join(f.store.Path(), "tmp", diff.Hex+".lock"), nil, 0o600))
+	must.NoError(t, os.WriteFile(tmp+".lock", nil, 0o600))
 	list, err := f.store.List(nil)
 	must.NoError(t, err)
 	must.SliceEmpty(t, list)
