@@ -425,3 +425,77 @@ func TestLayerFromTwoSourcesIsStoredOnce(t *testing.T) {
 	must.SliceLen(t, 1, entries)
 	assertTmpClean(t, f.store)
 }
+
+// A task whose pull timed out is started again at once (Nomad restarts
+// it): its new pull must not join the old one, which every waiter left and
+// which is ending, canceled.
+func TestPullAfterATimedOutPullStartsAnew(t *testing.T) {
+	f := newFixture(t)
+	ref := f.layout(t, "app", "1", mustImage(t, imagebuild.Spec{}, baseLayer(t)))
+	// The first pull's progress is slow to be told: its flight is still
+	// under way when its waiter's time is over.
+	stuck, unstick := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	slow := func(Progress) {
+		once.Do(func() {
+			close(stuck)
+			<-unstick
+		})
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	// Another pull holds the records meanwhile: the old flight, once on
+	// its way again, sees it was canceled while it waits for them.
+	var unlockMeta func()
+	go func() {
+		<-stuck
+		var err error
+		unlockMeta, err = f.store.lockMeta(context.Background())
+		must.NoError(t, err)
+		cancel()
+	}()
+	_, err := f.store.Pull(ctx, ref, PullRequest{Progress: slow})
+	must.Error(t, err)
+	go func() {
+		time.Sleep(300 * time.Millisecond)
+		close(unstick)
+		time.Sleep(300 * time.Millisecond)
+		unlockMeta()
+	}()
+	ctx2, cancel2 := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel2()
+	img, err := f.store.Pull(ctx2, ref, PullRequest{})
+	must.NoError(t, err)
+	must.SliceLen(t, 1, img.Layers)
+	assertTmpClean(t, f.store)
+}
+
+// A layer this pull found in the store, and that a failed pull of another
+// image took away while this one ran (a failed pull removes the layers it
+// made that no image has), is fetched again: a hostile job whose pulls
+// fail on purpose must not fail another's start.
+func TestLayerLostWhilePullingIsFetchedAgain(t *testing.T) {
+	f := newFixture(t)
+	shared := baseLayer(t)
+	diff, err := shared.DiffID()
+	must.NoError(t, err)
+	// The failed pull made the shared layer and wrote no record.
+	first, err := f.store.Pull(context.Background(), f.layout(t, "failed", "1", mustImage(t, imagebuild.Spec{}, shared)), PullRequest{})
+	must.NoError(t, err)
+	must.NoError(t, os.Remove(f.store.recordPath(first.Digest)))
+
+	ref := f.layout(t, "app", "1", mustImage(t, imagebuild.Spec{}, shared, mustLayer(t, imagebuild.File("app", []byte("app"), 0o644))))
+	var once sync.Once
+	discard := func(Progress) {
+		// While this pull downloads its own layer, the failed one
+		// takes away what it made.
+		once.Do(func() { f.store.discard([]string{diff.String()}, "") })
+	}
+	img, err := f.store.Pull(context.Background(), ref, PullRequest{Progress: discard})
+	must.NoError(t, err)
+	must.SliceLen(t, 2, img.Layers)
+	b, err := os.ReadFile(filepath.Join(img.Layers[0], "etc", "os-release"))
+	must.NoError(t, err)
+	must.Eq(t, "ID=test\n", string(b))
+	assertTmpClean(t, f.store)
+}

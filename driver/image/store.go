@@ -340,6 +340,8 @@ func (s *Store) lockStore(ctx context.Context, how int) (func(), error) {
 // flight is one pull that every concurrent Pull of the same reference
 // (with the same credentials) waits for.
 type flight struct {
+	// ctx is the pull's; it is canceled when every waiter has left.
+	ctx    context.Context
 	done   chan struct{}
 	cancel context.CancelFunc
 	img    *record
@@ -397,23 +399,35 @@ func (s *Store) Pull(ctx context.Context, raw string, req PullRequest) (*Image, 
 	key := ref.Raw + "\x00" + req.Auth.key()
 	s.mu.Lock()
 	f := s.flights[key]
+	if f != nil {
+		f.mu.Lock()
+		if f.ctx.Err() != nil {
+			// Every waiter left it: it is ending, canceled, and
+			// would fail this pull too. A new one starts.
+			f.mu.Unlock()
+			f = nil
+		} else {
+			f.waiters = append(f.waiters, &req)
+			f.mu.Unlock()
+		}
+	}
 	var run func()
 	if f == nil {
 		fctx, cancel := context.WithCancel(context.Background())
-		f = &flight{done: make(chan struct{}), cancel: cancel, leased: map[*PullRequest]bool{}}
-		s.flights[key] = f
+		nf := &flight{ctx: fctx, done: make(chan struct{}), cancel: cancel, leased: map[*PullRequest]bool{}, waiters: []*PullRequest{&req}}
+		s.flights[key] = nf
 		run = func() {
-			f.img, f.err = s.pull(fctx, ref, req.Auth, f)
+			nf.img, nf.err = s.pull(fctx, ref, req.Auth, nf)
 			s.mu.Lock()
-			delete(s.flights, key)
+			if s.flights[key] == nf {
+				delete(s.flights, key)
+			}
 			s.mu.Unlock()
 			cancel()
-			close(f.done)
+			close(nf.done)
 		}
+		f = nf
 	}
-	f.mu.Lock()
-	f.waiters = append(f.waiters, &req)
-	f.mu.Unlock()
 	s.mu.Unlock()
 	if run != nil {
 		go run()
@@ -499,10 +513,24 @@ func (s *Store) pull(ctx context.Context, ref Reference, auth *Credentials, f *f
 	}
 	rec := &record{Digest: res.digest, IndexDigest: res.indexDigest, ConfigDigest: res.manifest.Config.Digest.String(), Refs: []string{ref.Raw}, Config: configOf(cfg),
 		Platform: platformString(cfg.Platform()), PulledAt: s.now().UTC()}
-	layers, created, err := s.fetchLayers(ctx, ref, src, res.manifest.Layers, cfg.RootFS.DiffIDs, f)
-	if err == nil {
-		rec.Layers = layers
-		err = s.commit(ctx, rec, f)
+	var created []string
+	for attempt := 1; ; attempt++ {
+		var (
+			layers []layerRecord
+			made   []string
+		)
+		layers, made, err = s.fetchLayers(ctx, ref, src, res.manifest.Layers, cfg.RootFS.DiffIDs, f)
+		created = append(created, made...)
+		if err == nil {
+			rec.Layers = layers
+			err = s.commit(ctx, rec, f)
+		}
+		// A layer that was there when this pull looked, and that a
+		// failed pull (of another image, another source) took away
+		// since, is fetched again.
+		if err == nil || !errors.Is(err, errLostLayer) || attempt == 3 {
+			break
+		}
 	}
 	if err != nil {
 		// A failed pull leaves nothing: the layers it unpacked and the
@@ -512,6 +540,9 @@ func (s *Store) pull(ctx context.Context, ref Reference, auth *Credentials, f *f
 	}
 	return rec, nil
 }
+
+// errLostLayer is an image whose layer went while it was pulled.
+var errLostLayer = errors.New("a layer of the image was removed while it was pulled")
 
 // discard removes the layers and the configuration a failed pull left,
 // those no image record names.
@@ -551,7 +582,8 @@ func (s *Store) commit(ctx context.Context, rec *record, f *flight) error {
 	// A layer another pull's failure took away since it was found here:
 	// the image is not complete, and the next pull fetches it again.
 	if !s.complete(rec) {
-		return errorf(ErrUnreachable, "image %s lost a layer to a failed pull while it was pulled; start it again", shortDigest(rec.Digest))
+		return &Error{Kind: ErrUnreachable, cause: errLostLayer,
+			msg: fmt.Sprintf("image %s lost a layer to a failed pull while it was pulled; start it again", shortDigest(rec.Digest))}
 	}
 	if err := s.writeRecord(rec); err != nil {
 		return fmt.Errorf("failed to record image %s in the store: %w", rec.Digest, err)
