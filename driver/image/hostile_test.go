@@ -21,6 +21,8 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/google/go-containerregistry/pkg/v1/types"
+	"github.com/klauspost/compress/zstd"
 	"github.com/shoenig/test/must"
 	"golang.org/x/sys/unix"
 
@@ -424,6 +426,87 @@ func TestLayerFromTwoSourcesIsStoredOnce(t *testing.T) {
 	must.NoError(t, err)
 	must.SliceLen(t, 1, entries)
 	assertTmpClean(t, f.store)
+}
+
+// zstdLayer is a zstd-compressed layer of entries whose frame declares
+// window (and holds 2 windows of data, which a decoder must keep).
+func zstdLayer(t *testing.T, window int, entries ...imagebuild.Entry) v1.Layer {
+	t.Helper()
+	b, err := imagebuild.Tar(entries...)
+	must.NoError(t, err)
+	var buf bytes.Buffer
+	w, err := zstd.NewWriter(&buf, zstd.WithWindowSize(window), zstd.WithEncoderConcurrency(1))
+	must.NoError(t, err)
+	_, err = w.Write(b)
+	must.NoError(t, err)
+	must.NoError(t, w.Close())
+	var h zstd.Header
+	must.NoError(t, h.Decode(buf.Bytes()))
+	must.Eq(t, uint64(window), h.WindowSize)
+	return &bytesLayer{compressed: buf.Bytes(), uncompressed: b, mt: types.OCILayerZStd}
+}
+
+// bytesLayer is a layer compressed by the test itself.
+type bytesLayer struct {
+	compressed, uncompressed []byte
+	mt                       types.MediaType
+}
+
+func hashOf(b []byte) v1.Hash {
+	h, _, _ := v1.SHA256(bytes.NewReader(b))
+	return h
+}
+
+func (l *bytesLayer) Digest() (v1.Hash, error) { return hashOf(l.compressed), nil }
+func (l *bytesLayer) DiffID() (v1.Hash, error) { return hashOf(l.uncompressed), nil }
+func (l *bytesLayer) Compressed() (io.ReadCloser, error) {
+	return io.NopCloser(bytes.NewReader(l.compressed)), nil
+}
+func (l *bytesLayer) Uncompressed() (io.ReadCloser, error) {
+	return io.NopCloser(bytes.NewReader(l.uncompressed)), nil
+}
+func (l *bytesLayer) Size() (int64, error)                { return int64(len(l.compressed)), nil }
+func (l *bytesLayer) MediaType() (types.MediaType, error) { return l.mt, nil }
+
+// A zstd frame names the window its decoder keeps in memory for the whole
+// download: one over 128 MiB is refused; one over 8 MiB is taken from the
+// store's budget of such windows, so that many hostile pulls at once
+// cannot take the driver's memory.
+func TestZstdWindowsAreBounded(t *testing.T) {
+	f := newFixture(t)
+	data := func(n int) []byte {
+		b := make([]byte, n)
+		for i := range b {
+			b[i] = byte(i * 7919 >> 3)
+		}
+		return b
+	}
+	huge := zstdLayer(t, 256<<20, imagebuild.File("big", data(300<<20), 0o644))
+	ref := f.layout(t, "huge-window", "1", mustImage(t, imagebuild.Spec{}, huge))
+	_, err := f.store.Pull(context.Background(), ref, PullRequest{})
+	must.ErrorIs(t, err, ErrInvalid)
+	must.ErrorContains(t, err, "zstd-compressed with a window over the 128 MiB this node decodes")
+	assertEmpty(t, f.store)
+
+	big := zstdLayer(t, 32<<20, imagebuild.File("big", data(40<<20), 0o644))
+	ref = f.layout(t, "big-window", "1", mustImage(t, imagebuild.Spec{}, big))
+	// The budget is taken (by other pulls): this one waits, within its
+	// time, and says so when the time is over.
+	must.NoError(t, f.store.zstdWindows.Acquire(context.Background(), zstdWindowBudget))
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	_, err = f.store.Pull(ctx, ref, PullRequest{})
+	must.ErrorIs(t, err, ErrUnreachable)
+	must.ErrorContains(t, err, "image_pull_timeout")
+	f.store.zstdWindows.Release(zstdWindowBudget)
+	img, err := f.store.Pull(context.Background(), ref, PullRequest{})
+	must.NoError(t, err)
+	fi, err := os.Stat(filepath.Join(img.Layers[0], "big"))
+	must.NoError(t, err)
+	must.Eq(t, int64(40<<20), fi.Size())
+	// Its window went back to the budget.
+	must.True(t, f.store.zstdWindows.TryAcquire(zstdWindowBudget))
+	f.store.zstdWindows.Release(zstdWindowBudget)
 }
 
 // A task whose pull timed out is started again at once (Nomad restarts

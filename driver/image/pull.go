@@ -481,7 +481,7 @@ func (s *Store) fetchLayer(ctx context.Context, ref Reference, src source, desc 
 	ch := sha256.New()
 	raw := bufio.NewReaderSize(io.TeeReader(io.LimitReader(counted, desc.Size+1), ch), 1<<16)
 	charged := new(atomic.Int64)
-	size, err := s.unpackStream(raw, filepath.Join(tmp, "fs"), b, charged, diffID)
+	size, err := s.unpackStream(ctx, raw, filepath.Join(tmp, "fs"), b, charged, diffID)
 	// Whatever went wrong, a blob that is not what its digest says is
 	// reported as that, its real cause.
 	_, _ = io.Copy(io.Discard, raw)
@@ -507,6 +507,9 @@ func (s *Store) fetchLayer(ctx context.Context, ref Reference, src source, desc 
 			return layerRecord{}, false, errorf(ErrTooLarge, "image %q unpacks to more than this node's image_max_size = %s; use a smaller image or ask the operator to raise it", ref.Raw, humanBytes(s.opts.MaxSize))
 		case errors.Is(err, ErrUnsafeLayer):
 			return layerRecord{}, false, errorf(ErrUnsafeLayer, "image %q: layer %s is refused: %v", ref.Raw, shortDigest(desc.Digest.String()), err)
+		case errors.Is(err, errZstdWindow), errors.Is(err, zstd.ErrWindowSizeExceeded):
+			return layerRecord{}, false, errorf(ErrInvalid, "image %q: layer %s is zstd-compressed with a window over the %s this node decodes (%v); compress it again with a smaller window (zstd's levels 1 to 19 use 8 MiB or less)",
+				ref.Raw, shortDigest(desc.Digest.String()), humanBytes(zstdMaxWindow), err)
 		case errors.Is(err, ErrDigestMismatch):
 			return layerRecord{}, false, errorf(ErrDigestMismatch, "image %q: layer %s is refused: %v", ref.Raw, shortDigest(desc.Digest.String()), err)
 		case errors.Is(err, unix.ENOSPC), errors.Is(err, unix.EDQUOT):
@@ -534,9 +537,39 @@ func (s *Store) fetchLayer(ctx context.Context, ref Reference, src source, desc 
 	return m, true, syncDir(filepath.Join(s.dir, "layers"))
 }
 
+// A zstd decoder holds its frame's window in memory (the frame says how
+// large, up to terabytes) for as long as the layer downloads. Windows up to
+// RFC 8878's interoperable 8 MiB (what zstd's levels 1 to 19 write) are
+// free; larger ones, up to zstd's own default limit of 128 MiB, are taken
+// from one budget of the store, waited for within image_pull_timeout, so
+// that many pulls of hostile images at once cannot take the driver's
+// memory; larger ones are refused.
+const (
+	zstdFreeWindow   = 8 << 20
+	zstdMaxWindow    = 128 << 20
+	zstdWindowBudget = 512 << 20
+)
+
+// errZstdWindow is a zstd frame whose window is over zstdMaxWindow.
+var errZstdWindow = errors.New("zstd window too large")
+
+// zstdWindow is the window the zstd frame at the start of raw needs (0
+// when its header cannot be read: the decoder says why).
+func zstdWindow(raw *bufio.Reader) uint64 {
+	head, _ := raw.Peek(zstd.HeaderMaxSize)
+	var h zstd.Header
+	if h.Decode(head) != nil {
+		return 0
+	}
+	if h.SingleSegment {
+		return h.FrameContentSize
+	}
+	return h.WindowSize
+}
+
 // unpackStream decompresses raw (gzip, zstd or a plain tar, told by its
 // first bytes), checks the result against diffID, and unpacks it into dir.
-func (s *Store) unpackStream(raw *bufio.Reader, dir string, b *bounds, charged *atomic.Int64, diffID string) (int64, error) {
+func (s *Store) unpackStream(ctx context.Context, raw *bufio.Reader, dir string, b *bounds, charged *atomic.Int64, diffID string) (int64, error) {
 	magic, _ := raw.Peek(4)
 	var dec io.Reader = raw
 	switch {
@@ -548,7 +581,19 @@ func (s *Store) unpackStream(raw *bufio.Reader, dir string, b *bounds, charged *
 		defer zr.Close()
 		dec = zr
 	case bytes.HasPrefix(magic, []byte{0x28, 0xb5, 0x2f, 0xfd}):
-		zr, err := zstd.NewReader(raw, zstd.WithDecoderMaxMemory(256<<20), zstd.WithDecoderConcurrency(1))
+		// The first frame's window is the decoder's limit: a later
+		// frame that wants more fails the layer.
+		window := max(zstdWindow(raw), zstdFreeWindow)
+		if window > zstdMaxWindow {
+			return 0, fmt.Errorf("%w: its first frame wants %s", errZstdWindow, humanBytes(int64(min(window, 1<<62))))
+		}
+		if window > zstdFreeWindow {
+			if err := s.zstdWindows.Acquire(ctx, int64(window)); err != nil {
+				return 0, err
+			}
+			defer s.zstdWindows.Release(int64(window))
+		}
+		zr, err := zstd.NewReader(raw, zstd.WithDecoderMaxWindow(window), zstd.WithDecoderConcurrency(1))
 		if err != nil {
 			return 0, err
 		}

@@ -21,6 +21,7 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/types"
 	"github.com/hashicorp/go-hclog"
+	"golang.org/x/sync/semaphore"
 	"golang.org/x/sys/unix"
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/atomicfile"
@@ -122,6 +123,9 @@ type Store struct {
 	now       func() time.Time
 	// maxEntries bounds the entries of one image (MaxEntries).
 	maxEntries int64
+	// zstdWindows is what zstd decoders with windows over
+	// zstdFreeWindow may take together (zstdWindowBudget).
+	zstdWindows *semaphore.Weighted
 }
 
 // Dir is the store's directory under a root_dir.
@@ -146,7 +150,8 @@ func Open(rootDir string, opts Options) (*Store, error) {
 		return nil, err
 	}
 	s := &Store{dir: Dir(rootDir), opts: opts, logger: opts.Logger, transport: t, flights: map[string]*flight{},
-		retryBase: time.Second, attempts: 5, now: time.Now, maxEntries: MaxEntries}
+		retryBase: time.Second, attempts: 5, now: time.Now, maxEntries: MaxEntries,
+		zstdWindows: semaphore.NewWeighted(zstdWindowBudget)}
 	if err := os.MkdirAll(rootDir, 0o700); err != nil {
 		return nil, fmt.Errorf("failed to create the image store in %q: %w", s.dir, err)
 	}
