@@ -3,7 +3,6 @@ package image
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"io"
 	"log"
 	"net/http"
@@ -20,7 +19,6 @@ import (
 	"github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
-	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
 	"github.com/klauspost/compress/zstd"
 	"github.com/shoenig/test/must"
@@ -33,76 +31,14 @@ import (
 // TestCraftedLayers: each is refused or contained, and leaves the store as
 // it was.
 
-// ustarBlock is one ustar header block: Go's tar writer refuses to write
-// the PAX headers of a sparse file, so the test writes them itself.
-func ustarBlock(name string, typeflag byte, size int64) []byte {
-	b := make([]byte, 512)
-	copy(b[0:100], name)
-	copy(b[100:108], "0000644\x00")
-	copy(b[108:116], "0000000\x00")
-	copy(b[116:124], "0000000\x00")
-	copy(b[124:136], fmt.Sprintf("%011o\x00", size))
-	copy(b[136:148], fmt.Sprintf("%011o\x00", 1700000000))
-	b[156] = typeflag
-	copy(b[257:263], "ustar\x00")
-	copy(b[263:265], "00")
-	copy(b[148:156], "        ")
-	var sum int64
-	for _, c := range b {
-		sum += int64(c)
-	}
-	copy(b[148:156], fmt.Sprintf("%06o\x00 ", sum))
-	return b
-}
-
-func padBlock(b []byte) []byte {
-	if r := len(b) % 512; r != 0 {
-		b = append(b, make([]byte, 512-r)...)
-	}
-	return b
-}
-
-// paxRecord is one "len key=value\n" record, its length counting itself.
-func paxRecord(k, v string) string {
-	body := " " + k + "=" + v + "\n"
-	n := len(body) + 1
-	for len(fmt.Sprint(n))+len(body) != n {
-		n++
-	}
-	return fmt.Sprint(n) + body
-}
-
-// sparseTar is a tar of one PAX (GNU 1.0) sparse file named name that
-// reads as size bytes (all holes but its last byte), in a few KiB.
-func sparseTar(name string, size int64) []byte {
-	recs := paxRecord("GNU.sparse.major", "1") + paxRecord("GNU.sparse.minor", "0") +
-		paxRecord("GNU.sparse.name", name) + paxRecord("GNU.sparse.realsize", fmt.Sprint(size))
-	var out []byte
-	out = append(out, ustarBlock("PaxHeaders/"+name, 'x', int64(len(recs)))...)
-	out = append(out, padBlock([]byte(recs))...)
-	// The data: the sparse map (one region, the last byte), padded to a
-	// block, then the region's byte.
-	data := padBlock([]byte(fmt.Sprintf("1\n%d\n1\n", size-1)))
-	data = append(data, 'x')
-	out = append(out, ustarBlock("GNUSparseFile.0/"+name, '0', int64(len(data)))...)
-	out = append(out, padBlock(data)...)
-	return append(out, make([]byte, 1024)...)
-}
-
-func rawLayer(t *testing.T, b []byte) v1.Layer {
-	t.Helper()
-	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil })
-	must.NoError(t, err)
-	return l
-}
-
 // A sparse file is a few KiB in its layer and any size unpacked: its size
 // counts against image_max_size, or a tiny layer fills root_dir's disk.
 func TestSparseFileIsBoundedByMaxSize(t *testing.T) {
 	f := newFixture(t)
 	f.store.opts.MaxSize = 64 << 20
 	const size = 1 << 30
-	layer := rawLayer(t, sparseTar("bomb", size))
+	layer, err := imagebuild.SparseLayer("bomb", size)
+	must.NoError(t, err)
 	c, err := layer.Size()
 	must.NoError(t, err)
 	must.Less(t, int64(64<<10), c)
@@ -114,7 +50,8 @@ func TestSparseFileIsBoundedByMaxSize(t *testing.T) {
 
 	// Within the bound, the file unpacks whole, and its size is the
 	// image's.
-	small := rawLayer(t, sparseTar("holes", 8<<20))
+	small, err := imagebuild.SparseLayer("holes", 8<<20)
+	must.NoError(t, err)
 	ref = f.layout(t, "sparse-small", "1", mustImage(t, imagebuild.Spec{}, small))
 	img, err := f.store.Pull(context.Background(), ref, PullRequest{})
 	must.NoError(t, err)
