@@ -519,3 +519,45 @@ func TestLayerLostWhilePullingIsFetchedAgain(t *testing.T) {
 	must.Eq(t, "ID=test\n", string(b))
 	assertTmpClean(t, f.store)
 }
+
+// local_image_dirs that resolve into root_dir, around it, or to the host's
+// root (a symlink the operator made, /proc/self/root) are refused when a
+// pull opens them: a job would read through them what tasks wrote there
+// (their writable layers) as its image. A fifo in them blocks nothing.
+func TestLocalImageDirsThatResolveIntoRootDir(t *testing.T) {
+	f := newFixture(t)
+	// An image archive a task wrote, inside root_dir.
+	inside := filepath.Join(f.root, "tasks", "other", "export.tar")
+	must.NoError(t, os.MkdirAll(filepath.Dir(inside), 0o755))
+	must.NoError(t, imagebuild.WriteOCIArchive(inside, "1", mustImage(t, imagebuild.Spec{}, baseLayer(t))))
+	link := filepath.Join(t.TempDir(), "images")
+	must.NoError(t, os.Symlink(f.root, link))
+	parentLink := filepath.Join(t.TempDir(), "parent")
+	must.NoError(t, os.Symlink(filepath.Dir(f.root), parentLink))
+	for dir, ref := range map[string]string{
+		link:              "oci-archive:" + filepath.Join(link, "tasks", "other", "export.tar"),
+		parentLink:        "oci-archive:" + filepath.Join(parentLink, filepath.Base(f.root), "tasks", "other", "export.tar"),
+		"/proc/self/root": "oci-archive:/proc/self/root" + inside,
+	} {
+		s, err := Open(f.root, Options{LocalDirs: []string{dir}})
+		must.NoError(t, err)
+		_, err = s.Pull(context.Background(), ref, PullRequest{})
+		must.ErrorIs(t, err, ErrNotAllowed, must.Sprint(dir))
+		must.ErrorContains(t, err, "root_dir")
+		assertEmpty(t, s)
+	}
+
+	// A fifo where a job names an archive or a layout's file is refused
+	// at once: opening it would wait for a writer.
+	must.NoError(t, unix.Mkfifo(filepath.Join(f.images, "fifo.tar"), 0o644))
+	must.NoError(t, os.MkdirAll(filepath.Join(f.images, "layout"), 0o755))
+	must.NoError(t, unix.Mkfifo(filepath.Join(f.images, "layout", "index.json"), 0o644))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, ref := range []string{"oci-archive:" + filepath.Join(f.images, "fifo.tar"), "oci:" + filepath.Join(f.images, "layout")} {
+		_, err := f.store.Pull(ctx, ref, PullRequest{})
+		must.ErrorIs(t, err, ErrInvalid, must.Sprint(ref))
+		must.ErrorContains(t, err, "not a regular file")
+	}
+	must.NoError(t, ctx.Err())
+}
