@@ -116,6 +116,15 @@ func (c *Config) validateImages() error {
 			return fmt.Errorf("local_image_dirs[%d] %q must not be root_dir %q, inside it or around it: jobs name files in these directories", i, d, c.RootDir)
 		}
 	}
+	// Every task that is not privileged and has no image sees the
+	// chroot_env sources: root_dir (the image store, other tasks' state)
+	// must be none of them, nor inside or around one.
+	for src := range c.chrootEnv() {
+		if mounter.PathWithin(c.RootDir, filepath.Clean(src)) || mounter.PathWithin(filepath.Clean(src), c.RootDir) {
+			return fmt.Errorf("root_dir %q must not be inside, be or hold the chroot_env source %q: every task that is not privileged sees that, and would read the image store and other tasks' state; move root_dir (default %q) or bind a narrower directory",
+				c.RootDir, src, DefaultRootDir)
+		}
+	}
 	if d, err := time.ParseDuration(c.ImageGC); c.ImageGC != "0" && c.ImageGC != "" && (err != nil || d < time.Second) {
 		return fmt.Errorf("image_gc must be a duration of at least \"1s\" (how long an image no task uses is kept), or \"0\" to keep images, got %q", c.ImageGC)
 	}
