@@ -29,7 +29,9 @@ import (
 //     operator's auth config and helper are used for the registries they
 //     name, for any job, as Docker's are;
 //   - use any image already in the store by naming it (as Docker and the
-//     kubelet share pulled images on a node);
+//     kubelet share pulled images on a node), but one a task pulled with
+//     its own auth only with the same credentials (or its registry's
+//     consent), and any layer the store has by its diff id;
 //   - read a host file only as an image, and only inside local_image_dirs,
 //     never through a symlink; errors never quote a file;
 //   - fill the store no further than image_max_size per image and

@@ -206,3 +206,83 @@ func TestHostileRegistries(t *testing.T) {
 		}
 	})
 }
+
+// An image a task pulled with its own credentials is not served from the
+// store to a job without them: by digest the store asks the registry with
+// the new job's credentials (which may refuse them), and a registry that is
+// down stands in for none of them.
+func TestPrivateImageIsServedOnlyToItsCredentials(t *testing.T) {
+	needRoot(t)
+	backend := registry.New(registry.Logger(log.New(io.Discard, "", 0)))
+	var mu sync.Mutex
+	var down bool
+	var hits int
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		hits++
+		isDown := down
+		mu.Unlock()
+		if isDown {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		if u, p, ok := r.BasicAuth(); !ok || u != "alice" || p != "alice-pw" {
+			w.Header().Set("WWW-Authenticate", `Basic realm="private"`)
+			w.WriteHeader(http.StatusUnauthorized)
+			return
+		}
+		backend.ServeHTTP(w, r)
+	}))
+	defer srv.Close()
+	host := strings.TrimPrefix(srv.URL, "http://")
+	img := mustImage(t, imagebuild.Spec{Env: []string{"SECRET=1"}}, baseLayer(t))
+	tag, err := name.NewTag(host+"/private/app:1", name.Insecure)
+	must.NoError(t, err)
+	must.NoError(t, remote.Write(tag, img, remote.WithAuth(&authn.Basic{Username: "alice", Password: "alice-pw"})))
+	d, err := img.Digest()
+	must.NoError(t, err)
+	byTag, byDigest := host+"/private/app:1", host+"/private/app@"+d.String()
+
+	s, err := Open(t.TempDir(), Options{InsecureRegistries: []string{host}})
+	must.NoError(t, err)
+	s.retryBase, s.attempts = 0, 1
+	alice := &Credentials{Username: "alice", Password: "alice-pw"}
+	mallory := &Credentials{Username: "mallory", Password: "guess"}
+	_, err = s.Pull(context.Background(), byTag, PullRequest{Auth: alice})
+	must.NoError(t, err)
+
+	// Alice again, by digest: from the store, the registry not asked.
+	mu.Lock()
+	hits = 0
+	mu.Unlock()
+	got, err := s.Pull(context.Background(), byDigest, PullRequest{Auth: alice})
+	must.NoError(t, err)
+	must.Eq(t, d.String(), got.Digest)
+	mu.Lock()
+	must.Eq(t, 0, hits)
+	mu.Unlock()
+
+	// Anyone else, by digest: the registry decides, and refuses.
+	for _, auth := range []*Credentials{nil, mallory} {
+		_, err = s.Pull(context.Background(), byDigest, PullRequest{Auth: auth})
+		must.ErrorIs(t, err, ErrUnauthorized)
+	}
+
+	// The registry down: the tag alice pulled stands in for her only.
+	mu.Lock()
+	down = true
+	mu.Unlock()
+	for _, auth := range []*Credentials{nil, mallory} {
+		_, err = s.Pull(context.Background(), byTag, PullRequest{Auth: auth})
+		must.ErrorIs(t, err, ErrUnreachable)
+	}
+	got, err = s.Pull(context.Background(), byTag, PullRequest{Auth: alice})
+	must.NoError(t, err)
+	must.Eq(t, d.String(), got.Digest)
+
+	// The record keeps no credential, only keyed hashes of them.
+	b, err := os.ReadFile(s.recordPath(d.String()))
+	must.NoError(t, err)
+	must.StrNotContains(t, string(b), "alice")
+	must.StrContains(t, string(b), "auth_keys")
+}
