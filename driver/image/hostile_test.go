@@ -86,20 +86,7 @@ func TestHostileLayerEntries(t *testing.T) {
 		"opaque above root":    {imagebuild.File("../.wh..wh..opq", nil, 0o644)},
 		"hardlink to the root": {imagebuild.Hardlink("h", "./")},
 	}
-	for name, entries := range refused {
-		t.Run(name, func(t *testing.T) {
-			ref := f.layout(t, strings.ReplaceAll(name, " ", "-"), "1", mustImage(t, imagebuild.Spec{}, mustLayer(t, entries...)))
-			_, err := f.store.Pull(context.Background(), ref, PullRequest{})
-			must.ErrorIs(t, err, ErrUnsafeLayer)
-			b, err := os.ReadFile(victim)
-			must.NoError(t, err)
-			must.Eq(t, "host", string(b))
-			names, err := os.ReadDir(outside)
-			must.NoError(t, err)
-			must.SliceLen(t, 1, names)
-			assertEmpty(t, f.store)
-		})
-	}
+	f.assertRefused(t, refused, victim, outside)
 
 	// A symlink that a later entry replaces by a directory: the file
 	// goes into that directory, in the layer.
