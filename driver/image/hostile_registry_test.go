@@ -1,6 +1,8 @@
 package image
 
 import (
+	"bytes"
+	"compress/gzip"
 	"context"
 	"encoding/base64"
 	"encoding/pem"
@@ -12,14 +14,17 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/registry"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/types"
 	"github.com/shoenig/test/must"
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/e2e/imagebuild"
@@ -285,4 +290,99 @@ func TestPrivateImageIsServedOnlyToItsCredentials(t *testing.T) {
 	must.NoError(t, err)
 	must.StrNotContains(t, string(b), "alice")
 	must.StrContains(t, string(b), "auth_keys")
+}
+
+// rawRegistry serves the bodies of manifests its handler gives, by path
+// under /v2/<repo>/manifests/, over plain HTTP.
+func rawRegistry(t *testing.T, manifest func(w http.ResponseWriter, r *http.Request, id string)) string {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, id, ok := strings.Cut(r.URL.Path, "/manifests/"); ok {
+			manifest(w, r, id)
+			return
+		}
+		if r.URL.Path == "/v2/" {
+			return
+		}
+		w.WriteHeader(http.StatusNotFound)
+	}))
+	t.Cleanup(srv.Close)
+	return strings.TrimPrefix(srv.URL, "http://")
+}
+
+// Manifests a hostile registry serves: an index whose platform's entry is
+// another index, a manifest that never ends, one that never starts; and a
+// layout whose configuration lies about a layer's diff id.
+func TestHostileManifests(t *testing.T) {
+	f := newFixture(t)
+	child := []byte(`{"schemaVersion":2,"mediaType":"application/vnd.oci.image.index.v1+json","manifests":[]}`)
+	childDigest := digestOf(child)
+	index := []byte(fmt.Sprintf(`{"schemaVersion":2,"mediaType":"application/vnd.oci.image.index.v1+json","manifests":[`+
+		`{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":%q,"size":%d,"platform":{"os":"linux","architecture":%q}}]}`,
+		childDigest, len(child), runtime.GOARCH))
+	release := make(chan struct{})
+	defer close(release)
+	host := rawRegistry(t, func(w http.ResponseWriter, r *http.Request, id string) {
+		switch {
+		case id == "nested":
+			w.Header().Set("Content-Type", "application/vnd.oci.image.index.v1+json")
+			_, _ = w.Write(index)
+		case id == childDigest:
+			w.Header().Set("Content-Type", "application/vnd.oci.image.index.v1+json")
+			_, _ = w.Write(child)
+		case id == "endless":
+			w.Header().Set("Content-Type", "application/vnd.oci.image.manifest.v1+json")
+			chunk := []byte(strings.Repeat(" ", 1<<16))
+			for {
+				if _, err := w.Write(chunk); err != nil {
+					return
+				}
+			}
+		case id == "silent":
+			w.Header().Set("Content-Type", "application/vnd.oci.image.manifest.v1+json")
+			w.WriteHeader(http.StatusOK)
+			w.(http.Flusher).Flush()
+			select {
+			case <-release:
+			case <-r.Context().Done():
+			}
+		default:
+			w.WriteHeader(http.StatusNotFound)
+		}
+	})
+	s, err := Open(f.root, Options{InsecureRegistries: []string{host}, LocalDirs: []string{f.images}})
+	must.NoError(t, err)
+	s.retryBase, s.attempts = 0, 1
+
+	_, err = s.Pull(context.Background(), host+"/x/app:nested", PullRequest{})
+	must.ErrorIs(t, err, ErrInvalid)
+	must.ErrorContains(t, err, "names another index; only one level is supported")
+
+	_, err = s.Pull(context.Background(), host+"/x/app:endless", PullRequest{})
+	must.ErrorIs(t, err, ErrTooLarge)
+	must.ErrorContains(t, err, "manifest is over 4 MiB")
+
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	_, err = s.Pull(ctx, host+"/x/app:silent", PullRequest{})
+	must.ErrorIs(t, err, ErrUnreachable)
+	must.ErrorContains(t, err, "image_pull_timeout")
+
+	// A layer whose diff id (in the configuration) is not what it
+	// unpacks to: refused, nothing kept under either digest.
+	tarA, err := imagebuild.Tar(imagebuild.File("real", []byte("real"), 0o644))
+	must.NoError(t, err)
+	tarB, err := imagebuild.Tar(imagebuild.File("claimed", []byte("claimed"), 0o644))
+	must.NoError(t, err)
+	var gz bytes.Buffer
+	zw := gzip.NewWriter(&gz)
+	_, err = zw.Write(tarA)
+	must.NoError(t, err)
+	must.NoError(t, zw.Close())
+	liar := &bytesLayer{compressed: gz.Bytes(), uncompressed: tarB, mt: types.OCILayer}
+	ref := f.layout(t, "liar", "1", mustImage(t, imagebuild.Spec{}, liar))
+	_, err = s.Pull(context.Background(), ref, PullRequest{})
+	must.ErrorIs(t, err, ErrDigestMismatch)
+	must.ErrorContains(t, err, "not the diff id")
+	assertEmpty(t, s)
 }
