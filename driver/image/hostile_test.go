@@ -88,6 +88,19 @@ func TestHostileLayerEntries(t *testing.T) {
 	}
 	f.assertRefused(t, refused, victim, outside)
 
+	// Names the kernel refuses (a component over NAME_MAX, a path over
+	// PATH_MAX) fail the layer, and leave nothing.
+	for name, entry := range map[string]imagebuild.Entry{
+		"long component": imagebuild.File(strings.Repeat("n", 300), []byte("x"), 0o644),
+		"long path":      imagebuild.File(strings.Repeat("d/", 2100)+"f", []byte("x"), 0o644),
+		"long symlink":   imagebuild.Symlink("s", strings.Repeat("t", 5000)),
+	} {
+		ref := f.layout(t, strings.ReplaceAll(name, " ", "-"), "1", mustImage(t, imagebuild.Spec{}, mustLayer(t, entry)))
+		_, err := f.store.Pull(context.Background(), ref, PullRequest{})
+		must.ErrorIs(t, err, ErrInvalid, must.Sprint(name))
+		assertEmpty(t, f.store)
+	}
+
 	// A symlink that a later entry replaces by a directory: the file
 	// goes into that directory, in the layer.
 	ref := f.layout(t, "symlink-then-dir", "1", mustImage(t, imagebuild.Spec{}, mustLayer(t,
