@@ -29,7 +29,9 @@ import (
 //     operator's auth config and helper are used for the registries they
 //     name, for any job, as Docker's are;
 //   - use any image already in the store by naming it (as Docker and the
-//     kubelet share pulled images on a node);
+//     kubelet share pulled images on a node), but one a task pulled with
+//     its own auth only with the same credentials (or its registry's
+//     consent), and any layer the store has by its diff id;
 //   - read a host file only as an image, and only inside local_image_dirs,
 //     never through a symlink; errors never quote a file;
 //   - fill the store no further than image_max_size per image and
@@ -114,6 +116,15 @@ func (c *Config) validateImages() error {
 		// driver's own state, nor be held by it.
 		if mounter.PathWithin(d, c.RootDir) || mounter.PathWithin(c.RootDir, d) {
 			return fmt.Errorf("local_image_dirs[%d] %q must not be root_dir %q, inside it or around it: jobs name files in these directories", i, d, c.RootDir)
+		}
+	}
+	// Every task that is not privileged and has no image sees the
+	// chroot_env sources: root_dir (the image store, other tasks' state)
+	// must be none of them, nor inside or around one.
+	for src := range c.chrootEnv() {
+		if mounter.PathWithin(c.RootDir, filepath.Clean(src)) || mounter.PathWithin(filepath.Clean(src), c.RootDir) {
+			return fmt.Errorf("root_dir %q must not be inside, be or hold the chroot_env source %q: every task that is not privileged sees that, and would read the image store and other tasks' state; move root_dir (default %q) or bind a narrower directory",
+				c.RootDir, src, DefaultRootDir)
 		}
 	}
 	if d, err := time.ParseDuration(c.ImageGC); c.ImageGC != "0" && c.ImageGC != "" && (err != nil || d < time.Second) {

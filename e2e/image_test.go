@@ -347,7 +347,7 @@ func TestImageKilledPullIsRedone(t *testing.T) {
 	root := t.TempDir()
 	diff, err := big.DiffID()
 	must.NoError(t, err)
-	partial := filepath.Join(image.Dir(root), "tmp", diff.Hex, "fs")
+	partial := func() string { return partialLayer(image.Dir(root), diff.Hex) }
 
 	// 8 MiB at 32 KiB per 20 ms: about 5 s; killed once the layer is
 	// being unpacked.
@@ -362,7 +362,7 @@ func TestImageKilledPullIsRedone(t *testing.T) {
 		}
 	}()
 	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
-		entries, err := os.ReadDir(partial)
+		entries, err := os.ReadDir(partial())
 		return err == nil && len(entries) > 0
 	}), wait.Timeout(60*time.Second), wait.Gap(20*time.Millisecond)))
 	must.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
@@ -388,6 +388,16 @@ func TestImageKilledPullIsRedone(t *testing.T) {
 	must.NoError(t, err)
 	must.Eq(t, int64(8<<20), fi.Size())
 	must.MapNotContainsKey(t, storeState(t, root), "tmp")
+}
+
+// partialLayer is the tree a pull is unpacking the layer diffHex into, in
+// the store dir ("" before it exists): tmp/<hex>.<source>/fs.
+func partialLayer(dir, diffHex string) string {
+	m, _ := filepath.Glob(filepath.Join(dir, "tmp", diffHex+".*", "fs"))
+	if len(m) == 0 {
+		return ""
+	}
+	return m[0]
 }
 
 // imageAgent starts an agent whose driver trusts the registry's CA and
@@ -648,12 +658,12 @@ func TestImageDriverKilledMidPull(t *testing.T) {
 	diff, err := big.DiffID()
 	must.NoError(t, err)
 	a := imageAgent(t, reg, "24h")
-	partial := filepath.Join(image.Dir(a.DriverRoot), "tmp", diff.Hex, "fs")
+	partial := func() string { return partialLayer(image.Dir(a.DriverRoot), diff.Hex) }
 
 	reg.SetBlobDelay(20 * time.Millisecond)
 	first := imageJob(t, a, ref, reg.Username, reg.Password, 1)
 	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
-		entries, err := os.ReadDir(partial)
+		entries, err := os.ReadDir(partial())
 		return err == nil && len(entries) > 0
 	}), wait.Timeout(time.Minute), wait.Gap(20*time.Millisecond)), must.Sprint("the layer was never being unpacked"))
 	old := a.KillDriver(t)

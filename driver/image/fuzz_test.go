@@ -59,7 +59,7 @@ func FuzzUnpackTar(f *testing.F) {
 				t.Fatal(err)
 			}
 		}
-		_, _ = unpackTar(strings.NewReader(string(data)), layer, nil)
+		_, _ = unpackTar(strings.NewReader(string(data)), layer, nil, nil)
 		for _, d := range []string{base, sentinel} {
 			entries, err := os.ReadDir(d)
 			if err != nil {

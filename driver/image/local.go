@@ -18,6 +18,8 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/types"
 	"golang.org/x/sys/unix"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/mounter"
 )
 
 // Local sources: an OCI image layout directory, an OCI archive (a tar of
@@ -82,6 +84,9 @@ func (s *Store) openLocalFS(ref Reference) (fsys, error) {
 		return nil, errorf(ErrNotFound, "image %q: the local_image_dirs directory %s cannot be opened (%v)", ref.Raw, base, err)
 	}
 	defer unix.Close(dfd)
+	if err := s.checkLocalDir(dfd, base, ref); err != nil {
+		return nil, err
+	}
 	wantDir := ref.Kind == KindOCILayout
 	fd, err := unix.Openat2(dfd, rel, &unix.OpenHow{Flags: unix.O_PATH | unix.O_NOFOLLOW | unix.O_CLOEXEC, Resolve: resolveFlags})
 	if err != nil {
@@ -119,6 +124,27 @@ func (s *Store) openLocalFS(ref Reference) (fsys, error) {
 		return nil, err
 	}
 	return tf, nil
+}
+
+// checkLocalDir refuses a local_image_dirs directory that is, as opened
+// (symlinks, /proc/self/root and bind mounts resolved), the host's root or
+// one that holds root_dir or is inside it: tasks write there (their
+// writable layers), and a job would read that as its image. The driver's
+// config check sees only the paths as written.
+func (s *Store) checkLocalDir(dfd int, base string, ref Reference) error {
+	real, err := os.Readlink("/proc/self/fd/" + strconv.Itoa(dfd))
+	if err != nil {
+		return fmt.Errorf("failed to resolve the local_image_dirs directory %s: %w", base, err)
+	}
+	root, err := filepath.EvalSymlinks(filepath.Dir(s.dir))
+	if err != nil {
+		return fmt.Errorf("failed to resolve root_dir %s: %w", filepath.Dir(s.dir), err)
+	}
+	if real == "/" || mounter.PathWithin(real, root) || mounter.PathWithin(root, real) {
+		return errorf(ErrNotAllowed, "image %q: the local_image_dirs directory %s is %s on the host, which is / or holds root_dir %s or is inside it; name a directory of its own",
+			ref.Raw, base, real, root)
+	}
+	return nil
 }
 
 func localOpenError(ref Reference, err error) error {

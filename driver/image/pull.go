@@ -266,7 +266,7 @@ func (s *Store) configBlob(ctx context.Context, ref Reference, src source, desc 
 	if b := cached(); b != nil {
 		return b, nil
 	}
-	unlock, err := lockFile(ctx, filepath.Join(s.dir, "tmp", hexOf(want)+".lock"), unix.LOCK_EX)
+	unlock, err := lockFile(ctx, s.tmpPath(want, ref)+".lock", unix.LOCK_EX)
 	if err != nil {
 		return nil, classify(ref, "the configuration", err)
 	}
@@ -390,7 +390,7 @@ func (s *Store) ensureLayer(ctx context.Context, ref Reference, src source, desc
 		b.size.Add(-m.Size)
 		return m, false, nil
 	}
-	unlock, err := lockFile(ctx, filepath.Join(s.dir, "tmp", hexOf(diffID)+".lock"), unix.LOCK_EX)
+	unlock, err := lockFile(ctx, s.tmpPath(diffID, ref)+".lock", unix.LOCK_EX)
 	if err != nil {
 		return layerRecord{}, false, classify(ref, "layer "+shortDigest(desc.Digest.String()), err)
 	}
@@ -399,16 +399,34 @@ func (s *Store) ensureLayer(ctx context.Context, ref Reference, src source, desc
 		b.size.Add(-m.Size)
 		return m, false, nil
 	}
-	var m layerRecord
+	var (
+		m    layerRecord
+		made bool
+	)
 	what := "layer " + shortDigest(desc.Digest.String())
 	err = s.retry(ctx, ref, what, f.notify, func() (err error) {
-		m, err = s.fetchLayer(ctx, ref, src, desc, diffID, b, onRead)
+		m, made, err = s.fetchLayer(ctx, ref, src, desc, diffID, b, onRead)
 		return err
 	})
 	if err != nil {
 		return layerRecord{}, false, classify(ref, what, err)
 	}
-	return m, true, nil
+	return m, made, nil
+}
+
+// tmpPath is where a pull from ref's source unpacks the layer (or fetches
+// the configuration) digest names, under tmp/; with ".lock", the lock that
+// pulls from that source take for it. A lock is per source (registry and
+// repository, or host path): pulls of one source share one download, but
+// a source that stalls (a hostile registry, slow for ever) holds no other
+// source's pull of the same content, which unpacks beside it.
+func (s *Store) tmpPath(digest string, ref Reference) string {
+	src := ref.Kind + ":" + ref.Path
+	if !ref.Local() {
+		src = ref.Remote.Context().Name()
+	}
+	sum := sha256.Sum256([]byte(src))
+	return filepath.Join(s.dir, "tmp", hexOf(digest)+"."+hex.EncodeToString(sum[:8]))
 }
 
 // countingReader tells how many bytes went through it.
@@ -434,11 +452,13 @@ func (c *countingReader) Read(p []byte) (int, error) {
 
 // fetchLayer downloads and unpacks one layer under tmp/, verifying its
 // digest (as served) and its diff id (unpacked) on the way, and renames it
-// into layers/ only when both match and it is on disk.
-func (s *Store) fetchLayer(ctx context.Context, ref Reference, src source, desc v1.Descriptor, diffID string, b *bounds, onRead func(int64)) (layerRecord, error) {
-	tmp := filepath.Join(s.dir, "tmp", hexOf(diffID))
+// into layers/ only when both match and it is on disk. made is false when
+// a pull from another source put the layer there first: that one is kept,
+// this one goes.
+func (s *Store) fetchLayer(ctx context.Context, ref Reference, src source, desc v1.Descriptor, diffID string, b *bounds, onRead func(int64)) (_ layerRecord, made bool, _ error) {
+	tmp := s.tmpPath(diffID, ref)
 	if err := os.RemoveAll(tmp); err != nil {
-		return layerRecord{}, err
+		return layerRecord{}, false, err
 	}
 	ok := false
 	defer func() {
@@ -447,71 +467,109 @@ func (s *Store) fetchLayer(ctx context.Context, ref Reference, src source, desc 
 		}
 	}()
 	if err := os.Mkdir(tmp, 0o700); err != nil {
-		return layerRecord{}, s.diskError(ref, err)
+		return layerRecord{}, false, s.diskError(ref, err)
 	}
 	if err := os.Mkdir(filepath.Join(tmp, "fs"), 0o755); err != nil {
-		return layerRecord{}, s.diskError(ref, err)
+		return layerRecord{}, false, s.diskError(ref, err)
 	}
 	rc, err := src.blob(ctx, desc)
 	if err != nil {
-		return layerRecord{}, err
+		return layerRecord{}, false, err
 	}
 	defer rc.Close()
 	counted := &countingReader{r: rc, onRead: onRead}
 	ch := sha256.New()
 	raw := bufio.NewReaderSize(io.TeeReader(io.LimitReader(counted, desc.Size+1), ch), 1<<16)
 	charged := new(atomic.Int64)
-	size, err := s.unpackStream(raw, filepath.Join(tmp, "fs"), b, charged, diffID)
+	size, err := s.unpackStream(ctx, raw, filepath.Join(tmp, "fs"), b, charged, diffID)
 	// Whatever went wrong, a blob that is not what its digest says is
 	// reported as that, its real cause.
 	_, _ = io.Copy(io.Discard, raw)
 	if counted.n != desc.Size || "sha256:"+hex.EncodeToString(ch.Sum(nil)) != desc.Digest.String() {
 		b.size.Add(charged.Load())
 		if ctx.Err() != nil {
-			return layerRecord{}, ctx.Err()
+			return layerRecord{}, false, ctx.Err()
 		}
 		// A stream cut short by the network is tried again; a blob that
 		// ended early, or is longer or other than its digest, is not.
 		if counted.err != nil && counted.err != io.EOF && transient(counted.err) {
-			return layerRecord{}, counted.err
+			return layerRecord{}, false, counted.err
 		}
-		return layerRecord{}, errorf(ErrDigestMismatch, "image %q: layer %s does not match its digest (%d bytes served of %d); the source is damaged or tampered with, nothing was kept",
+		return layerRecord{}, false, errorf(ErrDigestMismatch, "image %q: layer %s does not match its digest (%d bytes served of %d); the source is damaged or tampered with, nothing was kept",
 			ref.Raw, shortDigest(desc.Digest.String()), counted.n, desc.Size)
 	}
 	if err != nil {
 		b.size.Add(charged.Load())
 		switch {
 		case errors.Is(err, errTooManyEntries):
-			return layerRecord{}, errorf(ErrTooLarge, "image %q has more than %d files, directories and links; the store takes at most that many of one image", ref.Raw, s.maxEntries)
+			return layerRecord{}, false, errorf(ErrTooLarge, "image %q has more than %d files, directories and links; the store takes at most that many of one image", ref.Raw, s.maxEntries)
 		case errors.Is(err, errTooLarge):
-			return layerRecord{}, errorf(ErrTooLarge, "image %q unpacks to more than this node's image_max_size = %s; use a smaller image or ask the operator to raise it", ref.Raw, humanBytes(s.opts.MaxSize))
+			return layerRecord{}, false, errorf(ErrTooLarge, "image %q unpacks to more than this node's image_max_size = %s; use a smaller image or ask the operator to raise it", ref.Raw, humanBytes(s.opts.MaxSize))
 		case errors.Is(err, ErrUnsafeLayer):
-			return layerRecord{}, errorf(ErrUnsafeLayer, "image %q: layer %s is refused: %v", ref.Raw, shortDigest(desc.Digest.String()), err)
+			return layerRecord{}, false, errorf(ErrUnsafeLayer, "image %q: layer %s is refused: %v", ref.Raw, shortDigest(desc.Digest.String()), err)
+		case errors.Is(err, errZstdWindow), errors.Is(err, zstd.ErrWindowSizeExceeded):
+			return layerRecord{}, false, errorf(ErrInvalid, "image %q: layer %s is zstd-compressed with a window over the %s this node decodes (%v); compress it again with a smaller window (zstd's levels 1 to 19 use 8 MiB or less)",
+				ref.Raw, shortDigest(desc.Digest.String()), humanBytes(zstdMaxWindow), err)
 		case errors.Is(err, ErrDigestMismatch):
-			return layerRecord{}, errorf(ErrDigestMismatch, "image %q: layer %s is refused: %v", ref.Raw, shortDigest(desc.Digest.String()), err)
+			return layerRecord{}, false, errorf(ErrDigestMismatch, "image %q: layer %s is refused: %v", ref.Raw, shortDigest(desc.Digest.String()), err)
 		case errors.Is(err, unix.ENOSPC), errors.Is(err, unix.EDQUOT):
-			return layerRecord{}, s.diskError(ref, err)
+			return layerRecord{}, false, s.diskError(ref, err)
 		}
-		return layerRecord{}, errorf(ErrInvalid, "image %q: layer %s cannot be unpacked: %v", ref.Raw, shortDigest(desc.Digest.String()), err)
+		return layerRecord{}, false, errorf(ErrInvalid, "image %q: layer %s cannot be unpacked: %v", ref.Raw, shortDigest(desc.Digest.String()), err)
 	}
 	m := layerRecord{DiffID: diffID, Digest: desc.Digest.String(), Size: size, Compressed: desc.Size}
 	meta, _ := json.Marshal(m)
 	if err := os.WriteFile(filepath.Join(tmp, "layer.json"), meta, 0o600); err != nil {
-		return layerRecord{}, s.diskError(ref, err)
+		return layerRecord{}, false, s.diskError(ref, err)
 	}
 	if err := syncFS(tmp); err != nil {
-		return layerRecord{}, s.diskError(ref, err)
+		return layerRecord{}, false, s.diskError(ref, err)
 	}
 	if err := os.Rename(tmp, s.layerDir(diffID)); err != nil {
-		return layerRecord{}, s.diskError(ref, err)
+		// A layer directory is never replaced: one that is there was
+		// made whole by another source's pull.
+		if other, there := s.readLayerMeta(diffID); there {
+			return other, false, nil
+		}
+		return layerRecord{}, false, s.diskError(ref, err)
 	}
 	ok = true
-	return m, syncDir(filepath.Join(s.dir, "layers"))
+	return m, true, syncDir(filepath.Join(s.dir, "layers"))
+}
+
+// A zstd decoder holds its frame's window in memory (the frame says how
+// large, up to terabytes) for as long as the layer downloads. Windows up to
+// RFC 8878's interoperable 8 MiB (what zstd's levels 1 to 19 write) are
+// free; larger ones, up to zstd's own default limit of 128 MiB, are taken
+// from one budget of the store, waited for within image_pull_timeout, so
+// that many pulls of hostile images at once cannot take the driver's
+// memory; larger ones are refused.
+const (
+	zstdFreeWindow   = 8 << 20
+	zstdMaxWindow    = 128 << 20
+	zstdWindowBudget = 512 << 20
+)
+
+// errZstdWindow is a zstd frame whose window is over zstdMaxWindow.
+var errZstdWindow = errors.New("zstd window too large")
+
+// zstdWindow is the window the zstd frame at the start of raw needs (0
+// when its header cannot be read: the decoder says why).
+func zstdWindow(raw *bufio.Reader) uint64 {
+	head, _ := raw.Peek(zstd.HeaderMaxSize)
+	var h zstd.Header
+	if h.Decode(head) != nil {
+		return 0
+	}
+	if h.SingleSegment {
+		return h.FrameContentSize
+	}
+	return h.WindowSize
 }
 
 // unpackStream decompresses raw (gzip, zstd or a plain tar, told by its
 // first bytes), checks the result against diffID, and unpacks it into dir.
-func (s *Store) unpackStream(raw *bufio.Reader, dir string, b *bounds, charged *atomic.Int64, diffID string) (int64, error) {
+func (s *Store) unpackStream(ctx context.Context, raw *bufio.Reader, dir string, b *bounds, charged *atomic.Int64, diffID string) (int64, error) {
 	magic, _ := raw.Peek(4)
 	var dec io.Reader = raw
 	switch {
@@ -523,7 +581,19 @@ func (s *Store) unpackStream(raw *bufio.Reader, dir string, b *bounds, charged *
 		defer zr.Close()
 		dec = zr
 	case bytes.HasPrefix(magic, []byte{0x28, 0xb5, 0x2f, 0xfd}):
-		zr, err := zstd.NewReader(raw, zstd.WithDecoderMaxMemory(256<<20), zstd.WithDecoderConcurrency(1))
+		// The first frame's window is the decoder's limit: a later
+		// frame that wants more fails the layer.
+		window := max(zstdWindow(raw), zstdFreeWindow)
+		if window > zstdMaxWindow {
+			return 0, fmt.Errorf("%w: its first frame wants %s", errZstdWindow, humanBytes(int64(min(window, 1<<62))))
+		}
+		if window > zstdFreeWindow {
+			if err := s.zstdWindows.Acquire(ctx, int64(window)); err != nil {
+				return 0, err
+			}
+			defer s.zstdWindows.Release(int64(window))
+		}
+		zr, err := zstd.NewReader(raw, zstd.WithDecoderMaxWindow(window), zstd.WithDecoderConcurrency(1))
 		if err != nil {
 			return 0, err
 		}
@@ -532,7 +602,7 @@ func (s *Store) unpackStream(raw *bufio.Reader, dir string, b *bounds, charged *
 	}
 	dh := sha256.New()
 	meter := &budgetReader{r: io.TeeReader(dec, dh), budget: &b.size, charged: charged}
-	size, err := unpackTar(meter, dir, &b.entries)
+	size, err := unpackTar(meter, dir, b, charged)
 	if err != nil {
 		return 0, err
 	}

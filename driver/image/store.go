@@ -2,6 +2,8 @@ package image
 
 import (
 	"context"
+	"crypto/hmac"
+	crand "crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -21,6 +23,7 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/types"
 	"github.com/hashicorp/go-hclog"
+	"golang.org/x/sync/semaphore"
 	"golang.org/x/sys/unix"
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/atomicfile"
@@ -122,6 +125,11 @@ type Store struct {
 	now       func() time.Time
 	// maxEntries bounds the entries of one image (MaxEntries).
 	maxEntries int64
+	// secret keys the hashes of credentials in records (authKey).
+	secret []byte
+	// zstdWindows is what zstd decoders with windows over
+	// zstdFreeWindow may take together (zstdWindowBudget).
+	zstdWindows *semaphore.Weighted
 }
 
 // Dir is the store's directory under a root_dir.
@@ -146,7 +154,8 @@ func Open(rootDir string, opts Options) (*Store, error) {
 		return nil, err
 	}
 	s := &Store{dir: Dir(rootDir), opts: opts, logger: opts.Logger, transport: t, flights: map[string]*flight{},
-		retryBase: time.Second, attempts: 5, now: time.Now, maxEntries: MaxEntries}
+		retryBase: time.Second, attempts: 5, now: time.Now, maxEntries: MaxEntries,
+		zstdWindows: semaphore.NewWeighted(zstdWindowBudget)}
 	if err := os.MkdirAll(rootDir, 0o700); err != nil {
 		return nil, fmt.Errorf("failed to create the image store in %q: %w", s.dir, err)
 	}
@@ -162,6 +171,9 @@ func Open(rootDir string, opts Options) (*Store, error) {
 		if err := os.MkdirAll(filepath.Join(s.dir, d), 0o700); err != nil {
 			return nil, fmt.Errorf("failed to create the image store in %q: %w", s.dir, err)
 		}
+	}
+	if s.secret, err = loadSecret(s.dir); err != nil {
+		return nil, fmt.Errorf("failed to open the image store in %q: %w", s.dir, err)
 	}
 	return s, nil
 }
@@ -180,6 +192,25 @@ type record struct {
 	Layers       []layerRecord `json:"layers"`
 	PulledAt     time.Time     `json:"pulled_at"`
 	LastUsed     time.Time     `json:"last_used"`
+	// AuthKeys are the credentials its registry served it to (authKey:
+	// "" for none of the task's): the store serves it without asking the
+	// registry (by digest, or while the registry is unreachable) to those
+	// alone.
+	AuthKeys []string `json:"auth_keys,omitempty"`
+}
+
+// maxAuthKeys bounds the credentials a record remembers, newest first.
+const maxAuthKeys = 32
+
+// allows says whether the store may serve r, without its registry, to a
+// pull with credentials key.
+func (r *record) allows(key string) bool { return slices.Contains(r.AuthKeys, key) }
+
+func (r *record) addAuthKey(key string) {
+	r.AuthKeys = append([]string{key}, slices.DeleteFunc(r.AuthKeys, func(k string) bool { return k == key })...)
+	if len(r.AuthKeys) > maxAuthKeys {
+		r.AuthKeys = r.AuthKeys[:maxAuthKeys]
+	}
 }
 
 type layerRecord struct {
@@ -279,6 +310,11 @@ func (s *Store) writeRecord(r *record) error {
 		if !old.PulledAt.IsZero() && old.PulledAt.Before(r.PulledAt) {
 			r.PulledAt = old.PulledAt
 		}
+		for _, k := range old.AuthKeys {
+			if !slices.Contains(r.AuthKeys, k) && len(r.AuthKeys) < maxAuthKeys {
+				r.AuthKeys = append(r.AuthKeys, k)
+			}
+		}
 	}
 	// A record keeps the refs it was pulled by, newest first, a few.
 	if len(r.Refs) > 16 {
@@ -340,6 +376,8 @@ func (s *Store) lockStore(ctx context.Context, how int) (func(), error) {
 // flight is one pull that every concurrent Pull of the same reference
 // (with the same credentials) waits for.
 type flight struct {
+	// ctx is the pull's; it is canceled when every waiter has left.
+	ctx    context.Context
 	done   chan struct{}
 	cancel context.CancelFunc
 	img    *record
@@ -397,23 +435,35 @@ func (s *Store) Pull(ctx context.Context, raw string, req PullRequest) (*Image, 
 	key := ref.Raw + "\x00" + req.Auth.key()
 	s.mu.Lock()
 	f := s.flights[key]
+	if f != nil {
+		f.mu.Lock()
+		if f.ctx.Err() != nil {
+			// Every waiter left it: it is ending, canceled, and
+			// would fail this pull too. A new one starts.
+			f.mu.Unlock()
+			f = nil
+		} else {
+			f.waiters = append(f.waiters, &req)
+			f.mu.Unlock()
+		}
+	}
 	var run func()
 	if f == nil {
 		fctx, cancel := context.WithCancel(context.Background())
-		f = &flight{done: make(chan struct{}), cancel: cancel, leased: map[*PullRequest]bool{}}
-		s.flights[key] = f
+		nf := &flight{ctx: fctx, done: make(chan struct{}), cancel: cancel, leased: map[*PullRequest]bool{}, waiters: []*PullRequest{&req}}
+		s.flights[key] = nf
 		run = func() {
-			f.img, f.err = s.pull(fctx, ref, req.Auth, f)
+			nf.img, nf.err = s.pull(fctx, ref, req.Auth, nf)
 			s.mu.Lock()
-			delete(s.flights, key)
+			if s.flights[key] == nf {
+				delete(s.flights, key)
+			}
 			s.mu.Unlock()
 			cancel()
-			close(f.done)
+			close(nf.done)
 		}
+		f = nf
 	}
-	f.mu.Lock()
-	f.waiters = append(f.waiters, &req)
-	f.mu.Unlock()
 	s.mu.Unlock()
 	if run != nil {
 		go run()
@@ -438,6 +488,45 @@ func (s *Store) Pull(ctx context.Context, raw string, req PullRequest) (*Image, 
 		}
 	}
 	return s.image(f.img, ref.Raw), nil
+}
+
+// authKey identifies the task's credentials in the store's records ("" for
+// none: the operator's, or anonymous, which every job on the node has): a
+// keyed hash with the store's own secret (images/auth.key), never the
+// credentials. A local source needs none.
+func (s *Store) authKey(ref Reference, c *Credentials) string {
+	if ref.Local() || c.empty() {
+		return ""
+	}
+	m := hmac.New(sha256.New, s.secret)
+	m.Write([]byte(ref.Registry() + "\x00" + c.Username + "\x00" + c.Password))
+	return hex.EncodeToString(m.Sum(nil))
+}
+
+// loadSecret reads the store's secret, making it the first time (two
+// processes may: the first link wins).
+func loadSecret(dir string) ([]byte, error) {
+	p := filepath.Join(dir, "auth.key")
+	if b, err := os.ReadFile(p); err == nil && len(b) == 32 {
+		return b, nil
+	}
+	b := make([]byte, 32)
+	if _, err := crand.Read(b); err != nil {
+		return nil, err
+	}
+	tmp := filepath.Join(dir, "tmp", fmt.Sprintf("auth.key.%d.%d", os.Getpid(), time.Now().UnixNano()))
+	if err := atomicfile.Write(tmp, b, 0o600, true); err != nil {
+		return nil, err
+	}
+	defer os.Remove(tmp)
+	if err := os.Link(tmp, p); err != nil && !errors.Is(err, os.ErrExist) {
+		return nil, err
+	}
+	got, err := os.ReadFile(p)
+	if err != nil || len(got) != 32 {
+		return nil, fmt.Errorf("the image store's secret %s is damaged: remove it (images pulled with a task's credentials are then asked of their registry again)", p)
+	}
+	return got, nil
 }
 
 // key identifies credentials without keeping them: a flight is shared only
@@ -476,21 +565,26 @@ func (s *Store) pull(ctx context.Context, ref Reference, auth *Credentials, f *f
 		return nil, classify(ref, "the store's lock", err)
 	}
 	defer unlock()
+	key := s.authKey(ref, auth)
+	// An image the store has is served by digest without its registry
+	// only to credentials it was served to; other ones ask the registry,
+	// which may refuse them.
 	if ref.Digest != "" && !ref.Local() {
-		if r := s.findDigest(ref.Digest); r != nil {
+		if r := s.findDigest(ref.Digest); r != nil && r.allows(key) {
 			return s.present(ctx, r, ref, f)
 		}
 	}
 	src, err := s.openSource(ctx, ref, auth, f)
 	if err != nil {
-		return s.fallback(ctx, ref, f, err)
+		return s.fallback(ctx, ref, key, f, err)
 	}
 	defer src.close()
 	res, err := s.resolve(ctx, ref, src, f)
 	if err != nil {
-		return s.fallback(ctx, ref, f, err)
+		return s.fallback(ctx, ref, key, f, err)
 	}
 	if r, err := s.readRecord(res.digest); err == nil && s.complete(r) {
+		r.addAuthKey(key)
 		return s.present(ctx, r, ref, f)
 	}
 	cfg, err := s.fetchConfig(ctx, ref, src, res, f)
@@ -498,11 +592,25 @@ func (s *Store) pull(ctx context.Context, ref Reference, auth *Credentials, f *f
 		return nil, err
 	}
 	rec := &record{Digest: res.digest, IndexDigest: res.indexDigest, ConfigDigest: res.manifest.Config.Digest.String(), Refs: []string{ref.Raw}, Config: configOf(cfg),
-		Platform: platformString(cfg.Platform()), PulledAt: s.now().UTC()}
-	layers, created, err := s.fetchLayers(ctx, ref, src, res.manifest.Layers, cfg.RootFS.DiffIDs, f)
-	if err == nil {
-		rec.Layers = layers
-		err = s.commit(ctx, rec, f)
+		Platform: platformString(cfg.Platform()), PulledAt: s.now().UTC(), AuthKeys: []string{key}}
+	var created []string
+	for attempt := 1; ; attempt++ {
+		var (
+			layers []layerRecord
+			made   []string
+		)
+		layers, made, err = s.fetchLayers(ctx, ref, src, res.manifest.Layers, cfg.RootFS.DiffIDs, f)
+		created = append(created, made...)
+		if err == nil {
+			rec.Layers = layers
+			err = s.commit(ctx, rec, f)
+		}
+		// A layer that was there when this pull looked, and that a
+		// failed pull (of another image, another source) took away
+		// since, is fetched again.
+		if err == nil || !errors.Is(err, errLostLayer) || attempt == 3 {
+			break
+		}
 	}
 	if err != nil {
 		// A failed pull leaves nothing: the layers it unpacked and the
@@ -512,6 +620,9 @@ func (s *Store) pull(ctx context.Context, ref Reference, auth *Credentials, f *f
 	}
 	return rec, nil
 }
+
+// errLostLayer is an image whose layer went while it was pulled.
+var errLostLayer = errors.New("a layer of the image was removed while it was pulled")
 
 // discard removes the layers and the configuration a failed pull left,
 // those no image record names.
@@ -551,7 +662,8 @@ func (s *Store) commit(ctx context.Context, rec *record, f *flight) error {
 	// A layer another pull's failure took away since it was found here:
 	// the image is not complete, and the next pull fetches it again.
 	if !s.complete(rec) {
-		return errorf(ErrUnreachable, "image %s lost a layer to a failed pull while it was pulled; start it again", shortDigest(rec.Digest))
+		return &Error{Kind: ErrUnreachable, cause: errLostLayer,
+			msg: fmt.Sprintf("image %s lost a layer to a failed pull while it was pulled; start it again", shortDigest(rec.Digest))}
 	}
 	if err := s.writeRecord(rec); err != nil {
 		return fmt.Errorf("failed to record image %s in the store: %w", rec.Digest, err)
@@ -582,14 +694,14 @@ func (s *Store) present(ctx context.Context, r *record, ref Reference, f *flight
 // fallback serves a tag the registry cannot be asked about from the store,
 // when an earlier pull of the same reference left it there: a node plugin
 // must restart while its registry is down.
-func (s *Store) fallback(ctx context.Context, ref Reference, f *flight, err error) (*record, error) {
+func (s *Store) fallback(ctx context.Context, ref Reference, key string, f *flight, err error) (*record, error) {
 	if ref.Local() || !errors.Is(err, ErrUnreachable) {
 		return nil, err
 	}
 	var found *record
 	recs, _ := s.records()
 	for _, r := range recs {
-		if slices.Contains(r.Refs, ref.Raw) && s.complete(r) && (found == nil || r.PulledAt.After(found.PulledAt)) {
+		if slices.Contains(r.Refs, ref.Raw) && r.allows(key) && s.complete(r) && (found == nil || r.PulledAt.After(found.PulledAt)) {
 			found = r
 		}
 	}

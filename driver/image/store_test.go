@@ -344,20 +344,7 @@ func TestCraftedLayers(t *testing.T) {
 		"whiteout via symlink":   {imagebuild.Symlink("s", outside), imagebuild.Whiteout("s/victim")},
 		"opaque via symlink":     {imagebuild.Symlink("s", outside), imagebuild.Opaque("s")},
 	}
-	for name, entries := range cases {
-		t.Run(name, func(t *testing.T) {
-			ref := f.layout(t, strings.ReplaceAll(name, " ", "-"), "1", mustImage(t, imagebuild.Spec{}, mustLayer(t, entries...)))
-			_, err := f.store.Pull(context.Background(), ref, PullRequest{})
-			must.ErrorIs(t, err, ErrUnsafeLayer)
-			b, err := os.ReadFile(victim)
-			must.NoError(t, err)
-			must.Eq(t, "host", string(b))
-			names, err := os.ReadDir(outside)
-			must.NoError(t, err)
-			must.SliceLen(t, 1, names)
-			assertEmpty(t, f.store)
-		})
-	}
+	f.assertRefused(t, cases, victim, outside)
 	// Contained, not refused: an absolute symlink chain is stored as
 	// written and never followed; a later entry replaces a symlink of the
 	// same name rather than writing through it; device nodes stay in the
@@ -377,6 +364,27 @@ func TestCraftedLayers(t *testing.T) {
 	names, err := os.ReadDir(outside)
 	must.NoError(t, err)
 	must.SliceLen(t, 1, names)
+}
+
+// assertRefused pulls an image of each layer of cases and checks that it
+// is refused as unsafe, that victim (a file in outside) is as it was, that
+// outside holds nothing else, and that the store is empty.
+func (f *fixture) assertRefused(t *testing.T, cases map[string][]imagebuild.Entry, victim, outside string) {
+	t.Helper()
+	for name, entries := range cases {
+		t.Run(name, func(t *testing.T) {
+			ref := f.layout(t, strings.ReplaceAll(name, " ", "-"), "1", mustImage(t, imagebuild.Spec{}, mustLayer(t, entries...)))
+			_, err := f.store.Pull(context.Background(), ref, PullRequest{})
+			must.ErrorIs(t, err, ErrUnsafeLayer)
+			b, err := os.ReadFile(victim)
+			must.NoError(t, err)
+			must.Eq(t, "host", string(b))
+			names, err := os.ReadDir(outside)
+			must.NoError(t, err)
+			must.SliceLen(t, 1, names)
+			assertEmpty(t, f.store)
+		})
+	}
 }
 
 func TestDigestMismatchLeavesNothing(t *testing.T) {
@@ -506,10 +514,14 @@ func TestInterruptedPullIsRedone(t *testing.T) {
 	must.NoError(t, err)
 	// What a pull killed mid-layer leaves: a part of the layer under
 	// tmp/, its lock file, no record.
-	part := filepath.Join(f.store.Path(), "tmp", diff.Hex, "fs", "etc")
+	parsed, err := ParseReference(ref, nil)
+	must.NoError(t, err)
+	tmp := f.store.tmpPath(diff.String(), parsed)
+	must.StrHasPrefix(t, filepath.Join(f.store.Path(), "tmp", diff.Hex+"."), tmp)
+	part := filepath.Join(tmp, "fs", "etc")
 	must.NoError(t, os.MkdirAll(part, 0o755))
 	must.NoError(t, os.WriteFile(filepath.Join(part, "half"), []byte("half"), 0o644))
-	must.NoError(t, os.WriteFile(filepath.Join(f.store.Path(), "tmp", diff.Hex+".lock"), nil, 0o600))
+	must.NoError(t, os.WriteFile(tmp+".lock", nil, 0o600))
 	list, err := f.store.List(nil)
 	must.NoError(t, err)
 	must.SliceEmpty(t, list)

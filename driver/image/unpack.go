@@ -42,9 +42,14 @@ var ErrUnsafeLayer = errors.New("unsafe layer")
 // keptXattr says which extended attributes of a layer's entries are
 // written: file capabilities (privileged plugins need them), user
 // attributes and ACLs. trusted.* (overlay's own attributes among them:
-// redirect, metacopy, origin could steer the overlay) and other security.*
-// attributes (labels of another host's policy) are dropped.
+// redirect, metacopy, origin could steer the overlay), user.overlay.*
+// (the same attributes, which overlay reads instead on a mount with
+// userxattr) and other security.* attributes (labels of another host's
+// policy) are dropped.
 func keptXattr(name string) bool {
+	if strings.HasPrefix(name, "user.overlay.") {
+		return false
+	}
 	return name == "security.capability" || strings.HasPrefix(name, "user.") ||
 		name == "system.posix_acl_access" || name == "system.posix_acl_default"
 }
@@ -64,6 +69,10 @@ type unpacker struct {
 	parentFd  int
 	// size is the bytes of regular files written.
 	size int64
+	// bounds (nil: none) is what the image may still take; charged is
+	// what this layer took of it, given back by the caller on failure.
+	bounds  *bounds
+	charged *atomic.Int64
 }
 
 type dirTime struct {
@@ -75,13 +84,19 @@ type dirTime struct {
 // unpackTar writes the tar stream r into the directory dir (which exists
 // and is empty); it returns the bytes of file content written. dir is the
 // store's own, made by the caller: nothing in it is followed. The caller
-// bounds r; entries (when not nil) bounds the entries made.
-func unpackTar(r io.Reader, dir string, entries *atomic.Int64) (_ int64, err error) {
+// bounds r (charging b.size and charged as it is read); b (when not nil)
+// bounds the entries made, and the bytes of sparse files, which a tar
+// holds in far fewer bytes than they unpack to.
+func unpackTar(r io.Reader, dir string, b *bounds, charged *atomic.Int64) (_ int64, err error) {
 	root, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return 0, fmt.Errorf("failed to open layer directory %q: %w", dir, err)
 	}
-	u := &unpacker{root: root, parentFd: -1}
+	u := &unpacker{root: root, parentFd: -1, bounds: b, charged: charged}
+	var entries *atomic.Int64
+	if b != nil {
+		entries = &b.entries
+	}
 	defer u.close()
 	var made int64
 	defer func() {
@@ -394,7 +409,28 @@ func (u *unpacker) mkdir(parent int, rel, base string, hdr *tar.Header) error {
 	return nil
 }
 
+// sparse says whether hdr is a sparse file (PAX's GNU.sparse records: the
+// tar reader fills its holes with zeros as it is read).
+func sparse(hdr *tar.Header) bool {
+	for k := range hdr.PAXRecords {
+		if strings.HasPrefix(k, "GNU.sparse.") {
+			return true
+		}
+	}
+	return false
+}
+
 func (u *unpacker) file(parent int, base string, hdr *tar.Header, content io.Reader) error {
+	if sparse(hdr) && u.bounds != nil {
+		// Its holes are written as zeros: their bytes are charged as
+		// the rest of the tar's are, before they are written.
+		if u.charged != nil {
+			u.charged.Add(hdr.Size)
+		}
+		if u.bounds.size.Add(-hdr.Size) < 0 {
+			return errTooLarge
+		}
+	}
 	if err := u.replace(parent, base, false); err != nil {
 		return fmt.Errorf("entry %q: %w", hdr.Name, err)
 	}

@@ -118,6 +118,66 @@ func Layer(entries ...Entry) (v1.Layer, error) {
 		tarball.WithMediaType(types.OCILayer))
 }
 
+// SparseLayer is a gzip-compressed layer of one PAX (GNU 1.0) sparse file
+// named name that reads as size bytes, all holes but its last byte ('x'):
+// a few KiB that unpack to size. Go's tar writer does not write sparse
+// files, so its headers are written here.
+func SparseLayer(name string, size int64) (v1.Layer, error) {
+	if size < 1 || len(name) > 80 {
+		return nil, fmt.Errorf("sparse file %q of %d bytes: the name must be short, the size positive", name, size)
+	}
+	recs := paxRecord("GNU.sparse.major", "1") + paxRecord("GNU.sparse.minor", "0") +
+		paxRecord("GNU.sparse.name", name) + paxRecord("GNU.sparse.realsize", fmt.Sprint(size))
+	var b []byte
+	b = append(b, ustarHeader("PaxHeaders/"+name, 'x', int64(len(recs)))...)
+	b = append(b, padBlock([]byte(recs))...)
+	// The data: the sparse map (one region, the last byte), padded to a
+	// block, then that byte.
+	data := append(padBlock([]byte(fmt.Sprintf("1\n%d\n1\n", size-1))), 'x')
+	b = append(b, ustarHeader("GNUSparseFile.0/"+name, tar.TypeReg, int64(len(data)))...)
+	b = append(b, padBlock(data)...)
+	b = append(b, make([]byte, 1024)...)
+	return tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil })
+}
+
+// ustarHeader is one ustar header block (mode 0644, owner 0:0).
+func ustarHeader(name string, typeflag byte, size int64) []byte {
+	b := make([]byte, 512)
+	copy(b[0:100], name)
+	copy(b[100:108], "0000644\x00")
+	copy(b[108:116], "0000000\x00")
+	copy(b[116:124], "0000000\x00")
+	copy(b[124:136], fmt.Sprintf("%011o\x00", size))
+	copy(b[136:148], fmt.Sprintf("%011o\x00", epoch.Unix()))
+	b[156] = typeflag
+	copy(b[257:263], "ustar\x00")
+	copy(b[263:265], "00")
+	copy(b[148:156], "        ")
+	var sum int64
+	for _, c := range b {
+		sum += int64(c)
+	}
+	copy(b[148:156], fmt.Sprintf("%06o\x00 ", sum))
+	return b
+}
+
+func padBlock(b []byte) []byte {
+	if r := len(b) % 512; r != 0 {
+		b = append(b, make([]byte, 512-r)...)
+	}
+	return b
+}
+
+// paxRecord is one "<len> key=value\n" record, its length counting itself.
+func paxRecord(k, v string) string {
+	body := " " + k + "=" + v + "\n"
+	n := len(body) + 1
+	for len(fmt.Sprint(n))+len(body) != n {
+		n++
+	}
+	return fmt.Sprint(n) + body
+}
+
 // HostFiles copies files of this host into entries: copy maps a path in the
 // image to a host file, paths are copied to the same path. An ELF
 // executable brings its interpreter and the shared libraries it needs,
