@@ -22,10 +22,13 @@ type Limits struct {
 	CPUPeriod int64
 	// CpusetCpus pins the group to these CPUs ("0-1,3").
 	CpusetCpus string
-	// CpusetCgroupPath is a cpuset group Nomad made for the task (Nomad's
-	// LinuxResources.CpusetCgroupPath). When set, the task joins it too
-	// (v1), and CpusetCpus, when set, is written to it, as Nomad's own
-	// executors do; it is Nomad's, so it is never created or removed here.
+	// CpusetCgroupPath is the group Nomad made for the task (Nomad's
+	// LinuxResources.CpusetCgroupPath). On v1 it is a cpuset group: the
+	// task joins it too, and CpusetCpus, when set, is written to it, as
+	// Nomad's own executors do; it is Nomad's, so it is never created or
+	// removed here. On v2 it is the group Nomad expects the task in, in
+	// its share or reserve partition: the task's group is that one (see
+	// Create).
 	CpusetCgroupPath string
 	// PidsMax caps the processes and threads in the group (v1 and v2
 	// pids.max); 0 leaves them unlimited.

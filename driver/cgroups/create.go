@@ -41,10 +41,19 @@ func Available() error {
 // when l.CpusetCpus is set and l.CpusetCgroupPath is not (a process is in
 // one cpuset group per hierarchy, and when Nomad made one for the task,
 // that one wins, as in Nomad's own executors, which write l.CpusetCpus to
-// it). On cgroup v2 it is one directory under the unified root, with cpu,
-// memory (pids when offered, cpuset when pinned) enabled in the
-// cgroup.subtree_control of every directory above it, and a device program
-// attached when l.Devices is not nil.
+// it). On cgroup v2 it is one directory under the unified root, with the
+// controllers Nomad enables for its own tasks (cpuset, cpu, io, memory,
+// pids; cpu and memory must be offered, the others are enabled when they
+// are) enabled in the cgroup.subtree_control of every directory above it,
+// so that a task can be pinned to cores and given io limits under any
+// parent, and a device program attached when l.Devices is not nil.
+//
+// On cgroup v2, when l.CpusetCgroupPath is a group Nomad laid out for the
+// task (nomad.slice/share.slice/ALLOC.TASK.scope, or reserve.slice for a
+// task with reserved cores; see NomadGroup), the task's group is that one
+// and parent/name is not used: Nomad keeps the CPUs of its share and
+// reserve partitions apart there, and a task elsewhere would run on cores
+// that other tasks reserved.
 //
 // parent is relative to the hierarchy root ("" for the root itself) and is
 // made when missing; it is never removed. Create is idempotent for the same
@@ -215,6 +224,9 @@ func (h *hierarchy) create(parent, name string, l Limits) (g *Group, err error) 
 		}
 	}()
 	if h.version == 2 {
+		if nomad, ok := h.nomadGroup(l.CpusetCgroupPath); ok {
+			rel = nomad
+		}
 		return h.createV2(c, rel, l)
 	}
 	return h.createV1(c, rel, l)
@@ -385,21 +397,29 @@ func setV1Memory(dir, limit string) error {
 	return writeFile(sw, limit)
 }
 
+// v2Optional are the controllers enabled above a v2 group when the
+// hierarchy offers them, besides the required v2Controllers: with these,
+// Nomad's own set for its tasks ("+cpuset +cpu +io +memory +pids").
+var v2Optional = []string{"cpuset", "io", "pids"}
+
 func (h *hierarchy) createV2(c *creation, rel string, l Limits) (*Group, error) {
 	want := append([]string(nil), v2Controllers...)
 	have, err := readFields(filepath.Join(h.root, "cgroup.controllers"))
 	if err != nil {
 		return nil, err
 	}
-	if have["pids"] {
-		want = append(want, "pids")
-	}
+	required := append([]string(nil), want...)
 	if l.CpusetCpus != "" {
-		want = append(want, "cpuset")
+		required = append(required, "cpuset")
 	}
-	for _, ctrl := range want {
+	for _, ctrl := range required {
 		if !have[ctrl] {
 			return nil, fmt.Errorf("the %s controller is not available in the cgroup v2 hierarchy at %s", ctrl, h.root)
+		}
+	}
+	for _, ctrl := range v2Optional {
+		if have[ctrl] && !slices.Contains(want, ctrl) {
+			want = append(want, ctrl)
 		}
 	}
 	// Enable the controllers in every directory above the group, from the
@@ -427,6 +447,29 @@ func (h *hierarchy) createV2(c *creation, rel string, l Limits) (*Group, error) 
 		}
 	}
 	return g, nil
+}
+
+// nomadGroup tells whether p, Nomad's LinuxResources.CpusetCgroupPath for a
+// task, is a group Nomad laid out for the task in this v2 hierarchy, and
+// returns it relative to the root. Nomad (1.7 and later, cgroup v2) names
+// there the group it expects the task in, under the partition that holds
+// its cores (ROOT/nomad.slice/share.slice/ALLOC.TASK.scope, reserve.slice
+// for reserved cores; nomad.slice is the client's cgroup_parent), and makes
+// it before the task starts. When the partition does not exist, Nomad does
+// not manage cgroups here (its cgroup support is off), and the driver's
+// own parent is used.
+func (h *hierarchy) nomadGroup(p string) (string, bool) {
+	if p == "" || !filepath.IsAbs(p) || filepath.Clean(p) != p {
+		return "", false
+	}
+	rel, err := filepath.Rel(h.root, p)
+	if err != nil || rel == "." || rel == ".." || strings.HasPrefix(rel, "../") || !strings.HasSuffix(rel, ".scope") {
+		return "", false
+	}
+	if !strings.Contains(rel, "/") || !exists(filepath.Join(h.root, filepath.Dir(rel), "cgroup.procs")) {
+		return "", false
+	}
+	return rel, true
 }
 
 // enableV2 enables the controllers in dir's cgroup.subtree_control that are
@@ -511,19 +554,20 @@ func (g *Group) applyV2(l Limits) error {
 	return nil
 }
 
-// Find returns the group parent/name as Create made it in the host's
-// hierarchy, for a caller that never got its State (a start that was cut
-// short). Only the directories that exist are in it; the error wraps
-// fs.ErrNotExist when none does.
-func Find(parent, name string) (*Group, error) {
+// Find returns the group parent/name as Create made it with l in the host's
+// hierarchy (on v2 that may be Nomad's group for the task; see Create), for
+// a caller that never got its State (a start that was cut short). Only the
+// directories that exist are in it; the error wraps fs.ErrNotExist when
+// none does.
+func Find(parent, name string, l Limits) (*Group, error) {
 	h, err := hostHierarchy()
 	if err != nil {
 		return nil, err
 	}
-	return h.find(parent, name)
+	return h.find(parent, name, l)
 }
 
-func (h *hierarchy) find(parent, name string) (*Group, error) {
+func (h *hierarchy) find(parent, name string, l Limits) (*Group, error) {
 	if err := validName("parent", parent, true, true); err != nil {
 		return nil, err
 	}
@@ -533,6 +577,9 @@ func (h *hierarchy) find(parent, name string) (*Group, error) {
 	rel := filepath.Join(parent, name)
 	g := &Group{version: h.version, paths: map[string]string{}}
 	if h.version == 2 {
+		if nomad, ok := h.nomadGroup(l.CpusetCgroupPath); ok {
+			rel = nomad
+		}
 		if dir := filepath.Join(h.root, rel); exists(filepath.Join(dir, "cgroup.procs")) {
 			g.paths[unifiedKey] = dir
 		}

@@ -367,7 +367,9 @@ func TestCreate_V2Limits(t *testing.T) {
 				"cpu.max":         "max 100000",
 				"cpuset.cpus":     "",
 			},
-			subtree: "+cpu +memory +pids",
+			// Nomad's set: a task under this parent can be pinned and
+			// given io limits later.
+			subtree: "+cpu +cpuset +io +memory +pids",
 		},
 		{
 			name:        "all limits",
@@ -384,7 +386,7 @@ func TestCreate_V2Limits(t *testing.T) {
 				"cpu.max":         "20000 50000",
 				"cpuset.cpus":     "0,2",
 			},
-			subtree: "+cpu +cpuset +memory +pids",
+			subtree: "+cpu +cpuset +io +memory +pids",
 		},
 		{
 			name:        "no pids controller, no swap accounting",
@@ -420,11 +422,63 @@ func TestCreate_V2Limits(t *testing.T) {
 func TestCreate_V2KeepsEnabledControllers(t *testing.T) {
 	h := fakeV2(t, "cpuset cpu io memory pids")
 	sub := filepath.Join(h.root, "cgroup.subtree_control")
-	must.NoError(t, os.WriteFile(sub, []byte("cpu io memory pids\n"), 0o644))
+	must.NoError(t, os.WriteFile(sub, []byte("cpuset cpu io memory pids\n"), 0o644))
 	_, err := h.create("", "t", Limits{})
 	must.NoError(t, err)
 	// Nothing was missing, so nothing was written.
-	must.Eq(t, "cpu io memory pids", readFake(t, sub))
+	must.Eq(t, "cpuset cpu io memory pids", readFake(t, sub))
+
+	// Only what is missing is written.
+	must.NoError(t, os.WriteFile(sub, []byte("cpu memory\n"), 0o644))
+	_, err = h.create("", "t2", Limits{})
+	must.NoError(t, err)
+	must.Eq(t, "+cpuset +io +pids", readFake(t, sub))
+}
+
+// On v2 a task goes in the group Nomad laid out for it (share.slice, or
+// reserve.slice for reserved cores), when Nomad made the partition; the
+// driver's own parent otherwise.
+func TestCreate_V2NomadGroup(t *testing.T) {
+	h := fakeV2(t, "cpuset cpu io memory pids")
+	for _, dir := range []string{"nomad.slice", "nomad.slice/share.slice", "nomad.slice/reserve.slice"} {
+		must.NoError(t, os.Mkdir(filepath.Join(h.root, dir), 0o755))
+		must.NoError(t, h.newDir(filepath.Join(h.root, dir)))
+	}
+	share := filepath.Join(h.root, "nomad.slice/share.slice/a1.web.scope")
+	reserve := filepath.Join(h.root, "nomad.slice/reserve.slice/a1.db.scope")
+	cases := []struct {
+		name string
+		l    Limits
+		want string
+	}{
+		{"share", Limits{CpusetCgroupPath: share}, share},
+		{"reserved cores", Limits{CpusetCgroupPath: reserve, CpusetCpus: "1"}, reserve},
+		{"no partition: Nomad's cgroups are off", Limits{CpusetCgroupPath: filepath.Join(h.root, "other.slice/share.slice/a1.x.scope")}, filepath.Join(h.root, "nomad-csi/x")},
+		{"outside the hierarchy", Limits{CpusetCgroupPath: "/elsewhere/nomad.slice/share.slice/a1.x.scope"}, filepath.Join(h.root, "nomad-csi/x")},
+		{"not a scope", Limits{CpusetCgroupPath: filepath.Join(h.root, "nomad.slice/share.slice")}, filepath.Join(h.root, "nomad-csi/x")},
+		{"not clean", Limits{CpusetCgroupPath: filepath.Join(h.root, "nomad.slice/share.slice") + "/../share.slice/a1.x.scope"}, filepath.Join(h.root, "nomad-csi/x")},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			g, err := h.create("nomad-csi", "x", tc.l)
+			must.NoError(t, err)
+			must.Eq(t, tc.want, g.UnifiedDir())
+			if tc.l.CpusetCpus != "" {
+				must.Eq(t, tc.l.CpusetCpus, readFake(t, filepath.Join(tc.want, "cpuset.cpus")))
+			}
+			found, err := h.find("nomad-csi", "x", tc.l)
+			must.NoError(t, err)
+			must.Eq(t, g.State(), found.State())
+			must.NoError(t, g.Destroy())
+			_, err = os.Stat(tc.want)
+			must.True(t, os.IsNotExist(err), must.Sprintf("%s is left", tc.want))
+		})
+	}
+	// Nomad's partitions are never removed.
+	for _, dir := range []string{"nomad.slice/share.slice", "nomad.slice/reserve.slice"} {
+		_, err := os.Stat(filepath.Join(h.root, dir))
+		must.NoError(t, err)
+	}
 }
 
 func TestCreate_Idempotent(t *testing.T) {
@@ -1091,14 +1145,14 @@ func TestFind(t *testing.T) {
 			_, err = h.create("p", "other", Limits{})
 			must.NoError(t, err)
 
-			found, err := h.find("p", "t")
+			found, err := h.find("p", "t", Limits{})
 			must.NoError(t, err)
 			must.Eq(t, made.State().Paths, found.State().Paths)
 
 			must.NoError(t, found.Destroy())
-			_, err = h.find("p", "t")
+			_, err = h.find("p", "t", Limits{})
 			must.ErrorIs(t, err, fs.ErrNotExist)
-			_, err = h.find("p", "../t")
+			_, err = h.find("p", "../t", Limits{})
 			must.Error(t, err)
 		})
 	}

@@ -82,8 +82,8 @@ func (g *Group) name() string {
 
 // Join moves pid (0 for the calling process) into the group in every
 // hierarchy, and on v1 into Nomad's cpuset group when Limits.CpusetCgroupPath
-// was set. On v2 a process is in exactly one group, so Nomad's cpuset group
-// is not joined there; use Limits.CpusetCpus to pin the task instead.
+// was set. On v2 a process is in exactly one group, which is Nomad's own
+// group for the task when Nomad laid one out (see Create).
 // When a write fails the process may be in some hierarchies only.
 func (g *Group) Join(pid int) error {
 	if pid < 0 {

@@ -55,7 +55,7 @@ func Discard(logger hclog.Logger, stateDir string) error {
 	}
 	// With the supervisor gone, nothing adds to the group any more: a task
 	// in the host's PID namespace outlives its supervisor, and goes here.
-	group, err := cgroups.Find(spec.CgroupParent, spec.GroupName())
+	group, err := cgroups.Find(spec.CgroupParent, spec.GroupName(), spec.Limits)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 	case err != nil:
