@@ -372,6 +372,11 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 	if conf == nil || !conf.Enabled {
 		return nil, nil, errors.New("the csi driver is disabled on this node: set enabled = true in the agent's config for this driver (plugin \"nomad-driver-csi\")")
 	}
+	// Never half-work: on a kernel without a call the tasks need, no task
+	// starts (the fingerprint says the same, so Nomad places none here).
+	if err := d.host.Kernel(); err != nil {
+		return nil, nil, err
+	}
 
 	tc, err := decodeTaskConfig(cfg, conf)
 	if err != nil {

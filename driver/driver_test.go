@@ -132,7 +132,8 @@ type fakeHost struct {
 	cgroupErr error
 	writeErr  error
 	// statfs is what Statfs reports (a roomy file system when nil).
-	statfs *unix.Statfs_t
+	statfs    *unix.Statfs_t
+	kernelErr error
 }
 
 func (h fakeHost) IsRoot() bool              { return h.root }
@@ -147,6 +148,7 @@ func (h fakeHost) Statfs(dir string, st *unix.Statfs_t) error {
 	*st = *h.statfs
 	return nil
 }
+func (h fakeHost) Kernel() error { return h.kernelErr }
 
 // testDriver is a driver whose processes are fakes, configured with cfg.
 type testDriver struct {
@@ -478,6 +480,16 @@ func TestStartTask_disabled(t *testing.T) {
 	must.ErrorContains(t, err, "enabled = true")
 }
 
+func TestStartTask_oldKernel(t *testing.T) {
+	d := newTestDriver(t, Config{Enabled: true})
+	d.host = fakeHost{root: true, kernelErr: errors.New("the kernel (Linux 5.10.0-35-amd64) has no mount_setattr(2)")}
+	_, _, err := d.StartTask(taskConfig(t, TaskConfig{Command: "/bin/true"}))
+	must.ErrorContains(t, err, "has no mount_setattr(2)")
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	must.SliceEmpty(t, d.started, must.Sprint("a task was started on a kernel the driver refuses"))
+}
+
 func TestStartTask_startErrorCleansStateDir(t *testing.T) {
 	d := newTestDriver(t, Config{Enabled: true})
 	var stateDir string
@@ -689,6 +701,7 @@ func TestBuildFingerprint(t *testing.T) {
 		{"disabled", false, fakeHost{root: true}, drivers.HealthStateUndetected, "enabled = true"},
 		{"not root", true, fakeHost{}, drivers.HealthStateUndetected, "must run as root"},
 		{"no mount ns", true, fakeHost{root: true, mountNS: errors.New("no mount namespaces")}, drivers.HealthStateUndetected, "no mount namespaces"},
+		{"old kernel", true, fakeHost{root: true, kernelErr: errors.New("the kernel (Linux 5.10.0-35-amd64) has no mount_setattr(2)")}, drivers.HealthStateUndetected, "has no mount_setattr(2)"},
 		{"no cgroups", true, fakeHost{root: true, cgroupErr: errors.New("the memory cgroup controller is not mounted")}, drivers.HealthStateUnhealthy, "memory cgroup controller"},
 		{"root dir", true, fakeHost{root: true, writeErr: errors.New("read-only file system")}, drivers.HealthStateUnhealthy, "root_dir"},
 	}

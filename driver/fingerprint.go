@@ -11,6 +11,7 @@ import (
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/cgroups"
 	"github.com/nomad-driver-csi/nomad-driver-csi/fingerprint"
+	"github.com/nomad-driver-csi/nomad-driver-csi/mounter"
 )
 
 // hostProbe answers the fingerprint's questions about this machine, so that
@@ -22,6 +23,9 @@ type hostProbe interface {
 	MountNamespaces() error
 	// Cgroups is nil when tasks can be placed in control groups.
 	Cgroups() error
+	// Kernel is nil when the kernel has every call the driver makes, or
+	// one sentence naming the one it lacks (mounter.KernelSupport).
+	Kernel() error
 	// Writable is nil when dir can hold the driver's state.
 	Writable(dir string) error
 	// Statfs is statfs(2) of dir.
@@ -42,6 +46,7 @@ func (realHost) MountNamespaces() error {
 func (realHost) Cgroups() error { return cgroups.Available() }
 
 func (realHost) Statfs(dir string, st *unix.Statfs_t) error { return unix.Statfs(dir, st) }
+func (realHost) Kernel() error                              { return mounter.KernelSupport() }
 
 func (realHost) Writable(dir string) error {
 	f, err := os.CreateTemp(dir, ".probe-*")
@@ -76,6 +81,11 @@ func (d *Driver) buildFingerprint() *drivers.Fingerprint {
 		return fp
 	}
 	if err := d.host.MountNamespaces(); err != nil {
+		fp.Health = drivers.HealthStateUndetected
+		fp.HealthDescription = err.Error()
+		return fp
+	}
+	if err := d.host.Kernel(); err != nil {
 		fp.Health = drivers.HealthStateUndetected
 		fp.HealthDescription = err.Error()
 		return fp
