@@ -389,7 +389,7 @@ func (a *Agent) watchAllocs(key string, timeout time.Duration, check func(stream
 
 // watchAllocsIn is watchAllocs for a namespace ("" is the default one).
 func (a *Agent) watchAllocsIn(ns, key string, timeout time.Duration, check func(streamStats) bool) (bool, streamStats) {
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	ctx, cancel := context.WithTimeout(context.Background(), Scaled(timeout))
 	defer cancel()
 	wake := make(chan struct{}, 1)
 	broke := make(chan error, 1)
@@ -548,6 +548,7 @@ func (a *Agent) AllocLogs(t testing.TB, allocID, task string, stderr bool) strin
 // WaitLogs waits until a task's stdout contains substr and returns it.
 func (a *Agent) WaitLogs(t testing.TB, allocID, task, substr string, timeout time.Duration) string {
 	t.Helper()
+	timeout = Scaled(timeout)
 	deadline := time.Now().Add(timeout)
 	var out string
 	for time.Now().Before(deadline) {

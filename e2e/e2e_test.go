@@ -142,7 +142,7 @@ func TestStopSignal(t *testing.T) {
 		must.True(t, killed, must.Sprintf("want a SIGKILL exit, got %q:\n%s", ev.DisplayMessage, al.Describe()))
 		// kill_timeout is 3s: the kill must not come before it.
 		must.Greater(t, 2500*time.Millisecond, elapsed, must.Sprintf("stop took only %v:\n%s", elapsed, al.Describe()))
-		must.Less(t, 20*time.Second, elapsed, must.Sprintf("stop took %v:\n%s", elapsed, al.Describe()))
+		must.Less(t, Scaled(20*time.Second), elapsed, must.Sprintf("stop took %v:\n%s", elapsed, al.Describe()))
 		t.Logf("killed after kill_timeout in %v: %s", elapsed.Round(time.Millisecond), ev.DisplayMessage)
 	})
 }
@@ -181,7 +181,7 @@ func TestAgentRestartRecoversTask(t *testing.T) {
 	}
 	var execOut string
 	var execErr error
-	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+	for deadline := time.Now().Add(Scaled(30 * time.Second)); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
 		if execOut, execErr = a.AllocExec(al.ID, "t", "echo", "reached"); execErr == nil {
 			break
 		}
@@ -345,10 +345,15 @@ func TestAllocExecCapabilities(t *testing.T) {
 	must.NoError(t, err)
 	must.Eq(t, want, taskCaps, must.Sprintf("the root task pid %d has CapEff %016x, want the default set %016x", pid, taskCaps, want))
 	// The task's cgroups are under this agent's own driver cgroup_parent,
-	// which no other run shares.
+	// which no other run shares, or, on cgroup v2 where Nomad lays out its
+	// tasks' groups, in the group Nomad made for it.
 	cg, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
 	must.NoError(t, err)
-	must.StrContains(t, string(cg), "/"+a.DriverCgroupParent()+"/", must.Sprintf("task pid %d is not under cgroup parent %s", pid, a.DriverCgroupParent()))
+	wantGroup := "/" + a.DriverCgroupParent() + "/"
+	if NomadLaysOutCgroups() {
+		wantGroup = NomadTaskCgroup(al.ID, "t", false) + "\n"
+	}
+	must.StrContains(t, string(cg), wantGroup, must.Sprintf("task pid %d is not in cgroup %s", pid, wantGroup))
 
 	st := execStatus(t, a, al.ID, "t")
 	t.Logf("root task: CapEff=%016x; alloc exec: CapEff=%016x CapBnd=%016x Uid=%s", taskCaps, st.capEff, st.capBnd, st.uid)

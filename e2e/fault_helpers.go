@@ -134,6 +134,10 @@ func (a *Agent) KillClient() error {
 	a.recordChildren()
 	a.mu.Lock()
 	p := a.client
+	if p.unit != "" {
+		a.mu.Unlock()
+		return errors.New("KillClient does not kill a systemd unit's agent (systemd would start it again): run the fault cases without the systemd mode")
+	}
 	cmd, exited, logFile := p.cmd, p.exited, p.logFile
 	p.cmd, p.logFile = nil, nil
 	a.mu.Unlock()
@@ -196,18 +200,22 @@ func (a *Agent) faultLeftovers(allocIDs, vols []string, all bool) FaultLeft {
 	} else {
 		l.Mounts = a.VolMounts()
 	}
-	parent := a.faultCgroupParent()
+	// The driver's parent, and on cgroup v2 Nomad's partitions, where the
+	// driver puts a task in the group Nomad made for it.
+	parents := []string{a.faultCgroupParent(), "nomad.slice/share.slice", "nomad.slice/reserve.slice"}
 	roots, _ := filepath.Glob("/sys/fs/cgroup/*")
-	for _, root := range roots {
-		entries, _ := os.ReadDir(filepath.Join(root, parent))
-		for _, e := range entries {
-			if !e.IsDir() {
-				continue
-			}
-			for _, id := range allocIDs {
-				if strings.HasPrefix(e.Name(), id) {
-					l.Cgroups = append(l.Cgroups, filepath.Join(root, parent, e.Name()))
-					break
+	for _, root := range append(roots, "/sys/fs/cgroup") {
+		for _, parent := range parents {
+			entries, _ := os.ReadDir(filepath.Join(root, parent))
+			for _, e := range entries {
+				if !e.IsDir() {
+					continue
+				}
+				for _, id := range allocIDs {
+					if strings.HasPrefix(e.Name(), id) {
+						l.Cgroups = append(l.Cgroups, filepath.Join(root, parent, e.Name()))
+						break
+					}
 				}
 			}
 		}

@@ -211,6 +211,11 @@ type AgentOptions struct {
 	Prepare func(a *Agent) error
 	// PluginDir is the client's plugin_dir; empty means PluginDir(root).
 	PluginDir string
+	// Systemd runs the client agent of a Persistent agent as a systemd
+	// unit made from examples/systemd/nomad-client.service: Restart is
+	// "systemctl restart", Stop "systemctl stop" (see systemd.go).
+	// E2E_SYSTEMD=1 sets it for every Persistent agent.
+	Systemd bool
 	// Join runs only a client agent, which registers with Join's server
 	// (Join must be Persistent); its API address is that server's. A
 	// cluster is a Persistent agent and clients joining it (cluster.go).
@@ -254,6 +259,10 @@ type proc struct {
 	cmd     *exec.Cmd
 	exited  chan struct{}
 	logFile *os.File
+	// unit is the systemd unit the agent runs as (systemd mode), and
+	// stopWatch stops the goroutine that closes exited when it stops.
+	unit      string
+	stopWatch chan struct{}
 }
 
 // StartAgent starts an agent for one test and closes it when the test ends,
@@ -352,6 +361,28 @@ func cgroupParentOf(dir string) string { return "ncsi-e2e-" + filepath.Base(dir)
 
 // DriverCgroupParent is the csi driver's cgroup_parent for this agent.
 func (a *Agent) DriverCgroupParent() string { return a.cgroupParent + "-drv" }
+
+// NomadLaysOutCgroups tells whether Nomad manages its tasks' cgroups on
+// cgroup v2 here (its share partition exists): the driver then puts each
+// task in the group Nomad made for it (NomadTaskCgroup) instead of under
+// the driver's own cgroup_parent.
+func NomadLaysOutCgroups() bool {
+	_, err := os.Stat(filepath.Join("/sys/fs/cgroup", NomadTaskCgroup("", "", false), "..", "cgroup.procs"))
+	return err == nil
+}
+
+// NomadTaskCgroup is the cgroup v2 group Nomad lays out for a task, as in
+// /proc/PID/cgroup: /nomad.slice/share.slice/ALLOC.TASK.scope, or under
+// reserve.slice for a task with reserved cores. Nomad 1.11 puts it there
+// whatever the client's cgroup_parent, so agents on one host share these
+// partitions (and their tasks' groups are told apart by allocation).
+func NomadTaskCgroup(allocID, task string, reserved bool) string {
+	part := "share.slice"
+	if reserved {
+		part = "reserve.slice"
+	}
+	return "/nomad.slice/" + part + "/" + allocID + "." + task + ".scope"
+}
 
 // portTaken tells whether an agent's log says it could not bind a port.
 func portTaken(logPath string) bool {
@@ -547,6 +578,10 @@ type agentConfig struct {
 	ChrootEnv   string
 	Extra       string
 	ClientExtra string
+	// HeartbeatGrace is the server's heartbeat_grace, set when waits are
+	// scaled (TimeScale): a client restarting in a slow guest must not be
+	// marked down, and its allocations lost, for want of time alone.
+	HeartbeatGrace string
 }
 
 // chrootEnvHCL renders the driver's default chroot_env with the extra
@@ -595,6 +630,9 @@ ports {
 server {
   enabled          = true
   bootstrap_expect = 1
+{{- if .HeartbeatGrace}}
+  heartbeat_grace  = "{{.HeartbeatGrace}}"
+{{- end}}
 }
 {{end}}
 client {
@@ -639,6 +677,11 @@ plugin "nomad-driver-csi" {
 {{end}}`
 
 func writeAgentConfig(path string, cfg agentConfig) error {
+	if cfg.Server && TimeScale > 1 {
+		// A fast host restarts a client within Nomad's default TTL and
+		// grace (10s each).
+		cfg.HeartbeatGrace = Scaled(20 * time.Second).Round(time.Second).String()
+	}
 	var buf bytes.Buffer
 	if err := template.Must(template.New("agent").Parse(agentConfigTemplate)).Execute(&buf, cfg); err != nil {
 		return err
@@ -648,6 +691,9 @@ func writeAgentConfig(path string, cfg agentConfig) error {
 
 // startProc starts one agent process, its output appended to its log.
 func (a *Agent) startProc(p *proc) error {
+	if a.usesSystemd(p) {
+		return a.startUnit(p)
+	}
 	logFile, err := os.OpenFile(p.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return err
@@ -691,6 +737,10 @@ func (a *Agent) startProc(p *proc) error {
 // stopProc sends SIGINT to an agent process by PID and waits up to grace
 // for it to exit, then sends SIGKILL.
 func (a *Agent) stopProc(p *proc, grace time.Duration) error {
+	grace = Scaled(grace)
+	if p.unit != "" {
+		return a.stopUnit(p, grace)
+	}
 	a.mu.Lock()
 	cmd, exited, logFile := p.cmd, p.exited, p.logFile
 	p.cmd, p.logFile = nil, nil
@@ -717,6 +767,14 @@ func (a *Agent) stopProc(p *proc, grace time.Duration) error {
 }
 
 func (p *proc) pid() int {
+	if p != nil && p.unit != "" {
+		select {
+		case <-p.exited:
+			return 0
+		default:
+		}
+		return unitPID(p.unit)
+	}
 	if p == nil || p.cmd == nil || p.cmd.Process == nil {
 		return 0
 	}
@@ -764,6 +822,7 @@ func (a *Agent) clientExited() <-chan struct{} {
 // waitServer waits for the server agent to lead and to have a keyring (a
 // client that registers before the keyring exists retries only after 15s).
 func (a *Agent) waitServer(timeout time.Duration) error {
+	timeout = Scaled(timeout)
 	deadline := time.Now().Add(timeout)
 	last := "no answer from the server yet"
 	for time.Now().Before(deadline) {
@@ -790,6 +849,7 @@ func (a *Agent) waitServer(timeout time.Duration) error {
 // registered since the client (re)started, and every wanted driver is
 // detected and healthy.
 func (a *Agent) waitReady(timeout time.Duration) error {
+	timeout = Scaled(timeout)
 	deadline := time.Now().Add(timeout)
 	exited := a.clientExited()
 	last := "no answer from the agent yet"
@@ -821,8 +881,8 @@ func (a *Agent) waitReady(timeout time.Duration) error {
 				// Drivers fingerprint within seconds of the node's
 				// registration; do not wait the full timeout for one
 				// that is broken.
-				if time.Since(readySince) > 30*time.Second {
-					return fmt.Errorf("%s after 30s; the driver's log lines:\n%s", last, a.driverLogLines(20))
+				if time.Since(readySince) > Scaled(30*time.Second) {
+					return fmt.Errorf("%s after %v; the driver's log lines:\n%s", last, Scaled(30*time.Second), a.driverLogLines(20))
 				}
 			default:
 				a.NodeID = n.ID
@@ -901,6 +961,12 @@ func (a *Agent) missingDrivers(drivers map[string]*DriverInfo) []string {
 // then waits until it has registered again. With Persistent, the server
 // keeps running and the tasks must survive.
 func (a *Agent) Restart() error {
+	if a.client != nil && a.client.unit != "" {
+		if err := a.restartUnit(a.client); err != nil {
+			return err
+		}
+		return a.waitReady(90 * time.Second)
+	}
 	if err := a.Stop(30 * time.Second); err != nil {
 		return err
 	}
@@ -960,6 +1026,7 @@ func (a *Agent) Close() {
 			a.opts.Logf("%v", err)
 		}
 	}
+	a.removeUnit(a.client)
 	a.killLeftovers()
 	a.removeCgroups()
 	if err := UnmountUnder(a.Dir); err != nil {

@@ -38,6 +38,12 @@ const volTimeout = 90 * time.Second
 // record in the journal.
 func volAgent(t *testing.T, persistent bool) *Agent {
 	t.Helper()
+	return volAgentWith(t, AgentOptions{AllowPrivileged: true, Persistent: persistent})
+}
+
+// volAgentWith is volAgent with the agent's options.
+func volAgentWith(t *testing.T, opts AgentOptions) *Agent {
+	t.Helper()
 	requireCSI(t)
 	csiBin(t, "csi-fixture") // builds build/csi once
 	var a *Agent
@@ -52,7 +58,7 @@ func volAgent(t *testing.T, persistent bool) *Agent {
 			_ = VolDetachLoops(a.Dir)
 		}
 	})
-	a = StartAgent(t, AgentOptions{AllowPrivileged: true, Persistent: persistent})
+	a = StartAgent(t, opts)
 	t.Cleanup(func() { volFinalCheck(t, a) })
 	return a
 }
@@ -660,6 +666,7 @@ func volVolumeMounts(stageRoot string, mounts map[string]string) []string {
 // the driver recovered the task of each allocation.
 func volWaitRecovered(t *testing.T, a *Agent, allocIDs []string, timeout time.Duration) {
 	t.Helper()
+	timeout = Scaled(timeout)
 	deadline := time.Now().Add(timeout)
 	for {
 		log, err := a.ReadLog()
