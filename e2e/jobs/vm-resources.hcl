@@ -24,7 +24,8 @@ job "{{.JobID}}" {
         args = ["-c", <<-EOT
           x=$(head -c 64000000 /dev/zero | tr '\0' a)
           echo "ready holding $(printf %s "$x" | wc -c) bytes"
-          exec sleep 3600
+          # Not exec: the shell keeps holding x.
+          sleep 3600
         EOT
         ]
       }

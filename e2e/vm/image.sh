@@ -41,7 +41,9 @@ cache=${VM_CACHE:-$HOME/.cache/nomad-driver-csi}
 disk_size=6G
 packages=systemd,systemd-sysv,udev,util-linux,mount,e2fsprogs,iproute2,iptables,kmod,initramfs-tools,procps,dbus
 
-key=$({ cat "${BASH_SOURCE[0]}"; echo "$suite $kernel_suite $packages $disk_size"; } | sha256sum | cut -c1-16)
+# The key: everything that goes into the image (this script, the guest's
+# runner and its unit, the variant).
+key=$({ cat "${BASH_SOURCE[0]}" "$here/ncsi-guest" "$here/ncsi-guest.service"; echo "$suite $kernel_suite $packages $disk_size"; } | sha256sum | cut -c1-16)
 dir=$cache/vm-$kernel_suite-$key
 
 if [ -s "$dir/disk.img" ] && [ -s "$dir/vmlinuz" ] && [ -s "$dir/initrd.img" ]; then
@@ -159,4 +161,9 @@ mv "$work/disk.img" "$work/vmlinuz" "$work/initrd.img" "$work/kernel" "$dir.tmp/
 mv "$work/build.log.keep" "$dir.tmp/build.log"
 rm -rf "$dir"
 mv "$dir.tmp" "$dir"
+# Images of this variant made from other inputs are stale (a guest that
+# still runs one keeps its open files).
+for old in "$cache"/vm-"$kernel_suite"-*; do
+	[ "$old" = "$dir" ] || rm -rf "$old"
+done
 echo "$dir"
