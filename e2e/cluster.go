@@ -175,7 +175,7 @@ type drainState struct {
 // WaitDrained waits until client a's drain is over (Nomad cleared its
 // drain strategy) and returns the status of the last drain.
 func (c *Cluster) WaitDrained(a *Agent, timeout time.Duration) (string, error) {
-	deadline := time.Now().Add(timeout)
+	deadline := time.Now().Add(Scaled(timeout))
 	var last drainState
 	for time.Now().Before(deadline) {
 		var st drainState

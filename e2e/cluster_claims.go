@@ -173,7 +173,7 @@ func (a *Agent) NativeClaimsOn(vol, nodeID string) ([]string, error) {
 // watcher releases the claim of an allocation once it is terminal and its
 // node has unpublished the volume.
 func (a *Agent) WaitNativeClaimsOffNode(vol, nodeID string, timeout time.Duration) ([]string, error) {
-	deadline := time.Now().Add(timeout)
+	deadline := time.Now().Add(Scaled(timeout))
 	for {
 		left, err := a.NativeClaimsOn(vol, nodeID)
 		if err != nil || len(left) == 0 || time.Now().After(deadline) {

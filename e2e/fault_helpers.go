@@ -70,7 +70,7 @@ func (p *VolFixture) CountFor(method, name string) int {
 // volume created under name.
 func (p *VolFixture) WaitCallFor(t testing.TB, method, name string, n int, timeout time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
+	deadline := time.Now().Add(Scaled(timeout))
 	for p.CountFor(method, name) < n {
 		if time.Now().After(deadline) {
 			t.Fatalf("want %d %s calls for volume %s within %v, got %d; calls: %v", n, method, name, timeout,
@@ -107,7 +107,7 @@ func (a *Agent) KillDriver(t testing.TB) int {
 // than old and the node reports the csi driver healthy again.
 func (a *Agent) WaitDriverBack(t testing.TB, old int, timeout time.Duration) int {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
+	deadline := time.Now().Add(Scaled(timeout))
 	last := "no new driver process"
 	for time.Now().Before(deadline) {
 		pid := a.DriverPluginPID()

@@ -1048,7 +1048,7 @@ func (a *Agent) stopJobs(jobs []string, timeout time.Duration) {
 	for _, id := range jobs {
 		_, _, _ = a.api.Jobs().Deregister(id, false, nil)
 	}
-	deadline := time.Now().Add(timeout)
+	deadline := time.Now().Add(Scaled(timeout))
 	for _, id := range jobs {
 		for time.Now().Before(deadline) {
 			allocs, err := a.JobAllocations(id)

@@ -107,7 +107,7 @@ func (a *Agent) StopWaitPurge(jobID string, purge bool, timeout time.Duration) e
 	if _, _, err := a.api.Jobs().Deregister(jobID, false, nil); err != nil {
 		return fmt.Errorf("failed to stop job %s: %w", jobID, err)
 	}
-	deadline := time.Now().Add(timeout)
+	deadline := time.Now().Add(Scaled(timeout))
 	for {
 		allocs, err := a.JobAllocations(jobID)
 		if err != nil {
@@ -144,7 +144,7 @@ func (a *Agent) NativePlugin(id string) (*NativePluginInfo, error) {
 // WaitNativePlugin waits until the servers count the plugin's controllers
 // and nodes healthy (at least the numbers given) and returns it.
 func (a *Agent) WaitNativePlugin(id string, controllers, nodes int, timeout time.Duration) (*NativePluginInfo, error) {
-	deadline := time.Now().Add(timeout)
+	deadline := time.Now().Add(Scaled(timeout))
 	var last *NativePluginInfo
 	var lastErr error
 	for time.Now().Before(deadline) {
@@ -207,7 +207,7 @@ func (a *Agent) CreateNativeVolume(volumeID, pluginID, accessMode, volumeType st
 // it from their nodes. A "nomad system gc" now and then hurries the
 // claims of terminal allocations along.
 func (a *Agent) WaitNativeVolumeReleased(id string, timeout time.Duration) (*NativeVolumeInfo, error) {
-	deadline := time.Now().Add(timeout)
+	deadline := time.Now().Add(Scaled(timeout))
 	nextGC := time.Now().Add(3 * time.Second)
 	var last *NativeVolumeInfo
 	for time.Now().Before(deadline) {
@@ -231,7 +231,7 @@ func (a *Agent) WaitNativeVolumeReleased(id string, timeout time.Duration) (*Nat
 // DeleteNativeVolume runs "nomad volume delete", retrying while claims are
 // still being released.
 func (a *Agent) DeleteNativeVolume(id string, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
+	deadline := time.Now().Add(Scaled(timeout))
 	for {
 		out, err := a.Nomad("volume", "delete", id)
 		if err == nil {

@@ -118,7 +118,7 @@ func PluginAttributes(attrs map[string]string, key string) map[string]string {
 // has the wanted value, and returns when it was first seen and the
 // plugin's attributes then.
 func (a *Agent) WaitPluginAttr(key, attr, want string, interval, timeout time.Duration) (time.Time, map[string]string, error) {
-	deadline := time.Now().Add(timeout)
+	deadline := time.Now().Add(Scaled(timeout))
 	var last map[string]string
 	lastErr := error(nil)
 	for {

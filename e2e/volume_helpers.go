@@ -108,7 +108,7 @@ func (a *Agent) StartVolFixture(t testing.TB, id string, opts VolFixtureOptions)
 func (a *Agent) WaitVolPluginHealthy(t testing.TB, id string, timeout time.Duration) {
 	t.Helper()
 	key := "driver.csi.plugin." + id + ".healthy"
-	deadline := time.Now().Add(timeout)
+	deadline := time.Now().Add(Scaled(timeout))
 	var last string
 	for time.Now().Before(deadline) {
 		if n, err := a.node(); err == nil {
@@ -416,7 +416,7 @@ func (a *Agent) volJournalLines(match func(volumeID string) bool) []string {
 // timeout. A record is dropped just after the plugin's last call for it
 // returned, so a check right after that call waits for it.
 func (a *Agent) WaitVolJournalClear(timeout time.Duration, ids ...string) []string {
-	deadline := time.Now().Add(timeout)
+	deadline := time.Now().Add(Scaled(timeout))
 	for {
 		left := a.VolJournalLeft()
 		if len(ids) > 0 {
@@ -453,7 +453,7 @@ func volReadError(err error) string { return "(failed to read the mount table: "
 // roots whose path contains one of substrs (any when none) is mounted, and
 // returns what is still mounted after timeout.
 func (a *Agent) WaitVolMountsGone(timeout time.Duration, substrs ...string) []string {
-	deadline := time.Now().Add(timeout)
+	deadline := time.Now().Add(Scaled(timeout))
 	for {
 		var left []string
 		for _, m := range a.VolMounts() {
@@ -512,7 +512,7 @@ func VolDetachLoops(dir string) error {
 func (a *Agent) VolStopAndWait(t testing.TB, jobID string, timeout time.Duration) {
 	t.Helper()
 	a.StopJob(t, jobID)
-	deadline := time.Now().Add(timeout)
+	deadline := time.Now().Add(Scaled(timeout))
 	for time.Now().Before(deadline) {
 		allocs, err := a.JobAllocations(jobID)
 		if err == nil && allTerminal(allocs) {

@@ -142,7 +142,10 @@ EOF
 	[ -n "$short" ] || echo "slowdown"
 	[ -n "$old" ] || echo "step driver/cgroups $timeout build/vm/cgroups.test -test.run '$cg_run'"
 	[ "$ex_run" = '^$' ] || echo "step driver/executor $timeout build/vm/executor.test -test.run '$ex_run'"
-	echo "step e2e $timeout build/vm/e2e.test -test.run '$e2e_run' -test.skip '^(TestDistVersion|TestDriverUpgrade|TestSoak|TestSoakSlope|TestFaults)\$'"
+	# TestVMOldKernel runs only on the old kernel (--old-kernel).
+	e2e_skip='^(TestDistVersion|TestDriverUpgrade|TestSoak|TestSoakSlope|TestFaults|TestVMOldKernel)$'
+	[ -z "$old" ] || e2e_skip='^$'
+	echo "step e2e $timeout build/vm/e2e.test -test.run '$e2e_run' -test.skip '$e2e_skip'"
 } >"$run_dir/plan.sh"
 
 # The slowdown probe on this host, for the ratios (the guest runs it too).
