@@ -61,6 +61,36 @@ func systemctl(timeout time.Duration, args ...string) (string, error) {
 	return strings.TrimSpace(string(out)), nil
 }
 
+// unitJob asks systemd to verb ("start", "restart", "stop") the unit
+// without waiting on the bus (systemctl's wait for a long job times out
+// after 25s in a slow guest), then polls the unit until it is stopped
+// (stop) or runs a main process other than old (start, restart), for at
+// most timeout.
+func unitJob(verb, unit string, old int, timeout time.Duration) error {
+	if _, err := systemctl(Scaled(30*time.Second), "--no-block", verb, unit); err != nil {
+		return err
+	}
+	deadline := time.Now().Add(timeout)
+	state := ""
+	for {
+		state = unitProperty(unit, "ActiveState")
+		switch {
+		case verb == "stop" && (state == "inactive" || state == "failed"):
+			return nil
+		case verb != "stop" && state == "failed":
+			return fmt.Errorf("systemctl %s %s: the unit failed (systemctl status %s)", verb, unit, unit)
+		case verb != "stop" && state == "active":
+			if pid := unitPID(unit); pid != 0 && pid != old {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("systemctl %s %s: the unit is %q after %v", verb, unit, state, timeout)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
 // unitProperty reads one property of a unit ("" when it cannot).
 func unitProperty(unit, prop string) string {
 	out, err := systemctl(Scaled(10*time.Second), "show", "-p", prop, "--value", unit)
@@ -179,7 +209,7 @@ func (a *Agent) startUnit(p *proc) error {
 		return err
 	}
 	a.markLog(p, "starting (systemctl start "+unit+")")
-	if _, err := systemctl(Scaled(60*time.Second), "start", unit); err != nil {
+	if err := unitJob("start", unit, 0, Scaled(60*time.Second)); err != nil {
 		return err
 	}
 	a.watchUnit(p)
@@ -205,7 +235,7 @@ func (a *Agent) restartUnit(p *proc) error {
 	a.markLog(p, "starting (systemctl restart "+p.unit+")")
 	old := p.pid()
 	start := time.Now()
-	if _, err := systemctl(Scaled(120*time.Second), "restart", p.unit); err != nil {
+	if err := unitJob("restart", p.unit, old, Scaled(120*time.Second)); err != nil {
 		return err
 	}
 	a.watchUnit(p)
@@ -220,7 +250,7 @@ func (a *Agent) stopUnit(p *proc, grace time.Duration) error {
 		return nil
 	}
 	a.markLog(p, "stopping (systemctl stop "+p.unit+")")
-	_, err := systemctl(grace, "stop", p.unit)
+	err := unitJob("stop", p.unit, 0, grace)
 	if err != nil {
 		_, _ = systemctl(Scaled(10*time.Second), "kill", "--kill-who=main", "-s", "KILL", p.unit)
 		err = fmt.Errorf("nomad %s (unit %s) did not stop within %v: %w", p.name, p.unit, grace, err)
