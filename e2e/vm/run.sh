@@ -109,6 +109,14 @@ else
 	# already runs on cgroup v2 with make e2e-cgroup2.
 	e2e_run=${VM_E2E_RUN:-'.'}
 fi
+# Run directories of runs that were killed outright (no trap ran; their
+# qemu died with them, see below): no qemu names them any more.
+for d in /tmp/e2evm-*; do
+	[ -d "$d" ] || continue
+	if ! pgrep -f -- "path=$d," >/dev/null; then
+		rm -rf "$d"
+	fi
+done
 run_dir=$(mktemp -d /tmp/e2evm-XXXXXX)
 qemu_pid=""
 tail_pid=""
@@ -159,7 +167,9 @@ smp=${VM_SMP:-2}
 mem=${VM_MEM:-3072}
 say "booting the guest (TCG, $smp CPUs, $mem MiB; the guest's own output is in its console log)"
 boot_start=$(date +%s.%N)
-TMPDIR=$run_dir nice -n 10 qemu-system-x86_64 \
+# setpriv: qemu gets SIGKILL if this script is killed outright, when no
+# trap runs.
+TMPDIR=$run_dir nice -n 10 setpriv --pdeathsig KILL qemu-system-x86_64 \
 	-accel tcg,thread=multi -cpu max,-erms,-fsrm -smp "$smp" -m "$mem" \
 	-display none -monitor none -no-reboot -serial "file:$run_dir/console.log" \
 	-kernel "$image/vmlinuz" -initrd "$image/initrd.img" \
