@@ -147,7 +147,9 @@ EOF
 {
 	# E2E_SYSTEMD: every Persistent agent's client is a systemd unit.
 	echo "export E2E_SKIP_BUILD=1 E2E_KEEP=1 E2E_TIME_SCALE=$scale E2E_VM=${old:+old-kernel}${old:-1} E2E_SYSTEMD=1"
-	[ -n "$short" ] || echo "slowdown"
+	# The guest's slowdown against this host, printed at the end: what
+	# the run's timings mean.
+	echo "slowdown"
 	[ -n "$old" ] || echo "step driver/cgroups $timeout build/vm/cgroups.test -test.run '$cg_run'"
 	[ "$ex_run" = '^$' ] || echo "step driver/executor $timeout build/vm/executor.test -test.run '$ex_run'"
 	# TestVMOldKernel runs only on the old kernel (--old-kernel).
@@ -157,9 +159,7 @@ EOF
 } >"$run_dir/plan.sh"
 
 # The slowdown probe on this host, for the ratios (the guest runs it too).
-if [ -z "$short" ]; then
-	build/vm/slowdown >"$run_dir/slowdown.host"
-fi
+nice -n 10 build/vm/slowdown >"$run_dir/slowdown.host"
 
 # 4. Boot. The guest's disk is a snapshot: qemu keeps its writes in a
 # temporary file it has already unlinked.

@@ -26,7 +26,7 @@ func main() {
 	report("cpu_sha256_4MiB", func() error {
 		_ = sha256.Sum256(buf)
 		return nil
-	}, 8)
+	}, 4)
 	report("fork_exec_true", func() error {
 		return exec.Command("/bin/true").Run()
 	}, 20)
