@@ -26,6 +26,9 @@ func TestSweepStale_OwnedDirs(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Fatal("this test mounts tmpfs and must run as root")
 	}
+	// It checks the removal that E2E_KEEP (set in make e2e-vm's guest, to
+	// bring the agents' logs back) turns off.
+	t.Setenv("E2E_KEEP", "")
 	mountTmpfs := func(dir string) string {
 		t.Helper()
 		mnt := filepath.Join(dir, "mnt")
