@@ -124,7 +124,7 @@ const apiTimeout = 15 * time.Second
 // setAddr points the agent's API clients at addr (http://127.0.0.1:PORT).
 func (a *Agent) setAddr(addr string) error {
 	a.Addr = addr
-	c, err := api.NewClient(&api.Config{Address: addr, HttpClient: &http.Client{Timeout: apiTimeout}})
+	c, err := api.NewClient(&api.Config{Address: addr, HttpClient: &http.Client{Timeout: Scaled(apiTimeout)}})
 	if err != nil {
 		return fmt.Errorf("failed to make an API client for %s: %w", addr, err)
 	}

@@ -336,7 +336,7 @@ func newAgent(root string, opts AgentOptions) (*Agent, error) {
 		LogPath:      filepath.Join(dir, "agent.log"),
 		opts:         opts,
 		cgroupParent: cgroupParentOf(dir),
-		http:         &http.Client{Timeout: 15 * time.Second},
+		http:         &http.Client{Timeout: Scaled(15 * time.Second)},
 		children:     map[int]string{},
 	}
 	if opts.DriverRoot != "" {
