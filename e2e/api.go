@@ -344,7 +344,7 @@ func (a *Agent) Nomad(args ...string) (string, error) {
 // NomadContext is Nomad with a context; a call never runs longer than two
 // minutes.
 func (a *Agent) NomadContext(ctx context.Context, args ...string) (string, error) {
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	ctx, cancel := context.WithTimeout(ctx, Scaled(2*time.Minute))
 	defer cancel()
 	cmd := exec.CommandContext(ctx, NomadBinary(a.Root), args...)
 	cmd.Env = append(cleanEnv(), "NOMAD_ADDR="+a.Addr, "NOMAD_CLI_NO_COLOR=1")
