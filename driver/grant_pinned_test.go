@@ -340,6 +340,20 @@ func TestSocketPeer(t *testing.T) {
 	}
 	must.NoError(t, inTaskCgroup(int32(os.Getpid()), own))
 	must.ErrorContains(t, inTaskCgroup(int32(os.Getpid()), own+"x"), "is not the plugin task's")
+	must.NoError(t, inTaskCgroup(int32(os.Getpid()), own+"x", own), must.Sprint("any of the task's names passes"))
+}
+
+// On cgroup v2, where Nomad lays out a group for each task, the task runs
+// in Nomad's scope (cgroups.Create), and the socket's check accepts that
+// name beside the driver's own; a v1 cpuset group of Nomad's is no task's.
+func TestTaskCgroupNames(t *testing.T) {
+	cfg := &drivers.TaskConfig{ID: "a1/t/0f", Resources: &drivers.Resources{LinuxResources: &drivers.LinuxResources{
+		CpusetCgroupPath: "/sys/fs/cgroup/nomad.slice/share.slice/a1.t.scope"}}}
+	must.Eq(t, []string{"a1.t.0f", "a1.t.scope"}, taskCgroupNames(cfg))
+	cfg.Resources.LinuxResources.CpusetCgroupPath = "/sys/fs/cgroup/cpuset/nomad/shared"
+	must.Eq(t, []string{"a1.t.0f"}, taskCgroupNames(cfg))
+	cfg.Resources = nil
+	must.Eq(t, []string{"a1.t.0f"}, taskCgroupNames(cfg))
 }
 
 // Every spelling of user that the supervisor would run as uid 0 or with

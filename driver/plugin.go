@@ -167,24 +167,45 @@ func (d *Driver) socketPeer(socket string) func(pid int32) error {
 		if !ok {
 			return fmt.Errorf("no task serves csi_plugin %q on this node, and process %d listens on its socket", id, pid)
 		}
-		return inTaskCgroup(pid, taskCgroupName(cfg))
+		return inTaskCgroup(pid, taskCgroupNames(cfg)...)
 	}
 }
 
-// inTaskCgroup checks that process pid is in the control group named
-// name (a task's, taskCgroupName), or one below it, in some hierarchy.
-func inTaskCgroup(pid int32, name string) error {
+// taskCgroupNames are the names a task's control group can have: the
+// driver's own (taskCgroupName, under cgroup_parent), and on cgroup v2 the
+// scope Nomad laid out for the task (nomad.slice/share.slice/ALLOC.TASK.scope
+// or reserve.slice), where the task goes when Nomad manages cgroups.
+// Only Nomad and the driver, as root, make groups of these names.
+func taskCgroupNames(cfg *drivers.TaskConfig) []string {
+	names := []string{taskCgroupName(cfg)}
+	if cfg.Resources != nil && cfg.Resources.LinuxResources != nil {
+		if p := cfg.Resources.LinuxResources.CpusetCgroupPath; strings.HasSuffix(p, ".scope") {
+			names = append(names, filepath.Base(p))
+		}
+	}
+	return names
+}
+
+// inTaskCgroup checks that process pid is in a control group of one of
+// names (a task's, taskCgroupNames), or one below it, in some hierarchy.
+func inTaskCgroup(pid int32, names ...string) error {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
 	if err != nil {
 		return fmt.Errorf("cannot read the control group of process %d listening on the socket: %w", pid, err)
 	}
 	for _, line := range strings.Split(string(b), "\n") {
 		parts := strings.SplitN(line, ":", 3)
-		if len(parts) == 3 && slices.Contains(strings.Split(parts[2], "/"), name) {
-			return nil
+		if len(parts) != 3 {
+			continue
+		}
+		elems := strings.Split(parts[2], "/")
+		for _, name := range names {
+			if slices.Contains(elems, name) {
+				return nil
+			}
 		}
 	}
-	return fmt.Errorf("process %d listening on the socket is not the plugin task's (control group %q): another task took the socket's path", pid, name)
+	return fmt.Errorf("process %d listening on the socket is not the plugin task's (control group %q): another task took the socket's path", pid, strings.Join(names, `" or "`))
 }
 
 // pluginMounts are the mounts a plugin task gets: its socket directory at
