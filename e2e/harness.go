@@ -709,11 +709,29 @@ func (a *Agent) startProc(p *proc) error {
 	// without cleaning up (a -test.timeout panic): a -dev agent then
 	// destroys its allocations on the way out.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
+	exited, err := startTied(cmd)
+	if err != nil {
+		logFile.Close()
+		return fmt.Errorf("failed to start %s: %w", NomadBinary(a.Root), err)
+	}
+	a.mu.Lock()
+	p.cmd, p.exited, p.logFile = cmd, exited, logFile
+	a.mu.Unlock()
+	a.opts.Logf("started nomad %s pid=%d dir=%s", p.name, cmd.Process.Pid, a.Dir)
+	return nil
+}
+
+// startTied starts cmd, whose SysProcAttr sets Pdeathsig, from a
+// goroutine that keeps its OS thread until cmd has exited, and returns a
+// channel closed once cmd.Wait has returned. Pdeathsig fires when the
+// thread that forked exits, not the process, and the runtime ends a thread
+// whenever a goroutine locked to it returns (this one does, once its
+// process is gone): a process started from an ordinary goroutine died when
+// a later locked goroutine took its thread and returned.
+func startTied(cmd *exec.Cmd) (chan struct{}, error) {
 	exited := make(chan struct{})
 	started := make(chan error, 1)
 	go func() {
-		// Pdeathsig fires when the thread that forked exits, not the
-		// process: keep this thread until the agent has exited.
 		runtime.LockOSThread()
 		if err := cmd.Start(); err != nil {
 			started <- err
@@ -724,14 +742,9 @@ func (a *Agent) startProc(p *proc) error {
 		close(exited)
 	}()
 	if err := <-started; err != nil {
-		logFile.Close()
-		return fmt.Errorf("failed to start %s: %w", NomadBinary(a.Root), err)
+		return nil, err
 	}
-	a.mu.Lock()
-	p.cmd, p.exited, p.logFile = cmd, exited, logFile
-	a.mu.Unlock()
-	a.opts.Logf("started nomad %s pid=%d dir=%s", p.name, cmd.Process.Pid, a.Dir)
-	return nil
+	return exited, nil
 }
 
 // stopProc sends SIGINT to an agent process by PID and waits up to grace

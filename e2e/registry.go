@@ -49,9 +49,10 @@ type TestRegistry struct {
 	// registry's storage (Dir/data).
 	Dir string
 
-	cmd   *exec.Cmd
-	log   *os.File
-	proxy *http.Server
+	cmd    *exec.Cmd
+	exited <-chan struct{} // closed once cmd has exited (startTied)
+	log    *os.File
+	proxy  *http.Server
 
 	mu       sync.Mutex
 	requests map[string]int // "GET /v2/..." -> count
@@ -145,11 +146,12 @@ func (r *TestRegistry) Start() error {
 	cmd := exec.Command("docker-registry", "serve", filepath.Join(r.Dir, "config.yml"))
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
+	exited, err := startTied(cmd)
+	if err != nil {
 		logFile.Close()
 		return fmt.Errorf("failed to start docker-registry: %w", err)
 	}
-	r.cmd, r.log = cmd, logFile
+	r.cmd, r.exited, r.log = cmd, exited, logFile
 	deadline := time.Now().Add(15 * time.Second)
 	for time.Now().Before(deadline) {
 		if c, err := net.DialTimeout("tcp", r.Direct, 200*time.Millisecond); err == nil {
@@ -170,7 +172,7 @@ func (r *TestRegistry) Stop() {
 		return
 	}
 	_ = r.cmd.Process.Kill()
-	_ = r.cmd.Wait()
+	<-r.exited
 	r.cmd = nil
 	r.log.Close()
 }
