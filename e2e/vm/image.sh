@@ -39,7 +39,7 @@ cache=${VM_CACHE:-$HOME/.cache/nomad-driver-csi}
 # The disk's size: room for the tests' loop devices, logs and /tmp (the
 # file is sparse; the guest's writes go to qemu's snapshot file).
 disk_size=6G
-packages=systemd,systemd-sysv,udev,util-linux,mount,e2fsprogs,iproute2,iptables,kmod,initramfs-tools,procps,dbus
+packages=systemd,systemd-sysv,udev,util-linux,mount,e2fsprogs,iproute2,iptables,kmod,initramfs-tools,procps,dbus,docker-registry,busybox-static
 
 # The key: everything that goes into the image (this script, the guest's
 # runner and its unit, the variant).
@@ -135,9 +135,11 @@ printf '127.0.0.1 localhost\n127.0.1.1 ncsi-vm\n::1 localhost ip6-localhost ip6-
 echo '/dev/vda / ext4 rw,errors=remount-ro 0 1' >"$rootfs/etc/fstab"
 mkdir -p "$rootfs/etc/systemd/journald.conf.d"
 printf '[Journal]\nStorage=volatile\n' >"$rootfs/etc/systemd/journald.conf.d/volatile.conf"
-# No logins and no timers: the guest runs one unit and powers off.
+# No logins, no timers and no registry of its own (the image tests start
+# theirs, docker-registry is installed for them): the guest runs one unit
+# and powers off.
 for u in getty@tty1.service serial-getty@ttyS0.service apt-daily.timer apt-daily-upgrade.timer \
-	e2scrub_all.timer fstrim.timer systemd-tmpfiles-clean.timer; do
+	e2scrub_all.timer fstrim.timer systemd-tmpfiles-clean.timer docker-registry.service; do
 	ln -sf /dev/null "$rootfs/etc/systemd/system/$u"
 done
 install -m 0755 "$here/ncsi-guest" "$rootfs/usr/local/sbin/ncsi-guest"
