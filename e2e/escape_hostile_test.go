@@ -208,14 +208,17 @@ func TestEscapeFullDisk(t *testing.T) {
 	// Once the files go, the driver says it is healthy again.
 	stopNamespaced(t, a, hostileNS, filler.ID)
 	must.NoError(t, os.RemoveAll(filepath.Join(allocDir, fal.ID, "alloc", "data")))
-	deadline = time.Now().Add(45 * time.Second)
+	// The driver looks again within its fingerprint period (30s); Nomad
+	// then updates the node.
+	wait := Scaled(45 * time.Second)
+	deadline = time.Now().Add(wait)
 	for {
 		drv = a.Node(t).Drivers[DriverName]
 		if drv != nil && drv.Healthy && drv.HealthDescription == "Healthy" {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the driver did not say healthy within 45s of the files' removal: %+v", drv)
+			t.Fatalf("the driver did not say healthy within %s of the files' removal: %+v", wait, drv)
 		}
 		time.Sleep(time.Second)
 	}
