@@ -118,7 +118,15 @@ func mountOverlayFS(target string, o Overlay) error {
 		}
 	}
 	if err := unix.FsconfigCreate(fsfd); err != nil {
-		return fmt.Errorf("fsconfig create: %w%s", err, fsLog(fsfd))
+		msg := fsLog(fsfd)
+		// Before Linux 6.5 overlay takes its options the legacy way:
+		// fsconfig stores any key, lowerdir+ too, and only the create
+		// fails, with EINVAL and nothing logged (overlay's reason goes to
+		// the kernel log). Overlay on the new API logs its reason.
+		if errors.Is(err, unix.EINVAL) && msg == "" {
+			return errNoLowerdirPlus
+		}
+		return fmt.Errorf("fsconfig create: %w%s", err, msg)
 	}
 	var attrs int
 	if o.NoSuid {
