@@ -350,7 +350,7 @@ func procState(pid int) string {
 const ownerFile = ".owner"
 
 // ownedPrefixes are the OwnedTempDir prefixes SweepStale looks at.
-var ownedPrefixes = []string{"ncsp-", "ncsb-"}
+var ownedPrefixes = []string{"ncsp-", "ncsb-", "ncsr-"}
 
 // OwnedTempDir makes a directory /tmp/<prefix>* that SweepStale removes
 // only once the process that made it is gone: the process holds an flock

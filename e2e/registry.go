@@ -67,10 +67,10 @@ func StartRegistry(t testing.TB) *TestRegistry {
 	if _, err := exec.LookPath("docker-registry"); err != nil {
 		t.Fatalf("docker-registry is not installed: run make deps (Debian's docker-registry package)")
 	}
-	dir, err := os.MkdirTemp("", "ncsi-reg-")
-	if err != nil {
-		t.Fatal(err)
-	}
+	// Owned: a sweep by a run beside this one leaves it alone while this
+	// process lives (under ncsi-, the agents' prefix, it was taken for a
+	// dead agent's after two minutes and removed under the registry).
+	dir := OwnedTempDir(t, "ncsr-")
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	r := &TestRegistry{Dir: dir, requests: map[string]int{}}
 	r.Username, r.Password = "e2e", randomString(24)
