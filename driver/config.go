@@ -167,6 +167,7 @@ var taskConfigSpec = hclspec.NewObject(map[string]*hclspec.Spec{
 		hclspec.NewAttr("image_pull_timeout", "string", false),
 		hclspec.NewLiteral(fmt.Sprintf("%q", DefaultImagePullTimeout)),
 	),
+	"force_pull": hclspec.NewAttr("force_pull", "bool", false),
 	"args":       hclspec.NewAttr("args", "list(string)", false),
 	"work_dir":   hclspec.NewAttr("work_dir", "string", false),
 	"privileged": hclspec.NewAttr("privileged", "bool", false),
@@ -412,6 +413,7 @@ type TaskConfig struct {
 	Image            string                  `codec:"image"`
 	Auth             *TaskAuth               `codec:"auth"`
 	ImagePullTimeout string                  `codec:"image_pull_timeout"`
+	ForcePull        bool                    `codec:"force_pull"`
 	Args             []string                `codec:"args"`
 	WorkDir          string                  `codec:"work_dir"`
 	Privileged       bool                    `codec:"privileged"`

@@ -167,6 +167,9 @@ func (tc *TaskConfig) validateImage(cfg *Config) error {
 		if tc.Auth != nil {
 			return errors.New("auth is only for image: remove it, or set image")
 		}
+		if tc.ForcePull {
+			return errors.New("force_pull is only for image: remove it, or set image")
+		}
 		return nil
 	}
 	if _, err := image.ParseReference(tc.Image, cfg.InsecureRegistries); err != nil {
@@ -316,8 +319,9 @@ func (d *Driver) pullImage(logger hclog.Logger, cfg *drivers.TaskConfig, tc *Tas
 	defer cancel()
 	job := jobOf(cfg)
 	req := image.PullRequest{
-		Use:    &image.Use{TaskID: cfg.ID, AllocID: cfg.AllocID, TaskName: cfg.Name, Namespace: job.namespace, JobID: job.id},
-		Notify: func(msg string) { d.emitEvent(cfg, msg, map[string]string{"image": tc.Image}) },
+		Use:       &image.Use{TaskID: cfg.ID, AllocID: cfg.AllocID, TaskName: cfg.Name, Namespace: job.namespace, JobID: job.id},
+		Notify:    func(msg string) { d.emitEvent(cfg, msg, map[string]string{"image": tc.Image}) },
+		ForcePull: tc.ForcePull,
 	}
 	if tc.Auth != nil {
 		req.Auth = &image.Credentials{Username: tc.Auth.Username, Password: tc.Auth.Password}

@@ -75,6 +75,7 @@ func TestTaskConfig_validateImage(t *testing.T) {
 		{"bad ref", TaskConfig{Command: "x", Image: "Not A Ref"}, "image \"Not A Ref\" has a space"},
 		{"relative local", TaskConfig{Command: "x", Image: "oci-archive:csi.tar"}, "needs an absolute, clean host path"},
 		{"auth without image", TaskConfig{Command: "x", Auth: &TaskAuth{Username: "u"}}, "auth is only for image"},
+		{"force_pull without image", TaskConfig{Command: "x", ForcePull: true}, "force_pull is only for image"},
 		{"bad timeout", TaskConfig{Command: "x", Image: "r/x:1", ImagePullTimeout: "forever"}, "image_pull_timeout \"forever\" must be a duration"},
 		{"long timeout", TaskConfig{Command: "x", Image: "r/x:1", ImagePullTimeout: "48h"}, "image_pull_timeout \"48h\" must be a duration from \"1s\" to \"24h0m0s\""},
 	}

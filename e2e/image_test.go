@@ -468,6 +468,37 @@ func TestImageTaskPullErrorsAndEvents(t *testing.T) {
 		a.StopJob(t, job.ID)
 	})
 
+	t.Run("a tag pushed again, force_pull", func(t *testing.T) {
+		// A tag other than latest that the node has is not asked of the
+		// registry again, as Nomad's docker driver; force_pull asks.
+		moving, err := reg.Push("csi/fixture:moving", img)
+		must.NoError(t, err)
+		first, err := img.Digest()
+		must.NoError(t, err)
+		run := func(force bool, want string) {
+			t.Helper()
+			vars := map[string]string{"Image": moving, "Username": reg.Username, "Password": reg.Password, "Count": "1", "Timeout": "2m"}
+			if force {
+				vars["ForcePull"] = "1"
+			}
+			job := a.RunJob(t, "image", vars)
+			allocEvents(t, a, job.ID, 1, want)
+			a.StopJob(t, job.ID)
+		}
+		// The same image as the fixture's tag, which the store has.
+		run(false, "Image "+moving+" is present ("+first.String()[:19])
+		_, second, _ := pushOnFixtureBase(t, reg, "csi/fixture:moving", imagebuild.File("moved", []byte("2"), 0o644))
+		next, err := second.Digest()
+		must.NoError(t, err)
+		reg.ResetRequests()
+		run(false, "Image "+moving+" is present ("+first.String()[:19])
+		must.Eq(t, 0, reg.Requests("GET", "/manifests/"))
+		must.Eq(t, 0, reg.Requests("HEAD", "/manifests/"))
+		run(true, "Pulled image "+moving+" ("+next.String()[:19])
+		must.Positive(t, reg.Requests("GET", "/manifests/")+reg.Requests("HEAD", "/manifests/"))
+		run(false, "Image "+moving+" is present ("+next.String()[:19])
+	})
+
 	for _, tc := range []struct {
 		name, ref, user, password, want string
 	}{

@@ -40,7 +40,8 @@ Commands:
   images rm <reference | digest>  remove an image no task uses, and its layers no other image has
   images pull <reference>         pull an image into the store as the driver would (its registry
                                   CA, insecure registries, local image dirs and auth from the
-                                  driver's options; -username with -password-stdin for a user)
+                                  driver's options; -username with -password-stdin for a user),
+                                  a tag asked of its registry again, as docker pull does
 
 A <volume> is the volume_id a job wrote (the name it created the volume
 under), the plugin's volume ID, or the name of a task's volume block.

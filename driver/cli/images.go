@@ -207,7 +207,10 @@ func runImagesPull(e *env, args []string, f *imagePullFlags, stdin io.Reader) er
 	if err != nil {
 		return err
 	}
-	var req image.PullRequest
+	// As docker pull: a tag is asked of its registry even when the store
+	// has what it named, which is how an operator moves a node to a tag
+	// pushed again.
+	req := image.PullRequest{ForcePull: true}
 	if f.passwordStdin || f.username != "" {
 		if !f.passwordStdin {
 			return usagef("images pull: -username needs -password-stdin")

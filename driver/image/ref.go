@@ -122,3 +122,11 @@ func isInsecure(registry string, insecure []string) bool {
 	}
 	return false
 }
+
+// pinnedTag reports whether the reference is a registry's tag other than
+// "latest" (written or implied), which a pull serves from the store when
+// an earlier pull of it left the image there.
+func (r Reference) pinnedTag() bool {
+	t, ok := r.Remote.(name.Tag)
+	return r.Kind == KindRegistry && ok && t.TagStr() != "latest"
+}

@@ -96,6 +96,9 @@ type PullRequest struct {
 	// Use, when set, is the lease taken on the image before the pull lets
 	// go of the store, so that GC cannot take it in between.
 	Use *Use
+	// ForcePull asks the registry what a tag names even when the store
+	// has the image an earlier pull of the tag found (see Pull).
+	ForcePull bool
 }
 
 // Progress is a pull's download so far.
@@ -320,6 +323,11 @@ func (s *Store) writeRecord(r *record) error {
 	if len(r.Refs) > 16 {
 		r.Refs = r.Refs[:16]
 	}
+	return s.rewriteRecord(r)
+}
+
+// rewriteRecord writes r as it is; the caller holds meta.lock.
+func (s *Store) rewriteRecord(r *record) error {
 	b, err := json.MarshalIndent(r, "", "  ")
 	if err != nil {
 		return err
@@ -423,16 +431,22 @@ func (f *flight) leave(req *PullRequest) {
 }
 
 // Pull makes the image ref names present in the store and returns it. A
-// reference by digest that the store has is not fetched again; a tag is
-// always resolved at its registry (with the task's credentials), and only
-// the layers the store lacks are downloaded. Concurrent pulls of one
-// reference with the same credentials share one download.
+// reference by digest that the store has is not fetched again, nor is a
+// registry's tag other than "latest" that an earlier pull found (the image
+// it named then, as Nomad's docker driver and the kubelet's default do),
+// unless req.ForcePull; other tags and local sources are resolved again
+// (with the task's credentials), and only the layers the store lacks are
+// downloaded. Concurrent pulls of one reference with the same credentials
+// share one download.
 func (s *Store) Pull(ctx context.Context, raw string, req PullRequest) (*Image, error) {
 	ref, err := ParseReference(raw, s.opts.InsecureRegistries)
 	if err != nil {
 		return nil, errorf(ErrInvalid, "%s", err.Error())
 	}
 	key := ref.Raw + "\x00" + req.Auth.key()
+	if req.ForcePull {
+		key += "\x00force"
+	}
 	s.mu.Lock()
 	f := s.flights[key]
 	if f != nil {
@@ -453,7 +467,7 @@ func (s *Store) Pull(ctx context.Context, raw string, req PullRequest) (*Image, 
 		nf := &flight{ctx: fctx, done: make(chan struct{}), cancel: cancel, leased: map[*PullRequest]bool{}, waiters: []*PullRequest{&req}}
 		s.flights[key] = nf
 		run = func() {
-			nf.img, nf.err = s.pull(fctx, ref, req.Auth, nf)
+			nf.img, nf.err = s.pull(fctx, ref, req.Auth, req.ForcePull, nf)
 			s.mu.Lock()
 			if s.flights[key] == nf {
 				delete(s.flights, key)
@@ -559,7 +573,7 @@ func (s *Store) openSource(ctx context.Context, ref Reference, auth *Credentials
 
 // pull runs one flight: it holds store.lock shared throughout, so GC and
 // removal wait.
-func (s *Store) pull(ctx context.Context, ref Reference, auth *Credentials, f *flight) (*record, error) {
+func (s *Store) pull(ctx context.Context, ref Reference, auth *Credentials, force bool, f *flight) (*record, error) {
 	unlock, err := s.lockStore(ctx, unix.LOCK_SH)
 	if err != nil {
 		return nil, classify(ref, "the store's lock", err)
@@ -571,7 +585,12 @@ func (s *Store) pull(ctx context.Context, ref Reference, auth *Credentials, f *f
 	// which may refuse them.
 	if ref.Digest != "" && !ref.Local() {
 		if r := s.findDigest(ref.Digest); r != nil && r.allows(key) {
-			return s.present(ctx, r, ref, f)
+			return s.present(ctx, r, ref, key, f)
+		}
+	}
+	if !force && ref.pinnedTag() {
+		if r := s.findRef(ref.Raw, key); r != nil {
+			return s.present(ctx, r, ref, key, f)
 		}
 	}
 	src, err := s.openSource(ctx, ref, auth, f)
@@ -584,8 +603,7 @@ func (s *Store) pull(ctx context.Context, ref Reference, auth *Credentials, f *f
 		return s.fallback(ctx, ref, key, f, err)
 	}
 	if r, err := s.readRecord(res.digest); err == nil && s.complete(r) {
-		r.addAuthKey(key)
-		return s.present(ctx, r, ref, f)
+		return s.present(ctx, r, ref, key, f)
 	}
 	cfg, err := s.fetchConfig(ctx, ref, src, res, f)
 	if err != nil {
@@ -603,7 +621,7 @@ func (s *Store) pull(ctx context.Context, ref Reference, auth *Credentials, f *f
 		created = append(created, made...)
 		if err == nil {
 			rec.Layers = layers
-			err = s.commit(ctx, rec, f)
+			err = s.commit(ctx, rec, ref.Raw, true, f)
 		}
 		// A layer that was there when this pull looked, and that a
 		// failed pull (of another image, another source) took away
@@ -651,25 +669,37 @@ func (s *Store) discard(diffIDs []string, config string) {
 }
 
 // commit writes the record of a pulled image (stamped as used now) and the
-// leases of the pull's waiters.
-func (s *Store) commit(ctx context.Context, rec *record, f *flight) error {
+// leases of the pull's waiters. The reference names rec alone from now: an
+// older image it named keeps its other references. A record that already
+// had the reference and the credentials is not written again when every
+// waiter takes a lease: the lease keeps the image from GC, and its release
+// stamps the last use.
+func (s *Store) commit(ctx context.Context, rec *record, ref string, changed bool, f *flight) error {
 	unlock, err := s.lockMeta(ctx)
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	rec.LastUsed = s.now().UTC()
 	// A layer another pull's failure took away since it was found here:
 	// the image is not complete, and the next pull fetches it again.
 	if !s.complete(rec) {
 		return &Error{Kind: ErrUnreachable, cause: errLostLayer,
 			msg: fmt.Sprintf("image %s lost a layer to a failed pull while it was pulled; start it again", shortDigest(rec.Digest))}
 	}
-	if err := s.writeRecord(rec); err != nil {
-		return fmt.Errorf("failed to record image %s in the store: %w", rec.Digest, err)
-	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	for _, w := range f.waiters {
+		changed = changed || w.Use == nil
+	}
+	if changed {
+		rec.LastUsed = s.now().UTC()
+		if err := s.writeRecord(rec); err != nil {
+			return fmt.Errorf("failed to record image %s in the store: %w", rec.Digest, err)
+		}
+		if err := s.moveRef(rec.Digest, ref); err != nil {
+			return fmt.Errorf("failed to record image %s in the store: %w", rec.Digest, err)
+		}
+	}
 	for _, w := range f.waiters {
 		if w.Use == nil {
 			continue
@@ -683,12 +713,47 @@ func (s *Store) commit(ctx context.Context, rec *record, f *flight) error {
 }
 
 // present is an image the store has: the reference is added to it.
-func (s *Store) present(ctx context.Context, r *record, ref Reference, f *flight) (*record, error) {
+func (s *Store) present(ctx context.Context, r *record, ref Reference, key string, f *flight) (*record, error) {
 	f.progress(Progress{Ref: ref.Raw, Present: true})
+	changed := !r.allows(key)
+	r.addAuthKey(key)
 	if !slices.Contains(r.Refs, ref.Raw) {
 		r.Refs = append([]string{ref.Raw}, r.Refs...)
+		changed = true
 	}
-	return r, s.commit(ctx, r, f)
+	return r, s.commit(ctx, r, ref.Raw, changed, f)
+}
+
+// findRef is the complete image that ref names in the store and that may
+// be served to the credentials key.
+func (s *Store) findRef(ref, key string) *record {
+	var found *record
+	recs, _ := s.records()
+	for _, r := range recs {
+		if slices.Contains(r.Refs, ref) && r.allows(key) && s.complete(r) && (found == nil || r.PulledAt.After(found.PulledAt)) {
+			found = r
+		}
+	}
+	return found
+}
+
+// moveRef takes ref from every record but digest's; the caller holds
+// meta.lock.
+func (s *Store) moveRef(digest, ref string) error {
+	recs, err := s.records()
+	if err != nil {
+		return err
+	}
+	for _, r := range recs {
+		if r.Digest == digest || !slices.Contains(r.Refs, ref) {
+			continue
+		}
+		r.Refs = slices.DeleteFunc(r.Refs, func(x string) bool { return x == ref })
+		if err := s.rewriteRecord(r); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // fallback serves a tag the registry cannot be asked about from the store,
@@ -698,18 +763,12 @@ func (s *Store) fallback(ctx context.Context, ref Reference, key string, f *flig
 	if ref.Local() || !errors.Is(err, ErrUnreachable) {
 		return nil, err
 	}
-	var found *record
-	recs, _ := s.records()
-	for _, r := range recs {
-		if slices.Contains(r.Refs, ref.Raw) && r.allows(key) && s.complete(r) && (found == nil || r.PulledAt.After(found.PulledAt)) {
-			found = r
-		}
-	}
+	found := s.findRef(ref.Raw, key)
 	if found == nil {
 		return nil, err
 	}
 	f.notify(fmt.Sprintf("Registry %s unreachable: using image %s (%s) pulled %s", ref.Registry(), ref.Raw, shortDigest(found.Digest), found.PulledAt.Format(time.RFC3339)))
-	return s.present(ctx, found, ref, f)
+	return s.present(ctx, found, ref, key, f)
 }
 
 func (s *Store) findDigest(digest string) *record {
@@ -810,10 +869,14 @@ func (s *Store) writeUse(u Use, digest string) error {
 	if err != nil {
 		return err
 	}
-	if err := atomicfile.Write(s.usePath(u.TaskID), b, 0o600, true); err != nil {
+	// Not synced: a lease must outlive the driver's process, which the
+	// page cache does, not the machine: a task does not outlive a crash of
+	// the machine, and its restart takes a lease again. A lease torn by
+	// one is not read (uses skips it).
+	if err := atomicfile.Write(s.usePath(u.TaskID), b, 0o600, false); err != nil {
 		return fmt.Errorf("failed to record the use of image %s: %w", digest, err)
 	}
-	return syncDir(filepath.Join(s.dir, "uses"))
+	return nil
 }
 
 // Release lets go of task taskID's lease (none is fine): its image counts

@@ -1,6 +1,7 @@
 # A batch task from an image in a registry, with the task's own
 # credentials ({{.Vars.Username}} empty: none), pulled within {{.Vars.Timeout}}.
-# {{.Vars.Count}} copies, one run each, no rescheduling.
+# {{.Vars.Count}} copies, one run each, no rescheduling; force_pull when
+# the variable ForcePull is set.
 job "{{.JobID}}" {
   type = "batch"
 
@@ -25,6 +26,9 @@ job "{{.JobID}}" {
         image_pull_timeout = "{{.Vars.Timeout}}"
         command            = "/usr/local/bin/csi-fixture"
         args               = ["--help"]
+{{- if index .Vars "ForcePull"}}
+        force_pull         = true
+{{- end}}
 {{- if .Vars.Username}}
 
         auth {
