@@ -284,6 +284,14 @@ func TestPrivateImageIsServedOnlyToItsCredentials(t *testing.T) {
 	got, err = s.Pull(context.Background(), byTag, PullRequest{Auth: alice})
 	must.NoError(t, err)
 	must.Eq(t, d.String(), got.Digest)
+	// Asked of the registry (force_pull), which is down: the fallback.
+	var said []string
+	got, err = s.Pull(context.Background(), byTag, PullRequest{Auth: alice, ForcePull: true, Notify: func(m string) { said = append(said, m) }})
+	must.NoError(t, err)
+	must.Eq(t, d.String(), got.Digest)
+	must.StrContains(t, strings.Join(said, "\n"), "unreachable: using image "+byTag)
+	_, err = s.Pull(context.Background(), byTag, PullRequest{Auth: mallory, ForcePull: true})
+	must.ErrorIs(t, err, ErrUnreachable)
 
 	// The record keeps no credential, only keyed hashes of them.
 	b, err := os.ReadFile(s.recordPath(d.String()))

@@ -197,10 +197,54 @@ type record struct {
 	LastUsed     time.Time     `json:"last_used"`
 	// AuthKeys are the credentials its registry served it to (authKey:
 	// "" for none of the task's): the store serves it without asking the
-	// registry (by digest, or while the registry is unreachable) to those
-	// alone.
+	// registry (by digest, by a tag it resolved to, or while the registry
+	// is unreachable) to those alone.
 	AuthKeys []string `json:"auth_keys,omitempty"`
+	// Resolved is when each of Refs last resolved to this image at its
+	// source: a tag names the image it resolved to last, among those its
+	// credentials may be served.
+	Resolved map[string]time.Time `json:"resolved,omitempty"`
 }
+
+// maxRefs bounds the references a record keeps: tags first, newest first,
+// then references by digest (which the store finds without them), so that
+// a job naming one image by many digests cannot push its tags out.
+const maxRefs = 16
+
+// addRef puts ref first in r's references.
+func (r *record) addRef(ref string) {
+	r.Refs = append([]string{ref}, slices.DeleteFunc(r.Refs, func(x string) bool { return x == ref })...)
+}
+
+// trimRefs keeps maxRefs references, tags before digests, and the
+// resolution times of those kept.
+func (r *record) trimRefs() {
+	if len(r.Refs) > maxRefs {
+		slices.SortStableFunc(r.Refs, func(a, b string) int {
+			return boolCmp(strings.Contains(a, "@"), strings.Contains(b, "@"))
+		})
+		r.Refs = r.Refs[:maxRefs]
+	}
+	for ref := range r.Resolved {
+		if !slices.Contains(r.Refs, ref) {
+			delete(r.Resolved, ref)
+		}
+	}
+}
+
+func boolCmp(a, b bool) int {
+	switch {
+	case a == b:
+		return 0
+	case a:
+		return 1
+	}
+	return -1
+}
+
+// resolvedAt is when ref last resolved to r (zero: before the store kept
+// it, or never).
+func (r *record) resolvedAt(ref string) time.Time { return r.Resolved[ref] }
 
 // maxAuthKeys bounds the credentials a record remembers, newest first.
 const maxAuthKeys = 32
@@ -318,16 +362,16 @@ func (s *Store) writeRecord(r *record) error {
 				r.AuthKeys = append(r.AuthKeys, k)
 			}
 		}
+		for ref, at := range old.Resolved {
+			if at.After(r.Resolved[ref]) {
+				if r.Resolved == nil {
+					r.Resolved = map[string]time.Time{}
+				}
+				r.Resolved[ref] = at
+			}
+		}
 	}
-	// A record keeps the refs it was pulled by, newest first, a few.
-	if len(r.Refs) > 16 {
-		r.Refs = r.Refs[:16]
-	}
-	return s.rewriteRecord(r)
-}
-
-// rewriteRecord writes r as it is; the caller holds meta.lock.
-func (s *Store) rewriteRecord(r *record) error {
+	r.trimRefs()
 	b, err := json.MarshalIndent(r, "", "  ")
 	if err != nil {
 		return err
@@ -585,12 +629,12 @@ func (s *Store) pull(ctx context.Context, ref Reference, auth *Credentials, forc
 	// which may refuse them.
 	if ref.Digest != "" && !ref.Local() {
 		if r := s.findDigest(ref.Digest); r != nil && r.allows(key) {
-			return s.present(ctx, r, ref, key, f)
+			return s.present(ctx, r, ref, key, false, f)
 		}
 	}
 	if !force && ref.pinnedTag() {
-		if r := s.findRef(ref.Raw, key); r != nil {
-			return s.present(ctx, r, ref, key, f)
+		if r, sure := s.findRef(ref.Raw, key); r != nil && sure {
+			return s.present(ctx, r, ref, key, false, f)
 		}
 	}
 	src, err := s.openSource(ctx, ref, auth, f)
@@ -603,14 +647,14 @@ func (s *Store) pull(ctx context.Context, ref Reference, auth *Credentials, forc
 		return s.fallback(ctx, ref, key, f, err)
 	}
 	if r, err := s.readRecord(res.digest); err == nil && s.complete(r) {
-		return s.present(ctx, r, ref, key, f)
+		return s.present(ctx, r, ref, key, true, f)
 	}
 	cfg, err := s.fetchConfig(ctx, ref, src, res, f)
 	if err != nil {
 		return nil, err
 	}
-	rec := &record{Digest: res.digest, IndexDigest: res.indexDigest, ConfigDigest: res.manifest.Config.Digest.String(), Refs: []string{ref.Raw}, Config: configOf(cfg),
-		Platform: platformString(cfg.Platform()), PulledAt: s.now().UTC(), AuthKeys: []string{key}}
+	rec := &record{Digest: res.digest, IndexDigest: res.indexDigest, ConfigDigest: res.manifest.Config.Digest.String(), Config: configOf(cfg),
+		Platform: platformString(cfg.Platform()), PulledAt: s.now().UTC()}
 	var created []string
 	for attempt := 1; ; attempt++ {
 		var (
@@ -621,7 +665,7 @@ func (s *Store) pull(ctx context.Context, ref Reference, auth *Credentials, forc
 		created = append(created, made...)
 		if err == nil {
 			rec.Layers = layers
-			err = s.commit(ctx, rec, ref.Raw, true, f)
+			_, err = s.commit(ctx, rec, true, ref.Raw, key, true, f)
 		}
 		// A layer that was there when this pull looked, and that a
 		// failed pull (of another image, another source) took away
@@ -668,36 +712,52 @@ func (s *Store) discard(diffIDs []string, config string) {
 	}
 }
 
-// commit writes the record of a pulled image (stamped as used now) and the
-// leases of the pull's waiters. The reference names rec alone from now: an
-// older image it named keeps its other references. A record that already
-// had the reference and the credentials is not written again when every
-// waiter takes a lease: the lease keeps the image from GC, and its release
-// stamps the last use.
-func (s *Store) commit(ctx context.Context, rec *record, ref string, changed bool, f *flight) error {
+// commit records, under meta.lock, that ref names rec for credentials key
+// (resolved: its source said so just now) and writes the leases of the
+// pull's waiters. A new record (fresh) is written whole; one the store has
+// is read again under the lock and only this pull's part added, so a copy
+// read before the lock never undoes another pull's. A record this pull
+// changes nothing of is not written when every waiter takes a lease: the
+// lease keeps the image from GC, and its release stamps the last use.
+func (s *Store) commit(ctx context.Context, rec *record, fresh bool, ref, key string, resolved bool, f *flight) (*record, error) {
 	unlock, err := s.lockMeta(ctx)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer unlock()
+	if !fresh {
+		if cur, err := s.readRecord(rec.Digest); err == nil {
+			rec = cur
+		}
+	}
 	// A layer another pull's failure took away since it was found here:
 	// the image is not complete, and the next pull fetches it again.
 	if !s.complete(rec) {
-		return &Error{Kind: ErrUnreachable, cause: errLostLayer,
+		return nil, &Error{Kind: ErrUnreachable, cause: errLostLayer,
 			msg: fmt.Sprintf("image %s lost a layer to a failed pull while it was pulled; start it again", shortDigest(rec.Digest))}
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	// A resolution changes the record only when ref named another image
+	// since (or never had a time here).
+	moved := resolved && (rec.resolvedAt(ref).IsZero() || s.resolvedElsewhere(ref, rec.Digest, rec.resolvedAt(ref)))
+	changed := fresh || moved || !rec.allows(key) || !slices.Contains(rec.Refs, ref)
 	for _, w := range f.waiters {
 		changed = changed || w.Use == nil
 	}
 	if changed {
-		rec.LastUsed = s.now().UTC()
-		if err := s.writeRecord(rec); err != nil {
-			return fmt.Errorf("failed to record image %s in the store: %w", rec.Digest, err)
+		now := s.now().UTC()
+		rec.addRef(ref)
+		rec.addAuthKey(key)
+		if resolved {
+			if rec.Resolved == nil {
+				rec.Resolved = map[string]time.Time{}
+			}
+			rec.Resolved[ref] = now
 		}
-		if err := s.moveRef(rec.Digest, ref); err != nil {
-			return fmt.Errorf("failed to record image %s in the store: %w", rec.Digest, err)
+		rec.LastUsed = now
+		if err := s.writeRecord(rec); err != nil {
+			return nil, fmt.Errorf("failed to record image %s in the store: %w", rec.Digest, err)
 		}
 	}
 	for _, w := range f.waiters {
@@ -705,55 +765,50 @@ func (s *Store) commit(ctx context.Context, rec *record, ref string, changed boo
 			continue
 		}
 		if err := s.writeUse(*w.Use, rec.Digest); err != nil {
-			return err
+			return nil, err
 		}
 		f.leased[w] = true
 	}
-	return nil
+	return rec, nil
 }
 
-// present is an image the store has: the reference is added to it.
-func (s *Store) present(ctx context.Context, r *record, ref Reference, key string, f *flight) (*record, error) {
-	f.progress(Progress{Ref: ref.Raw, Present: true})
-	changed := !r.allows(key)
-	r.addAuthKey(key)
-	if !slices.Contains(r.Refs, ref.Raw) {
-		r.Refs = append([]string{ref.Raw}, r.Refs...)
-		changed = true
-	}
-	return r, s.commit(ctx, r, ref.Raw, changed, f)
-}
-
-// findRef is the complete image that ref names in the store and that may
-// be served to the credentials key.
-func (s *Store) findRef(ref, key string) *record {
-	var found *record
+// resolvedElsewhere says whether ref resolved to an image other than
+// digest after at.
+func (s *Store) resolvedElsewhere(ref, digest string, at time.Time) bool {
 	recs, _ := s.records()
 	for _, r := range recs {
-		if slices.Contains(r.Refs, ref) && r.allows(key) && s.complete(r) && (found == nil || r.PulledAt.After(found.PulledAt)) {
+		if r.Digest != digest && r.resolvedAt(ref).After(at) {
+			return true
+		}
+	}
+	return false
+}
+
+// present is an image the store has, found by ref for credentials key
+// (resolved: by asking its source just now).
+func (s *Store) present(ctx context.Context, r *record, ref Reference, key string, resolved bool, f *flight) (*record, error) {
+	f.progress(Progress{Ref: ref.Raw, Present: true})
+	return s.commit(ctx, r, false, ref.Raw, key, resolved, f)
+}
+
+// findRef is the complete image that ref resolved to last among those the
+// credentials key may be served; sure is false when that is a guess: more
+// than one has ref and the one picked has no resolution time for it (a
+// store written before they were kept), or none has.
+func (s *Store) findRef(ref, key string) (found *record, sure bool) {
+	recs, _ := s.records()
+	n := 0
+	for _, r := range recs {
+		if !slices.Contains(r.Refs, ref) || !r.allows(key) || !s.complete(r) {
+			continue
+		}
+		n++
+		if found == nil || r.resolvedAt(ref).After(found.resolvedAt(ref)) ||
+			r.resolvedAt(ref).Equal(found.resolvedAt(ref)) && r.PulledAt.After(found.PulledAt) {
 			found = r
 		}
 	}
-	return found
-}
-
-// moveRef takes ref from every record but digest's; the caller holds
-// meta.lock.
-func (s *Store) moveRef(digest, ref string) error {
-	recs, err := s.records()
-	if err != nil {
-		return err
-	}
-	for _, r := range recs {
-		if r.Digest == digest || !slices.Contains(r.Refs, ref) {
-			continue
-		}
-		r.Refs = slices.DeleteFunc(r.Refs, func(x string) bool { return x == ref })
-		if err := s.rewriteRecord(r); err != nil {
-			return err
-		}
-	}
-	return nil
+	return found, found != nil && (n == 1 || !found.resolvedAt(ref).IsZero())
 }
 
 // fallback serves a tag the registry cannot be asked about from the store,
@@ -763,12 +818,12 @@ func (s *Store) fallback(ctx context.Context, ref Reference, key string, f *flig
 	if ref.Local() || !errors.Is(err, ErrUnreachable) {
 		return nil, err
 	}
-	found := s.findRef(ref.Raw, key)
+	found, _ := s.findRef(ref.Raw, key)
 	if found == nil {
 		return nil, err
 	}
 	f.notify(fmt.Sprintf("Registry %s unreachable: using image %s (%s) pulled %s", ref.Registry(), ref.Raw, shortDigest(found.Digest), found.PulledAt.Format(time.RFC3339)))
-	return s.present(ctx, found, ref, key, f)
+	return s.present(ctx, found, ref, key, false, f)
 }
 
 func (s *Store) findDigest(digest string) *record {

@@ -2,12 +2,13 @@ package image
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"io"
 	"log"
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -70,8 +71,15 @@ func TestPinnedTagServedFromStore(t *testing.T) {
 	d1 := reg.push(t, pinned, first)
 	reg.push(t, latest, first)
 
+	// As a task's: with a lease (a pull without one always writes the
+	// record, which would hide what these check).
+	tasks := 0
 	pull := func(ref string, req PullRequest) (*Image, int64) {
 		t.Helper()
+		if req.Use == nil {
+			tasks++
+			req.Use = &Use{TaskID: fmt.Sprintf("a/t/%d", tasks)}
+		}
 		before := reg.hits.Load()
 		img, err := s.Pull(ctx, ref, req)
 		must.NoError(t, err)
@@ -80,14 +88,16 @@ func TestPinnedTagServedFromStore(t *testing.T) {
 	img, hits := pull(pinned, PullRequest{})
 	must.Eq(t, d1, img.Digest)
 	must.Positive(t, hits)
-	img, hits = pull(pinned, PullRequest{Use: &Use{TaskID: "a/t/1"}})
+	img, hits = pull(pinned, PullRequest{Use: &Use{TaskID: "x/t/1"}})
 	must.Eq(t, d1, img.Digest)
 	must.Eq(t, 0, hits)
 	// The lease is there though nothing asked the registry.
 	uses, err := s.uses()
 	must.NoError(t, err)
-	must.SliceLen(t, 1, uses)
-	must.Eq(t, d1, uses[0].Digest)
+	must.SliceLen(t, 2, uses)
+	for _, u := range uses {
+		must.Eq(t, d1, u.Digest)
+	}
 
 	// latest (implied) is asked each time.
 	_, hits = pull(latest, PullRequest{})
@@ -103,20 +113,102 @@ func TestPinnedTagServedFromStore(t *testing.T) {
 	img, hits = pull(pinned, PullRequest{ForcePull: true})
 	must.Eq(t, d2, img.Digest)
 	must.Positive(t, hits)
-	// From now on the tag names the new image, and the old one keeps its
-	// other reference only.
+	// From now on the tag names the new image; the old one keeps it, for
+	// credentials the new one was not served to.
 	img, hits = pull(pinned, PullRequest{})
 	must.Eq(t, d2, img.Digest)
 	must.Eq(t, 0, hits)
-	old, err := s.readRecord(d1)
+	// Pushed back: the tag follows, though the old image was pulled first.
+	reg.push(t, pinned, first)
+	img, hits = pull(pinned, PullRequest{ForcePull: true})
+	must.Eq(t, d1, img.Digest)
+	must.Positive(t, hits)
+	img, hits = pull(pinned, PullRequest{})
+	must.Eq(t, d1, img.Digest)
+	must.Eq(t, 0, hits)
+
+	// A copy of a record read before another pull moved the tag (a pull
+	// by another reference that found the image in the store) does not
+	// take the tag back when it is committed.
+	reg.push(t, pinned, second)
+	stale, err := s.readRecord(d1)
 	must.NoError(t, err)
-	must.False(t, slices.Contains(old.Refs, pinned))
-	must.SliceContains(t, old.Refs, latest)
+	img, _ = pull(pinned, PullRequest{ForcePull: true})
+	must.Eq(t, d2, img.Digest)
+	ref, err := ParseReference(latest, s.opts.InsecureRegistries)
+	must.NoError(t, err)
+	fl := &flight{leased: map[*PullRequest]bool{}}
+	_, err = s.present(ctx, stale, ref, "", true, fl)
+	must.NoError(t, err)
+	img, hits = pull(pinned, PullRequest{})
+	must.Eq(t, d2, img.Digest)
+	must.Eq(t, 0, hits)
 
 	// Credentials the image was not served to ask the registry, which
-	// decides (this one lets anyone read).
-	_, hits = pull(pinned, PullRequest{Auth: &Credentials{Username: "mallory", Password: "guess"}})
+	// decides (this one lets anyone read); served once, they are kept.
+	mallory := &Credentials{Username: "mallory", Password: "guess"}
+	_, hits = pull(pinned, PullRequest{Auth: mallory})
 	must.Positive(t, hits)
+	_, hits = pull(pinned, PullRequest{Auth: mallory})
+	must.Eq(t, 0, hits)
+}
+
+// A store written before resolution times were kept, where two images
+// hold one tag: the tag is asked of the registry rather than guessed, and
+// names its answer from then on.
+func TestPinnedTagAmbiguousAsksTheRegistry(t *testing.T) {
+	needRoot(t)
+	reg := newTagRegistry(t)
+	s, err := Open(t.TempDir(), Options{InsecureRegistries: []string{reg.host}})
+	must.NoError(t, err)
+	ctx := context.Background()
+	pinned := reg.host + "/csi/plugin:1.2"
+	d1 := reg.push(t, reg.host+"/csi/plugin:1.2.0", mustImage(t, imagebuild.Spec{Env: []string{"V=1"}}, baseLayer(t)))
+	d2 := reg.push(t, pinned, mustImage(t, imagebuild.Spec{Env: []string{"V=2"}}, baseLayer(t)))
+	_, err = s.Pull(ctx, reg.host+"/csi/plugin:1.2.0", PullRequest{})
+	must.NoError(t, err)
+	_, err = s.Pull(ctx, pinned, PullRequest{})
+	must.NoError(t, err)
+	// As an older store left them: both hold the tag, no times.
+	unlock, err := s.lockMeta(ctx)
+	must.NoError(t, err)
+	for _, d := range []string{d1, d2} {
+		r, err := s.readRecord(d)
+		must.NoError(t, err)
+		r.Refs = append(r.Refs, pinned)
+		r.Resolved = nil
+		b, err := json.Marshal(r)
+		must.NoError(t, err)
+		must.NoError(t, os.WriteFile(s.recordPath(d), b, 0o600))
+	}
+	unlock()
+	before := reg.hits.Load()
+	img, err := s.Pull(ctx, pinned, PullRequest{})
+	must.NoError(t, err)
+	must.Eq(t, d2, img.Digest)
+	must.Positive(t, reg.hits.Load()-before)
+	before = reg.hits.Load()
+	img, err = s.Pull(ctx, pinned, PullRequest{})
+	must.NoError(t, err)
+	must.Eq(t, d2, img.Digest)
+	must.Eq(t, 0, reg.hits.Load()-before)
+}
+
+// A job naming one image by many digests (an index's, the manifest's,
+// through other repositories) does not push the image's tags out of its
+// record.
+func TestDigestRefsDoNotEvictTags(t *testing.T) {
+	r := &record{Refs: []string{"r/x:1.2", "r/x:1"}}
+	for i := range 40 {
+		r.addRef(fmt.Sprintf("r/y%d@sha256:%064d", i, i))
+	}
+	r.Resolved = map[string]time.Time{"r/x:1.2": time.Now(), "gone:1": time.Now()}
+	r.trimRefs()
+	must.SliceLen(t, maxRefs, r.Refs)
+	must.SliceContains(t, r.Refs, "r/x:1.2")
+	must.SliceContains(t, r.Refs, "r/x:1")
+	must.MapContainsKey(t, r.Resolved, "r/x:1.2")
+	must.MapNotContainsKey(t, r.Resolved, "gone:1")
 }
 
 // A warm start of an image the store has, with a lease, writes only the
@@ -145,6 +237,15 @@ func TestWarmPullWritesOnlyTheLease(t *testing.T) {
 	fi2, err := os.Stat(rec)
 	must.NoError(t, err)
 	must.Eq(t, fi.ModTime(), fi2.ModTime())
+
+	// A pull without a lease (images pull) stamps the last use.
+	now = now.Add(time.Minute)
+	_, err = f.store.Pull(ctx, ref, PullRequest{})
+	must.NoError(t, err)
+	r, err := f.store.readRecord(img.Digest)
+	must.NoError(t, err)
+	must.Eq(t, now.UTC(), r.LastUsed.UTC())
+	must.NoError(t, os.WriteFile(rec, after, 0o600))
 
 	// Held: kept however old its last use.
 	now = now.Add(3 * time.Hour)
