@@ -926,8 +926,9 @@ func (s *Store) writeUse(u Use, digest string) error {
 	}
 	// Not synced: a lease must outlive the driver's process, which the
 	// page cache does, not the machine: a task does not outlive a crash of
-	// the machine, and its restart takes a lease again. A lease torn by
-	// one is not read (uses skips it).
+	// the machine, and its restart takes a lease again. A lease lost or
+	// torn by one (uses skips it) leaves the image to GC once image_gc
+	// has passed since its last stamped use; the restart then pulls it.
 	if err := atomicfile.Write(s.usePath(u.TaskID), b, 0o600, false); err != nil {
 		return fmt.Errorf("failed to record the use of image %s: %w", digest, err)
 	}
