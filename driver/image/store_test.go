@@ -55,14 +55,14 @@ func newFixture(t *testing.T) *fixture {
 	return f
 }
 
-func mustLayer(t *testing.T, entries ...imagebuild.Entry) v1.Layer {
+func mustLayer(t testing.TB, entries ...imagebuild.Entry) v1.Layer {
 	t.Helper()
 	l, err := imagebuild.Layer(entries...)
 	must.NoError(t, err)
 	return l
 }
 
-func mustImage(t *testing.T, spec imagebuild.Spec, layers ...v1.Layer) v1.Image {
+func mustImage(t testing.TB, spec imagebuild.Spec, layers ...v1.Layer) v1.Image {
 	t.Helper()
 	img, err := imagebuild.Build(spec, layers...)
 	must.NoError(t, err)
@@ -89,7 +89,7 @@ func withXattr(e imagebuild.Entry, name, value string) imagebuild.Entry {
 	return e
 }
 
-func baseLayer(t *testing.T) v1.Layer {
+func baseLayer(t testing.TB) v1.Layer {
 	return mustLayer(t,
 		imagebuild.Dir("etc", 0o755),
 		imagebuild.File("etc/os-release", []byte("ID=test\n"), 0o644),

@@ -29,7 +29,7 @@ type tagRegistry struct {
 	hits atomic.Int64
 }
 
-func newTagRegistry(t *testing.T) *tagRegistry {
+func newTagRegistry(t testing.TB) *tagRegistry {
 	t.Helper()
 	r := &tagRegistry{}
 	backend := registry.New(registry.Logger(log.New(io.Discard, "", 0)))
@@ -43,7 +43,7 @@ func newTagRegistry(t *testing.T) *tagRegistry {
 }
 
 // push writes img under ref and returns its digest.
-func (r *tagRegistry) push(t *testing.T, ref string, img v1.Image) string {
+func (r *tagRegistry) push(t testing.TB, ref string, img v1.Image) string {
 	t.Helper()
 	tag, err := name.NewTag(ref, name.Insecure)
 	must.NoError(t, err)
