@@ -67,15 +67,6 @@ type VolFixture struct {
 // the agent's directory, so Close removes it.
 func (a *Agent) StartVolFixture(t testing.TB, id string, opts VolFixtureOptions) *VolFixture {
 	t.Helper()
-	if opts.Type == "" {
-		opts.Type = "monolith"
-	}
-	if opts.RestartDelay == 0 {
-		opts.RestartDelay = time.Second
-	}
-	if opts.MemoryMB == 0 {
-		opts.MemoryMB = 128
-	}
 	dir := filepath.Join(a.Dir, "fx-"+id)
 	p := &VolFixture{
 		ID:       id,
@@ -88,19 +79,53 @@ func (a *Agent) StartVolFixture(t testing.TB, id string, opts VolFixtureOptions)
 		t.Fatalf("%v", err)
 	}
 	args := append([]string{"--state-dir", p.StateDir, "--node-id", "e2e-node", "--log-calls", p.CallLog}, opts.Args...)
+	p.JobID, p.AllocID = a.startVolPlugin(t, id, opts, filepath.Join(VolCSIBinDir(a.Root), "csi-fixture"), args)
+	return p
+}
+
+// StartVolMock runs csi-test's mock driver (build/csi/csi-mock-driver)
+// behind csi-targetshim (e2e/targetshim), which makes the target paths
+// the mock does not, as a plugin task with id, and waits until the node
+// reports it healthy: a plugin that stages and publishes by recording
+// the call and making a directory, mounts nothing, and whose calls cost
+// about a socket round trip. It runs without ControllerPublishVolume
+// (--disable-attach: stage and publish only, as the fixture) and with no
+// limit of volumes per node (--attach-limit=0). Only the ID, JobID and
+// AllocID of what it returns are set: the mock keeps no call log or
+// state directory.
+func (a *Agent) StartVolMock(t testing.TB, id string, opts VolFixtureOptions) *VolFixture {
+	t.Helper()
+	bin := VolCSIBinDir(a.Root)
+	args := append([]string{filepath.Join(bin, "csi-mock-driver"), "--disable-attach", "--attach-limit=0"}, opts.Args...)
+	p := &VolFixture{ID: id, agent: a, t: t}
+	p.JobID, p.AllocID = a.startVolPlugin(t, id, opts, filepath.Join(bin, "csi-targetshim"), args)
+	return p
+}
+
+// startVolPlugin runs command as a plugin task with id (job volume_plugin)
+// and waits until the node reports the plugin healthy.
+func (a *Agent) startVolPlugin(t testing.TB, id string, opts VolFixtureOptions, command string, args []string) (jobID, allocID string) {
+	t.Helper()
+	if opts.Type == "" {
+		opts.Type = "monolith"
+	}
+	if opts.RestartDelay == 0 {
+		opts.RestartDelay = time.Second
+	}
+	if opts.MemoryMB == 0 {
+		opts.MemoryMB = 128
+	}
 	job := a.RunJob(t, "volume_plugin", map[string]string{
 		"PluginID":     id,
 		"PluginType":   opts.Type,
-		"Command":      filepath.Join(VolCSIBinDir(a.Root), "csi-fixture"),
+		"Command":      command,
 		"Args":         volHCLList(args),
 		"RestartDelay": opts.RestartDelay.String(),
 		"Memory":       strconv.Itoa(opts.MemoryMB),
 	})
-	p.JobID = job.ID
 	al := a.WaitAlloc(t, job.ID, time.Minute, StatusRunning)
-	p.AllocID = al.ID
 	a.WaitVolPluginHealthy(t, id, time.Minute)
-	return p
+	return job.ID, al.ID
 }
 
 // WaitVolPluginHealthy waits until the node says driver.csi.plugin.<id>.healthy

@@ -3,12 +3,23 @@
 package bench
 
 // BenchmarkManyTasks packs one node: -many (500) volume tasks of the csi
-// driver, one fresh dir volume of the fixture plugin each, submitted at
-// once as one job on one agent, against as many raw_exec tasks (the same
+// driver, one fresh volume each, submitted at once as one job on one
+// agent, against as many raw_exec tasks (the same
 // sleep, no volume) on the same agent in the same run, one driver after the
 // other (-many-rounds 2 alternates the order: raw_exec, csi, csi, raw_exec).
 // Both ask for cpu = 4 and memory = 16, so that a two-CPU node places them
-// all (at cpu = 20 it places about 250). For each it reports:
+// all (at cpu = 20 it places about 250). -many-plugin says whose volumes:
+//
+//   - fixture (the default): a dir volume of e2e/csiplugin, which bind
+//     mounts it at the staging path and again at the target, and syncs
+//     its records; its own teardown of 500 volumes at once takes several
+//     times a raw_exec stop;
+//   - mock: csi-test's mock driver behind csi-targetshim (e2e.StartVolMock),
+//     which records the calls, makes the target directory and mounts
+//     nothing: its calls cost about a round trip, and what a stop takes
+//     beyond raw_exec's is the driver's own.
+//
+// For each driver it reports:
 //
 //   - submit -> all running: registration of the job to the last task's
 //     StartedAt;
@@ -37,6 +48,7 @@ package bench
 // Its short form, -many 50, is part of make test (make bench-many-short).
 //
 //	go test -tags e2e -run '^$' -bench ManyTasks -benchtime 1x ./e2e/bench/ -args -many 500
+//	go test -tags e2e -run '^$' -bench ManyTasks -benchtime 1x ./e2e/bench/ -args -many 500 -many-plugin mock
 //
 // Like the e2e tests it needs root and build/nomad; it builds the driver
 // and build/csi first (E2E_SKIP_BUILD=1 uses what is there).
@@ -65,6 +77,8 @@ var manyN = flag.Int("many", 500, "tasks of each driver BenchmarkManyTasks start
 
 var manyRounds = flag.Int("many-rounds", 1, "rounds of BenchmarkManyTasks (each: both drivers, the order alternating)")
 
+var manyPlugin = flag.String("many-plugin", "fixture", "the plugin of BenchmarkManyTasks' volumes: fixture (real bind mounts) or mock (csi-test's mock driver, no mounts)")
+
 var manyProfiles = flag.String("many-profiles", "", "copy the driver's goroutine, CPU and heap profiles (debug stats) here, with all csi tasks running and after their stop")
 
 // manyRun is one driver's round.
@@ -86,6 +100,9 @@ type manyRun struct {
 }
 
 func BenchmarkManyTasks(b *testing.B) {
+	if *manyPlugin != "fixture" && *manyPlugin != "mock" {
+		b.Fatalf("-many-plugin %q: want fixture or mock", *manyPlugin)
+	}
 	setup(b, e2e.VolBuildCSIBinaries)
 	n := *manyN
 	stats := filepath.Join(e2e.OwnedTempDir(b, "ncsb-"), "stats.json")
@@ -108,8 +125,14 @@ func BenchmarkManyTasks(b *testing.B) {
 		Env:          env,
 	})
 	// A plugin serving hundreds of volumes at once gets the memory for it
-	// (the e2e jobs' 128 MB, enough for a few dozen, had it killed).
-	fx := a.StartVolFixture(b, "fixture", e2e.VolFixtureOptions{MemoryMB: 1024})
+	// (the e2e jobs' 128 MB, enough for a few dozen, had the fixture
+	// killed).
+	var fx *e2e.VolFixture
+	if *manyPlugin == "mock" {
+		fx = a.StartVolMock(b, "mock", e2e.VolFixtureOptions{MemoryMB: 1024})
+	} else {
+		fx = a.StartVolFixture(b, "fixture", e2e.VolFixtureOptions{MemoryMB: 1024})
+	}
 	var jobs []string
 	b.Cleanup(func() { volStopAll(b, a, jobs) })
 	time.Sleep(2 * time.Second)
@@ -150,6 +173,7 @@ func BenchmarkManyTasks(b *testing.B) {
 	var sb strings.Builder
 	row := func(k, format string, args ...any) { fmt.Fprintf(&sb, "%-60s %s\n", k, fmt.Sprintf(format, args...)) }
 	fmt.Fprintf(&sb, "\n%-60s %s\n%s %s\n", "metric", "value", strings.Repeat("-", 60), strings.Repeat("-", 30))
+	row("the csi tasks' plugin (-many-plugin)", "%s", *manyPlugin)
 	var csiRun, rawRun, csiTorn, rawTorn []time.Duration
 	for i, r := range rounds {
 		c, x := r[0], r[1]
@@ -221,7 +245,10 @@ func manyRound(b *testing.B, a *e2e.Agent, fx *e2e.VolFixture, jobs *[]string, s
 	var job string
 	if driver == "csi" {
 		vol := e2e.VolSpec{Name: "data", Plugin: fx.ID, ID: fmt.Sprintf("many-%d-${NOMAD_ALLOC_INDEX}", round), Interpolate: true,
-			Dest: filepath.Join(a.Dir, "dst", "many"), Access: "single-node-writer", Create: true, CreateType: "dir"}
+			Dest: filepath.Join(a.Dir, "dst", "many"), Access: "single-node-writer", Create: true}
+		if fx.StateDir != "" {
+			vol.CreateType = "dir" // the fixture's
+		}
 		job = volSubmit(b, a, jobs, e2e.VolJob{Type: "service", Count: n, Script: "exec sleep 3600", Volumes: []e2e.VolSpec{vol}}, small)
 	} else {
 		rendered, err := a.RenderJob("sleep", map[string]string{"Driver": driver, "Count": strconv.Itoa(n)})
@@ -255,6 +282,10 @@ func manyRound(b *testing.B, a *e2e.Agent, fx *e2e.VolFixture, jobs *[]string, s
 	}
 
 	t1 := time.Now()
+	var torn <-chan manyTeardown
+	if driver == "csi" {
+		torn = manyWatchTeardown(a, 15*time.Minute)
+	}
 	if err := a.PutJSON("DELETE", "/v1/job/"+url.PathEscape(job), nil, nil); err != nil {
 		b.Fatalf("failed to stop %s: %v", job, err)
 	}
@@ -264,17 +295,12 @@ func manyRound(b *testing.B, a *e2e.Agent, fx *e2e.VolFixture, jobs *[]string, s
 	r.dead = maxDur(since(t1, finished))
 	r.torn = r.dead
 	if driver == "csi" {
-		r.stopSteps = manyStopSteps(b, a, job, t1)
-	}
-	if driver == "csi" {
-		deadline := time.Now().Add(15 * time.Minute)
-		for len(a.VolJournalLeft()) > 0 || len(a.VolMounts()) > 0 {
-			if time.Now().After(deadline) {
-				b.Fatalf("volumes still set up 15 minutes after the stop: %v %v", a.VolJournalLeft(), a.VolMounts())
-			}
-			time.Sleep(100 * time.Millisecond)
+		td := <-torn
+		if len(td.left) > 0 {
+			b.Fatalf("volumes still set up 15 minutes after the stop: %v", td.left)
 		}
-		r.torn = max(r.torn, time.Since(t1))
+		r.torn = max(r.torn, td.at.Sub(t1))
+		r.stopSteps = manyStopSteps(b, a, job, t1)
 		r.floorUp, r.floorDown = manyFloor(b, a, fx, round, n)
 		time.Sleep(2 * time.Second)
 		manyKeepProfiles(b, stats, fmt.Sprintf("round%d-stopped", round+1))
@@ -285,6 +311,40 @@ func manyRound(b *testing.B, a *e2e.Agent, fx *e2e.VolFixture, jobs *[]string, s
 	// The next round starts from a quiet node.
 	time.Sleep(5 * time.Second)
 	return r
+}
+
+// manyTeardown is what manyWatchTeardown saw: when nothing was set up any
+// more, or what was still after its timeout.
+type manyTeardown struct {
+	at   time.Time
+	left []string
+}
+
+// manyWatchTeardown polls, every 100 ms from now on, the driver's journal
+// and the mounts under its staging and publish roots until neither holds
+// anything, and sends the end of the poll that saw them so (the teardown
+// ended before it, within a poll and its interval); or, after timeout,
+// what is left. It runs beside the stop: what the benchmark reads of the
+// stop meanwhile (the tasks' states, then their events, one request per
+// allocation) must not count as teardown.
+func manyWatchTeardown(a *e2e.Agent, timeout time.Duration) <-chan manyTeardown {
+	out := make(chan manyTeardown, 1)
+	go func() {
+		deadline := time.Now().Add(timeout)
+		for {
+			left := append(a.VolJournalLeft(), a.VolMounts()...)
+			if len(left) == 0 {
+				out <- manyTeardown{at: time.Now()}
+				return
+			}
+			if time.Now().After(deadline) {
+				out <- manyTeardown{left: left}
+				return
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}()
+	return out
 }
 
 // pluginRestarts is how often the plugin's task was restarted.
@@ -308,17 +368,34 @@ func manyFloor(b *testing.B, a *e2e.Agent, fx *e2e.VolFixture, round, n int) (up
 		b.Fatal(err)
 	}
 	defer client.Close()
-	ids := fixtureVolumeIDs(b, fx)
 	vc := &csi.VolumeCapability{
 		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
 		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	ids := map[string]string{}
+	if fx.StateDir != "" {
+		ids = fixtureVolumeIDs(b, fx)
+	} else {
+		// The mock keeps its volumes in memory: CreateVolume with the
+		// name the task's create block gave answers the volume the
+		// driver created.
+		for i := range n {
+			name := fmt.Sprintf("many-%d-%d", round, i)
+			resp, err := client.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: name, VolumeCapabilities: []*csi.VolumeCapability{vc}})
+			if err != nil {
+				b.Fatalf("CreateVolume %s: %v", name, err)
+			}
+			ids[name] = resp.GetVolume().GetVolumeId()
+		}
 	}
 	type vol struct{ id, staging, target string }
 	vols := make([]vol, n)
 	for i := range vols {
 		id := ids[fmt.Sprintf("many-%d-%d", round, i)]
 		if id == "" {
-			b.Fatalf("the fixture has no volume many-%d-%d", round, i)
+			b.Fatalf("plugin %s has no volume many-%d-%d", fx.ID, round, i)
 		}
 		base := filepath.Join(a.DriverRoot, "mnt", "bench-floor-many", strconv.Itoa(i))
 		vols[i] = vol{id, filepath.Join(base, "staging"), filepath.Join(base, "publish", "data")}
@@ -326,8 +403,6 @@ func manyFloor(b *testing.B, a *e2e.Agent, fx *e2e.VolFixture, round, n int) (up
 			b.Fatal(err)
 		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
 	// A failed call spoils the floor, not the round's figures: it is
 	// reported as 0 and logged.
 	failed := false

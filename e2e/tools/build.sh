@@ -4,6 +4,7 @@
 #   csi-fixture      our CSI plugin fixture (e2e/csiplugin, main module)
 #   csi-sanity       kubernetes-csi/csi-test v5 conformance suite (e2e/tools/sanity)
 #   csi-mock-driver  kubernetes-csi/csi-test v3 mock driver        (e2e/tools/mockdriver)
+#   csi-targetshim   makes the target paths a mock plugin does not (e2e/targetshim, main module)
 #   csc              dell/gocsi CSI command-line client           (e2e/tools/gocsi)
 #   gocsi-mock       dell/gocsi mock plugin                       (e2e/tools/gocsi)
 #   netprobe         the network tests' TCP server and client      (e2e/netprobe, main module)
@@ -55,6 +56,7 @@ build csi-sanity "$here/sanity" github.com/kubernetes-csi/csi-test/v5/cmd/csi-sa
 build csi-mock-driver "$here/mockdriver" github.com/kubernetes-csi/csi-test/v3/cmd/mock-driver "$here/mockdriver/go.mod" "$here/mockdriver/go.sum"
 build csc "$here/gocsi" github.com/dell/gocsi/csc "$here/gocsi/go.mod" "$here/gocsi/go.sum"
 build gocsi-mock "$here/gocsi" github.com/dell/gocsi/mock "$here/gocsi/go.mod" "$here/gocsi/go.sum"
+build csi-targetshim "$root" ./e2e/targetshim "$root/go.mod" "$root/go.sum" "$root/e2e/targetshim"
 build netprobe "$root" ./e2e/netprobe "$root/go.mod" "$root/e2e/netprobe"
 for p in main/bridge meta/firewall ipam/host-local main/loopback meta/portmap; do
 	build "$cni/${p#*/}" "$here/cni" "github.com/containernetworking/plugins/plugins/$p" "$here/cni/go.mod" "$here/cni/go.sum"
