@@ -49,6 +49,9 @@ type VolFixtureOptions struct {
 	RestartDelay time.Duration
 	// MemoryMB is the plugin task's memory (default 128).
 	MemoryMB int
+	// CPU is the plugin task's cpu in MHz (default 100), which is also
+	// its CPU weight against the other tasks.
+	CPU int
 }
 
 // VolFixture is a csi-fixture running as a plugin task of the agent.
@@ -115,7 +118,11 @@ func (a *Agent) startVolPlugin(t testing.TB, id string, opts VolFixtureOptions, 
 	if opts.MemoryMB == 0 {
 		opts.MemoryMB = 128
 	}
+	if opts.CPU == 0 {
+		opts.CPU = 100
+	}
 	job := a.RunJob(t, "volume_plugin", map[string]string{
+		"CPU":          strconv.Itoa(opts.CPU),
 		"PluginID":     id,
 		"PluginType":   opts.Type,
 		"Command":      command,

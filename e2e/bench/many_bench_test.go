@@ -79,6 +79,8 @@ var manyRounds = flag.Int("many-rounds", 1, "rounds of BenchmarkManyTasks (each:
 
 var manyPlugin = flag.String("many-plugin", "fixture", "the plugin of BenchmarkManyTasks' volumes: fixture (real bind mounts) or mock (csi-test's mock driver, no mounts)")
 
+var manyPluginCPU = flag.Int("many-plugin-cpu", 100, "the cpu (MHz, and so the CPU weight) of BenchmarkManyTasks' plugin task")
+
 var manyProfiles = flag.String("many-profiles", "", "copy the driver's goroutine, CPU and heap profiles (debug stats) here, with all csi tasks running and after their stop")
 
 // manyRun is one driver's round.
@@ -88,7 +90,9 @@ type manyRun struct {
 	floorUp         time.Duration // the volumes staged and published straight through the plugin, all at once
 	floorDown       time.Duration // and unpublished and unstaged
 	dead            time.Duration // stop -> the last task dead
+	tornLate        time.Duration // stop -> torn down, read after the stop's events (the earlier figure)
 	stopSteps       string        // when the tasks' stop events came (csi)
+	stopCPU         manyCPU       // the CPU time the stop took, by process
 	medianStart     time.Duration // submit -> a task running, the median task
 	procs           int           // supervisors (csi) or executors (raw_exec)
 	procRSS, procPS int64         // their summed RSS and PSS, kB
@@ -129,9 +133,9 @@ func BenchmarkManyTasks(b *testing.B) {
 	// killed).
 	var fx *e2e.VolFixture
 	if *manyPlugin == "mock" {
-		fx = a.StartVolMock(b, "mock", e2e.VolFixtureOptions{MemoryMB: 1024})
+		fx = a.StartVolMock(b, "mock", e2e.VolFixtureOptions{MemoryMB: 1024, CPU: *manyPluginCPU})
 	} else {
-		fx = a.StartVolFixture(b, "fixture", e2e.VolFixtureOptions{MemoryMB: 1024})
+		fx = a.StartVolFixture(b, "fixture", e2e.VolFixtureOptions{MemoryMB: 1024, CPU: *manyPluginCPU})
 	}
 	var jobs []string
 	b.Cleanup(func() { volStopAll(b, a, jobs) })
@@ -184,8 +188,11 @@ func BenchmarkManyTasks(b *testing.B) {
 		row(p+fmt.Sprintf("%d raw_exec tasks: submit->all running", n), "%v (median task %v)", x.running.Round(time.Millisecond), x.medianStart.Round(time.Millisecond))
 		row(p+"ratio csi / raw_exec, submit->all running", "%s (target <= 1.1x)", ratio(c.running, x.running))
 		row(p+"csi: stop->all volumes torn down", "%v (the last task dead after %v)", c.torn.Round(time.Millisecond), c.dead.Round(time.Millisecond))
+		row(p+"csi: the same, read after the stop's events (as until now)", "%v", c.tornLate.Round(time.Millisecond))
 		row(p+"csi: stop->task events, median / last", "%s", c.stopSteps)
 		row(p+"raw_exec: stop->all tasks dead", "%v", x.torn.Round(time.Millisecond))
+		row(p+"CPU of the stop, csi: "+manyCPUColumns, "%s", c.stopCPU)
+		row(p+"CPU of the stop, raw_exec: "+manyCPUColumns, "%s", x.stopCPU)
 		row(p+"ratio csi / raw_exec, stop->all torn down", "%s (target <= 1.1x)", ratio(c.torn, x.torn))
 		row(p+fmt.Sprintf("floor: the %d volumes straight through the plugin, all at once", n), "NodeStage+NodePublish %v, NodeUnpublish+NodeUnstage %v",
 			c.floorUp.Round(time.Millisecond), c.floorDown.Round(time.Millisecond))
@@ -281,6 +288,7 @@ func manyRound(b *testing.B, a *e2e.Agent, fx *e2e.VolFixture, jobs *[]string, s
 		manyKeepProfiles(b, stats, fmt.Sprintf("round%d-running", round+1))
 	}
 
+	cpu0 := manyCPUOf(a, fx)
 	t1 := time.Now()
 	var torn <-chan manyTeardown
 	if driver == "csi" {
@@ -300,7 +308,18 @@ func manyRound(b *testing.B, a *e2e.Agent, fx *e2e.VolFixture, jobs *[]string, s
 			b.Fatalf("volumes still set up 15 minutes after the stop: %v", td.left)
 		}
 		r.torn = max(r.torn, td.at.Sub(t1))
+	}
+	r.stopCPU = manyCPUOf(a, fx).sub(cpu0)
+	if driver == "csi" {
+		read := time.Now()
 		r.stopSteps = manyStopSteps(b, a, job, t1)
+		r.stopSteps += fmt.Sprintf(" (read in %v after the teardown)", time.Since(read).Round(time.Millisecond))
+		// What the benchmark reported until the teardown was watched
+		// beside the stop: the first poll after reading the events.
+		for len(a.VolJournalLeft()) > 0 || len(a.VolMounts()) > 0 {
+			time.Sleep(100 * time.Millisecond)
+		}
+		r.tornLate = time.Since(t1)
 		r.floorUp, r.floorDown = manyFloor(b, a, fx, round, n)
 		time.Sleep(2 * time.Second)
 		manyKeepProfiles(b, stats, fmt.Sprintf("round%d-stopped", round+1))
@@ -332,7 +351,14 @@ func manyWatchTeardown(a *e2e.Agent, timeout time.Duration) <-chan manyTeardown 
 	go func() {
 		deadline := time.Now().Add(timeout)
 		for {
-			left := append(a.VolJournalLeft(), a.VolMounts()...)
+			// The mounts only once the journal is clear (the driver
+			// drops a record only after its unmount): reading the mount
+			// table every 100 ms took a tenth of the two CPUs of the stop
+			// of 200 tasks.
+			left := a.VolJournalLeft()
+			if len(left) == 0 {
+				left = a.VolMounts()
+			}
 			if len(left) == 0 {
 				out <- manyTeardown{at: time.Now()}
 				return
@@ -345,6 +371,106 @@ func manyWatchTeardown(a *e2e.Agent, timeout time.Duration) <-chan manyTeardown 
 		}
 	}()
 	return out
+}
+
+// manyCPU is CPU time (user + system, in clock ticks) of the processes a
+// stop keeps busy, from /proc/PID/stat: the agent itself, its children
+// but the driver (raw_exec's executors, every task's logmon), the driver
+// itself, its children (the supervisors, with the tasks and namespaces
+// they take down), and the plugin task's processes. A child counts with
+// what it used while alive and, once reaped, through its parent's
+// children's time: the difference of two samples is what the processes
+// used between them, those that exited meanwhile included.
+type manyCPU struct {
+	agent, agentChildren, driver, driverChildren, plugin int64
+	// pluginWait is how long the plugin's threads waited for a CPU while
+	// runnable (/proc/PID/task/TID/schedstat), in ns.
+	pluginWait int64
+}
+
+const manyCPUColumns = "agent / its children / driver / its children / plugin (waiting for a CPU)"
+
+func (c manyCPU) sub(d manyCPU) manyCPU {
+	return manyCPU{c.agent - d.agent, c.agentChildren - d.agentChildren, c.driver - d.driver, c.driverChildren - d.driverChildren,
+		c.plugin - d.plugin, c.pluginWait - d.pluginWait}
+}
+
+func (c manyCPU) String() string {
+	// USER_HZ is 100 on Linux.
+	s := func(ticks int64) string { return fmt.Sprintf("%.2fs", float64(ticks)/100) }
+	return fmt.Sprintf("%s / %s / %s / %s / %s (%.2fs)", s(c.agent), s(c.agentChildren), s(c.driver), s(c.driverChildren), s(c.plugin),
+		time.Duration(c.pluginWait).Seconds())
+}
+
+func manyCPUOf(a *e2e.Agent, fx *e2e.VolFixture) manyCPU {
+	agent, driver := a.PID(), a.DriverPluginPID()
+	var c manyCPU
+	c.agent, c.agentChildren = procTicks(agent)
+	c.driver, c.driverChildren = procTicks(driver)
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == driver {
+			continue
+		}
+		switch procParent(pid) {
+		case agent:
+			self, kids := procTicks(pid)
+			c.agentChildren += self + kids
+		case driver:
+			self, kids := procTicks(pid)
+			c.driverChildren += self + kids
+		}
+	}
+	for _, pid := range e2e.TaskPIDs(fx.AllocID, "plugin") {
+		self, kids := procTicks(pid)
+		c.plugin += self + kids
+		threads, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/schedstat", pid))
+		for _, th := range threads {
+			if b, err := os.ReadFile(th); err == nil {
+				if f := strings.Fields(string(b)); len(f) > 1 {
+					w, _ := strconv.ParseInt(f[1], 10, 64)
+					c.pluginWait += w
+				}
+			}
+		}
+	}
+	return c
+}
+
+// procTicks reads a process's own CPU time and its reaped children's,
+// in clock ticks (0 when it cannot be read).
+func procTicks(pid int) (self, reaped int64) {
+	f := procStat(pid)
+	if len(f) < 15 {
+		return 0, 0
+	}
+	n := func(k int) int64 { v, _ := strconv.ParseInt(f[k-3], 10, 64); return v }
+	return n(14) + n(15), n(16) + n(17)
+}
+
+// procParent is a process's parent (0 when it cannot be read).
+func procParent(pid int) int {
+	f := procStat(pid)
+	if len(f) < 2 {
+		return 0
+	}
+	ppid, _ := strconv.Atoi(f[1])
+	return ppid
+}
+
+// procStat is /proc/PID/stat from field 3 (state) on: the command before
+// it may hold spaces.
+func procStat(pid int) []string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return nil
+	}
+	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 {
+		return nil
+	}
+	return strings.Fields(string(b[i+1:]))
 }
 
 // pluginRestarts is how often the plugin's task was restarted.

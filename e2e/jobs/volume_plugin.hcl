@@ -35,7 +35,7 @@ job "{{.JobID}}" {
       }
 
       resources {
-        cpu    = 100
+        cpu    = {{with index .Vars "CPU"}}{{.}}{{else}}100{{end}}
         memory = {{.Vars.Memory}}
       }
     }
