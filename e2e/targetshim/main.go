@@ -130,15 +130,15 @@ func forward(conn *grpc.ClientConn) grpc.StreamHandler {
 		if err := conn.Invoke(ctx, method, &req, &resp); err != nil {
 			return err
 		}
-		if err := target(method, req); err != nil {
+		if err := handleTarget(method, req); err != nil {
 			return err
 		}
 		return stream.SendMsg(&resp)
 	}
 }
 
-// target makes the target of a publish, removes that of an unpublish.
-func target(method string, req frame) error {
+// handleTarget makes the target of a publish, removes that of an unpublish.
+func handleTarget(method string, req frame) error {
 	switch method {
 	case publish:
 		var r csi.NodePublishVolumeRequest
