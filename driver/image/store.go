@@ -216,14 +216,19 @@ func (r *record) addRef(ref string) {
 	r.Refs = append([]string{ref}, slices.DeleteFunc(r.Refs, func(x string) bool { return x == ref })...)
 }
 
-// trimRefs keeps maxRefs references, tags before digests, and the
-// resolution times of those kept.
+// trimRefs keeps maxRefs references, tags before digests (each in their
+// order), and the resolution times of those kept.
 func (r *record) trimRefs() {
 	if len(r.Refs) > maxRefs {
-		slices.SortStableFunc(r.Refs, func(a, b string) int {
-			return boolCmp(strings.Contains(a, "@"), strings.Contains(b, "@"))
-		})
-		r.Refs = r.Refs[:maxRefs]
+		var tags, digests []string
+		for _, ref := range r.Refs {
+			if strings.Contains(ref, "@") {
+				digests = append(digests, ref)
+			} else {
+				tags = append(tags, ref)
+			}
+		}
+		r.Refs = append(tags, digests...)[:maxRefs]
 	}
 	for ref := range r.Resolved {
 		if !slices.Contains(r.Refs, ref) {
@@ -232,14 +237,16 @@ func (r *record) trimRefs() {
 	}
 }
 
-func boolCmp(a, b bool) int {
-	switch {
-	case a == b:
-		return 0
-	case a:
-		return 1
+// noteResolved records that ref resolved to r at at, unless a later
+// resolution is recorded.
+func (r *record) noteResolved(ref string, at time.Time) {
+	if !at.After(r.Resolved[ref]) {
+		return
 	}
-	return -1
+	if r.Resolved == nil {
+		r.Resolved = map[string]time.Time{}
+	}
+	r.Resolved[ref] = at
 }
 
 // resolvedAt is when ref last resolved to r (zero: before the store kept
@@ -363,12 +370,7 @@ func (s *Store) writeRecord(r *record) error {
 			}
 		}
 		for ref, at := range old.Resolved {
-			if at.After(r.Resolved[ref]) {
-				if r.Resolved == nil {
-					r.Resolved = map[string]time.Time{}
-				}
-				r.Resolved[ref] = at
-			}
+			r.noteResolved(ref, at)
 		}
 	}
 	r.trimRefs()
@@ -750,10 +752,7 @@ func (s *Store) commit(ctx context.Context, rec *record, fresh bool, ref, key st
 		rec.addRef(ref)
 		rec.addAuthKey(key)
 		if resolved {
-			if rec.Resolved == nil {
-				rec.Resolved = map[string]time.Time{}
-			}
-			rec.Resolved[ref] = now
+			rec.noteResolved(ref, now)
 		}
 		rec.LastUsed = now
 		if err := s.writeRecord(rec); err != nil {
