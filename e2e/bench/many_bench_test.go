@@ -70,6 +70,7 @@ import (
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/csihook"
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/debugstats"
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor/wire"
 	"github.com/nomad-driver-csi/nomad-driver-csi/e2e"
 )
 
@@ -413,7 +414,11 @@ func manyCPUOf(a *e2e.Agent, fx *e2e.VolFixture) manyCPU {
 		if err != nil || pid == driver {
 			continue
 		}
-		switch procParent(pid) {
+		p, err := e2e.ReadProc(pid)
+		if err != nil {
+			continue
+		}
+		switch p.PPID {
 		case agent:
 			self, kids := procTicks(pid)
 			c.agentChildren += self + kids
@@ -449,28 +454,15 @@ func procTicks(pid int) (self, reaped int64) {
 	return n(14) + n(15), n(16) + n(17)
 }
 
-// procParent is a process's parent (0 when it cannot be read).
-func procParent(pid int) int {
-	f := procStat(pid)
-	if len(f) < 2 {
-		return 0
-	}
-	ppid, _ := strconv.Atoi(f[1])
-	return ppid
-}
-
-// procStat is /proc/PID/stat from field 3 (state) on: the command before
-// it may hold spaces.
+// procStat is /proc/PID/stat from field 3 (state) on (nil when it cannot
+// be read).
 func procStat(pid int) []string {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		return nil
 	}
-	i := strings.LastIndexByte(string(b), ')')
-	if i < 0 {
-		return nil
-	}
-	return strings.Fields(string(b[i+1:]))
+	f, _ := wire.StatFields(string(b))
+	return f
 }
 
 // pluginRestarts is how often the plugin's task was restarted.

@@ -19,13 +19,10 @@ func ProcStartTime(pid int) (uint64, error) {
 
 // ParseStatStartTime reads the start time out of the text of /proc/PID/stat.
 func ParseStatStartTime(stat string) (uint64, error) {
-	// The command name (field 2) is in parentheses and may hold spaces
-	// and parentheses itself: the fields resume after the last ')'.
-	i := strings.LastIndexByte(stat, ')')
-	if i < 0 {
+	fields, ok := StatFields(stat)
+	if !ok {
 		return 0, fmt.Errorf("failed to parse stat %q: no command name", stat)
 	}
-	fields := strings.Fields(stat[i+1:])
 	// fields[0] is field 3 (state), so field 22 is fields[19].
 	if len(fields) < 20 {
 		return 0, fmt.Errorf("failed to parse stat %q: %d fields after the command name", stat, len(fields))
@@ -35,4 +32,16 @@ func ParseStatStartTime(stat string) (uint64, error) {
 		return 0, fmt.Errorf("failed to parse start time %q: %w", fields[19], err)
 	}
 	return n, nil
+}
+
+// StatFields splits the text of /proc/PID/stat from field 3 (state) on:
+// the command name (field 2) is in parentheses and may hold spaces and
+// parentheses itself, so the fields resume after the last ')'. ok is false
+// without one.
+func StatFields(stat string) (fields []string, ok bool) {
+	i := strings.LastIndexByte(stat, ')')
+	if i < 0 {
+		return nil, false
+	}
+	return strings.Fields(stat[i+1:]), true
 }
