@@ -414,7 +414,15 @@ func TestEscapeMetricsEndpoint(t *testing.T) {
 			must.StrContains(t, out, "GET fail")
 		}
 		// A host process as nobody: the directory and socket are root's.
-		probe := filepath.Join(CSIBinDir(a.Root), "netprobe")
+		// nobody runs a copy of netprobe in a directory it can enter: the
+		// tree's build/ may sit under one it cannot (a clone in mktemp -d,
+		// 0700), which failed the exec before the socket was tried.
+		bin, err := os.MkdirTemp("", "netprobe-")
+		must.NoError(t, err)
+		t.Cleanup(func() { os.RemoveAll(bin) })
+		must.NoError(t, os.Chmod(bin, 0o755))
+		probe := filepath.Join(bin, "netprobe")
+		must.NoError(t, copyFile(filepath.Join(CSIBinDir(a.Root), "netprobe"), probe, 0o755))
 		cmd := exec.Command(probe, "get", "unix://"+sock+":/metrics")
 		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
 		b, err := cmd.CombinedOutput()
