@@ -182,7 +182,12 @@ func timePrivilegedRoot(root string, dirs []wire.Mount) (map[string]time.Duratio
 			}
 			return prepareNamespace(m, nil, "", nil, nil)
 		}},
-		{"root", func() error { return buildRoot(m, root) }},
+		{"root", func() error {
+			if err := os.MkdirAll(root, 0o755); err != nil {
+				return err
+			}
+			return buildRoot(m, root)
+		}},
 		{"dirs", func() error { return bindAll(m, dirs, root) }},
 		{"pivot", func() error {
 			if err := pivotRoot(root); err != nil {

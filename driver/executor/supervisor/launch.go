@@ -87,7 +87,10 @@ type prebuilt struct {
 
 // prebuild prepares a launching thread with the task's root assembled at
 // root, a directory of its own that is removed once entered, for tasks
-// isolated as iso (nil: with the host's view).
+// isolated as iso (nil: with the host's view). The driver made root and
+// removes it once this process is gone, if the thread did not get that
+// far; nothing of the build is ever made outside the root's tmpfs (see
+// mountRootTmpfs).
 func prebuild(root string, iso *wire.Isolation) *prebuilt {
 	p := &prebuilt{ready: make(chan error, 1), jobs: make(chan func(bool), 1), iso: iso}
 	go func() {
@@ -209,6 +212,11 @@ func launchOnThread(spec *wire.Spec, group *cgroups.Group, stdio func() ([]*os.F
 		// Before the root's sysfs is mounted: see netns.go.
 		if err := joinNetNS(spec.NetNS); err != nil {
 			return nil, nil, err
+		}
+		// The task's root is made in its state directory; the tmpfs goes
+		// onto it (see mountRootTmpfs).
+		if err := os.Mkdir(root, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+			return nil, nil, fmt.Errorf("failed to create the task's root %q: %w", root, err)
 		}
 		if err := prepareNamespace(m, spec.Mounts, root, iso, spec.Image); err != nil {
 			return nil, nil, err

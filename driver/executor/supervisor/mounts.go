@@ -130,13 +130,19 @@ func bindAll(m mounter.Interface, mounts []wire.Mount, root string) error {
 
 func depth(target string) int { return strings.Count(filepath.Clean(target), "/") }
 
-// mountRootTmpfs makes root, a directory of the task's state, the tmpfs
+// mountRootTmpfs makes root, an existing directory on the host, the tmpfs
 // of a task's root: unbindable, so that recursive binds into it never copy
 // it into itself.
+//
+// root is never made here, nor is anything else on the way to it: a
+// spare's root is a directory the driver made, and the driver (or a reset
+// of the spares directory) may remove it while the spare prepares. A
+// removal detaches the tmpfs from this namespace too (rmdir(2) of a
+// directory that is a mount point elsewhere unmounts it there), and a
+// directory made again would be the host's, outside the namespace's
+// mounts: every entry the build made next would land on the host's disk,
+// under a directory that nobody removes. The build fails instead.
 func mountRootTmpfs(m mounter.Interface, root string) error {
-	if err := os.MkdirAll(root, 0o755); err != nil {
-		return fmt.Errorf("failed to create the task's root %q: %w", root, err)
-	}
 	if err := m.Mount("tmpfs", root, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0755"); err != nil {
 		return fmt.Errorf("failed to make the task's root: %w", err)
 	}
@@ -183,9 +189,12 @@ func buildRoot(m mounter.Interface, root string) error {
 				return fmt.Errorf("failed to make the task's %q: %w", src, err)
 			}
 		default:
-			if err := m.EnsureTarget(dst, false); err != nil {
+			// Made in root, never with its parents: see mountRootTmpfs.
+			f, err := m.OpenTarget(root, e.Name(), false)
+			if err != nil {
 				return fmt.Errorf("failed to make the task's %q: %w", src, err)
 			}
+			_ = f.Close()
 		}
 		if err := m.BindMount(src, dst, false, true); err != nil {
 			return fmt.Errorf("failed to make the task's %q: %w", src, err)

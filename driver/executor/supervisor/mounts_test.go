@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
+	"strings"
 	"testing"
 
 	"github.com/shoenig/test/must"
@@ -177,5 +179,87 @@ func TestPrepareNamespace_OneCallWithoutBidirectional_Fake(t *testing.T) {
 				must.True(t, mp.Unbindable)
 			}
 		}
+	}
+}
+
+// removeAfterTmpfs is a mounter whose build of a root at root is cut, as a
+// driver's rmdir(2) of a spare's directory cuts it, just after the root's
+// tmpfs is mounted: the directory is removed from the host's side.
+type removeAfterTmpfs struct {
+	mounter.Interface
+	root   string
+	remove func() error
+	err    error
+}
+
+func (m *removeAfterTmpfs) SetPropagation(target, mode string, recursive bool) error {
+	err := m.Interface.SetPropagation(target, mode, recursive)
+	if err == nil && target == m.root && mode == mounter.PropagationUnbindable {
+		m.err = m.remove()
+	}
+	return err
+}
+
+// A spare's root directory removed on the host while the spare builds its
+// root there leaves nothing on the host, whether it goes before the build
+// or once the tmpfs is mounted (which the removal detaches from the
+// spare's namespace too): the build never makes the directory again, so
+// nothing it makes afterwards can land in the host's directory. The build
+// fails instead, and its namespace ends with its thread, as a killed
+// spare's does.
+func TestBuildRoot_DirRemovedMeanwhile_Root(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("test needs root: it builds a task's root in a mount namespace")
+	}
+	for _, after := range []bool{false, true} {
+		name := "before the build"
+		if after {
+			name = "once the tmpfs is mounted"
+		}
+		t.Run(name, func(t *testing.T) {
+			dir := t.TempDir()
+			root := filepath.Join(dir, "spare-1")
+			must.NoError(t, os.Mkdir(root, 0o700))
+			// From a thread of the host's mount namespace: never the
+			// build's own, which is in a namespace of its own.
+			removeOnHost := func() error {
+				done := make(chan error, 1)
+				go func() { done <- unix.Rmdir(root) }()
+				return <-done
+			}
+			if !after {
+				must.NoError(t, removeOnHost())
+			}
+			m := &removeAfterTmpfs{Interface: mounter.New(), root: root, remove: removeOnHost}
+			if !after {
+				m.remove = func() error { return nil }
+			}
+			built := make(chan error, 1)
+			go func() {
+				// Never unlocked: the thread, and the namespace with every
+				// mount the build made, end with this goroutine.
+				runtime.LockOSThread()
+				if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
+					built <- err
+					return
+				}
+				if err := prepareNamespace(m, nil, "", nil, nil); err != nil {
+					built <- err
+					return
+				}
+				built <- buildRoot(m, root)
+			}()
+			err := <-built
+			must.NoError(t, m.err)
+			var left []string
+			must.NoError(t, filepath.WalkDir(dir, func(path string, _ os.DirEntry, err error) error {
+				if path != dir {
+					left = append(left, strings.TrimPrefix(path, dir+"/"))
+				}
+				return err
+			}))
+			must.SliceEmpty(t, left, must.Sprintf("the build left %q on the host", left))
+			must.ErrorIs(t, err, unix.ENOENT)
+		})
 	}
 }
