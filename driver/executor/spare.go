@@ -2,10 +2,13 @@ package executor
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
+	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -55,8 +58,10 @@ func (s *Spares) SetDir(dir string, iso *Isolation) {
 type spare struct {
 	cmd *exec.Cmd
 	// root is the directory of the task root the spare prepares ("" for
-	// none); the spare removes it once it is done with it.
+	// none); the spare removes it once it entered that root, and reap
+	// once the spare is gone, never before (see removeRoot).
 	root    string
+	logger  hclog.Logger
 	reportR *os.File
 	// ctl is the driver's end of the control socket: the task's state
 	// directory is sent first (wire.SpareHello), then the late mounts.
@@ -85,9 +90,13 @@ func (sp *spare) afterReap(f func()) {
 	f()
 }
 
-// reap waits for the supervisor, reaps it, and runs what afterReap gave.
+// reap waits for the supervisor, reaps it, removes its spare's root
+// directory, and runs what afterReap gave.
 func (sp *spare) reap() {
 	_ = waitChild(sp.cmd.Process, sp.cmd.Wait)
+	if err := removeRoot(sp.root); err != nil {
+		sp.logger.Warn("failed to remove a spare supervisor's directory", "path", sp.root, "error", err)
+	}
 	close(sp.reaped)
 	sp.afterMu.Lock()
 	f := sp.after
@@ -103,11 +112,10 @@ func (sp *spare) reap() {
 // in the background.
 func (s *Spares) Start(logger hclog.Logger, spec *Spec, late func() ([]Mount, error)) (*Process, error) {
 	defer s.Fill(spec.Supervisor, logger)
+	// The spare's root directory is not removed here, even when the task
+	// does not take the root prepared there: the spare may still be
+	// preparing it, and only its reaper may remove it (see removeRoot).
 	sp := s.take(spec.Supervisor, privatePID(spec.Isolation))
-	if sp != nil && sp.root != "" {
-		// Gone by now, unless the spare failed before it got there.
-		defer os.Remove(sp.root)
-	}
 	return start(logger, spec, late, sp)
 }
 
@@ -131,7 +139,7 @@ func (s *Spares) Fill(binary string, logger hclog.Logger) {
 	dir, iso := s.dir, s.iso
 	s.mu.Unlock()
 	go func() {
-		sp, err := startSpare(binary, dir, iso)
+		sp, err := startSpare(binary, dir, iso, logger)
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		if err != nil || s.closed {
@@ -212,30 +220,34 @@ func (s *Spares) take(binary string, pidNS bool) *spare {
 	}
 }
 
-func startSpare(binary, dir string, iso *Isolation) (*spare, error) {
+// spareSeq numbers the spares' root directories, so that no two spares of
+// one driver process ever have the same one: a reaper removes its spare's
+// directory by name, and must never hit another's.
+var spareSeq atomic.Uint64
+
+func startSpare(binary, dir string, iso *Isolation, logger hclog.Logger) (*spare, error) {
 	var args []string
 	var root string
 	if dir != "" {
 		var err error
-		if root, err = os.MkdirTemp(dir, "spare-"); err != nil {
+		if root, err = os.MkdirTemp(dir, "spare-"+strconv.FormatUint(spareSeq.Add(1), 10)+"-"); err != nil {
 			return nil, fmt.Errorf("failed to make a directory for a spare supervisor: %w", err)
 		}
 		args = []string{wire.SpareRootFlag, root}
 		if iso != nil {
 			b, err := json.Marshal(iso)
 			if err != nil {
-				removeRoot(root)
+				_ = removeRoot(root)
 				return nil, err
 			}
 			args = append(args, string(b))
 		}
 	}
-	sp, err := startSupervisor(binary, args, nil, true, privatePID(iso))
+	sp, err := startSupervisor(binary, args, nil, true, privatePID(iso), root, logger)
 	if err != nil {
-		removeRoot(root)
+		_ = removeRoot(root)
 		return nil, err
 	}
-	sp.root = root
 	return sp, nil
 }
 
@@ -248,7 +260,9 @@ func privatePID(iso *Isolation) bool { return iso != nil && iso.PrivatePID }
 // when control is set, a control socket; the spare's reaped channel is
 // closed once it is reaped. With pidNS the supervisor starts in a new PID
 // namespace, as its init: its task will be the namespace's second process.
-func startSupervisor(binary string, args []string, out *os.File, control, pidNS bool) (*spare, error) {
+// root is a spare's root directory ("" for none), removed once the
+// supervisor is reaped; logger says when that fails.
+func startSupervisor(binary string, args []string, out *os.File, control, pidNS bool, root string, logger hclog.Logger) (*spare, error) {
 	if binary == "" {
 		binary = "/proc/self/exe"
 	}
@@ -292,7 +306,7 @@ func startSupervisor(binary string, args []string, out *os.File, control, pidNS 
 		}
 		return nil, fmt.Errorf("failed to start the supervisor: %w", err)
 	}
-	sp := &spare{cmd: cmd, reportR: reportR, ctl: ctl, reaped: make(chan struct{}), pidNS: pidNS}
+	sp := &spare{cmd: cmd, root: root, logger: logger, reportR: reportR, ctl: ctl, reaped: make(chan struct{}), pidNS: pidNS}
 	go sp.reap()
 	return sp, nil
 }
@@ -306,19 +320,32 @@ func (sp *spare) hand(stateDir string) error {
 }
 
 // stop ends a spare that will not be used: closing its control socket is
-// enough, the kill makes sure.
+// enough, the kill makes sure. Its root directory is gone on return.
 func (sp *spare) stop() {
 	sp.closeFiles()
 	_ = sp.cmd.Process.Kill()
 	<-sp.reaped
-	removeRoot(sp.root)
 }
 
-// removeRoot removes a spare's root directory, if it is still there.
-func removeRoot(root string) {
-	if root != "" {
-		_ = os.Remove(root)
+// removeRoot removes a spare's root directory once the spare is gone (or
+// never started), if the spare did not remove it itself. It removes that
+// one directory and nothing else: the spare mounts its root's tmpfs on it
+// in a mount namespace of its own, which died with it, and never makes
+// anything on the host's side of it (the supervisor never makes the
+// directory again once it is removed). rmdir(2) does not follow a symlink
+// in the directory's place (ENOTDIR), does not remove a mount point of the
+// driver's namespace (EBUSY), and removes nothing below the directory
+// (ENOTEMPTY): whatever is there was not made by the spare, and stays.
+// While the spare lives, the directory must stay: removing it would
+// detach the tmpfs the spare prepares the root in.
+func removeRoot(root string) error {
+	if root == "" {
+		return nil
 	}
+	if err := unix.Rmdir(root); err != nil && !errors.Is(err, unix.ENOENT) {
+		return err
+	}
+	return nil
 }
 
 func (sp *spare) closeFiles() {

@@ -1,13 +1,17 @@
 package executor
 
 import (
+	"errors"
+	"io/fs"
 	"os"
+	"path/filepath"
 	"strconv"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/shoenig/test/must"
+	"golang.org/x/sys/unix"
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor/wire"
 )
@@ -187,6 +191,56 @@ if touch /top-level-file 2>/dev/null; then echo root-writable; else echo root-re
 		entries, err := os.ReadDir(dir)
 		must.NoError(t, err)
 		return len(entries) == 0
+	})
+}
+
+// The driver never removes a spare's root directory while the spare lives,
+// not even once a task took the spare without the root prepared there: the
+// spare may still be preparing it, and the removal would detach the tmpfs
+// it prepares in (see the supervisor's mountRootTmpfs). The directory goes
+// once the spare is reaped, and nothing else in the spares directory with
+// it. The spare is a script that reports a started task and then waits to
+// be killed, so that the driver's side is seen without a race.
+func TestSpares_RootRemovedOnlyOnceReaped_Root(t *testing.T) {
+	requireTaskRoot(t)
+	bin := filepath.Join(t.TempDir(), "spare")
+	must.NoError(t, os.WriteFile(bin, []byte(`#!/bin/sh
+printf '{"task_pid":%d}\n' $$ >&3
+exec sleep 600
+`), 0o755))
+	dir := t.TempDir()
+	other := filepath.Join(dir, "not-a-spare")
+	must.NoError(t, os.Mkdir(other, 0o700))
+	s := &Spares{}
+	s.SetDir(dir, nil)
+	t.Cleanup(s.Close)
+	s.Fill(bin, hclog.NewNullLogger())
+	pid := waitSpare(t, s, bin)
+	t.Cleanup(func() { _ = unix.Kill(pid, unix.SIGKILL) })
+	s.mu.Lock()
+	root := s.spares[bin].root
+	s.mu.Unlock()
+	must.StrHasPrefix(t, dir+"/spare-", root)
+
+	tt := newTestSpec(t, "/bin/true")
+	tt.spec.Supervisor = bin
+	p, err := s.Start(hclog.NewNullLogger(), tt.spec, nil)
+	must.NoError(t, err)
+	must.Eq(t, pid, p.State().SupervisorPID)
+	_, err = os.Lstat(root)
+	must.NoError(t, err, must.Sprint("the spare's directory went while the spare lives"))
+
+	must.NoError(t, unix.Kill(pid, unix.SIGKILL))
+	waitFor(t, "the spare's directory to go", func() bool {
+		_, err := os.Lstat(root)
+		return errors.Is(err, fs.ErrNotExist)
+	})
+	// The spare started after the task goes with Close.
+	s.Close()
+	waitFor(t, "only what is not a spare's to stay", func() bool {
+		entries, err := os.ReadDir(dir)
+		must.NoError(t, err)
+		return len(entries) == 1 && entries[0].Name() == "not-a-spare"
 	})
 }
 
