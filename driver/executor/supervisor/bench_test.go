@@ -1,6 +1,7 @@
 package supervisor
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -210,4 +211,184 @@ func medianOf(ds []time.Duration) time.Duration {
 	s := append([]time.Duration(nil), ds...)
 	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
 	return s[len(s)/2]
+}
+
+// BenchmarkImageRoot breaks down what a privileged plugin task's root
+// costs a supervisor when it is an image (an overlay of three layers, the
+// host's /dev, /sys and /proc and /lib/modules bound in) against the
+// host's root (buildRoot), with the mounts a plugin task of Nomad gets in
+// both: Nomad's four directories, the plugin's socket directory, the
+// host's resolv.conf and hosts, and the staging directory with
+// bidirectional propagation at its own path. The image is built twice:
+// as it is, and with the layer of its mounts' targets below it that the
+// driver adds (image.Store.MountLayer), made here the same way. The three
+// roots take turns. Steps, medians in milliseconds:
+//
+//   - unshare: unshare(2) and prepareNamespace's propagation pass;
+//   - root: the overlay and the host's kernel directories (image), or the
+//     tmpfs with every entry of the host's / bound in (host);
+//   - mounts: the task's mounts (bindAll, through imageTargets for the
+//     image);
+//   - pivot: pivot_root and the seal;
+//
+// and the ratios of the image's totals, without and with the layer, to
+// the host's.
+//
+//	go test -run '^$' -bench ImageRoot -benchtime 50x ./driver/executor/supervisor/
+//
+// It needs root (mount namespaces, overlayfs).
+func BenchmarkImageRoot(b *testing.B) {
+	if os.Geteuid() != 0 {
+		b.Skip("needs root: builds task roots in mount namespaces")
+	}
+	base := b.TempDir()
+	layers := benchImageLayers(b, filepath.Join(base, "layers"))
+	// The staging directory as the driver has it: a path several
+	// directories deep, below a directory the image has (/var/lib).
+	staging := filepath.Join("/var/lib", filepath.Base(base)+"-csi", "mnt")
+	must.NoError(b, os.MkdirAll(staging, 0o755))
+	b.Cleanup(func() { _ = os.RemoveAll(filepath.Dir(staging)) })
+	var mounts []wire.Mount
+	for _, d := range [][2]string{{"alloc", "/alloc"}, {"local", "/local"}, {"secrets", "/secrets"}, {"tmp", "/tmp"}, {"csi", "/csi"}} {
+		p := filepath.Join(base, "alloc", d[0])
+		must.NoError(b, os.MkdirAll(p, 0o755))
+		mounts = append(mounts, wire.Mount{Source: p, Target: d[1], Propagation: wire.PropagationPrivate})
+	}
+	for _, f := range []string{"/etc/resolv.conf", "/etc/hosts"} {
+		if _, err := os.Stat(f); err == nil {
+			mounts = append(mounts, wire.Mount{Source: f, Target: f, ReadOnly: true, Propagation: wire.PropagationPrivate})
+		}
+	}
+	mounts = append(mounts, wire.Mount{Source: staging, Target: staging, Propagation: wire.PropagationBidirectional})
+	points := filepath.Join(base, "mountpoints")
+	for _, mnt := range mounts {
+		fi, err := os.Stat(mnt.Source)
+		must.NoError(b, err)
+		p := filepath.Join(points, mnt.Target)
+		if fi.IsDir() {
+			must.NoError(b, os.MkdirAll(p, 0o755))
+			continue
+		}
+		must.NoError(b, os.MkdirAll(filepath.Dir(p), 0o755))
+		must.NoError(b, os.WriteFile(p, nil, 0o644))
+	}
+	kinds := map[string]*wire.ImageRoot{
+		"host-":  nil,
+		"image-": {Layers: layers, Ref: "bench/plugin:1"},
+		"layer-": {Layers: append([]string{points}, layers...), Ref: "bench/plugin:1"},
+	}
+	order := []string{"host-", "image-", "layer-"}
+
+	steps := map[string][]time.Duration{}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		for j := range order {
+			kind := order[(i+j)%len(order)]
+			state := filepath.Join(base, "state", fmt.Sprint(i, kind))
+			root := filepath.Join(state, "root")
+			must.NoError(b, os.MkdirAll(root, 0o755))
+			spec := &wire.Spec{Mounts: mounts, StateDir: state}
+			var times map[string]time.Duration
+			var err error
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				// Never unlocked: the thread ends with the goroutine.
+				runtime.LockOSThread()
+				times, err = timePluginRoot(spec, root, kinds[kind])
+			}()
+			<-done
+			must.NoError(b, err)
+			total := time.Duration(0)
+			for k, d := range times {
+				steps[kind+k] = append(steps[kind+k], d)
+				total += d
+			}
+			steps[kind+"total"] = append(steps[kind+"total"], total)
+			// What the task wrote stays in its state directory, as a
+			// task's writable layer does; a new one each time.
+			b.StopTimer()
+			must.NoError(b, os.RemoveAll(state))
+			b.StartTimer()
+		}
+	}
+	b.StopTimer()
+	names := make([]string, 0, len(steps))
+	for k := range steps {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	for _, k := range names {
+		b.ReportMetric(float64(medianOf(steps[k]).Microseconds())/1000, k+"-ms")
+	}
+	host := float64(medianOf(steps["host-total"]))
+	b.ReportMetric(float64(medianOf(steps["image-total"]))/host, "image/host")
+	b.ReportMetric(float64(medianOf(steps["layer-total"]))/host, "layer/host")
+}
+
+// benchImageLayers makes three layer directories of a small distribution's
+// shape under dir: a merged /usr (/lib a symlink to usr/lib), /var/run a
+// symlink to /run, and /etc with resolv.conf and hosts of its own.
+func benchImageLayers(b *testing.B, dir string) []string {
+	b.Helper()
+	files := [][]string{
+		{"usr/lib/x86_64-linux-gnu/libc.so.6", "usr/bin/sh", "etc/passwd", "etc/group", "etc/resolv.conf", "etc/hosts", "var/lib/dpkg/status", "run/.keep", "tmp/.keep"},
+		{"usr/lib/modules/.keep", "usr/sbin/mount.nfs", "etc/nfs.conf"},
+		{"csi-plugin", "etc/plugin/config.yaml"},
+	}
+	links := [][2]string{{"usr/lib", "lib"}, {"usr/bin", "bin"}, {"/run", "var/run"}}
+	var layers []string
+	for i, list := range files {
+		l := filepath.Join(dir, fmt.Sprint(i))
+		for _, f := range list {
+			must.NoError(b, os.MkdirAll(filepath.Join(l, filepath.Dir(f)), 0o755))
+			must.NoError(b, os.WriteFile(filepath.Join(l, f), []byte(f), 0o644))
+		}
+		if i == 0 {
+			for _, s := range links {
+				must.NoError(b, os.Symlink(s[0], filepath.Join(l, s[1])))
+			}
+		}
+		// The base first, as wire.ImageRoot lists them.
+		layers = append(layers, l)
+	}
+	return layers
+}
+
+// timePluginRoot builds a privileged task's root at root as
+// launchOnThread and forkTask do, on the calling (locked) thread: of the
+// image img, or of the host's paths when img is nil.
+func timePluginRoot(spec *wire.Spec, root string, img *wire.ImageRoot) (map[string]time.Duration, error) {
+	var m mounter.Interface = mounter.New()
+	if img != nil {
+		m = newImageTargets(m, root, spec)
+	}
+	t := map[string]time.Duration{}
+	for _, s := range []struct {
+		name string
+		f    func() error
+	}{
+		{"unshare", func() error {
+			if err := unix.Unshare(namespaceFlags(nil)); err != nil {
+				return err
+			}
+			return prepareNamespace(m, spec.Mounts, "", nil, nil)
+		}},
+		{"root", func() error { return enterNewRoot(m, root, nil, img) }},
+		{"mounts", func() error { return bindAll(m, spec.Mounts, root) }},
+		{"pivot", func() error {
+			if err := pivotRoot(root); err != nil {
+				return err
+			}
+			return sealRoot(m)
+		}},
+	} {
+		start := time.Now()
+		err := s.f()
+		t[s.name] += time.Since(start)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", s.name, err)
+		}
+	}
+	return t, nil
 }
