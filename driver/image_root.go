@@ -11,6 +11,7 @@ import (
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor"
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/image"
+	"github.com/nomad-driver-csi/nomad-driver-csi/mounter"
 )
 
 // applyImageRoot makes the pulled image img the root of the task whose
@@ -108,7 +109,59 @@ func (d *Driver) applyImageRoot(conf *Config, cfg *drivers.TaskConfig, tc *TaskC
 		spec.Mounts = append(spec.Mounts, executor.Mount{Source: f, Target: f, ReadOnly: true,
 			Propagation: executor.PropagationPrivate, NoSuid: spec.Isolation != nil, NoDev: spec.Isolation != nil})
 	}
+	d.addMountLayer(spec)
 	return nil
+}
+
+// addMountLayer puts below the image's layers the store's layer of the
+// targets of the task's mounts (image.Store.MountLayer), so that the
+// supervisor finds them in the image root instead of making each in the
+// task's writable layer. It is a shortcut: without it (no store, the
+// store's limit, an error) the targets are made at the start, as they are
+// for the task's volumes, whose targets are left out.
+func (d *Driver) addMountLayer(spec *executor.Spec) {
+	points := mountPoints(spec.Mounts)
+	if len(points) == 0 {
+		return
+	}
+	s, err := d.imageStore()
+	if err != nil {
+		return
+	}
+	layer, err := s.MountLayer(points)
+	if err != nil {
+		d.logger.Debug("going without a mount-point layer", "error", err)
+		return
+	}
+	if layer != "" {
+		spec.Image.Layers = append([]string{layer}, spec.Image.Layers...)
+	}
+}
+
+// mountPoints are the targets of mounts that a mount-point layer can
+// hold: not in /dev, /proc or /sys (the host's, or the task's own), not
+// inside another mount's target (made in that mount's source, on the
+// host), and of a source the driver can see.
+func mountPoints(mounts []executor.Mount) []image.MountPoint {
+	var out []image.MountPoint
+	for _, m := range mounts {
+		target := filepath.Clean("/" + m.Target)
+		if target == "/" || slices.ContainsFunc([]string{"/dev", "/proc", "/sys"}, func(k string) bool { return mounter.PathWithin(target, k) }) {
+			continue
+		}
+		if slices.ContainsFunc(mounts, func(o executor.Mount) bool {
+			other := filepath.Clean("/" + o.Target)
+			return other != target && mounter.PathWithin(target, other)
+		}) {
+			continue
+		}
+		fi, err := os.Stat(m.Source)
+		if err != nil {
+			continue
+		}
+		out = append(out, image.MountPoint{Path: target, Dir: fi.IsDir()})
+	}
+	return out
 }
 
 // hostHostsFile is the host's hosts file, an image task's /etc/hosts.

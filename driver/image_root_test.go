@@ -1,11 +1,14 @@
 package driver
 
 import (
+	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/nomad/plugins/drivers"
 	"github.com/shoenig/test/must"
 	"golang.org/x/sys/unix"
@@ -379,4 +382,57 @@ func TestApplyImageRoot_ResolvConfSymlink(t *testing.T) {
 	link, err = fs.isSymlink("/nowhere/x")
 	must.NoError(t, err)
 	must.False(t, link)
+}
+
+// The targets of an image task's mounts come from the store's mount-point
+// layer, put below the image's layers (the lowest): Nomad's directories, a
+// plugin's socket directory and the host's resolver files, but not a
+// target inside /dev, /proc or /sys or inside another mount, nor one whose
+// source the driver cannot see. The same targets are the same layer.
+func TestApplyImageRoot_MountLayer(t *testing.T) {
+	layers := testLayers(t, map[string]string{"etc/passwd": "root:x:0:0::/root:/bin/sh\n"})
+	img := &image.Image{Ref: "example/csi:1", Layers: layers, Config: image.Config{Entrypoint: []string{"/plugin"}}}
+	store, err := image.Open(t.TempDir(), image.Options{})
+	must.NoError(t, err)
+	d := &Driver{logger: hclog.NewNullLogger(), images: store}
+	src := t.TempDir()
+	for _, n := range []string{"alloc", "local", "csi"} {
+		must.NoError(t, os.Mkdir(filepath.Join(src, n), 0o755))
+	}
+	newSpec := func() *executor.Spec {
+		return &executor.Spec{Mounts: []executor.Mount{
+			{Source: filepath.Join(src, "alloc"), Target: "/alloc"},
+			{Source: filepath.Join(src, "local"), Target: "/local/"},
+			{Source: filepath.Join(src, "csi"), Target: "/alloc/csi"},
+			{Source: filepath.Join(src, "csi"), Target: "/csi"},
+			{Source: "/dev/null", Target: "/dev/fuse"},
+			{Source: filepath.Join(src, "missing"), Target: "/missing"},
+		}}
+	}
+	spec := newSpec()
+	must.NoError(t, d.applyImageRoot(&Config{}, &drivers.TaskConfig{User: "root"}, &TaskConfig{Image: img.Ref, Privileged: true}, spec, img))
+	must.Len(t, len(layers)+1, spec.Image.Layers)
+	must.Eq(t, layers, spec.Image.Layers[1:])
+	layer := spec.Image.Layers[0]
+	must.Eq(t, filepath.Join(store.Path(), "mountpoints"), filepath.Dir(layer))
+	var got []string
+	must.NoError(t, filepath.WalkDir(layer, func(p string, e fs.DirEntry, err error) error {
+		if err == nil && p != layer {
+			got = append(got, strings.TrimPrefix(p, layer))
+		}
+		return err
+	}))
+	want := []string{"/alloc", "/csi", "/local"}
+	for _, f := range []string{hostResolvConf, hostHostsFile} {
+		if _, err := os.Stat(f); err == nil {
+			want = append(want, "/etc", f)
+		}
+	}
+	slices.Sort(want)
+	want = slices.Compact(want)
+	must.Eq(t, want, got)
+
+	again := newSpec()
+	must.NoError(t, d.applyImageRoot(&Config{}, &drivers.TaskConfig{User: "root"}, &TaskConfig{Image: img.Ref, Privileged: true}, again, img))
+	must.Eq(t, spec.Image.Layers, again.Image.Layers)
 }

@@ -77,3 +77,126 @@ echo "escape=$(cat /escape 2>&1)"
 	must.Eq(t, "new", strings.TrimSpace(got["opq"]))
 	must.StrNotContains(t, got["escape"], "host")
 }
+
+// The store's mount-point layer (image.Store.MountLayer), below an image's
+// layers, changes nothing a task sees and only spares the writable layer
+// the targets it holds. The same task runs with and without it, isolated
+// and privileged, with mounts at a path the image lacks (/alloc), at a
+// path a whiteout deleted (/gone), at a file an opaque directory hid
+// (/opq/old), through the image's symlink (/srv-link/data, to /srv), and
+// on a file the image has (/etc/name): it reads the same through each,
+// lists the same root, and sees the mount through the symlink where the
+// image's symlink leads, never on the host. With the layer, the writable
+// layer has no /alloc of its own; without it, it has.
+func TestImageRoot_MountLayer_Root(t *testing.T) {
+	requireTaskRoot(t)
+	if _, err := os.Stat("/bin/busybox"); err != nil {
+		t.Skip("test needs a static /bin/busybox")
+	}
+	shim := staticShim(t)
+	base, err := imagebuild.HostFiles(map[string]string{"/bin/busybox": "/bin/busybox"})
+	must.NoError(t, err)
+	for _, a := range []string{"sh", "cat", "ls", "echo", "tr"} {
+		base = append(base, imagebuild.Symlink("bin/"+a, "busybox"))
+	}
+	base = append(base,
+		imagebuild.File("etc/name", []byte("image\n"), 0o644),
+		imagebuild.File("gone", []byte("x\n"), 0o644),
+		imagebuild.Dir("opq", 0o755),
+		imagebuild.File("opq/old", []byte("x\n"), 0o644),
+		imagebuild.Dir("srv", 0o755))
+	l0, err := imagebuild.Layer(base...)
+	must.NoError(t, err)
+	l1, err := imagebuild.Layer(
+		imagebuild.Whiteout("gone"),
+		imagebuild.Dir("opq", 0o755),
+		imagebuild.Opaque("opq"),
+		imagebuild.Symlink("srv-link", "/srv"))
+	must.NoError(t, err)
+	built, err := imagebuild.Build(imagebuild.Spec{Entrypoint: []string{"/bin/sh"}}, l0, l1)
+	must.NoError(t, err)
+	dir := t.TempDir()
+	must.NoError(t, imagebuild.WriteLayout(filepath.Join(dir, "layout"), "1", built))
+	store, err := image.Open(t.TempDir(), image.Options{LocalDirs: []string{dir}})
+	must.NoError(t, err)
+	img, err := store.Pull(context.Background(), "oci:"+filepath.Join(dir, "layout")+":1", image.PullRequest{})
+	must.NoError(t, err)
+
+	src := t.TempDir()
+	var mounts []Mount
+	var points []image.MountPoint
+	for _, m := range []struct {
+		target, content string
+		dir             bool
+	}{
+		{"/alloc", "alloc", true},
+		{"/gone", "gone", true},
+		{"/opq/old", "opq-old", false},
+		{"/srv-link/data", "data", true},
+		{"/etc/name", "host-name", false},
+	} {
+		s := filepath.Join(src, strings.ReplaceAll(m.target, "/", "_"))
+		if m.dir {
+			must.NoError(t, os.Mkdir(s, 0o755))
+			must.NoError(t, os.WriteFile(filepath.Join(s, "f"), []byte(m.content+"\n"), 0o644))
+		} else {
+			must.NoError(t, os.WriteFile(s, []byte(m.content+"\n"), 0o644))
+		}
+		mounts = append(mounts, Mount{Source: s, Target: m.target, ReadOnly: true, Propagation: PropagationPrivate})
+		points = append(points, image.MountPoint{Path: m.target, Dir: m.dir})
+	}
+	layer, err := store.MountLayer(points)
+	must.NoError(t, err)
+	must.NotEq(t, "", layer)
+	hostSrv := "/srv-link"
+	_, err = os.Lstat(hostSrv)
+	must.True(t, os.IsNotExist(err), must.Sprintf("the host has %s; the test needs it absent", hostSrv))
+
+	const script = `
+echo "root=$(ls / | tr '\n' ' ')"
+echo "alloc=$(cat /alloc/f)"
+echo "gone=$(cat /gone/f)"
+echo "opq=$(ls /opq | tr '\n' ' ')"
+echo "opqold=$(cat /opq/old)"
+echo "link=$(cat /srv-link/data/f)"
+echo "srv=$(cat /srv/data/f)"
+echo "name=$(cat /etc/name)"
+`
+	for _, privileged := range []bool{false, true} {
+		var runs [2]map[string]string
+		for i, withLayer := range []bool{false, true} {
+			tt := newTestSpec(t, "/bin/sh", "-c", script)
+			tt.spec.Env = []string{"PATH=/bin"}
+			tt.spec.Dir = "/"
+			tt.spec.Supervisor = shim
+			layers := img.Layers
+			if withLayer {
+				layers = append([]string{layer}, img.Layers...)
+			}
+			tt.spec.Image = &ImageRoot{Layers: layers, Ref: img.Ref, Digest: img.Digest}
+			tt.spec.Mounts = mounts
+			if privileged {
+				tt.spec.Privileged = true
+			} else {
+				tt.spec.Capabilities = DefaultCapabilities
+				tt.spec.Isolation = &Isolation{PrivatePID: true, PrivateIPC: true}
+			}
+			runs[i] = runLines(t, tt)
+			must.Eq(t, "alloc", runs[i]["alloc"])
+			must.Eq(t, "gone", runs[i]["gone"])
+			must.Eq(t, "opq-old", runs[i]["opqold"])
+			must.Eq(t, "data", runs[i]["link"])
+			must.Eq(t, "data", runs[i]["srv"])
+			must.Eq(t, "host-name", runs[i]["name"])
+			_, err := os.Lstat(filepath.Join(tt.spec.StateDir, "upper", "alloc"))
+			if withLayer {
+				must.True(t, os.IsNotExist(err), must.Sprintf("privileged=%v: the writable layer made /alloc, which the mount-point layer has (%v)", privileged, err))
+			} else {
+				must.NoError(t, err, must.Sprintf("privileged=%v: without the mount-point layer the writable layer has /alloc", privileged))
+			}
+			_, err = os.Lstat(hostSrv)
+			must.True(t, os.IsNotExist(err), must.Sprintf("a mount through the image's symlink reached the host's %s", hostSrv))
+		}
+		must.Eq(t, runs[0], runs[1], must.Sprintf("privileged=%v: the task saw something else with the mount-point layer", privileged))
+	}
+}
