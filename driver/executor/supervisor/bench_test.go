@@ -245,9 +245,11 @@ func BenchmarkImageRoot(b *testing.B) {
 	layers := benchImageLayers(b, filepath.Join(base, "layers"))
 	// The staging directory as the driver has it: a path several
 	// directories deep, below a directory the image has (/var/lib).
-	staging := filepath.Join("/var/lib", filepath.Base(base)+"-csi", "mnt")
-	must.NoError(b, os.MkdirAll(staging, 0o755))
-	b.Cleanup(func() { _ = os.RemoveAll(filepath.Dir(staging)) })
+	stageRoot, err := os.MkdirTemp("/var/lib", "ncsi-bench-")
+	must.NoError(b, err)
+	b.Cleanup(func() { _ = os.RemoveAll(stageRoot) })
+	staging := filepath.Join(stageRoot, "mnt")
+	must.NoError(b, os.Mkdir(staging, 0o755))
 	var mounts []wire.Mount
 	for _, d := range [][2]string{{"alloc", "/alloc"}, {"local", "/local"}, {"secrets", "/secrets"}, {"tmp", "/tmp"}, {"csi", "/csi"}} {
 		p := filepath.Join(base, "alloc", d[0])
