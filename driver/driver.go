@@ -115,6 +115,9 @@ type Driver struct {
 	images      *image.Store
 	imagesErr   error
 	imageGCOnce sync.Once
+	// mountLayersFull says once that the store keeps no more mount-point
+	// layers (addMountLayer).
+	mountLayersFull sync.Once
 	// imageRoot makes an image the task's root (applyImageRoot; tests
 	// record it).
 	imageRoot func(*Config, *drivers.TaskConfig, *TaskConfig, *executor.Spec, *image.Image) error

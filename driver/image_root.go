@@ -1,6 +1,7 @@
 package driver
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -109,18 +110,23 @@ func (d *Driver) applyImageRoot(conf *Config, cfg *drivers.TaskConfig, tc *TaskC
 		spec.Mounts = append(spec.Mounts, executor.Mount{Source: f, Target: f, ReadOnly: true,
 			Propagation: executor.PropagationPrivate, NoSuid: spec.Isolation != nil, NoDev: spec.Isolation != nil})
 	}
-	d.addMountLayer(spec)
+	d.addMountLayer(cfg, spec, fs)
 	return nil
 }
 
 // addMountLayer puts below the image's layers the store's layer of the
-// targets of the task's mounts (image.Store.MountLayer), so that the
-// supervisor finds them in the image root instead of making each in the
-// task's writable layer. It is a shortcut: without it (no store, the
-// store's limit, an error) the targets are made at the start, as they are
-// for the task's volumes, whose targets are left out.
-func (d *Driver) addMountLayer(spec *executor.Spec) {
-	points := mountPoints(spec.Mounts)
+// targets of the task's mounts that the image lacks (image.Store.MountLayer),
+// so that the supervisor finds them in the root instead of making each in
+// the task's writable layer. It is a shortcut: without it (no store, the
+// store's limit, an image of overlay's most layers, an error) the targets
+// are made at the start, as they are for the task's volumes and for the
+// mounts whose targets the job chose (its host volumes and devices), which
+// are left out.
+func (d *Driver) addMountLayer(cfg *drivers.TaskConfig, spec *executor.Spec, fs *layeredFS) {
+	if len(spec.Image.Layers) >= maxImageLayers {
+		return
+	}
+	points := mountPoints(spec.Mounts, jobTargets(cfg), fs)
 	if len(points) == 0 {
 		return
 	}
@@ -129,30 +135,61 @@ func (d *Driver) addMountLayer(spec *executor.Spec) {
 		return
 	}
 	layer, err := s.MountLayer(points)
-	if err != nil {
+	switch {
+	case errors.Is(err, image.ErrMountLayersFull):
+		d.mountLayersFull.Do(func() {
+			d.logger.Info("the image store keeps as many mount-point layers as it may; image tasks with other mounts make their mount targets at each start", "error", err)
+		})
+		return
+	case err != nil:
 		d.logger.Debug("going without a mount-point layer", "error", err)
 		return
 	}
-	if layer != "" {
-		spec.Image.Layers = append([]string{layer}, spec.Image.Layers...)
-	}
+	spec.Image.Layers = append([]string{layer}, spec.Image.Layers...)
 }
 
-// mountPoints are the targets of mounts that a mount-point layer can
-// hold: not in /dev, /proc or /sys (the host's, or the task's own), not
+// jobTargets are the targets of the task's mounts that its job chose:
+// Nomad's host volumes (volume_mount's destination) and devices.
+func jobTargets(cfg *drivers.TaskConfig) []string {
+	var out []string
+	for _, m := range cfg.Mounts {
+		if m != nil {
+			out = append(out, filepath.Clean("/"+m.TaskPath))
+		}
+	}
+	for _, dev := range cfg.Devices {
+		if dev != nil {
+			out = append(out, filepath.Clean("/"+dev.TaskPath))
+		}
+	}
+	return out
+}
+
+// mountPoints are the targets of mounts that a mount-point layer holds:
+// a target the image has not (fs), below directories the image has or
+// has not, never through a symlink or a file of the image. Left out are a
+// target in /dev, /proc or /sys (the host's, or the task's own), one
 // inside another mount's target (made in that mount's source, on the
-// host), and of a source the driver can see.
-func mountPoints(mounts []executor.Mount) []image.MountPoint {
+// host), one the job chose (skip), and one whose source the driver cannot
+// see. Each target in the layer is one the start would otherwise make in
+// the task's writable layer, with the image's directories above it copied
+// up: with the layer, those directories are merged with the layer's as
+// they would have been with the copies.
+func mountPoints(mounts []executor.Mount, skip []string, fs *layeredFS) []image.MountPoint {
 	var out []image.MountPoint
 	for _, m := range mounts {
 		target := filepath.Clean("/" + m.Target)
-		if target == "/" || slices.ContainsFunc([]string{"/dev", "/proc", "/sys"}, func(k string) bool { return mounter.PathWithin(target, k) }) {
+		if target == "/" || slices.Contains(skip, target) ||
+			slices.ContainsFunc([]string{"/dev", "/proc", "/sys"}, func(k string) bool { return mounter.PathWithin(target, k) }) {
 			continue
 		}
 		if slices.ContainsFunc(mounts, func(o executor.Mount) bool {
 			other := filepath.Clean("/" + o.Target)
 			return other != target && mounter.PathWithin(target, other)
 		}) {
+			continue
+		}
+		if !fs.lacks(target) {
 			continue
 		}
 		fi, err := os.Stat(m.Source)

@@ -384,19 +384,29 @@ func TestApplyImageRoot_ResolvConfSymlink(t *testing.T) {
 	must.False(t, link)
 }
 
-// The targets of an image task's mounts come from the store's mount-point
-// layer, put below the image's layers (the lowest): Nomad's directories, a
-// plugin's socket directory and the host's resolver files, but not a
-// target inside /dev, /proc or /sys or inside another mount, nor one whose
-// source the driver cannot see. The same targets are the same layer.
+// The targets of an image task's mounts that the image lacks come from
+// the store's mount-point layer, put below the image's layers (the
+// lowest), each of the kind of its source: Nomad's directories, a
+// plugin's socket directory, the host's resolver files. Left out: a target
+// the image has (its /etc/hosts, its /tmp), one through the image's
+// symlink or file, one in /dev, /proc or /sys, one inside another mount,
+// one the job chose (a host volume's destination), one whose source the
+// driver cannot see. The same targets are the same layer; an image of
+// overlay's most layers goes without one.
 func TestApplyImageRoot_MountLayer(t *testing.T) {
-	layers := testLayers(t, map[string]string{"etc/passwd": "root:x:0:0::/root:/bin/sh\n"})
+	layers := testLayers(t, map[string]string{
+		"etc/passwd": "root:x:0:0::/root:/bin/sh\n",
+		"etc/hosts":  "127.0.0.1 localhost\n",
+		"tmp/":       "",
+		"srv-link":   "->/srv",
+		"opt":        "a file",
+	})
 	img := &image.Image{Ref: "example/csi:1", Layers: layers, Config: image.Config{Entrypoint: []string{"/plugin"}}}
 	store, err := image.Open(t.TempDir(), image.Options{})
 	must.NoError(t, err)
 	d := &Driver{logger: hclog.NewNullLogger(), images: store}
 	src := t.TempDir()
-	for _, n := range []string{"alloc", "local", "csi"} {
+	for _, n := range []string{"alloc", "local", "csi", "tmp", "data", "x"} {
 		must.NoError(t, os.Mkdir(filepath.Join(src, n), 0o755))
 	}
 	newSpec := func() *executor.Spec {
@@ -405,12 +415,17 @@ func TestApplyImageRoot_MountLayer(t *testing.T) {
 			{Source: filepath.Join(src, "local"), Target: "/local/"},
 			{Source: filepath.Join(src, "csi"), Target: "/alloc/csi"},
 			{Source: filepath.Join(src, "csi"), Target: "/csi"},
+			{Source: filepath.Join(src, "tmp"), Target: "/tmp"},
+			{Source: filepath.Join(src, "data"), Target: "/data"},
+			{Source: filepath.Join(src, "x"), Target: "/srv-link/x"},
+			{Source: filepath.Join(src, "x"), Target: "/opt/x"},
 			{Source: "/dev/null", Target: "/dev/fuse"},
 			{Source: filepath.Join(src, "missing"), Target: "/missing"},
 		}}
 	}
+	cfg := &drivers.TaskConfig{User: "root", Mounts: []*drivers.MountConfig{{TaskPath: "/data", HostPath: filepath.Join(src, "data")}}}
 	spec := newSpec()
-	must.NoError(t, d.applyImageRoot(&Config{}, &drivers.TaskConfig{User: "root"}, &TaskConfig{Image: img.Ref, Privileged: true}, spec, img))
+	must.NoError(t, d.applyImageRoot(&Config{}, cfg, &TaskConfig{Image: img.Ref, Privileged: true}, spec, img))
 	must.Len(t, len(layers)+1, spec.Image.Layers)
 	must.Eq(t, layers, spec.Image.Layers[1:])
 	layer := spec.Image.Layers[0]
@@ -418,21 +433,32 @@ func TestApplyImageRoot_MountLayer(t *testing.T) {
 	var got []string
 	must.NoError(t, filepath.WalkDir(layer, func(p string, e fs.DirEntry, err error) error {
 		if err == nil && p != layer {
-			got = append(got, strings.TrimPrefix(p, layer))
+			kind := "f "
+			if e.IsDir() {
+				kind = "d "
+			}
+			got = append(got, kind+strings.TrimPrefix(p, layer))
 		}
 		return err
 	}))
-	want := []string{"/alloc", "/csi", "/local"}
-	for _, f := range []string{hostResolvConf, hostHostsFile} {
-		if _, err := os.Stat(f); err == nil {
-			want = append(want, "/etc", f)
-		}
+	want := []string{"d /alloc", "d /csi", "d /local"}
+	if _, err := os.Stat(hostResolvConf); err == nil {
+		want = append(want, "d /etc", "f "+hostResolvConf)
 	}
-	slices.Sort(want)
-	want = slices.Compact(want)
+	slices.SortFunc(want, func(a, b string) int { return strings.Compare(a[2:], b[2:]) })
 	must.Eq(t, want, got)
 
 	again := newSpec()
-	must.NoError(t, d.applyImageRoot(&Config{}, &drivers.TaskConfig{User: "root"}, &TaskConfig{Image: img.Ref, Privileged: true}, again, img))
+	must.NoError(t, d.applyImageRoot(&Config{}, cfg, &TaskConfig{Image: img.Ref, Privileged: true}, again, img))
 	must.Eq(t, spec.Image.Layers, again.Image.Layers)
+
+	// overlay takes at most maxImageLayers lower layers: the image's own.
+	full := *img
+	full.Layers = nil
+	for range maxImageLayers {
+		full.Layers = append(full.Layers, layers[0])
+	}
+	spec = newSpec()
+	must.NoError(t, d.applyImageRoot(&Config{}, cfg, &TaskConfig{Image: img.Ref, Privileged: true}, spec, &full))
+	must.Eq(t, full.Layers, spec.Image.Layers)
 }

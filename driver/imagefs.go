@@ -228,3 +228,25 @@ func (l *layeredFS) isSymlink(path string) (bool, error) {
 	}
 	return e.mode&os.ModeSymlink != 0, nil
 }
+
+// lacks reports whether the image has no entry at path and every element
+// above it that the image has is a directory: a mount target the start
+// would make, with no symlink of the image on the way (an error reading
+// the layers counts as not lacking).
+func (l *layeredFS) lacks(path string) bool {
+	dir := entry{rel: ".", mode: os.ModeDir | 0o755}
+	for i := range l.top {
+		dir.stack = append(dir.stack, i)
+	}
+	for _, name := range splitPath(path) {
+		e, err := l.child(dir, name)
+		if errors.Is(err, os.ErrNotExist) {
+			return true
+		}
+		if err != nil || !e.mode.IsDir() {
+			return false
+		}
+		dir = e
+	}
+	return false
+}

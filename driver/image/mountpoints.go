@@ -3,6 +3,7 @@ package image
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -10,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode"
 
 	"golang.org/x/sys/unix"
 )
@@ -43,6 +45,10 @@ const (
 // A variable for tests.
 var maxMountLayers = 64
 
+// ErrMountLayersFull is MountLayer's error when the store keeps as many
+// mount-point layers as it may.
+var ErrMountLayersFull = errors.New("the store keeps as many mount-point layers as it may")
+
 // MountLayer returns the directory of a read-only layer that has each of
 // points as an empty directory or an empty file (and their parent
 // directories), to go below an image's layers (the lowest): the targets of
@@ -60,14 +66,19 @@ var maxMountLayers = 64
 // with a crash only leaves those targets to be made at the start, as
 // before.
 //
-// It returns "" and no error when there is nothing to make or the store
-// already keeps maxMountLayers layers.
+// It returns "" and no error when there is nothing to make, and
+// ErrMountLayersFull when the store already keeps maxMountLayers layers.
 func (s *Store) MountLayer(points []MountPoint) (string, error) {
 	paths, err := mountLayerPaths(points)
 	if err != nil || len(paths) == 0 {
 		return "", err
 	}
-	sum := sha256.Sum256([]byte(strings.Join(paths, "\n")))
+	// JSON names each list one way: no two lists of paths encode alike.
+	key, err := json.Marshal(paths)
+	if err != nil {
+		return "", err
+	}
+	sum := sha256.Sum256(key)
 	dir := filepath.Join(s.dir, mountPointsDir)
 	final := filepath.Join(dir, hex.EncodeToString(sum[:]))
 	if _, err := os.Lstat(final); err == nil {
@@ -91,7 +102,7 @@ func (s *Store) MountLayer(points []MountPoint) (string, error) {
 		}
 	}
 	if kept >= maxMountLayers {
-		return "", nil
+		return "", fmt.Errorf("%w (%d)", ErrMountLayersFull, maxMountLayers)
 	}
 	tmp, err := os.MkdirTemp(dir, ".tmp-")
 	if err != nil {
@@ -128,6 +139,9 @@ func mountLayerPaths(points []MountPoint) ([]string, error) {
 	for _, p := range points {
 		if !filepath.IsAbs(p.Path) || filepath.Clean(p.Path) != p.Path || p.Path == "/" || len(p.Path) > maxMountPath {
 			return nil, fmt.Errorf("mount target %q: want a clean absolute path below / of at most %d bytes", p.Path, maxMountPath)
+		}
+		if strings.ContainsFunc(p.Path, unicode.IsControl) {
+			return nil, fmt.Errorf("mount target %q: a mount-point layer takes no control characters", p.Path)
 		}
 		kind := "f"
 		if p.Dir {

@@ -47,7 +47,8 @@ func layerEntries(t *testing.T, dir string) []string {
 
 // A mount-point layer has each target and its parents, nothing else,
 // directories 0755 and files empty 0644; the same targets in any order, or
-// repeated, are the same layer, made once and never changed after. The
+// repeated, are the same layer, made once and never changed after, and
+// not removed by GC. The
 // modes are the same under a driver's umask of 077.
 func TestMountLayer(t *testing.T) {
 	mask := unix.Umask(0o077)
@@ -94,6 +95,12 @@ func TestMountLayer(t *testing.T) {
 	must.NotEq(t, other, file)
 	must.Eq(t, []string{"f /alloc -rw-r--r--"}, layerEntries(t, file))
 
+	// They are not images: GC leaves them.
+	_, err = s.GC(0, func(Use) bool { return false })
+	must.NoError(t, err)
+	_, err = os.Stat(layer)
+	must.NoError(t, err)
+
 	// Nothing to make: no layer.
 	none, err := s.MountLayer(nil)
 	must.NoError(t, err)
@@ -117,6 +124,10 @@ func TestMountLayer_Refused(t *testing.T) {
 		{[]MountPoint{{Path: long, Dir: true}}, `want a clean absolute path below / of at most 1024 bytes`},
 		{[]MountPoint{{Path: "/etc/hosts"}, {Path: "/etc/hosts/x", Dir: true}}, `mount target "/etc/hosts/x" is inside "/etc/hosts", a file's target`},
 		{[]MountPoint{{Path: "/x"}, {Path: "/x", Dir: true}}, `mount target "/x" is both a file's and a directory's`},
+		// A name with a newline could pass for two entries of another
+		// list: no control character is taken.
+		{[]MountPoint{{Path: "/alloc\nd/local", Dir: true}}, `mount target "/alloc\nd/local": a mount-point layer takes no control characters`},
+		{[]MountPoint{{Path: "/a\x7fb", Dir: true}}, `takes no control characters`},
 		{[]MountPoint{{Path: "/" + strings.Repeat("d/", maxMountEntries) + "x", Dir: true}}, "at most 64 entries, and these targets need 65"},
 	} {
 		_, err := s.MountLayer(tc.points)
@@ -129,8 +140,8 @@ func TestMountLayer_Refused(t *testing.T) {
 	}
 }
 
-// Past maxMountLayers the store makes no more (the tasks go without one)
-// but still serves those it has; a half-made layer a killed driver left is
+// Past maxMountLayers the store makes no more (the tasks go without one,
+// and the error says why) but still serves those it has; a half-made layer a killed driver left is
 // removed once it is stale, and never served.
 func TestMountLayer_Bounded(t *testing.T) {
 	old := maxMountLayers
@@ -159,7 +170,7 @@ func TestMountLayer_Bounded(t *testing.T) {
 	must.NoError(t, err)
 	must.NotEq(t, "", b)
 	c, err := s.MountLayer([]MountPoint{{Path: "/c", Dir: true}})
-	must.NoError(t, err)
+	must.ErrorIs(t, err, ErrMountLayersFull)
 	must.Eq(t, "", c)
 	again, err := s.MountLayer([]MountPoint{{Path: "/a", Dir: true}})
 	must.NoError(t, err)
