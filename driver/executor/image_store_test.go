@@ -7,11 +7,45 @@ import (
 	"strings"
 	"testing"
 
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/shoenig/test/must"
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/image"
 	"github.com/nomad-driver-csi/nomad-driver-csi/e2e/imagebuild"
 )
+
+// busyboxBase is a base layer's entries: the host's static busybox as sh,
+// cat, ls, echo and the applets more, /etc/name saying name, a file /gone
+// and a directory /opq with a file /opq/old, for an upper layer to delete
+// and to make opaque.
+func busyboxBase(t *testing.T, name string, more ...string) []imagebuild.Entry {
+	t.Helper()
+	base, err := imagebuild.HostFiles(map[string]string{"/bin/busybox": "/bin/busybox"})
+	must.NoError(t, err)
+	for _, a := range append([]string{"sh", "cat", "ls", "echo"}, more...) {
+		base = append(base, imagebuild.Symlink("bin/"+a, "busybox"))
+	}
+	return append(base,
+		imagebuild.File("etc/name", []byte(name+"\n"), 0o644),
+		imagebuild.File("gone", []byte("x\n"), 0o644),
+		imagebuild.Dir("opq", 0o755),
+		imagebuild.File("opq/old", []byte("x\n"), 0o644))
+}
+
+// storeImage pulls an image of layers (entrypoint /bin/sh) into a new
+// store, from an OCI layout.
+func storeImage(t *testing.T, layers ...v1.Layer) (*image.Store, *image.Image) {
+	t.Helper()
+	built, err := imagebuild.Build(imagebuild.Spec{Entrypoint: []string{"/bin/sh"}}, layers...)
+	must.NoError(t, err)
+	dir := t.TempDir()
+	must.NoError(t, imagebuild.WriteLayout(filepath.Join(dir, "layout"), "1", built))
+	store, err := image.Open(t.TempDir(), image.Options{LocalDirs: []string{dir}})
+	must.NoError(t, err)
+	img, err := store.Pull(context.Background(), "oci:"+filepath.Join(dir, "layout")+":1", image.PullRequest{})
+	must.NoError(t, err)
+	return store, img
+}
 
 // The contract between the image store and the task root, end to end: an
 // image built from tar layers (a base with busybox, a layer that deletes a
@@ -28,17 +62,7 @@ func TestImageRoot_FromStore_Root(t *testing.T) {
 	host := filepath.Join(t.TempDir(), "host-secret")
 	must.NoError(t, os.WriteFile(host, []byte("host\n"), 0o644))
 
-	base, err := imagebuild.HostFiles(map[string]string{"/bin/busybox": "/bin/busybox"})
-	must.NoError(t, err)
-	for _, a := range []string{"sh", "cat", "ls", "echo", "readlink"} {
-		base = append(base, imagebuild.Symlink("bin/"+a, "busybox"))
-	}
-	base = append(base,
-		imagebuild.File("etc/name", []byte("base\n"), 0o644),
-		imagebuild.File("gone", []byte("x\n"), 0o644),
-		imagebuild.Dir("opq", 0o755),
-		imagebuild.File("opq/old", []byte("x\n"), 0o644))
-	l0, err := imagebuild.Layer(base...)
+	l0, err := imagebuild.Layer(busyboxBase(t, "base", "readlink")...)
 	must.NoError(t, err)
 	l1, err := imagebuild.Layer(
 		imagebuild.Whiteout("gone"),
@@ -48,15 +72,7 @@ func TestImageRoot_FromStore_Root(t *testing.T) {
 		imagebuild.File("etc/name", []byte("top\n"), 0o644),
 		imagebuild.Symlink("escape", host))
 	must.NoError(t, err)
-	built, err := imagebuild.Build(imagebuild.Spec{Entrypoint: []string{"/bin/sh"}}, l0, l1)
-	must.NoError(t, err)
-	dir := t.TempDir()
-	must.NoError(t, imagebuild.WriteLayout(filepath.Join(dir, "layout"), "1", built))
-
-	store, err := image.Open(t.TempDir(), image.Options{LocalDirs: []string{dir}})
-	must.NoError(t, err)
-	img, err := store.Pull(context.Background(), "oci:"+filepath.Join(dir, "layout")+":1", image.PullRequest{})
-	must.NoError(t, err)
+	_, img := storeImage(t, l0, l1)
 	must.Len(t, 2, img.Layers)
 
 	tt := newTestSpec(t, "/bin/sh", "-c", `
@@ -94,18 +110,7 @@ func TestImageRoot_MountLayer_Root(t *testing.T) {
 		t.Skip("test needs a static /bin/busybox")
 	}
 	shim := staticShim(t)
-	base, err := imagebuild.HostFiles(map[string]string{"/bin/busybox": "/bin/busybox"})
-	must.NoError(t, err)
-	for _, a := range []string{"sh", "cat", "ls", "echo", "tr"} {
-		base = append(base, imagebuild.Symlink("bin/"+a, "busybox"))
-	}
-	base = append(base,
-		imagebuild.File("etc/name", []byte("image\n"), 0o644),
-		imagebuild.File("gone", []byte("x\n"), 0o644),
-		imagebuild.Dir("opq", 0o755),
-		imagebuild.File("opq/old", []byte("x\n"), 0o644),
-		imagebuild.Dir("srv", 0o755))
-	l0, err := imagebuild.Layer(base...)
+	l0, err := imagebuild.Layer(append(busyboxBase(t, "image", "tr"), imagebuild.Dir("srv", 0o755))...)
 	must.NoError(t, err)
 	l1, err := imagebuild.Layer(
 		imagebuild.Whiteout("gone"),
@@ -113,14 +118,7 @@ func TestImageRoot_MountLayer_Root(t *testing.T) {
 		imagebuild.Opaque("opq"),
 		imagebuild.Symlink("srv-link", "/srv"))
 	must.NoError(t, err)
-	built, err := imagebuild.Build(imagebuild.Spec{Entrypoint: []string{"/bin/sh"}}, l0, l1)
-	must.NoError(t, err)
-	dir := t.TempDir()
-	must.NoError(t, imagebuild.WriteLayout(filepath.Join(dir, "layout"), "1", built))
-	store, err := image.Open(t.TempDir(), image.Options{LocalDirs: []string{dir}})
-	must.NoError(t, err)
-	img, err := store.Pull(context.Background(), "oci:"+filepath.Join(dir, "layout")+":1", image.PullRequest{})
-	must.NoError(t, err)
+	store, img := storeImage(t, l0, l1)
 
 	src := t.TempDir()
 	var mounts []Mount

@@ -56,15 +56,7 @@ func BenchmarkTaskRoot(b *testing.B) {
 		dirs = append(dirs, wire.Mount{Source: p, Target: d[1], Propagation: wire.PropagationPrivate})
 	}
 	iso := &wire.Isolation{ChrootEnv: wire.DefaultChrootEnv, PrivatePID: true, PrivateIPC: true}
-	steps := map[string][]time.Duration{}
-	add := func(prefix string, times map[string]time.Duration) {
-		total := time.Duration(0)
-		for k, d := range times {
-			steps[prefix+k] = append(steps[prefix+k], d)
-			total += d
-		}
-		steps[prefix+"total"] = append(steps[prefix+"total"], total)
-	}
+	steps := stepTimes{}
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		for j, isolated := range []bool{i%2 == 0, i%2 != 0} {
@@ -72,62 +64,79 @@ func BenchmarkTaskRoot(b *testing.B) {
 			must.NoError(b, os.MkdirAll(root, 0o755))
 			var times map[string]time.Duration
 			var err error
-			done := make(chan struct{})
-			go func() {
-				defer close(done)
-				// Never unlocked: the thread ends with the goroutine.
-				runtime.LockOSThread()
+			onOwnThread(func() {
 				if isolated {
 					times, err = timeIsolatedRoot(root, iso, dirs)
 				} else {
 					times, err = timePrivilegedRoot(root, dirs)
 				}
-			}()
-			<-done
+			})
 			must.NoError(b, err)
 			// The root's directory stays empty on the host: its tmpfs was
 			// in the thread's namespace only.
 			must.NoError(b, os.Remove(root))
 			if isolated {
-				add("isolated-", times)
+				steps.add("isolated-", times)
 			} else {
-				add("privileged-", times)
+				steps.add("privileged-", times)
 			}
 		}
 	}
 	b.StopTimer()
-	names := make([]string, 0, len(steps))
-	for k := range steps {
+	steps.report(b)
+	b.ReportMetric(float64(medianOf(steps["isolated-total"]))/float64(medianOf(steps["privileged-total"])), "ratio")
+}
+
+// stepTimes are the times of a benchmark's steps, by name.
+type stepTimes map[string][]time.Duration
+
+// add adds one build's times of its steps, under prefix, and their sum
+// as prefix+"total".
+func (s stepTimes) add(prefix string, times map[string]time.Duration) {
+	total := time.Duration(0)
+	for k, d := range times {
+		s[prefix+k] = append(s[prefix+k], d)
+		total += d
+	}
+	s[prefix+"total"] = append(s[prefix+"total"], total)
+}
+
+// report reports each step's median, in milliseconds.
+func (s stepTimes) report(b *testing.B) {
+	names := make([]string, 0, len(s))
+	for k := range s {
 		names = append(names, k)
 	}
 	sort.Strings(names)
 	for _, k := range names {
-		b.ReportMetric(float64(medianOf(steps[k]).Microseconds())/1000, k+"-ms")
+		b.ReportMetric(float64(medianOf(s[k]).Microseconds())/1000, k+"-ms")
 	}
-	b.ReportMetric(float64(medianOf(steps["isolated-total"]))/float64(medianOf(steps["privileged-total"])), "ratio")
+}
+
+// onOwnThread runs f on a thread of its own, which ends with it (and the
+// namespaces f unshared with the thread).
+func onOwnThread(f func()) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		// Never unlocked: the thread ends with the goroutine.
+		runtime.LockOSThread()
+		f()
+	}()
+	<-done
 }
 
 // timeIsolatedRoot builds an isolated task's root at root as
 // launchOnThread does, on the calling (locked) thread, timing each step.
 func timeIsolatedRoot(root string, iso *wire.Isolation, dirs []wire.Mount) (map[string]time.Duration, error) {
 	m := mounter.New()
-	t := map[string]time.Duration{}
-	step := func(name string, f func() error) error {
-		start := time.Now()
-		err := f()
-		t[name] += time.Since(start)
-		return err
-	}
 	var trees []*os.File
 	defer func() {
 		for _, tr := range trees {
 			_ = tr.Close()
 		}
 	}()
-	for _, s := range []struct {
-		name string
-		f    func() error
-	}{
+	return timeSteps([]benchStep{
 		{"unshare", func() error {
 			if err := unix.Unshare(namespaceFlags(iso)); err != nil {
 				return err
@@ -160,51 +169,53 @@ func timeIsolatedRoot(root string, iso *wire.Isolation, dirs []wire.Mount) (map[
 		{"pivot", func() error { return pivotRoot(root) }},
 		{"dirs", func() error { return attachAll(m, trees, dirs, "/") }},
 		{"pivot", func() error { return sealRoot(m) }},
-	} {
-		if err := step(s.name, s.f); err != nil {
-			return nil, err
-		}
-	}
-	return t, nil
+	})
 }
 
 // timePrivilegedRoot builds a privileged task's root at root as
 // launchOnThread does, on the calling (locked) thread, timing each step.
 func timePrivilegedRoot(root string, dirs []wire.Mount) (map[string]time.Duration, error) {
 	m := mounter.New()
-	t := map[string]time.Duration{}
-	for _, s := range []struct {
-		name string
-		f    func() error
-	}{
+	return timeSteps([]benchStep{
 		{"unshare", func() error {
 			if err := unix.Unshare(namespaceFlags(nil)); err != nil {
 				return err
 			}
 			return prepareNamespace(m, nil, "", nil, nil)
 		}},
-		{"root", func() error {
-			if err := os.MkdirAll(root, 0o755); err != nil {
-				return err
-			}
-			return buildRoot(m, root)
-		}},
+		{"root", func() error { return buildRoot(m, root) }},
 		{"dirs", func() error { return bindAll(m, dirs, root) }},
-		{"pivot", func() error {
-			if err := pivotRoot(root); err != nil {
-				return err
-			}
-			return sealRoot(m)
-		}},
-	} {
+		{"pivot", func() error { return enterSealed(m, root) }},
+	})
+}
+
+// benchStep is one timed step of a root's build.
+type benchStep struct {
+	name string
+	f    func() error
+}
+
+// timeSteps runs steps in order, timing each (steps of one name add up),
+// until one fails.
+func timeSteps(steps []benchStep) (map[string]time.Duration, error) {
+	t := map[string]time.Duration{}
+	for _, s := range steps {
 		start := time.Now()
 		err := s.f()
 		t[s.name] += time.Since(start)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("%s: %w", s.name, err)
 		}
 	}
 	return t, nil
+}
+
+// enterSealed is pivot_root into root and the seal.
+func enterSealed(m mounter.Interface, root string) error {
+	if err := pivotRoot(root); err != nil {
+		return err
+	}
+	return sealRoot(m)
 }
 
 func medianOf(ds []time.Duration) time.Duration {
@@ -281,7 +292,7 @@ func BenchmarkImageRoot(b *testing.B) {
 	}
 	order := []string{"host-", "image-", "layer-"}
 
-	steps := map[string][]time.Duration{}
+	steps := stepTimes{}
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		for j := range order {
@@ -292,21 +303,9 @@ func BenchmarkImageRoot(b *testing.B) {
 			spec := &wire.Spec{Mounts: mounts, StateDir: state}
 			var times map[string]time.Duration
 			var err error
-			done := make(chan struct{})
-			go func() {
-				defer close(done)
-				// Never unlocked: the thread ends with the goroutine.
-				runtime.LockOSThread()
-				times, err = timePluginRoot(spec, root, kinds[kind])
-			}()
-			<-done
+			onOwnThread(func() { times, err = timePluginRoot(spec, root, kinds[kind]) })
 			must.NoError(b, err)
-			total := time.Duration(0)
-			for k, d := range times {
-				steps[kind+k] = append(steps[kind+k], d)
-				total += d
-			}
-			steps[kind+"total"] = append(steps[kind+"total"], total)
+			steps.add(kind, times)
 			// What the task wrote stays in its state directory, as a
 			// task's writable layer does; a new one each time.
 			b.StopTimer()
@@ -315,14 +314,7 @@ func BenchmarkImageRoot(b *testing.B) {
 		}
 	}
 	b.StopTimer()
-	names := make([]string, 0, len(steps))
-	for k := range steps {
-		names = append(names, k)
-	}
-	sort.Strings(names)
-	for _, k := range names {
-		b.ReportMetric(float64(medianOf(steps[k]).Microseconds())/1000, k+"-ms")
-	}
+	steps.report(b)
 	host := float64(medianOf(steps["host-total"]))
 	b.ReportMetric(float64(medianOf(steps["image-total"]))/host, "image/host")
 	b.ReportMetric(float64(medianOf(steps["layer-total"]))/host, "layer/host")
@@ -365,11 +357,7 @@ func timePluginRoot(spec *wire.Spec, root string, img *wire.ImageRoot) (map[stri
 	if img != nil {
 		m = newImageTargets(m, root, spec)
 	}
-	t := map[string]time.Duration{}
-	for _, s := range []struct {
-		name string
-		f    func() error
-	}{
+	return timeSteps([]benchStep{
 		{"unshare", func() error {
 			if err := unix.Unshare(namespaceFlags(nil)); err != nil {
 				return err
@@ -378,19 +366,6 @@ func timePluginRoot(spec *wire.Spec, root string, img *wire.ImageRoot) (map[stri
 		}},
 		{"root", func() error { return enterNewRoot(m, root, nil, img) }},
 		{"mounts", func() error { return bindAll(m, spec.Mounts, root) }},
-		{"pivot", func() error {
-			if err := pivotRoot(root); err != nil {
-				return err
-			}
-			return sealRoot(m)
-		}},
-	} {
-		start := time.Now()
-		err := s.f()
-		t[s.name] += time.Since(start)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", s.name, err)
-		}
-	}
-	return t, nil
+		{"pivot", func() error { return enterSealed(m, root) }},
+	})
 }
