@@ -415,3 +415,24 @@ func TestStartTask_failedPluginStartFreesItsID(t *testing.T) {
 	must.NoError(t, err)
 	must.NoError(t, d.DestroyTask("alloc-b/t/1", true))
 }
+
+// The handed mark is a name for the invocation file, made once: a second
+// mark of the same start stands, and a directory without an invocation
+// file (nothing was started from it) cannot be marked.
+func TestMarkHanded(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "task")
+	must.NoError(t, writeInvocation(dir, &drivers.TaskConfig{ID: "a/t/1", AllocID: "a", Name: "t"}))
+	must.False(t, exists(filepath.Join(dir, handedFile)))
+	must.NoError(t, markHanded(dir))
+	must.True(t, exists(filepath.Join(dir, handedFile)))
+	inv, err := os.Stat(filepath.Join(dir, invocationFile))
+	must.NoError(t, err)
+	mark, err := os.Stat(filepath.Join(dir, handedFile))
+	must.NoError(t, err)
+	must.True(t, os.SameFile(inv, mark), must.Sprint("the mark is not a link to the invocation file"))
+	must.NoError(t, markHanded(dir))
+
+	empty := t.TempDir()
+	must.ErrorContains(t, markHanded(empty), "failed to record the task's start")
+	must.False(t, exists(filepath.Join(empty, handedFile)))
+}
