@@ -201,8 +201,9 @@
 //
 // Config.Events gets what a person following the task should see:
 // "Creating volume", "Attaching volume", "Staging volume", `Published
-// volume "data" at /data`, "Unpublishing volume", "Unstaging volume",
-// "Detaching volume", failures with the CSI code and message, retries and
-// their outcome. Recover's events go to the task that is gone; those about
+// volume "data" at /data`; one event per volume when its teardown is done,
+// naming the calls it made (`Unpublished, unstaged and detached volume
+// "data"`); failures with the CSI code and message and the step that
+// failed, retries and their outcome. Recover's events go to the task that is gone; those about
 // a volume no task record names have an empty task id.
 package csihook

@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -669,9 +670,10 @@ func TestTeardown_BackgroundRetryAfterTaskRecordDropped(t *testing.T) {
 		method string
 		event  string
 		left   string
+		done   string
 	}{
-		{MethodNodeUnstageVolume, `Unstaging volume "data" failed (Unavailable: connection refused): retrying in `, "vol p/vol1 unstaging/published"},
-		{MethodControllerUnpublishVolume, `Detaching volume "data" failed (Unavailable: connection refused): retrying in `, "vol p/vol1 /unpublishing"},
+		{MethodNodeUnstageVolume, `Unstaging volume "data" failed (Unavailable: connection refused): retrying in `, "vol p/vol1 unstaging/published", `Unstaged and detached volume "data"`},
+		{MethodControllerUnpublishVolume, `Detaching volume "data" failed (Unavailable: connection refused): retrying in `, "vol p/vol1 /unpublishing", `Detached volume "data"`},
 	}
 	for _, tc := range cases {
 		t.Run(tc.method, func(t *testing.T) {
@@ -697,6 +699,10 @@ func TestTeardown_BackgroundRetryAfterTaskRecordDropped(t *testing.T) {
 			must.SliceEmpty(t, h.mountPaths())
 			must.Eq(t, 1, h.fake.Count(MethodNodeUnpublishVolume))
 			must.True(t, containsEvent(h.eventMsgs(), "Volume cleanup succeeded"))
+			// The retry tells what it finished: the unpublish was
+			// done before the failure, which said which step failed.
+			must.True(t, containsEvent(h.eventMsgs(), tc.done), must.Sprint(h.eventMsgs()))
+			must.False(t, containsEvent(h.eventMsgs(), "Unpublished"), must.Sprint(h.eventMsgs()))
 			must.Eq(t, 0, h.m.Users("p", "vol1"))
 		})
 	}
@@ -1260,4 +1266,38 @@ func TestSetup_pluginErrorTextCleaned(t *testing.T) {
 		must.Less(t, 2*MaxErrorMessage+1000, len(text))
 	}
 	must.StrContains(t, oe.Message, `\x1b]0;owned\x07\x1b[2J\nFAKE`)
+}
+
+// TestTeardown_OneEventPerVolume: a stop tells each volume's teardown in
+// one event, once it is done, naming the calls it made (each event is a
+// write to Nomad's state and a sync to its servers); a volume another
+// task still uses says it stays staged; no event of a step beginning.
+func TestTeardown_OneEventPerVolume(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	shared := req("data", "vol1", "/data")
+	shared.AccessMode = AccessMultiNodeMultiWriter
+	_, err := h.m.Setup(ctx, "task-a", []VolumeRequest{shared, req("logs", "vol2", "/logs")})
+	must.NoError(t, err)
+	_, err = h.m.Setup(ctx, "task-b", []VolumeRequest{shared})
+	must.NoError(t, err)
+	h.mu.Lock()
+	h.events = nil
+	h.mu.Unlock()
+
+	must.NoError(t, h.m.Teardown(ctx, "task-a"))
+	must.NoError(t, h.m.Teardown(ctx, "task-b"))
+	h.mu.Lock()
+	got := slices.Clone(h.events)
+	h.mu.Unlock()
+	var msgs []string
+	for _, e := range got {
+		msgs = append(msgs, e.TaskID+": "+e.Msg)
+	}
+	must.Eq(t, []string{
+		`task-a: Unpublished, unstaged and detached volume "logs"`,
+		`task-a: Unpublished volume "data"; it stays staged for other tasks on this node`,
+		`task-b: Unpublished, unstaged and detached volume "data"`,
+	}, msgs)
+	must.Eq(t, map[string]string{"volume": "logs", "plugin_id": "p", "volume_id": "vol2"}, got[0].Ann)
 }

@@ -165,10 +165,11 @@ func (m *Manager) reconcile(ctx context.Context, k volKey, live func(string) boo
 	defer unlock()
 
 	var (
-		errs   []error
-		keep   []taskRecord
-		anyTID string
-		name   = k.volume
+		errs        []error
+		keep        []taskRecord
+		unpublished []taskRecord
+		anyTID      string
+		name        = k.volume
 	)
 	m.mu.Lock()
 	var recs []taskRecord
@@ -188,7 +189,7 @@ func (m *Manager) reconcile(ctx context.Context, k volKey, live func(string) boo
 		}
 		m.logger.Info("cleaning up volume of a task that is gone", "task_id", t.TaskID, "volume", t.Name,
 			"plugin_id", t.PluginID, "volume_id", t.VolumeID, "state", t.State)
-		drop, err := m.unpublishLocked(ctx, t)
+		drop, called, err := m.unpublishLocked(ctx, t)
 		if err == nil {
 			err = m.commit(drop...)
 		}
@@ -196,15 +197,40 @@ func (m *Manager) reconcile(ctx context.Context, k volKey, live func(string) boo
 			errs = append(errs, err)
 			continue
 		}
+		if called {
+			unpublished = append(unpublished, t)
+		}
 		if len(m.taskRecs(t.TaskID)) == 0 {
 			m.removeIfEmpty(m.taskDir(t.TaskID))
 		}
 	}
+	// Each task's event tells its own unpublish; the last task's, whose id
+	// the release goes under, tells the release with it. A failure has its
+	// own event, with the step that failed.
+	release := len(keep) == 0 && len(errs) == 0
+	isStaged := false
+	if vol, ok := m.vol(k); ok {
+		isStaged = vol.Stage != phaseNone
+	}
+	var lastUnpublished bool
+	for _, t := range unpublished {
+		if release && t.TaskID == anyTID && t.Name == name {
+			lastUnpublished = true
+			continue
+		}
+		m.tornDown(t.TaskID, t.Name, t.PluginID, t.VolumeID, tornSteps{unpublished: true, kept: len(keep) > 0 && isStaged})
+	}
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
-	if len(keep) == 0 {
-		return m.releaseLocked(ctx, anyTID, name, k, nil)
+	if release {
+		steps, err := m.releaseLocked(ctx, anyTID, name, k, nil)
+		if err != nil {
+			return err
+		}
+		steps.unpublished = lastUnpublished
+		m.tornDown(anyTID, name, k.plugin, k.volume, steps)
+		return nil
 	}
 
 	// Live users remain: settle uncertain steps forward.

@@ -169,9 +169,11 @@ func (m *Manager) setupVolume(ctx context.Context, taskID string, p plan) (Publi
 	if ok && m.users(k) == 0 && (vol.AccessMode != req.AccessMode || vol.AttachmentMode != attachment(req) || vol.FSType != req.FSType || vol.MountGroup != req.MountGroup) {
 		// Left over with another capability and nobody using it: take it
 		// down before staging it anew.
-		if err := m.releaseLocked(ctx, taskID, req.Name, k, nil); err != nil {
+		steps, err := m.releaseLocked(ctx, taskID, req.Name, k, nil)
+		if err != nil {
 			return Published{}, err
 		}
+		m.tornDown(taskID, req.Name, req.PluginID, volumeID, steps)
 		ok = false
 	}
 	if ok && len(vol.Secrets) == 0 {

@@ -8,6 +8,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
@@ -74,11 +75,12 @@ func (m *Manager) teardownVolume(ctx context.Context, taskID, name string) error
 	if tr, ok = m.taskRec(taskID, name); !ok {
 		return nil
 	}
-	drop, err := m.unpublishLocked(ctx, tr)
+	drop, unpublished, err := m.unpublishLocked(ctx, tr)
 	if err != nil {
 		return err
 	}
-	if err := m.releaseLocked(ctx, taskID, name, tr.key(), drop); err != nil {
+	steps, err := m.releaseLocked(ctx, taskID, name, tr.key(), drop)
+	if err != nil {
 		if _, ok := m.taskRec(taskID, name); !ok {
 			// The drop went out with the volume's "unstaging" or
 			// "unpublishing": remember the volume for the retry.
@@ -86,7 +88,53 @@ func (m *Manager) teardownVolume(ctx context.Context, taskID, name string) error
 		}
 		return err
 	}
+	steps.unpublished = unpublished
+	m.tornDown(taskID, name, tr.PluginID, tr.VolumeID, steps)
 	return nil
+}
+
+// tornSteps are the calls one volume's teardown made, told in one event
+// when it is done: an event is a write to Nomad's state and a sync to its
+// servers, and a node stopping hundreds of tasks at once pays for each.
+// A step that fails has an event of its own (OpError.Event), with the
+// retry's.
+type tornSteps struct {
+	unpublished, unstaged, detached bool
+	// kept: other tasks on this node still use the volume, so it stays
+	// staged.
+	kept bool
+}
+
+// message is the event of a finished teardown, "" when it called nothing.
+func (s tornSteps) message(name string) string {
+	var done []string
+	for _, st := range []struct {
+		did  bool
+		verb string
+	}{{s.unpublished, "unpublished"}, {s.unstaged, "unstaged"}, {s.detached, "detached"}} {
+		if st.did {
+			done = append(done, st.verb)
+		}
+	}
+	if len(done) == 0 {
+		return ""
+	}
+	verbs := done[0]
+	if n := len(done); n > 1 {
+		verbs = strings.Join(done[:n-1], ", ") + " and " + done[n-1]
+	}
+	msg := fmt.Sprintf("%s volume %q", strings.ToUpper(verbs[:1])+verbs[1:], name)
+	if s.kept {
+		msg += "; it stays staged for other tasks on this node"
+	}
+	return msg
+}
+
+// tornDown sends the one event of a volume's finished teardown.
+func (m *Manager) tornDown(taskID, name, pluginID, volumeID string, s tornSteps) {
+	if msg := s.message(name); msg != "" {
+		m.event(taskID, msg, annotations(name, pluginID, volumeID))
+	}
 }
 
 // releaseAgain retries the release of a volume a task no longer has a
@@ -99,9 +147,11 @@ func (m *Manager) releaseAgain(ctx context.Context, taskID, name string, k volKe
 			name, k.volume, k.plugin, err)
 	}
 	defer unlock()
-	if err := m.releaseLocked(ctx, taskID, name, k, nil); err != nil {
+	steps, err := m.releaseLocked(ctx, taskID, name, k, nil)
+	if err != nil {
 		return err
 	}
+	m.tornDown(taskID, name, k.plugin, k.volume, steps)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	delete(m.unreleased[taskID], k)
@@ -129,37 +179,38 @@ func (m *Manager) unreleasedOf(taskID string) map[volKey]string {
 // unpublishLocked unpublishes one task volume and returns the drop of its
 // record, not written yet: it goes out with the next record of the volume
 // or on its own (see releaseLocked). Until then the unpublish counts as
-// uncertain and the task as a user of the volume. The caller holds the
-// volume's lock.
-func (m *Manager) unpublishLocked(ctx context.Context, tr taskRecord) ([]journalOp, error) {
+// uncertain and the task as a user of the volume. called says whether
+// NodeUnpublishVolume was called (not for a volume never published). The
+// caller holds the volume's lock.
+func (m *Manager) unpublishLocked(ctx context.Context, tr taskRecord) (drop []journalOp, called bool, err error) {
 	if tr.State != phasePending && !tr.notCalled {
 		o := op{method: MethodNodeUnpublishVolume, taskID: tr.TaskID, name: tr.Name, pluginID: tr.PluginID,
 			volumeID: tr.VolumeID, path: tr.Target, notFoundOK: true, secrets: []map[string]string{tr.Secrets}}
 		if tr.State != phaseUnpublishing {
 			tr.State = phaseUnpublishing
 			if err := m.commit(taskPut(tr)); err != nil {
-				return nil, err
+				return nil, false, err
 			}
 		}
 		_, node, _, err := m.pluginClients(o)
 		if err != nil {
-			return nil, err
+			return nil, false, err
 		}
-		m.event(tr.TaskID, fmt.Sprintf("Unpublishing volume %q", tr.Name), annotations(tr.Name, tr.PluginID, tr.VolumeID))
 		err = m.call(ctx, o, func(ctx context.Context) error {
 			_, err := node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: tr.VolumeID, TargetPath: tr.Target})
 			return err
 		})
 		if err != nil {
-			return nil, err
+			return nil, false, err
 		}
 		if err := m.checkGone(o, tr.Target); err != nil {
-			return nil, err
+			return nil, false, err
 		}
 		m.logger.Info("volume unpublished", "task_id", tr.TaskID, "volume", tr.Name, "plugin_id", tr.PluginID,
 			"volume_id", tr.VolumeID, "target_path", tr.Target)
+		called = true
 	}
-	return []journalOp{taskDrop(tr.TaskID, tr.Name)}, nil
+	return []journalOp{taskDrop(tr.TaskID, tr.Name)}, called, nil
 }
 
 // releaseLocked unstages and detaches a volume when no task on this node
@@ -167,15 +218,17 @@ func (m *Manager) unpublishLocked(ctx context.Context, tr taskRecord) ([]journal
 // not written yet: they go out with the record before the first call, or
 // on their own, and the tasks they drop no longer count as users. The
 // result of a call is written with the record of the next call. The
-// caller holds the volume's lock.
-func (m *Manager) releaseLocked(ctx context.Context, taskID, name string, k volKey, pending []journalOp) error {
+// caller holds the volume's lock. It returns the calls it made, for the
+// teardown's event.
+func (m *Manager) releaseLocked(ctx context.Context, taskID, name string, k volKey, pending []journalOp) (tornSteps, error) {
+	var steps tornSteps
 	vol, ok := m.vol(k)
 	if !ok || m.usersAfter(k, pending) > 0 {
-		return m.commitLazy(pending...)
+		steps.kept = ok && vol.Stage != phaseNone
+		return steps, m.commitLazy(pending...)
 	}
 	o := op{taskID: taskID, name: name, pluginID: vol.PluginID, volumeID: vol.VolumeID, nodeID: vol.NodeID,
 		notFoundOK: true, secrets: []map[string]string{vol.Secrets}}
-	ann := annotations(name, vol.PluginID, vol.VolumeID)
 	if vol.Stage != phaseNone {
 		o.method, o.path = MethodNodeUnstageVolume, vol.StagingPath
 		if vol.Stage != phaseUnstaging {
@@ -183,26 +236,26 @@ func (m *Manager) releaseLocked(ctx context.Context, taskID, name string, k volK
 			pending = append(pending, volPut(vol))
 		}
 		if err := m.commit(pending...); err != nil {
-			return err
+			return steps, err
 		}
 		pending = nil
 		_, node, _, err := m.pluginClients(o)
 		if err != nil {
-			return err
+			return steps, err
 		}
-		m.event(taskID, fmt.Sprintf("Unstaging volume %q", name), ann)
 		err = m.call(ctx, o, func(ctx context.Context) error {
 			_, err := node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: vol.VolumeID, StagingTargetPath: vol.StagingPath})
 			return err
 		})
 		if err != nil {
-			return err
+			return steps, err
 		}
 		if err := m.checkGone(o, vol.StagingPath); err != nil {
-			return err
+			return steps, err
 		}
 		vol.Stage = phaseNone
 		pending = append(pending, volPut(vol))
+		steps.unstaged = true
 	}
 	if vol.Controller != phaseNone {
 		o.method, o.path = MethodControllerUnpublishVolume, ""
@@ -215,14 +268,13 @@ func (m *Manager) releaseLocked(ctx context.Context, taskID, name string, k volK
 				pending = append(pending, volPut(vol))
 			}
 			if err := m.commit(pending...); err != nil {
-				return err
+				return steps, err
 			}
 			pending = nil
 			_, _, ctrl, err := m.pluginClients(o)
 			if err != nil {
-				return err
+				return steps, err
 			}
-			m.event(taskID, fmt.Sprintf("Detaching volume %q", name), ann)
 			err = m.call(ctx, o, func(ctx context.Context) error {
 				_, err := ctrl.ControllerUnpublishVolume(ctx, &csi.ControllerUnpublishVolumeRequest{
 					VolumeId: vol.VolumeID, NodeId: vol.NodeID, Secrets: vol.Secrets,
@@ -230,18 +282,19 @@ func (m *Manager) releaseLocked(ctx context.Context, taskID, name string, k volK
 				return err
 			})
 			if err != nil {
-				return err
+				return steps, err
 			}
+			steps.detached = true
 		}
 	}
 	if err := m.commitLazy(append(pending, volDrop(k))...); err != nil {
-		return err
+		return steps, err
 	}
 	m.setVerified(k, false)
 	m.setExpandHeld(k, false)
 	m.removeIfEmpty(filepath.Dir(vol.StagingPath))
 	m.logger.Info("volume released on this node", "task_id", taskID, "plugin_id", vol.PluginID, "volume_id", vol.VolumeID)
-	return nil
+	return steps, nil
 }
 
 // checkGone makes sure the plugin really took its mount away from path

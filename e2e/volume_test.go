@@ -544,7 +544,7 @@ func testVolumeControllerPublish(t *testing.T, a *Agent) {
 		"NodeUnpublishVolume", "NodeUnstageVolume", "ControllerUnpublishVolume"}
 	must.Eq(t, want, fx.VolumeCalls(id))
 	must.StrContains(t, eventsText(al, "t"), `Attaching volume "data"`)
-	must.StrContains(t, eventsText(al, "t"), `Detaching volume "data"`)
+	must.StrContains(t, eventsText(al, "t"), `Unpublished, unstaged and detached volume "data"`)
 	t.Logf("controller_publish: calls for %s: %v", id, fx.VolumeCalls(id))
 }
 

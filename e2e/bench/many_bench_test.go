@@ -587,9 +587,9 @@ func fixtureVolumeIDs(b *testing.B, fx *e2e.VolFixture) map[string]string {
 
 // manyStopSteps says when, after t1, the job's tasks got the events of
 // their stop: Nomad's "Killing" (it asks the driver to stop the task) and
-// "Terminated" (the driver said the task exited), the driver's
-// "Unpublishing volume" (its teardown began) and Nomad's "Killed"; the
-// median task's and the last one's.
+// "Terminated" (the driver said the task exited), Nomad's "Killed", and
+// the driver's "Unpublished" (its volume's teardown is done, as Nomad
+// recorded it); the median task's and the last one's.
 func manyStopSteps(b *testing.B, a *e2e.Agent, jobID string, t1 time.Time) string {
 	b.Helper()
 	allocs, err := a.JobAllocations(jobID)
@@ -598,7 +598,7 @@ func manyStopSteps(b *testing.B, a *e2e.Agent, jobID string, t1 time.Time) strin
 	}
 	steps := []struct{ name, typ, prefix string }{
 		{"Killing", "Killing", ""}, {"Terminated", "Terminated", ""},
-		{"Unpublishing", "Driver", "Unpublishing volume"}, {"Killed", "Killed", ""},
+		{"Killed", "Killed", ""}, {"Unpublished", "Driver", "Unpublished"},
 	}
 	at := make([][]time.Duration, len(steps))
 	for _, stub := range allocs {
