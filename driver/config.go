@@ -77,6 +77,12 @@ var configSpec = hclspec.NewObject(map[string]*hclspec.Spec{
 		hclspec.NewLiteral(fmt.Sprintf("%q", DefaultCgroupParent)),
 	),
 	"plugin_socket_dirs": hclspec.NewAttr("plugin_socket_dirs", "list(string)", false),
+	// The least CPU weight of a CSI plugin task the operator granted
+	// (grantedPluginShares).
+	"plugin_cpu_shares": hclspec.NewDefault(
+		hclspec.NewAttr("plugin_cpu_shares", "number", false),
+		hclspec.NewLiteral(strconv.Itoa(DefaultPluginCPUShares)),
+	),
 	// Isolation of tasks that are not privileged, with the names and
 	// defaults of Nomad's exec driver.
 	// A block of quoted keys, as exec's client chroot_env: the agent's
@@ -247,6 +253,11 @@ type Config struct {
 	RootDir                    string   `codec:"root_dir"`
 	CgroupParent               string   `codec:"cgroup_parent"`
 	PluginSocketDirs           []string `codec:"plugin_socket_dirs"`
+	// PluginCPUShares is the least CPU weight (cpu.shares, the unit of a
+	// task's cpu) of a CSI plugin task the operator granted; 0 gives
+	// plugin tasks the weight of their cpu, as any task. See
+	// grantedPluginShares.
+	PluginCPUShares int `codec:"plugin_cpu_shares"`
 
 	ChrootEnv      map[string]string `codec:"chroot_env"`
 	DefaultPIDMode string            `codec:"default_pid_mode"`
@@ -305,6 +316,14 @@ type Config struct {
 	ImageMaxSize       string      `codec:"image_max_size"`
 }
 
+// DefaultPluginCPUShares is plugin_cpu_shares' default: the kernel's
+// default weight of a cgroup v1 group, which is also the weight of one
+// process of the host's root group there (cpu.weight 39 on cgroup v2).
+const DefaultPluginCPUShares = 1024
+
+// maxPluginCPUShares is the kernel's largest cpu.shares.
+const maxPluginCPUShares = 262144
+
 // DefaultPidsLimit is pids_limit's default: systemd's default TasksMax
 // for a 32768 pid_max, far above what a task runs, far below the host's.
 const DefaultPidsLimit = 4096
@@ -314,7 +333,7 @@ const DefaultPidsLimit = 4096
 func defaultConfig() Config {
 	return Config{Enabled: true, PrivilegedPluginsOnly: true, RootDir: DefaultRootDir, CgroupParent: DefaultCgroupParent,
 		DefaultPIDMode: IsolationModePrivate, DefaultIPCMode: IsolationModePrivate, AllowCaps: executor.DefaultCapabilities,
-		VolumeStatsInterval: DefaultVolumeStatsInterval, PidsLimit: DefaultPidsLimit,
+		VolumeStatsInterval: DefaultVolumeStatsInterval, PidsLimit: DefaultPidsLimit, PluginCPUShares: DefaultPluginCPUShares,
 		ImageGC: DefaultImageGC, ImageMaxLayers: image.DefaultMaxLayers, ImageMaxSize: DefaultImageMaxSize}
 }
 
@@ -377,6 +396,9 @@ func (c *Config) validate() error {
 	}
 	if c.PidsLimit < 0 {
 		return fmt.Errorf("pids_limit must be 0 (no limit) or a positive number of processes, got %d", c.PidsLimit)
+	}
+	if c.PluginCPUShares != 0 && (c.PluginCPUShares < 2 || c.PluginCPUShares > maxPluginCPUShares) {
+		return fmt.Errorf("plugin_cpu_shares must be 0 (plugin tasks weigh as their cpu) or a CPU weight from 2 to %d in the unit of a task's cpu (MHz, cgroup v1 cpu.shares), got %d", maxPluginCPUShares, c.PluginCPUShares)
 	}
 	if c.CPUTotalCompute < 0 {
 		return fmt.Errorf("cpu_total_compute must be 0 (measure the CPU speed) or the node's total CPU compute in MHz, as the agent's cpu_total_compute, got %d", c.CPUTotalCompute)

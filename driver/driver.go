@@ -443,6 +443,10 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 	if grant != nil {
 		logger.Info("privileged task granted", "grant", grant.String())
 	}
+	if shares := grantedPluginShares(conf, cfg, tc, grant); shares > spec.Limits.CPUShares {
+		logger.Debug("granted plugin task weighs plugin_cpu_shares", "cpu_shares", shares, "task_cpu_shares", spec.Limits.CPUShares)
+		spec.Limits.CPUShares = shares
+	}
 	if img != nil {
 		if err := d.imageRoot(conf, cfg, tc, spec, img); err != nil {
 			return nil, nil, err

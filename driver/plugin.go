@@ -171,6 +171,34 @@ func (d *Driver) socketPeer(socket string) func(pid int32) error {
 	}
 }
 
+// grantedPluginShares is the least CPU weight (cpu.shares, the unit of a
+// task's cpu) of a task that serves a CSI plugin the operator granted:
+// plugin_cpu_shares. A node's plugins are its infrastructure: every volume
+// task's start and stop waits on their calls, and on a busy node a plugin
+// that weighs as its few hundred MHz waits for a CPU behind the tasks it
+// serves. Granted means a privileged plugin task (its privileged_grant
+// matched) or one serving an id a privileged_grant reserves (authorize
+// refused it otherwise): the operator named the job. 0 for any other
+// task: a job writes its own csi_plugin block, and a weight above its cpu
+// would take CPU from the node's other tasks whenever the CPUs are busy.
+// The weight is a share under contention, never a cap: cpu_hard_limit's
+// quota and the memory limits stay the task's.
+func grantedPluginShares(conf *Config, cfg *drivers.TaskConfig, tc *TaskConfig, grant *PrivilegedGrant) int64 {
+	id, ok := "", false
+	if tc.CSIPlugin != nil {
+		id, ok = tc.CSIPlugin.ID, true
+	} else {
+		id, ok = nomadPluginID(cfg)
+	}
+	if !ok || conf.PluginCPUShares == 0 {
+		return 0
+	}
+	if grant == nil && len(reserving(conf.PrivilegedGrants, id)) == 0 {
+		return 0
+	}
+	return int64(conf.PluginCPUShares)
+}
+
 // taskCgroupNames are the names a task's control group can have: the
 // driver's own (taskCgroupName, under cgroup_parent), and on cgroup v2 the
 // scope Nomad laid out for the task (nomad.slice/share.slice/ALLOC.TASK.scope
