@@ -82,6 +82,8 @@ var manyPlugin = flag.String("many-plugin", "fixture", "the plugin of BenchmarkM
 
 var manyPluginCPU = flag.Int("many-plugin-cpu", 100, "the cpu (MHz, and so the CPU weight) of BenchmarkManyTasks' plugin task")
 
+var manyParentShares = flag.Int("many-parent-shares", 0, "cgroup v1 only, a diagnosis: the cpu.shares of the driver's cgroup_parent (default 1024, the weight of one thread of the root group), written once the plugin runs; 0 leaves it")
+
 var manyProfiles = flag.String("many-profiles", "", "copy the driver's goroutine, CPU and heap profiles (debug stats) here, with all csi tasks running and after their stop")
 
 // manyRun is one driver's round.
@@ -137,6 +139,14 @@ func BenchmarkManyTasks(b *testing.B) {
 		fx = a.StartVolMock(b, "mock", e2e.VolFixtureOptions{MemoryMB: 1024, CPU: *manyPluginCPU})
 	} else {
 		fx = a.StartVolFixture(b, "fixture", e2e.VolFixtureOptions{MemoryMB: 1024, CPU: *manyPluginCPU})
+	}
+	if *manyParentShares > 0 {
+		// The plugin task runs under it, so it exists by now; the agent's
+		// cgroup_parent is its own and goes with it.
+		f := filepath.Join("/sys/fs/cgroup/cpu", a.DriverCgroupParent(), "cpu.shares")
+		if err := os.WriteFile(f, []byte(strconv.Itoa(*manyParentShares)), 0o644); err != nil {
+			b.Fatalf("-many-parent-shares: %v", err)
+		}
 	}
 	var jobs []string
 	b.Cleanup(func() { volStopAll(b, a, jobs) })
@@ -209,6 +219,9 @@ func BenchmarkManyTasks(b *testing.B) {
 	}
 	row("driver RSS / goroutines, idle", "%.1f MiB / %d", mib(idleRSS), idleGoroutines)
 	row("the plugin task's CPU weight, from its cgroup (-many-plugin-cpu, plugin_cpu_shares)", "%s", pluginCPUWeight(fx))
+	if *manyParentShares > 0 {
+		row("the driver's cgroup_parent's cpu.shares (-many-parent-shares)", "%d", *manyParentShares)
+	}
 	restarts := pluginRestarts(b, a, fx)
 	row("plugin task restarts (figures with a restart are not comparable)", "%d", restarts)
 	row("left after the last stop", "%d (%s)", len(left), strings.Join(left, "; "))
