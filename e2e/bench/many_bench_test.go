@@ -41,6 +41,11 @@ package bench
 //     the spare and the plugin's, executors. Anything left fails the
 //     benchmark.
 //
+// -many-plugin-cpu sets the plugin task's cpu (a granted plugin weighs at
+// least plugin_cpu_shares; the report reads its weight from its cgroup);
+// -many-parent-shares, on cgroup v1, the cpu.shares of the driver's
+// cgroup_parent, which weighs against each thread of the root group.
+//
 // With -many-profiles DIR it keeps the driver's goroutine, CPU and heap
 // profiles (its debug stats files) with all csi tasks running and after
 // their stop, for go tool pprof.
