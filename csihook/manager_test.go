@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -430,11 +431,29 @@ func TestRecover_OrphansAndLostMounts(t *testing.T) {
 
 	h.restart()
 	h.fake.ResetCalls()
+	h.mu.Lock()
+	h.events = nil
+	h.mu.Unlock()
 	// task-c's mount vanished behind our back.
 	must.NoError(t, h.mnt.Unmount(h.m.TargetPath("task-c", "data")))
 	live := map[string]bool{"task-b": true, "task-c": true}
 	must.NoError(t, h.m.Recover(func(id string) bool { return live[id] }))
 	h.waitIdle()
+
+	// Each gone task hears of its volume's teardown once, when it is done.
+	var gone []string
+	h.mu.Lock()
+	for _, e := range h.events {
+		if !live[e.TaskID] {
+			gone = append(gone, e.TaskID+": "+e.Msg)
+		}
+	}
+	h.mu.Unlock()
+	sort.Strings(gone)
+	must.Eq(t, []string{
+		`task-a: Unpublished volume "data"; it stays staged for other tasks on this node`,
+		`task-d: Unpublished, unstaged and detached volume "x"`,
+	}, gone)
 
 	must.Eq(t, 2, h.m.Users("p", "shared"))
 	must.Eq(t, 0, h.m.Users("p", "solo"))
