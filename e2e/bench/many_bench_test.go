@@ -487,38 +487,11 @@ func procStat(pid int) []string {
 // pluginCPUWeight reads the plugin task's CPU weight from its cgroup:
 // "cpu.shares N" on cgroup v1, "cpu.weight N" on v2, or why it could not.
 func pluginCPUWeight(fx *e2e.VolFixture) string {
-	pids := e2e.TaskPIDs(fx.AllocID, "plugin")
-	if len(pids) == 0 {
-		return "no plugin process"
-	}
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pids[0]))
+	file, w, err := e2e.TaskCPUWeight(fx.AllocID, "plugin")
 	if err != nil {
 		return err.Error()
 	}
-	var v2 string
-	for _, line := range strings.Split(string(b), "\n") {
-		parts := strings.SplitN(line, ":", 3)
-		if len(parts) != 3 {
-			continue
-		}
-		if parts[1] == "" {
-			v2 = parts[2]
-		}
-		for _, ctrl := range strings.Split(parts[1], ",") {
-			if ctrl == "cpu" {
-				return readWeight(filepath.Join("/sys/fs/cgroup/cpu", parts[2], "cpu.shares"))
-			}
-		}
-	}
-	return readWeight(filepath.Join("/sys/fs/cgroup", v2, "cpu.weight"))
-}
-
-func readWeight(path string) string {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return err.Error()
-	}
-	return filepath.Base(path) + " " + strings.TrimSpace(string(b))
+	return fmt.Sprintf("%s %d", filepath.Base(file), w)
 }
 
 // pluginRestarts is how often the plugin's task was restarted.
