@@ -318,7 +318,8 @@ type Config struct {
 
 // DefaultPluginCPUShares is plugin_cpu_shares' default: the kernel's
 // default weight of a cgroup v1 group, which is also the weight of one
-// process of the host's root group there (cpu.weight 39 on cgroup v2).
+// process of the host's root group there (cpu.weight 100 on cgroup v2, the
+// kernel's default weight of a group there too).
 const DefaultPluginCPUShares = 1024
 
 // maxPluginCPUShares is the kernel's largest cpu.shares.

@@ -69,7 +69,7 @@ func taskCPUWeight(t *testing.T, handle *drivers.TaskHandle) int64 {
 		return readCgroupInt(t, filepath.Join(dir, "cpu.shares"))
 	}
 	w := readCgroupInt(t, filepath.Join(paths["unified"], "cpu.weight"))
-	shares := map[int64]int64{39: 1024, 4: 100, 77: 2000}[w]
+	shares := map[int64]int64{100: 1024, 17: 100, 170: 2000}[w]
 	must.Positive(t, shares, must.Sprintf("cpu.weight %d is none of the test's", w))
 	return shares
 }

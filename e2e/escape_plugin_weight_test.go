@@ -43,11 +43,11 @@ func TestEscapePluginCPUWeight(t *testing.T) {
 	_, granted, err := TaskCPUWeight(alO.ID, "t")
 	must.NoError(t, err)
 	t.Logf("%s: the job's own plugin weighs %d, the granted plugin %d", file, got, granted)
-	// cpu = 20 is cpu.shares 20 on cgroup v1 and cpu.weight 1 on v2;
-	// 1024 is cpu.weight 39.
+	// cpu = 20 is cpu.shares 20 on cgroup v1 and cpu.weight 6 on v2;
+	// 1024 is cpu.weight 100.
 	want, wantGranted := int64(20), int64(1024)
 	if filepath.Base(file) == "cpu.weight" {
-		want, wantGranted = 1, 39
+		want, wantGranted = 6, 100
 	}
 	if got > want {
 		t.Errorf("ESCAPED: job %s, a csi_plugin block no grant names, weighs %d in %s, more than its cpu (%d)", attack, got, file, want)

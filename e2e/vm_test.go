@@ -245,8 +245,9 @@ func TestVMCgroupV2(t *testing.T) {
 	must.NoError(t, err)
 	must.Greater(t, 32<<20, current, must.Sprint("the task holds no more than its memory: memory_max is not what let it live"))
 	must.Eq(t, "0", cgroupFile(t, over, "memory.swap.max"))
-	// cpu = 500 is 500 shares, cpu.weight 19 (runc's conversion).
-	must.Eq(t, "19", cgroupFile(t, over, "cpu.weight"))
+	// cpu = 500 is 500 shares, cpu.weight 58 (as Nomad 1.11 converts
+	// them; 1024 is 100).
+	must.Eq(t, "58", cgroupFile(t, over, "cpu.weight"))
 	must.Eq(t, "4096", cgroupFile(t, over, "pids.max"))
 	// Every controller Nomad's tasks get is there, cpuset and io too.
 	have := strings.Fields(cgroupFile(t, over, "cgroup.controllers"))

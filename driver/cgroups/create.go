@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -499,13 +500,24 @@ func enableV2(dir string, controllers []string) error {
 }
 
 // cpuWeight converts v1 cpu.shares [2, 262144] to v2 cpu.weight [1, 10000]
-// the way runc does.
+// as Nomad 1.11's executors do (Nomad 1.10's were linear, 1024 -> 39): the
+// base-10 logarithm of the weight is the quadratic in the base-2 logarithm
+// of the shares that takes 2 to 1, 1024 to 100 and 262144 to 10000, so
+// that each range's ends meet and a task of cpu = 1024 weighs as a group
+// the kernel made with its default weight does on either version.
 func cpuWeight(shares int64) int64 {
-	if shares == 0 {
+	switch {
+	case shares == 0:
 		return defaultWeight
+	case shares <= 2:
+		return 1
+	case shares >= 262144:
+		return 10000
 	}
-	w := 1 + ((shares-2)*9999)/262142
-	return min(max(w, 1), 10000)
+	l := math.Log2(float64(shares))
+	// a*l^2 + b*l + c through (1, 0), (10, 2) and (18, 4).
+	e := (l*l+125*l)/612 - 7.0/34
+	return min(max(int64(math.Ceil(math.Pow(10, e))), 1), 10000)
 }
 
 func (g *Group) applyV2(l Limits) error {
