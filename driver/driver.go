@@ -560,7 +560,12 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 		err = markHanded(spec.StateDir)
 	}
 	if err == nil && pc != nil {
-		err = d.startPluginProbe(conf, cfg, pc, reclaim, started)
+		if err = d.startPluginProbe(conf, cfg, pc, reclaim, started); err != nil {
+			// Nomad gets no handle: a later driver process must not
+			// count the task as Nomad's, should the undo below fail
+			// to end it.
+			unmarkHanded(spec.StateDir)
+		}
 	}
 	if err != nil {
 		return nil, nil, err

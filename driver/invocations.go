@@ -15,6 +15,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/nomad/plugins/drivers"
+	"golang.org/x/sys/unix"
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/csihook"
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor"
@@ -229,14 +230,30 @@ func writeInvocation(dir string, cfg *drivers.TaskConfig) error {
 // later driver process whether Nomad may still recover the task; after a
 // crash of the host no task is alive, and a start without the mark is
 // ended just as Nomad's recovery of it would fail). The invocation file,
-// written before anything starts, is synced. A mark already there (an
-// earlier start of the task ID, in the same directory) stands.
+// written before anything starts, is synced. A root_dir on a file system
+// without hard links (EPERM, as vfat and some FUSE file systems answer)
+// gets an empty file of its own instead. A mark already there stands.
 func markHanded(dir string) error {
-	err := os.Link(filepath.Join(dir, invocationFile), filepath.Join(dir, handedFile))
+	mark := filepath.Join(dir, handedFile)
+	err := linkFile(filepath.Join(dir, invocationFile), mark)
+	if errors.Is(err, unix.EPERM) || errors.Is(err, unix.EOPNOTSUPP) {
+		var f *os.File
+		if f, err = os.OpenFile(mark, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600); err == nil {
+			err = f.Close()
+		}
+	}
 	if err != nil && !errors.Is(err, fs.ErrExist) {
 		return fmt.Errorf("failed to record the task's start: %w", err)
 	}
 	return nil
+}
+
+// linkFile is os.Link; a variable for tests.
+var linkFile = os.Link
+
+// unmarkHanded takes the mark back from a start that fails after it.
+func unmarkHanded(dir string) {
+	_ = os.Remove(filepath.Join(dir, handedFile))
 }
 
 // discardInvocation ends a task Nomad will never recover or destroy: its

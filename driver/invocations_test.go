@@ -15,6 +15,7 @@ import (
 	"github.com/hashicorp/nomad/plugins/drivers"
 	"github.com/shoenig/test/must"
 	"github.com/shoenig/test/wait"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -435,4 +436,30 @@ func TestMarkHanded(t *testing.T) {
 	empty := t.TempDir()
 	must.ErrorContains(t, markHanded(empty), "failed to record the task's start")
 	must.False(t, exists(filepath.Join(empty, handedFile)))
+
+	unmarkHanded(dir)
+	must.False(t, exists(filepath.Join(dir, handedFile)))
+	must.True(t, exists(filepath.Join(dir, invocationFile)))
+}
+
+// On a file system that makes no hard links (vfat, some FUSE file
+// systems: link(2) answers EPERM) the mark is an empty file of its own.
+func TestMarkHanded_NoHardLinks(t *testing.T) {
+	old := linkFile
+	t.Cleanup(func() { linkFile = old })
+	linkFile = func(string, string) error { return &os.LinkError{Op: "link", Err: unix.EPERM} }
+	dir := filepath.Join(t.TempDir(), "task")
+	must.NoError(t, writeInvocation(dir, &drivers.TaskConfig{ID: "a/t/1", AllocID: "a", Name: "t"}))
+	must.NoError(t, markHanded(dir))
+	fi, err := os.Lstat(filepath.Join(dir, handedFile))
+	must.NoError(t, err)
+	must.True(t, fi.Mode().IsRegular())
+	must.NoError(t, markHanded(dir))
+
+	// Any other error of link(2) fails the start.
+	linkFile = func(string, string) error { return &os.LinkError{Op: "link", Err: unix.EIO} }
+	other := filepath.Join(t.TempDir(), "task")
+	must.NoError(t, writeInvocation(other, &drivers.TaskConfig{ID: "a/t/2", AllocID: "a", Name: "t"}))
+	must.ErrorContains(t, markHanded(other), "failed to record the task's start")
+	must.False(t, exists(filepath.Join(other, handedFile)))
 }
