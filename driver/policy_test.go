@@ -386,3 +386,36 @@ func TestConfigSpec_isolationKeys(t *testing.T) {
 	must.Eq(t, "host", c.DefaultPIDMode)
 	must.Eq(t, "0", c.DeniedHostUIDs)
 }
+
+// grantedPluginShares: a plugin task the operator granted, this driver's
+// csi_plugin block or Nomad's (read from its plugin supervisor's mounts),
+// weighs plugin_cpu_shares; one no grant names, or any other task, none.
+func TestGrantedPluginShares(t *testing.T) {
+	const alloc = "5b3c2f1e-0000-4000-8000-000000000001"
+	// nomadPluginMounts' plugin id is the last element of its staging
+	// directory.
+	const id = "hostpath"
+	nomad := &drivers.TaskConfig{AllocID: alloc, Mounts: nomadPluginMounts("/var/lib/nomad/client", alloc)}
+	own := &TaskConfig{CSIPlugin: &PluginTaskConfig{ID: id, Type: "node", MountDir: "/csi"}}
+	reserved := &Config{PluginCPUShares: 1024, PrivilegedGrants: []PrivilegedGrant{{Namespace: "*", Job: "ops", PluginID: id}}}
+	free := &Config{PluginCPUShares: 1024, PrivilegedGrants: []PrivilegedGrant{{Namespace: "*", Job: "ops", PluginID: "other"}}}
+	grant := &PrivilegedGrant{Namespace: "*", Job: "ops"}
+	for _, tc := range []struct {
+		name  string
+		conf  *Config
+		cfg   *drivers.TaskConfig
+		tc    *TaskConfig
+		grant *PrivilegedGrant
+		want  int64
+	}{
+		{"Nomad's plugin, id reserved by a grant", reserved, nomad, &TaskConfig{}, nil, 1024},
+		{"Nomad's plugin, privileged under a grant", free, nomad, &TaskConfig{}, grant, 1024},
+		{"Nomad's plugin, no grant names it", free, nomad, &TaskConfig{}, nil, 0},
+		{"own plugin, id reserved by a grant", reserved, &drivers.TaskConfig{}, own, nil, 1024},
+		{"own plugin, no grant names it", free, &drivers.TaskConfig{}, own, nil, 0},
+		{"no plugin, privileged under a grant", free, &drivers.TaskConfig{}, &TaskConfig{}, grant, 0},
+		{"plugin_cpu_shares = 0", &Config{PrivilegedGrants: reserved.PrivilegedGrants}, nomad, &TaskConfig{}, grant, 0},
+	} {
+		must.Eq(t, tc.want, grantedPluginShares(tc.conf, tc.cfg, tc.tc, tc.grant), must.Sprint(tc.name))
+	}
+}
