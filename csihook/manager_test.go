@@ -1320,3 +1320,50 @@ func TestTeardown_OneEventPerVolume(t *testing.T) {
 	}, msgs)
 	must.Eq(t, map[string]string{"volume": "logs", "plugin_id": "p", "volume_id": "vol2"}, got[0].Ann)
 }
+
+// A teardown step the plugin does not answer is told to the task while the
+// driver waits (there is no event as a step begins), once per call; the
+// teardown's own event follows when the plugin answers. A step that
+// answers in time says nothing of the kind.
+func TestTeardown_SlowCallEvent(t *testing.T) {
+	old := slowCallEvent
+	slowCallEvent = 50 * time.Millisecond
+	t.Cleanup(func() { slowCallEvent = old })
+	h := newHarness(t)
+	ctx := context.Background()
+	_, err := h.m.Setup(ctx, "task-a", []VolumeRequest{req("data", "vol1", "/data")})
+	must.NoError(t, err)
+	h.mu.Lock()
+	h.events = nil
+	h.mu.Unlock()
+	messages := func() []string {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		var out []string
+		for _, e := range h.events {
+			out = append(out, e.TaskID+": "+e.Msg)
+		}
+		return out
+	}
+
+	release := h.fake.HangMethod(MethodNodeUnstageVolume)
+	done := make(chan error, 1)
+	go func() { done <- h.m.Teardown(ctx, "task-a") }()
+	want := `task-a: Unstaging volume "data": plugin "p" has not answered NodeUnstageVolume for 50ms; still waiting`
+	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool { return slices.Contains(messages(), want) }),
+		wait.Timeout(5*time.Second), wait.Gap(10*time.Millisecond)), must.Sprintf("events: %q", messages()))
+	release()
+	must.NoError(t, <-done)
+	must.Eq(t, []string{want, `task-a: Unpublished, unstaged and detached volume "data"`}, messages())
+
+	h.mu.Lock()
+	h.events = nil
+	h.mu.Unlock()
+	_, err = h.m.Setup(ctx, "task-b", []VolumeRequest{req("data", "vol1", "/data")})
+	must.NoError(t, err)
+	must.NoError(t, h.m.Teardown(ctx, "task-b"))
+	time.Sleep(2 * slowCallEvent)
+	for _, m := range messages() {
+		must.StrNotContains(t, m, "has not answered")
+	}
+}

@@ -2,6 +2,7 @@ package csihook
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -27,6 +28,16 @@ type op struct {
 	notFoundOK bool
 }
 
+// teardownMethods are the calls of a volume's teardown.
+var teardownMethods = map[string]bool{
+	MethodNodeUnpublishVolume: true, MethodNodeUnstageVolume: true, MethodControllerUnpublishVolume: true,
+}
+
+// slowCallEvent is how long a teardown call goes unanswered before the
+// task hears that the driver is still waiting for it; a variable for
+// tests.
+var slowCallEvent = 10 * time.Second
+
 // call runs fn under a deadline of RPCTimeout, retrying with backoff on
 // the codes csiclient.Rules retries for the method, up to RetryAttempts
 // times while ctx lasts. NotFound is success when o.notFoundOK. A final
@@ -37,6 +48,17 @@ func (m *Manager) call(ctx context.Context, o op, fn func(ctx context.Context) e
 		last    error
 		retried int
 	)
+	if o.taskID != "" && teardownMethods[o.method] {
+		// A teardown step has no event as it begins (one event tells the
+		// whole teardown once it is done): a plugin that does not answer
+		// would leave the task's events silent until the call's deadline.
+		slow := time.AfterFunc(slowCallEvent, func() {
+			m.event(o.taskID, fmt.Sprintf("%s %q: plugin %q has not answered %s for %s; still waiting",
+				gerund(o.method), o.name, o.pluginID, o.method, slowCallEvent),
+				annotations(o.name, o.pluginID, o.volumeID))
+		})
+		defer slow.Stop()
+	}
 	p := csiclient.Policy{Attempts: m.cfg.RetryAttempts, Base: m.cfg.RetryBase, Max: m.cfg.RetryMax, Timeout: m.cfg.RPCTimeout, Code: Code,
 		Observe: m.observer(o.pluginID)}
 	attempts, err := p.Do(ctx, o.method, func(ctx context.Context) error {
