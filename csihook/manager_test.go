@@ -680,6 +680,31 @@ func TestTeardown_BackgroundRetryUntilPluginAnswers(t *testing.T) {
 	must.True(t, containsEvent(h.eventMsgs(), "Volume cleanup succeeded"))
 }
 
+// The retry that finishes tells the task before the driver hears that the
+// task's volumes are released (Released, on which the driver drops the
+// task's event target): "Volume cleanup succeeded" is the last event the
+// task gets, not one sent after its target is gone.
+func TestTeardown_BackgroundSuccessEventBeforeReleased(t *testing.T) {
+	var h *harness
+	h = newHarness(t, func(c *Config) {
+		c.Released = func(taskID string) {
+			h.mu.Lock()
+			defer h.mu.Unlock()
+			h.events = append(h.events, recordedEvent{taskID, "<released>", nil})
+		}
+	})
+	ctx := context.Background()
+	_, err := h.m.Setup(ctx, "task-a", []VolumeRequest{req("data", "vol1", "/data")})
+	must.NoError(t, err)
+	h.fake.SetError(MethodNodeUnpublishVolume, status.Error(codes.Unavailable, "connection refused"))
+	must.ErrorContains(t, h.m.Teardown(ctx, "task-a"), "retrying in the background")
+	h.fake.SetError(MethodNodeUnpublishVolume, nil)
+	h.waitIdle()
+	msgs := h.eventMsgs()
+	must.SliceNotEmpty(t, msgs)
+	must.Eq(t, []string{"Volume cleanup succeeded", "<released>"}, msgs[len(msgs)-2:])
+}
+
 // TestTeardown_BackgroundRetryAfterTaskRecordDropped fails the unstage or
 // the detach, which come after the task's record is dropped: the
 // background retry must go on calling it until it succeeds, and only then

@@ -15,18 +15,22 @@ import (
 // succeeds, starting after a backoff since cause just failed.
 func (m *Manager) scheduleTeardown(taskID string, cause error) {
 	m.background("task:"+taskID, taskID, cause, func(ctx context.Context) error {
-		err := m.teardownTask(ctx, taskID)
-		if err == nil && m.cfg.Released != nil {
+		return m.teardownTask(ctx, taskID)
+	}, func() {
+		// After the attempt's events: Released may take the task's
+		// event target away.
+		if m.cfg.Released != nil {
 			m.cfg.Released(taskID)
 		}
-		return err
 	})
 }
 
 // background runs attempt until it succeeds, Close is called or it fails
 // permanently, one worker per key. With a nil cause the first attempt runs
 // at once; otherwise an event reports cause and the wait before the next.
-func (m *Manager) background(key, taskID string, cause error, attempt func(ctx context.Context) error) {
+// succeeded, when set, runs once an attempt succeeded and its event went
+// out.
+func (m *Manager) background(key, taskID string, cause error, attempt func(ctx context.Context) error, succeeded func()) {
 	m.mu.Lock()
 	if m.closed || m.workers[key] {
 		m.mu.Unlock()
@@ -66,6 +70,9 @@ func (m *Manager) background(key, taskID string, cause error, attempt func(ctx c
 			if err == nil {
 				if cause != nil || i > 0 {
 					m.event(taskID, "Volume cleanup succeeded", nil)
+				}
+				if succeeded != nil {
+					succeeded()
 				}
 				return
 			}
@@ -145,7 +152,7 @@ func (m *Manager) Recover(live func(taskID string) bool) error {
 		}
 		m.background("vol:"+k.String(), owner[k], nil, func(ctx context.Context) error {
 			return m.reconcile(ctx, k, live, fix)
-		})
+		}, nil)
 	}
 	if listErr != nil {
 		return fmt.Errorf("failed to check volume mounts: %w", listErr)
