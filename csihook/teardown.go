@@ -80,6 +80,10 @@ func (m *Manager) teardownVolume(ctx context.Context, taskID, name string) error
 		return err
 	}
 	steps, err := m.releaseLocked(ctx, taskID, name, tr.key(), drop)
+	steps.unpublished = unpublished
+	// Done or not, the task hears what was done: a step that failed
+	// has its own event, and the retry tells what it does.
+	m.tornDown(taskID, name, tr.PluginID, tr.VolumeID, steps)
 	if err != nil {
 		if _, ok := m.taskRec(taskID, name); !ok {
 			// The drop went out with the volume's "unstaging" or
@@ -88,8 +92,6 @@ func (m *Manager) teardownVolume(ctx context.Context, taskID, name string) error
 		}
 		return err
 	}
-	steps.unpublished = unpublished
-	m.tornDown(taskID, name, tr.PluginID, tr.VolumeID, steps)
 	return nil
 }
 
@@ -148,10 +150,10 @@ func (m *Manager) releaseAgain(ctx context.Context, taskID, name string, k volKe
 	}
 	defer unlock()
 	steps, err := m.releaseLocked(ctx, taskID, name, k, nil)
+	m.tornDown(taskID, name, k.plugin, k.volume, steps)
 	if err != nil {
 		return err
 	}
-	m.tornDown(taskID, name, k.plugin, k.volume, steps)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	delete(m.unreleased[taskID], k)
