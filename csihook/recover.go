@@ -232,12 +232,11 @@ func (m *Manager) reconcile(ctx context.Context, k volKey, live func(string) boo
 	}
 	if release {
 		steps, err := m.releaseLocked(ctx, anyTID, name, k, nil)
-		if err != nil {
-			return err
-		}
+		// Done or not: what was done is told (the failure has its own
+		// event, and the retry tells what it does).
 		steps.unpublished = lastUnpublished
 		m.tornDown(anyTID, name, k.plugin, k.volume, steps)
-		return nil
+		return err
 	}
 
 	// Live users remain: settle uncertain steps forward.
