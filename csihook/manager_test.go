@@ -473,6 +473,38 @@ func TestRecover_OrphansAndLostMounts(t *testing.T) {
 	must.True(t, containsEvent(h.eventMsgs(), `Re-publishing volume "data"`))
 }
 
+// A gone task's volume whose release fails at recovery: the task still
+// hears of the unpublish done for it (merged into the release's event
+// when the release goes through), then of the failure, then of what the
+// retry did.
+func TestRecover_ReleaseFailsAfterUnpublish(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	_, err := h.m.Setup(ctx, "task-d", []VolumeRequest{req("x", "solo", "/x")})
+	must.NoError(t, err)
+	h.restart()
+	h.mu.Lock()
+	h.events = nil
+	h.mu.Unlock()
+	h.fake.SetError(MethodNodeUnstageVolume, status.Error(codes.Unavailable, "connection refused"))
+	must.NoError(t, h.m.Recover(func(string) bool { return false }))
+	must.Wait(t, waitFor(func() bool {
+		return containsEvent(h.eventMsgs(), `Unstaging volume "x" failed (Unavailable: connection refused): retrying in `)
+	}))
+	h.fake.SetError(MethodNodeUnstageVolume, nil)
+	h.waitIdle()
+	var steps []string
+	for _, e := range h.eventMsgs() {
+		if strings.HasPrefix(e, "Unpublished") || strings.HasPrefix(e, "Unstaged") || strings.HasPrefix(e, "Detached") {
+			steps = append(steps, e)
+		}
+	}
+	must.SliceNotEmpty(t, steps)
+	must.Eq(t, `Unpublished volume "x"`, steps[0], must.Sprint(h.eventMsgs()))
+	must.Eq(t, 0, h.m.Users("p", "solo"))
+	must.SliceEmpty(t, h.journalRecords())
+}
+
 func TestRecover_PluginDownRetriesInBackground(t *testing.T) {
 	h := newHarness(t)
 	_, err := h.m.Setup(context.Background(), "task-a", []VolumeRequest{req("data", "vol1", "/data")})
