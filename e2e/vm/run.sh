@@ -88,14 +88,15 @@ if [ -n "$short" ]; then
 	# controller, and the e2e cases that need what only the guest has:
 	# systemd (the agent as a unit, restarted with systemctl), cgroup v2
 	# with controllers (limits, OOM, weights, cores, pids, devices,
-	# statistics) and / shared.
+	# statistics) and / shared; a granted plugin's weight against a job's
+	# own plugin block's, as cpu.weight.
 	cg_run='^TestHost_'
 	# The executor's tests of limits a v2 host with controllers enforces:
 	# OOM score and group, OOM kill, pids limit, the device filter.
 	ex_run='^(TestStart_OOMScoreAdjAndCgroup_Root|TestStart_OOMKilled_Root|TestStart_PidsLimited_Root|TestIsolation_Devices_Root)$'
 	# An image task's root on a distribution's kernel: before Linux 6.5
 	# overlay takes its options the legacy way (mounter.MountOverlay).
-	e2e_run=${VM_E2E_RUN:-'^(TestVM.*|TestAgentRestartRecoversTask|TestMemoryLimitOOMKilled|TestImageTasks|TestImageTaskSurvivesAgentRestart)$'}
+	e2e_run=${VM_E2E_RUN:-'^(TestVM.*|TestAgentRestartRecoversTask|TestMemoryLimitOOMKilled|TestImageTasks|TestImageTaskSurvivesAgentRestart|TestEscapePluginCPUWeight)$'}
 	if [ -n "$old" ]; then
 		# The driver starts no task there: only its refusal is tested.
 		ex_run='^$'
