@@ -1433,3 +1433,33 @@ func TestTeardown_SlowCallEvent(t *testing.T) {
 		must.StrNotContains(t, m, "has not answered")
 	}
 }
+
+// A volume left staged with nobody using it (its release is waiting to be
+// retried) and another capability is taken down before a new task stages
+// it anew: the new task hears what was done and why.
+func TestSetup_RestagesLeftOverVolumeSayingWhy(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.BackgroundRetryBase, c.BackgroundRetryMax = time.Hour, time.Hour })
+	ctx := context.Background()
+	_, err := h.m.Setup(ctx, "task-a", []VolumeRequest{req("data", "vol1", "/data")})
+	must.NoError(t, err)
+	h.fake.SetError(MethodNodeUnstageVolume, status.Error(codes.Unavailable, "connection refused"))
+	must.ErrorContains(t, h.m.Teardown(ctx, "task-a"), "retrying in the background")
+	h.fake.SetError(MethodNodeUnstageVolume, nil)
+	must.Eq(t, 0, h.m.Users("p", "vol1"))
+
+	r := req("data", "vol1", "/data")
+	r.AccessMode = AccessMultiNodeMultiWriter
+	_, err = h.m.Setup(ctx, "task-b", []VolumeRequest{r})
+	must.NoError(t, err)
+	var b []string
+	h.mu.Lock()
+	for _, e := range h.events {
+		if e.TaskID == "task-b" {
+			b = append(b, e.Msg)
+		}
+	}
+	h.mu.Unlock()
+	must.SliceNotEmpty(t, b)
+	must.Eq(t, `Unstaged and detached volume "data"; it was left staged with another access mode, attachment, file system or mount group, and is staged anew`, b[0], must.Sprint(b))
+	must.Eq(t, 1, h.m.Users("p", "vol1"))
+}

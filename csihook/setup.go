@@ -170,10 +170,13 @@ func (m *Manager) setupVolume(ctx context.Context, taskID string, p plan) (Publi
 		// Left over with another capability and nobody using it: take it
 		// down before staging it anew.
 		steps, err := m.releaseLocked(ctx, taskID, req.Name, k, nil)
+		if msg := steps.message(req.Name); msg != "" {
+			m.event(taskID, msg+"; it was left staged with another access mode, attachment, file system or mount group, and is staged anew",
+				annotations(req.Name, req.PluginID, volumeID))
+		}
 		if err != nil {
 			return Published{}, err
 		}
-		m.tornDown(taskID, req.Name, req.PluginID, volumeID, steps)
 		ok = false
 	}
 	if ok && len(vol.Secrets) == 0 {
