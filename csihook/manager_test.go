@@ -476,7 +476,7 @@ func TestRecover_OrphansAndLostMounts(t *testing.T) {
 // A gone task's volume whose release fails at recovery: the task still
 // hears of the unpublish done for it (merged into the release's event
 // when the release goes through), then of the failure, then of what the
-// retry did.
+// retry did, each by the volume's name in the task.
 func TestRecover_ReleaseFailsAfterUnpublish(t *testing.T) {
 	h := newHarness(t)
 	ctx := context.Background()
@@ -493,14 +493,19 @@ func TestRecover_ReleaseFailsAfterUnpublish(t *testing.T) {
 	}))
 	h.fake.SetError(MethodNodeUnstageVolume, nil)
 	h.waitIdle()
+	// Every event goes to task-d, by the volume's name (the retry's too,
+	// after the attempt that unpublished dropped the task's record).
 	var steps []string
-	for _, e := range h.eventMsgs() {
-		if strings.HasPrefix(e, "Unpublished") || strings.HasPrefix(e, "Unstaged") || strings.HasPrefix(e, "Detached") {
-			steps = append(steps, e)
+	h.mu.Lock()
+	for _, e := range h.events {
+		must.Eq(t, "task-d", e.TaskID, must.Sprintf("event %q", e.Msg))
+		must.StrNotContains(t, e.Msg, `"solo"`)
+		if strings.HasPrefix(e.Msg, "Unpublished") || strings.HasPrefix(e.Msg, "Unstaged") || strings.HasPrefix(e.Msg, "Detached") {
+			steps = append(steps, e.Msg)
 		}
 	}
-	must.SliceNotEmpty(t, steps)
-	must.Eq(t, `Unpublished volume "x"`, steps[0], must.Sprint(h.eventMsgs()))
+	h.mu.Unlock()
+	must.Eq(t, []string{`Unpublished volume "x"`, `Unstaged and detached volume "x"`}, steps)
 	must.Eq(t, 0, h.m.Users("p", "solo"))
 	must.SliceEmpty(t, h.journalRecords())
 }

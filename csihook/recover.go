@@ -150,8 +150,9 @@ func (m *Manager) Recover(live func(taskID string) bool) error {
 		if fix == nil {
 			fix = map[string]bool{}
 		}
+		var last volUser
 		m.background("vol:"+k.String(), owner[k], nil, func(ctx context.Context) error {
-			return m.reconcile(ctx, k, live, fix)
+			return m.reconcile(ctx, k, live, fix, &last)
 		}, nil)
 	}
 	if listErr != nil {
@@ -160,11 +161,17 @@ func (m *Manager) Recover(live func(taskID string) bool) error {
 	return nil
 }
 
+// volUser is a task's volume by the task's id and the volume's name in it.
+type volUser struct{ taskID, name string }
+
 // reconcile brings one volume in line with the live tasks. It is
 // idempotent, so a failed attempt is simply run again. repair names the
 // live task volumes (task id NUL name) whose target lost its mount; only
-// this volume's worker touches it.
-func (m *Manager) reconcile(ctx context.Context, k volKey, live func(string) bool, repair map[string]bool) error {
+// this volume's worker touches it. last is the task the worker's release
+// goes under, kept across attempts: an attempt that unpublished the last
+// task's volume dropped its record, and the retry of the release still
+// tells that task, by the volume's name.
+func (m *Manager) reconcile(ctx context.Context, k volKey, live func(string) bool, repair map[string]bool, last *volUser) error {
 	unlock, err := m.locks.lock(ctx, k.String())
 	if err != nil {
 		return err
@@ -188,8 +195,12 @@ func (m *Manager) reconcile(ctx context.Context, k volKey, live func(string) boo
 		}
 	}
 	m.mu.Unlock()
+	if len(recs) == 0 && last.taskID != "" {
+		anyTID, name = last.taskID, last.name
+	}
 	for _, t := range recs {
 		anyTID, name = t.TaskID, t.Name
+		*last = volUser{t.TaskID, t.Name}
 		if live(t.TaskID) && t.State != phaseUnpublishing {
 			keep = append(keep, t)
 			continue
