@@ -786,8 +786,9 @@ func resetSparesDir(dir string) error {
 		return err
 	}
 	for _, e := range entries {
-		// Empty directories only: never anything a task could own.
-		_ = os.Remove(filepath.Join(dir, e.Name()))
+		// Empty directories only (rmdir(2)): never a file, a symlink
+		// (not followed either way) or anything in a directory.
+		_ = unix.Rmdir(filepath.Join(dir, e.Name()))
 	}
 	return nil
 }

@@ -463,3 +463,26 @@ func TestMarkHanded_NoHardLinks(t *testing.T) {
 	must.ErrorContains(t, markHanded(other), "failed to record the task's start")
 	must.False(t, exists(filepath.Join(other, handedFile)))
 }
+
+// resetSparesDir, at a driver's start, removes the empty directories that
+// spares of an earlier driver process left, and nothing else: not a file,
+// not a symlink (nor what it points to), not a directory with anything in
+// it.
+func TestResetSparesDir(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "spares")
+	must.NoError(t, os.MkdirAll(filepath.Join(dir, "spare-1-a"), 0o700))
+	must.NoError(t, os.MkdirAll(filepath.Join(dir, "spare-2-b", "bin"), 0o700))
+	must.NoError(t, os.WriteFile(filepath.Join(dir, "stray"), []byte("x"), 0o600))
+	target := t.TempDir()
+	must.NoError(t, os.Symlink(target, filepath.Join(dir, "link")))
+	must.NoError(t, resetSparesDir(dir))
+	entries, err := os.ReadDir(dir)
+	must.NoError(t, err)
+	var left []string
+	for _, e := range entries {
+		left = append(left, e.Name())
+	}
+	must.Eq(t, []string{"link", "spare-2-b", "stray"}, left)
+	_, err = os.Stat(target)
+	must.NoError(t, err)
+}
