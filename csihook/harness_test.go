@@ -14,6 +14,8 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/shoenig/test/must"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/mounter"
 )
@@ -229,4 +231,17 @@ func containsEvent(events []string, sub string) bool {
 		}
 	}
 	return false
+}
+
+// teardownFailing sets up volume "data" (vol1) for taskID and tears it
+// down while method answers Unavailable, which leaves the rest to the
+// background retry; method answers again on return.
+func (h *harness) teardownFailing(t *testing.T, taskID, method string) {
+	t.Helper()
+	ctx := context.Background()
+	_, err := h.m.Setup(ctx, taskID, []VolumeRequest{req("data", "vol1", "/data")})
+	must.NoError(t, err)
+	h.fake.SetError(method, status.Error(codes.Unavailable, "connection refused"))
+	must.ErrorContains(t, h.m.Teardown(ctx, taskID), "retrying in the background")
+	h.fake.SetError(method, nil)
 }

@@ -730,12 +730,7 @@ func TestTeardown_BackgroundSuccessEventBeforeReleased(t *testing.T) {
 			h.events = append(h.events, recordedEvent{taskID, "<released>", nil})
 		}
 	})
-	ctx := context.Background()
-	_, err := h.m.Setup(ctx, "task-a", []VolumeRequest{req("data", "vol1", "/data")})
-	must.NoError(t, err)
-	h.fake.SetError(MethodNodeUnpublishVolume, status.Error(codes.Unavailable, "connection refused"))
-	must.ErrorContains(t, h.m.Teardown(ctx, "task-a"), "retrying in the background")
-	h.fake.SetError(MethodNodeUnpublishVolume, nil)
+	h.teardownFailing(t, "task-a", MethodNodeUnpublishVolume)
 	h.waitIdle()
 	msgs := h.eventMsgs()
 	must.SliceNotEmpty(t, msgs)
@@ -1444,17 +1439,12 @@ func TestTeardown_SlowCallEvent(t *testing.T) {
 // it anew: the new task hears what was done and why.
 func TestSetup_RestagesLeftOverVolumeSayingWhy(t *testing.T) {
 	h := newHarness(t, func(c *Config) { c.BackgroundRetryBase, c.BackgroundRetryMax = time.Hour, time.Hour })
-	ctx := context.Background()
-	_, err := h.m.Setup(ctx, "task-a", []VolumeRequest{req("data", "vol1", "/data")})
-	must.NoError(t, err)
-	h.fake.SetError(MethodNodeUnstageVolume, status.Error(codes.Unavailable, "connection refused"))
-	must.ErrorContains(t, h.m.Teardown(ctx, "task-a"), "retrying in the background")
-	h.fake.SetError(MethodNodeUnstageVolume, nil)
+	h.teardownFailing(t, "task-a", MethodNodeUnstageVolume)
 	must.Eq(t, 0, h.m.Users("p", "vol1"))
 
 	r := req("data", "vol1", "/data")
 	r.AccessMode = AccessMultiNodeMultiWriter
-	_, err = h.m.Setup(ctx, "task-b", []VolumeRequest{r})
+	_, err := h.m.Setup(context.Background(), "task-b", []VolumeRequest{r})
 	must.NoError(t, err)
 	var b []string
 	h.mu.Lock()
