@@ -179,8 +179,7 @@ func mountPoints(mounts []executor.Mount, skip []string, fs *layeredFS) []image.
 	var out []image.MountPoint
 	for _, m := range mounts {
 		target := filepath.Clean("/" + m.Target)
-		if target == "/" || slices.Contains(skip, target) ||
-			slices.ContainsFunc([]string{"/dev", "/proc", "/sys"}, func(k string) bool { return mounter.PathWithin(target, k) }) {
+		if target == "/" || slices.Contains(skip, target) || mounter.WithinAny(target, []string{"/dev", "/proc", "/sys"}) {
 			continue
 		}
 		if slices.ContainsFunc(mounts, func(o executor.Mount) bool {

@@ -113,15 +113,20 @@ func (l *layeredFS) child(dir entry, name string) (entry, error) {
 	return entry{}, errImageNotExist
 }
 
-// lookup resolves path in the image, following symlinks (the last
-// element's too).
-func (l *layeredFS) lookup(path string) (entry, error) {
+// root is the image's root directory, merged from every layer.
+func (l *layeredFS) root() entry {
 	root := entry{rel: ".", mode: os.ModeDir | 0o755}
 	for i := range l.top {
 		root.stack = append(root.stack, i)
 	}
+	return root
+}
+
+// lookup resolves path in the image, following symlinks (the last
+// element's too).
+func (l *layeredFS) lookup(path string) (entry, error) {
 	todo := splitPath(path)
-	cur := []entry{root}
+	cur := []entry{l.root()}
 	links := 0
 	for len(todo) > 0 {
 		name := todo[0]
@@ -234,10 +239,7 @@ func (l *layeredFS) isSymlink(path string) (bool, error) {
 // would make, with no symlink of the image on the way (an error reading
 // the layers counts as not lacking).
 func (l *layeredFS) lacks(path string) bool {
-	dir := entry{rel: ".", mode: os.ModeDir | 0o755}
-	for i := range l.top {
-		dir.stack = append(dir.stack, i)
-	}
+	dir := l.root()
 	for _, name := range splitPath(path) {
 		e, err := l.child(dir, name)
 		if errors.Is(err, os.ErrNotExist) {
