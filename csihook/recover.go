@@ -182,8 +182,6 @@ func (m *Manager) reconcile(ctx context.Context, k volKey, live func(string) boo
 		errs        []error
 		keep        []taskRecord
 		unpublished []taskRecord
-		anyTID      string
-		name        = k.volume
 	)
 	m.mu.Lock()
 	var recs []taskRecord
@@ -195,11 +193,7 @@ func (m *Manager) reconcile(ctx context.Context, k volKey, live func(string) boo
 		}
 	}
 	m.mu.Unlock()
-	if len(recs) == 0 && last.taskID != "" {
-		anyTID, name = last.taskID, last.name
-	}
 	for _, t := range recs {
-		anyTID, name = t.TaskID, t.Name
 		*last = volUser{t.TaskID, t.Name}
 		if live(t.TaskID) && t.State != phaseUnpublishing {
 			keep = append(keep, t)
@@ -221,6 +215,12 @@ func (m *Manager) reconcile(ctx context.Context, k volKey, live func(string) boo
 		if len(m.taskRecs(t.TaskID)) == 0 {
 			m.removeIfEmpty(m.taskDir(t.TaskID))
 		}
+	}
+	// The release goes under the last task seen, in this attempt or an
+	// earlier one (none: no task, the volume by its id).
+	anyTID, name := last.taskID, last.name
+	if name == "" {
+		name = k.volume
 	}
 	// Each task's event tells its own unpublish; the last task's, whose id
 	// the release goes under, tells the release with it. A failure has its
