@@ -851,10 +851,19 @@ func TestLoad(t *testing.T) {
 			lg, err := Load(tc.st)
 			if tc.err != "" {
 				must.ErrorContains(t, err, tc.err)
+			} else {
+				must.NoError(t, err)
+				must.Eq(t, tc.st, lg.State())
+			}
+			// A supervisor's report is checked the same, but for the
+			// directories, which are not looked for.
+			rg, err := Reported(tc.st)
+			if tc.err != "" && tc.name != "gone" && tc.name != "not a cgroup" {
+				must.ErrorContains(t, err, tc.err)
 				return
 			}
 			must.NoError(t, err)
-			must.Eq(t, tc.st, lg.State())
+			must.Eq(t, tc.st, rg.State())
 		})
 	}
 }

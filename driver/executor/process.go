@@ -200,7 +200,7 @@ func start(logger hclog.Logger, spec *Spec, late func() ([]Mount, error), sp *sp
 		logger.Warn("failed to read the supervisor's start time", "error", err)
 	}
 	p.taskFD = openVerifiedPidfd(rep.TaskPID, rep.TaskStart)
-	if p.group, err = cgroups.Load(rep.Cgroup); err != nil {
+	if p.group, err = cgroups.Reported(rep.Cgroup); err != nil {
 		logger.Warn("failed to load the task's cgroup", "error", err)
 	}
 	logger.Info("task started", "pid", rep.TaskPID, "supervisor_pid", cmd.Process.Pid)
