@@ -323,6 +323,27 @@ func forkTask(m mounter.Interface, spec *wire.Spec, attr *syscall.SysProcAttr, r
 	if spec.Isolation == nil {
 		mounts, trees = nil, nil
 	}
+	env := spec.Env
+	if env == nil {
+		env = []string{}
+	}
+	// What the seccomp filter and stage of a task that is not privileged
+	// need depends on the spec alone: made before the volumes come, it is
+	// off the path from their arrival to the task's start.
+	var (
+		filter  []unix.SockFilter
+		envFile *os.File
+	)
+	if spec.Isolation != nil {
+		var err error
+		if filter, err = seccompFilter(held); err != nil {
+			return nil, err
+		}
+		if envFile, err = stageFile(env); err != nil {
+			return nil, err
+		}
+		defer envFile.Close()
+	}
 	if len(spec.LateMounts) > 0 {
 		late, lateTrees, err := receiveTrees(ctl, spec.LateMounts)
 		if err != nil {
@@ -396,10 +417,6 @@ func forkTask(m mounter.Interface, spec *wire.Spec, attr *syscall.SysProcAttr, r
 	if err != nil {
 		return nil, err
 	}
-	env := spec.Env
-	if env == nil {
-		env = []string{}
-	}
 	files, err := stdio()
 	if err != nil {
 		return nil, err
@@ -424,7 +441,7 @@ func forkTask(m mounter.Interface, spec *wire.Spec, attr *syscall.SysProcAttr, r
 		// On this thread, never reused, so that the task inherits it: see
 		// seccomp.go. Nothing the thread does after the fork needs a call
 		// it refuses.
-		if err := installSeccomp(held); err != nil {
+		if err := attachProgram(filter); err != nil {
 			return nil, err
 		}
 	}
@@ -453,11 +470,6 @@ func forkTask(m mounter.Interface, spec *wire.Spec, attr *syscall.SysProcAttr, r
 		}
 		defer r.Close()
 		defer w.Close()
-		envFile, err := stageFile(env)
-		if err != nil {
-			return nil, err
-		}
-		defer envFile.Close()
 		stageErr = r
 		cmd.Path = fmt.Sprintf("/proc/self/fd/%d", wire.SeccompExeFD)
 		cmd.Args = append([]string{spec.Command, wire.StageSeccomp, path}, cmd.Args...)

@@ -215,12 +215,17 @@ func seccompProgram(list []seccompDenied) ([]unix.SockFilter, error) {
 	return prog, nil
 }
 
-// installSeccomp attaches the filter for a task holding the capabilities
-// held to the calling thread, which must have no_new_privs set (or
-// CAP_SYS_ADMIN). Everything it forks or execs
-// afterwards keeps it.
-func installSeccomp(held capSet) error {
-	return installFilter(seccompList(held))
+// seccompFilter is the filter for a task holding the capabilities held,
+// for attachProgram on the thread the task is forked from, which must have
+// no_new_privs set (or CAP_SYS_ADMIN). Everything the thread forks or
+// execs afterwards keeps it.
+// With nothing to deny there is no filter.
+func seccompFilter(held capSet) ([]unix.SockFilter, error) {
+	list := seccompList(held)
+	if len(list) == 0 {
+		return nil, nil
+	}
+	return seccompProgram(list)
 }
 
 // installFilter attaches the program of list to the calling thread.
