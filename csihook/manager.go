@@ -517,6 +517,16 @@ func (m *Manager) makeDir(dir string) error {
 	return os.MkdirAll(dir, 0o750)
 }
 
+// makeDirAside is makeDir on a goroutine of its own, so that the disk's
+// work goes on beside a journal commit or a plugin's call; wait returns
+// makeDir's error. Every caller waits, on every path, before it returns:
+// a directory made after the caller's error was undone would be left.
+func (m *Manager) makeDirAside(dir string) (wait func() error) {
+	done := make(chan error, 1)
+	go func() { done <- m.makeDir(dir) }()
+	return sync.OnceValue(func() error { return <-done })
+}
+
 // removeIfEmpty removes a directory of ours once nothing is left in it.
 func (m *Manager) removeIfEmpty(dir string) {
 	m.dirs.Lock()

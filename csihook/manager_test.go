@@ -1295,6 +1295,44 @@ func TestSetup_IntentToPublishAheadOfStage(t *testing.T) {
 		h.fake.Methods())
 }
 
+// The staging directory and the publish directory's parent are made beside
+// the journal's commit and the calls before NodePublishVolume: when one
+// cannot be made, the call that needs it is never made, the error names
+// it, and the rollback leaves no record and no directory of the task.
+func TestSetup_DirectoryMadeAsideFails(t *testing.T) {
+	for _, c := range []struct {
+		name, want string
+		blocked    func(h *harness) string
+		calls      []string
+	}{
+		{"staging", "failed to create staging directory",
+			func(h *harness) string { return filepath.Dir(h.m.StagingPath("p", "vol1")) },
+			// The records went out with the directory being made: the
+			// never-staged volume is unstaged (a no-op for the plugin).
+			[]string{MethodControllerPublishVolume, MethodNodeUnstageVolume, MethodControllerUnpublishVolume}},
+		{"publish", `failed to create the publish directory of volume "data"`,
+			func(h *harness) string { return filepath.Dir(h.m.TargetPath("task-a", "data")) },
+			[]string{MethodControllerPublishVolume, MethodNodeStageVolume, MethodNodeUnstageVolume, MethodControllerUnpublishVolume}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h := newHarness(t)
+			// A file where the directory goes: MkdirAll fails.
+			blocked := c.blocked(h)
+			must.NoError(t, os.MkdirAll(filepath.Dir(blocked), 0o750))
+			must.NoError(t, os.WriteFile(blocked, nil, 0o600))
+			_, err := h.m.Setup(context.Background(), "task-a", []VolumeRequest{req("data", "vol1", "/data")})
+			must.ErrorContains(t, err, c.want)
+			must.Eq(t, c.calls, h.fake.Methods())
+			must.SliceEmpty(t, h.journalRecords())
+			must.Eq(t, 0, h.m.Users("p", "vol1"))
+			if c.name == "staging" {
+				_, err := os.Stat(filepath.Dir(h.m.TargetPath("task-a", "data")))
+				must.True(t, errors.Is(err, fs.ErrNotExist), must.Sprintf("the task's publish directory is left: %v", err))
+			}
+		})
+	}
+}
+
 // Volumes of one plugin share its staging directory, which the last
 // release removes: a setup making its volume's directory there at that
 // moment must not fail with "no such file or directory" (a soak run hit it

@@ -220,10 +220,14 @@ func (m *Manager) setupVolume(ctx context.Context, taskID string, p plan) (Publi
 		// it.
 		pending = append(pending, taskPut(tr))
 	}
+	// The directory the volume is published in is made while the calls
+	// before NodePublishVolume run (the CO makes it, CSI spec).
+	parentMade := m.makeDirAside(filepath.Dir(target))
+	defer parentMade()
 	if vol, pending, err = m.ensureVolume(ctx, taskID, req.Name, info, vol, false, pending); err != nil {
 		return Published{}, err
 	}
-	if err := m.ensurePublished(ctx, info, vol, tr, pending); err != nil {
+	if err := m.ensurePublished(ctx, info, vol, tr, pending, parentMade); err != nil {
 		return Published{}, err
 	}
 	if err := m.expandNode(ctx, taskID, req, info, o, vol, tr); err != nil {
@@ -388,17 +392,28 @@ func (m *Manager) ensureVolume(ctx context.Context, taskID, name string, info Pl
 	}
 
 	if needStage && (vol.Stage != phaseStaged || restage) {
-		if err := m.makeDir(vol.StagingPath); err != nil {
-			return vol, pending, fmt.Errorf("failed to create staging directory %q for volume %q: %w", vol.StagingPath, name, err)
-		}
+		// The CO makes the staging directory (CSI spec): beside the
+		// record's commit, which does not need it. Should the host crash
+		// in between, a record without its directory is a volume recovery
+		// unstages (a no-op for the plugin), a directory without its
+		// record an empty directory, as a crash before the commit always
+		// left.
+		made := m.makeDirAside(vol.StagingPath)
 		vol.Stage = phaseStaging
-		if err := m.commit(append(pending, volPut(vol))...); err != nil {
+		err := m.commit(append(pending, volPut(vol))...)
+		if merr := made(); err == nil && merr != nil {
+			// Committed: the caller's undo takes the records back, with
+			// the calls that settle them, which the CSI spec makes safe
+			// for a volume that was never staged.
+			return vol, nil, fmt.Errorf("failed to create staging directory %q for volume %q: %w", vol.StagingPath, name, merr)
+		}
+		if err != nil {
 			return vol, nil, err
 		}
 		pending = nil
 		m.event(taskID, fmt.Sprintf("Staging volume %q", name), ann)
 		o.method, o.path = MethodNodeStageVolume, vol.StagingPath
-		err := m.call(ctx, o, func(ctx context.Context) error {
+		err = m.call(ctx, o, func(ctx context.Context) error {
 			_, err := node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{
 				VolumeId: vol.VolumeID, PublishContext: vol.PublishContext, StagingTargetPath: vol.StagingPath,
 				VolumeCapability: stageVC, Secrets: vol.Secrets, VolumeContext: vol.VolumeContext,
@@ -434,7 +449,10 @@ func (m *Manager) setVerified(k volKey, ok bool) {
 // ensurePublished publishes a task's volume at its target, journalling
 // before and after the call; pending go out with the record before it.
 // The caller holds the volume's lock.
-func (m *Manager) ensurePublished(ctx context.Context, info PluginInfo, vol volRecord, tr taskRecord, pending []journalOp) error {
+//
+// parentMade, when not nil, waits for the target's parent being made
+// aside (see makeDirAside); nil makes it here.
+func (m *Manager) ensurePublished(ctx context.Context, info PluginInfo, vol volRecord, tr taskRecord, pending []journalOp, parentMade func() error) error {
 	o := op{method: MethodNodePublishVolume, taskID: tr.TaskID, name: tr.Name, pluginID: tr.PluginID,
 		volumeID: tr.VolumeID, nodeID: vol.NodeID, path: tr.Target, secrets: []map[string]string{tr.Secrets}}
 	_, node, _, err := m.pluginClients(o)
@@ -442,7 +460,10 @@ func (m *Manager) ensurePublished(ctx context.Context, info PluginInfo, vol volR
 		return err
 	}
 	// The CO makes the parent; the plugin makes the target (CSI spec).
-	if err := m.makeDir(filepath.Dir(tr.Target)); err != nil {
+	if parentMade == nil {
+		parentMade = func() error { return m.makeDir(filepath.Dir(tr.Target)) }
+	}
+	if err := parentMade(); err != nil {
 		return fmt.Errorf("failed to create the publish directory of volume %q: %w", tr.Name, err)
 	}
 	// The intent is durable already when it went out with the volume's
