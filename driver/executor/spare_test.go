@@ -70,6 +70,43 @@ func TestSpares_StartUsesSpare_Root(t *testing.T) {
 	must.Nil(t, s.spares)
 }
 
+// A spare catches every signal while it waits, as the supervisor of a task
+// does (the work is done before its task comes): SIGTERM, SIGINT and
+// SIGHUP leave it alive and able to take the next task.
+func TestSpares_WaitingSpareCatchesSignals_Root(t *testing.T) {
+	requireTaskRoot(t)
+	s := &Spares{}
+	t.Cleanup(s.Close)
+	s.Fill("", hclog.NewNullLogger())
+	spare := waitSpare(t, s, "")
+	// The handlers come before the spare opens its handle on the host's
+	// root (runSupervisor): once that is open, a signal finds them. (The
+	// Go runtime catches SIGTERM from the start, to die of it: SigCgt
+	// cannot tell.)
+	waitFor(t, "the spare's handle on the host's root", func() bool {
+		fds, err := os.ReadDir("/proc/" + strconv.Itoa(spare) + "/fd")
+		must.NoError(t, err)
+		for _, fd := range fds {
+			if l, err := os.Readlink("/proc/" + strconv.Itoa(spare) + "/fd/" + fd.Name()); err == nil && l == "/" {
+				return true
+			}
+		}
+		return false
+	})
+	for _, sig := range []unix.Signal{unix.SIGTERM, unix.SIGINT, unix.SIGHUP} {
+		must.NoError(t, unix.Kill(spare, sig))
+	}
+	time.Sleep(100 * time.Millisecond)
+	must.True(t, alive(spare), must.Sprint("a signal ended the waiting spare"))
+
+	tt := newTestSpec(t, "/bin/true")
+	p, err := s.Start(hclog.NewNullLogger(), tt.spec, nil)
+	must.NoError(t, err)
+	t.Cleanup(func() { _ = p.Kill(); _ = p.Destroy() })
+	must.Eq(t, spare, p.State().SupervisorPID)
+	must.Eq(t, 0, waitExit(t, p).ExitCode)
+}
+
 // A spare that died meanwhile is not used: the task gets a supervisor of
 // its own, and a failing task through a spare leaves nothing behind.
 func TestSpares_DeadSpareAndErrors_Root(t *testing.T) {

@@ -36,6 +36,26 @@ func runSupervisor(args []string) int {
 		ctl      *os.File
 		pre      *prebuilt
 	)
+	// The task is stopped by signalling it, never the supervisor: every
+	// signal is caught and dropped (not SIG_IGN, which the task would
+	// inherit). In a PID namespace of the task's, the supervisor is its
+	// init, and a signal the task may send it must not end it. Set up
+	// first, so that a spare does it while it waits (about 0.8 ms on
+	// these machines, a handler for every signal), not once its task came.
+	// A spare is stopped with SIGKILL, and ends by itself when the driver
+	// closes its control socket.
+	sigs := make(chan os.Signal, 8)
+	signal.Notify(sigs)
+	go func() {
+		for s := range sigs {
+			// The runtime's preemption signal and the children's exits are
+			// the supervisor's daily life, not news.
+			if s != unix.SIGURG && s != unix.SIGCHLD {
+				logger.Debug("ignoring signal", "signal", s.String())
+			}
+		}
+	}()
+
 	// The host's root, for what the supervisor reads of its task in the
 	// host's /proc (the launching thread's own /proc is the task's by then,
 	// in the task's PID namespace) and for the host's cgroup file systems.
@@ -91,22 +111,6 @@ func runSupervisor(args []string) int {
 		logger.Error("supervisor needs the state directory as its only argument", "args", args)
 		return 2
 	}
-
-	// The task is stopped by signalling it, never the supervisor: every
-	// signal is caught and dropped (not SIG_IGN, which the task would
-	// inherit). In a PID namespace of the task's, the supervisor is its
-	// init, and a signal the task may send it must not end it.
-	sigs := make(chan os.Signal, 8)
-	signal.Notify(sigs)
-	go func() {
-		for s := range sigs {
-			// The runtime's preemption signal and the children's exits are
-			// the supervisor's daily life, not news.
-			if s != unix.SIGURG && s != unix.SIGCHLD {
-				logger.Debug("ignoring signal", "signal", s.String())
-			}
-		}
-	}()
 
 	report := os.NewFile(wire.ReportFD, "report-pipe")
 	if report == nil {
