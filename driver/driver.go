@@ -554,10 +554,17 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 		job := jobOf(cfg)
 		state.Namespace, state.JobID = job.namespace, job.id
 	}
+	// The handed mark is linked while the handle's state is encoded (each
+	// about 0.15 ms): both come before Nomad gets the handle, and neither
+	// needs the other. From the mark on, a driver that dies leaves the
+	// task to Nomad; it is taken back when the handle cannot be made.
+	marked := make(chan error, 1)
+	go func() { marked <- markHanded(spec.StateDir) }()
 	err = handle.SetDriverState(state)
-	if err == nil {
-		// From here on, a driver that dies leaves the task to Nomad.
-		err = markHanded(spec.StateDir)
+	if merr := <-marked; err == nil {
+		err = merr
+	} else if merr == nil {
+		unmarkHanded(spec.StateDir)
 	}
 	if err == nil && pc != nil {
 		if err = d.startPluginProbe(conf, cfg, pc, reclaim, started); err != nil {

@@ -147,6 +147,10 @@ func start(logger hclog.Logger, spec *Spec, late func() ([]Mount, error), sp *sp
 		defer ctl.Close()
 	}
 
+	// Our child cannot be reused before we reap it: its start time is
+	// safe to take now, while the task's volumes are set up.
+	supStart, supStartErr := wire.ProcStartTime(cmd.Process.Pid)
+
 	var lateErr error
 	if ctl != nil {
 		mounts, err := late()
@@ -194,10 +198,9 @@ func start(logger hclog.Logger, spec *Spec, late func() ([]Mount, error), sp *sp
 			Profile:       &profile,
 		},
 	}
-	// Our child cannot be reused before we reap it: its start time and a
-	// pidfd are safe to take now.
-	if p.state.SupervisorStart, err = wire.ProcStartTime(cmd.Process.Pid); err != nil {
-		logger.Warn("failed to read the supervisor's start time", "error", err)
+	p.state.SupervisorStart = supStart
+	if supStartErr != nil {
+		logger.Warn("failed to read the supervisor's start time", "error", supStartErr)
 	}
 	p.taskFD = openVerifiedPidfd(rep.TaskPID, rep.TaskStart)
 	if p.group, err = cgroups.Reported(rep.Cgroup); err != nil {
