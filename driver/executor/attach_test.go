@@ -36,7 +36,11 @@ func mountFUSE(t *testing.T, backing, target string) (kill func()) {
 		ctl := t.TempDir()
 		must.NoError(t, unix.Mount("fusectl", ctl, "fusectl", 0, ""))
 		defer unix.Unmount(ctl, unix.MNT_DETACH)
-		must.NoError(t, os.WriteFile(filepath.Join(ctl, fmt.Sprint(st.Dev), "abort"), []byte("1"), 0))
+		// fusectl names a connection by the kernel's dev_t of its
+		// superblock (major << 20 | minor), which st_dev encodes
+		// otherwise once the minor is past 255.
+		conn := uint64(unix.Major(st.Dev))<<20 | uint64(unix.Minor(st.Dev))
+		must.NoError(t, os.WriteFile(filepath.Join(ctl, fmt.Sprint(conn), "abort"), []byte("1"), 0))
 		srv.Wait()
 	}
 }
