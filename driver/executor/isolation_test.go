@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -315,5 +316,40 @@ func TestIsolation_SeccompStageExecError_Root(t *testing.T) {
 		}
 		must.StrContains(t, err.Error(), `failed to execute "/vol/notaprogram"`)
 		must.StrContains(t, err.Error(), "exec format error")
+	})
+}
+
+// A task with late mounts (every task with CSI volumes) runs under the same
+// seccomp filter and gets the same environment as one without: the filter
+// and the stage's file are made before the late mounts come, and must
+// still reach the task that is forked after them.
+func TestIsolation_SeccompWithLateMounts_Root(t *testing.T) {
+	requireTaskRoot(t)
+	if _, err := os.Stat("/usr/bin/perl"); err != nil {
+		t.Skip("test makes its calls with /usr/bin/perl, which this host lacks")
+	}
+	vol := t.TempDir()
+	must.NoError(t, os.WriteFile(filepath.Join(vol, "marker"), []byte("late\n"), 0o644))
+	withEachStage(t, func(t *testing.T, supervisor string) {
+		tt := isolatedSpec(t, `echo "vol=$(cat /vol/marker)"; `+seccompScript())
+		tt.spec.Supervisor = supervisor
+		tt.spec.LateMounts = []Mount{{Target: "/vol"}}
+		p, err := Start(hclog.NewNullLogger(), tt.spec, func() ([]Mount, error) {
+			return []Mount{{Source: vol, Target: "/vol"}}, nil
+		})
+		must.NoError(t, err)
+		t.Cleanup(func() { _ = p.Kill(); _ = p.Destroy() })
+		must.Eq(t, 0, waitExit(t, p).ExitCode, must.Sprintf("stderr: %s", readFile(t, tt.stderr)))
+		got := outputLines(readFile(t, tt.stdout))
+		t.Log(got)
+		must.Eq(t, "late", got["vol"], must.Sprint("the late mount reached the task"))
+		must.Eq(t, "hunter2", got["secret"], must.Sprint("the task's environment reaches the command"))
+		must.Eq(t, "2", got["filters"], must.Sprint("the launching thread's filter and the stage's"))
+		eperm, enosys := strconv.Itoa(int(unix.EPERM)), strconv.Itoa(int(unix.ENOSYS))
+		must.Eq(t, eperm, got["keyctl"], must.Sprint("keyctl is refused to a task with volumes"))
+		must.Eq(t, enosys, got["io_uring"], must.Sprint("io_uring_setup is refused to a task with volumes"))
+		must.Eq(t, eperm, got["perf"], must.Sprint("perf_event_open is refused to a task with volumes"))
+		must.Eq(t, eperm, got["unshare_user"], must.Sprint("a user namespace is refused to a task with volumes"))
+		must.Eq(t, eperm, got["setns"])
 	})
 }
