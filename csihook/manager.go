@@ -523,8 +523,46 @@ func (m *Manager) makeDir(dir string) error {
 // a directory made after the caller's error was undone would be left.
 func (m *Manager) makeDirAside(dir string) (wait func() error) {
 	done := make(chan error, 1)
-	go func() { done <- m.makeDir(dir) }()
+	go func() {
+		asideStarts(dir)
+		done <- m.makeDir(dir)
+	}()
 	return sync.OnceValue(func() error { return <-done })
+}
+
+// asideStarts is called as makeDirAside's goroutine starts; a test delays
+// it.
+var asideStarts = func(dir string) {}
+
+// dirAhead is a directory of ours needed later in a set-up: made aside
+// once started (start, after the journal names what the directory is for,
+// so that a crash never leaves it unnamed), or by made itself. A nil
+// *dirAhead is started never.
+type dirAhead struct {
+	m    *Manager
+	dir  string
+	wait func() error
+}
+
+func (d *dirAhead) start() {
+	if d != nil && d.wait == nil {
+		d.wait = d.m.makeDirAside(d.dir)
+	}
+}
+
+// made returns once the directory is made, making it now unless started.
+func (d *dirAhead) made() error {
+	if d.wait == nil {
+		return d.m.makeDir(d.dir)
+	}
+	return d.wait()
+}
+
+// settle waits for a directory started aside, for the set-up's defer.
+func (d *dirAhead) settle() {
+	if d.wait != nil {
+		_ = d.wait()
+	}
 }
 
 // removeIfEmpty removes a directory of ours once nothing is left in it.

@@ -1307,9 +1307,9 @@ func TestSetup_DirectoryMadeAsideFails(t *testing.T) {
 	}{
 		{"staging", "failed to create staging directory",
 			func(h *harness) string { return filepath.Dir(h.m.StagingPath("p", "vol1")) },
-			// The records went out with the directory being made: the
-			// never-staged volume is unstaged (a no-op for the plugin).
-			[]string{MethodControllerPublishVolume, MethodNodeUnstageVolume, MethodControllerUnpublishVolume}},
+			// The records went out with the directory being made; the
+			// volume's goes back, so no stage that never was is undone.
+			[]string{MethodControllerPublishVolume, MethodControllerUnpublishVolume}},
 		{"publish", `failed to create the publish directory of volume "data"`,
 			func(h *harness) string { return filepath.Dir(h.m.TargetPath("task-a", "data")) },
 			[]string{MethodControllerPublishVolume, MethodNodeStageVolume, MethodNodeUnstageVolume, MethodControllerUnpublishVolume}},
@@ -1331,6 +1331,28 @@ func TestSetup_DirectoryMadeAsideFails(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A set-up that fails while the task's publish directory is being made
+// aside waits for it before its undo runs: the undo removes the directory,
+// which a mkdir landing after it would leave for good.
+func TestSetup_PublishDirectoryMadeAsideIsUndone(t *testing.T) {
+	h := newHarness(t)
+	taskDir := filepath.Dir(h.m.TargetPath("task-a", "data"))
+	asideStarts = func(dir string) {
+		if dir == taskDir {
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+	t.Cleanup(func() { asideStarts = func(string) {} })
+	h.fake.SetError(MethodControllerPublishVolume, status.Error(codes.InvalidArgument, "bad volume"))
+	_, err := h.m.Setup(context.Background(), "task-a", []VolumeRequest{req("data", "vol1", "/data")})
+	must.ErrorContains(t, err, "bad volume")
+	must.SliceEmpty(t, h.journalRecords())
+	// A mkdir left running would land after the delay.
+	time.Sleep(300 * time.Millisecond)
+	_, err = os.Stat(taskDir)
+	must.True(t, errors.Is(err, fs.ErrNotExist), must.Sprintf("the task's publish directory is left: %v", err))
 }
 
 // Volumes of one plugin share its staging directory, which the last
@@ -1495,4 +1517,42 @@ func TestSetup_RestagesLeftOverVolumeSayingWhy(t *testing.T) {
 	must.SliceNotEmpty(t, b)
 	must.Eq(t, `Unstaged and detached volume "data"; it was left staged with another access mode, attachment, file system or mount group, and is staged anew`, b[0], must.Sprint(b))
 	must.Eq(t, 1, h.m.Users("p", "vol1"))
+}
+
+// A task's publish directory exists only once a record of the task is in
+// the journal: a driver that dies in between leaves a directory nothing
+// knows of, which no recovery removes. Here the setup waits in
+// NodeGetInfo, before its first record: the directory must not be there
+// yet (nor after a restart that recovers the journal as it is).
+func TestSetup_NoPublishDirectoryBeforeTheTasksRecord(t *testing.T) {
+	h := newHarness(t)
+	p := fullPlugin("p")
+	p.NodeID = ""
+	h.setPlugin(p)
+	release := h.fake.HangMethod(MethodNodeGetInfo)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := h.m.Setup(ctx, "task-a", []VolumeRequest{req("data", "vol1", "/data")})
+		done <- err
+	}()
+	must.Wait(t, waitFor(func() bool { return len(h.fake.Methods()) > 0 }))
+	must.Eq(t, []string{MethodNodeGetInfo}, h.fake.Methods())
+	taskDir := filepath.Dir(h.m.TargetPath("task-a", "data"))
+	// The directory, when made ahead, is made at once: give it a moment.
+	deadline := time.Now().Add(time.Second)
+	var statErr error
+	for time.Now().Before(deadline) {
+		if _, statErr = os.Stat(taskDir); statErr == nil {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	records := h.journalRecords()
+	cancel()
+	release()
+	<-done
+	must.SliceEmpty(t, records, must.Sprint("NodeGetInfo comes before the first record"))
+	must.True(t, errors.Is(statErr, fs.ErrNotExist),
+		must.Sprintf("the task's publish directory %s exists with no record of the task in the journal: a crash now leaves it for good (%v)", taskDir, statErr))
 }

@@ -293,7 +293,7 @@ func (m *Manager) reconcile(ctx context.Context, k volKey, live func(string) boo
 	}
 	restage := len(fix) > 0 && vol.Stage == phaseStaged
 	var staged []journalOp
-	if vol, staged, err = m.ensureVolume(ctx, first.TaskID, first.Name, info, vol, restage, nil); err != nil {
+	if vol, staged, err = m.ensureVolume(ctx, first.TaskID, first.Name, info, vol, restage, nil, nil); err != nil {
 		return err
 	}
 	if err := m.commit(staged...); err != nil {

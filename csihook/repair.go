@@ -185,7 +185,7 @@ func (m *Manager) repairVolume(ctx context.Context, k volKey) ([]Repaired, error
 		if len(dead) > 0 {
 			name, taskID = dead[0].Name, dead[0].TaskID
 		}
-		if vol, pending, err = m.ensureVolume(ctx, taskID, name, info, vol, true, nil); err != nil {
+		if vol, pending, err = m.ensureVolume(ctx, taskID, name, info, vol, true, nil, nil); err != nil {
 			return nil, m.repairFailed(dead, err)
 		}
 	}

@@ -221,13 +221,14 @@ func (m *Manager) setupVolume(ctx context.Context, taskID string, p plan) (Publi
 		pending = append(pending, taskPut(tr))
 	}
 	// The directory the volume is published in is made while the calls
-	// before NodePublishVolume run (the CO makes it, CSI spec).
-	parentMade := m.makeDirAside(filepath.Dir(target))
-	defer parentMade()
-	if vol, pending, err = m.ensureVolume(ctx, taskID, req.Name, info, vol, false, pending); err != nil {
+	// before NodePublishVolume run (the CO makes it, CSI spec), once the
+	// task's record is in the journal.
+	parent := &dirAhead{m: m, dir: filepath.Dir(target)}
+	defer parent.settle()
+	if vol, pending, err = m.ensureVolume(ctx, taskID, req.Name, info, vol, false, pending, parent); err != nil {
 		return Published{}, err
 	}
-	if err := m.ensurePublished(ctx, info, vol, tr, pending, parentMade); err != nil {
+	if err := m.ensurePublished(ctx, info, vol, tr, pending, parent); err != nil {
 		return Published{}, err
 	}
 	if err := m.expandNode(ctx, taskID, req, info, o, vol, tr); err != nil {
@@ -319,7 +320,10 @@ func (m *Manager) resolve(req VolumeRequest) (string, map[string]string) {
 // nothing was called), for the caller to write with its next record or on
 // its own. Until then that call counts as uncertain, which recovery
 // settles by calling again; nothing is lost but a repeated call.
-func (m *Manager) ensureVolume(ctx context.Context, taskID, name string, info PluginInfo, vol volRecord, restage bool, pending []journalOp) (volRecord, []journalOp, error) {
+//
+// parent, when not nil, is the task's publish directory, started aside as
+// soon as a commit here put pending (the task's record) in the journal.
+func (m *Manager) ensureVolume(ctx context.Context, taskID, name string, info PluginInfo, vol volRecord, restage bool, pending []journalOp, parent *dirAhead) (volRecord, []journalOp, error) {
 	o := op{taskID: taskID, name: name, pluginID: vol.PluginID, volumeID: vol.VolumeID, nodeID: vol.NodeID,
 		secrets: []map[string]string{vol.Secrets}}
 	ann := annotations(name, vol.PluginID, vol.VolumeID)
@@ -370,6 +374,7 @@ func (m *Manager) ensureVolume(ctx context.Context, taskID, name string, info Pl
 			return vol, nil, err
 		}
 		pending = nil
+		parent.start()
 		m.event(taskID, fmt.Sprintf("Attaching volume %q", name), ann)
 		o.method = MethodControllerPublishVolume
 		var pctx map[string]string
@@ -399,18 +404,25 @@ func (m *Manager) ensureVolume(ctx context.Context, taskID, name string, info Pl
 		// record an empty directory, as a crash before the commit always
 		// left.
 		made := m.makeDirAside(vol.StagingPath)
+		was := vol.Stage
 		vol.Stage = phaseStaging
 		err := m.commit(append(pending, volPut(vol))...)
 		if merr := made(); err == nil && merr != nil {
-			// Committed: the caller's undo takes the records back, with
-			// the calls that settle them, which the CSI spec makes safe
-			// for a volume that was never staged.
-			return vol, nil, fmt.Errorf("failed to create staging directory %q for volume %q: %w", vol.StagingPath, name, merr)
+			// Committed, and never called: the volume's record goes back
+			// to where it was, so that the caller's undo makes no call
+			// for a stage that never was.
+			err = fmt.Errorf("failed to create staging directory %q for volume %q: %w", vol.StagingPath, name, merr)
+			vol.Stage = was
+			if cerr := m.commit(volPut(vol)); cerr != nil {
+				err = errors.Join(err, cerr)
+			}
+			return vol, nil, err
 		}
 		if err != nil {
 			return vol, nil, err
 		}
 		pending = nil
+		parent.start()
 		m.event(taskID, fmt.Sprintf("Staging volume %q", name), ann)
 		o.method, o.path = MethodNodeStageVolume, vol.StagingPath
 		err = m.call(ctx, o, func(ctx context.Context) error {
@@ -450,36 +462,39 @@ func (m *Manager) setVerified(k volKey, ok bool) {
 // before and after the call; pending go out with the record before it.
 // The caller holds the volume's lock.
 //
-// parentMade, when not nil, waits for the target's parent being made
-// aside (see makeDirAside); nil makes it here.
-func (m *Manager) ensurePublished(ctx context.Context, info PluginInfo, vol volRecord, tr taskRecord, pending []journalOp, parentMade func() error) error {
+// parent, when not nil, is the target's parent, made aside since the
+// task's record went out (see dirAhead); nil makes it here.
+func (m *Manager) ensurePublished(ctx context.Context, info PluginInfo, vol volRecord, tr taskRecord, pending []journalOp, parent *dirAhead) error {
 	o := op{method: MethodNodePublishVolume, taskID: tr.TaskID, name: tr.Name, pluginID: tr.PluginID,
 		volumeID: tr.VolumeID, nodeID: vol.NodeID, path: tr.Target, secrets: []map[string]string{tr.Secrets}}
 	_, node, _, err := m.pluginClients(o)
 	if err != nil {
 		return err
 	}
-	// The CO makes the parent; the plugin makes the target (CSI spec).
-	if parentMade == nil {
-		parentMade = func() error { return m.makeDir(filepath.Dir(tr.Target)) }
-	}
-	if err := parentMade(); err != nil {
-		return fmt.Errorf("failed to create the publish directory of volume %q: %w", tr.Name, err)
+	if parent == nil {
+		parent = &dirAhead{m: m, dir: filepath.Dir(tr.Target)}
 	}
 	// The intent is durable already when it went out with the volume's
 	// first record; the results before this call then go out with this
-	// call's.
-	if cur, ok := m.taskRec(tr.TaskID, tr.Name); ok && cur.State == phasePublishing {
-		m.markCalled(tr.TaskID, tr.Name)
+	// call's. The record comes before the directory: a crash never leaves
+	// a directory the journal does not name.
+	cur, ok := m.taskRec(tr.TaskID, tr.Name)
+	committed := ok && cur.State == phasePublishing
+	if committed {
 		tr = cur
-		tr.notCalled = false
 	} else {
-		tr.State, tr.notCalled = phasePublishing, false
+		tr.State, tr.notCalled = phasePublishing, true
 		if err := m.commit(append(pending, taskPut(tr))...); err != nil {
 			return err
 		}
 		pending = nil
 	}
+	// The CO makes the parent; the plugin makes the target (CSI spec).
+	if err := parent.made(); err != nil {
+		return fmt.Errorf("failed to create the publish directory of volume %q: %w", tr.Name, err)
+	}
+	m.markCalled(tr.TaskID, tr.Name)
+	tr.notCalled = false
 	staging := ""
 	if vol.Stage == phaseStaged {
 		staging = vol.StagingPath
