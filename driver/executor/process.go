@@ -147,8 +147,10 @@ func start(logger hclog.Logger, spec *Spec, late func() ([]Mount, error), sp *sp
 		defer ctl.Close()
 	}
 
-	// Our child cannot be reused before we reap it: its start time is
-	// safe to take now, while the task's volumes are set up.
+	// The supervisor's pid is not reused before its reaper (sp.reap, on
+	// a goroutine of its own) reaps it, so the start time read now, while
+	// the task's volumes are set up, is the supervisor's; reaped already,
+	// the read fails and the report below says the start failed.
 	supStart, supStartErr := wire.ProcStartTime(cmd.Process.Pid)
 
 	var lateErr error
