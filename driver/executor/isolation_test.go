@@ -41,6 +41,28 @@ func runLines(t *testing.T, tt *testTask) map[string]string {
 }
 
 // outputLines maps "key=value" lines of a task's output.
+// startWithVolume starts tt's task with vol as its one late mount, at
+// /vol, as a task's CSI volume comes.
+func startWithVolume(tt *testTask, vol string) (*Process, error) {
+	tt.spec.LateMounts = []Mount{{Target: "/vol"}}
+	return Start(hclog.NewNullLogger(), tt.spec, func() ([]Mount, error) {
+		return []Mount{{Source: vol, Target: "/vol"}}, nil
+	})
+}
+
+// runWithVolume runs tt's task with vol at /vol (startWithVolume), checks
+// that it exits 0, and returns its output lines.
+func runWithVolume(t *testing.T, tt *testTask, vol string) map[string]string {
+	t.Helper()
+	p, err := startWithVolume(tt, vol)
+	must.NoError(t, err)
+	t.Cleanup(func() { _ = p.Kill(); _ = p.Destroy() })
+	must.Eq(t, 0, waitExit(t, p).ExitCode, must.Sprintf("stderr: %s", readFile(t, tt.stderr)))
+	got := outputLines(readFile(t, tt.stdout))
+	t.Log(got)
+	return got
+}
+
 func outputLines(out string) map[string]string {
 	m := map[string]string{}
 	for _, line := range strings.Split(out, "\n") {
@@ -131,15 +153,7 @@ if [ -b /vol/blk ] && dd if=/vol/blk of=/dev/null bs=512 count=1 2>/dev/null; th
 if head -c1 /dev/urandom >/dev/null 2>&1; then echo urandom=ok; else echo urandom=failed; fi
 `, unix.Major(st.Rdev), unix.Minor(st.Rdev)))
 	tt.spec.Limits.Devices = cgroups.DefaultDevices
-	tt.spec.LateMounts = []Mount{{Target: "/vol"}}
-	p, err := Start(hclog.NewNullLogger(), tt.spec, func() ([]Mount, error) {
-		return []Mount{{Source: vol, Target: "/vol"}}, nil
-	})
-	must.NoError(t, err)
-	t.Cleanup(func() { _ = p.Kill(); _ = p.Destroy() })
-	must.Eq(t, 0, waitExit(t, p).ExitCode, must.Sprintf("stderr: %s", readFile(t, tt.stderr)))
-	got := outputLines(readFile(t, tt.stdout))
-	t.Log(got)
+	got := runWithVolume(t, tt, vol)
 	must.Eq(t, "failed", got["read"], must.Sprint("a block device node the task made can be read"))
 	must.Eq(t, "ok", got["urandom"])
 }
@@ -305,10 +319,7 @@ func TestIsolation_SeccompStageExecError_Root(t *testing.T) {
 		tt := isolatedSpec(t, "")
 		tt.spec.Supervisor = supervisor
 		tt.spec.Command, tt.spec.Args = "/vol/notaprogram", nil
-		tt.spec.LateMounts = []Mount{{Target: "/vol"}}
-		p, err := Start(hclog.NewNullLogger(), tt.spec, func() ([]Mount, error) {
-			return []Mount{{Source: vol, Target: "/vol"}}, nil
-		})
+		p, err := startWithVolume(tt, vol)
 		if err == nil {
 			_ = p.Kill()
 			_ = p.Destroy()
@@ -333,15 +344,7 @@ func TestIsolation_SeccompWithLateMounts_Root(t *testing.T) {
 	withEachStage(t, func(t *testing.T, supervisor string) {
 		tt := isolatedSpec(t, `echo "vol=$(cat /vol/marker)"; `+seccompScript())
 		tt.spec.Supervisor = supervisor
-		tt.spec.LateMounts = []Mount{{Target: "/vol"}}
-		p, err := Start(hclog.NewNullLogger(), tt.spec, func() ([]Mount, error) {
-			return []Mount{{Source: vol, Target: "/vol"}}, nil
-		})
-		must.NoError(t, err)
-		t.Cleanup(func() { _ = p.Kill(); _ = p.Destroy() })
-		must.Eq(t, 0, waitExit(t, p).ExitCode, must.Sprintf("stderr: %s", readFile(t, tt.stderr)))
-		got := outputLines(readFile(t, tt.stdout))
-		t.Log(got)
+		got := runWithVolume(t, tt, vol)
 		must.Eq(t, "late", got["vol"], must.Sprint("the late mount reached the task"))
 		must.Eq(t, "hunter2", got["secret"], must.Sprint("the task's environment reaches the command"))
 		must.Eq(t, "2", got["filters"], must.Sprint("the launching thread's filter and the stage's"))

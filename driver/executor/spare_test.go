@@ -32,6 +32,17 @@ func waitSpare(t *testing.T, s *Spares, binary string) int {
 	return pid
 }
 
+// readySpare gives a test (root) its Spares with one spare of the
+// supervisor ready, and that spare's pid.
+func readySpare(t *testing.T) (*Spares, int) {
+	t.Helper()
+	requireTaskRoot(t)
+	s := &Spares{}
+	t.Cleanup(s.Close)
+	s.Fill("", hclog.NewNullLogger())
+	return s, waitSpare(t, s, "")
+}
+
 func alive(pid int) bool {
 	_, err := os.Stat("/proc/" + strconv.Itoa(pid))
 	return err == nil
@@ -40,11 +51,7 @@ func alive(pid int) bool {
 // A spare supervisor takes the next task, with its late mounts, logs into
 // the task's state directory, and is replaced by a new spare afterwards.
 func TestSpares_StartUsesSpare_Root(t *testing.T) {
-	requireTaskRoot(t)
-	s := &Spares{}
-	t.Cleanup(s.Close)
-	s.Fill("", hclog.NewNullLogger())
-	spare := waitSpare(t, s, "")
+	s, spare := readySpare(t)
 
 	tt := newTestSpec(t, "/bin/sh", "-c", "cat /late/data/f")
 	vol := t.TempDir()
@@ -74,11 +81,7 @@ func TestSpares_StartUsesSpare_Root(t *testing.T) {
 // does (the work is done before its task comes): SIGTERM, SIGINT and
 // SIGHUP leave it alive and able to take the next task.
 func TestSpares_WaitingSpareCatchesSignals_Root(t *testing.T) {
-	requireTaskRoot(t)
-	s := &Spares{}
-	t.Cleanup(s.Close)
-	s.Fill("", hclog.NewNullLogger())
-	spare := waitSpare(t, s, "")
+	s, spare := readySpare(t)
 	// The handlers come before the spare opens its handle on the host's
 	// root (runSupervisor): once that is open, a signal finds them. (The
 	// Go runtime catches SIGTERM from the start, to die of it: SigCgt
