@@ -464,6 +464,75 @@ func TestMarkHanded_NoHardLinks(t *testing.T) {
 	must.False(t, exists(filepath.Join(other, handedFile)))
 }
 
+// A plugin task whose probe fails after the handed mark was written (here
+// the driver shuts its prober down while the task starts) gets no handle
+// from Nomad, and the start takes the mark back. Its undo here leaves the
+// state directory behind, as an undo that fails to end the task does: the
+// next driver process finds a start cut short and ends it, rather than
+// waiting for Nomad to recover a task Nomad never heard of.
+func TestStartTask_pluginProbeFailureTakesTheMarkBack(t *testing.T) {
+	root := shortTempDir(t)
+	d := newTestDriver(t, Config{Enabled: true, AllowPrivileged: true, PrivilegedGrants: grantAll, RootDir: root})
+	withFakePlugins(t, d)
+	cfg := jobTask(t, TaskConfig{Command: "/bin/plugin", Privileged: true,
+		CSIPlugin: &PluginTaskConfig{ID: "hp", Type: "monolith", MountDir: "/csi"}}, "alloc-p", "default", "plugin")
+	dir := d.currentConfig().taskStateDir(cfg.ID)
+	start := d.start
+	d.start = func(l hclog.Logger, s *executor.Spec, late func() ([]executor.Mount, error)) (taskProcess, error) {
+		p, err := start(l, s, late)
+		if err == nil {
+			d.currentProber().Close()
+		}
+		return p, err
+	}
+	// The mark is written before the probe is asked for: the case is a
+	// start that failed after it, not before.
+	var marked []string
+	link := linkFile
+	t.Cleanup(func() { linkFile = link })
+	linkFile = func(from, to string) error {
+		err := link(from, to)
+		if err == nil {
+			marked = append(marked, to)
+		}
+		return err
+	}
+	_, _, err := d.StartTask(cfg)
+	must.ErrorContains(t, err, "the plugin prober is closed")
+	must.ErrorContains(t, err, `csi_plugin "hp"`)
+	must.Eq(t, []string{filepath.Join(dir, handedFile)}, marked)
+	d.start = start
+
+	// The undo left the task's state directory, its invocation file
+	// naming the task, but not the mark.
+	must.True(t, exists(filepath.Join(dir, invocationFile)), must.Sprint("the fake undo removed the state directory: the case tests nothing"))
+	must.False(t, exists(filepath.Join(dir, handedFile)), must.Sprint("the handed mark of a start that failed is left"))
+	d.Shutdown()
+
+	var (
+		mu        sync.Mutex
+		discarded []string
+	)
+	next := newTestDriver(t, Config{Enabled: true, AllowPrivileged: true, PrivilegedGrants: grantAll, RootDir: root}, func(d *Driver) {
+		d.discard = func(l hclog.Logger, stateDir string) error {
+			mu.Lock()
+			defer mu.Unlock()
+			discarded = append(discarded, stateDir)
+			return executor.Discard(l, stateDir)
+		}
+	})
+	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(discarded) > 0
+	}), wait.Timeout(10*time.Second), wait.Gap(10*time.Millisecond)),
+		must.Sprint("the next driver process left the failed start to Nomad"))
+	mu.Lock()
+	must.Eq(t, []string{dir}, discarded)
+	mu.Unlock()
+	must.False(t, next.invocations.alive(cfg.ID), must.Sprint("the next driver process waits for Nomad to recover the failed start"))
+}
+
 // resetSparesDir, at a driver's start, removes the empty directories that
 // spares of an earlier driver process left, and nothing else: not a file,
 // not a symlink (nor what it points to), not a directory with anything in
