@@ -71,6 +71,10 @@ type imageDirs struct {
 func newImageDirs(t testing.TB) imageDirs {
 	t.Helper()
 	base := OwnedTempDir(t, "ncsp-")
+	// Registered before the test's agent starts, so it runs after the
+	// agent's Close: the images, the plugins' state and what the tests
+	// put beside them go with the test, not with the next run's sweep.
+	t.Cleanup(func() { cleanupPluginBase(t, base) })
 	d := imageDirs{images: filepath.Join(base, "images"), state: filepath.Join(base, "state")}
 	must.NoError(t, os.MkdirAll(d.images, 0o700))
 	must.NoError(t, os.MkdirAll(d.state, 0o755))
