@@ -33,14 +33,18 @@ func isolatedSpec(t *testing.T, script string) *testTask {
 // logs) the "key=value" lines of its output.
 func runLines(t *testing.T, tt *testTask) map[string]string {
 	t.Helper()
-	p := startTest(t, tt)
+	return exitLines(t, tt, startTest(t, tt))
+}
+
+// exitLines is runLines for tt's task started as p.
+func exitLines(t *testing.T, tt *testTask, p *Process) map[string]string {
+	t.Helper()
 	must.Eq(t, 0, waitExit(t, p).ExitCode, must.Sprintf("stderr: %s", readFile(t, tt.stderr)))
 	got := outputLines(readFile(t, tt.stdout))
 	t.Log(got)
 	return got
 }
 
-// outputLines maps "key=value" lines of a task's output.
 // startWithVolume starts tt's task with vol as its one late mount, at
 // /vol, as a task's CSI volume comes.
 func startWithVolume(tt *testTask, vol string) (*Process, error) {
@@ -50,19 +54,17 @@ func startWithVolume(tt *testTask, vol string) (*Process, error) {
 	})
 }
 
-// runWithVolume runs tt's task with vol at /vol (startWithVolume), checks
-// that it exits 0, and returns its output lines.
+// runWithVolume is runLines for tt's task with vol at /vol
+// (startWithVolume).
 func runWithVolume(t *testing.T, tt *testTask, vol string) map[string]string {
 	t.Helper()
 	p, err := startWithVolume(tt, vol)
 	must.NoError(t, err)
 	t.Cleanup(func() { _ = p.Kill(); _ = p.Destroy() })
-	must.Eq(t, 0, waitExit(t, p).ExitCode, must.Sprintf("stderr: %s", readFile(t, tt.stderr)))
-	got := outputLines(readFile(t, tt.stdout))
-	t.Log(got)
-	return got
+	return exitLines(t, tt, p)
 }
 
+// outputLines maps "key=value" lines of a task's output.
 func outputLines(out string) map[string]string {
 	m := map[string]string{}
 	for _, line := range strings.Split(out, "\n") {
