@@ -24,7 +24,9 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/metrics"
 	"runtime/pprof"
+	"strings"
 	"time"
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/atomicfile"
@@ -50,6 +52,47 @@ type Stats struct {
 	HeapAlloc   uint64    `json:"heap_alloc"`
 	HeapObjects uint64    `json:"heap_objects"`
 	NumGC       uint32    `json:"num_gc"`
+	// Memory is where the runtime's memory goes, from runtime/metrics:
+	// every /memory/classes/ metric by its name below that prefix
+	// ("heap/objects", "heap/free", "heap/released", "heap/stacks",
+	// "os-stacks", "metadata/other", "total", ...) and the GC's heap goal
+	// ("gc-heap-goal"), in bytes. Released heap pages are no longer in the
+	// process's RSS; free ones still are, until the scavenger returns them.
+	Memory map[string]uint64 `json:"memory,omitempty"`
+}
+
+// memoryPrefix is the runtime/metrics prefix Stats.Memory reports.
+const memoryPrefix = "/memory/classes/"
+
+// memorySamples are the metrics Stats.Memory reads, made once.
+var memorySamples = func() []metrics.Sample {
+	var s []metrics.Sample
+	for _, d := range metrics.All() {
+		if strings.HasPrefix(d.Name, memoryPrefix) || d.Name == "/gc/heap/goal:bytes" {
+			s = append(s, metrics.Sample{Name: d.Name})
+		}
+	}
+	return s
+}()
+
+// memoryClasses reads memorySamples into a map by short name (see
+// Stats.Memory).
+func memoryClasses() map[string]uint64 {
+	s := make([]metrics.Sample, len(memorySamples))
+	copy(s, memorySamples)
+	metrics.Read(s)
+	out := make(map[string]uint64, len(s))
+	for _, m := range s {
+		if m.Value.Kind() != metrics.KindUint64 {
+			continue
+		}
+		name := strings.TrimSuffix(m.Name, ":bytes")
+		if name == "/gc/heap/goal" {
+			name = "gc-heap-goal"
+		}
+		out[strings.TrimPrefix(name, memoryPrefix)] = m.Value.Uint64()
+	}
+	return out
 }
 
 // StartFromEnv starts writing the stats file named by Env, if it is set,
@@ -138,6 +181,7 @@ func Write(path string) error {
 		HeapAlloc:   ms.HeapAlloc,
 		HeapObjects: ms.HeapObjects,
 		NumGC:       ms.NumGC,
+		Memory:      memoryClasses(),
 	}
 	b, err := json.Marshal(st)
 	if err != nil {

@@ -125,3 +125,26 @@ func TestStartRewrites(t *testing.T) {
 	}
 	must.SliceContainsAll(t, []string{"stats.json", "stats.json.goroutines", "stats.json.cpu.pprof", "stats.json.heap.pprof"}, names)
 }
+
+// The stats say where the runtime's memory goes, by class: what the heap
+// holds, what it keeps free and what it gave back, the stacks, the GC's
+// goal. Classes sum to the total, so nothing is left out.
+func TestWriteMemoryClasses(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "stats.json")
+	must.NoError(t, Write(path))
+	st, err := Read(path)
+	must.NoError(t, err)
+	for _, k := range []string{"heap/objects", "heap/free", "heap/released", "heap/stacks", "heap/unused", "total", "gc-heap-goal"} {
+		_, ok := st.Memory[k]
+		must.True(t, ok, must.Sprintf("no %q in %v", k, st.Memory))
+	}
+	must.Positive(t, st.Memory["heap/objects"])
+	must.Positive(t, st.Memory["heap/stacks"])
+	var sum uint64
+	for k, v := range st.Memory {
+		if k != "total" && k != "gc-heap-goal" {
+			sum += v
+		}
+	}
+	must.Eq(t, st.Memory["total"], sum)
+}
