@@ -31,8 +31,11 @@ package bench
 //     published straight through the plugin's socket, all at once, then
 //     unpublished and unstaged (the plugin's own work, which a stop of
 //     raw_exec tasks does not have);
-//   - with all running: the driver's RSS and goroutines (its debug stats
-//     file), the mounts under its root_dir, and the per-task processes'
+//   - with all running: the driver's RSS, of it the anonymous part (what
+//     the Go runtime holds; the rest is its binary's pages), its
+//     goroutines and its runtime memory by class (its debug stats file:
+//     heap objects, free and released heap, stacks), the same once the
+//     csi tasks stopped, the mounts under its root_dir, and the per-task processes'
 //     summed RSS and PSS: the csi supervisors (the spare included) against
 //     raw_exec's executors ("nomad executor"), and Nomad's logmon, which
 //     every task of either driver has;
@@ -94,21 +97,26 @@ var manyProfiles = flag.String("many-profiles", "", "copy the driver's goroutine
 // manyRun is one driver's round.
 type manyRun struct {
 	driver          string
-	running, torn   time.Duration // submit -> all running; stop -> all torn down
-	floorUp         time.Duration // the volumes staged and published straight through the plugin, all at once
-	floorDown       time.Duration // and unpublished and unstaged
-	dead            time.Duration // stop -> the last task dead
-	tornLate        time.Duration // stop -> torn down, read after the stop's events (the earlier figure)
-	stopSteps       string        // when the tasks' stop events came (csi)
-	stopCPU         manyCPU       // the CPU time the stop took, by process
-	medianStart     time.Duration // submit -> a task running, the median task
-	procs           int           // supervisors (csi) or executors (raw_exec)
-	procRSS, procPS int64         // their summed RSS and PSS, kB
-	driverRSS       int64         // the csi driver's RSS, kB
-	goroutines      int           // the csi driver's goroutines
-	mounts          int           // under the csi driver's root_dir
-	logmons         int           // Nomad's logmon processes (one per task, either driver)
-	logRSS, logPSS  int64         // their summed RSS and PSS, kB
+	running, torn   time.Duration    // submit -> all running; stop -> all torn down
+	floorUp         time.Duration    // the volumes staged and published straight through the plugin, all at once
+	floorDown       time.Duration    // and unpublished and unstaged
+	dead            time.Duration    // stop -> the last task dead
+	tornLate        time.Duration    // stop -> torn down, read after the stop's events (the earlier figure)
+	stopSteps       string           // when the tasks' stop events came (csi)
+	stopCPU         manyCPU          // the CPU time the stop took, by process
+	medianStart     time.Duration    // submit -> a task running, the median task
+	procs           int              // supervisors (csi) or executors (raw_exec)
+	procRSS, procPS int64            // their summed RSS and PSS, kB
+	driverRSS       int64            // the csi driver's RSS, kB
+	driverAnon      int64            // of which anonymous (the Go runtime's), kB
+	goroutines      int              // the csi driver's goroutines
+	driverMem       manyMem          // the csi driver's runtime memory, from its debug stats
+	afterRSS        int64            // the csi driver's RSS once its tasks stopped, kB
+	afterAnon       int64            // of which anonymous, kB
+	afterStats      debugstats.Stats // its debug stats then
+	mounts          int              // under the csi driver's root_dir
+	logmons         int              // Nomad's logmon processes (one per task, either driver)
+	logRSS, logPSS  int64            // their summed RSS and PSS, kB
 }
 
 func BenchmarkManyTasks(b *testing.B) {
@@ -157,7 +165,8 @@ func BenchmarkManyTasks(b *testing.B) {
 	b.Cleanup(func() { volStopAll(b, a, jobs) })
 	time.Sleep(2 * time.Second)
 	idleRSS := pluginRSS(b, a)
-	idleGoroutines := manyGoroutines(b, a, stats)
+	idleAnon := driverAnonRSS(a)
+	idleStats := manyStats(b, a, stats)
 	plugins := pluginSupervisors(a)
 	before := map[string]bool{}
 	for _, l := range manyLeft(a, plugins) {
@@ -215,6 +224,11 @@ func BenchmarkManyTasks(b *testing.B) {
 		row(p+"ratio csi stop / (raw_exec stop + teardown floor)", "%s", ratio(c.torn, x.torn+c.floorDown))
 		row(p+fmt.Sprintf("driver RSS / goroutines, %d csi tasks", n), "%.1f MiB (target <= %.1f MiB) / %d", mib(c.driverRSS), 40+0.1*float64(n), c.goroutines)
 		row(p+fmt.Sprintf("driver RSS / goroutines, %d raw_exec tasks", n), "%.1f MiB / %d", mib(x.driverRSS), x.goroutines)
+		row(p+fmt.Sprintf("driver RSS anonymous, %d csi / %d raw_exec tasks", n, n), "%.1f / %.1f MiB", mib(c.driverAnon), mib(x.driverAnon))
+		row(p+fmt.Sprintf("driver Go memory, %d csi tasks: %s", n, manyMemColumns), "%s", c.driverMem)
+		row(p+fmt.Sprintf("driver Go memory, %d raw_exec tasks", n), "%s", x.driverMem)
+		row(p+"driver after the csi stop: RSS, anonymous / goroutines", "%.1f, %.1f MiB / %d", mib(c.afterRSS), mib(c.afterAnon), c.afterStats.Goroutines)
+		row(p+"driver Go memory after the csi stop", "%s", manyMem(c.afterStats.Memory))
 		row(p+"csi supervisors (the spare too): count, RSS, PSS", "%d, %.1f MiB, %.1f MiB", c.procs, mib(c.procRSS), mib(c.procPS))
 		row(p+"raw_exec executors: count, RSS, PSS", "%d, %.1f MiB, %.1f MiB", x.procs, mib(x.procRSS), mib(x.procPS))
 		row(p+"per task: supervisor PSS / executor PSS", "%.2f MiB (target <= 1.5 MiB) / %.2f MiB", perTask(c.procPS, c.procs), perTask(x.procPS, x.procs))
@@ -222,7 +236,8 @@ func BenchmarkManyTasks(b *testing.B) {
 		row(p+"logmons (csi / raw_exec): count, PSS per task", "%d, %.2f MiB / %d, %.2f MiB", c.logmons, perTask(c.logPSS, c.logmons), x.logmons, perTask(x.logPSS, x.logmons))
 		row(p+fmt.Sprintf("mounts under root_dir, %d csi tasks", n), "%d", c.mounts)
 	}
-	row("driver RSS / goroutines, idle", "%.1f MiB / %d", mib(idleRSS), idleGoroutines)
+	row("driver RSS / goroutines, idle", "%.1f MiB / %d", mib(idleRSS), idleStats.Goroutines)
+	row("driver RSS anonymous / Go memory, idle", "%.1f MiB / %s", mib(idleAnon), manyMem(idleStats.Memory))
 	row("the plugin task's CPU weight, from its cgroup (-many-plugin-cpu, plugin_cpu_shares)", "%s", pluginCPUWeight(fx))
 	if *manyParentShares > 0 {
 		row("the driver's cgroup_parent's cpu.shares (-many-parent-shares)", "%d", *manyParentShares)
@@ -294,7 +309,9 @@ func manyRound(b *testing.B, a *e2e.Agent, fx *e2e.VolFixture, jobs *[]string, s
 
 	time.Sleep(2 * time.Second)
 	r.driverRSS = pluginRSS(b, a)
-	r.goroutines = manyGoroutines(b, a, stats)
+	r.driverAnon = driverAnonRSS(a)
+	st := manyStats(b, a, stats)
+	r.goroutines, r.driverMem = st.Goroutines, st.Memory
 	if driver == "csi" {
 		r.procs, r.procRSS, r.procPS = procsRSS(isSupervisor(a, plugins))
 	} else {
@@ -342,6 +359,8 @@ func manyRound(b *testing.B, a *e2e.Agent, fx *e2e.VolFixture, jobs *[]string, s
 		r.tornLate = time.Since(t1)
 		r.floorUp, r.floorDown = manyFloor(b, a, fx, round, n)
 		time.Sleep(2 * time.Second)
+		r.afterRSS, r.afterAnon = pluginRSS(b, a), driverAnonRSS(a)
+		r.afterStats = manyStats(b, a, stats)
 		manyKeepProfiles(b, stats, fmt.Sprintf("round%d-stopped", round+1))
 	}
 	if err := a.PutJSON("DELETE", "/v1/job/"+url.PathEscape(job)+"?purge=true", nil, nil); err != nil {
@@ -681,19 +700,50 @@ func manyWait(b *testing.B, a *e2e.Agent, jobID string, n int, timeout time.Dura
 	return nil
 }
 
-// manyGoroutines reads the driver's goroutine count from its debug stats
-// file, waiting for one written after the call.
-func manyGoroutines(b *testing.B, a *e2e.Agent, path string) int {
+// manyStats reads the driver's debug stats file, waiting for one written
+// after the call.
+func manyStats(b *testing.B, a *e2e.Agent, path string) debugstats.Stats {
 	b.Helper()
 	began := time.Now()
 	pid := a.DriverPluginPID()
 	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
 		if st, err := debugstats.Read(path); err == nil && st.PID == pid && st.Time.After(began) {
-			return st.Goroutines
+			return st
 		}
 	}
 	b.Fatalf("the driver (pid %d) wrote no debug stats to %s", pid, path)
-	return 0
+	return debugstats.Stats{}
+}
+
+// driverAnonRSS is the driver's anonymous RSS (RssAnon, kB): its RSS
+// without the pages of its binary and other files, which the kernel may
+// share and drop.
+func driverAnonRSS(a *e2e.Agent) int64 {
+	v, err := e2e.StatusField(a.DriverPluginPID(), "RssAnon")
+	if err != nil {
+		return -1
+	}
+	return parseKB(v)
+}
+
+// manyMem is the driver's runtime memory by class (debugstats.Stats.Memory).
+type manyMem map[string]uint64
+
+const manyMemColumns = "heap objects / unused / free / released / stacks / other runtime / total (GC goal)"
+
+func (m manyMem) String() string {
+	if len(m) == 0 {
+		return "(not in this build's debug stats)"
+	}
+	mb := func(v uint64) string { return fmt.Sprintf("%.1f", float64(v)/(1<<20)) }
+	var other uint64
+	for k, v := range m {
+		if !strings.HasPrefix(k, "heap/") && k != "total" && k != "gc-heap-goal" {
+			other += v
+		}
+	}
+	return fmt.Sprintf("%s / %s / %s / %s / %s / %s / %s MiB (%s)", mb(m["heap/objects"]), mb(m["heap/unused"]), mb(m["heap/free"]),
+		mb(m["heap/released"]), mb(m["heap/stacks"]), mb(other), mb(m["total"]), mb(m["gc-heap-goal"]))
 }
 
 // isSupervisor says whether pid is one of the driver's supervisors but
