@@ -52,6 +52,8 @@ type Driver struct {
 	logger  hclog.Logger
 	eventer *eventer.Eventer
 	tasks   *taskStore
+	// stats samples every TaskStats stream (stats.go).
+	stats *statsSchedule
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -133,6 +135,7 @@ func NewPlugin(logger hclog.Logger) *Driver {
 		logger:  logger,
 		eventer: eventer.NewEventer(ctx, logger),
 		tasks:   newTaskStore(),
+		stats:   newStatsSchedule(),
 		ctx:     ctx,
 		cancel:  cancel,
 		spares:  &executor.Spares{},

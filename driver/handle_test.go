@@ -4,13 +4,16 @@ import (
 	"context"
 	"fmt"
 	"runtime"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	cstructs "github.com/hashicorp/nomad/client/structs"
 	"github.com/hashicorp/nomad/plugins/drivers"
 	"github.com/shoenig/test/must"
 
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/cgroups"
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor"
 )
 
@@ -87,4 +90,126 @@ func TestWaitTask_NoGoroutinePerTask(t *testing.T) {
 	r := <-ch
 	must.Eq(t, 3, r.ExitCode)
 	must.Less(t, before+n/10, settledGoroutines())
+}
+
+// countingProcess reads stats whose memory RSS counts its reads.
+type countingProcess struct {
+	*fakeProcess
+	reads atomic.Uint64
+}
+
+func (p *countingProcess) Stats() (*cgroups.Stats, error) {
+	return &cgroups.Stats{MemoryRSS: p.reads.Add(1), MemoryMeasured: []string{"RSS"}}, nil
+}
+
+// Nomad keeps a TaskStats stream open for each running task: the driver
+// samples them all on one goroutine, not one each (500 tasks held 500
+// goroutines and their stacks for it). Every stream still gets its
+// samples, and is closed once its task exits or its context ends; the
+// goroutine is gone once no stream is left.
+func TestTaskStats_NoGoroutinePerStream(t *testing.T) {
+	td := newTestDriver(t, Config{})
+	b := td.Driver.Boundary()
+	const n = 200
+	procs := make([]*fakeProcess, n)
+	chans := make([]<-chan *cstructs.TaskResourceUsage, n)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	before := settledGoroutines()
+	for i := range procs {
+		procs[i] = newFakeProcess(1000 + i)
+		cfg := &drivers.TaskConfig{ID: fmt.Sprintf("task-%d", i), AllocID: "alloc", Name: "t"}
+		td.tasks.Set(cfg.ID, newTaskHandle(hclog.NewNullLogger(), cfg, procs[i], time.Now()))
+		ch, err := b.TaskStats(ctx, cfg.ID, 20*time.Millisecond)
+		must.NoError(t, err)
+		chans[i] = ch
+	}
+	during := settledGoroutines()
+	must.Less(t, before+n/10, during, must.Sprintf("%d TaskStats streams took %d goroutines", n, during-before))
+	// Each stream gets samples, more than one.
+	for i, ch := range chans {
+		for range 2 {
+			select {
+			case u, ok := <-ch:
+				must.True(t, ok, must.Sprintf("stream %d closed while its task runs", i))
+				must.Eq(t, uint64(1<<20), u.ResourceUsage.MemoryStats.RSS)
+			case <-time.After(5 * time.Second):
+				t.Fatalf("no sample on stream %d", i)
+			}
+		}
+	}
+	// Half the tasks exit, the other half's context ends: every stream
+	// is closed.
+	for i := 0; i < n/2; i++ {
+		procs[i].exit(executor.ExitStatus{})
+	}
+	cancel()
+	for i, ch := range chans {
+		deadline := time.After(5 * time.Second)
+	drain:
+		for {
+			select {
+			case _, ok := <-ch:
+				if !ok {
+					break drain
+				}
+			case <-deadline:
+				t.Fatalf("stream %d not closed", i)
+			}
+		}
+	}
+	// The sampling goroutine ends with the last stream.
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		td.stats.mu.Lock()
+		running := td.stats.running
+		td.stats.mu.Unlock()
+		if !running {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the sampling goroutine runs on with no stream left")
+		}
+	}
+	// A stream of a task that has exited is closed at once.
+	ch, err := b.TaskStats(context.Background(), "task-0", time.Millisecond)
+	must.NoError(t, err)
+	select {
+	case _, ok := <-ch:
+		must.False(t, ok)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the stream of an exited task is not closed")
+	}
+}
+
+// A stream Nomad does not read holds only its newest sample and holds up
+// no other stream.
+func TestTaskStats_SlowReaderGetsNewest(t *testing.T) {
+	td := newTestDriver(t, Config{})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var procs [2]*countingProcess
+	var chans [2]<-chan *cstructs.TaskResourceUsage
+	for i := range procs {
+		procs[i] = &countingProcess{fakeProcess: newFakeProcess(2000 + i)}
+		cfg := &drivers.TaskConfig{ID: fmt.Sprintf("task-%d", i), AllocID: "alloc", Name: "t"}
+		td.tasks.Set(cfg.ID, newTaskHandle(hclog.NewNullLogger(), cfg, procs[i], time.Now()))
+		ch, err := td.TaskStats(ctx, cfg.ID, 5*time.Millisecond)
+		must.NoError(t, err)
+		chans[i] = ch
+	}
+	// Stream 1 is read 20 times while stream 0 is not read at all.
+	for i := range 20 {
+		select {
+		case <-chans[1]:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("stream 1 got %d samples while stream 0 was not read", i)
+		}
+	}
+	select {
+	case u := <-chans[0]:
+		must.Greater(t, uint64(5), u.ResourceUsage.MemoryStats.RSS, must.Sprint("stream 0 holds its newest sample, not its first"))
+		must.LessEq(t, procs[0].reads.Load(), u.ResourceUsage.MemoryStats.RSS)
+	case <-time.After(5 * time.Second):
+		t.Fatal("no sample on stream 0")
+	}
 }

@@ -1,8 +1,12 @@
 package driver
 
 import (
+	"container/heap"
 	"context"
+	"sync"
 	"time"
+
+	"github.com/hashicorp/go-hclog"
 
 	cstructs "github.com/hashicorp/nomad/client/structs"
 	"github.com/hashicorp/nomad/plugins/drivers"
@@ -11,7 +15,10 @@ import (
 )
 
 // TaskStats sends the task's cpu and memory usage every interval until the
-// task exits or ctx ends.
+// task exits or ctx ends. The samples of every task come from one goroutine
+// (statsSchedule), not one per task: Nomad keeps a TaskStats stream open
+// for each running task, and a goroutine each, with its stack, cost 500
+// tasks some 5 MiB of the driver's memory.
 func (d *Driver) TaskStats(ctx context.Context, taskID string, interval time.Duration) (<-chan *cstructs.TaskResourceUsage, error) {
 	h, ok := d.tasks.Get(taskID)
 	if !ok {
@@ -23,40 +30,185 @@ func (d *Driver) TaskStats(ctx context.Context, taskID string, interval time.Dur
 	d.mu.RLock()
 	mhz := d.mhzPerCore
 	d.mu.RUnlock()
+	return d.stats.add(h.logger, h.process, interval, mhz, h.onExit, ctx, d.ctx), nil
+}
 
-	ch := make(chan *cstructs.TaskResourceUsage)
-	go func() {
-		defer close(ch)
-		calc := &cpuCalc{mhzPerCore: mhz}
-		timer := time.NewTimer(0)
-		defer timer.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-d.ctx.Done():
-				return
-			case <-h.done:
-				return
-			case <-timer.C:
-				timer.Reset(interval)
-			}
-			s, err := h.process.Stats()
-			if err != nil {
-				h.logger.Debug("failed to read task stats", "error", err)
-				continue
-			}
-			usage := calc.usage(s, time.Now())
-			select {
-			case ch <- usage:
-			case <-ctx.Done():
-				return
-			case <-h.done:
-				return
-			}
+// statsSchedule takes the samples of every TaskStats stream on one
+// goroutine, which runs while any stream is open, each stream at its own
+// interval. A sample waits in its stream's channel (of one) for Nomad to
+// take it; a newer one replaces it, so that a stream Nomad reads slowly
+// never holds up the others.
+type statsSchedule struct {
+	mu      sync.Mutex
+	streams statsQueue
+	running bool
+	// wake tells the goroutine that the first stream due changed.
+	wake chan struct{}
+}
+
+// statsStream is one TaskStats call.
+type statsStream struct {
+	logger   hclog.Logger
+	process  taskProcess
+	interval time.Duration
+	calc     cpuCalc
+	ch       chan *cstructs.TaskResourceUsage
+	next     time.Time
+	// index is the stream's place in the queue, -1 while the goroutine
+	// samples it.
+	index  int
+	closed bool
+	// stops forget the callbacks that end the stream.
+	stops []func()
+}
+
+func newStatsSchedule() *statsSchedule {
+	return &statsSchedule{wake: make(chan struct{}, 1)}
+}
+
+// add opens a stream of process's samples every interval, the first now,
+// which ends (its channel closed) once onExit calls back or any of ctxs
+// ends.
+func (s *statsSchedule) add(logger hclog.Logger, p taskProcess, interval time.Duration, mhzPerCore float64,
+	onExit func(func()) func(), ctxs ...context.Context) <-chan *cstructs.TaskResourceUsage {
+	st := &statsStream{logger: logger, process: p, interval: interval, calc: cpuCalc{mhzPerCore: mhzPerCore},
+		ch: make(chan *cstructs.TaskResourceUsage, 1), next: time.Now(), index: -1}
+	// Each may call back at once (the task has exited, a context has
+	// ended), which closes the stream before it is queued.
+	end := func() { s.end(st) }
+	var stops []func()
+	for _, ctx := range ctxs {
+		stop := context.AfterFunc(ctx, end)
+		stops = append(stops, func() { stop() })
+	}
+	stops = append(stops, onExit(end))
+	s.mu.Lock()
+	if st.closed {
+		s.mu.Unlock()
+		for _, stop := range stops {
+			stop()
 		}
-	}()
-	return ch, nil
+		return st.ch
+	}
+	st.stops = stops
+	heap.Push(&s.streams, st)
+	first := st.index == 0
+	start := !s.running
+	s.running = true
+	s.mu.Unlock()
+	if start {
+		go s.run()
+	} else if first {
+		select {
+		case s.wake <- struct{}{}:
+		default:
+		}
+	}
+	return st.ch
+}
+
+// end closes st's channel and takes it out of the queue, once.
+func (s *statsSchedule) end(st *statsStream) {
+	s.mu.Lock()
+	if st.closed {
+		s.mu.Unlock()
+		return
+	}
+	st.closed = true
+	if st.index >= 0 {
+		heap.Remove(&s.streams, st.index)
+	}
+	close(st.ch)
+	stops := st.stops
+	st.stops = nil
+	s.mu.Unlock()
+	for _, stop := range stops {
+		stop()
+	}
+}
+
+// run samples the streams as they come due, until none is left.
+func (s *statsSchedule) run() {
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		s.mu.Lock()
+		if len(s.streams) == 0 {
+			s.running = false
+			s.mu.Unlock()
+			return
+		}
+		st := s.streams[0]
+		if wait := time.Until(st.next); wait > 0 {
+			s.mu.Unlock()
+			timer.Reset(wait)
+			select {
+			case <-timer.C:
+			case <-s.wake:
+			}
+			continue
+		}
+		heap.Pop(&s.streams)
+		s.mu.Unlock()
+
+		stats, err := st.process.Stats()
+		now := time.Now()
+		if err != nil {
+			st.logger.Debug("failed to read task stats", "error", err)
+		}
+
+		s.mu.Lock()
+		if !st.closed {
+			if err == nil {
+				st.send(st.calc.usage(stats, now))
+			}
+			st.next = st.next.Add(st.interval)
+			if st.next.Before(now) {
+				st.next = now.Add(st.interval)
+			}
+			heap.Push(&s.streams, st)
+		}
+		s.mu.Unlock()
+	}
+}
+
+// send puts u in the stream's channel, in place of a sample Nomad has not
+// taken yet. The schedule's lock is held: the channel is not closed.
+func (st *statsStream) send(u *cstructs.TaskResourceUsage) {
+	for {
+		select {
+		case st.ch <- u:
+			return
+		default:
+		}
+		select {
+		case <-st.ch:
+		default:
+		}
+	}
+}
+
+// statsQueue orders the streams by when each is due (container/heap).
+type statsQueue []*statsStream
+
+func (q statsQueue) Len() int           { return len(q) }
+func (q statsQueue) Less(i, j int) bool { return q[i].next.Before(q[j].next) }
+func (q statsQueue) Swap(i, j int) {
+	q[i], q[j] = q[j], q[i]
+	q[i].index, q[j].index = i, j
+}
+func (q *statsQueue) Push(x any) {
+	st := x.(*statsStream)
+	st.index = len(*q)
+	*q = append(*q, st)
+}
+func (q *statsQueue) Pop() any {
+	old := *q
+	st := old[len(old)-1]
+	old[len(old)-1] = nil
+	*q = old[:len(old)-1]
+	st.index = -1
+	return st
 }
 
 // cpuCalc turns cumulative cpu times into the percentages Nomad shows.
