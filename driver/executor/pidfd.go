@@ -4,9 +4,157 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
+
+// onExited has f run, on a goroutine of its own, once the process behind
+// pidfd has exited. Every such wait of the process shares one goroutine,
+// which waits in the runtime's poller on an epoll set of the pidfds (an
+// epoll descriptor is readable while any of its set is): a driver waits
+// for each task's supervisor for the task's whole life, and a goroutine
+// each, with its stack, cost 500 tasks some 5 MiB. pidfd stays the
+// caller's; the set holds a duplicate. When the set cannot take the
+// descriptor, the wait has a goroutine of its own, as waitExited does.
+func onExited(pidfd int, f func()) {
+	if exits.add(pidfd, f) == nil {
+		return
+	}
+	fd, err := unix.FcntlInt(uintptr(pidfd), unix.F_DUPFD_CLOEXEC, 0)
+	go func() {
+		if err == nil {
+			_ = waitExited(fd)
+			_ = unix.Close(fd)
+		}
+		f()
+	}()
+}
+
+// exits is the process's one set of exit waits (onExited).
+var exits exitSet
+
+// exitSet is an epoll set of pidfds, each with what to run once its
+// process has exited, and the goroutine that waits on it (started with the
+// first wait, for the process's life).
+type exitSet struct {
+	once     sync.Once
+	startErr error
+	epfd     int
+
+	mu      sync.Mutex
+	next    int32
+	waiting map[int32]exitWait
+}
+
+// exitWait is one wait: the set's duplicate of the pidfd, and what runs
+// once its process has exited.
+type exitWait struct {
+	fd int
+	f  func()
+}
+
+// add puts a duplicate of pidfd in the set, with f to run once its process
+// has exited (at once, on the set's goroutine, when it has already).
+func (s *exitSet) add(pidfd int, f func()) error {
+	s.once.Do(s.start)
+	if s.startErr != nil {
+		return s.startErr
+	}
+	fd, err := unix.FcntlInt(uintptr(pidfd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("failed to duplicate a pidfd: %w", err)
+	}
+	s.mu.Lock()
+	key := s.next
+	s.next++
+	s.waiting[key] = exitWait{fd: fd, f: f}
+	s.mu.Unlock()
+	// One-shot: a pidfd stays readable once its process has exited.
+	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLONESHOT, Fd: key}
+	if err := unix.EpollCtl(s.epfd, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
+		s.mu.Lock()
+		delete(s.waiting, key)
+		s.mu.Unlock()
+		_ = unix.Close(fd)
+		return fmt.Errorf("failed to add a pidfd to the exit set: %w", err)
+	}
+	return nil
+}
+
+// start makes the set and its goroutine.
+func (s *exitSet) start() {
+	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		s.startErr = fmt.Errorf("failed to make the exit set: %w", err)
+		return
+	}
+	if err := unix.SetNonblock(epfd, true); err != nil {
+		_ = unix.Close(epfd)
+		s.startErr = fmt.Errorf("failed to make the exit set non-blocking: %w", err)
+		return
+	}
+	// In the runtime's poller: the goroutine sleeps as a socket read does.
+	f := os.NewFile(uintptr(epfd), "exit-set")
+	rc, err := f.SyscallConn()
+	if err == nil {
+		// Only a file in the poller takes a deadline: a wait outside it
+		// would end at once.
+		err = f.SetReadDeadline(time.Time{})
+	}
+	if err != nil {
+		_ = f.Close()
+		s.startErr = fmt.Errorf("failed to wait on the exit set: %w", err)
+		return
+	}
+	s.epfd = epfd
+	s.waiting = map[int32]exitWait{}
+	go s.run(f, rc)
+}
+
+// run runs each wait's f once its process has exited, for the process's
+// life (f keeps the file, and so the set, open).
+func (s *exitSet) run(f *os.File, rc interface {
+	Read(func(uintptr) bool) error
+}) {
+	defer f.Close()
+	events := make([]unix.EpollEvent, 64)
+	_ = rc.Read(func(fd uintptr) bool {
+		for {
+			n, err := unix.EpollWait(int(fd), events, 0)
+			if errors.Is(err, unix.EINTR) {
+				continue
+			}
+			if err != nil {
+				// Cannot happen on a valid set; the waits left would
+				// never end, so fail loudly.
+				panic(fmt.Sprintf("failed to wait on the exit set: %v", err))
+			}
+			for _, ev := range events[:n] {
+				s.fire(ev.Fd)
+			}
+			if n < len(events) {
+				// Drained: sleep until the set is readable again.
+				return false
+			}
+		}
+	})
+}
+
+// fire ends the wait of key and runs its f.
+func (s *exitSet) fire(key int32) {
+	s.mu.Lock()
+	w, ok := s.waiting[key]
+	delete(s.waiting, key)
+	s.mu.Unlock()
+	if !ok {
+		return
+	}
+	_ = unix.EpollCtl(s.epfd, unix.EPOLL_CTL_DEL, w.fd, nil)
+	_ = unix.Close(w.fd)
+	go w.f()
+}
 
 // waitExited returns once the process behind pidfd has exited. It waits in
 // the runtime's poller, as a socket read does: no OS thread sits in a
@@ -66,13 +214,17 @@ func pidfdReady(pidfd, timeout int) (bool, error) {
 	}
 }
 
-// waitChild reaps a child of this process once it has exited, waiting as
-// waitExited does, and returns what wait returns.
-func waitChild(p *os.Process, wait func() error) error {
-	if fd, err := unix.PidfdOpen(p.Pid, unix.PIDFD_NONBLOCK); err == nil {
-		// An unreaped child's pid is not reused: the pidfd is its.
-		_ = waitExited(fd)
-		_ = unix.Close(fd)
+// onChildExited has f run once the child p of this process has exited
+// (as onExited does), for f to reap it. Without a pidfd (a kernel before
+// 5.3), f runs on a goroutine of its own at once, to reap the child as
+// it waits.
+func onChildExited(p *os.Process, f func()) {
+	fd, err := unix.PidfdOpen(p.Pid, unix.PIDFD_NONBLOCK)
+	if err != nil {
+		go f()
+		return
 	}
-	return wait()
+	// An unreaped child's pid is not reused: the pidfd is its.
+	onExited(fd, f)
+	_ = unix.Close(fd)
 }

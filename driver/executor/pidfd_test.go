@@ -36,18 +36,7 @@ func threads(t *testing.T) int {
 // its process exits, child or not.
 func TestWaitExited_NoThreadPerWait(t *testing.T) {
 	const n = 64
-	var cmds []*exec.Cmd
-	t.Cleanup(func() {
-		for _, c := range cmds {
-			_ = c.Process.Kill()
-			_ = c.Wait()
-		}
-	})
-	for range n {
-		c := exec.Command("/bin/sleep", "60")
-		must.NoError(t, c.Start())
-		cmds = append(cmds, c)
-	}
+	cmds := startSleepers(t, n)
 	// Settle the runtime's own threads first.
 	time.Sleep(100 * time.Millisecond)
 	before := threads(t)
@@ -70,8 +59,33 @@ func TestWaitExited_NoThreadPerWait(t *testing.T) {
 	default:
 	}
 
-	// Each returns once its process is gone: half are reaped here, the
-	// other half only killed (exited, still zombies of this process).
+	endSleepers(t, cmds, done)
+}
+
+// startSleepers starts n processes that sleep for a minute, killed and
+// reaped at the test's end.
+func startSleepers(t *testing.T, n int) []*exec.Cmd {
+	t.Helper()
+	var cmds []*exec.Cmd
+	t.Cleanup(func() {
+		for _, c := range cmds {
+			_ = c.Process.Kill()
+			_ = c.Wait()
+		}
+	})
+	for range n {
+		c := exec.Command("/bin/sleep", "60")
+		must.NoError(t, c.Start())
+		cmds = append(cmds, c)
+	}
+	return cmds
+}
+
+// endSleepers kills cmds and checks that each one's wait tells done its
+// index once, once its process is gone: half are reaped here, the other
+// half only killed (exited, still zombies of this process).
+func endSleepers(t *testing.T, cmds []*exec.Cmd, done <-chan int) {
+	t.Helper()
 	for i, c := range cmds {
 		must.NoError(t, c.Process.Kill())
 		if i%2 == 0 {
@@ -80,52 +94,127 @@ func TestWaitExited_NoThreadPerWait(t *testing.T) {
 	}
 	seen := map[int]bool{}
 	timeout := time.After(30 * time.Second)
-	for len(seen) < n {
+	for len(seen) < len(cmds) {
 		select {
 		case i := <-done:
+			must.False(t, seen[i], must.Sprintf("wait %d returned twice", i))
 			seen[i] = true
 		case <-timeout:
-			t.Fatalf("%d of %d waits returned after their processes were killed", len(seen), n)
+			t.Fatalf("%d of %d waits returned after their processes were killed", len(seen), len(cmds))
 		}
 	}
 }
 
-// waitChild reaps the child once it exits, without a thread blocked in
-// waitid(2) meanwhile.
-func TestWaitChild(t *testing.T) {
+// Waiting for many processes' exits costs neither a goroutine nor a
+// thread each: one goroutine waits on all their pidfds. Each wait's
+// function runs once its process has exited, child or not, and at once
+// for a process that had exited before the wait began; a closed pidfd of
+// the caller's does not end its wait.
+func TestOnExited_NoGoroutinePerWait(t *testing.T) {
+	const n = 64
+	cmds := startSleepers(t, n)
+	// One wait first, so that the set's own goroutine is there before.
+	early := exec.Command("/bin/true")
+	must.NoError(t, early.Start())
+	efd, err := unix.PidfdOpen(early.Process.Pid, 0)
+	must.NoError(t, err)
+	done := make(chan int, n+1)
+	onExited(efd, func() { done <- -2 })
+	_ = unix.Close(efd)
+	must.NoError(t, early.Wait())
+	must.Eq(t, -2, <-done)
+	time.Sleep(100 * time.Millisecond)
+	beforeThreads, beforeG := threads(t), settledGoroutines()
+	for i, c := range cmds {
+		fd, err := unix.PidfdOpen(c.Process.Pid, 0)
+		must.NoError(t, err)
+		onExited(fd, func() { done <- i })
+		// The set holds its own descriptor.
+		must.NoError(t, unix.Close(fd))
+	}
+	time.Sleep(300 * time.Millisecond)
+	duringThreads, duringG := threads(t), settledGoroutines()
+	must.Less(t, beforeThreads+n/4, duringThreads, must.Sprintf("%d waits took %d threads", n, duringThreads-beforeThreads))
+	must.Less(t, beforeG+n/8, duringG, must.Sprintf("%d waits took %d goroutines", n, duringG-beforeG))
+	select {
+	case i := <-done:
+		t.Fatalf("wait %d returned while its process runs", i)
+	default:
+	}
+
+	endSleepers(t, cmds, done)
+	// A process that exited before its wait began: at once.
+	exited := exec.Command("/bin/true")
+	must.NoError(t, exited.Start())
+	fd, err := unix.PidfdOpen(exited.Process.Pid, 0)
+	must.NoError(t, err)
+	must.NoError(t, exited.Wait())
+	onExited(fd, func() { done <- -1 })
+	_ = unix.Close(fd)
+	select {
+	case i := <-done:
+		must.Eq(t, -1, i)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the wait for a process gone before it began never returned")
+	}
+	select {
+	case i := <-done:
+		t.Fatalf("wait %d ran again", i)
+	case <-time.After(100 * time.Millisecond):
+	}
+}
+
+// onChildExited runs its function once the child has exited, for it to
+// reap the child.
+func TestOnChildExited(t *testing.T) {
 	c := exec.Command("/bin/sh", "-c", "exit 3")
 	must.NoError(t, c.Start())
-	err := waitChild(c.Process, c.Wait)
-	must.Error(t, err)
+	errs := make(chan error, 1)
+	onChildExited(c.Process, func() { errs <- c.Wait() })
+	select {
+	case err := <-errs:
+		must.Error(t, err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the child's exit was not seen")
+	}
 	must.Eq(t, 3, c.ProcessState.ExitCode())
 }
 
-// A running task costs the driver one goroutine, the one that reaps its
-// supervisor and then records the task's end (OnExit callers are called
-// back from it): a second one waiting on a pidfd, as before, made two per
-// task for the task's life. Every task's end is still seen.
-func TestStart_OneGoroutinePerTask_Root(t *testing.T) {
+// settledGoroutines is the goroutine count once it stops moving.
+func settledGoroutines() int {
+	g := runtime.NumGoroutine()
+	for range 50 {
+		time.Sleep(20 * time.Millisecond)
+		if h := runtime.NumGoroutine(); h == g {
+			return g
+		} else {
+			g = h
+		}
+	}
+	return g
+}
+
+// A running task costs the driver no goroutine of its own: its
+// supervisor's exit is waited for in the shared exit set, whose goroutine
+// then reaps it and records the task's end (OnExit callers are called back
+// from it). One goroutine per task reaping its supervisor, as before, was
+// 500 goroutines and their stacks at 500 tasks. Every task's end is still
+// seen.
+func TestStart_NoGoroutinePerTask_Root(t *testing.T) {
 	requireTaskRoot(t)
 	const n = 8
-	settle := func() int {
-		g := runtime.NumGoroutine()
-		for range 50 {
-			time.Sleep(20 * time.Millisecond)
-			if h := runtime.NumGoroutine(); h == g {
-				return g
-			} else {
-				g = h
-			}
-		}
-		return g
-	}
+	settle := settledGoroutines
+	// A task first, so that the exit set's goroutine and the spare are
+	// there before.
+	first := startTest(t, newTestSpec(t, "/bin/sleep", "60"))
+	t.Cleanup(func() { _ = first.Kill() })
 	before := settle()
 	var procs []*Process
 	for range n {
 		procs = append(procs, startTest(t, newTestSpec(t, "/bin/sleep", "60")))
 	}
 	during := settle()
-	must.LessEq(t, before+n+n/2, during, must.Sprintf("%d tasks took %d goroutines", n, during-before))
+	must.Less(t, before+n/2, during, must.Sprintf("%d tasks took %d goroutines", n, during-before))
 	ended := make(chan struct{}, n)
 	for _, p := range procs {
 		p.OnExit(func() { ended <- struct{}{} })

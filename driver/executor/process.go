@@ -209,8 +209,8 @@ func start(logger hclog.Logger, spec *Spec, late func() ([]Mount, error), sp *sp
 		logger.Warn("failed to load the task's cgroup", "error", err)
 	}
 	logger.Info("task started", "pid", rep.TaskPID, "supervisor_pid", cmd.Process.Pid)
-	// The goroutine that reaps the supervisor records the task's end: no
-	// other waits for it.
+	// Once the supervisor is reaped, its reaping records the task's end:
+	// nothing else waits for it.
 	sp.afterReap(p.finish)
 	return p, nil
 }
@@ -257,7 +257,7 @@ func Recover(logger hclog.Logger, st State) (*Process, error) {
 		logger.Warn("failed to load the task's cgroup", "error", gerr)
 	}
 	p.taskFD = openVerifiedPidfd(st.TaskPID, st.TaskStart)
-	go p.watch()
+	onExited(p.supFD, p.finish)
 	return p, nil
 }
 
@@ -335,17 +335,6 @@ func logTail(path string) string {
 
 func readExitStatus(stateDir string) (*ExitStatus, error) {
 	return wire.ReadExit(filepath.Join(stateDir, wire.ExitFile))
-}
-
-// watch waits for a recovered task's supervisor to exit and records the
-// task's status.
-func (p *Process) watch() {
-	if p.supFD >= 0 {
-		if err := waitExited(p.supFD); err != nil {
-			p.logger.Error("failed to wait for the supervisor", "error", err)
-		}
-	}
-	p.finish()
 }
 
 // finish records the task's status once its supervisor has exited (and,

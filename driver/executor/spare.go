@@ -76,9 +76,9 @@ type spare struct {
 	pidNS bool
 }
 
-// afterReap has f run once the supervisor is reaped: by the goroutine that
-// waits for it, so that a task's supervisor costs the driver that one
-// goroutine for the task's life. When it is reaped already, f runs now.
+// afterReap has f run once the supervisor is reaped, on the goroutine that
+// reaped it: no goroutine of the driver waits for a task's supervisor
+// while it runs (onExited). When it is reaped already, f runs now.
 func (sp *spare) afterReap(f func()) {
 	sp.afterMu.Lock()
 	if !sp.afterDone {
@@ -90,10 +90,10 @@ func (sp *spare) afterReap(f func()) {
 	f()
 }
 
-// reap waits for the supervisor, reaps it, removes its spare's root
-// directory, and runs what afterReap gave.
+// reap reaps the supervisor once it has exited (onChildExited), removes
+// its spare's root directory, and runs what afterReap gave.
 func (sp *spare) reap() {
-	_ = waitChild(sp.cmd.Process, sp.cmd.Wait)
+	_ = sp.cmd.Wait()
 	if err := removeRoot(sp.root); err != nil {
 		sp.logger.Warn("failed to remove a spare supervisor's directory", "path", sp.root, "error", err)
 	}
@@ -307,7 +307,7 @@ func startSupervisor(binary string, args []string, out *os.File, control, pidNS 
 		return nil, fmt.Errorf("failed to start the supervisor: %w", err)
 	}
 	sp := &spare{cmd: cmd, root: root, logger: logger, reportR: reportR, ctl: ctl, reaped: make(chan struct{}), pidNS: pidNS}
-	go sp.reap()
+	onChildExited(cmd.Process, sp.reap)
 	return sp, nil
 }
 
