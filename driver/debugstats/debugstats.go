@@ -5,9 +5,11 @@
 // stack. When NOMAD_DRIVER_CSI_DEBUG_PROFILES is set too (to anything),
 // every ProfileWindow it also writes the CPU profile of the window that
 // ended (FILE.cpu.pprof) and a heap profile (FILE.heap.pprof), for go tool
-// pprof; the CPU profile costs the driver about 1 MiB and a sampling
-// signal 100 times a second while it runs. Soak tests read the files to
-// see whether the driver leaks goroutines, and the many-tasks benchmark
+// pprof, the heap sampled every HeapProfileRate bytes; the CPU profile
+// costs the driver about 1 MiB and a sampling signal 100 times a second
+// while it runs, the finer heap sampling some CPU and profile buckets.
+// Soak tests read the files to see whether the driver leaks goroutines,
+// and the many-tasks benchmark
 // where its time and memory go; an operator hunting a leak can set the
 // variables in the Nomad agent's environment, which Nomad passes on to its
 // plugins.
@@ -30,6 +32,7 @@ import (
 	"time"
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/atomicfile"
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/threads"
 )
 
 // Env is the environment variable that names the stats file.
@@ -37,6 +40,10 @@ const Env = "NOMAD_DRIVER_CSI_DEBUG_STATS"
 
 // ProfilesEnv, set beside Env, adds the CPU and heap profiles.
 const ProfilesEnv = "NOMAD_DRIVER_CSI_DEBUG_PROFILES"
+
+// HeapProfileRate is the heap profile's sampling rate (bytes allocated per
+// sample) while the profiles are on.
+const HeapProfileRate = 16 << 10
 
 // Interval is how often the files are rewritten.
 const Interval = time.Second
@@ -46,29 +53,41 @@ const ProfileWindow = 10 * time.Second
 
 // Stats is the content of the stats file.
 type Stats struct {
-	PID         int       `json:"pid"`
-	Time        time.Time `json:"time"`
-	Goroutines  int       `json:"goroutines"`
-	HeapAlloc   uint64    `json:"heap_alloc"`
-	HeapObjects uint64    `json:"heap_objects"`
-	NumGC       uint32    `json:"num_gc"`
+	PID        int       `json:"pid"`
+	Time       time.Time `json:"time"`
+	Goroutines int       `json:"goroutines"`
+	// Threads is the runtime's live OS threads.
+	Threads     int    `json:"threads"`
+	HeapAlloc   uint64 `json:"heap_alloc"`
+	HeapObjects uint64 `json:"heap_objects"`
+	NumGC       uint32 `json:"num_gc"`
 	// Memory is where the runtime's memory goes, from runtime/metrics:
 	// every /memory/classes/ metric by its name below that prefix
 	// ("heap/objects", "heap/free", "heap/released", "heap/stacks",
 	// "os-stacks", "metadata/other", "total", ...) and the GC's heap goal
-	// ("gc-heap-goal"), in bytes. Released heap pages are no longer in the
-	// process's RSS; free ones still are, until the scavenger returns them.
+	// ("gc-heap-goal") and the size new goroutines' stacks start at
+	// ("stack-start", the average stack in use at the last GC, which the
+	// runtime starts goroutines with), in bytes. Released heap pages are no
+	// longer in the process's RSS; free ones still are, until the
+	// scavenger returns them.
 	Memory map[string]uint64 `json:"memory,omitempty"`
 }
 
 // memoryPrefix is the runtime/metrics prefix Stats.Memory reports.
 const memoryPrefix = "/memory/classes/"
 
+// memoryExtra are the metrics Stats.Memory reports beside the classes, by
+// the names it gives them.
+var memoryExtra = map[string]string{
+	"/gc/heap/goal:bytes":           "gc-heap-goal",
+	"/gc/stack/starting-size:bytes": "stack-start",
+}
+
 // memorySamples are the metrics Stats.Memory reads, made once.
 var memorySamples = func() []metrics.Sample {
 	var s []metrics.Sample
 	for _, d := range metrics.All() {
-		if strings.HasPrefix(d.Name, memoryPrefix) || d.Name == "/gc/heap/goal:bytes" {
+		if strings.HasPrefix(d.Name, memoryPrefix) || memoryExtra[d.Name] != "" {
 			s = append(s, metrics.Sample{Name: d.Name})
 		}
 	}
@@ -86,11 +105,11 @@ func memoryClasses() map[string]uint64 {
 		if m.Value.Kind() != metrics.KindUint64 {
 			continue
 		}
-		name := strings.TrimSuffix(m.Name, ":bytes")
-		if name == "/gc/heap/goal" {
-			name = "gc-heap-goal"
+		name := memoryExtra[m.Name]
+		if name == "" {
+			name = strings.TrimPrefix(strings.TrimSuffix(m.Name, ":bytes"), memoryPrefix)
 		}
-		out[strings.TrimPrefix(name, memoryPrefix)] = m.Value.Uint64()
+		out[name] = m.Value.Uint64()
 	}
 	return out
 }
@@ -109,6 +128,10 @@ func StartFromEnv() (stop func(), err error) {
 	window := time.Duration(0)
 	if os.Getenv(ProfilesEnv) != "" {
 		window = ProfileWindow
+		// The runtime's default samples one allocation per 512 KiB: too
+		// coarse for a heap of a few MiB. Set before the driver starts,
+		// so that what it allocates from here on is sampled this finely.
+		runtime.MemProfileRate = HeapProfileRate
 	}
 	return Start(path, Interval, window), nil
 }
@@ -178,6 +201,7 @@ func Write(path string) error {
 		PID:         os.Getpid(),
 		Time:        time.Now().UTC(),
 		Goroutines:  runtime.NumGoroutine(),
+		Threads:     threads.Read().Threads,
 		HeapAlloc:   ms.HeapAlloc,
 		HeapObjects: ms.HeapObjects,
 		NumGC:       ms.NumGC,

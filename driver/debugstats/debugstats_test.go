@@ -50,6 +50,7 @@ func TestStartFromEnv(t *testing.T) {
 			must.NoError(t, err)
 			must.Eq(t, os.Getpid(), st.PID)
 			must.Positive(t, st.Goroutines)
+			must.Positive(t, st.Threads)
 			must.Positive(t, st.HeapAlloc)
 			prof, err := os.ReadFile(path + ".goroutines")
 			must.NoError(t, err)
@@ -134,7 +135,7 @@ func TestWriteMemoryClasses(t *testing.T) {
 	must.NoError(t, Write(path))
 	st, err := Read(path)
 	must.NoError(t, err)
-	for _, k := range []string{"heap/objects", "heap/free", "heap/released", "heap/stacks", "heap/unused", "total", "gc-heap-goal"} {
+	for _, k := range []string{"heap/objects", "heap/free", "heap/released", "heap/stacks", "heap/unused", "total", "gc-heap-goal", "stack-start"} {
 		_, ok := st.Memory[k]
 		must.True(t, ok, must.Sprintf("no %q in %v", k, st.Memory))
 	}
@@ -142,7 +143,7 @@ func TestWriteMemoryClasses(t *testing.T) {
 	must.Positive(t, st.Memory["heap/stacks"])
 	var sum uint64
 	for k, v := range st.Memory {
-		if k != "total" && k != "gc-heap-goal" {
+		if k != "total" && k != "gc-heap-goal" && k != "stack-start" {
 			sum += v
 		}
 	}
