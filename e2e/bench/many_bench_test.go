@@ -109,10 +109,12 @@ type manyRun struct {
 	procRSS, procPS int64            // their summed RSS and PSS, kB
 	driverRSS       int64            // the csi driver's RSS, kB
 	driverAnon      int64            // of which anonymous (the Go runtime's), kB
+	driverThreads   int              // the csi driver's OS threads
 	goroutines      int              // the csi driver's goroutines
 	driverMem       manyMem          // the csi driver's runtime memory, from its debug stats
 	afterRSS        int64            // the csi driver's RSS once its tasks stopped, kB
 	afterAnon       int64            // of which anonymous, kB
+	afterThreads    int              // and its threads
 	afterStats      debugstats.Stats // its debug stats then
 	mounts          int              // under the csi driver's root_dir
 	logmons         int              // Nomad's logmon processes (one per task, either driver)
@@ -165,7 +167,7 @@ func BenchmarkManyTasks(b *testing.B) {
 	b.Cleanup(func() { volStopAll(b, a, jobs) })
 	time.Sleep(2 * time.Second)
 	idleRSS := pluginRSS(b, a)
-	idleAnon := driverAnonRSS(a)
+	idleAnon, idleThreads := driverAnonRSS(a), driverThreads(a)
 	idleStats := manyStats(b, a, stats)
 	plugins := pluginSupervisors(a)
 	before := map[string]bool{}
@@ -225,9 +227,10 @@ func BenchmarkManyTasks(b *testing.B) {
 		row(p+fmt.Sprintf("driver RSS / goroutines, %d csi tasks", n), "%.1f MiB (target <= %.1f MiB) / %d", mib(c.driverRSS), 40+0.1*float64(n), c.goroutines)
 		row(p+fmt.Sprintf("driver RSS / goroutines, %d raw_exec tasks", n), "%.1f MiB / %d", mib(x.driverRSS), x.goroutines)
 		row(p+fmt.Sprintf("driver RSS anonymous, %d csi / %d raw_exec tasks", n, n), "%.1f / %.1f MiB", mib(c.driverAnon), mib(x.driverAnon))
+		row(p+fmt.Sprintf("driver threads, %d csi / %d raw_exec tasks", n, n), "%d / %d", c.driverThreads, x.driverThreads)
 		row(p+fmt.Sprintf("driver Go memory, %d csi tasks: %s", n, manyMemColumns), "%s", c.driverMem)
 		row(p+fmt.Sprintf("driver Go memory, %d raw_exec tasks", n), "%s", x.driverMem)
-		row(p+"driver after the csi stop: RSS, anonymous / goroutines", "%.1f, %.1f MiB / %d", mib(c.afterRSS), mib(c.afterAnon), c.afterStats.Goroutines)
+		row(p+"driver after the csi stop: RSS, anonymous / goroutines / threads", "%.1f, %.1f MiB / %d / %d", mib(c.afterRSS), mib(c.afterAnon), c.afterStats.Goroutines, c.afterThreads)
 		row(p+"driver Go memory after the csi stop", "%s", manyMem(c.afterStats.Memory))
 		row(p+"csi supervisors (the spare too): count, RSS, PSS", "%d, %.1f MiB, %.1f MiB", c.procs, mib(c.procRSS), mib(c.procPS))
 		row(p+"raw_exec executors: count, RSS, PSS", "%d, %.1f MiB, %.1f MiB", x.procs, mib(x.procRSS), mib(x.procPS))
@@ -237,7 +240,7 @@ func BenchmarkManyTasks(b *testing.B) {
 		row(p+fmt.Sprintf("mounts under root_dir, %d csi tasks", n), "%d", c.mounts)
 	}
 	row("driver RSS / goroutines, idle", "%.1f MiB / %d", mib(idleRSS), idleStats.Goroutines)
-	row("driver RSS anonymous / Go memory, idle", "%.1f MiB / %s", mib(idleAnon), manyMem(idleStats.Memory))
+	row("driver RSS anonymous / threads / Go memory, idle", "%.1f MiB / %d / %s", mib(idleAnon), idleThreads, manyMem(idleStats.Memory))
 	row("the plugin task's CPU weight, from its cgroup (-many-plugin-cpu, plugin_cpu_shares)", "%s", pluginCPUWeight(fx))
 	if *manyParentShares > 0 {
 		row("the driver's cgroup_parent's cpu.shares (-many-parent-shares)", "%d", *manyParentShares)
@@ -309,7 +312,7 @@ func manyRound(b *testing.B, a *e2e.Agent, fx *e2e.VolFixture, jobs *[]string, s
 
 	time.Sleep(2 * time.Second)
 	r.driverRSS = pluginRSS(b, a)
-	r.driverAnon = driverAnonRSS(a)
+	r.driverAnon, r.driverThreads = driverAnonRSS(a), driverThreads(a)
 	st := manyStats(b, a, stats)
 	r.goroutines, r.driverMem = st.Goroutines, st.Memory
 	if driver == "csi" {
@@ -359,7 +362,7 @@ func manyRound(b *testing.B, a *e2e.Agent, fx *e2e.VolFixture, jobs *[]string, s
 		r.tornLate = time.Since(t1)
 		r.floorUp, r.floorDown = manyFloor(b, a, fx, round, n)
 		time.Sleep(2 * time.Second)
-		r.afterRSS, r.afterAnon = pluginRSS(b, a), driverAnonRSS(a)
+		r.afterRSS, r.afterAnon, r.afterThreads = pluginRSS(b, a), driverAnonRSS(a), driverThreads(a)
 		r.afterStats = manyStats(b, a, stats)
 		manyKeepProfiles(b, stats, fmt.Sprintf("round%d-stopped", round+1))
 	}
@@ -726,10 +729,25 @@ func driverAnonRSS(a *e2e.Agent) int64 {
 	return parseKB(v)
 }
 
+// driverThreads is the driver's OS thread count (-1 when unread). The Go
+// runtime keeps every thread it made, each with 48 KiB of stacks of its own
+// (the signal and the scheduler's), for the process's life.
+func driverThreads(a *e2e.Agent) int {
+	v, err := e2e.StatusField(a.DriverPluginPID(), "Threads")
+	if err != nil {
+		return -1
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		return -1
+	}
+	return n
+}
+
 // manyMem is the driver's runtime memory by class (debugstats.Stats.Memory).
 type manyMem map[string]uint64
 
-const manyMemColumns = "heap objects / unused / free / released / stacks / other runtime / total (GC goal)"
+const manyMemColumns = "heap objects / unused / free / released / stacks / other runtime / total (GC goal; a new goroutine's stack)"
 
 func (m manyMem) String() string {
 	if len(m) == 0 {
@@ -738,12 +756,12 @@ func (m manyMem) String() string {
 	mb := func(v uint64) string { return fmt.Sprintf("%.1f", float64(v)/(1<<20)) }
 	var other uint64
 	for k, v := range m {
-		if !strings.HasPrefix(k, "heap/") && k != "total" && k != "gc-heap-goal" {
+		if !strings.HasPrefix(k, "heap/") && k != "total" && k != "gc-heap-goal" && k != "stack-start" {
 			other += v
 		}
 	}
-	return fmt.Sprintf("%s / %s / %s / %s / %s / %s / %s MiB (%s)", mb(m["heap/objects"]), mb(m["heap/unused"]), mb(m["heap/free"]),
-		mb(m["heap/released"]), mb(m["heap/stacks"]), mb(other), mb(m["total"]), mb(m["gc-heap-goal"]))
+	return fmt.Sprintf("%s / %s / %s / %s / %s / %s / %s MiB (%s MiB; %d KiB)", mb(m["heap/objects"]), mb(m["heap/unused"]), mb(m["heap/free"]),
+		mb(m["heap/released"]), mb(m["heap/stacks"]), mb(other), mb(m["total"]), mb(m["gc-heap-goal"]), m["stack-start"]/1024)
 }
 
 // isSupervisor says whether pid is one of the driver's supervisors but
