@@ -30,7 +30,6 @@ import (
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/cgroups"
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor"
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/image"
-	"github.com/nomad-driver-csi/nomad-driver-csi/driver/threads"
 	"github.com/nomad-driver-csi/nomad-driver-csi/fingerprint"
 	"github.com/nomad-driver-csi/nomad-driver-csi/mounter"
 )
@@ -55,6 +54,8 @@ type Driver struct {
 	tasks   *taskStore
 	// stats samples every TaskStats stream (stats.go).
 	stats *statsSchedule
+	// churn follows task starts and ends for idleLoop (idle.go).
+	churn taskChurn
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -255,7 +256,7 @@ func (d *Driver) setConfig(c *base.Config, cfg Config) error {
 				d.recoverVolumes()
 			})
 			d.goBackground(d.repairLoop)
-			d.goBackground(func() { threadTrimmer().Run(d.ctx) })
+			d.goBackground(d.idleLoop)
 		})
 	}
 	warnGrants(d.logger, &cfg)
@@ -264,19 +265,6 @@ func (d *Driver) setConfig(c *base.Config, cfg Config) error {
 		"enabled", cfg.Enabled)
 	return nil
 }
-
-// threadTrimmer ends the OS threads a burst of task starts or stops left
-// idle (driver/threads): a stop of 500 tasks at once left the driver 239
-// threads for as long as it ran, 48 KiB of stacks each. Threads idle for
-// threadTrimInterval go; threadHeadroom idle ones stay for the next burst.
-func threadTrimmer() *threads.Trimmer {
-	return &threads.Trimmer{Interval: threadTrimInterval, Headroom: threadHeadroom}
-}
-
-// threadTrimInterval is a variable for tests.
-var threadTrimInterval = 10 * time.Second
-
-const threadHeadroom = 8
 
 // cpuMHzPerCore is the speed of one core that task CPU stats are counted
 // in: the operator's cpu_total_compute over the node's cores, or what the
@@ -385,6 +373,7 @@ func (d *Driver) fingerprintLoop(ctx context.Context, ch chan<- *drivers.Fingerp
 
 // StartTask starts a task and returns the handle Nomad stores for recovery.
 func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drivers.DriverNetwork, error) {
+	d.churn.started()
 	called := time.Now()
 	if _, ok := d.tasks.Get(cfg.ID); ok {
 		return nil, nil, fmt.Errorf("task with ID %q is already started", cfg.ID)
@@ -1129,6 +1118,7 @@ func (d *Driver) DestroyTask(taskID string, force bool) error {
 		d.releaseImage(h.logger, taskID)
 	}
 	d.tasks.Delete(taskID)
+	d.churn.destroyed()
 	return nil
 }
 

@@ -10,20 +10,18 @@
 // about 200 after 500, for as long as it ran.
 //
 // The runtime ends a thread when the goroutine locked to it
-// (runtime.LockOSThread) exits without unlocking it. A Trimmer counts the
-// threads every Interval and, when more than are busy (GOMAXPROCS, those
-// in a system call and Headroom) have been there for a whole Interval, has
-// as many goroutines lock a thread each and exit. Such a goroutine runs on
+// (runtime.LockOSThread) exits without unlocking it. A Trimmer's Pass, run
+// at a steady interval, counts the threads and, when more than are busy
+// (GOMAXPROCS, those in a system call and Headroom) have been there since
+// the pass before, has as many goroutines lock a thread each and exit. Such a goroutine runs on
 // a thread that was free to run it, so the threads that end are idle ones;
 // the runtime starts new ones when a burst needs them again.
 package threads
 
 import (
-	"context"
 	"runtime"
 	"runtime/metrics"
 	"sync"
-	"time"
 )
 
 // Metrics the counts come from.
@@ -69,11 +67,9 @@ func End(n int) {
 	wg.Wait()
 }
 
-// Trimmer ends idle threads (see the package's doc).
+// Trimmer ends idle threads (see the package's doc). Its caller runs a
+// Pass at a steady interval.
 type Trimmer struct {
-	// Interval is how often it counts, and how long threads must have
-	// been idle before they end.
-	Interval time.Duration
 	// Headroom is how many idle threads it keeps, ready for the next
 	// burst.
 	Headroom int
@@ -83,25 +79,10 @@ type Trimmer struct {
 	end func(int)
 }
 
-// Run trims until ctx ends.
-func (t *Trimmer) Run(ctx context.Context) {
-	ticker := time.NewTicker(t.Interval)
-	defer ticker.Stop()
-	prev := 0
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-ticker.C:
-		}
-		prev = t.pass(prev)
-	}
-}
-
-// pass counts the idle threads beyond the headroom, ends as many of them
-// as there were at the last pass (they have been idle a whole Interval
-// since), and returns the count for the next pass.
-func (t *Trimmer) pass(prev int) int {
+// Pass counts the idle threads beyond the headroom and ends as many of them
+// as there were at the pass before, prev (they have been idle since). It
+// returns the count for the next pass and how many it ended.
+func (t *Trimmer) Pass(prev int) (next, ended int) {
 	read, end := t.read, t.end
 	if read == nil {
 		read = Read
@@ -114,6 +95,7 @@ func (t *Trimmer) pass(prev int) int {
 	if n := min(idle, prev); n > 0 {
 		end(n)
 		idle -= n
+		ended = n
 	}
-	return max(idle, 0)
+	return max(idle, 0), ended
 }

@@ -57,9 +57,11 @@ func TestTrimmer_EndsWhatABurstLeft(t *testing.T) {
 	c := Read()
 	must.Greater(t, c.Busy+4+10, c.Threads, must.Sprintf("%d threads after a burst, %d busy", c.Threads, c.Busy))
 	tr := &Trimmer{Headroom: 4}
-	prev := tr.pass(0)
+	prev, ended := tr.Pass(0)
 	must.Positive(t, prev, must.Sprint("the first pass counts the idle threads"))
-	tr.pass(prev)
+	must.Zero(t, ended, must.Sprint("the first pass ends none"))
+	_, ended = tr.Pass(prev)
+	must.Positive(t, ended)
 	c = Read()
 	n := threadsWithin(c.Busy + 4 + 2)
 	must.LessEq(t, c.Busy+4+2, n, must.Sprintf("%d threads left, %d busy", n, c.Busy))
@@ -86,7 +88,9 @@ func TestTrimmer_Pass(t *testing.T) {
 			tr := &Trimmer{Headroom: 8,
 				read: func() Counts { return Counts{Threads: tc.threads, Busy: tc.busy} },
 				end:  func(n int) { ended += n }}
-			must.Eq(t, tc.wantTo, tr.pass(tc.prev))
+			next, n := tr.Pass(tc.prev)
+			must.Eq(t, tc.wantTo, next)
+			must.Eq(t, tc.wantEnd, n)
 			must.Eq(t, tc.wantEnd, ended)
 		})
 	}

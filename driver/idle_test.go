@@ -1,0 +1,88 @@
+package driver
+
+import (
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/shoenig/test/must"
+	"golang.org/x/sys/unix"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/threads"
+)
+
+// Once tasks have been stopped and destroyed, and none started or ended for
+// a whole interval, the driver gives the heap back to the kernel: once per
+// burst, not while the stops go on, and not for a few tasks.
+func TestIdlePass_ReturnsHeapOnceStopsAreOver(t *testing.T) {
+	calls := 0
+	old := freeOSMemory
+	freeOSMemory = func() { calls++ }
+	t.Cleanup(func() { freeOSMemory = old })
+	d := newTestDriver(t, Config{Enabled: true})
+	// No thread is idle beyond this headroom: only the tasks count.
+	trim := &threads.Trimmer{Headroom: 1 << 20}
+	destroy := func(n int) {
+		for range n {
+			cfg := taskConfig(t, TaskConfig{Command: "/bin/sleep"})
+			_, _, err := d.StartTask(cfg)
+			must.NoError(t, err)
+			must.NoError(t, d.DestroyTask(cfg.ID, true))
+		}
+	}
+	destroy(releaseAfterTasks)
+	d.idlePass(trim, 0, time.Now())
+	must.Zero(t, calls, must.Sprint("not while tasks were destroyed within the interval"))
+	later := time.Now().Add(idleEvery)
+	d.idlePass(trim, 0, later)
+	must.Eq(t, 1, calls, must.Sprint("once the driver was quiet for an interval"))
+	d.idlePass(trim, 0, later.Add(idleEvery))
+	must.Eq(t, 1, calls, must.Sprint("once per burst"))
+
+	destroy(releaseAfterTasks / 2)
+	d.idlePass(trim, 0, time.Now().Add(idleEvery))
+	must.Eq(t, 1, calls, must.Sprint("not for a few tasks"))
+	// A start is activity too: an interval after the last destroy, but not
+	// after the start that followed it, is not quiet.
+	destroy(releaseAfterTasks / 2)
+	lastDestroy := time.Unix(0, d.churn.last.Load())
+	_, _, err := d.StartTask(taskConfig(t, TaskConfig{Command: "/bin/sleep"}))
+	must.NoError(t, err)
+	d.idlePass(trim, 0, lastDestroy.Add(idleEvery))
+	must.Eq(t, 1, calls, must.Sprint("not right after a start"))
+	d.idlePass(trim, 0, time.Now().Add(idleEvery))
+	must.Eq(t, 2, calls)
+}
+
+// The driver lets go of the OS threads a burst of blocked goroutines left,
+// as a stop of hundreds of tasks leaves them (the runtime itself keeps
+// them for the process's life), and gives back their stacks.
+func TestIdleLoop_EndsThreadsABurstLeft(t *testing.T) {
+	oldEvery, oldFree := idleEvery, freeOSMemory
+	idleEvery = 20 * time.Millisecond
+	var mu sync.Mutex
+	calls := 0
+	freeOSMemory = func() { mu.Lock(); calls++; mu.Unlock() }
+	t.Cleanup(func() { idleEvery, freeOSMemory = oldEvery, oldFree })
+	newTestDriver(t, Config{Enabled: true})
+
+	var wg sync.WaitGroup
+	for range 40 {
+		wg.Go(func() {
+			ts := unix.Timespec{Nsec: int64(100 * time.Millisecond)}
+			_ = unix.Nanosleep(&ts, nil)
+		})
+	}
+	wg.Wait()
+	peak := threads.Read().Threads
+	var c threads.Counts
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if c = threads.Read(); c.Threads <= c.Busy+threadHeadroom+2 {
+			break
+		}
+	}
+	must.LessEq(t, c.Busy+threadHeadroom+2, c.Threads, must.Sprintf("%d threads left of %d after the burst, %d busy", c.Threads, peak, c.Busy))
+	mu.Lock()
+	defer mu.Unlock()
+	must.Positive(t, calls, must.Sprint("the ended threads' stacks go back to the kernel"))
+}
