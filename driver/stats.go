@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-
 	cstructs "github.com/hashicorp/nomad/client/structs"
 	"github.com/hashicorp/nomad/plugins/drivers"
 
@@ -17,8 +16,8 @@ import (
 // TaskStats sends the task's cpu and memory usage every interval until the
 // task exits or ctx ends. The samples of every task come from one goroutine
 // (statsSchedule), not one per task: Nomad keeps a TaskStats stream open
-// for each running task, and a goroutine each, with its stack, cost 500
-// tasks some 5 MiB of the driver's memory.
+// for each running task, and a goroutine each was 500 goroutines and their
+// stacks at 500 tasks (which the GC's heap goal grows with too).
 func (d *Driver) TaskStats(ctx context.Context, taskID string, interval time.Duration) (<-chan *cstructs.TaskResourceUsage, error) {
 	h, ok := d.tasks.Get(taskID)
 	if !ok {

@@ -15,7 +15,7 @@ import (
 // which waits in the runtime's poller on an epoll set of the pidfds (an
 // epoll descriptor is readable while any of its set is): a driver waits
 // for each task's supervisor for the task's whole life, and a goroutine
-// each, with its stack, cost 500 tasks some 5 MiB. pidfd stays the
+// each was 500 goroutines and their stacks at 500 tasks. pidfd stays the
 // caller's; the set holds a duplicate. When the set cannot take the
 // descriptor, the wait has a goroutine of its own, as waitExited does.
 func onExited(pidfd int, f func()) {
@@ -127,8 +127,10 @@ func (s *exitSet) run(f *os.File, rc interface {
 				continue
 			}
 			if err != nil {
-				// Cannot happen on a valid set; the waits left would
-				// never end, so fail loudly.
+				// Only a bug makes epoll_wait(2) fail on a valid set.
+				// Every wait left would never end and no task's exit
+				// would be seen: the driver exits instead, and Nomad
+				// starts it again and hands it its tasks to recover.
 				panic(fmt.Sprintf("failed to wait on the exit set: %v", err))
 			}
 			for _, ev := range events[:n] {
