@@ -44,8 +44,8 @@ type Process struct {
 	// group is nil when the cgroup could not be loaded on Recover.
 	group *cgroups.Group
 	// supFD and taskFD are pidfds of the supervisor (a recovered one: a
-	// started one is this process's child, which its spare's reaper waits
-	// for) and of the task's main process, -1 when unknown or gone.
+	// started one is this process's child, which its spare's reaper
+	// reaps) and of the task's main process, -1 when unknown or gone.
 	supFD, taskFD int
 
 	done   chan struct{}
@@ -147,8 +147,8 @@ func start(logger hclog.Logger, spec *Spec, late func() ([]Mount, error), sp *sp
 		defer ctl.Close()
 	}
 
-	// The supervisor's pid is not reused before its reaper (sp.reap, on
-	// a goroutine of its own) reaps it, so the start time read now, while
+	// The supervisor's pid is not reused before its reaper (sp.reap, run
+	// once it has exited) reaps it, so the start time read now, while
 	// the task's volumes are set up, is the supervisor's; reaped already,
 	// the read fails and the report below says the start failed.
 	supStart, supStartErr := wire.ProcStartTime(cmd.Process.Pid)
