@@ -213,3 +213,96 @@ func TestTaskStats_SlowReaderGetsNewest(t *testing.T) {
 		t.Fatal("no sample on stream 0")
 	}
 }
+
+// recvClosed waits for ch to be closed, draining what it holds.
+func recvClosed(t *testing.T, ch <-chan *cstructs.TaskResourceUsage, what string) {
+	t.Helper()
+	deadline := time.After(5 * time.Second)
+	for {
+		select {
+		case _, ok := <-ch:
+			if !ok {
+				return
+			}
+		case <-deadline:
+			t.Fatalf("%s: stream not closed", what)
+		}
+	}
+}
+
+// Each stream is sampled at its own interval: a stream of a long interval
+// is not sampled at a shorter one's pace, and a stream opened while the
+// sampler sleeps until a long interval's next sample gets its first sample
+// at once, not after that sleep.
+func TestTaskStats_EachStreamAtItsInterval(t *testing.T) {
+	td := newTestDriver(t, Config{})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	open := func(i int, interval time.Duration) (*countingProcess, <-chan *cstructs.TaskResourceUsage) {
+		p := &countingProcess{fakeProcess: newFakeProcess(3000 + i)}
+		cfg := &drivers.TaskConfig{ID: fmt.Sprintf("task-%d", i), AllocID: "alloc", Name: "t"}
+		td.tasks.Set(cfg.ID, newTaskHandle(hclog.NewNullLogger(), cfg, p, time.Now()))
+		ch, err := td.TaskStats(ctx, cfg.ID, interval)
+		must.NoError(t, err)
+		return p, ch
+	}
+	// The slow stream first: its first sample now, the next in an hour.
+	slow, slowCh := open(0, time.Hour)
+	select {
+	case <-slowCh:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no first sample on the slow stream")
+	}
+	// The sampler now sleeps for an hour; a new stream wakes it.
+	fast, fastCh := open(1, 10*time.Millisecond)
+	for i := range 5 {
+		select {
+		case <-fastCh:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("the fast stream got %d samples while the slow one waits for its next", i)
+		}
+	}
+	must.Eq(t, uint64(1), slow.reads.Load(), must.Sprint("the hourly stream was sampled again within seconds"))
+	must.GreaterEq(t, uint64(5), fast.reads.Load())
+	// A third stream at 300ms beside the fast one: over about a second it
+	// is sampled no more than its interval allows (the first sample, then
+	// one per 300ms).
+	mid, midCh := open(2, 300*time.Millisecond)
+	began := time.Now()
+	time.Sleep(time.Second)
+	allowed := uint64(time.Since(began)/(300*time.Millisecond)) + 2
+	must.LessEq(t, allowed, mid.reads.Load(), must.Sprintf("a 300ms stream sampled %d times in %s", mid.reads.Load(), time.Since(began)))
+	must.Eq(t, uint64(1), slow.reads.Load())
+	cancel()
+	recvClosed(t, slowCh, "slow")
+	recvClosed(t, fastCh, "fast")
+	recvClosed(t, midCh, "mid")
+	// An ended stream leaves no callback on its task (Nomad opens a new
+	// stream each time one ends, for the task's whole life).
+	for i := range 3 {
+		h, ok := td.tasks.Get(fmt.Sprintf("task-%d", i))
+		must.True(t, ok)
+		h.mu.RLock()
+		left := len(h.waiters)
+		h.mu.RUnlock()
+		must.Eq(t, 0, left, must.Sprintf("task %d keeps %d exit callbacks of ended streams", i, left))
+	}
+}
+
+// The driver's shutdown ends every stream: Nomad's reads of them return.
+func TestTaskStats_DriverShutdownClosesStreams(t *testing.T) {
+	td := newTestDriver(t, Config{})
+	var chans []<-chan *cstructs.TaskResourceUsage
+	for i := range 3 {
+		p := newFakeProcess(4000 + i)
+		cfg := &drivers.TaskConfig{ID: fmt.Sprintf("task-%d", i), AllocID: "alloc", Name: "t"}
+		td.tasks.Set(cfg.ID, newTaskHandle(hclog.NewNullLogger(), cfg, p, time.Now()))
+		ch, err := td.TaskStats(context.Background(), cfg.ID, 10*time.Millisecond)
+		must.NoError(t, err)
+		chans = append(chans, ch)
+	}
+	td.Shutdown()
+	for i, ch := range chans {
+		recvClosed(t, ch, fmt.Sprintf("stream %d", i))
+	}
+}

@@ -228,3 +228,73 @@ func TestStart_NoGoroutinePerTask_Root(t *testing.T) {
 		}
 	}
 }
+
+// Many supervisors exiting at once (a node's tasks killed together, a
+// cgroup OOM) leave more exits ready on the set than one epoll_wait(2)
+// takes: every one of them still runs its function, none waits for a
+// later exit to be noticed. The set's goroutine is held while they all
+// exit, so that they are all ready together.
+func TestOnExited_ManyExitsAtOnce(t *testing.T) {
+	const n = 200
+	cmds := startSleepers(t, n)
+	s := &exitSet{}
+	// The set's own descriptor first, so that only the waits' are counted.
+	s.once.Do(s.start)
+	must.NoError(t, s.startErr)
+	fdsBefore := openFDs(t)
+	done := make(chan int, n)
+	watch := make([]int, n)
+	for i, c := range cmds {
+		fd, err := unix.PidfdOpen(c.Process.Pid, 0)
+		must.NoError(t, err)
+		must.NoError(t, s.add(fd, func() { done <- i }))
+		// A pidfd of the test's own, to see the process gone.
+		watch[i] = fd
+	}
+	t.Cleanup(func() {
+		for _, fd := range watch {
+			_ = unix.Close(fd)
+		}
+	})
+	s.mu.Lock()
+	for _, c := range cmds {
+		must.NoError(t, c.Process.Kill())
+	}
+	for i, fd := range watch {
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(time.Millisecond) {
+			if ready, err := pidfdReady(fd, 0); err == nil && ready {
+				break
+			}
+			if time.Now().After(deadline) {
+				s.mu.Unlock()
+				t.Fatalf("sleeper %d did not die", i)
+			}
+		}
+	}
+	s.mu.Unlock()
+	seen := map[int]bool{}
+	timeout := time.After(30 * time.Second)
+	for len(seen) < n {
+		select {
+		case i := <-done:
+			must.False(t, seen[i], must.Sprintf("wait %d returned twice", i))
+			seen[i] = true
+		case <-timeout:
+			t.Fatalf("%d of %d waits returned after their processes all exited at once", len(seen), n)
+		}
+	}
+	s.mu.Lock()
+	left := len(s.waiting)
+	s.mu.Unlock()
+	must.Eq(t, 0, left, must.Sprint("waits left in the set after every process exited"))
+	// The set closed its duplicates: only the test's own pidfds are left.
+	must.Eq(t, fdsBefore+n, openFDs(t), must.Sprint("descriptors left open by the set after every wait ended"))
+}
+
+// openFDs is this process's count of open descriptors.
+func openFDs(t *testing.T) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	must.NoError(t, err)
+	return len(ents)
+}
