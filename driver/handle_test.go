@@ -50,9 +50,7 @@ func TestWaitTask_NoGoroutinePerTask(t *testing.T) {
 	defer cancel()
 	for i := range procs {
 		procs[i] = newFakeProcess(1000 + i)
-		cfg := &drivers.TaskConfig{ID: fmt.Sprintf("task-%d", i), AllocID: "alloc", Name: "t"}
-		td.tasks.Set(cfg.ID, newTaskHandle(hclog.NewNullLogger(), cfg, procs[i], time.Now()))
-		ch, err := b.WaitTask(ctx, cfg.ID)
+		ch, err := b.WaitTask(ctx, td.addTask(i, procs[i]))
 		must.NoError(t, err)
 		chans[i] = ch
 	}
@@ -118,9 +116,8 @@ func TestTaskStats_NoGoroutinePerStream(t *testing.T) {
 	before := settledGoroutines()
 	for i := range procs {
 		procs[i] = newFakeProcess(1000 + i)
-		cfg := &drivers.TaskConfig{ID: fmt.Sprintf("task-%d", i), AllocID: "alloc", Name: "t"}
-		td.tasks.Set(cfg.ID, newTaskHandle(hclog.NewNullLogger(), cfg, procs[i], time.Now()))
-		ch, err := b.TaskStats(ctx, cfg.ID, 20*time.Millisecond)
+		id := td.addTask(i, procs[i])
+		ch, err := b.TaskStats(ctx, id, 20*time.Millisecond)
 		must.NoError(t, err)
 		chans[i] = ch
 	}
@@ -145,31 +142,10 @@ func TestTaskStats_NoGoroutinePerStream(t *testing.T) {
 	}
 	cancel()
 	for i, ch := range chans {
-		deadline := time.After(5 * time.Second)
-	drain:
-		for {
-			select {
-			case _, ok := <-ch:
-				if !ok {
-					break drain
-				}
-			case <-deadline:
-				t.Fatalf("stream %d not closed", i)
-			}
-		}
+		recvClosed(t, ch, fmt.Sprintf("stream %d", i))
 	}
 	// The sampling goroutine ends with the last stream.
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		td.stats.mu.Lock()
-		running := td.stats.running
-		td.stats.mu.Unlock()
-		if !running {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the sampling goroutine runs on with no stream left")
-		}
-	}
+	td.samplerEnded(t)
 	// A stream of a task that has exited is closed at once.
 	ch, err := b.TaskStats(context.Background(), "task-0", time.Millisecond)
 	must.NoError(t, err)
@@ -191,9 +167,7 @@ func TestTaskStats_SlowReaderGetsNewest(t *testing.T) {
 	var chans [2]<-chan *cstructs.TaskResourceUsage
 	for i := range procs {
 		procs[i] = &countingProcess{fakeProcess: newFakeProcess(2000 + i)}
-		cfg := &drivers.TaskConfig{ID: fmt.Sprintf("task-%d", i), AllocID: "alloc", Name: "t"}
-		td.tasks.Set(cfg.ID, newTaskHandle(hclog.NewNullLogger(), cfg, procs[i], time.Now()))
-		ch, err := td.TaskStats(ctx, cfg.ID, 5*time.Millisecond)
+		ch, err := td.TaskStats(ctx, td.addTask(i, procs[i]), 5*time.Millisecond)
 		must.NoError(t, err)
 		chans[i] = ch
 	}
@@ -240,9 +214,7 @@ func TestTaskStats_EachStreamAtItsInterval(t *testing.T) {
 	defer cancel()
 	open := func(i int, interval time.Duration) (*countingProcess, <-chan *cstructs.TaskResourceUsage) {
 		p := &countingProcess{fakeProcess: newFakeProcess(3000 + i)}
-		cfg := &drivers.TaskConfig{ID: fmt.Sprintf("task-%d", i), AllocID: "alloc", Name: "t"}
-		td.tasks.Set(cfg.ID, newTaskHandle(hclog.NewNullLogger(), cfg, p, time.Now()))
-		ch, err := td.TaskStats(ctx, cfg.ID, interval)
+		ch, err := td.TaskStats(ctx, td.addTask(i, p), interval)
 		must.NoError(t, err)
 		return p, ch
 	}
@@ -294,15 +266,56 @@ func TestTaskStats_DriverShutdownClosesStreams(t *testing.T) {
 	td := newTestDriver(t, Config{})
 	var chans []<-chan *cstructs.TaskResourceUsage
 	for i := range 3 {
-		p := newFakeProcess(4000 + i)
-		cfg := &drivers.TaskConfig{ID: fmt.Sprintf("task-%d", i), AllocID: "alloc", Name: "t"}
-		td.tasks.Set(cfg.ID, newTaskHandle(hclog.NewNullLogger(), cfg, p, time.Now()))
-		ch, err := td.TaskStats(context.Background(), cfg.ID, 10*time.Millisecond)
+		ch, err := td.TaskStats(context.Background(), td.addTask(i, newFakeProcess(4000+i)), 10*time.Millisecond)
 		must.NoError(t, err)
 		chans = append(chans, ch)
 	}
 	td.Shutdown()
 	for i, ch := range chans {
 		recvClosed(t, ch, fmt.Sprintf("stream %d", i))
+	}
+}
+
+// The sampling goroutine ends with the last stream, whatever that
+// stream's interval: it does not sleep on until the next sample of a
+// stream that has ended (an hour, at an operator's collection_interval of
+// an hour).
+func TestTaskStats_SamplerEndsWithLastStream(t *testing.T) {
+	td := newTestDriver(t, Config{})
+	ctx, cancel := context.WithCancel(context.Background())
+	ch, err := td.TaskStats(ctx, td.addTask(0, newFakeProcess(5000)), time.Hour)
+	must.NoError(t, err)
+	select {
+	case <-ch:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no first sample")
+	}
+	cancel()
+	recvClosed(t, ch, "stream")
+	td.samplerEnded(t)
+}
+
+// addTask puts a task of process p in the driver, as task-i, and returns
+// its id.
+func (td *testDriver) addTask(i int, p taskProcess) string {
+	cfg := &drivers.TaskConfig{ID: fmt.Sprintf("task-%d", i), AllocID: "alloc", Name: "t"}
+	td.tasks.Set(cfg.ID, newTaskHandle(hclog.NewNullLogger(), cfg, p, time.Now()))
+	return cfg.ID
+}
+
+// samplerEnded waits for the stats sampling goroutine to end, as it must
+// with the last stream, whatever that stream's interval.
+func (td *testDriver) samplerEnded(t *testing.T) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		td.stats.mu.Lock()
+		running := td.stats.running
+		td.stats.mu.Unlock()
+		if !running {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the sampling goroutine runs on with no stream left")
+		}
 	}
 }

@@ -98,15 +98,25 @@ func (s *statsSchedule) add(logger hclog.Logger, p taskProcess, interval time.Du
 	if start {
 		go s.run()
 	} else if first {
-		select {
-		case s.wake <- struct{}{}:
-		default:
-		}
+		s.poke()
 	}
 	return st.ch
 }
 
-// end closes st's channel and takes it out of the queue, once.
+// poke tells the goroutine that the first stream due changed, without
+// waiting: a wake it has not taken yet says as much.
+func (s *statsSchedule) poke() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// end closes st's channel and takes it out of the queue, once. When st
+// was the first due, the goroutine sleeping until its next sample is
+// woken: it goes on to the next stream due, or ends with the last one
+// rather than sleeping on for the ended stream's interval (an hour, at a
+// collection_interval of an hour).
 func (s *statsSchedule) end(st *statsStream) {
 	s.mu.Lock()
 	if st.closed {
@@ -115,6 +125,9 @@ func (s *statsSchedule) end(st *statsStream) {
 	}
 	st.closed = true
 	if st.index >= 0 {
+		if st.index == 0 {
+			s.poke()
+		}
 		heap.Remove(&s.streams, st.index)
 	}
 	close(st.ch)
