@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -42,6 +43,10 @@ type exitSet struct {
 	once     sync.Once
 	startErr error
 	epfd     int
+	file     *os.File
+	// fail is called when the set can no longer be waited on (nil:
+	// exitSetFailed).
+	fail func(error)
 
 	mu      sync.Mutex
 	next    int32
@@ -109,29 +114,26 @@ func (s *exitSet) start() {
 		return
 	}
 	s.epfd = epfd
+	s.file = f
 	s.waiting = map[int32]exitWait{}
-	go s.run(f, rc)
+	go s.run(rc)
 }
 
 // run runs each wait's f once its process has exited, for the process's
-// life (f keeps the file, and so the set, open).
-func (s *exitSet) run(f *os.File, rc interface {
-	Read(func(uintptr) bool) error
-}) {
-	defer f.Close()
+// life (the set's file stays open: nothing closes it). It returns only
+// when the set can no longer be waited on, after calling s.fail.
+func (s *exitSet) run(rc syscall.RawConn) {
 	events := make([]unix.EpollEvent, 64)
-	_ = rc.Read(func(fd uintptr) bool {
+	var waitErr error
+	err := rc.Read(func(fd uintptr) bool {
 		for {
 			n, err := unix.EpollWait(int(fd), events, 0)
 			if errors.Is(err, unix.EINTR) {
 				continue
 			}
 			if err != nil {
-				// Only a bug makes epoll_wait(2) fail on a valid set.
-				// Every wait left would never end and no task's exit
-				// would be seen: the driver exits instead, and Nomad
-				// starts it again and hands it its tasks to recover.
-				panic(fmt.Sprintf("failed to wait on the exit set: %v", err))
+				waitErr = err
+				return true
 			}
 			for _, ev := range events[:n] {
 				s.fire(ev.Fd)
@@ -142,6 +144,24 @@ func (s *exitSet) run(f *os.File, rc interface {
 			}
 		}
 	})
+	// The read ends only when epoll_wait(2) failed or the poller gave it
+	// up (the file closed, a deadline set on it). Either is a bug, and
+	// either way no wait left would ever end.
+	if err == nil {
+		err = waitErr
+	}
+	fail := s.fail
+	if fail == nil {
+		fail = exitSetFailed
+	}
+	fail(fmt.Errorf("failed to wait on the exit set: %w", err))
+}
+
+// exitSetFailed ends the process: with the exit set no longer waited on,
+// no task's exit would be seen again. The driver exits instead, and Nomad
+// starts it again and hands it its tasks to recover.
+func exitSetFailed(err error) {
+	panic(err.Error())
 }
 
 // fire ends the wait of key and runs its f.

@@ -122,7 +122,7 @@ func TestOnExited_NoGoroutinePerWait(t *testing.T) {
 	onExited(efd, func() { done <- -2 })
 	_ = unix.Close(efd)
 	must.NoError(t, early.Wait())
-	must.Eq(t, -2, <-done)
+	must.Eq(t, -2, recvWait(t, done, "the first wait"))
 	time.Sleep(100 * time.Millisecond)
 	beforeThreads, beforeG := threads(t), settledGoroutines()
 	for i, c := range cmds {
@@ -151,16 +151,54 @@ func TestOnExited_NoGoroutinePerWait(t *testing.T) {
 	must.NoError(t, exited.Wait())
 	onExited(fd, func() { done <- -1 })
 	_ = unix.Close(fd)
-	select {
-	case i := <-done:
-		must.Eq(t, -1, i)
-	case <-time.After(10 * time.Second):
-		t.Fatal("the wait for a process gone before it began never returned")
-	}
+	must.Eq(t, -1, recvWait(t, done, "the wait for a process gone before it began"))
 	select {
 	case i := <-done:
 		t.Fatalf("wait %d ran again", i)
 	case <-time.After(100 * time.Millisecond):
+	}
+}
+
+// recvWait is the next wait's index on done, failing the test when none
+// comes within 30 s.
+func recvWait(t *testing.T, done <-chan int, what string) int {
+	t.Helper()
+	select {
+	case i := <-done:
+		return i
+	case <-time.After(30 * time.Second):
+		t.Fatalf("%s never returned", what)
+		return 0
+	}
+}
+
+// When the exit set can no longer be waited on, the failure is not
+// silent: the set's failure function is called (in the driver, one that
+// ends it, for Nomad to start it again and recover its tasks), rather than
+// the set closed and every wait left hanging for good.
+func TestExitSet_FailureIsLoud(t *testing.T) {
+	failed := make(chan error, 1)
+	s := &exitSet{fail: func(err error) { failed <- err }}
+	s.once.Do(s.start)
+	must.NoError(t, s.startErr)
+	t.Cleanup(func() { _ = s.file.Close() })
+	cmds := startSleepers(t, 1)
+	fd, err := unix.PidfdOpen(cmds[0].Process.Pid, 0)
+	must.NoError(t, err)
+	defer unix.Close(fd)
+	must.NoError(t, s.add(fd, func() {}))
+	select {
+	case err := <-failed:
+		t.Fatalf("the set failed while its waits run: %v", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	// A deadline passed ends the poller's read, as a bug would.
+	must.NoError(t, s.file.SetReadDeadline(time.Now()))
+	select {
+	case err := <-failed:
+		must.ErrorIs(t, err, os.ErrDeadlineExceeded)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the exit set stopped waiting without a word")
 	}
 }
 
