@@ -373,7 +373,7 @@ func (d *Driver) fingerprintLoop(ctx context.Context, ch chan<- *drivers.Fingerp
 
 // StartTask starts a task and returns the handle Nomad stores for recovery.
 func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drivers.DriverNetwork, error) {
-	d.churn.started()
+	defer d.churn.begin()()
 	called := time.Now()
 	if _, ok := d.tasks.Get(cfg.ID); ok {
 		return nil, nil, fmt.Errorf("task with ID %q is already started", cfg.ID)
@@ -953,6 +953,7 @@ func (d *Driver) RecoverTask(handle *drivers.TaskHandle) error {
 	if _, ok := d.tasks.Get(handle.Config.ID); ok {
 		return nil
 	}
+	defer d.churn.begin()()
 	var st TaskState
 	if err := handle.GetDriverState(&st); err != nil {
 		return fmt.Errorf("failed to decode task state for task %q: %w", handle.Config.ID, err)
@@ -1079,6 +1080,7 @@ func (d *Driver) StopTask(taskID string, timeout time.Duration, signal string) e
 
 // DestroyTask forgets a task, killing it first when force is set.
 func (d *Driver) DestroyTask(taskID string, force bool) error {
+	defer d.churn.begin()()
 	h, ok := d.tasks.Get(taskID)
 	if !ok {
 		return drivers.ErrTaskNotFound

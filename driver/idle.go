@@ -20,13 +20,14 @@ import (
 //     collection comes only with new allocation; after a mass stop the
 //     driver allocates little, and kept the stop's heap (its RSS after 500
 //     tasks stopped was above its RSS with them running). Once tasks have
-//     ended and none started or ended for a whole interval, the driver
-//     collects and returns the free heap (debug.FreeOSMemory): one
-//     collection of a heap of a few MiB per burst.
+//     ended and the driver has been quiet for a whole interval (see
+//     idlePass), it collects and returns the free heap
+//     (debug.FreeOSMemory): one collection of a heap of a few MiB per
+//     burst.
 const (
 	// idleInterval is how often idleLoop looks, and how long the driver
-	// must have been quiet (no task started or destroyed) before it
-	// returns the heap.
+	// must have been quiet (no task start, recovery or destroy under way,
+	// begun or ended) before it returns the heap.
 	idleInterval = 10 * time.Second
 	// threadHeadroom is how many idle threads stay, ready for the next
 	// burst.
@@ -46,22 +47,34 @@ var (
 type taskChurn struct {
 	// ended counts the tasks destroyed since the heap was last returned.
 	ended atomic.Int64
-	// last is when a task last started or was destroyed (unix ns).
+	// last is when a task start, recovery or destroy last began or
+	// ended (unix ns).
 	last atomic.Int64
+	// busy counts the task starts, recoveries and destroys under way.
+	busy atomic.Int64
 }
 
-func (c *taskChurn) started()   { c.last.Store(time.Now().UnixNano()) }
-func (c *taskChurn) destroyed() { c.ended.Add(1); c.last.Store(time.Now().UnixNano()) }
-
-// releaseDue says whether the heap should go back now: at least
-// releaseAfterTasks tasks ended since the last time and none started or
-// ended for quiet. It restarts the count when it says so.
-func (c *taskChurn) releaseDue(now time.Time, quiet time.Duration) bool {
-	if c.ended.Load() < releaseAfterTasks || now.Sub(time.Unix(0, c.last.Load())) < quiet {
-		return false
+// begin marks a task start, recovery or destroy under way until the
+// function it returns is called: a start that takes longer than the
+// interval (an image pulled, a slow NodeStage) is not quiet however long
+// ago it began.
+func (c *taskChurn) begin() (done func()) {
+	c.busy.Add(1)
+	c.stamp()
+	return func() {
+		// Stamped first: once busy reads 0, last is this end.
+		c.stamp()
+		c.busy.Add(-1)
 	}
-	c.ended.Store(0)
-	return true
+}
+
+func (c *taskChurn) stamp()     { c.last.Store(time.Now().UnixNano()) }
+func (c *taskChurn) destroyed() { c.ended.Add(1) }
+
+// quiet says whether no task start, recovery or destroy is under way and
+// none began or ended within d before now.
+func (c *taskChurn) quiet(now time.Time, d time.Duration) bool {
+	return c.busy.Load() == 0 && now.Sub(time.Unix(0, c.last.Load())) >= d
 }
 
 // idleLoop ends the threads a burst left idle and returns the heap of the
@@ -70,24 +83,50 @@ func (d *Driver) idleLoop() {
 	trim := &threads.Trimmer{Headroom: threadHeadroom}
 	ticker := time.NewTicker(idleEvery)
 	defer ticker.Stop()
-	idle := 0
+	var st idleState
 	for {
 		select {
 		case <-d.ctx.Done():
 			return
 		case <-ticker.C:
 		}
-		idle = d.idlePass(trim, idle, time.Now())
+		st = d.idlePass(trim, st, time.Now())
 	}
 }
 
-// idlePass is one pass of idleLoop at now; idle is what trim's last pass
-// returned, and it returns this pass's.
-func (d *Driver) idlePass(trim *threads.Trimmer, idle int, now time.Time) int {
-	idle, ended := trim.Pass(idle)
-	// The ended threads' stacks are free heap now: they go back too.
-	if d.churn.releaseDue(now, idleEvery) || ended > 0 {
+// trimmer is a threads.Trimmer (tests give their own).
+type trimmer interface {
+	Pass(prev int) (next, ended int)
+}
+
+// idleState is what one pass of idleLoop leaves the next.
+type idleState struct {
+	// idle is what the trimmer's last pass returned.
+	idle int
+	// stacks says threads were ended since the heap was last returned:
+	// their stacks are free heap.
+	stacks bool
+}
+
+// idlePass is one pass of idleLoop at now, after the pass that left st.
+// The heap goes back (a collection, with its stop-the-world pauses, and
+// the scavenge of every free page) only once the driver is quiet, never
+// while a task starts: when releaseAfterTasks tasks have ended since the
+// last time, or threads were ended, whose stacks are free heap now.
+// Threads are ended whenever they have been idle since the pass before: a
+// long burst leaves some idle between its passes, and ending one has no
+// pause.
+func (d *Driver) idlePass(trim trimmer, st idleState, now time.Time) idleState {
+	var ended int
+	st.idle, ended = trim.Pass(st.idle)
+	st.stacks = st.stacks || ended > 0
+	if !d.churn.quiet(now, idleEvery) {
+		return st
+	}
+	if d.churn.ended.Load() >= releaseAfterTasks || st.stacks {
+		d.churn.ended.Store(0)
+		st.stacks = false
 		freeOSMemory()
 	}
-	return idle
+	return st
 }

@@ -1,13 +1,17 @@
 package driver
 
 import (
+	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/shoenig/test/must"
 	"golang.org/x/sys/unix"
 
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor"
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/threads"
 )
 
@@ -31,16 +35,16 @@ func TestIdlePass_ReturnsHeapOnceStopsAreOver(t *testing.T) {
 		}
 	}
 	destroy(releaseAfterTasks)
-	d.idlePass(trim, 0, time.Now())
+	d.idlePass(trim, idleState{}, time.Now())
 	must.Zero(t, calls, must.Sprint("not while tasks were destroyed within the interval"))
 	later := time.Now().Add(idleEvery)
-	d.idlePass(trim, 0, later)
+	d.idlePass(trim, idleState{}, later)
 	must.Eq(t, 1, calls, must.Sprint("once the driver was quiet for an interval"))
-	d.idlePass(trim, 0, later.Add(idleEvery))
+	d.idlePass(trim, idleState{}, later.Add(idleEvery))
 	must.Eq(t, 1, calls, must.Sprint("once per burst"))
 
 	destroy(releaseAfterTasks / 2)
-	d.idlePass(trim, 0, time.Now().Add(idleEvery))
+	d.idlePass(trim, idleState{}, time.Now().Add(idleEvery))
 	must.Eq(t, 1, calls, must.Sprint("not for a few tasks"))
 	// A start is activity too: an interval after the last destroy, but not
 	// after the start that followed it, is not quiet.
@@ -48,9 +52,9 @@ func TestIdlePass_ReturnsHeapOnceStopsAreOver(t *testing.T) {
 	lastDestroy := time.Unix(0, d.churn.last.Load())
 	_, _, err := d.StartTask(taskConfig(t, TaskConfig{Command: "/bin/sleep"}))
 	must.NoError(t, err)
-	d.idlePass(trim, 0, lastDestroy.Add(idleEvery))
+	d.idlePass(trim, idleState{}, lastDestroy.Add(idleEvery))
 	must.Eq(t, 1, calls, must.Sprint("not right after a start"))
-	d.idlePass(trim, 0, time.Now().Add(idleEvery))
+	d.idlePass(trim, idleState{}, time.Now().Add(idleEvery))
 	must.Eq(t, 2, calls)
 }
 
@@ -85,4 +89,91 @@ func TestIdleLoop_EndsThreadsABurstLeft(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	must.Positive(t, calls, must.Sprint("the ended threads' stacks go back to the kernel"))
+}
+
+// The heap goes back only while no task is starting: a start that takes
+// longer than the interval (an image pulled, a slow NodeStage) is not
+// quiet, however long ago it began, and the collection's pauses wait for
+// its end.
+func TestIdlePass_NotWhileAStartIsInFlight(t *testing.T) {
+	calls := 0
+	old := freeOSMemory
+	freeOSMemory = func() { calls++ }
+	t.Cleanup(func() { freeOSMemory = old })
+	inStart, release := make(chan struct{}), make(chan struct{})
+	var hold atomic.Bool
+	td := newTestDriver(t, Config{Enabled: true})
+	start := td.start
+	td.start = func(l hclog.Logger, s *executor.Spec, late func() ([]executor.Mount, error)) (taskProcess, error) {
+		if hold.Load() {
+			close(inStart)
+			<-release
+		}
+		return start(l, s, late)
+	}
+	for i := range releaseAfterTasks {
+		cfg := taskConfig(t, TaskConfig{Command: "/bin/sleep"})
+		cfg.ID = fmt.Sprintf("task-%d", i)
+		_, _, err := td.StartTask(cfg)
+		must.NoError(t, err)
+		must.NoError(t, td.DestroyTask(cfg.ID, true))
+	}
+	held := taskConfig(t, TaskConfig{Command: "/bin/sleep"})
+	hold.Store(true)
+	started := make(chan error, 1)
+	go func() {
+		_, _, err := td.StartTask(held)
+		started <- err
+	}()
+	defer func() {
+		select {
+		case <-release:
+		default:
+			close(release)
+		}
+	}()
+	select {
+	case <-inStart:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the held start never reached the executor")
+	}
+	trim := fakeTrimmer{}
+	var st idleState
+	st = td.idlePass(trim, st, time.Now().Add(3*idleEvery))
+	must.Zero(t, calls, must.Sprint("the heap went back while a task was starting"))
+	close(release)
+	select {
+	case err := <-started:
+		must.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the held start never returned")
+	}
+	st = td.idlePass(trim, st, time.Now().Add(idleEvery/2))
+	must.Zero(t, calls, must.Sprint("the heap went back right after a start ended"))
+	td.idlePass(trim, st, time.Now().Add(idleEvery))
+	must.Eq(t, 1, calls, must.Sprint("once the driver was quiet for an interval after the start"))
+}
+
+// fakeTrimmer ends the threads it is told to, without ending any.
+type fakeTrimmer struct{ end int }
+
+func (f fakeTrimmer) Pass(int) (next, ended int) { return 0, f.end }
+
+// Threads ended in a burst (as passes during a long burst of starts end
+// the ones idle since the pass before) have their stacks returned only
+// once the driver is quiet: not with a start just made.
+func TestIdlePass_ThreadStacksWaitForQuiet(t *testing.T) {
+	calls := 0
+	old := freeOSMemory
+	freeOSMemory = func() { calls++ }
+	t.Cleanup(func() { freeOSMemory = old })
+	td := newTestDriver(t, Config{Enabled: true})
+	_, _, err := td.StartTask(taskConfig(t, TaskConfig{Command: "/bin/sleep"}))
+	must.NoError(t, err)
+	st := td.idlePass(fakeTrimmer{end: 5}, idleState{}, time.Now())
+	must.Zero(t, calls, must.Sprint("the stacks of threads ended went back right after a start"))
+	st = td.idlePass(fakeTrimmer{}, st, time.Now().Add(idleEvery))
+	must.Eq(t, 1, calls, must.Sprint("the stacks go back once the driver is quiet"))
+	td.idlePass(fakeTrimmer{}, st, time.Now().Add(2*idleEvery))
+	must.Eq(t, 1, calls, must.Sprint("once"))
 }
