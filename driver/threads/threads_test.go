@@ -1,6 +1,9 @@
 package threads
 
 import (
+	"fmt"
+	"path/filepath"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -93,5 +96,60 @@ func TestTrimmer_Pass(t *testing.T) {
 			must.Eq(t, tc.wantEnd, n)
 			must.Eq(t, tc.wantEnd, ended)
 		})
+	}
+}
+
+// End ends only threads free to run a new goroutine: a thread locked to a
+// goroutine, as the driver's namespace work is (setns(2) and unshare(2)
+// on a thread never unlocked, in executor's attach and exec), keeps its
+// goroutine and its per-thread state however many threads End ends.
+func TestEnd_SparesLockedThreads(t *testing.T) {
+	const locked = 8
+	ready := make(chan error, locked)
+	check := make(chan struct{})
+	results := make(chan error, locked)
+	for range locked {
+		dir, err := filepath.EvalSymlinks(t.TempDir())
+		must.NoError(t, err)
+		go func() {
+			// Never unlocked: the runtime ends the thread with the
+			// goroutine, as the driver's do.
+			runtime.LockOSThread()
+			tid := unix.Gettid()
+			// A working directory of this thread's own.
+			if err := unix.Unshare(unix.CLONE_FS); err != nil {
+				ready <- err
+				return
+			}
+			if err := unix.Chdir(dir); err != nil {
+				ready <- err
+				return
+			}
+			ready <- nil
+			<-check
+			wd, err := unix.Getwd()
+			switch {
+			case unix.Gettid() != tid:
+				results <- fmt.Errorf("the goroutine moved from thread %d to %d", tid, unix.Gettid())
+			case err != nil || wd != dir:
+				results <- fmt.Errorf("the thread's working directory is %q (%v), not %q", wd, err, dir)
+			default:
+				results <- nil
+			}
+		}()
+	}
+	for range locked {
+		must.NoError(t, <-ready)
+	}
+	burst(40)
+	End(Read().Threads)
+	close(check)
+	for range locked {
+		select {
+		case err := <-results:
+			must.NoError(t, err)
+		case <-time.After(10 * time.Second):
+			t.Fatal("a goroutine locked to its thread never ran again")
+		}
 	}
 }
