@@ -19,10 +19,7 @@ import (
 // a whole interval, the driver gives the heap back to the kernel: once per
 // burst, not while the stops go on, and not for a few tasks.
 func TestIdlePass_ReturnsHeapOnceStopsAreOver(t *testing.T) {
-	calls := 0
-	old := freeOSMemory
-	freeOSMemory = func() { calls++ }
-	t.Cleanup(func() { freeOSMemory = old })
+	calls := countReleases(t)
 	d := newTestDriver(t, Config{Enabled: true})
 	// No thread is idle beyond this headroom: only the tasks count.
 	trim := &threads.Trimmer{Headroom: 1 << 20}
@@ -36,16 +33,16 @@ func TestIdlePass_ReturnsHeapOnceStopsAreOver(t *testing.T) {
 	}
 	destroy(releaseAfterTasks)
 	d.idlePass(trim, idleState{}, time.Now())
-	must.Zero(t, calls, must.Sprint("not while tasks were destroyed within the interval"))
+	must.Zero(t, calls.Load(), must.Sprint("not while tasks were destroyed within the interval"))
 	later := time.Now().Add(idleEvery)
 	d.idlePass(trim, idleState{}, later)
-	must.Eq(t, 1, calls, must.Sprint("once the driver was quiet for an interval"))
+	must.Eq(t, int64(1), calls.Load(), must.Sprint("once the driver was quiet for an interval"))
 	d.idlePass(trim, idleState{}, later.Add(idleEvery))
-	must.Eq(t, 1, calls, must.Sprint("once per burst"))
+	must.Eq(t, int64(1), calls.Load(), must.Sprint("once per burst"))
 
 	destroy(releaseAfterTasks / 2)
 	d.idlePass(trim, idleState{}, time.Now().Add(idleEvery))
-	must.Eq(t, 1, calls, must.Sprint("not for a few tasks"))
+	must.Eq(t, int64(1), calls.Load(), must.Sprint("not for a few tasks"))
 	// A start is activity too: an interval after the last destroy, but not
 	// after the start that followed it, is not quiet.
 	destroy(releaseAfterTasks / 2)
@@ -53,21 +50,19 @@ func TestIdlePass_ReturnsHeapOnceStopsAreOver(t *testing.T) {
 	_, _, err := d.StartTask(taskConfig(t, TaskConfig{Command: "/bin/sleep"}))
 	must.NoError(t, err)
 	d.idlePass(trim, idleState{}, lastDestroy.Add(idleEvery))
-	must.Eq(t, 1, calls, must.Sprint("not right after a start"))
+	must.Eq(t, int64(1), calls.Load(), must.Sprint("not right after a start"))
 	d.idlePass(trim, idleState{}, time.Now().Add(idleEvery))
-	must.Eq(t, 2, calls)
+	must.Eq(t, int64(2), calls.Load())
 }
 
 // The driver lets go of the OS threads a burst of blocked goroutines left,
 // as a stop of hundreds of tasks leaves them (the runtime itself keeps
 // them for the process's life), and gives back their stacks.
 func TestIdleLoop_EndsThreadsABurstLeft(t *testing.T) {
-	oldEvery, oldFree := idleEvery, freeOSMemory
+	oldEvery := idleEvery
 	idleEvery = 20 * time.Millisecond
-	var mu sync.Mutex
-	calls := 0
-	freeOSMemory = func() { mu.Lock(); calls++; mu.Unlock() }
-	t.Cleanup(func() { idleEvery, freeOSMemory = oldEvery, oldFree })
+	t.Cleanup(func() { idleEvery = oldEvery })
+	calls := countReleases(t)
 	newTestDriver(t, Config{Enabled: true})
 
 	var wg sync.WaitGroup
@@ -86,9 +81,7 @@ func TestIdleLoop_EndsThreadsABurstLeft(t *testing.T) {
 		}
 	}
 	must.LessEq(t, c.Busy+threadHeadroom+2, c.Threads, must.Sprintf("%d threads left of %d after the burst, %d busy", c.Threads, peak, c.Busy))
-	mu.Lock()
-	defer mu.Unlock()
-	must.Positive(t, calls, must.Sprint("the ended threads' stacks go back to the kernel"))
+	must.Positive(t, calls.Load(), must.Sprint("the ended threads' stacks go back to the kernel"))
 }
 
 // The heap goes back only while no task is starting: a start that takes
@@ -96,10 +89,7 @@ func TestIdleLoop_EndsThreadsABurstLeft(t *testing.T) {
 // quiet, however long ago it began, and the collection's pauses wait for
 // its end.
 func TestIdlePass_NotWhileAStartIsInFlight(t *testing.T) {
-	calls := 0
-	old := freeOSMemory
-	freeOSMemory = func() { calls++ }
-	t.Cleanup(func() { freeOSMemory = old })
+	calls := countReleases(t)
 	inStart, release := make(chan struct{}), make(chan struct{})
 	var hold atomic.Bool
 	td := newTestDriver(t, Config{Enabled: true})
@@ -140,7 +130,7 @@ func TestIdlePass_NotWhileAStartIsInFlight(t *testing.T) {
 	trim := fakeTrimmer{}
 	var st idleState
 	st = td.idlePass(trim, st, time.Now().Add(3*idleEvery))
-	must.Zero(t, calls, must.Sprint("the heap went back while a task was starting"))
+	must.Zero(t, calls.Load(), must.Sprint("the heap went back while a task was starting"))
 	close(release)
 	select {
 	case err := <-started:
@@ -149,9 +139,9 @@ func TestIdlePass_NotWhileAStartIsInFlight(t *testing.T) {
 		t.Fatal("the held start never returned")
 	}
 	st = td.idlePass(trim, st, time.Now().Add(idleEvery/2))
-	must.Zero(t, calls, must.Sprint("the heap went back right after a start ended"))
+	must.Zero(t, calls.Load(), must.Sprint("the heap went back right after a start ended"))
 	td.idlePass(trim, st, time.Now().Add(idleEvery))
-	must.Eq(t, 1, calls, must.Sprint("once the driver was quiet for an interval after the start"))
+	must.Eq(t, int64(1), calls.Load(), must.Sprint("once the driver was quiet for an interval after the start"))
 }
 
 // fakeTrimmer ends the threads it is told to, without ending any.
@@ -163,17 +153,24 @@ func (f fakeTrimmer) Pass(int) (next, ended int) { return 0, f.end }
 // the ones idle since the pass before) have their stacks returned only
 // once the driver is quiet: not with a start just made.
 func TestIdlePass_ThreadStacksWaitForQuiet(t *testing.T) {
-	calls := 0
-	old := freeOSMemory
-	freeOSMemory = func() { calls++ }
-	t.Cleanup(func() { freeOSMemory = old })
+	calls := countReleases(t)
 	td := newTestDriver(t, Config{Enabled: true})
 	_, _, err := td.StartTask(taskConfig(t, TaskConfig{Command: "/bin/sleep"}))
 	must.NoError(t, err)
 	st := td.idlePass(fakeTrimmer{end: 5}, idleState{}, time.Now())
-	must.Zero(t, calls, must.Sprint("the stacks of threads ended went back right after a start"))
+	must.Zero(t, calls.Load(), must.Sprint("the stacks of threads ended went back right after a start"))
 	st = td.idlePass(fakeTrimmer{}, st, time.Now().Add(idleEvery))
-	must.Eq(t, 1, calls, must.Sprint("the stacks go back once the driver is quiet"))
+	must.Eq(t, int64(1), calls.Load(), must.Sprint("the stacks go back once the driver is quiet"))
 	td.idlePass(fakeTrimmer{}, st, time.Now().Add(2*idleEvery))
-	must.Eq(t, 1, calls, must.Sprint("once"))
+	must.Eq(t, int64(1), calls.Load(), must.Sprint("once"))
+}
+
+// countReleases has the driver count its returns of the heap rather than
+// make them, for the test.
+func countReleases(t *testing.T) *atomic.Int64 {
+	var calls atomic.Int64
+	old := freeOSMemory
+	freeOSMemory = func() { calls.Add(1) }
+	t.Cleanup(func() { freeOSMemory = old })
+	return &calls
 }
