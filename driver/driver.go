@@ -1054,6 +1054,8 @@ func (d *Driver) waitTask(ctx context.Context, taskID string, clean func(*driver
 
 // StopTask sends the task its kill signal and kills it after timeout.
 func (d *Driver) StopTask(taskID string, timeout time.Duration, signal string) error {
+	// A stop under way is not quiet: the heap's return waits for it.
+	defer d.churn.begin()()
 	h, ok := d.tasks.Get(taskID)
 	if !ok {
 		return drivers.ErrTaskNotFound

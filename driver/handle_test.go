@@ -319,3 +319,39 @@ func (td *testDriver) samplerEnded(t *testing.T) {
 		}
 	}
 }
+
+// When Nomad sees a stream closed, the stream has let go of its task's
+// exit callback: TestTaskStats_EachStreamAtItsInterval checks the
+// callbacks right after the close and fails now and then (under -race
+// about one close in sixty), because end closes the channel before it
+// calls the stops. Run many closes to see that window.
+func TestTaskStats_ClosedStreamLeavesNoCallback(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(4))
+	td := newTestDriver(t, Config{})
+	id := td.addTask(0, newFakeProcess(6000))
+	h, ok := td.tasks.Get(id)
+	must.True(t, ok)
+	waiters := func() int {
+		h.mu.RLock()
+		defer h.mu.RUnlock()
+		return len(h.waiters)
+	}
+	const n = 2000
+	late := 0
+	for range n {
+		ctx, cancel := context.WithCancel(context.Background())
+		ch, err := td.TaskStats(ctx, id, time.Hour)
+		must.NoError(t, err)
+		cancel()
+		recvClosed(t, ch, "stream")
+		if waiters() > 0 {
+			late++
+		}
+		for deadline := time.Now().Add(5 * time.Second); waiters() > 0; time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatal("an ended stream's exit callback was never removed")
+			}
+		}
+	}
+	must.Zero(t, late, must.Sprintf("%d of %d closed streams still had their task's exit callback when Nomad saw the close", late, n))
+}

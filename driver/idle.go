@@ -26,7 +26,7 @@ import (
 //     burst.
 const (
 	// idleInterval is how often idleLoop looks, and how long the driver
-	// must have been quiet (no task start, recovery or destroy under way,
+	// must have been quiet (no task start, recovery, stop or destroy under way,
 	// begun or ended) before it returns the heap.
 	idleInterval = 10 * time.Second
 	// threadHeadroom is how many idle threads stay, ready for the next
@@ -47,14 +47,14 @@ var (
 type taskChurn struct {
 	// ended counts the tasks destroyed since the heap was last returned.
 	ended atomic.Int64
-	// last is when a task start, recovery or destroy last began or
+	// last is when a task start, recovery, stop or destroy last began or
 	// ended (unix ns).
 	last atomic.Int64
-	// busy counts the task starts, recoveries and destroys under way.
+	// busy counts the task starts, recoveries, stops and destroys under way.
 	busy atomic.Int64
 }
 
-// begin marks a task start, recovery or destroy under way until the
+// begin marks a task start, recovery, stop or destroy under way until the
 // function it returns is called: a start that takes longer than the
 // interval (an image pulled, a slow NodeStage) is not quiet however long
 // ago it began.
@@ -71,7 +71,7 @@ func (c *taskChurn) begin() (done func()) {
 func (c *taskChurn) stamp()     { c.last.Store(time.Now().UnixNano()) }
 func (c *taskChurn) destroyed() { c.ended.Add(1) }
 
-// quiet says whether no task start, recovery or destroy is under way and
+// quiet says whether no task start, recovery, stop or destroy is under way and
 // none began or ended within d before now.
 func (c *taskChurn) quiet(now time.Time, d time.Duration) bool {
 	return c.busy.Load() == 0 && now.Sub(time.Unix(0, c.last.Load())) >= d

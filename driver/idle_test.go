@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -173,4 +174,53 @@ func countReleases(t *testing.T) *atomic.Int64 {
 	freeOSMemory = func() { calls.Add(1) }
 	t.Cleanup(func() { freeOSMemory = old })
 	return &calls
+}
+
+// slowStopProcess is a task whose stop takes until release is closed, as
+// a task that ignores its kill signal holds StopTask for its kill_timeout.
+type slowStopProcess struct {
+	*fakeProcess
+	inStop, release chan struct{}
+}
+
+func (p *slowStopProcess) Shutdown(sig syscall.Signal, grace time.Duration) error {
+	close(p.inStop)
+	<-p.release
+	return p.fakeProcess.Shutdown(sig, grace)
+}
+
+// A stop under way is activity too: a burst of stops whose tasks wait out
+// their kill_timeout (up to Nomad's max_kill_timeout) runs StopTask for
+// longer than the interval, and the heap's collection and scavenge must
+// wait for its end as they do for a start's.
+func TestIdlePass_NotWhileAStopIsInFlight(t *testing.T) {
+	calls := countReleases(t)
+	td := newTestDriver(t, Config{Enabled: true})
+	for i := range releaseAfterTasks {
+		cfg := taskConfig(t, TaskConfig{Command: "/bin/sleep"})
+		cfg.ID = fmt.Sprintf("task-%d", i)
+		_, _, err := td.StartTask(cfg)
+		must.NoError(t, err)
+		must.NoError(t, td.DestroyTask(cfg.ID, true))
+	}
+	p := &slowStopProcess{fakeProcess: newFakeProcess(7000), inStop: make(chan struct{}), release: make(chan struct{})}
+	id := td.addTask(99, p)
+	stopped := make(chan error, 1)
+	go func() { stopped <- td.StopTask(id, 30*time.Second, "SIGTERM") }()
+	defer func() {
+		close(p.release)
+		select {
+		case err := <-stopped:
+			must.NoError(t, err)
+		case <-time.After(10 * time.Second):
+			t.Fatal("the held stop never returned")
+		}
+	}()
+	select {
+	case <-p.inStop:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the stop never reached the process")
+	}
+	td.idlePass(fakeTrimmer{}, idleState{}, time.Now().Add(3*idleEvery))
+	must.Zero(t, calls.Load(), must.Sprint("the heap went back while a task was stopping"))
 }

@@ -130,13 +130,15 @@ func (s *statsSchedule) end(st *statsStream) {
 		}
 		heap.Remove(&s.streams, st.index)
 	}
-	close(st.ch)
 	stops := st.stops
 	st.stops = nil
 	s.mu.Unlock()
 	for _, stop := range stops {
 		stop()
 	}
+	// Closed last: a stream Nomad sees closed holds nothing of its task
+	// any more. Nothing sends on it once closed is set.
+	close(st.ch)
 }
 
 // run samples the streams as they come due, until none is left.
