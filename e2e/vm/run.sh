@@ -52,6 +52,31 @@ case "${1:-}" in
 esac
 
 say() { printf '==> %s\n' "$*"; }
+# failures prints, for each test that failed in go test -v output, the
+# first line of each of its log entries (its t.Log, t.Error and t.Fatal
+# calls, without the agent log tails they carry), the last 25 of them: a
+# failure's message is otherwise far up, above the logs its cleanup
+# prints and the output of the cases that ran beside it.
+failures() {
+	awk '
+	/^=== (RUN|CONT|NAME|PAUSE) / { cur = $3; next }
+	/^ *--- FAIL: / { failed[$3] = 1; order[++n] = $3; next }
+	/^ +[A-Za-z0-9_.-]+\.go:[0-9]+: / && cur != "" {
+		line = $0; sub(/^ +/, "", line)
+		if (length(line) > 400) line = substr(line, 1, 400) "..."
+		c = ++count[cur]; lines[cur, c] = line
+	}
+	END {
+		if (n == 0) exit
+		print ""
+		print "the failures, in short (each failed test'"'"'s last log entries, first lines only):"
+		for (i = 1; i <= n; i++) {
+			t = order[i]; print "--- " t
+			from = count[t] > 25 ? count[t] - 24 : 1
+			for (j = from; j <= count[t]; j++) print "    " lines[t, j]
+		}
+	}' "$1"
+}
 die() {
 	echo "e2e-vm: $*" >&2
 	exit 1
@@ -233,6 +258,7 @@ if [ -z "$status" ]; then
 	exit 1
 fi
 if [ "$status" != 0 ]; then
+	failures "$run_dir/out/go-test.log" >&2
 	echo "FAIL: the guest's tests failed (see above)" >&2
 	exit 1
 fi
