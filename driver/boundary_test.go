@@ -217,9 +217,11 @@ func TestBoundary_everyJobField(t *testing.T) {
 		}},
 		{"user", TaskConfig{Command: "/bin/true"}, func(c *drivers.TaskConfig) { c.User = "nobody" + h }},
 	}
-	d := newTestDriver(t, Config{Enabled: true, AllowPrivileged: true, PrivilegedGrants: grantAll})
+	// The wait is set before SetConfig: the volume manager reads it on
+	// its own goroutine from then on.
+	d := newTestDriver(t, Config{Enabled: true, AllowPrivileged: true, PrivilegedGrants: grantAll},
+		func(d *Driver) { d.pluginWait = 100 * time.Millisecond })
 	withFakePlugins(t, d)
-	d.pluginWait = 100 * time.Millisecond
 	b := d.Boundary()
 	p := jobTask(t, TaskConfig{Command: "/bin/plugin", Privileged: true, CSIPlugin: &PluginTaskConfig{ID: "hp", Type: "monolith", MountDir: "/csi"}}, "alloc-p", "default", "plugin")
 	_, _, err := d.StartTask(p)

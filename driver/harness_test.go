@@ -43,8 +43,12 @@ func newDriverHarness(t *testing.T, d *Driver) *driverHarness {
 		base.PluginTypeBase:   &base.PluginBase{Impl: served},
 	})
 	t.Cleanup(func() {
-		_ = client.Close()
+		// The server first: the client's Close asks a live server's
+		// controller to shut down, which stops the server on a goroutine
+		// of its own, beside a Stop here (a race go-plugin does not
+		// guard).
 		server.Stop()
+		_ = client.Close()
 	})
 	raw, err := client.Dispense(base.PluginTypeDriver)
 	must.NoError(t, err)
