@@ -541,9 +541,15 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 		return nil, nil, err
 	}
 	u.push(func() {
+		// Kill errs on a task already gone; what Destroy leaves (a
+		// cgroup, the state directory naming the task) is said: no
+		// DestroyTask comes for a start that failed, and only a later
+		// driver process ends the start it finds cut short.
 		_ = p.Kill()
 		_, _ = p.Wait(context.Background())
-		_ = p.Destroy()
+		if err := p.Destroy(); err != nil {
+			logger.Warn("failed to clean up after a start that failed", "error", err)
+		}
 		d.sharedSources().release(shared)
 	})
 

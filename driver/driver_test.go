@@ -39,7 +39,9 @@ type fakeProcess struct {
 	// ignore makes Shutdown's signal not end the task: only the kill after
 	// the grace period does.
 	ignore bool
-	onExit []func()
+	// destroyErr is what Destroy returns.
+	destroyErr error
+	onExit     []func()
 }
 
 func newFakeProcess(pid int) *fakeProcess {
@@ -121,9 +123,9 @@ func (p *fakeProcess) Exec(ctx context.Context, opts executor.ExecOptions) (int,
 }
 func (p *fakeProcess) Destroy() error {
 	p.mu.Lock()
+	defer p.mu.Unlock()
 	p.destroyed++
-	p.mu.Unlock()
-	return nil
+	return p.destroyErr
 }
 
 type fakeHost struct {

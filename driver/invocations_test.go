@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -555,3 +556,53 @@ func TestResetSparesDir(t *testing.T) {
 	_, err = os.Stat(target)
 	must.NoError(t, err)
 }
+
+// A start that fails after its process ran has its undo destroy the
+// process; when that fails (a cgroup the kernel will not remove), the
+// driver says so. Nomad sends no DestroyTask for a start that failed, so
+// the log is where an operator learns what was left.
+func TestStartTask_undoSaysWhatItCouldNotDestroy(t *testing.T) {
+	var logs strings.Builder
+	var logMu sync.Mutex
+	logger := hclog.New(&hclog.LoggerOptions{Level: hclog.Warn, Output: writerFunc(func(b []byte) (int, error) {
+		logMu.Lock()
+		defer logMu.Unlock()
+		return logs.Write(b)
+	})})
+	d := newTestDriver(t, Config{Enabled: true, AllowPrivileged: true, PrivilegedGrants: grantAll},
+		func(d *Driver) { d.logger = logger })
+	withFakePlugins(t, d)
+	var proc *fakeProcess
+	start := d.start
+	d.start = func(l hclog.Logger, s *executor.Spec, late func() ([]executor.Mount, error)) (taskProcess, error) {
+		p, err := start(l, s, late)
+		if err == nil {
+			proc = p.(*fakeProcess)
+			proc.destroyErr = errors.New("failed to remove cgroup: device or resource busy")
+			// The start fails after its process ran: the plugin's
+			// probe cannot be had.
+			d.currentProber().Close()
+		}
+		return p, err
+	}
+	cfg := jobTask(t, TaskConfig{Command: "/bin/plugin", Privileged: true,
+		CSIPlugin: &PluginTaskConfig{ID: "hp", Type: "monolith", MountDir: "/csi"}}, "alloc-p", "default", "plugin")
+	_, _, err := d.StartTask(cfg)
+	must.ErrorContains(t, err, "the plugin prober is closed")
+	must.NotNil(t, proc)
+	proc.mu.Lock()
+	destroyed := proc.destroyed
+	proc.mu.Unlock()
+	must.Eq(t, 1, destroyed, must.Sprint("the undo did not destroy the process"))
+	logMu.Lock()
+	out := logs.String()
+	logMu.Unlock()
+	must.StrContains(t, out, "failed to clean up after a start that failed")
+	must.StrContains(t, out, "device or resource busy")
+	must.StrContains(t, out, cfg.ID)
+}
+
+// writerFunc is an io.Writer of a function.
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(b []byte) (int, error) { return f(b) }
