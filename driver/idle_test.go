@@ -102,13 +102,7 @@ func TestIdlePass_NotWhileAStartIsInFlight(t *testing.T) {
 		}
 		return start(l, s, late)
 	}
-	for i := range releaseAfterTasks {
-		cfg := taskConfig(t, TaskConfig{Command: "/bin/sleep"})
-		cfg.ID = fmt.Sprintf("task-%d", i)
-		_, _, err := td.StartTask(cfg)
-		must.NoError(t, err)
-		must.NoError(t, td.DestroyTask(cfg.ID, true))
-	}
+	endTasks(t, td, releaseAfterTasks)
 	held := taskConfig(t, TaskConfig{Command: "/bin/sleep"})
 	hold.Store(true)
 	started := make(chan error, 1)
@@ -196,13 +190,7 @@ func (p *slowStopProcess) Shutdown(sig syscall.Signal, grace time.Duration) erro
 func TestIdlePass_NotWhileAStopIsInFlight(t *testing.T) {
 	calls := countReleases(t)
 	td := newTestDriver(t, Config{Enabled: true})
-	for i := range releaseAfterTasks {
-		cfg := taskConfig(t, TaskConfig{Command: "/bin/sleep"})
-		cfg.ID = fmt.Sprintf("task-%d", i)
-		_, _, err := td.StartTask(cfg)
-		must.NoError(t, err)
-		must.NoError(t, td.DestroyTask(cfg.ID, true))
-	}
+	endTasks(t, td, releaseAfterTasks)
 	p := &slowStopProcess{fakeProcess: newFakeProcess(7000), inStop: make(chan struct{}), release: make(chan struct{})}
 	id := td.addTask(99, p)
 	stopped := make(chan error, 1)
@@ -223,4 +211,16 @@ func TestIdlePass_NotWhileAStopIsInFlight(t *testing.T) {
 	}
 	td.idlePass(fakeTrimmer{}, idleState{}, time.Now().Add(3*idleEvery))
 	must.Zero(t, calls.Load(), must.Sprint("the heap went back while a task was stopping"))
+}
+
+// endTasks starts and destroys n tasks, enough ends for the heap's return.
+func endTasks(t *testing.T, td *testDriver, n int) {
+	t.Helper()
+	for i := range n {
+		cfg := taskConfig(t, TaskConfig{Command: "/bin/sleep"})
+		cfg.ID = fmt.Sprintf("task-%d", i)
+		_, _, err := td.StartTask(cfg)
+		must.NoError(t, err)
+		must.NoError(t, td.DestroyTask(cfg.ID, true))
+	}
 }
