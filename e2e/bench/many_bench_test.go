@@ -69,12 +69,14 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	csi "github.com/container-storage-interface/spec/lib/go/csi"
+	"golang.org/x/sys/unix"
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/csihook"
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/debugstats"
@@ -415,14 +417,20 @@ func manyWatchTeardown(a *e2e.Agent, timeout time.Duration) <-chan manyTeardown 
 	return out
 }
 
-// manyCPU is CPU time (user + system, in clock ticks) of the processes a
-// stop keeps busy, from /proc/PID/stat: the agent itself, its children
-// but the driver (raw_exec's executors, every task's logmon), the driver
-// itself, its children (the supervisors, with the tasks and namespaces
-// they take down), and the plugin task's processes. A child counts with
-// what it used while alive and, once reaped, through its parent's
-// children's time: the difference of two samples is what the processes
-// used between them, those that exited meanwhile included.
+// manyCPU is CPU time (user + system, in ns) of the processes a stop
+// keeps busy: the agent itself, the rest of its tree but the driver's
+// (raw_exec's executors and their tasks, every task's logmon), the driver
+// itself, the rest of its tree but the plugin task's processes (the
+// supervisors, with the tasks and namespaces they take down), and the
+// plugin task's processes. A live process counts with what its threads
+// used (its CPU-time clock, in ns) and with its reaped children's time; a process reaped between two samples counts through
+// its parent's reaped children's time, whole: the difference of two
+// samples is what the processes used between them.
+//
+// Per-process clock ticks (/proc/PID/stat) are no base for that: each is
+// rounded down to 10 ms, and a supervisor has used about 3 ms when the
+// stop begins, so 500 of them read 0 before the stop and their whole
+// lives after it (5 s of the start's CPU counted as the stop's).
 type manyCPU struct {
 	agent, agentChildren, driver, driverChildren, plugin int64
 	// pluginWait is how long the plugin's threads waited for a CPU while
@@ -438,61 +446,94 @@ func (c manyCPU) sub(d manyCPU) manyCPU {
 }
 
 func (c manyCPU) String() string {
-	// USER_HZ is 100 on Linux.
-	s := func(ticks int64) string { return fmt.Sprintf("%.2fs", float64(ticks)/100) }
+	s := func(ns int64) string { return fmt.Sprintf("%.2fs", time.Duration(ns).Seconds()) }
 	return fmt.Sprintf("%s / %s / %s / %s / %s (%.2fs)", s(c.agent), s(c.agentChildren), s(c.driver), s(c.driverChildren), s(c.plugin),
 		time.Duration(c.pluginWait).Seconds())
 }
 
 func manyCPUOf(a *e2e.Agent, fx *e2e.VolFixture) manyCPU {
 	agent, driver := a.PID(), a.DriverPluginPID()
-	var c manyCPU
-	c.agent, c.agentChildren = procTicks(agent)
-	c.driver, c.driverChildren = procTicks(driver)
+	children := map[int][]int{}
 	entries, _ := os.ReadDir("/proc")
 	for _, e := range entries {
 		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid == driver {
-			continue
-		}
-		p, err := e2e.ReadProc(pid)
 		if err != nil {
 			continue
 		}
-		switch p.PPID {
-		case agent:
-			self, kids := procTicks(pid)
-			c.agentChildren += self + kids
-		case driver:
-			self, kids := procTicks(pid)
-			c.driverChildren += self + kids
+		if p, err := e2e.ReadProc(pid); err == nil {
+			children[p.PPID] = append(children[p.PPID], pid)
 		}
 	}
+	plugin := map[int]bool{}
 	for _, pid := range e2e.TaskPIDs(fx.AllocID, "plugin") {
-		self, kids := procTicks(pid)
-		c.plugin += self + kids
-		threads, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/schedstat", pid))
-		for _, th := range threads {
-			if b, err := os.ReadFile(th); err == nil {
-				if f := strings.Fields(string(b)); len(f) > 1 {
-					w, _ := strconv.ParseInt(f[1], 10, 64)
-					c.pluginWait += w
-				}
+		plugin[pid] = true
+	}
+	// tree sums the CPU of root's descendants but those in skip and
+	// below them.
+	tree := func(root int, skip func(int) bool) int64 {
+		var sum int64
+		todo := slices.Clone(children[root])
+		for len(todo) > 0 {
+			pid := todo[len(todo)-1]
+			todo = todo[:len(todo)-1]
+			if skip(pid) {
+				continue
 			}
+			self, reaped := procCPU(pid)
+			sum += self + reaped
+			todo = append(todo, children[pid]...)
 		}
+		return sum
+	}
+	var c manyCPU
+	var reaped int64
+	c.agent, reaped = procCPU(agent)
+	c.agentChildren = reaped + tree(agent, func(pid int) bool { return pid == driver })
+	c.driver, reaped = procCPU(driver)
+	c.driverChildren = reaped + tree(driver, func(pid int) bool { return plugin[pid] })
+	for pid := range plugin {
+		self, reaped := procCPU(pid)
+		c.plugin += self + reaped
+		c.pluginWait += procWait(pid)
 	}
 	return c
 }
 
-// procTicks reads a process's own CPU time and its reaped children's,
-// in clock ticks (0 when it cannot be read).
-func procTicks(pid int) (self, reaped int64) {
+// procCPU reads a process's own CPU time, all its threads' (those that
+// ended too), in ns from its CPU-time clock (clock_gettime of the clock
+// clock_getcpuclockid(3) gives, the clock id made as the kernel does), and
+// its reaped children's (clock ticks, as ns); 0 when it cannot be read.
+func procCPU(pid int) (self, reaped int64) {
 	f := procStat(pid)
 	if len(f) < 15 {
 		return 0, 0
 	}
 	n := func(k int) int64 { v, _ := strconv.ParseInt(f[k-3], 10, 64); return v }
-	return n(14) + n(15), n(16) + n(17)
+	// USER_HZ is 100 on Linux: a tick is 10 ms.
+	const tick = int64(10 * time.Millisecond)
+	self = (n(14) + n(15)) * tick
+	var ts unix.Timespec
+	if err := unix.ClockGettime(int32(^pid<<3|2), &ts); err == nil {
+		self = ts.Nano()
+	}
+	return self, (n(16) + n(17)) * tick
+}
+
+// procWait is how long a process's threads waited for a CPU while
+// runnable, in ns: field 1 of /proc/PID/task/*/schedstat, summed.
+func procWait(pid int) int64 {
+	const k = 1
+	threads, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/schedstat", pid))
+	var sum int64
+	for _, th := range threads {
+		if b, err := os.ReadFile(th); err == nil {
+			if f := strings.Fields(string(b)); len(f) > k {
+				v, _ := strconv.ParseInt(f[k], 10, 64)
+				sum += v
+			}
+		}
+	}
+	return sum
 }
 
 // procStat is /proc/PID/stat from field 3 (state) on (nil when it cannot
