@@ -7,6 +7,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"runtime"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/nomad/plugins"
@@ -17,6 +18,17 @@ import (
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/debugstats"
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor/supervisor"
 )
+
+// init holds the main thread for main: Go runs init functions and then
+// main on the process's first thread, and a goroutine locked to it here
+// keeps every other goroutine off it. The driver runs its namespace work
+// (a volume re-attached in a task's mount namespace, `nomad alloc exec`
+// joining a task's PID, IPC and network namespaces) on goroutines that
+// lock a thread and end without unlocking it, so that the runtime ends
+// the thread with the namespaces it joined; the runtime cannot end the
+// main thread and would park it instead, in the task's namespaces, for
+// the driver's life (TestMainThreadIsMains).
+func init() { runtime.LockOSThread() }
 
 func main() {
 	// The driver re-executes this binary as a task's supervisor and init
