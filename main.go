@@ -23,11 +23,12 @@ import (
 // main on the process's first thread, and a goroutine locked to it here
 // keeps every other goroutine off it. The driver runs its namespace work
 // (a volume re-attached in a task's mount namespace, `nomad alloc exec`
-// joining a task's PID, IPC and network namespaces) on goroutines that
-// lock a thread and end without unlocking it, so that the runtime ends
-// the thread with the namespaces it joined; the runtime cannot end the
-// main thread and would park it instead, in the task's namespaces, for
-// the driver's life (TestMainThreadIsMains).
+// joining a task's PID, IPC and network namespaces), and a supervisor its
+// task's launching thread (which makes the task's mount namespace), on
+// goroutines that lock a thread and end without unlocking it, so that the
+// runtime ends the thread with the namespaces it joined; the runtime
+// cannot end the main thread and would park it instead, in the task's
+// namespaces, for the life of the process (TestMainThreadIsMains).
 func init() { runtime.LockOSThread() }
 
 func main() {

@@ -423,9 +423,10 @@ func manyWatchTeardown(a *e2e.Agent, timeout time.Duration) <-chan manyTeardown 
 // itself, the rest of its tree but the plugin task's processes (the
 // supervisors, with the tasks and namespaces they take down), and the
 // plugin task's processes. A live process counts with what its threads
-// used (its CPU-time clock, in ns) and with its reaped children's time; a process reaped between two samples counts through
-// its parent's reaped children's time, whole: the difference of two
-// samples is what the processes used between them.
+// used (its CPU-time clock, in ns) and with its reaped children's time;
+// a process reaped between two samples counts through its parent's
+// reaped children's time, whole: the difference of two samples is what
+// the processes used between them.
 //
 // Per-process clock ticks (/proc/PID/stat) are no base for that: each is
 // rounded down to 10 ms, and a supervisor has used about 3 ms when the

@@ -60,7 +60,7 @@ say() { printf '==> %s\n' "$*"; }
 failures() {
 	awk '
 	/^=== (RUN|CONT|NAME|PAUSE) / { cur = $3; next }
-	/^ *--- FAIL: / { failed[$3] = 1; order[++n] = $3; next }
+	/^ *--- FAIL: / { order[++n] = $3; next }
 	/^ +[A-Za-z0-9_.-]+\.go:[0-9]+: / && cur != "" {
 		line = $0; sub(/^ +/, "", line)
 		if (length(line) > 400) line = substr(line, 1, 400) "..."
