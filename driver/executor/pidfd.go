@@ -18,16 +18,23 @@ import (
 // for each task's supervisor for the task's whole life, and a goroutine
 // each was 500 goroutines and their stacks at 500 tasks. pidfd stays the
 // caller's; the set holds a duplicate. When the set cannot take the
-// descriptor, the wait has a goroutine of its own, as waitExited does.
-func onExited(pidfd int, f func()) {
+// descriptor, the wait has a goroutine of its own, as waitExited does;
+// should that wait fail too, failed (when not nil) is told why, and f runs
+// at once, as it would once the process had exited.
+func onExited(pidfd int, f func(), failed func(error)) {
 	if exits.add(pidfd, f) == nil {
 		return
 	}
 	fd, err := unix.FcntlInt(uintptr(pidfd), unix.F_DUPFD_CLOEXEC, 0)
 	go func() {
 		if err == nil {
-			_ = waitExited(fd)
+			err = waitExited(fd)
 			_ = unix.Close(fd)
+		} else {
+			err = fmt.Errorf("failed to duplicate a pidfd: %w", err)
+		}
+		if err != nil && failed != nil {
+			failed(err)
 		}
 		f()
 	}()
@@ -247,6 +254,6 @@ func onChildExited(p *os.Process, f func()) {
 		return
 	}
 	// An unreaped child's pid is not reused: the pidfd is its.
-	onExited(fd, f)
+	onExited(fd, f, nil)
 	_ = unix.Close(fd)
 }

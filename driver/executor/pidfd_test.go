@@ -119,7 +119,7 @@ func TestOnExited_NoGoroutinePerWait(t *testing.T) {
 	efd, err := unix.PidfdOpen(early.Process.Pid, 0)
 	must.NoError(t, err)
 	done := make(chan int, n+1)
-	onExited(efd, func() { done <- -2 })
+	onExited(efd, func() { done <- -2 }, nil)
 	_ = unix.Close(efd)
 	must.NoError(t, early.Wait())
 	must.Eq(t, -2, recvWait(t, done, "the first wait"))
@@ -128,7 +128,7 @@ func TestOnExited_NoGoroutinePerWait(t *testing.T) {
 	for i, c := range cmds {
 		fd, err := unix.PidfdOpen(c.Process.Pid, 0)
 		must.NoError(t, err)
-		onExited(fd, func() { done <- i })
+		onExited(fd, func() { done <- i }, nil)
 		// The set holds its own descriptor.
 		must.NoError(t, unix.Close(fd))
 	}
@@ -149,13 +149,33 @@ func TestOnExited_NoGoroutinePerWait(t *testing.T) {
 	fd, err := unix.PidfdOpen(exited.Process.Pid, 0)
 	must.NoError(t, err)
 	must.NoError(t, exited.Wait())
-	onExited(fd, func() { done <- -1 })
+	onExited(fd, func() { done <- -1 }, nil)
 	_ = unix.Close(fd)
 	must.Eq(t, -1, recvWait(t, done, "the wait for a process gone before it began"))
 	select {
 	case i := <-done:
 		t.Fatalf("wait %d ran again", i)
 	case <-time.After(100 * time.Millisecond):
+	}
+}
+
+// A wait that can be neither put in the set nor waited on alone says why
+// before its function runs (the driver logs it, and takes the supervisor
+// as exited, as it must not wait forever).
+func TestOnExited_SaysWhyItCouldNotWait(t *testing.T) {
+	// A descriptor number past any open file limit, which nothing can have
+	// open (a closed one could be taken again, by the set's own epoll
+	// descriptor): epoll_ctl and the duplicate both fail with EBADF.
+	const bad = 1 << 30
+	done := make(chan int, 1)
+	why := make(chan error, 1)
+	onExited(bad, func() { done <- -3 }, func(err error) { why <- err })
+	must.Eq(t, -3, recvWait(t, done, "the wait that could not be made"))
+	select {
+	case err := <-why:
+		must.ErrorIs(t, err, unix.EBADF)
+	default:
+		t.Fatal("the function ran, but the failed wait was not reported before it")
 	}
 }
 

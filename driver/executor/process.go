@@ -257,7 +257,9 @@ func Recover(logger hclog.Logger, st State) (*Process, error) {
 		logger.Warn("failed to load the task's cgroup", "error", gerr)
 	}
 	p.taskFD = openVerifiedPidfd(st.TaskPID, st.TaskStart)
-	onExited(p.supFD, p.finish)
+	onExited(p.supFD, p.finish, func(err error) {
+		p.logger.Error("failed to wait for the supervisor; taking it as exited", "error", err)
+	})
 	return p, nil
 }
 
