@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -50,6 +51,11 @@ type Group struct {
 	// devices are the rules of the group's device filter; nil when it has
 	// none. Set only by Create (see DeviceAllower).
 	devices []DeviceRule
+
+	// stats holds the stats files open between samples (statfiles.go);
+	// made by the first sample, closed by Destroy.
+	statsMu sync.Mutex
+	stats   *statFiles
 }
 
 // State returns what Load needs to find the group again.
@@ -389,10 +395,13 @@ func freezeV2(dir string, on bool) error {
 // CPUTotalNanos and MemoryUsage must be readable; a missing optional file
 // or key only leaves its name out of the Measured lists.
 func (g *Group) Stats() (*Stats, error) {
+	r := g.statReader()
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	if g.version == 2 {
-		return g.statsV2()
+		return g.statsV2(r)
 	}
-	return g.statsV1()
+	return g.statsV1(r)
 }
 
 // optional treats a missing file as "not measured".
@@ -425,14 +434,14 @@ func takeStats(values map[string]uint64, measured *[]string, fields []statField)
 	}
 }
 
-func (g *Group) statsV1() (*Stats, error) {
+func (g *Group) statsV1(r *statFiles) (*Stats, error) {
 	s := &Stats{}
 	acct, mem, cpu := g.paths["cpuacct"], g.paths["memory"], g.paths["cpu"]
 	var err error
-	if s.CPUTotalNanos, err = readUint(filepath.Join(acct, "cpuacct.usage")); err != nil {
+	if s.CPUTotalNanos, err = r.uint(filepath.Join(acct, "cpuacct.usage")); err != nil {
 		return nil, err
 	}
-	times, ok, err := optional(readKeyed(filepath.Join(acct, "cpuacct.stat")))
+	times, ok, err := optional(r.keyed(filepath.Join(acct, "cpuacct.stat")))
 	if err != nil {
 		return nil, err
 	}
@@ -443,7 +452,7 @@ func (g *Group) statsV1() (*Stats, error) {
 			{"system", "System Mode", &s.CPUSystemNanos, nsPerTick},
 		})
 	}
-	cs, ok, err := optional(readKeyed(filepath.Join(cpu, "cpu.stat")))
+	cs, ok, err := optional(r.keyed(filepath.Join(cpu, "cpu.stat")))
 	if err != nil {
 		return nil, err
 	}
@@ -454,7 +463,7 @@ func (g *Group) statsV1() (*Stats, error) {
 		})
 	}
 
-	ms, ok, err := optional(readKeyed(filepath.Join(mem, "memory.stat")))
+	ms, ok, err := optional(r.keyed(filepath.Join(mem, "memory.stat")))
 	if err != nil {
 		return nil, err
 	}
@@ -465,11 +474,11 @@ func (g *Group) statsV1() (*Stats, error) {
 			{"total_swap", "Swap", &s.MemorySwap, 1},
 		})
 	}
-	if s.MemoryUsage, err = readUint(filepath.Join(mem, "memory.usage_in_bytes")); err != nil {
+	if s.MemoryUsage, err = r.uint(filepath.Join(mem, "memory.usage_in_bytes")); err != nil {
 		return nil, err
 	}
 	s.MemoryMeasured = append(s.MemoryMeasured, "Usage")
-	v, ok, err := optional(readUint(filepath.Join(mem, "memory.max_usage_in_bytes")))
+	v, ok, err := optional(r.uint(filepath.Join(mem, "memory.max_usage_in_bytes")))
 	if err != nil {
 		return nil, err
 	}
@@ -480,10 +489,10 @@ func (g *Group) statsV1() (*Stats, error) {
 	return s, nil
 }
 
-func (g *Group) statsV2() (*Stats, error) {
+func (g *Group) statsV2(r *statFiles) (*Stats, error) {
 	s := &Stats{}
 	dir := g.paths[unifiedKey]
-	cs, err := readKeyed(filepath.Join(dir, "cpu.stat"))
+	cs, err := r.keyed(filepath.Join(dir, "cpu.stat"))
 	if err != nil {
 		return nil, err
 	}
@@ -499,7 +508,7 @@ func (g *Group) statsV2() (*Stats, error) {
 		{"throttled_usec", "Throttled Time", &s.ThrottledNanos, 1000},
 	})
 
-	ms, ok, err := optional(readKeyed(filepath.Join(dir, "memory.stat")))
+	ms, ok, err := optional(r.keyed(filepath.Join(dir, "memory.stat")))
 	if err != nil {
 		return nil, err
 	}
@@ -509,7 +518,7 @@ func (g *Group) statsV2() (*Stats, error) {
 			{"file", "Cache", &s.MemoryCache, 1},
 		})
 	}
-	v, ok, err := optional(readUint(filepath.Join(dir, "memory.swap.current")))
+	v, ok, err := optional(r.uint(filepath.Join(dir, "memory.swap.current")))
 	if err != nil {
 		return nil, err
 	}
@@ -520,11 +529,11 @@ func (g *Group) statsV2() (*Stats, error) {
 	if v2LimitsOptional && !exists(filepath.Join(dir, "memory.current")) {
 		return s, nil // no memory controller; see nocontrollers.go
 	}
-	if s.MemoryUsage, err = readUint(filepath.Join(dir, "memory.current")); err != nil {
+	if s.MemoryUsage, err = r.uint(filepath.Join(dir, "memory.current")); err != nil {
 		return nil, err
 	}
 	s.MemoryMeasured = append(s.MemoryMeasured, "Usage")
-	v, ok, err = optional(readUint(filepath.Join(dir, "memory.peak")))
+	v, ok, err = optional(r.uint(filepath.Join(dir, "memory.peak")))
 	if err != nil {
 		return nil, err
 	}
@@ -576,6 +585,7 @@ func (g *Group) PidsLimited() (uint64, error) {
 // cpuset group), retrying for up to destroyTimeout while the kernel says
 // they are busy. A directory already gone counts as removed.
 func (g *Group) Destroy() error {
+	g.closeStats()
 	var errs []error
 	deadline := time.Now().Add(destroyTimeout)
 	for _, dir := range g.dirs() {
@@ -607,7 +617,7 @@ func (g *Group) Via(root string) *Group {
 		}
 		return filepath.Join(root, p)
 	}
-	c := *g
+	c := Group{version: g.version, devices: g.devices}
 	c.paths = make(map[string]string, len(g.paths))
 	for k, v := range g.paths {
 		c.paths[k] = via(v)

@@ -65,7 +65,7 @@ func joinSelf(state string) int {
 }
 
 // needHost skips a test that needs root and usable cgroups.
-func needHost(t *testing.T) *hierarchy {
+func needHost(t testing.TB) *hierarchy {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to create cgroups")
@@ -118,7 +118,7 @@ func gone(t *testing.T, paths ...string) {
 // hostGroup creates a group on the real machine under a parent unique to
 // the test, or skips the test when that is not possible here. Cleanup kills
 // and destroys the group and removes the parent.
-func hostGroup(t *testing.T, l Limits) *Group {
+func hostGroup(t testing.TB, l Limits) *Group {
 	t.Helper()
 	h := needHost(t)
 	parent := uniqueParent()
@@ -133,7 +133,7 @@ func hostGroup(t *testing.T, l Limits) *Group {
 }
 
 // removeParent removes the parent directory a test made in every hierarchy.
-func removeParent(t *testing.T, h *hierarchy, parent string) {
+func removeParent(t testing.TB, h *hierarchy, parent string) {
 	t.Helper()
 	dirs := []string{filepath.Join(h.root, parent)}
 	if h.version == 1 {
@@ -152,7 +152,7 @@ func removeParent(t *testing.T, h *hierarchy, parent string) {
 // startIn starts a command and moves it into g; the command waits for a
 // line on stdin before it runs script, so that all it does happens inside
 // the group. Cleanup kills it.
-func startIn(t *testing.T, g *Group, script string) (*exec.Cmd, func()) {
+func startIn(t testing.TB, g *Group, script string) (*exec.Cmd, func()) {
 	t.Helper()
 	cmd := exec.Command("sh", "-c", "read x; "+script)
 	w, err := cmd.StdinPipe()

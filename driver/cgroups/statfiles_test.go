@@ -1,0 +1,184 @@
+package cgroups
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/shoenig/test/must"
+	"github.com/shoenig/test/wait"
+)
+
+// openUnder counts this process's descriptors open on files under any of
+// dirs. The read of /proc/self/fd is checked: a count of 0 must not come
+// from a failed read.
+func openUnder(t *testing.T, dirs ...string) int {
+	t.Helper()
+	entries, err := os.ReadDir("/proc/self/fd")
+	must.NoError(t, err)
+	must.Positive(t, len(entries))
+	n := 0
+	for _, e := range entries {
+		target, err := os.Readlink(filepath.Join("/proc/self/fd", e.Name()))
+		if err != nil {
+			continue // the directory's own descriptor, closed by now
+		}
+		for _, d := range dirs {
+			if strings.HasPrefix(target, d+"/") {
+				n++
+				break
+			}
+		}
+	}
+	return n
+}
+
+func groupDirs(g *Group) []string {
+	var dirs []string
+	for _, p := range g.paths {
+		dirs = append(dirs, p)
+	}
+	return dirs
+}
+
+// A sample opens the group's stats files once and reads them open at
+// every later sample, seeing what the files hold then; Destroy closes
+// them.
+func TestStatFiles_HeldBetweenSamples(t *testing.T) {
+	h := fakeV1(t, allV1)
+	g, err := h.create("", "t", Limits{})
+	must.NoError(t, err)
+	dirs := groupDirs(g)
+	must.Eq(t, 0, openUnder(t, dirs...))
+
+	st, err := g.Stats()
+	must.NoError(t, err)
+	must.Eq(t, 0, st.MemoryUsage)
+	// cpuacct.usage, cpuacct.stat, cpu.stat, memory.stat,
+	// memory.usage_in_bytes, memory.max_usage_in_bytes.
+	must.Eq(t, 6, openUnder(t, dirs...))
+
+	// Rewritten in place, as the kernel's files change under a reader.
+	must.NoError(t, os.WriteFile(filepath.Join(g.paths["memory"], "memory.usage_in_bytes"), []byte("4096\n"), 0o644))
+	must.NoError(t, os.WriteFile(filepath.Join(g.paths["memory"], "memory.stat"), []byte("total_rss 12\ntotal_cache 34\n"), 0o644))
+	st, err = g.Stats()
+	must.NoError(t, err)
+	must.Eq(t, 4096, st.MemoryUsage)
+	must.Eq(t, 12, st.MemoryRSS)
+	must.Eq(t, 34, st.MemoryCache)
+	must.Eq(t, 6, openUnder(t, dirs...))
+
+	must.NoError(t, g.Destroy())
+	must.Eq(t, 0, openUnder(t, dirs...))
+}
+
+// A file longer than the reader's first buffer is read whole.
+func TestStatFiles_LongFile(t *testing.T) {
+	h := fakeV2(t, "cpu memory")
+	g, err := h.create("", "t", Limits{})
+	must.NoError(t, err)
+	t.Cleanup(func() { _ = g.Destroy() })
+	var b strings.Builder
+	for i := 0; b.Len() < 3*4096; i++ {
+		fmt.Fprintf(&b, "padding_field_%d %d\n", i, i)
+	}
+	b.WriteString("anon 777\nfile 888\n")
+	must.NoError(t, os.WriteFile(filepath.Join(g.paths[unifiedKey], "memory.stat"), []byte(b.String()), 0o644))
+	for range 2 {
+		st, err := g.Stats()
+		must.NoError(t, err)
+		must.Eq(t, 777, st.MemoryRSS)
+		must.Eq(t, 888, st.MemoryCache)
+	}
+}
+
+// Past the limit on held files, a file is opened for each read: samples
+// stay right and hold nothing more.
+func TestStatFiles_Limit(t *testing.T) {
+	heldLimit()
+	old := heldFiles.limit
+	t.Cleanup(func() { heldFiles.limit = old })
+	heldFiles.limit = heldFiles.n.Load() + 2
+
+	h := fakeV1(t, allV1)
+	g, err := h.create("", "t", Limits{})
+	must.NoError(t, err)
+	t.Cleanup(func() { _ = g.Destroy() })
+	dirs := groupDirs(g)
+	for i := range 3 {
+		must.NoError(t, os.WriteFile(filepath.Join(g.paths["cpuacct"], "cpuacct.usage"), []byte(fmt.Sprint(100+i)), 0o644))
+		must.NoError(t, os.WriteFile(filepath.Join(g.paths["memory"], "memory.max_usage_in_bytes"), []byte(fmt.Sprint(200+i)), 0o644))
+		st, err := g.Stats()
+		must.NoError(t, err)
+		must.Eq(t, uint64(100+i), st.CPUTotalNanos)
+		must.Eq(t, uint64(200+i), st.MemoryMaxUsage)
+		must.Eq(t, 2, openUnder(t, dirs...))
+	}
+}
+
+// A group dropped without Destroy has its files closed once the garbage
+// collector has it.
+func TestStatFiles_DroppedGroup(t *testing.T) {
+	h := fakeV1(t, allV1)
+	g, err := h.create("", "t", Limits{})
+	must.NoError(t, err)
+	dirs := groupDirs(g)
+	_, err = g.Stats()
+	must.NoError(t, err)
+	must.Eq(t, 6, openUnder(t, dirs...))
+	g = nil
+	_ = g
+	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+		runtime.GC()
+		return openUnder(t, dirs...) == 0
+	}), wait.Timeout(10*time.Second), wait.Gap(20*time.Millisecond)))
+}
+
+// The kernel's files of a removed group read as ENODEV: a group whose
+// directories are gone fails its sample as a missing file, as it did when
+// every read opened its file, and one made again at the same path is read
+// anew (root, on this host's cgroups).
+func TestHost_StatsGroupGoneAndBack(t *testing.T) {
+	h := needHost(t)
+	needLimits(t)
+	parent := uniqueParent()
+	t.Cleanup(func() { removeParent(t, h, parent) })
+	g, err := Create(parent, "task", Limits{MemoryBytes: 64 << 20})
+	must.NoError(t, err)
+	_, run := startIn(t, g, `while :; do sleep 1; done`)
+	run()
+	must.Wait(t, waitFor(func() bool {
+		st, err := g.Stats()
+		return err == nil && st.MemoryUsage > 0
+	}))
+	dirs := groupDirs(g)
+	must.Positive(t, openUnder(t, dirs...))
+
+	// Removed behind g's back, by another handle on the same group.
+	other, err := Load(g.State())
+	must.NoError(t, err)
+	must.NoError(t, other.Kill())
+	must.NoError(t, other.Destroy())
+	_, err = g.Stats()
+	must.Error(t, err)
+	must.True(t, isNotExist(err), must.Sprintf("want a missing file, got %v", err))
+	must.Eq(t, 0, openUnder(t, dirs...))
+
+	again, err := Create(parent, "task", Limits{MemoryBytes: 64 << 20})
+	must.NoError(t, err)
+	t.Cleanup(func() {
+		_ = again.Kill()
+		_ = again.Destroy()
+	})
+	st, err := g.Stats()
+	must.NoError(t, err)
+	must.Eq(t, 0, st.MemoryUsage, must.Sprint("the new group is empty"))
+	must.Positive(t, openUnder(t, dirs...))
+	must.NoError(t, again.Kill())
+	must.NoError(t, g.Destroy())
+	must.Eq(t, 0, openUnder(t, dirs...))
+}
