@@ -8,6 +8,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -420,9 +421,16 @@ type createdKey struct{ plugin, name string }
 type journalState struct {
 	vols map[volKey]volRecord
 	// tasks are by task id, then by volume name.
-	tasks   map[string]map[string]taskRecord
-	created map[createdKey]createdRecord
-	owners  map[volKey]ownerRecord
+	tasks map[string]map[string]taskRecord
+	// byVolume are the task records of each volume (taskRecord.key), by task
+	// id and name: what a setup's sharing checks and a teardown's count
+	// of a volume's users read, without a pass over every task record
+	// (with hundreds of tasks, each start and stop paid one). putTask and
+	// dropTask, the only writers of tasks, keep it. A slice, not a set:
+	// most volumes have one user, and a map each cost 500 bytes a record.
+	byVolume map[volKey][]taskRef
+	created  map[createdKey]createdRecord
+	owners   map[volKey]ownerRecord
 	// staleSecrets is set once a record whose disk form held secrets was
 	// replaced by one whose disk form holds none (or other ones), or was
 	// dropped: the log still holds secrets no live record does, until a
@@ -432,8 +440,11 @@ type journalState struct {
 
 func newJournalState() *journalState {
 	return &journalState{vols: map[volKey]volRecord{}, tasks: map[string]map[string]taskRecord{},
-		created: map[createdKey]createdRecord{}, owners: map[volKey]ownerRecord{}}
+		byVolume: map[volKey][]taskRef{}, created: map[createdKey]createdRecord{}, owners: map[volKey]ownerRecord{}}
 }
+
+// taskRef names a task record: its task id and volume name.
+type taskRef struct{ taskID, name string }
 
 func (s *journalState) task(taskID, name string) taskRecord { return s.tasks[taskID][name] }
 
@@ -441,13 +452,30 @@ func (s *journalState) putTask(t taskRecord) {
 	if s.tasks[t.TaskID] == nil {
 		s.tasks[t.TaskID] = map[string]taskRecord{}
 	}
+	if old, ok := s.tasks[t.TaskID][t.Name]; ok {
+		s.unindex(old)
+	}
 	s.tasks[t.TaskID][t.Name] = t
+	s.byVolume[t.key()] = append(s.byVolume[t.key()], taskRef{t.TaskID, t.Name})
 }
 
 func (s *journalState) dropTask(taskID, name string) {
+	if old, ok := s.tasks[taskID][name]; ok {
+		s.unindex(old)
+	}
 	delete(s.tasks[taskID], name)
 	if len(s.tasks[taskID]) == 0 {
 		delete(s.tasks, taskID)
+	}
+}
+
+func (s *journalState) unindex(t taskRecord) {
+	k := t.key()
+	refs := slices.DeleteFunc(s.byVolume[k], func(r taskRef) bool { return r == taskRef{t.TaskID, t.Name} })
+	if len(refs) == 0 {
+		delete(s.byVolume, k)
+	} else {
+		s.byVolume[k] = refs
 	}
 }
 

@@ -1,15 +1,16 @@
 package csihook
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io/fs"
-	"maps"
 	"os"
 	"path/filepath"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -45,10 +46,12 @@ type Manager struct {
 	// vols and tasks (by task id, then volume name) are the journal's
 	// live records, held once: changed only by the journal's commits
 	// (Manager.commit), read under mu.
-	vols    map[volKey]volRecord
-	tasks   map[string]map[string]taskRecord
-	clients map[string]Client
-	workers map[string]bool
+	vols  map[volKey]volRecord
+	tasks map[string]map[string]taskRecord
+	// byVolume are the task records of each volume (journalState.byVolume).
+	byVolume map[volKey][]taskRef
+	clients  map[string]Client
+	workers  map[string]bool
 	// verified holds the volumes whose staging this process made or saw
 	// mounted; a staged volume loaded from the journal is staged again
 	// (idempotent) before use unless its staging path is a mount point,
@@ -135,6 +138,7 @@ func New(cfg Config) (*Manager, error) {
 		mu:         j.mu,
 		vols:       j.state.vols,
 		tasks:      j.state.tasks,
+		byVolume:   j.state.byVolume,
 		clients:    map[string]Client{},
 		workers:    map[string]bool{},
 		verified:   map[volKey]bool{},
@@ -220,16 +224,21 @@ func (m *Manager) Users(pluginID, volumeID string) int {
 	return m.usersLocked(volKey{pluginID, volumeID})
 }
 
-func (m *Manager) usersLocked(k volKey) int {
-	n := 0
-	for _, recs := range m.tasks {
-		for _, t := range recs {
-			if t.key() == k {
-				n++
-			}
+func (m *Manager) usersLocked(k volKey) int { return len(m.byVolume[k]) }
+
+// otherUsersLocked returns the task records of volume k of tasks other
+// than taskID, sorted. The caller holds m.mu.
+func (m *Manager) otherUsersLocked(k volKey, taskID string) []taskRef {
+	var out []taskRef
+	for _, ref := range m.byVolume[k] {
+		if ref.taskID != taskID {
+			out = append(out, ref)
 		}
 	}
-	return n
+	slices.SortFunc(out, func(a, b taskRef) int {
+		return cmp.Or(strings.Compare(a.taskID, b.taskID), strings.Compare(a.name, b.name))
+	})
+	return out
 }
 
 func (m *Manager) users(k volKey) int {
@@ -254,21 +263,28 @@ func (m *Manager) usersAfter(k volKey, ops []journalOp) int {
 // Tasks returns the IDs of the tasks this node's journal holds volumes
 // for: published ones, and those whose volumes are still to be released,
 // sorted.
-func (m *Manager) Tasks() []string {
+func (m *Manager) Tasks() []string { return m.TasksWithPrefix("") }
+
+// TasksWithPrefix is Tasks, of the task IDs that begin with prefix: a
+// start looks for earlier invocations of its task by their common prefix
+// (allocation ID and task name), and with hundreds of tasks a map and a
+// sort of every ID on each start cost more than the few it keeps.
+func (m *Manager) TasksWithPrefix(prefix string) []string {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	seen := map[string]bool{}
+	var out []string
 	for id, recs := range m.tasks {
-		if len(recs) > 0 {
-			seen[id] = true
+		if len(recs) > 0 && strings.HasPrefix(id, prefix) {
+			out = append(out, id)
 		}
 	}
 	for id, keys := range m.unreleased {
-		if len(keys) > 0 {
-			seen[id] = true
+		if len(keys) > 0 && strings.HasPrefix(id, prefix) && len(m.tasks[id]) == 0 {
+			out = append(out, id)
 		}
 	}
-	return slices.Sorted(maps.Keys(seen))
+	slices.Sort(out)
+	return out
 }
 
 // PluginServers returns who served a plugin id (PluginInfo.Server) when

@@ -63,20 +63,11 @@ func (m *Manager) checkShare(taskID string, req VolumeRequest, volumeID string) 
 	k := volKey{req.PluginID, volumeID}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	var other string
-	for tid, recs := range m.tasks {
-		if tid == taskID {
-			continue
-		}
-		for _, t := range recs {
-			if t.key() == k {
-				other = tid
-			}
-		}
-	}
-	if other == "" {
+	others := m.otherUsersLocked(k, taskID)
+	if len(others) == 0 {
 		return nil
 	}
+	other := others[0].taskID
 	if v, ok := m.vols[k]; ok && (v.AccessMode != req.AccessMode || v.AttachmentMode != attachment(req) || v.FSType != req.FSType) {
 		return &conflictError{fmt.Sprintf("volume %q: volume_id %q is in use on this node with access_mode = %q, attachment_mode = %q, fs_type = %q: use the same values or stop task %q",
 			req.Name, volumeID, v.AccessMode, v.AttachmentMode, v.FSType, other)}

@@ -359,7 +359,7 @@ func (d *Driver) earlierInJournal(cfg *drivers.TaskConfig, known []string) []str
 		return nil
 	}
 	var out []string
-	for _, id := range m.Tasks() {
+	for _, id := range m.TasksWithPrefix(cfg.AllocID + "/" + cfg.Name + "/") {
 		if id != cfg.ID && sameTask(id, cfg) && !slices.Contains(known, id) {
 			out = append(out, id)
 		}

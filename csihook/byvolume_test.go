@@ -1,0 +1,149 @@
+package csihook
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/shoenig/test/must"
+)
+
+// scanUsers is what the index replaces: every task record, each looked at.
+func scanUsers(s *journalState) map[volKey]map[taskRef]int {
+	out := map[volKey]map[taskRef]int{}
+	for _, recs := range s.tasks {
+		for _, t := range recs {
+			if out[t.key()] == nil {
+				out[t.key()] = map[taskRef]int{}
+			}
+			out[t.key()][taskRef{t.TaskID, t.Name}]++
+		}
+	}
+	return out
+}
+
+// indexed is the index as the same sets, each reference counted as often
+// as the index holds it.
+func indexed(s *journalState) map[volKey]map[taskRef]int {
+	out := map[volKey]map[taskRef]int{}
+	for k, refs := range s.byVolume {
+		out[k] = map[taskRef]int{}
+		for _, r := range refs {
+			out[k][r]++
+		}
+	}
+	return out
+}
+
+// The index of task records by volume is what a pass over every record
+// finds, after any sequence of puts (new records, a record put again with
+// another volume) and drops, whether applied as commits apply them or
+// replayed from the log.
+func TestJournalState_ByVolumeIsEveryRecord(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	s := newJournalState()
+	for i := range 5000 {
+		tid := fmt.Sprintf("alloc-%d/t/x", rng.IntN(40))
+		name := fmt.Sprintf("v%d", rng.IntN(3))
+		if rng.IntN(3) == 0 {
+			s.apply(journalOp{Op: opDropTask, TaskID: tid, Name: name})
+		} else {
+			rec := taskRecord{TaskID: tid, Name: name, PluginID: fmt.Sprintf("p%d", rng.IntN(2)), VolumeID: fmt.Sprintf("vol-%d", rng.IntN(6))}
+			s.apply(taskPut(rec))
+		}
+		if i%97 == 0 {
+			must.Eq(t, scanUsers(s), indexed(s), must.Sprintf("after %d ops", i+1))
+		}
+	}
+	must.Eq(t, scanUsers(s), indexed(s))
+	must.MapNotEmpty(t, s.byVolume)
+
+	// Put again under another volume: the record leaves the first.
+	s = newJournalState()
+	s.apply(taskPut(taskRecord{TaskID: "a", Name: "data", PluginID: "p", VolumeID: "one"}))
+	s.apply(taskPut(taskRecord{TaskID: "a", Name: "data", PluginID: "p", VolumeID: "two"}))
+	must.MapNotContainsKey(t, s.byVolume, volKey{"p", "one"})
+	must.Eq(t, []taskRef{{"a", "data"}}, s.byVolume[volKey{"p", "two"}])
+	s.apply(journalOp{Op: opDropTask, TaskID: "a", Name: "data"})
+	must.MapEmpty(t, s.byVolume)
+}
+
+// A manager loaded from a journal counts a volume's users, and finds the
+// other task holding it, from the records the log held.
+func TestManager_UsersFromTheLog(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.Logger = hclog.NewNullLogger() })
+	ctx := context.Background()
+	shared := req("data", "vol1", "/data")
+	shared.AccessMode = AccessMultiNodeMultiWriter
+	for _, id := range []string{"task-a", "task-b"} {
+		_, err := h.m.Setup(ctx, id, []VolumeRequest{shared})
+		must.NoError(t, err)
+	}
+	h.m.Close()
+	h.m = h.newManager()
+	must.Eq(t, 2, h.m.Users("p", "vol1"))
+	// A single-node-writer request for the volume names the first other
+	// task holding it, by task ID.
+	single := req("data", "vol1", "/data")
+	err := h.m.checkShare("task-c", single, "vol1")
+	must.ErrorContains(t, err, "in use on this node")
+	must.ErrorContains(t, err, `stop task "task-a"`)
+	must.NoError(t, h.m.Teardown(ctx, "task-a"))
+	must.Eq(t, 1, h.m.Users("p", "vol1"))
+	must.NoError(t, h.m.Teardown(ctx, "task-b"))
+	must.Eq(t, 0, h.m.Users("p", "vol1"))
+	must.MapEmpty(t, h.m.byVolume)
+}
+
+// BenchmarkShareCheck is what a setup asks of a volume before it is set
+// up, and a teardown after, with many other tasks' volumes on the node:
+// the sharing check and the count of the volume's users. Before the index
+// by volume (journalState.byVolume) each was a pass over every task record
+// of the node:
+//
+//	go test -run '^$' -bench ShareCheck ./csihook/
+func BenchmarkShareCheck(b *testing.B) {
+	for _, n := range []int{10, 1000, 10000} {
+		b.Run(fmt.Sprintf("%d-tasks", n), func(b *testing.B) {
+			h := newHarness(b, func(c *Config) { c.Logger = hclog.NewNullLogger() })
+			for i := range n {
+				rec := taskRecord{TaskID: fmt.Sprintf("alloc-%05d/t/x", i), Name: "data", PluginID: "p", VolumeID: fmt.Sprintf("vol-%05d", i),
+					AccessMode: AccessSingleNodeWriter, AttachmentMode: AttachmentFileSystem, State: phasePublished}
+				if err := h.m.commitLazy(taskPut(rec)); err != nil {
+					b.Fatal(err)
+				}
+			}
+			r := req("data", "vol-new", "/data")
+			for b.Loop() {
+				if err := h.m.checkShare("task-new", r, "vol-new"); err != nil {
+					b.Fatal(err)
+				}
+				if h.m.Users("p", "vol-00000") != 1 {
+					b.Fatal("the volume's user is not counted")
+				}
+			}
+		})
+	}
+}
+
+// TasksWithPrefix lists the task IDs with the prefix that hold records or
+// volumes still to be released, each once, sorted; Tasks is all of them.
+func TestManager_TasksWithPrefix(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.Logger = hclog.NewNullLogger() })
+	for _, id := range []string{"alloc-2/web/b", "alloc-1/web/a", "alloc-1/web/c", "alloc-1/webx/d", "alloc-1/db/e"} {
+		rec := taskRecord{TaskID: id, Name: "data", PluginID: "p", VolumeID: "vol-" + id, State: phasePublished}
+		must.NoError(t, h.m.commitLazy(taskPut(rec)))
+	}
+	h.m.mu.Lock()
+	// One with records and a volume still to release, one with the volume
+	// alone (its record gone).
+	h.m.unreleased["alloc-1/web/c"] = map[volKey]string{{"p", "old"}: "data"}
+	h.m.unreleased["alloc-1/web/f"] = map[volKey]string{{"p", "gone"}: "data"}
+	h.m.mu.Unlock()
+	must.Eq(t, []string{"alloc-1/web/a", "alloc-1/web/c", "alloc-1/web/f"}, h.m.TasksWithPrefix("alloc-1/web/"))
+	must.Eq(t, []string{"alloc-2/web/b"}, h.m.TasksWithPrefix("alloc-2/"))
+	must.SliceEmpty(t, h.m.TasksWithPrefix("alloc-3/"))
+	must.Eq(t, []string{"alloc-1/db/e", "alloc-1/web/a", "alloc-1/web/c", "alloc-1/web/f", "alloc-1/webx/d", "alloc-2/web/b"}, h.m.Tasks())
+}
