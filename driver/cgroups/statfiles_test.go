@@ -182,3 +182,43 @@ func TestHost_StatsGroupGoneAndBack(t *testing.T) {
 	must.NoError(t, g.Destroy())
 	must.Eq(t, 0, openUnder(t, dirs...))
 }
+
+// A sample that has the group's reader when Destroy closes it reads its
+// files opened for that read alone, and holds none of them after.
+func TestStatFiles_SampleAfterClose(t *testing.T) {
+	h := fakeV1(t, allV1)
+	g, err := h.create("", "t", Limits{})
+	must.NoError(t, err)
+	t.Cleanup(func() { _ = g.Destroy() })
+	dirs := groupDirs(g)
+	r := g.statReader()
+	g.closeStats()
+	r.mu.Lock()
+	_, err = g.statsV1(r)
+	r.mu.Unlock()
+	must.NoError(t, err)
+	must.Eq(t, 0, openUnder(t, dirs...))
+}
+
+// A sample taken while Destroy removes the group's directories (the
+// driver's stats loop runs beside DestroyTask) holds nothing of the
+// removed group once Destroy has returned (root, on this host's cgroups).
+func TestHost_StatsDuringDestroy(t *testing.T) {
+	g := hostGroup(t, Limits{MemoryBytes: 64 << 20})
+	dirs := groupDirs(g)
+	old := rmdir
+	t.Cleanup(func() { rmdir = old })
+	sampled := false
+	rmdir = func(dir string) error {
+		if !sampled {
+			sampled = true
+			_, err := g.Stats()
+			must.NoError(t, err)
+			must.Positive(t, openUnder(t, dirs...))
+		}
+		return old(dir)
+	}
+	must.NoError(t, g.Destroy())
+	must.True(t, sampled)
+	must.Eq(t, 0, openUnder(t, dirs...))
+}
