@@ -585,7 +585,9 @@ func (g *Group) PidsLimited() (uint64, error) {
 // cpuset group), retrying for up to destroyTimeout while the kernel says
 // they are busy. A directory already gone counts as removed.
 func (g *Group) Destroy() error {
-	g.closeStats()
+	// The stats files are closed once the directories are removed: a
+	// sample taken while they are would hold the removed group's files.
+	defer g.closeStats()
 	var errs []error
 	deadline := time.Now().Add(destroyTimeout)
 	for _, dir := range g.dirs() {
