@@ -37,39 +37,56 @@ type statFiles struct {
 	buf []byte
 	// closed is set by close: nothing is held after it.
 	closed bool
+	// budget counts the files held, and takes each back when closed:
+	// heldFiles, or a test's own.
+	budget *fileBudget
 }
 
-// heldFiles counts the stats files held open by every group of the
-// process, against limit.
-var heldFiles struct {
-	once  sync.Once
+// fileBudget counts held stats files against a limit.
+type fileBudget struct {
+	once sync.Once
+	// limit is found on first use when 0 (heldLimit); below 0, no file
+	// is held.
 	limit int64
 	n     atomic.Int64
 }
 
-// heldLimit is a quarter of the soft limit on open files (the Go runtime
-// raises it to the hard limit at start), so that the driver's other files,
-// its sockets and its plugins' connections keep the rest.
-func heldLimit() int64 {
-	heldFiles.once.Do(func() {
-		var rl unix.Rlimit
-		if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &rl); err != nil || rl.Cur == unix.RLIM_INFINITY {
-			heldFiles.limit = 1024
+// heldFiles counts the stats files held open by every group of the
+// process.
+var heldFiles fileBudget
+
+// statBudget is what a group's reader counts its files against when it is
+// made. Tests give their own, so that the files other groups let go (a
+// collected group's, at any time) leave their counts alone.
+var statBudget = &heldFiles
+
+// heldLimit is the budget's limit; unset, a quarter of the soft limit on
+// open files (the Go runtime raises it to the hard limit at start), so
+// that the driver's other files, its sockets and its plugins' connections
+// keep the rest.
+func (b *fileBudget) heldLimit() int64 {
+	b.once.Do(func() {
+		if b.limit != 0 {
 			return
 		}
-		heldFiles.limit = int64(rl.Cur / 4)
+		var rl unix.Rlimit
+		if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &rl); err != nil || rl.Cur == unix.RLIM_INFINITY {
+			b.limit = 1024
+			return
+		}
+		b.limit = int64(rl.Cur / 4)
 	})
-	return heldFiles.limit
+	return b.limit
 }
 
-func reserveHeld() bool {
-	limit := heldLimit()
+func (b *fileBudget) reserve() bool {
+	limit := b.heldLimit()
 	for {
-		n := heldFiles.n.Load()
+		n := b.n.Load()
 		if n >= limit {
 			return false
 		}
-		if heldFiles.n.CompareAndSwap(n, n+1) {
+		if b.n.CompareAndSwap(n, n+1) {
 			return true
 		}
 	}
@@ -81,7 +98,7 @@ func (g *Group) statReader() *statFiles {
 	g.statsMu.Lock()
 	defer g.statsMu.Unlock()
 	if g.stats == nil {
-		s := &statFiles{fds: map[string]int{}}
+		s := &statFiles{fds: map[string]int{}, budget: statBudget}
 		g.stats = s
 		runtime.AddCleanup(g, func(s *statFiles) { s.close() }, s)
 	}
@@ -116,7 +133,7 @@ func (s *statFiles) dropAll() {
 func (s *statFiles) drop(path string, fd int) {
 	_ = unix.Close(fd)
 	delete(s.fds, path)
-	heldFiles.n.Add(-1)
+	s.budget.n.Add(-1)
 }
 
 // read returns the whole content of path, in s's buffer: valid until the
@@ -138,7 +155,7 @@ func (s *statFiles) read(path string) ([]byte, error) {
 		_ = unix.Close(fd)
 		return nil, fmt.Errorf("failed to read %s: %w", path, &os.PathError{Op: "read", Path: path, Err: err})
 	}
-	if !s.closed && reserveHeld() {
+	if !s.closed && s.budget.reserve() {
 		s.fds[path] = fd
 	} else {
 		_ = unix.Close(fd)

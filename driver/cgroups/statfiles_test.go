@@ -99,10 +99,9 @@ func TestStatFiles_LongFile(t *testing.T) {
 // Past the limit on held files, a file is opened for each read: samples
 // stay right and hold nothing more.
 func TestStatFiles_Limit(t *testing.T) {
-	heldLimit()
-	old := heldFiles.limit
-	t.Cleanup(func() { heldFiles.limit = old })
-	heldFiles.limit = heldFiles.n.Load() + 2
+	old := statBudget
+	t.Cleanup(func() { statBudget = old })
+	statBudget = &fileBudget{limit: 2}
 
 	h := fakeV1(t, allV1)
 	g, err := h.create("", "t", Limits{})

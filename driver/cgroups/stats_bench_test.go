@@ -20,11 +20,10 @@ func BenchmarkHostStats(b *testing.B) {
 			name = "held"
 		}
 		b.Run(name, func(b *testing.B) {
-			heldLimit()
-			old := heldFiles.limit
-			b.Cleanup(func() { heldFiles.limit = old })
 			if !held {
-				heldFiles.limit = heldFiles.n.Load()
+				old := statBudget
+				b.Cleanup(func() { statBudget = old })
+				statBudget = &fileBudget{limit: -1}
 			}
 			g := hostGroup(b, Limits{MemoryBytes: 64 << 20})
 			_, run := startIn(b, g, `while :; do sleep 1; done`)
