@@ -167,6 +167,11 @@ func (s *statFiles) read(path string) ([]byte, error) {
 // made whole by the read at offset 0, so a read that leaves room in the
 // buffer had all of it; one that fills the buffer is followed by another,
 // into a larger one.
+// maxStatFile bounds what readAt reads: the group's paths come from its
+// state (a supervisor's report, Nomad's handle), and a path that is not a
+// cgroup file, such as /dev/zero, must not grow the buffer without end.
+const maxStatFile = 1 << 20
+
 func (s *statFiles) readAt(fd int) ([]byte, error) {
 	if s.buf == nil {
 		s.buf = make([]byte, 4096)
@@ -174,6 +179,9 @@ func (s *statFiles) readAt(fd int) ([]byte, error) {
 	n := 0
 	for {
 		if n == len(s.buf) {
+			if n >= maxStatFile {
+				return nil, fmt.Errorf("longer than %d bytes, which no cgroup stats file is", maxStatFile)
+			}
 			s.buf = append(s.buf, make([]byte, len(s.buf))...)
 		}
 		m, err := unix.Pread(fd, s.buf[n:], int64(n))

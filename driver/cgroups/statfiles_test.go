@@ -221,3 +221,14 @@ func TestHost_StatsDuringDestroy(t *testing.T) {
 	must.True(t, sampled)
 	must.Eq(t, 0, openUnder(t, dirs...))
 }
+
+// A group's path that leads to an endless file (its state tampered with)
+// fails the sample instead of growing the buffer without end.
+func TestStatFiles_EndlessFile(t *testing.T) {
+	g := &Group{version: 2, paths: map[string]string{unifiedKey: t.TempDir()}}
+	must.NoError(t, os.Symlink("/dev/zero", filepath.Join(g.paths[unifiedKey], "cpu.stat")))
+	_, err := g.Stats()
+	must.ErrorContains(t, err, "cpu.stat")
+	must.ErrorContains(t, err, "longer than 1048576 bytes")
+	g.closeStats()
+}
