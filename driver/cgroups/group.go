@@ -398,6 +398,7 @@ func (g *Group) Stats() (*Stats, error) {
 	r := g.statReader()
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	defer r.lend()()
 	if g.version == 2 {
 		return g.statsV2(r)
 	}

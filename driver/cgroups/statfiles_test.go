@@ -61,6 +61,8 @@ func TestStatFiles_HeldBetweenSamples(t *testing.T) {
 	// cpuacct.usage, cpuacct.stat, cpu.stat, memory.stat,
 	// memory.usage_in_bytes, memory.max_usage_in_bytes.
 	must.Eq(t, 6, openUnder(t, dirs...))
+	// The buffer went back to the pool: none is kept per group.
+	must.Nil(t, g.stats.buf)
 
 	// Rewritten in place, as the kernel's files change under a reader.
 	must.NoError(t, os.WriteFile(filepath.Join(g.paths["memory"], "memory.usage_in_bytes"), []byte("4096\n"), 0o644))
