@@ -442,7 +442,7 @@ func (g *Group) statsV1(r *statFiles) (*Stats, error) {
 	if s.CPUTotalNanos, err = r.uint(filepath.Join(acct, "cpuacct.usage")); err != nil {
 		return nil, err
 	}
-	times, ok, err := optional(r.keyed(filepath.Join(acct, "cpuacct.stat")))
+	times, ok, err := optional(r.keyed(filepath.Join(acct, "cpuacct.stat"), "user", "system"))
 	if err != nil {
 		return nil, err
 	}
@@ -453,7 +453,7 @@ func (g *Group) statsV1(r *statFiles) (*Stats, error) {
 			{"system", "System Mode", &s.CPUSystemNanos, nsPerTick},
 		})
 	}
-	cs, ok, err := optional(r.keyed(filepath.Join(cpu, "cpu.stat")))
+	cs, ok, err := optional(r.keyed(filepath.Join(cpu, "cpu.stat"), "nr_throttled", "throttled_time"))
 	if err != nil {
 		return nil, err
 	}
@@ -464,7 +464,7 @@ func (g *Group) statsV1(r *statFiles) (*Stats, error) {
 		})
 	}
 
-	ms, ok, err := optional(r.keyed(filepath.Join(mem, "memory.stat")))
+	ms, ok, err := optional(r.keyed(filepath.Join(mem, "memory.stat"), "total_rss", "total_cache", "total_swap"))
 	if err != nil {
 		return nil, err
 	}
@@ -493,7 +493,7 @@ func (g *Group) statsV1(r *statFiles) (*Stats, error) {
 func (g *Group) statsV2(r *statFiles) (*Stats, error) {
 	s := &Stats{}
 	dir := g.paths[unifiedKey]
-	cs, err := r.keyed(filepath.Join(dir, "cpu.stat"))
+	cs, err := r.keyed(filepath.Join(dir, "cpu.stat"), "usage_usec", "user_usec", "system_usec", "nr_throttled", "throttled_usec")
 	if err != nil {
 		return nil, err
 	}
@@ -509,7 +509,7 @@ func (g *Group) statsV2(r *statFiles) (*Stats, error) {
 		{"throttled_usec", "Throttled Time", &s.ThrottledNanos, 1000},
 	})
 
-	ms, ok, err := optional(r.keyed(filepath.Join(dir, "memory.stat")))
+	ms, ok, err := optional(r.keyed(filepath.Join(dir, "memory.stat"), "anon", "file"))
 	if err != nil {
 		return nil, err
 	}
