@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"sync"
 	"testing"
 
 	"github.com/hashicorp/go-hclog"
@@ -146,4 +147,117 @@ func TestManager_TasksWithPrefix(t *testing.T) {
 	must.Eq(t, []string{"alloc-2/web/b"}, h.m.TasksWithPrefix("alloc-2/"))
 	must.SliceEmpty(t, h.m.TasksWithPrefix("alloc-3/"))
 	must.Eq(t, []string{"alloc-1/db/e", "alloc-1/web/a", "alloc-1/web/c", "alloc-1/web/f", "alloc-1/webx/d", "alloc-2/web/b"}, h.m.Tasks())
+}
+
+// checkIndex fails unless the index by volume is exactly the task records:
+// each record once, under its own volume, and no volume without one.
+func checkIndex(t *testing.T, s *journalState) {
+	t.Helper()
+	must.Eq(t, scanUsers(s), indexed(s))
+	for k, refs := range s.byVolume {
+		must.SliceNotEmpty(t, refs, must.Sprintf("volume %v", k))
+	}
+}
+
+// checkManagerIndex is checkIndex of a manager's records, read under its
+// lock and compared after it (a failure must not leave the lock held for
+// the manager's Close).
+func checkManagerIndex(t *testing.T, m *Manager) {
+	t.Helper()
+	m.mu.Lock()
+	scanned, index := scanUsers(m.journal.state), indexed(m.journal.state)
+	m.mu.Unlock()
+	must.Eq(t, scanned, index)
+}
+
+// The index is the records on every path that writes them besides a
+// commit: a replay of the log (a record put again under another volume,
+// dropped, put back), records of the file-per-record format moved in over
+// the log (one of them naming another volume than the log's record of the
+// same task volume), and the journal reopened after the compaction that
+// took them in.
+func TestJournal_ByVolumeThroughReplayAndMigration(t *testing.T) {
+	dir := t.TempDir()
+	j, _ := openTestJournal(t, dir)
+	for _, batch := range [][]journalOp{
+		{taskPut(testTask("t1", "v1", phasePublished)), taskPut(testTask("t2", "v1", phasePublished))},
+		{taskPut(testTask("t1", "v2", phasePublished))},
+		{taskDrop("t2", "data"), taskPut(testTask("t3", "v1", phasePublishing))},
+		{taskPut(testTask("t2", "v2", phasePublished)), taskDrop("t2", "data"), taskPut(testTask("t2", "v1", phasePublished))},
+	} {
+		must.NoError(t, j.commit(batch...))
+	}
+	// Nothing but this test's commits writes the records.
+	checkIndex(t, j.state)
+	live := indexed(j.state)
+	j.close()
+
+	j2, _ := openTestJournal(t, dir)
+	checkIndex(t, j2.state)
+	must.Eq(t, live, indexed(j2.state))
+	j2.close()
+
+	// t1's record file names v3, the log v2: the file wins, and t1 leaves v2.
+	writeOldRecord(t, dir, taskPut(testTask("t1", "v3", phasePublished)))
+	writeOldRecord(t, dir, taskPut(testTask("t4", "v2", phasePublished)))
+	j3, _ := openTestJournal(t, dir)
+	checkIndex(t, j3.state)
+	must.Eq(t, []taskRef{{"t1", "data"}}, j3.state.byVolume[volKey{"p", "v3"}])
+	must.Eq(t, []taskRef{{"t4", "data"}}, j3.state.byVolume[volKey{"p", "v2"}])
+	must.NoError(t, j3.log.Compact())
+	j3.close()
+	j4, _ := openTestJournal(t, dir)
+	checkIndex(t, j4.state)
+	must.Eq(t, 2, len(j4.state.byVolume[volKey{"p", "v1"}]))
+}
+
+// Setups and teardowns of many tasks at once, on one shared volume and on
+// a volume each, keep the index the records (run with -race: the index is
+// read and written under the manager's lock only): all set up, the shared
+// volume has each task once; all torn down, no volume has a user.
+func TestManager_ByVolumeUnderConcurrency(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.Logger = hclog.NewNullLogger() })
+	ctx := context.Background()
+	shared := req("shared", "vol-shared", "/shared")
+	shared.AccessMode = AccessMultiNodeMultiWriter
+	const n = 16
+	each := func(f func(id string, own VolumeRequest) error) {
+		t.Helper()
+		var wg sync.WaitGroup
+		errs := make(chan error, n)
+		for i := range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				errs <- f(fmt.Sprintf("alloc-%d/web/x", i), req("own", fmt.Sprintf("vol-%d", i), "/own"))
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			must.NoError(t, err)
+		}
+	}
+	for round := range 2 {
+		each(func(id string, own VolumeRequest) error {
+			_, err := h.m.Setup(ctx, id, []VolumeRequest{shared, own})
+			_ = h.m.Users("p", "vol-shared")
+			return err
+		})
+		checkManagerIndex(t, h.m)
+		must.Eq(t, n, h.m.Users("p", "vol-shared"), must.Sprintf("round %d", round))
+		must.Eq(t, 1, h.m.Users("p", "vol-3"))
+		each(func(id string, _ VolumeRequest) error {
+			if err := h.m.checkShare("other", shared, "vol-shared"); err != nil {
+				return err
+			}
+			return h.m.Teardown(ctx, id)
+		})
+		checkManagerIndex(t, h.m)
+		h.m.mu.Lock()
+		users, records := len(h.m.byVolume), len(h.m.tasks)
+		h.m.mu.Unlock()
+		must.Eq(t, 0, users)
+		must.Eq(t, 0, records)
+	}
 }
