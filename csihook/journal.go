@@ -426,7 +426,9 @@ type journalState struct {
 	// id and name: what a setup's sharing checks and a teardown's count
 	// of a volume's users read, without a pass over every task record
 	// (with hundreds of tasks, each start and stop paid one). putTask and
-	// dropTask, the only writers of tasks, keep it. A slice, not a set:
+	// dropTask keep it; an edit of a record in place (markCalled,
+	// dropUnneededSecrets) must not change its TaskID, Name, PluginID or
+	// VolumeID. A slice, not a set:
 	// most volumes have one user, and a map each cost 500 bytes a record.
 	byVolume map[volKey][]taskRef
 	created  map[createdKey]createdRecord
