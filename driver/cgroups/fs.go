@@ -139,23 +139,6 @@ func readString(path string) (string, error) {
 	return strings.TrimSpace(string(b)), nil
 }
 
-// readUint reads a file holding one unsigned number. "max" reads as the
-// largest value.
-func readUint(path string) (uint64, error) {
-	s, err := readString(path)
-	if err != nil {
-		return 0, err
-	}
-	if s == "max" {
-		return ^uint64(0), nil
-	}
-	v, err := strconv.ParseUint(s, 10, 64)
-	if err != nil {
-		return 0, fmt.Errorf("failed to parse %q in %s: %w", s, path, err)
-	}
-	return v, nil
-}
-
 // readKeyed reads a flat keyed file ("key value" per line, like memory.stat
 // or cpu.stat). Lines that are not a key and an unsigned number are skipped.
 func readKeyed(path string) (map[string]uint64, error) {

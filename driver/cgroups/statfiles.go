@@ -220,7 +220,7 @@ func (s *statFiles) readAt(fd int) ([]byte, error) {
 }
 
 // uint reads a file holding one unsigned number; "max" reads as the
-// largest value (as readUint).
+// largest value.
 func (s *statFiles) uint(path string) (uint64, error) {
 	b, err := s.read(path)
 	if err != nil {
