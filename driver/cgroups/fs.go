@@ -1,7 +1,6 @@
 package cgroups
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"os"
@@ -142,28 +141,11 @@ func readString(path string) (string, error) {
 // readKeyed reads a flat keyed file ("key value" per line, like memory.stat
 // or cpu.stat). Lines that are not a key and an unsigned number are skipped.
 func readKeyed(path string) (map[string]uint64, error) {
-	f, err := os.Open(path)
+	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("failed to read %s: %w", path, err)
 	}
-	defer f.Close()
-	out := make(map[string]uint64)
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		k, v, ok := strings.Cut(strings.TrimSpace(sc.Text()), " ")
-		if !ok {
-			continue
-		}
-		n, err := strconv.ParseUint(strings.TrimSpace(v), 10, 64)
-		if err != nil {
-			continue
-		}
-		out[k] = n
-	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("failed to read %s: %w", path, err)
-	}
-	return out, nil
+	return parseKeyed(string(b)), nil
 }
 
 // readFields reads a space-separated list such as cgroup.controllers. A
