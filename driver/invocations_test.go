@@ -531,7 +531,15 @@ func TestStartTask_pluginProbeFailureTakesTheMarkBack(t *testing.T) {
 	mu.Lock()
 	must.Eq(t, []string{dir}, discarded)
 	mu.Unlock()
-	must.False(t, next.invocations.alive(cfg.ID), must.Sprint("the next driver process waits for Nomad to recover the failed start"))
+	// The sweep holds the task ID while it ends the start: it is let go
+	// once the start is ended, and never waited for as Nomad's.
+	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool { return !next.invocations.alive(cfg.ID) }),
+		wait.Timeout(10*time.Second), wait.Gap(10*time.Millisecond)),
+		must.Sprint("the next driver process waits for Nomad to recover the failed start"))
+	next.invocations.mu.Lock()
+	_, waiting := next.invocations.waiting[cfg.ID]
+	next.invocations.mu.Unlock()
+	must.False(t, waiting, must.Sprint("the failed start is counted as handed to Nomad"))
 }
 
 // resetSparesDir, at a driver's start, removes the empty directories that

@@ -234,3 +234,22 @@ func TestStatFiles_EndlessFile(t *testing.T) {
 	must.ErrorContains(t, err, "longer than 1048576 bytes")
 	g.closeStats()
 }
+
+// The keys a sample wants are found where they begin a line and are
+// followed by a space and a number, as a parse of every line finds them.
+func TestParseKeyed_Wanted(t *testing.T) {
+	text := "total_rss_huge 5\nxtotal_rss 3\ntotal_cache\ntotal_cache lots\ntotal_cache 11\ncache 1\ntotal_rss 7\ntotal_swap 9"
+	want := []string{"total_rss", "total_cache", "total_swap", "absent"}
+	got := parseKeyed(text, want...)
+	must.Eq(t, map[string]uint64{"total_rss": 7, "total_cache": 11, "total_swap": 9}, got)
+	all := parseKeyed(text)
+	for _, k := range want {
+		v, ok := all[k]
+		g, gok := got[k]
+		must.Eq(t, ok, gok, must.Sprint(k))
+		must.Eq(t, v, g, must.Sprint(k))
+	}
+	must.MapEmpty(t, parseKeyed("", "anon"))
+	must.Eq(t, map[string]uint64{"anon": 1}, parseKeyed("anon 1\n", "anon"))
+	must.MapEmpty(t, parseKeyed("anon", "anon"))
+}
