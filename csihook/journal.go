@@ -428,8 +428,8 @@ type journalState struct {
 	// (with hundreds of tasks, each start and stop paid one). putTask and
 	// dropTask keep it; an edit of a record in place (markCalled,
 	// dropUnneededSecrets) must not change its TaskID, Name, PluginID or
-	// VolumeID. A slice, not a set:
-	// most volumes have one user, and a map each cost 500 bytes a record.
+	// VolumeID. A slice, not a set: most volumes have one user, and a map
+	// each cost 500 bytes a record.
 	byVolume map[volKey][]taskRef
 	created  map[createdKey]createdRecord
 	owners   map[volKey]ownerRecord

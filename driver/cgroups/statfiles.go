@@ -184,15 +184,15 @@ func (s *statFiles) read(path string) ([]byte, error) {
 	return b, nil
 }
 
-// readAt reads fd from its start to its end into s.buf. A cgroup file is
-// made whole by the read at offset 0, so a read that leaves room in the
-// buffer had all of it; one that fills the buffer is followed by another,
-// into a larger one.
 // maxStatFile bounds what readAt reads: the group's paths come from its
 // state (a supervisor's report, Nomad's handle), and a path that is not a
 // cgroup file, such as /dev/zero, must not grow the buffer without end.
 const maxStatFile = 1 << 20
 
+// readAt reads fd from its start to its end into s.buf. A cgroup file is
+// made whole by the read at offset 0, so a read that leaves room in the
+// buffer had all of it; one that fills the buffer is followed by another,
+// into a larger one.
 func (s *statFiles) readAt(fd int) ([]byte, error) {
 	if s.buf == nil {
 		s.buf = make([]byte, 4096)
