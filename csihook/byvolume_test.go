@@ -153,13 +153,11 @@ func TestManager_TasksWithPrefix(t *testing.T) {
 }
 
 // checkIndex fails unless the index by volume is exactly the task records:
-// each record once, under its own volume, and no volume without one.
+// each record once, under its own volume, and no volume without one (an
+// empty entry of the index is a volume the scan does not have).
 func checkIndex(t *testing.T, s *journalState) {
 	t.Helper()
 	must.Eq(t, scanUsers(s), indexed(s))
-	for k, refs := range s.byVolume {
-		must.SliceNotEmpty(t, refs, must.Sprintf("volume %v", k))
-	}
 }
 
 // checkManagerIndex is checkIndex of a manager's records, read under its

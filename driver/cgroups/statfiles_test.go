@@ -37,14 +37,6 @@ func openUnder(t *testing.T, dirs ...string) int {
 	return n
 }
 
-func groupDirs(g *Group) []string {
-	var dirs []string
-	for _, p := range g.paths {
-		dirs = append(dirs, p)
-	}
-	return dirs
-}
-
 // A sample opens the group's stats files once and reads them open at
 // every later sample, seeing what the files hold then; Destroy closes
 // them.
@@ -52,7 +44,7 @@ func TestStatFiles_HeldBetweenSamples(t *testing.T) {
 	h := fakeV1(t, allV1)
 	g, err := h.create("", "t", Limits{})
 	must.NoError(t, err)
-	dirs := groupDirs(g)
+	dirs := g.dirs()
 	must.Eq(t, 0, openUnder(t, dirs...))
 
 	st, err := g.Stats()
@@ -109,7 +101,7 @@ func TestStatFiles_Limit(t *testing.T) {
 	g, err := h.create("", "t", Limits{})
 	must.NoError(t, err)
 	t.Cleanup(func() { _ = g.Destroy() })
-	dirs := groupDirs(g)
+	dirs := g.dirs()
 	for i := range 3 {
 		must.NoError(t, os.WriteFile(filepath.Join(g.paths["cpuacct"], "cpuacct.usage"), []byte(fmt.Sprint(100+i)), 0o644))
 		must.NoError(t, os.WriteFile(filepath.Join(g.paths["memory"], "memory.max_usage_in_bytes"), []byte(fmt.Sprint(200+i)), 0o644))
@@ -127,7 +119,7 @@ func TestStatFiles_DroppedGroup(t *testing.T) {
 	h := fakeV1(t, allV1)
 	g, err := h.create("", "t", Limits{})
 	must.NoError(t, err)
-	dirs := groupDirs(g)
+	dirs := g.dirs()
 	_, err = g.Stats()
 	must.NoError(t, err)
 	must.Eq(t, 6, openUnder(t, dirs...))
@@ -156,7 +148,7 @@ func TestHost_StatsGroupGoneAndBack(t *testing.T) {
 		st, err := g.Stats()
 		return err == nil && st.MemoryUsage > 0
 	}))
-	dirs := groupDirs(g)
+	dirs := g.dirs()
 	must.Positive(t, openUnder(t, dirs...))
 
 	// Removed behind g's back, by another handle on the same group.
@@ -191,7 +183,7 @@ func TestStatFiles_SampleAfterClose(t *testing.T) {
 	g, err := h.create("", "t", Limits{})
 	must.NoError(t, err)
 	t.Cleanup(func() { _ = g.Destroy() })
-	dirs := groupDirs(g)
+	dirs := g.dirs()
 	r := g.statReader()
 	g.closeStats()
 	r.mu.Lock()
@@ -206,7 +198,7 @@ func TestStatFiles_SampleAfterClose(t *testing.T) {
 // removed group once Destroy has returned (root, on this host's cgroups).
 func TestHost_StatsDuringDestroy(t *testing.T) {
 	g := hostGroup(t, Limits{MemoryBytes: 64 << 20})
-	dirs := groupDirs(g)
+	dirs := g.dirs()
 	old := rmdir
 	t.Cleanup(func() { rmdir = old })
 	sampled := false
