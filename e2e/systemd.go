@@ -72,12 +72,24 @@ func unitJob(verb, unit string, old int, timeout time.Duration) error {
 	}
 	deadline := time.Now().Add(timeout)
 	state := ""
+	// A restart's stop part can leave the unit failed for a moment (when
+	// the agent's exit on the unit's SIGINT does not count as a success)
+	// before its start part runs: failed is the unit's answer only once it
+	// lasts. A restart in the guest failed so while the agent came back
+	// and recovered its tasks (c32's agent log). A unit whose start fails stays failed (or, with
+	// Restart=on-failure, is failed again when its restarts run out).
+	var failedSince time.Time
 	for {
 		state = unitProperty(unit, "ActiveState")
+		if state != "failed" {
+			failedSince = time.Time{}
+		} else if failedSince.IsZero() {
+			failedSince = time.Now()
+		}
 		switch {
 		case verb == "stop" && (state == "inactive" || state == "failed"):
 			return nil
-		case verb != "stop" && state == "failed":
+		case verb != "stop" && state == "failed" && time.Since(failedSince) >= Scaled(5*time.Second):
 			return fmt.Errorf("systemctl %s %s: the unit failed (systemctl status %s)", verb, unit, unit)
 		case verb != "stop" && state == "active":
 			if pid := unitPID(unit); pid != 0 && pid != old {
