@@ -332,6 +332,42 @@ func TestIsolation_SeccompStageExecError_Root(t *testing.T) {
 	})
 }
 
+// The seccomp stage is forked before the task's volumes come and waits:
+// a working directory and a command inside a volume are those of the
+// volume once attached, not of the root's directory beneath it, and the
+// command's stdio is the task's, not the stage's /dev/null. As the task
+// runs, the stage's process is the command, with no descriptor of the
+// stage's left.
+func TestIsolation_DirAndCommandInAVolume_Root(t *testing.T) {
+	requireTaskRoot(t)
+	vol := t.TempDir()
+	must.NoError(t, os.WriteFile(filepath.Join(vol, "run"), []byte(`#!/bin/sh
+echo "pwd=$(pwd)"
+echo "marker=$(cat marker)"
+echo "self=$0"
+echo "fds=$(ls /proc/self/fd | tr '\n' ' ')"
+echo "err=stderr" >&2
+`), 0o755))
+	must.NoError(t, os.WriteFile(filepath.Join(vol, "marker"), []byte("in-the-volume\n"), 0o644))
+	must.NoError(t, os.Mkdir(filepath.Join(vol, "sub"), 0o755))
+	must.NoError(t, os.WriteFile(filepath.Join(vol, "sub", "marker"), []byte("in-a-subdirectory\n"), 0o644))
+	withEachStage(t, func(t *testing.T, supervisor string) {
+		for _, dir := range []string{"/vol", "/vol/sub"} {
+			tt := isolatedSpec(t, "")
+			tt.spec.Supervisor = supervisor
+			tt.spec.Command, tt.spec.Args = "/vol/run", nil
+			tt.spec.Dir = dir
+			got := runWithVolume(t, tt, vol)
+			must.Eq(t, dir, got["pwd"])
+			must.Eq(t, map[string]string{"/vol": "in-the-volume", "/vol/sub": "in-a-subdirectory"}[dir], got["marker"])
+			must.Eq(t, "/vol/run", got["self"])
+			// 0, 1, 2 and the directory ls reads: nothing of the stage's.
+			must.Eq(t, 4, len(strings.Fields(got["fds"])), must.Sprintf("descriptors: %s", got["fds"]))
+			must.Eq(t, "err=stderr\n", readFile(t, tt.stderr))
+		}
+	})
+}
+
 // A task with late mounts (every task with CSI volumes) runs under the same
 // seccomp filter and gets the same environment as one without: the filter
 // and the stage's file are made before the late mounts come, and must
@@ -349,7 +385,7 @@ func TestIsolation_SeccompWithLateMounts_Root(t *testing.T) {
 		got := runWithVolume(t, tt, vol)
 		must.Eq(t, "late", got["vol"], must.Sprint("the late mount reached the task"))
 		must.Eq(t, "hunter2", got["secret"], must.Sprint("the task's environment reaches the command"))
-		must.Eq(t, "2", got["filters"], must.Sprint("the launching thread's filter and the stage's"))
+		must.Eq(t, "2", got["filters"], must.Sprint("the task's filter and the user namespace rules, both the stage's"))
 		eperm, enosys := strconv.Itoa(int(unix.EPERM)), strconv.Itoa(int(unix.ENOSYS))
 		must.Eq(t, eperm, got["keyctl"], must.Sprint("keyctl is refused to a task with volumes"))
 		must.Eq(t, enosys, got["io_uring"], must.Sprint("io_uring_setup is refused to a task with volumes"))

@@ -293,8 +293,27 @@ func launchOnThread(spec *wire.Spec, group *cgroups.Group, stdio func() ([]*os.F
 		return nil, nil, err
 	}
 	defer doneDevices()
-	cmd, err = forkTask(m, spec, attr, root, after, trees, stdio, ctl, pivoted, allowDevices, held)
-	if err != nil && leave != nil {
+	// A seccomp stage forked ahead of the late mounts has the thread leave
+	// the group at once: nothing else is forked from it.
+	// A failed leave is reported as it is after a fork at the end (launchTask
+	// hears it from the leave returned).
+	var (
+		leftEarly bool
+		leftErr   error
+	)
+	forked := func() {
+		if leave != nil {
+			leftEarly, leftErr = true, leave()
+		}
+	}
+	cmd, err = forkTask(m, spec, attr, root, after, trees, stdio, ctl, pivoted, allowDevices, held, forked)
+	switch {
+	case leftEarly && err != nil:
+		err = errors.Join(err, leftErr)
+		leave = nil
+	case leftEarly:
+		leave = func() error { return leftErr }
+	case err != nil && leave != nil:
 		err = errors.Join(err, leave())
 		leave = nil
 	}
@@ -304,7 +323,12 @@ func launchOnThread(spec *wire.Spec, group *cgroups.Group, stdio func() ([]*os.F
 // forkTask finishes the task's mounts once the late ones are there, enters
 // its root and forks it. early are trees of spec.Mounts taken before, for
 // an isolated task.
-func forkTask(m mounter.Interface, spec *wire.Spec, attr *syscall.SysProcAttr, root string, after []wire.Mount, early []*os.File, stdio func() ([]*os.File, error), ctl *os.File, pivoted bool, allowDevices func([]cgroups.DeviceRule) error, held capSet) (*exec.Cmd, error) {
+//
+// A task that is not privileged has its seccomp stage forked before the
+// late mounts come (it waits for its go-ahead: see wire.SeccompGoFD), and
+// forked is called once it is; the go-ahead gives it the working
+// directory, the command's path and its stdio once the mounts are there.
+func forkTask(m mounter.Interface, spec *wire.Spec, attr *syscall.SysProcAttr, root string, after []wire.Mount, early []*os.File, stdio func() ([]*os.File, error), ctl *os.File, pivoted bool, allowDevices func([]cgroups.DeviceRule) error, held capSet, forked func()) (_ *exec.Cmd, err error) {
 	// The root is entered before the wait, so that what is left after the
 	// volumes come is short: their trees are attached at their targets in
 	// the entered root, which is sealed after that. Mounts inside a
@@ -330,19 +354,18 @@ func forkTask(m mounter.Interface, spec *wire.Spec, attr *syscall.SysProcAttr, r
 	// What the seccomp filter and stage of a task that is not privileged
 	// need depends on the spec alone: made before the volumes come, it is
 	// off the path from their arrival to the task's start.
-	var (
-		filter  []unix.SockFilter
-		envFile *os.File
-	)
+	var stage *seccompStage
 	if spec.Isolation != nil {
-		var err error
-		if filter, err = seccompFilter(held); err != nil {
+		if stage, err = startStage(spec, attr, env, held); err != nil {
 			return nil, err
 		}
-		if envFile, err = stageFile(env); err != nil {
-			return nil, err
-		}
-		defer envFile.Close()
+		defer func() {
+			if err != nil {
+				killStarted(stage.cmd)
+			}
+			stage.close()
+		}()
+		forked()
 	}
 	if len(spec.LateMounts) > 0 {
 		late, lateTrees, err := receiveTrees(ctl, spec.LateMounts)
@@ -421,6 +444,12 @@ func forkTask(m mounter.Interface, spec *wire.Spec, attr *syscall.SysProcAttr, r
 	if err != nil {
 		return nil, err
 	}
+	if stage != nil {
+		if err := stage.goAhead(spec.Dir, path, files); err != nil {
+			return nil, err
+		}
+		return stage.cmd, nil
+	}
 	cmd := &exec.Cmd{
 		Path:        path,
 		Args:        append([]string{spec.Command}, spec.Args...),
@@ -430,51 +459,6 @@ func forkTask(m mounter.Interface, spec *wire.Spec, attr *syscall.SysProcAttr, r
 		Stdout:      files[1],
 		Stderr:      files[2],
 		SysProcAttr: attr,
-	}
-	if spec.Isolation != nil {
-		// Per thread, and inherited: the task and everything it runs can
-		// never gain privileges through setuid binaries or file
-		// capabilities.
-		if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
-			return nil, fmt.Errorf("failed to set no_new_privs: %w", err)
-		}
-		// On this thread, never reused, so that the task inherits it: see
-		// seccomp.go. Nothing the thread does after the fork needs a call
-		// it refuses.
-		if err := attachProgram(filter); err != nil {
-			return nil, err
-		}
-	}
-	// The rules against user namespaces are added by the task's own first
-	// program, the seccomp stage, which then execs the command: Go forks
-	// with clone3, which they refuse (see usernsList). The stage runs for
-	// a task that holds SYS_ADMIN too, which gets no such rules: the fork
-	// is this binary on the host's mount until it execs, so a command
-	// named /proc/self/exe (or a script with that interpreter) exec'd
-	// from it would run the host's file, which a root task could then
-	// chmod through /proc/<pid>/exe; the stage is run from selfExe's
-	// read-only clone.
-	var stageErr *os.File
-	if spec.Isolation != nil {
-		if selfExe == nil {
-			return nil, errors.New("the supervisor's binary is not open: cannot start the seccomp stage")
-		}
-		if spec.Image != nil {
-			if err := checkStaticExe(selfExe); err != nil {
-				return nil, err
-			}
-		}
-		r, w, err := os.Pipe()
-		if err != nil {
-			return nil, fmt.Errorf("failed to make the seccomp stage's error pipe: %w", err)
-		}
-		defer r.Close()
-		defer w.Close()
-		stageErr = r
-		cmd.Path = fmt.Sprintf("/proc/self/fd/%d", wire.SeccompExeFD)
-		cmd.Args = append([]string{spec.Command, wire.StageSeccomp, path}, cmd.Args...)
-		cmd.Env = []string{}
-		cmd.ExtraFiles = []*os.File{selfExe, w, envFile}
 	}
 	restore, err := setOOMScoreAdj(spec.OOMScoreAdj)
 	if err != nil {
@@ -488,25 +472,141 @@ func forkTask(m mounter.Interface, spec *wire.Spec, attr *syscall.SysProcAttr, r
 	if err != nil {
 		return nil, fmt.Errorf("failed to execute %q: %w", path, err)
 	}
-	if stageErr != nil {
-		if err := stageAnswer(stageErr, cmd.ExtraFiles[1], path); err != nil {
-			killStarted(cmd)
-			return nil, err
-		}
-	}
 	return cmd, nil
 }
 
-// stageTimeout bounds the wait for the seccomp stage to exec the command.
+// seccompStage is a task's seccomp stage, forked and waiting for its
+// go-ahead (wire.SeccompGoFD).
+type seccompStage struct {
+	cmd *exec.Cmd
+	// answer is the read end of its error pipe (wire.SeccompErrorFD).
+	answer *os.File
+	// sock is this end of its go-ahead socket.
+	sock *os.File
+}
+
+// startStage forks the seccomp stage of a task that is not privileged from
+// the calling thread, whose namespaces, cgroup and capability sets it
+// inherits, as the task (attr). Until its go-ahead it runs nothing of the
+// task's: it attaches the task's filter and the user namespace rules
+// (which a launching thread cannot hold: Go forks with clone3, which they
+// refuse; see usernsList) and waits. The launching thread goes on with
+// the task's mounts, which the stage sees (it shares the thread's mount
+// namespace), and so could not hold the filter itself.
+//
+// The stage runs for a task that holds SYS_ADMIN too, which gets no user
+// namespace rules: the fork is this binary on the host's mount until it
+// execs, so a command named /proc/self/exe (or a script with that
+// interpreter) exec'd from it would run the host's file, which a root task
+// could then chmod through /proc/<pid>/exe; the stage is run from
+// selfExe's read-only clone.
+func startStage(spec *wire.Spec, attr *syscall.SysProcAttr, env []string, held capSet) (_ *seccompStage, err error) {
+	if selfExe == nil {
+		return nil, errors.New("the supervisor's binary is not open: cannot start the seccomp stage")
+	}
+	if spec.Image != nil {
+		if err := checkStaticExe(selfExe); err != nil {
+			return nil, err
+		}
+	}
+	filter, err := seccompFilter(held)
+	if err != nil {
+		return nil, err
+	}
+	if len(filter) > unix.BPF_MAXINSNS {
+		return nil, fmt.Errorf("seccomp filter of %d instructions is longer than the kernel takes", len(filter))
+	}
+	envFile, err := stageFile(env, filter)
+	if err != nil {
+		return nil, err
+	}
+	defer envFile.Close()
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("failed to make the seccomp stage's go-ahead socket: %w", err)
+	}
+	sock := os.NewFile(uintptr(fds[0]), "seccomp-go-ahead")
+	peer := os.NewFile(uintptr(fds[1]), "seccomp-go-ahead")
+	defer peer.Close()
+	r, w, err := os.Pipe()
+	if err != nil {
+		_ = sock.Close()
+		return nil, fmt.Errorf("failed to make the seccomp stage's error pipe: %w", err)
+	}
+	defer w.Close()
+	defer func() {
+		if err != nil {
+			_ = r.Close()
+			_ = sock.Close()
+		}
+	}()
+	// Per thread, and inherited: the task and everything it runs can never
+	// gain privileges through setuid binaries or file capabilities (and
+	// the stage may attach its filters without CAP_SYS_ADMIN).
+	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+		return nil, fmt.Errorf("failed to set no_new_privs: %w", err)
+	}
+	// stdio is /dev/null until the go-ahead hands over the task's own.
+	cmd := &exec.Cmd{
+		Path:        fmt.Sprintf("/proc/self/fd/%d", wire.SeccompExeFD),
+		Args:        append([]string{spec.Command, wire.StageSeccomp, spec.Command}, spec.Args...),
+		Env:         []string{},
+		ExtraFiles:  []*os.File{selfExe, w, envFile, peer},
+		SysProcAttr: attr,
+	}
+	restore, err := setOOMScoreAdj(spec.OOMScoreAdj)
+	if err != nil {
+		return nil, err
+	}
+	err = cmd.Start()
+	if rerr := restore(); rerr != nil && err == nil {
+		err = rerr
+		killStarted(cmd)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("failed to start the seccomp stage: %w", err)
+	}
+	return &seccompStage{cmd: cmd, answer: r, sock: sock}, nil
+}
+
+// goAhead hands the stage the task's working directory, its command's
+// path and stdio, and returns once the stage exec'd the command (or says
+// why it did not).
+func (s *seccompStage) goAhead(dir, path string, stdio []*os.File) error {
+	if strings.IndexByte(dir, 0) >= 0 || strings.IndexByte(path, 0) >= 0 || path == "" {
+		return fmt.Errorf("command path %q or working directory %q cannot be passed to the seccomp stage", path, dir)
+	}
+	if len(dir)+len(path)+2 > wire.SeccompGoMax {
+		return fmt.Errorf("command path %q and working directory %q are longer than %d bytes together", path, dir, wire.SeccompGoMax-2)
+	}
+	msg := make([]byte, 0, len(dir)+len(path)+2)
+	msg = append(append(append(append(msg, dir...), 0), path...), 0)
+	rights := unix.UnixRights(int(stdio[0].Fd()), int(stdio[1].Fd()), int(stdio[2].Fd()))
+	serr := unix.Sendmsg(int(s.sock.Fd()), msg, rights, nil, unix.MSG_NOSIGNAL)
+	runtime.KeepAlive(stdio)
+	_ = s.sock.Close()
+	err := stageAnswer(s.answer, dir, path)
+	if serr != nil && err == nil {
+		err = fmt.Errorf("failed to give the seccomp stage its go-ahead: %w", serr)
+	}
+	return err
+}
+
+// close closes this process's ends of the stage's pipe and socket.
+func (s *seccompStage) close() {
+	_ = s.answer.Close()
+	_ = s.sock.Close()
+}
+
+// stageTimeout bounds the wait for the seccomp stage to exec the command
+// once it has its go-ahead.
 var stageTimeout = time.Minute
 
-// stageAnswer reads what the seccomp stage says on its error pipe: the
-// ready byte and EOF when it executed the command, an error otherwise
-// (what it wrote, the errno of its exec of path, or that it ended or hung
-// before the exec). w is the pipe's write end, closed here so that EOF can
-// come.
-func stageAnswer(r, w *os.File, path string) error {
-	_ = w.Close()
+// stageAnswer reads what the seccomp stage says on its error pipe, whose
+// write end this process has closed: the ready byte and EOF when it
+// executed the command, an error otherwise (what it wrote, the errno of
+// the step that failed, or that it ended or hung before the exec).
+func stageAnswer(r *os.File, dir, path string) error {
 	if err := r.SetReadDeadline(time.Now().Add(stageTimeout)); err != nil {
 		return fmt.Errorf("failed to bound the wait for the seccomp stage: %w", err)
 	}
@@ -521,20 +621,59 @@ func stageAnswer(r, w *os.File, path string) error {
 	case len(msg) == 0:
 		return errors.New("the seccomp stage ended before it started the command (its reason, if any, is in the task's stderr)")
 	}
-	if rest, ok := strings.CutPrefix(string(msg), wire.SeccompReady+wire.SeccompExecFailed); ok && len(rest) == 2 {
-		errno := syscall.Errno(binary.LittleEndian.Uint16([]byte(rest)))
+	errnoAfter := func(prefix string) (syscall.Errno, bool) {
+		rest, ok := strings.CutPrefix(string(msg), prefix)
+		if !ok || len(rest) != 2 {
+			return 0, false
+		}
+		return syscall.Errno(binary.LittleEndian.Uint16([]byte(rest))), true
+	}
+	if errno, ok := errnoAfter(wire.SeccompReady + wire.SeccompExecFailed); ok {
 		return fmt.Errorf("failed to execute %q: %w", path, errno)
+	}
+	if errno, ok := errnoAfter(wire.SeccompChdirFailed); ok {
+		return fmt.Errorf("failed to change to working directory %q: %w", dir, errno)
+	}
+	if errno, ok := errnoAfter(wire.SeccompGoFailed); ok {
+		return fmt.Errorf("the seccomp stage could not take its go-ahead: %w", errno)
 	}
 	return errors.New(strings.TrimPrefix(string(msg), wire.SeccompReady))
 }
 
+// goAheadMessage checks what the seccomp stage received on its go-ahead
+// socket (n bytes of buf, noob of oob, the receive's flags) and returns
+// the working directory, the command's path and the three descriptors.
+// Whatever it returns, the descriptors received are in fds.
+func goAheadMessage(buf, oob []byte, flags int) (dir, path string, fds []int, err error) {
+	if msgs, perr := unix.ParseSocketControlMessage(oob); perr == nil {
+		for _, m := range msgs {
+			if got, rerr := unix.ParseUnixRights(&m); rerr == nil {
+				fds = append(fds, got...)
+			}
+		}
+	}
+	if flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 {
+		return "", "", fds, errors.New("the go-ahead was truncated")
+	}
+	if len(fds) != 3 {
+		return "", "", fds, fmt.Errorf("the go-ahead came with %d descriptors, want 3", len(fds))
+	}
+	d, rest, ok := strings.Cut(string(buf), "\x00")
+	p, tail, ok2 := strings.Cut(rest, "\x00")
+	if !ok || !ok2 || tail != "" || p == "" {
+		return "", "", fds, errors.New("the go-ahead is not a directory and a path, each NUL-terminated")
+	}
+	return d, p, fds, nil
+}
+
 // stageFile is the seccomp stage's memory file (wire.SeccompEnvFD): the
-// user namespace rules, which the stage attaches unless it holds
-// CAP_SYS_ADMIN, and the task's environment, handed to the command alone
-// (never in the stage's own environment or arguments). It is sealed: no
-// process that reaches the descriptor can change what the stage reads.
-func stageFile(env []string) (*os.File, error) {
-	prog, err := seccompProgram(usernsList(0))
+// task's filter (none when empty), which the stage attaches, the user
+// namespace rules, which it adds unless it holds CAP_SYS_ADMIN, and the
+// task's environment, handed to the command alone (never in the stage's
+// own environment or arguments). It is sealed: no process that reaches the
+// descriptor can change what the stage reads.
+func stageFile(env []string, filter []unix.SockFilter) (*os.File, error) {
+	userns, err := seccompProgram(usernsList(0))
 	if err != nil {
 		return nil, err
 	}
@@ -543,16 +682,18 @@ func stageFile(env []string) (*os.File, error) {
 		return nil, fmt.Errorf("failed to make the seccomp stage's environment file: %w", err)
 	}
 	f := os.NewFile(uintptr(fd), "nomad-task-env")
-	size := 8 + 8*len(prog)
+	size := 16 + 8*len(filter) + 8*len(userns)
 	for _, kv := range env {
 		size += len(kv) + 1
 	}
-	b := make([]byte, 8, size)
-	binary.LittleEndian.PutUint64(b, uint64(len(prog)))
-	for _, in := range prog {
-		b = binary.LittleEndian.AppendUint16(b, in.Code)
-		b = append(b, in.Jt, in.Jf)
-		b = binary.LittleEndian.AppendUint32(b, in.K)
+	b := make([]byte, 0, size)
+	for _, prog := range [][]unix.SockFilter{filter, userns} {
+		b = binary.LittleEndian.AppendUint64(b, uint64(len(prog)))
+		for _, in := range prog {
+			b = binary.LittleEndian.AppendUint16(b, in.Code)
+			b = append(b, in.Jt, in.Jf)
+			b = binary.LittleEndian.AppendUint32(b, in.K)
+		}
 	}
 	for _, kv := range env {
 		b = append(append(b, kv...), 0)
@@ -568,35 +709,42 @@ func stageFile(env []string) (*os.File, error) {
 	return f, nil
 }
 
-// readStageFile reads what stageFile wrote, from offset 0.
-func readStageFile(f *os.File) ([]unix.SockFilter, []string, error) {
+// readStageFile reads what stageFile wrote, from offset 0: the task's
+// filter, the user namespace rules and the environment.
+func readStageFile(f *os.File) (filter, userns []unix.SockFilter, env []string, err error) {
 	fi, err := f.Stat()
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	b := make([]byte, fi.Size())
 	if _, err := f.ReadAt(b, 0); err != nil && !errors.Is(err, io.EOF) {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	if len(b) < 8 {
-		return nil, nil, fmt.Errorf("the file has %d bytes", len(b))
+	var progs [2][]unix.SockFilter
+	for p := range progs {
+		if len(b) < 8 {
+			return nil, nil, nil, fmt.Errorf("the file has %d bytes left for filter %d's length", len(b), p+1)
+		}
+		n := binary.LittleEndian.Uint64(b)
+		b = b[8:]
+		if n > uint64(len(b))/8 {
+			return nil, nil, nil, fmt.Errorf("the file has %d bytes left for filter %d's %d instructions", len(b), p+1, n)
+		}
+		prog := make([]unix.SockFilter, n)
+		for i := range prog {
+			in := b[8*i:]
+			prog[i] = unix.SockFilter{Code: binary.LittleEndian.Uint16(in), Jt: in[2], Jf: in[3], K: binary.LittleEndian.Uint32(in[4:])}
+		}
+		progs[p] = prog
+		b = b[8*n:]
 	}
-	n := binary.LittleEndian.Uint64(b)
-	if n > uint64(len(b)-8)/8 {
-		return nil, nil, fmt.Errorf("the file has %d bytes for %d filter instructions", len(b), n)
-	}
-	prog := make([]unix.SockFilter, n)
-	for i := range prog {
-		in := b[8+8*i:]
-		prog[i] = unix.SockFilter{Code: binary.LittleEndian.Uint16(in), Jt: in[2], Jf: in[3], K: binary.LittleEndian.Uint32(in[4:])}
-	}
-	env := []string{}
-	for _, kv := range strings.Split(string(b[8+8*n:]), "\x00") {
+	env = []string{}
+	for _, kv := range strings.Split(string(b), "\x00") {
 		if kv != "" {
 			env = append(env, kv)
 		}
 	}
-	return prog, env, nil
+	return progs[0], progs[1], env, nil
 }
 
 // deviceRules are the device filter rules for the trees that are device

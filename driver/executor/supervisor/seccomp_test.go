@@ -197,7 +197,8 @@ func TestSeccompProgram_userNamespaces(t *testing.T) {
 
 // The supervisor reads the seccomp stage's answer: the ready byte alone
 // (then EOF at exec) is a start; a message after it, or the exec-failed
-// marker and an errno, is the exec's error; a
+// marker and an errno, is the exec's error; the chdir-failed or
+// go-ahead-failed marker and an errno, the step's error; a
 // message without it is the stage's own failure; nothing at all is a stage
 // that ended before its exec; and a stage that says nothing and keeps the
 // pipe open is given up on after stageTimeout.
@@ -215,6 +216,8 @@ func TestStageAnswer(t *testing.T) {
 		// The shim's stage before the Go runtime (stageEntry) says the errno.
 		{"exec failed, errno", wire.SeccompReady + wire.SeccompExecFailed + "\x08\x00", false, `failed to execute "/x": exec format error`},
 		{"exec failed, errno past 255", wire.SeccompReady + wire.SeccompExecFailed + "\x0c\x01", false, `failed to execute "/x": errno 268`},
+		{"chdir failed, errno", wire.SeccompChdirFailed + "\x0d\x00", false, `failed to change to working directory "/d": permission denied`},
+		{"go-ahead failed, errno", wire.SeccompGoFailed + "\x16\x00", false, "the seccomp stage could not take its go-ahead: invalid argument"},
 		{"stage failed", "the seccomp stage got no command", false, "the seccomp stage got no command"},
 		{"ended", "", false, "the seccomp stage ended before it started the command"},
 		{"hung", "", true, "the seccomp stage did not start the command within 200ms"},
@@ -235,7 +238,8 @@ func TestStageAnswer(t *testing.T) {
 			} else {
 				defer unix.Close(stage)
 			}
-			err = stageAnswer(r, w, "/x")
+			must.NoError(t, w.Close())
+			err = stageAnswer(r, "/d", "/x")
 			if c.want == "" {
 				must.NoError(t, err)
 				return

@@ -40,15 +40,16 @@ func RunReexec() bool {
 	return false
 }
 
-// runSeccompStage is the task's own process before its command: it adds
-// the user namespace rules (usernsList, as a program in the stage's file:
-// see stageFile) to the filter it inherited, unless it holds SYS_ADMIN,
-// and execs the command, on one thread, so that the command inherits both.
-// It runs as the task already, with no more than the task's capabilities
-// and no_new_privs; its binary's descriptor and its error pipe are closed
-// at exec (hardenStage). It never returns. A shim built with stageEntry as
-// its entry point does the same before the Go runtime starts, and gets
-// here only when that could not.
+// runSeccompStage is the task's own process before its command: it
+// attaches the task's filter and the user namespace rules (usernsList,
+// unless it holds SYS_ADMIN), both programs in the stage's file (see
+// stageFile), waits for its go-ahead (wire.SeccompGoFD) and execs the
+// command, on one thread, so that the command inherits both filters. It
+// runs as the task already, with no more than the task's capabilities and
+// no_new_privs; its binary's descriptor, its error pipe and its socket are
+// closed at exec (hardenStage). It never returns. A shim built with
+// stageEntry as its entry point does the same before the Go runtime
+// starts, and gets here only when that could not.
 func runSeccompStage(args []string) {
 	runtime.LockOSThread()
 	errPipe := os.NewFile(wire.SeccompErrorFD, "error-pipe")
@@ -56,25 +57,55 @@ func runSeccompStage(args []string) {
 		_, _ = io.WriteString(errPipe, err.Error())
 		os.Exit(127)
 	}
-	if len(args) < 2 {
+	if len(args) < 1 {
 		fail(errors.New("the seccomp stage got no command"))
 	}
 	envFile := os.NewFile(wire.SeccompEnvFD, "task-env")
-	prog, env, err := readStageFile(envFile)
+	filter, userns, env, err := readStageFile(envFile)
 	_ = envFile.Close()
 	if err != nil {
 		fail(fmt.Errorf("the seccomp stage could not read the task's environment: %w", err))
 	}
+	if err := attachProgram(filter); err != nil {
+		fail(err)
+	}
 	if !stageCaps().has(unix.CAP_SYS_ADMIN) {
-		if err := attachProgram(prog); err != nil {
+		if err := attachProgram(userns); err != nil {
 			fail(err)
+		}
+	}
+	buf := make([]byte, wire.SeccompGoMax)
+	oob := make([]byte, unix.CmsgSpace(3*4))
+	n, noob, flags, _, err := unix.Recvmsg(wire.SeccompGoFD, buf, oob, unix.MSG_CMSG_CLOEXEC)
+	for errors.Is(err, unix.EINTR) {
+		n, noob, flags, _, err = unix.Recvmsg(wire.SeccompGoFD, buf, oob, unix.MSG_CMSG_CLOEXEC)
+	}
+	if err != nil {
+		fail(fmt.Errorf("the seccomp stage could not take its go-ahead: %w", err))
+	}
+	if n == 0 && noob == 0 {
+		// The supervisor let the task go before it ran.
+		os.Exit(127)
+	}
+	dir, path, fds, err := goAheadMessage(buf[:n], oob[:noob], flags)
+	if err != nil {
+		fail(fmt.Errorf("the seccomp stage could not take its go-ahead: %w", err))
+	}
+	for i, fd := range fds {
+		if err := unix.Dup3(fd, i, 0); err != nil {
+			fail(fmt.Errorf("the seccomp stage could not take its go-ahead: %w", err))
+		}
+	}
+	if dir != "" {
+		if err := unix.Chdir(dir); err != nil {
+			fail(fmt.Errorf("failed to change to working directory %q: %w", dir, err))
 		}
 	}
 	if _, err := io.WriteString(errPipe, wire.SeccompReady); err != nil {
 		os.Exit(127)
 	}
-	err = syscall.Exec(args[0], args[1:], env)
-	fail(fmt.Errorf("failed to execute %q: %w", args[0], err))
+	err = syscall.Exec(path, args, env)
+	fail(fmt.Errorf("failed to execute %q: %w", path, err))
 }
 
 // stageCaps is what the seccomp stage holds, and so the command after it:

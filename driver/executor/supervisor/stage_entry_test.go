@@ -26,11 +26,25 @@ type stageRun struct {
 	code   int
 }
 
+// goAhead is what a test sends the stage on its go-ahead socket: msg with
+// the descriptors of stdin, stdout and stderr (the first fds of them when
+// fds is not 0), or nothing at all (EOF) when nil.
+type goAhead struct {
+	msg []byte
+	fds int
+}
+
+// goAheadFor is the go-ahead the supervisor sends.
+func goAheadFor(dir, path string) *goAhead {
+	return &goAhead{msg: []byte(dir + "\x00" + path + "\x00")}
+}
+
 // runEntryStage runs shim (under wrap, an emulator, when set) with argv,
 // as the supervisor starts the seccomp stage: with file as its memory
 // file, from a thread with no_new_privs, as cred (nil: this process's
-// user, root with every capability).
-func runEntryStage(t *testing.T, wrap, shim string, argv []string, file []byte, cred *syscall.Credential) stageRun {
+// user, root with every capability), stdio /dev/null until go hands over
+// the test's.
+func runEntryStage(t *testing.T, wrap, shim string, argv []string, file []byte, cred *syscall.Credential, go_ *goAhead) stageRun {
 	t.Helper()
 	exe, err := os.Open(shim)
 	must.NoError(t, err)
@@ -44,10 +58,20 @@ func runEntryStage(t *testing.T, wrap, shim string, argv []string, file []byte, 
 	defer mem.Close()
 	_, err = mem.Write(file)
 	must.NoError(t, err)
+	socks, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	must.NoError(t, err)
+	sock := os.NewFile(uintptr(socks[0]), "go-ahead")
+	defer sock.Close()
+	peer := os.NewFile(uintptr(socks[1]), "go-ahead-peer")
+	outR, outW, err := os.Pipe()
+	must.NoError(t, err)
+	defer outR.Close()
+	devNull, err := os.Open(os.DevNull)
+	must.NoError(t, err)
+	defer devNull.Close()
 
-	var stdout bytes.Buffer
-	cmd := &exec.Cmd{Path: shim, Args: argv, Env: []string{}, Stdout: &stdout, Stderr: os.Stderr,
-		ExtraFiles: []*os.File{exe, w, mem}, SysProcAttr: &syscall.SysProcAttr{Credential: cred}}
+	cmd := &exec.Cmd{Path: shim, Args: argv, Env: []string{},
+		ExtraFiles: []*os.File{exe, w, mem, peer}, SysProcAttr: &syscall.SysProcAttr{Credential: cred}}
 	if wrap != "" {
 		cmd.Path, cmd.Args = wrap, append([]string{wrap, shim}, argv[1:]...)
 	}
@@ -64,16 +88,35 @@ func runEntryStage(t *testing.T, wrap, shim string, argv []string, file []byte, 
 	}()
 	must.NoError(t, <-started)
 	_ = w.Close()
+	_ = peer.Close()
+	if go_ != nil {
+		fds := []int{int(devNull.Fd()), int(outW.Fd()), int(os.Stderr.Fd())}
+		if go_.fds != 0 {
+			fds = fds[:go_.fds]
+		}
+		// The stage may have ended already (a malformed file): then the
+		// send fails, and what it wrote says why.
+		_ = unix.Sendmsg(int(sock.Fd()), go_.msg, unix.UnixRights(fds...), nil, unix.MSG_NOSIGNAL)
+	}
+	_ = sock.Close()
+	_ = outW.Close()
+	var stdout bytes.Buffer
+	copied := make(chan error, 1)
+	go func() {
+		_, err := io.Copy(&stdout, outR)
+		copied <- err
+	}()
 	msg, err := io.ReadAll(r)
 	must.NoError(t, err)
 	_ = cmd.Wait()
+	must.NoError(t, <-copied)
 	return stageRun{msg: string(msg), stdout: stdout.String(), code: cmd.ProcessState.ExitCode()}
 }
 
-// stageFileBytes is what stageFile writes for env.
-func stageFileBytes(t *testing.T, env []string) []byte {
+// stageFileBytes is what stageFile writes for env and the task's filter.
+func stageFileBytes(t *testing.T, env []string, filter []unix.SockFilter) []byte {
 	t.Helper()
-	f, err := stageFile(env)
+	f, err := stageFile(env, filter)
 	must.NoError(t, err)
 	defer f.Close()
 	b, err := io.ReadAll(io.NewSectionReader(f, 0, 1<<20))
@@ -82,14 +125,15 @@ func stageFileBytes(t *testing.T, env []string) []byte {
 }
 
 // The shim's entry point does the seccomp stage before the Go runtime
-// starts: it attaches the user namespace rules unless it holds SYS_ADMIN,
-// hands the command the task's environment and no descriptor but stdio,
-// and says why an exec failed with the errno after the exec-failed marker
-// (the Go stage writes a message instead: that marker proves the entry
-// point ran). What is not the stage, or a stage it cannot serve, goes on
-// to the Go runtime, which says what is wrong. Run as root; the same cases
-// but the filter's run on arm64 too when qemu-aarch64-static is there (it
-// does not run seccomp filters).
+// starts: it attaches the task's filter, and the user namespace rules
+// unless it holds SYS_ADMIN; waits for its go-ahead and takes the
+// go-ahead's stdio, working directory and path; hands the command the
+// task's environment and no descriptor but stdio; and says why a step
+// failed with the errno after its marker (the Go stage writes a message
+// instead: that marker proves the entry point ran). What is not the
+// stage, or a stage it cannot serve, goes on to the Go runtime, which says
+// what is wrong. Run as root; the same cases but the filters' run on arm64
+// too when qemu-aarch64-static is there (it does not run seccomp filters).
 func TestStageEntry_Root(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("test needs root: it runs the stage as another user")
@@ -97,67 +141,125 @@ func TestStageEntry_Root(t *testing.T) {
 	script := `echo "filters=$(grep Seccomp_filters /proc/self/status | tr -d ' \t' | cut -d: -f2)"
 echo "foo=$FOO"
 echo "arg0=$0"
-for fd in 3 4 5; do [ -e /proc/$$/fd/$fd ] && echo "open=$fd"; done
+echo "pwd=$(pwd)"
+for fd in 3 4 5 6 7 8 9; do [ -e /proc/$$/fd/$fd ] && echo "open=$fd"; done
 true`
 	env := []string{"FOO=bar baz", "EMPTY="}
-	stage := func(path string, args ...string) []string {
-		return append([]string{"cmd", wire.StageSeccomp, path}, args...)
+	stage := func(args ...string) []string {
+		return append([]string{"cmd", wire.StageSeccomp}, args...)
 	}
-	enoent := make([]byte, 2)
-	binary.LittleEndian.PutUint16(enoent, uint16(unix.ENOENT))
+	errnoOf := func(e unix.Errno) string {
+		b := make([]byte, 2)
+		binary.LittleEndian.PutUint16(b, uint16(e))
+		return string(b)
+	}
+	filter, err := seccompFilter(0)
+	must.NoError(t, err)
+	must.SliceNotEmpty(t, filter)
 
 	type tcase struct {
 		name     string
 		argv     []string
 		file     []byte
 		cred     *syscall.Credential
+		go_      *goAhead
 		filtered bool // needs a kernel that runs the filter (not qemu-user)
 		check    func(t *testing.T, got stageRun)
 	}
+	sh := goAheadFor("", "/bin/sh")
 	cases := []tcase{
-		{"nobody: the rules, the environment, no descriptors", stage("/bin/sh", "sh", "-c", script), stageFileBytes(t, env),
-			&syscall.Credential{Uid: 65534, Gid: 65534}, true, func(t *testing.T, got stageRun) {
+		{"nobody: both filters, the environment, no descriptors", stage("sh", "-c", script), stageFileBytes(t, env, filter),
+			&syscall.Credential{Uid: 65534, Gid: 65534}, sh, true, func(t *testing.T, got stageRun) {
 				must.Eq(t, wire.SeccompReady, got.msg)
 				lines := outputLinesOf(got.stdout)
-				must.Eq(t, "1", lines["filters"], must.Sprint("the stage attached the rules"))
+				must.Eq(t, "2", lines["filters"], must.Sprint("the stage attached the task's filter and the rules"))
 				must.Eq(t, "bar baz", lines["foo"])
 				must.Eq(t, "sh", lines["arg0"])
 				must.StrNotContains(t, got.stdout, "open=", must.Sprint("a descriptor of the stage reached the command"))
 			}},
-		{"root with SYS_ADMIN: no rules", stage("/bin/sh", "sh", "-c", script), stageFileBytes(t, env), nil, false,
+		{"nobody, no task filter: the rules", stage("sh", "-c", script), stageFileBytes(t, env, nil),
+			&syscall.Credential{Uid: 65534, Gid: 65534}, sh, true, func(t *testing.T, got stageRun) {
+				must.Eq(t, wire.SeccompReady, got.msg)
+				must.Eq(t, "1", outputLinesOf(got.stdout)["filters"])
+			}},
+		{"root with SYS_ADMIN: the task's filter, no rules", stage("sh", "-c", script), stageFileBytes(t, env, filter), nil, sh, true,
 			func(t *testing.T, got stageRun) {
 				must.Eq(t, wire.SeccompReady, got.msg)
 				lines := outputLinesOf(got.stdout)
-				must.Eq(t, "0", lines["filters"])
+				must.Eq(t, "1", lines["filters"])
 				must.Eq(t, "bar baz", lines["foo"])
 				must.StrNotContains(t, got.stdout, "open=")
 			}},
-		{"exec fails: the errno", stage("/nonexistent/cmd", "cmd"), stageFileBytes(t, env), nil, false,
+		{"root with SYS_ADMIN, no task filter: none", stage("sh", "-c", script), stageFileBytes(t, env, nil), nil, sh, false,
 			func(t *testing.T, got stageRun) {
-				must.Eq(t, wire.SeccompReady+wire.SeccompExecFailed+string(enoent), got.msg)
+				must.Eq(t, wire.SeccompReady, got.msg)
+				must.Eq(t, "0", outputLinesOf(got.stdout)["filters"])
+			}},
+		{"the go-ahead's working directory", stage("sh", "-c", script), stageFileBytes(t, env, nil), nil,
+			goAheadFor("/usr/bin", "/bin/sh"), false, func(t *testing.T, got stageRun) {
+				must.Eq(t, wire.SeccompReady, got.msg)
+				must.Eq(t, "/usr/bin", outputLinesOf(got.stdout)["pwd"])
+			}},
+		{"chdir fails: the errno", stage("sh", "-c", script), stageFileBytes(t, env, nil), nil,
+			goAheadFor("/nonexistent", "/bin/sh"), false, func(t *testing.T, got stageRun) {
+				must.Eq(t, wire.SeccompChdirFailed+errnoOf(unix.ENOENT), got.msg)
+				must.Eq(t, 127, got.code)
+				must.Eq(t, "", got.stdout)
+			}},
+		{"exec fails: the errno", stage("cmd"), stageFileBytes(t, env, nil), nil, goAheadFor("", "/nonexistent/cmd"), false,
+			func(t *testing.T, got stageRun) {
+				must.Eq(t, wire.SeccompReady+wire.SeccompExecFailed+errnoOf(unix.ENOENT), got.msg)
 				must.Eq(t, 127, got.code)
 			}},
-		{"empty environment", stage("/bin/sh", "sh", "-c", `echo "n=$(env | grep -vc '^PWD=')"`), stageFileBytes(t, nil), nil, false,
+		{"no go-ahead (EOF): exits, says nothing", stage("sh", "-c", script), stageFileBytes(t, env, nil), nil, nil, false,
+			func(t *testing.T, got stageRun) {
+				must.Eq(t, "", got.msg)
+				must.Eq(t, 127, got.code)
+				must.Eq(t, "", got.stdout)
+			}},
+		{"go-ahead without a path", stage("sh", "-c", script), stageFileBytes(t, env, nil), nil, goAheadFor("/", ""), false,
+			func(t *testing.T, got stageRun) {
+				must.Eq(t, wire.SeccompGoFailed+errnoOf(unix.EINVAL), got.msg)
+				must.Eq(t, 127, got.code)
+			}},
+		{"go-ahead not NUL-terminated", stage("sh", "-c", script), stageFileBytes(t, env, nil), nil,
+			&goAhead{msg: []byte("\x00/bin/sh")}, false, func(t *testing.T, got stageRun) {
+				must.Eq(t, wire.SeccompGoFailed+errnoOf(unix.EINVAL), got.msg)
+			}},
+		{"go-ahead with a third part", stage("sh", "-c", script), stageFileBytes(t, env, nil), nil,
+			&goAhead{msg: []byte("\x00/bin/sh\x00x\x00")}, false, func(t *testing.T, got stageRun) {
+				must.Eq(t, wire.SeccompGoFailed+errnoOf(unix.EINVAL), got.msg)
+			}},
+		{"go-ahead with two descriptors", stage("sh", "-c", script), stageFileBytes(t, env, nil), nil,
+			&goAhead{msg: sh.msg, fds: 2}, false, func(t *testing.T, got stageRun) {
+				must.Eq(t, wire.SeccompGoFailed+errnoOf(unix.EINVAL), got.msg)
+				must.Eq(t, "", got.stdout)
+			}},
+		{"empty environment", stage("sh", "-c", `echo "n=$(env | grep -vc '^PWD=')"`), stageFileBytes(t, nil, nil), nil, sh, false,
 			func(t *testing.T, got stageRun) {
 				must.Eq(t, wire.SeccompReady, got.msg)
 				must.Eq(t, "0", outputLinesOf(got.stdout)["n"])
 			}},
-		{"not the stage: the Go runtime", []string{"cmd", "something", "/bin/true", "true"}, nil, nil, false,
+		{"not the stage: the Go runtime", []string{"cmd", "something", "true"}, nil, nil, nil, false,
 			func(t *testing.T, got stageRun) {
 				must.Eq(t, "", got.msg)
 				must.Eq(t, 2, got.code)
 			}},
-		{"no command: the Go stage says so", stage("/bin/true"), stageFileBytes(t, env), nil, false,
+		{"no command: the Go stage says so", stage(), stageFileBytes(t, env, nil), nil, nil, false,
 			func(t *testing.T, got stageRun) {
 				must.Eq(t, "the seccomp stage got no command", got.msg)
 			}},
-		{"malformed file: the Go stage says so", stage("/bin/true", "true"), []byte{1, 2, 3}, nil, false,
+		{"malformed file: the Go stage says so", stage("true"), []byte{1, 2, 3}, nil, goAheadFor("", "/bin/true"), false,
 			func(t *testing.T, got stageRun) {
 				must.StrContains(t, got.msg, "the seccomp stage could not read the task's environment")
 				must.Eq(t, 127, got.code)
 			}},
-		{"filter past its file: the Go stage says so", stage("/bin/true", "true"), []byte{9, 0, 0, 0, 0, 0, 0, 0, 'A', '=', 0}, nil, false,
-			func(t *testing.T, got stageRun) {
+		{"filter past its file: the Go stage says so", stage("true"), []byte{9, 0, 0, 0, 0, 0, 0, 0, 'A', '=', 0, 0, 0, 0, 0, 0}, nil,
+			goAheadFor("", "/bin/true"), false, func(t *testing.T, got stageRun) {
+				must.StrContains(t, got.msg, "the seccomp stage could not read the task's environment")
+			}},
+		{"second filter past its file: the Go stage says so", stage("true"), []byte{0, 0, 0, 0, 0, 0, 0, 0, 9, 0, 0, 0, 0, 0, 0, 0, 'A', '=', 0}, nil,
+			goAheadFor("", "/bin/true"), false, func(t *testing.T, got stageRun) {
 				must.StrContains(t, got.msg, "the seccomp stage could not read the task's environment")
 			}},
 	}
@@ -174,7 +276,7 @@ true`
 					if a.wrap != "" && c.filtered {
 						t.Skip("qemu-user runs no seccomp filter")
 					}
-					c.check(t, runEntryStage(t, a.wrap, shim, c.argv, c.file, c.cred))
+					c.check(t, runEntryStage(t, a.wrap, shim, c.argv, c.file, c.cred, c.go_))
 				})
 			}
 		})

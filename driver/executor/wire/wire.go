@@ -9,13 +9,15 @@ const (
 	StageExec       = "__nomad-driver-csi-exec"
 	// StageSeccomp is the first program of a task that is not privileged:
 	// the supervisor's own binary, run as the task (in its namespaces,
-	// cgroup and credentials), which adds the seccomp rules a launching
-	// thread cannot hold and execs the task's command:
-	// argv = [command, StageSeccomp, path, command, args...].
+	// cgroup and credentials), which attaches the task's seccomp filters,
+	// waits for its go-ahead (SeccompGoFD) and execs the task's command:
+	// argv = [command, StageSeccomp, command, args...]. It is forked
+	// before the task's volumes come, so that their arrival is followed
+	// by the command's exec alone.
 	StageSeccomp = "__nomad-driver-csi-seccomp"
 )
 
-// File descriptors of the seccomp stage (ExtraFiles 0, 1 and 2). The stage
+// File descriptors of the seccomp stage (ExtraFiles 0 to 3). The stage
 // itself runs with an empty environment: the task's (which may name
 // LD_PRELOAD, or GODEBUG) is only handed to the command.
 const (
@@ -24,16 +26,39 @@ const (
 	// after it why the exec failed; EOF at exec (CLOEXEC). EOF with nothing
 	// written means the stage ended before it got to the exec.
 	SeccompErrorFD = 4
-	// SeccompEnvFD is a sealed memory file, read from offset 0: a
-	// little-endian uint64 n, n classic BPF instructions (struct
-	// sock_filter, 8 bytes each: the user namespace rules, which the stage
-	// adds unless it holds CAP_SYS_ADMIN), then the task's environment as
+	// SeccompEnvFD is a sealed memory file, read from offset 0: two
+	// classic BPF programs, each a little-endian uint64 n and n
+	// instructions (struct sock_filter, 8 bytes each): the task's filter,
+	// which the stage always attaches, and the user namespace rules, which
+	// it adds unless it holds CAP_SYS_ADMIN; then the task's environment as
 	// NUL-terminated entries to the end of the file.
 	SeccompEnvFD = 5
+	// SeccompGoFD is a SOCK_SEQPACKET socket on which the stage, its
+	// filters attached, waits for one message: the working directory and
+	// the command's path, each NUL-terminated (an empty directory: stay),
+	// with exactly three descriptors (SCM_RIGHTS), the command's stdin,
+	// stdout and stderr. EOF instead: the stage exits 127 and writes
+	// nothing.
+	SeccompGoFD = 6
 )
+
+// SeccompGoMax bounds the go-ahead's message: a directory and a path of
+// up to PATH_MAX bytes each.
+const SeccompGoMax = 8192
 
 // SeccompReady is the byte the seccomp stage writes just before its exec.
 const SeccompReady = "\x00"
+
+// SeccompChdirFailed, written instead of SeccompReady, says the stage could
+// not change to the working directory; the errno follows as two bytes,
+// little-endian.
+const SeccompChdirFailed = "\x02"
+
+// SeccompGoFailed, written instead of SeccompReady, says the stage could
+// not take its go-ahead (a failed receive, or a message not as
+// SeccompGoFD says: EINVAL); the errno follows as two bytes,
+// little-endian.
+const SeccompGoFailed = "\x03"
 
 // SeccompExecFailed, after SeccompReady, says the stage's exec failed; the
 // errno follows as two bytes, little-endian. The stage that runs before
