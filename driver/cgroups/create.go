@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"sort"
 	"strconv"
@@ -318,68 +319,85 @@ func copyFile(from, to, file string) error {
 	return writeFile(filepath.Join(to, file), v)
 }
 
-func (g *Group) applyV1(l Limits) error {
+func (g *Group) applyV1(l Limits) error { return g.applyV1Since(l, nil) }
+
+// applyV1Since gives a v1 group the limits l where they differ from prev,
+// the limits it has already (nil: every limit is written).
+func (g *Group) applyV1Since(l Limits, prev *Limits) error {
+	changed := func(f func(l *Limits) any) bool {
+		return prev == nil || !reflect.DeepEqual(f(&l), f(prev))
+	}
 	mem := g.paths["memory"]
-	limit := "-1"
-	if l.MemoryBytes > 0 {
-		limit = strconv.FormatInt(l.MemoryBytes, 10)
+	if changed(func(l *Limits) any { return l.MemoryBytes }) {
+		limit := "-1"
+		if l.MemoryBytes > 0 {
+			limit = strconv.FormatInt(l.MemoryBytes, 10)
+		}
+		if err := setV1Memory(mem, limit); err != nil {
+			return err
+		}
 	}
-	if err := setV1Memory(mem, limit); err != nil {
-		return err
-	}
-	soft := "-1"
-	if l.MemoryReservationBytes > 0 {
-		soft = strconv.FormatInt(l.MemoryReservationBytes, 10)
-	}
-	if err := writeFile(filepath.Join(mem, "memory.soft_limit_in_bytes"), soft); err != nil {
-		return err
+	if changed(func(l *Limits) any { return l.MemoryReservationBytes }) {
+		soft := "-1"
+		if l.MemoryReservationBytes > 0 {
+			soft = strconv.FormatInt(l.MemoryReservationBytes, 10)
+		}
+		if err := writeFile(filepath.Join(mem, "memory.soft_limit_in_bytes"), soft); err != nil {
+			return err
+		}
 	}
 
 	cpu := g.paths["cpu"]
-	shares := int64(defaultShares)
-	if l.CPUShares > 0 {
-		shares = min(max(l.CPUShares, minShares), maxShares)
-	}
-	period := int64(defaultCPUPeriod)
-	if l.CPUPeriod > 0 {
-		period = l.CPUPeriod
-	}
-	quota := int64(-1)
-	if l.CPUQuota > 0 {
-		quota = l.CPUQuota
-	}
-	for _, w := range []struct {
-		file string
-		v    int64
-	}{
-		{"cpu.shares", shares},
-		{"cpu.cfs_period_us", period},
-		{"cpu.cfs_quota_us", quota},
-	} {
-		if err := writeFile(filepath.Join(cpu, w.file), strconv.FormatInt(w.v, 10)); err != nil {
-			return err
+	if changed(func(l *Limits) any { return [3]int64{l.CPUShares, l.CPUPeriod, l.CPUQuota} }) {
+		shares := int64(defaultShares)
+		if l.CPUShares > 0 {
+			shares = min(max(l.CPUShares, minShares), maxShares)
+		}
+		period := int64(defaultCPUPeriod)
+		if l.CPUPeriod > 0 {
+			period = l.CPUPeriod
+		}
+		quota := int64(-1)
+		if l.CPUQuota > 0 {
+			quota = l.CPUQuota
+		}
+		for _, w := range []struct {
+			file string
+			v    int64
+		}{
+			{"cpu.shares", shares},
+			{"cpu.cfs_period_us", period},
+			{"cpu.cfs_quota_us", quota},
+		} {
+			if err := writeFile(filepath.Join(cpu, w.file), strconv.FormatInt(w.v, 10)); err != nil {
+				return err
+			}
 		}
 	}
-	if dir, ok := g.paths["cpuset"]; ok {
-		if err := writeFile(filepath.Join(dir, "cpuset.cpus"), l.CpusetCpus); err != nil {
-			return err
-		}
-	} else if g.cpusetPath != "" && l.CpusetCpus != "" {
-		// Nomad makes a task's group of reserved cores with its memory
-		// nodes only, and leaves the CPUs to the task driver: nothing can
-		// join a cpuset group without CPUs.
-		if err := writeFile(filepath.Join(g.cpusetPath, "cpuset.cpus"), l.CpusetCpus); err != nil {
-			return err
+	if changed(func(l *Limits) any { return [2]string{l.CpusetCpus, l.CpusetCgroupPath} }) {
+		if dir, ok := g.paths["cpuset"]; ok {
+			if err := writeFile(filepath.Join(dir, "cpuset.cpus"), l.CpusetCpus); err != nil {
+				return err
+			}
+		} else if g.cpusetPath != "" && l.CpusetCpus != "" {
+			// Nomad makes a task's group of reserved cores with its memory
+			// nodes only, and leaves the CPUs to the task driver: nothing can
+			// join a cpuset group without CPUs.
+			if err := writeFile(filepath.Join(g.cpusetPath, "cpuset.cpus"), l.CpusetCpus); err != nil {
+				return err
+			}
 		}
 	}
-	if dir, ok := g.paths["devices"]; ok {
+	if dir, ok := g.paths["devices"]; ok && changed(func(l *Limits) any { return l.Devices }) {
 		if err := setV1Devices(dir, l.Devices); err != nil {
 			return err
 		}
 	}
 	if dir, ok := g.paths["pids"]; ok {
-		if err := writeFile(filepath.Join(dir, "pids.max"), pidsMax(l.PidsMax)); err != nil {
-			return err
+		if changed(func(l *Limits) any { return l.PidsMax }) {
+			if err := writeFile(filepath.Join(dir, "pids.max"), pidsMax(l.PidsMax)); err != nil {
+				return err
+			}
 		}
 	} else if l.PidsMax > 0 {
 		return fmt.Errorf("cgroup limit PidsMax (%d) needs the pids controller, which this host's cgroup v1 hierarchy lacks: mount it, or set the driver's pids_limit = 0", l.PidsMax)

@@ -750,3 +750,74 @@ func TestHost_V2Controllers(t *testing.T) {
 		}
 	}
 }
+
+// On a real v1 hierarchy a group made ahead and claimed has the limits of
+// a group Create makes, the spare's name is gone, a thread joins it, and
+// RemoveAhead removes one a spare left. On v2 nothing is made ahead.
+func TestHost_Ahead(t *testing.T) {
+	h := needHost(t)
+	parent := uniqueParent()
+	if h.version != 1 {
+		_, err := CreateAhead(parent, "spare-x", Limits{})
+		must.ErrorContains(t, err, "cgroup v1 only")
+		return
+	}
+	t.Cleanup(func() { removeParent(t, h, parent) })
+	var devices []DeviceRule
+	if _, err := h.v1Mount("devices"); err == nil {
+		devices = DefaultDevices
+	}
+	a, err := CreateAhead(parent, "spare-x", Limits{Devices: devices, PidsMax: 50})
+	must.NoError(t, err)
+	t.Cleanup(func() { must.NoError(t, a.Destroy()) })
+	spareDirs := a.Dirs()
+	l := Limits{Devices: devices, PidsMax: 50, MemoryBytes: 64 << 20, MemoryReservationBytes: 32 << 20, CPUShares: 200, CPUQuota: 50000}
+	g, err := a.Claim(parent, "task", l)
+	must.NoError(t, err)
+	t.Cleanup(func() { must.NoError(t, g.Destroy()) })
+	want, err := Create(parent, "task2", l)
+	must.NoError(t, err)
+	t.Cleanup(func() { must.NoError(t, want.Destroy()) })
+	for _, dir := range spareDirs {
+		_, err := os.Stat(dir)
+		must.True(t, os.IsNotExist(err), must.Sprintf("%s is left", dir))
+	}
+	files := []string{"memory/memory.limit_in_bytes", "memory/memory.soft_limit_in_bytes", "cpu/cpu.shares",
+		"cpu/cpu.cfs_quota_us", "cpu/cpu.cfs_period_us", "pids/pids.max"}
+	if devices != nil {
+		files = append(files, "devices/devices.list")
+	}
+	for _, f := range files {
+		ctrl, name, _ := strings.Cut(f, "/")
+		must.Eq(t, filepath.Join(filepath.Dir(want.paths[ctrl]), "task"), g.paths[ctrl])
+		got, err := os.ReadFile(filepath.Join(g.paths[ctrl], name))
+		must.NoError(t, err)
+		exp, err := os.ReadFile(filepath.Join(want.paths[ctrl], name))
+		must.NoError(t, err)
+		must.Eq(t, string(exp), string(got), must.Sprintf("%s", f))
+	}
+
+	joined := make(chan string, 1)
+	go func() {
+		runtime.LockOSThread()
+		leave, err := g.JoinThread()
+		if err != nil {
+			joined <- err.Error()
+			return
+		}
+		b, err := os.ReadFile("/proc/thread-self/cgroup")
+		joined <- string(b) + fmt.Sprint(errors.Join(err, leave()))
+	}()
+	in := <-joined
+	must.StrContains(t, in, ":pids:/"+parent+"/task\n")
+	must.StrHasSuffix(t, "<nil>", in)
+
+	b, err := CreateAhead(parent, "spare-y", Limits{Devices: devices})
+	must.NoError(t, err)
+	left := b.Dirs()
+	must.NoError(t, RemoveAhead(parent, "spare-y"))
+	for _, dir := range left {
+		_, err := os.Stat(dir)
+		must.True(t, os.IsNotExist(err), must.Sprintf("%s is left", dir))
+	}
+}
