@@ -234,6 +234,12 @@ func (d *Driver) setConfig(c *base.Config, cfg Config) error {
 			d.logger.Warn("spare supervisors will not prepare task roots ahead", "error", err)
 		} else {
 			d.spares.SetDir(cfg.sparesDir(), cfg.defaultIsolation())
+			// The limits every isolated task has (see buildSpec); a task's
+			// own are written as it claims the group.
+			d.spares.SetGroup(cfg.CgroupParent, cgroups.Limits{
+				Devices: cgroups.DefaultDevices,
+				PidsMax: int64(cfg.PidsLimit),
+			}, d.logger)
 		}
 		// The first task need not wait for its supervisor to start.
 		d.spares.Fill(shim, d.logger)

@@ -124,7 +124,7 @@ func start(logger hclog.Logger, spec *Spec, late func() ([]Mount, error), sp *sp
 		if err != nil {
 			return nil, fmt.Errorf("failed to start task: failed to open %q: %w", logPath, err)
 		}
-		sp, err = startSupervisor(spec.Supervisor, []string{spec.StateDir}, logFile, len(spec.LateMounts) > 0, privatePID(spec.Isolation), "", logger)
+		sp, err = startSupervisor(spec.Supervisor, []string{spec.StateDir}, logFile, len(spec.LateMounts) > 0, privatePID(spec.Isolation), "", nil, logger)
 		_ = logFile.Close()
 		if err != nil {
 			return nil, fmt.Errorf("failed to start task: %w", err)

@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -15,6 +17,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
 
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/cgroups"
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor/wire"
 )
 
@@ -34,6 +37,10 @@ type Spares struct {
 	// iso is the isolation spares prepare for: a spare of an isolation
 	// with a private PID namespace starts in one of its own.
 	iso *Isolation
+	// group, when set, has spares that prepare an isolated root make
+	// their task's cgroup ahead too, under group.Parent with group.Limits
+	// (see cgroups.Ahead); each names its own.
+	group *wire.SpareGroup
 }
 
 // spareMaxAge bounds how old a spare's prepared namespace gets before the
@@ -51,6 +58,23 @@ func (s *Spares) SetDir(dir string, iso *Isolation) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.dir, s.iso = dir, iso
+}
+
+// SetGroup makes later spares that prepare an isolated root make their
+// task's cgroup ahead, under parent with the limits l (the limits every
+// isolated task has; its own are written when it claims the group), on
+// cgroup v1. Groups made ahead by spares that are gone (a driver killed
+// with them) are removed now, where empty.
+func (s *Spares) SetGroup(parent string, l cgroups.Limits, logger hclog.Logger) {
+	if s == nil {
+		return
+	}
+	if err := cgroups.RemoveAheadAll(parent, wire.SpareGroupPrefix); err != nil {
+		logger.Warn("failed to remove cgroups made ahead by spare supervisors that are gone", "error", err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.group = &wire.SpareGroup{Parent: parent, Limits: l}
 }
 
 // spare is a supervisor this process started: a spare waiting for its
@@ -74,6 +98,10 @@ type spare struct {
 	afterDone bool
 	// pidNS is set for a supervisor started in a PID namespace of its own.
 	pidNS bool
+	// group is the cgroup the spare makes ahead (nil: none), removed once
+	// the spare is reaped when it is still there (the spare was killed
+	// before its task claimed it, or before it removed it).
+	group *wire.SpareGroup
 }
 
 // afterReap has f run once the supervisor is reaped, on the goroutine that
@@ -96,6 +124,11 @@ func (sp *spare) reap() {
 	_ = sp.cmd.Wait()
 	if err := removeRoot(sp.root); err != nil {
 		sp.logger.Warn("failed to remove a spare supervisor's directory", "path", sp.root, "error", err)
+	}
+	if sp.group != nil {
+		if err := cgroups.RemoveAhead(sp.group.Parent, sp.group.Name); err != nil {
+			sp.logger.Warn("failed to remove a spare supervisor's cgroup", "error", err)
+		}
 	}
 	close(sp.reaped)
 	sp.afterMu.Lock()
@@ -136,10 +169,10 @@ func (s *Spares) Fill(binary string, logger hclog.Logger) {
 	}
 	// A placeholder, so that concurrent fills start one spare.
 	s.spares[binary] = &spare{}
-	dir, iso := s.dir, s.iso
+	dir, iso, group := s.dir, s.iso, s.group
 	s.mu.Unlock()
 	go func() {
-		sp, err := startSpare(binary, dir, iso, logger)
+		sp, err := startSpare(binary, dir, iso, group, logger)
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		if err != nil || s.closed {
@@ -225,9 +258,10 @@ func (s *Spares) take(binary string, pidNS bool) *spare {
 // directory by name, and must never hit another's.
 var spareSeq atomic.Uint64
 
-func startSpare(binary, dir string, iso *Isolation, logger hclog.Logger) (*spare, error) {
+func startSpare(binary, dir string, iso *Isolation, group *wire.SpareGroup, logger hclog.Logger) (*spare, error) {
 	var args []string
 	var root string
+	var ahead *wire.SpareGroup
 	if dir != "" {
 		var err error
 		if root, err = os.MkdirTemp(dir, "spare-"+strconv.FormatUint(spareSeq.Add(1), 10)+"-"); err != nil {
@@ -241,9 +275,19 @@ func startSpare(binary, dir string, iso *Isolation, logger hclog.Logger) (*spare
 				return nil, err
 			}
 			args = append(args, string(b))
+			if group != nil {
+				// Named after its root directory, which no other spare
+				// has.
+				ahead = &wire.SpareGroup{Parent: group.Parent, Name: wire.SpareGroupPrefix + strings.TrimPrefix(filepath.Base(root), "spare-"), Limits: group.Limits}
+				if b, err = json.Marshal(ahead); err != nil {
+					_ = removeRoot(root)
+					return nil, err
+				}
+				args = append(args, string(b))
+			}
 		}
 	}
-	sp, err := startSupervisor(binary, args, nil, true, privatePID(iso), root, logger)
+	sp, err := startSupervisor(binary, args, nil, true, privatePID(iso), root, ahead, logger)
 	if err != nil {
 		_ = removeRoot(root)
 		return nil, err
@@ -260,9 +304,10 @@ func privatePID(iso *Isolation) bool { return iso != nil && iso.PrivatePID }
 // when control is set, a control socket; the spare's reaped channel is
 // closed once it is reaped. With pidNS the supervisor starts in a new PID
 // namespace, as its init: its task will be the namespace's second process.
-// root is a spare's root directory ("" for none), removed once the
-// supervisor is reaped; logger says when that fails.
-func startSupervisor(binary string, args []string, out *os.File, control, pidNS bool, root string, logger hclog.Logger) (*spare, error) {
+// root is a spare's root directory ("" for none) and group the cgroup it
+// makes ahead (nil for none), removed once the supervisor is reaped;
+// logger says when that fails.
+func startSupervisor(binary string, args []string, out *os.File, control, pidNS bool, root string, group *wire.SpareGroup, logger hclog.Logger) (*spare, error) {
 	if binary == "" {
 		binary = "/proc/self/exe"
 	}
@@ -306,7 +351,7 @@ func startSupervisor(binary string, args []string, out *os.File, control, pidNS 
 		}
 		return nil, fmt.Errorf("failed to start the supervisor: %w", err)
 	}
-	sp := &spare{cmd: cmd, root: root, logger: logger, reportR: reportR, ctl: ctl, reaped: make(chan struct{}), pidNS: pidNS}
+	sp := &spare{cmd: cmd, root: root, logger: logger, reportR: reportR, ctl: ctl, reaped: make(chan struct{}), pidNS: pidNS, group: group}
 	onChildExited(cmd.Process, sp.reap)
 	return sp, nil
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/shoenig/test/must"
 	"golang.org/x/sys/unix"
 
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/cgroups"
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor/wire"
 )
 
@@ -331,4 +332,71 @@ if touch /data/x 2>/dev/null; then echo vol=writable; else echo vol=read-only; f
 	must.NoError(t, err)
 	must.Greater(t, 10, procs, must.Sprint("pid_mode host sees the host's processes"))
 	must.True(t, s.Waiting(""), must.Sprint("the spare is still there for the next isolated task"))
+}
+
+// aheadGroups lists the groups made ahead under parent, in any hierarchy.
+func aheadGroups(t *testing.T, parent string) []string {
+	t.Helper()
+	var out []string
+	roots, _ := filepath.Glob("/sys/fs/cgroup/*")
+	for _, root := range roots {
+		dirs, err := filepath.Glob(filepath.Join(root, parent, wire.SpareGroupPrefix+"*"))
+		must.NoError(t, err)
+		out = append(out, dirs...)
+	}
+	return out
+}
+
+// On cgroup v1 a spare that prepares an isolated root makes its task's
+// cgroup ahead: the task runs in a group of its own name with its own
+// limits, the spare's name is gone, and a spare killed before any task
+// leaves no group behind. Groups made ahead by spares that are gone are
+// removed when the spares are set up again.
+func TestSpares_GroupMadeAhead_Root(t *testing.T) {
+	requireTaskRoot(t)
+	if _, err := os.Stat("/sys/fs/cgroup/pids"); err != nil {
+		t.Skip("groups are made ahead on cgroup v1 only")
+	}
+	tt := isolatedSpec(t, `cat /proc/self/cgroup`)
+	parent := tt.spec.CgroupParent
+	// A group left by a spare of a driver that was killed with it.
+	left := filepath.Join("/sys/fs/cgroup/pids", parent, wire.SpareGroupPrefix+"left")
+	must.NoError(t, os.MkdirAll(left, 0o755))
+	t.Cleanup(func() { _ = unix.Rmdir(left) })
+
+	s := &Spares{}
+	s.SetDir(t.TempDir(), tt.spec.Isolation)
+	s.SetGroup(parent, cgroups.Limits{Devices: cgroups.DefaultDevices}, hclog.NewNullLogger())
+	_, err := os.Stat(left)
+	must.True(t, os.IsNotExist(err), must.Sprint("the group a gone spare left is removed"))
+	t.Cleanup(s.Close)
+	s.Fill("", hclog.NewNullLogger())
+	waitSpare(t, s, "")
+	waitFor(t, "the spare's group", func() bool { return len(aheadGroups(t, parent)) > 0 })
+	made := aheadGroups(t, parent)
+
+	vol := t.TempDir()
+	tt.spec.Limits = cgroups.Limits{Devices: cgroups.DefaultDevices, MemoryBytes: 96 << 20, CPUShares: 300}
+	tt.spec.LateMounts = []Mount{{Target: "/data"}}
+	p, err := s.Start(hclog.NewNullLogger(), tt.spec, func() ([]Mount, error) {
+		return []Mount{{Source: vol, Target: "/data"}}, nil
+	})
+	must.NoError(t, err)
+	t.Cleanup(func() { _ = p.Kill(); _ = p.Destroy() })
+	must.Eq(t, 0, waitExit(t, p).ExitCode, must.Sprintf("stderr: %s", readFile(t, tt.stderr)))
+	must.StrContains(t, readFile(t, tt.stdout), ":pids:/"+parent+"/"+tt.spec.TaskID+"\n")
+	must.StrContains(t, readFile(t, tt.spec.StateDir+"/"+wire.SupervisorLogFile), "the task took the cgroup made ahead")
+	for _, dir := range made {
+		_, err := os.Stat(dir)
+		must.True(t, os.IsNotExist(err), must.Sprintf("%s is left after its task took it", dir))
+	}
+	mem := filepath.Join("/sys/fs/cgroup/memory", parent, tt.spec.TaskID)
+	must.Eq(t, strconv.Itoa(96<<20)+"\n", readFile(t, filepath.Join(mem, "memory.limit_in_bytes")))
+	must.Eq(t, "300\n", readFile(t, filepath.Join("/sys/fs/cgroup/cpu", parent, tt.spec.TaskID, "cpu.shares")))
+
+	// The next spare's group, until the spares are stopped (SIGKILL).
+	waitSpare(t, s, "")
+	waitFor(t, "the next spare's group", func() bool { return len(aheadGroups(t, parent)) > 0 })
+	s.Close()
+	must.Eq(t, []string(nil), aheadGroups(t, parent))
 }

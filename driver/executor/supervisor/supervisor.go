@@ -35,7 +35,16 @@ func runSupervisor(args []string) int {
 		stateDir string
 		ctl      *os.File
 		pre      *prebuilt
+		// ahead is the group a spare made for its task ahead, until the
+		// task claims it (see startTask); removed on the way out when
+		// it did not.
+		ahead *cgroups.Ahead
 	)
+	defer func() {
+		if err := ahead.Destroy(); err != nil {
+			logger.Warn("failed to remove the cgroup made ahead", "error", err)
+		}
+	}()
 	// The task is stopped by signalling it, never the supervisor: every
 	// signal is caught and dropped (not SIG_IGN, which the task would
 	// inherit). In a PID namespace of the task's, the supervisor is its
@@ -85,7 +94,7 @@ func runSupervisor(args []string) int {
 		unix.CloseOnExec(wire.ControlFD)
 		if len(args) >= 2 {
 			var iso *wire.Isolation
-			if len(args) == 3 {
+			if len(args) >= 3 {
 				iso = new(wire.Isolation)
 				if err := json.Unmarshal([]byte(args[2]), iso); err != nil {
 					logger.Error("spare supervisor got a bad isolation", "error", err)
@@ -93,6 +102,18 @@ func runSupervisor(args []string) int {
 				}
 			}
 			pre = prebuild(args[1], iso)
+			if len(args) == 4 {
+				var sg wire.SpareGroup
+				if err := json.Unmarshal([]byte(args[3]), &sg); err != nil {
+					logger.Error("spare supervisor got a bad cgroup to make ahead", "error", err)
+					return 2
+				}
+				// While the launching thread builds the root.
+				var err error
+				if ahead, err = cgroups.CreateAhead(sg.Parent, sg.Name, sg.Limits); err != nil {
+					logger.Debug("no cgroup made ahead", "error", err)
+				}
+			}
 		}
 		warmUp()
 		dir, err := awaitTask(ctl)
@@ -163,7 +184,9 @@ func runSupervisor(args []string) int {
 		}
 		sendReport(wire.ReadyReport{TaskPID: pid, TaskStart: start, Cgroup: group.State()})
 	}
-	cmd, group, left, err := startTask(&spec, ctl, started, pre)
+	taken := ahead
+	ahead = nil
+	cmd, group, left, err := startTask(logger, &spec, ctl, started, pre, taken)
 	if ctl != nil {
 		_ = ctl.Close()
 	}
@@ -200,7 +223,7 @@ func runSupervisor(args []string) int {
 //
 // The supervisor, not Start, makes the cgroup, so that everything the task
 // owns is made and removed by the one process that outlives the driver.
-func startTask(spec *wire.Spec, ctl *os.File, started func(*exec.Cmd, *cgroups.Group), pre *prebuilt) (*exec.Cmd, *cgroups.Group, <-chan error, error) {
+func startTask(logger hclog.Logger, spec *wire.Spec, ctl *os.File, started func(*exec.Cmd, *cgroups.Group), pre *prebuilt, ahead *cgroups.Ahead) (*exec.Cmd, *cgroups.Group, <-chan error, error) {
 	if pre != nil {
 		// Until launchTask takes it, an error leaves the thread to go.
 		defer func() {
@@ -244,7 +267,7 @@ func startTask(spec *wire.Spec, ctl *os.File, started func(*exec.Cmd, *cgroups.G
 		return opened, nil
 	}
 
-	group, err := cgroups.Create(spec.CgroupParent, spec.GroupName(), spec.Limits)
+	group, err := claimGroup(logger, spec, ahead)
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("failed to create the task's cgroup: %w", err)
 	}
@@ -262,6 +285,27 @@ func startTask(spec *wire.Spec, ctl *os.File, started func(*exec.Cmd, *cgroups.G
 		return nil, nil, nil, err
 	}
 	return cmd, group, left, nil
+}
+
+// claimGroup is the task's cgroup: the one made ahead when it fits the
+// task, else one made now (the one made ahead is then removed).
+func claimGroup(logger hclog.Logger, spec *wire.Spec, ahead *cgroups.Ahead) (*cgroups.Group, error) {
+	if ahead != nil {
+		g, err := ahead.Claim(spec.CgroupParent, spec.GroupName(), spec.Limits)
+		if err == nil {
+			logger.Debug("the task took the cgroup made ahead")
+			return g, nil
+		}
+		if errors.Is(err, cgroups.ErrUnfit) {
+			logger.Debug("the cgroup made ahead does not serve", "reason", err)
+		} else {
+			logger.Warn("failed to claim the cgroup made ahead; making one", "error", err)
+		}
+		if err := ahead.Destroy(); err != nil {
+			logger.Warn("failed to remove the cgroup made ahead", "error", err)
+		}
+	}
+	return cgroups.Create(spec.CgroupParent, spec.GroupName(), spec.Limits)
 }
 
 // waitThreadsLeft waits, for a while, until no thread of this process is in

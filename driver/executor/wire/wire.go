@@ -138,6 +138,20 @@ type StageConfig struct {
 // prepare a task's root there ahead of its task.
 const SpareRootFlag = "--spare-root"
 
+// SpareGroup, as JSON after a spare's isolation, makes a spare supervisor
+// make its task's cgroup ahead (cgroups.CreateAhead): Name under Parent,
+// with Limits, until a task claims it. On cgroup v2 none is made.
+type SpareGroup struct {
+	Parent string         `json:"parent"`
+	Name   string         `json:"name"`
+	Limits cgroups.Limits `json:"limits"`
+}
+
+// SpareGroupPrefix begins the name of every group made ahead, which no
+// task's group has (a task's is named after Nomad's task ID, which begins
+// with the allocation's UUID).
+const SpareGroupPrefix = "ncsi-spare-"
+
 // SpareHello is the first message a spare supervisor gets.
 type SpareHello struct {
 	StateDir string `json:"state_dir"`
