@@ -64,16 +64,23 @@ func (s *Spares) SetDir(dir string, iso *Isolation) {
 // task's cgroup ahead, under parent with the limits l (the limits every
 // isolated task has; its own are written when it claims the group), on
 // cgroup v1. Groups made ahead by spares that are gone (a driver killed
-// with them) are removed now, where empty.
+// with them) are removed now, where empty; this process's spares keep
+// theirs.
 func (s *Spares) SetGroup(parent string, l cgroups.Limits, logger hclog.Logger) {
 	if s == nil {
 		return
 	}
-	if err := cgroups.RemoveAheadAll(parent, wire.SpareGroupPrefix); err != nil {
-		logger.Warn("failed to remove cgroups made ahead by spare supervisors that are gone", "error", err)
-	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	keep := map[string]bool{}
+	for _, sp := range s.spares {
+		if sp.group != nil {
+			keep[sp.group.Name] = true
+		}
+	}
+	if err := cgroups.RemoveAheadAll(parent, wire.SpareGroupPrefix, keep); err != nil {
+		logger.Warn("failed to remove cgroups made ahead by spare supervisors that are gone", "error", err)
+	}
 	s.group = &wire.SpareGroup{Parent: parent, Limits: l}
 }
 

@@ -374,6 +374,9 @@ func TestSpares_GroupMadeAhead_Root(t *testing.T) {
 	waitSpare(t, s, "")
 	waitFor(t, "the spare's group", func() bool { return len(aheadGroups(t, parent)) > 0 })
 	made := aheadGroups(t, parent)
+	// Set up again (a second SetConfig): the waiting spare keeps its group.
+	s.SetGroup(parent, cgroups.Limits{Devices: cgroups.DefaultDevices}, hclog.NewNullLogger())
+	must.Eq(t, made, aheadGroups(t, parent))
 
 	vol := t.TempDir()
 	tt.spec.Limits = cgroups.Limits{Devices: cgroups.DefaultDevices, MemoryBytes: 96 << 20, CPUShares: 300}
