@@ -97,3 +97,50 @@ func TestGoAhead_notDelivered_Root(t *testing.T) {
 		must.ErrorIs(t, err, unix.EBADF)
 	})
 }
+
+// The Go stage takes the same go-ahead as the shim's entry point
+// (TestStageEntry_Root): "dir\x00path\x00", the path not empty, nothing
+// after it, exactly three descriptors, nothing truncated; the descriptors
+// it got are returned whatever else is wrong.
+func TestGoAheadMessage(t *testing.T) {
+	rights := func(n int) []byte {
+		fds := make([]int, n)
+		for i := range fds {
+			fds[i] = 10 + i
+		}
+		return unix.UnixRights(fds...)
+	}
+	cases := []struct {
+		name      string
+		msg       string
+		fds       int
+		flags     int
+		dir, path string
+		err       string
+	}{
+		{"directory and path", "/d\x00/bin/sh\x00", 3, 0, "/d", "/bin/sh", ""},
+		{"no directory", "\x00/bin/sh\x00", 3, 0, "", "/bin/sh", ""},
+		{"no path", "/d\x00\x00", 3, 0, "", "", "not a directory and a path"},
+		{"directory alone", "/d\x00", 3, 0, "", "", "not a directory and a path"},
+		{"not NUL-terminated", "\x00/bin/sh", 3, 0, "", "", "not a directory and a path"},
+		{"a third part", "\x00/bin/sh\x00x\x00", 3, 0, "", "", "not a directory and a path"},
+		{"no bytes", "", 3, 0, "", "", "not a directory and a path"},
+		{"two descriptors", "\x00/bin/sh\x00", 2, 0, "", "", "with 2 descriptors"},
+		{"four descriptors", "\x00/bin/sh\x00", 4, 0, "", "", "with 4 descriptors"},
+		{"truncated", "\x00/bin/sh\x00", 3, unix.MSG_TRUNC, "", "", "truncated"},
+		{"control truncated", "\x00/bin/sh\x00", 3, unix.MSG_CTRUNC, "", "", "truncated"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			dir, path, fds, err := goAheadMessage([]byte(c.msg), rights(c.fds), c.flags)
+			must.Eq(t, c.fds, len(fds), must.Sprint("the descriptors received are returned"))
+			if c.err != "" {
+				must.ErrorContains(t, err, c.err)
+				return
+			}
+			must.NoError(t, err)
+			must.Eq(t, c.dir, dir)
+			must.Eq(t, c.path, path)
+		})
+	}
+}
