@@ -5,6 +5,8 @@ package supervisor
 import (
 	"os"
 	"runtime"
+	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -141,6 +143,39 @@ func TestGoAheadMessage(t *testing.T) {
 			must.NoError(t, err)
 			must.Eq(t, c.dir, dir)
 			must.Eq(t, c.path, path)
+		})
+	}
+}
+
+// The entry points' own copies of the stage's wire constants, and their
+// layout of stageScratch, agree with the Go side: a GO_MAX past
+// len(stageGoAhead) would have recvmsg write past the buffer.
+func TestStageEntryConstants(t *testing.T) {
+	want := map[string]int{
+		"ERROR_FD": wire.SeccompErrorFD,
+		"ENV_FD":   wire.SeccompEnvFD,
+		"GO_FD":    wire.SeccompGoFD,
+		"GO_MAX":   len(stageGoAhead),
+	}
+	must.Eq(t, wire.SeccompGoMax, len(stageGoAhead))
+	for _, file := range []string{"stage_entry_amd64.s", "stage_entry_arm64.s"} {
+		t.Run(file, func(t *testing.T) {
+			b, err := os.ReadFile(file)
+			must.NoError(t, err)
+			defs := map[string]int{}
+			for _, line := range strings.Split(string(b), "\n") {
+				f := strings.Fields(line)
+				if len(f) >= 3 && f[0] == "#define" {
+					if n, err := strconv.ParseInt(f[2], 0, 64); err == nil {
+						defs[f[1]] = int(n)
+					}
+				}
+			}
+			for name, v := range want {
+				must.Eq(t, v, defs[name], must.Sprintf("%s in %s", name, file))
+			}
+			must.LessEq(t, 8*len(stageScratch), defs["CMSG"]+defs["CMSG_SPACE"], must.Sprint("the control buffer ends inside stageScratch"))
+			must.LessEq(t, defs["MSGHDR"], defs["FAILED"]+3, must.Sprint("the failure's message ends before the msghdr"))
 		})
 	}
 }
