@@ -34,7 +34,9 @@ import (
 // the thread has left the task's cgroup (see cgroups.Group.JoinThread), and
 // returns after that; left says whether leaving failed (the thread is then
 // still in the group, and nothing may look for the group's processes until
-// it ends). On error nothing was forked, and the thread has left the group.
+// it ends). On error nothing forked is left (a seccomp stage forked ahead
+// of the late mounts was killed and reaped), and the thread has left the
+// group.
 func launchTask(spec *wire.Spec, group *cgroups.Group, stdio func() ([]*os.File, error), ctl *os.File, started func(*exec.Cmd), pre *prebuilt) (cmd *exec.Cmd, left <-chan error, err error) {
 	type result struct {
 		cmd *exec.Cmd
