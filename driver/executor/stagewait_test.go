@@ -15,19 +15,6 @@ import (
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor/wire"
 )
 
-// stagesMentioning lists the seccomp stages (and commands) whose command
-// line holds marker.
-func stagesMentioning(t *testing.T, marker string) []string {
-	t.Helper()
-	var out []string
-	for _, pid := range processesMentioning(t, marker) {
-		if b, err := os.ReadFile("/proc/" + pid + "/cmdline"); err == nil && len(b) > 0 {
-			out = append(out, pid)
-		}
-	}
-	return out
-}
-
 // pollFor polls cond for up to 10 s.
 func pollFor(cond func() bool) bool {
 	for i := 0; i < 1000; i++ {
@@ -59,7 +46,7 @@ func TestStart_StageWaitingForVolumes_Root(t *testing.T) {
 				p, err := Start(hclog.NewNullLogger(), tt.spec, func() ([]Mount, error) {
 					// The stage is there, waiting, before the volume comes.
 					if !pollFor(func() bool {
-						return len(stagesMentioning(t, wire.StageSeccomp+"\x00/bin/sh\x00-c\x00echo ran-"+marker)) > 0
+						return len(processesMentioning(t, wire.StageSeccomp+"\x00/bin/sh\x00-c\x00echo ran-"+marker)) > 0
 					}) {
 						return nil, errors.New("no seccomp stage waited for the volume")
 					}
@@ -76,8 +63,8 @@ func TestStart_StageWaitingForVolumes_Root(t *testing.T) {
 				})
 				must.Nil(t, p)
 				must.ErrorIs(t, err, boom)
-				must.True(t, pollFor(func() bool { return len(stagesMentioning(t, marker)) == 0 }),
-					must.Sprintf("processes left: %v", stagesMentioning(t, marker)))
+				must.True(t, pollFor(func() bool { return len(processesMentioning(t, marker)) == 0 }),
+					must.Sprintf("processes left: %v", processesMentioning(t, marker)))
 				must.Eq(t, "", readFile(t, tt.stdout))
 				if !kill {
 					must.False(t, cgroupExists(tt.spec.CgroupParent, tt.spec.TaskID))
