@@ -34,7 +34,9 @@ import (
 // the thread has left the task's cgroup (see cgroups.Group.JoinThread), and
 // returns after that; left says whether leaving failed (the thread is then
 // still in the group, and nothing may look for the group's processes until
-// it ends). On error nothing was forked, and the thread has left the group.
+// it ends). On error nothing forked is left (a seccomp stage forked ahead
+// of the late mounts was killed and reaped), and the thread has left the
+// group.
 func launchTask(spec *wire.Spec, group *cgroups.Group, stdio func() ([]*os.File, error), ctl *os.File, started func(*exec.Cmd), pre *prebuilt) (cmd *exec.Cmd, left <-chan error, err error) {
 	type result struct {
 		cmd *exec.Cmd
@@ -586,8 +588,15 @@ func (s *seccompStage) goAhead(dir, path string, stdio []*os.File) error {
 	runtime.KeepAlive(stdio)
 	_ = s.sock.Close()
 	err := stageAnswer(s.answer, dir, path)
-	if serr != nil && err == nil {
-		err = fmt.Errorf("failed to give the seccomp stage its go-ahead: %w", serr)
+	if serr != nil && errors.Is(err, errStageEnded) {
+		// A stage that never got its go-ahead cannot have exec'd, and says
+		// nothing when it ends at the EOF; one gone before it had /dev/null
+		// for stdio. The send and how the stage ended say why.
+		how := "could not be waited for"
+		if st, werr := s.cmd.Process.Wait(); werr == nil {
+			how = st.String()
+		}
+		err = fmt.Errorf("failed to give the seccomp stage its go-ahead: %w (the stage ended: %s)", serr, how)
 	}
 	return err
 }
@@ -597,6 +606,10 @@ func (s *seccompStage) close() {
 	_ = s.answer.Close()
 	_ = s.sock.Close()
 }
+
+// errStageEnded is stageAnswer's error for a stage that said nothing: it
+// ended before it started the command.
+var errStageEnded = errors.New("the seccomp stage ended before it started the command (its reason, if any, is in the task's stderr)")
 
 // stageTimeout bounds the wait for the seccomp stage to exec the command
 // once it has its go-ahead.
@@ -619,7 +632,7 @@ func stageAnswer(r *os.File, dir, path string) error {
 	case string(msg) == wire.SeccompReady:
 		return nil
 	case len(msg) == 0:
-		return errors.New("the seccomp stage ended before it started the command (its reason, if any, is in the task's stderr)")
+		return errStageEnded
 	}
 	errnoAfter := func(prefix string) (syscall.Errno, bool) {
 		rest, ok := strings.CutPrefix(string(msg), prefix)

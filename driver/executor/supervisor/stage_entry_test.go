@@ -28,7 +28,8 @@ type stageRun struct {
 
 // goAhead is what a test sends the stage on its go-ahead socket: msg with
 // the descriptors of stdin, stdout and stderr (the first fds of them when
-// fds is not 0), or nothing at all (EOF) when nil.
+// fds is not 0, and /dev/null again for any past three), or nothing at
+// all (EOF) when nil.
 type goAhead struct {
 	msg []byte
 	fds int
@@ -91,7 +92,13 @@ func runEntryStage(t *testing.T, wrap, shim string, argv []string, file []byte, 
 	_ = peer.Close()
 	if go_ != nil {
 		fds := []int{int(devNull.Fd()), int(outW.Fd()), int(os.Stderr.Fd())}
-		if go_.fds != 0 {
+		switch {
+		case go_.fds > len(fds):
+			fds = append(fds, make([]int, go_.fds-len(fds))...)
+			for i := 3; i < go_.fds; i++ {
+				fds[i] = int(devNull.Fd())
+			}
+		case go_.fds != 0:
 			fds = fds[:go_.fds]
 		}
 		// The stage may have ended already (a malformed file): then the
@@ -234,6 +241,30 @@ true`
 			&goAhead{msg: sh.msg, fds: 2}, false, func(t *testing.T, got stageRun) {
 				must.Eq(t, wire.SeccompGoFailed+errnoOf(unix.EINVAL), got.msg)
 				must.Eq(t, "", got.stdout)
+			}},
+		{"go-ahead with four descriptors", stage("sh", "-c", script), stageFileBytes(t, env, nil), nil,
+			&goAhead{msg: sh.msg, fds: 4}, false, func(t *testing.T, got stageRun) {
+				must.Eq(t, wire.SeccompGoFailed+errnoOf(unix.EINVAL), got.msg)
+				must.Eq(t, "", got.stdout)
+			}},
+		// Its first wire.SeccompGoMax bytes alone are a go-ahead ("////...",
+		// "/bin/sh"): only the truncation tells it is not.
+		{"go-ahead longer than its buffer (truncated)", stage("sh", "-c", script), stageFileBytes(t, env, nil), nil,
+			&goAhead{msg: []byte(strings.Repeat("/", wire.SeccompGoMax-len("\x00/bin/sh\x00")) + "\x00/bin/sh\x00x")}, false,
+			func(t *testing.T, got stageRun) {
+				must.Eq(t, wire.SeccompGoFailed+errnoOf(unix.EINVAL), got.msg)
+			}},
+		{"go-ahead of descriptors alone, no bytes", stage("sh", "-c", script), stageFileBytes(t, env, nil), nil,
+			&goAhead{msg: []byte{}}, false, func(t *testing.T, got stageRun) {
+				must.Eq(t, wire.SeccompGoFailed+errnoOf(unix.EINVAL), got.msg)
+			}},
+		{"go-ahead with an empty path", stage("sh", "-c", script), stageFileBytes(t, env, nil), nil,
+			&goAhead{msg: []byte("\x00\x00")}, false, func(t *testing.T, got stageRun) {
+				must.Eq(t, wire.SeccompGoFailed+errnoOf(unix.EINVAL), got.msg)
+			}},
+		{"go-ahead of a directory alone", stage("sh", "-c", script), stageFileBytes(t, env, nil), nil,
+			&goAhead{msg: []byte("/usr/bin\x00")}, false, func(t *testing.T, got stageRun) {
+				must.Eq(t, wire.SeccompGoFailed+errnoOf(unix.EINVAL), got.msg)
 			}},
 		{"empty environment", stage("sh", "-c", `echo "n=$(env | grep -vc '^PWD=')"`), stageFileBytes(t, nil, nil), nil, sh, false,
 			func(t *testing.T, got stageRun) {

@@ -276,7 +276,8 @@ func startTask(logger hclog.Logger, spec *wire.Spec, ctl *os.File, started func(
 	cmd, left, err := launchTask(spec, group, stdio, ctl,
 		func(cmd *exec.Cmd) { started(cmd, group) }, taken)
 	if err != nil {
-		// Nothing was forked, so there is nothing to kill (and a kill could
+		// Nothing forked is left (launchTask killed and reaped a seccomp
+		// stage it forked), so there is nothing to kill (and a kill could
 		// hit this process while its launching thread is still in the
 		// group and on its way out).
 		if derr := group.Destroy(); derr != nil {

@@ -1,0 +1,75 @@
+package executor
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/shoenig/test/must"
+	"golang.org/x/sys/unix"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor/wire"
+)
+
+// pollFor polls cond for up to 10 s.
+func pollFor(cond func() bool) bool {
+	for i := 0; i < 1000; i++ {
+		if cond() {
+			return true
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return cond()
+}
+
+// A task that is not privileged has its seccomp stage forked before its
+// volumes come: when they fail, or the supervisor dies while the stage
+// waits, no stage is left behind (with a PID namespace of the task's and
+// without, where the stage ends at its socket's EOF), the command never
+// runs, and a start that fails in the supervisor leaves no cgroup (one
+// whose supervisor was killed leaves it, as it did before the stage was
+// forked early: the supervisor made it; the test's cleanup removes it).
+func TestStart_StageWaitingForVolumes_Root(t *testing.T) {
+	requireTaskRoot(t)
+	for _, privatePID := range []bool{true, false} {
+		for _, kill := range []bool{false, true} {
+			t.Run(fmt.Sprintf("private_pid=%v,supervisor_killed=%v", privatePID, kill), func(t *testing.T) {
+				marker := fmt.Sprintf("stage-wait-marker-%d-%d", os.Getpid(), time.Now().UnixNano())
+				tt := isolatedSpec(t, "echo ran-"+marker)
+				tt.spec.Isolation.PrivatePID = privatePID
+				tt.spec.LateMounts = []Mount{{Target: "/vol"}}
+				boom := errors.New("NodePublishVolume failed")
+				p, err := Start(hclog.NewNullLogger(), tt.spec, func() ([]Mount, error) {
+					// The stage is there, waiting, before the volume comes.
+					if !pollFor(func() bool {
+						return len(processesMentioning(t, wire.StageSeccomp+"\x00/bin/sh\x00-c\x00echo ran-"+marker)) > 0
+					}) {
+						return nil, errors.New("no seccomp stage waited for the volume")
+					}
+					if kill {
+						var rec wire.SupervisorRecord
+						if err := wire.ReadJSON(filepath.Join(tt.spec.StateDir, wire.SupervisorFile), &rec); err != nil {
+							return nil, err
+						}
+						if err := unix.Kill(rec.PID, unix.SIGKILL); err != nil {
+							return nil, err
+						}
+					}
+					return nil, boom
+				})
+				must.Nil(t, p)
+				must.ErrorIs(t, err, boom)
+				must.True(t, pollFor(func() bool { return len(processesMentioning(t, marker)) == 0 }),
+					must.Sprintf("processes left: %v", processesMentioning(t, marker)))
+				must.Eq(t, "", readFile(t, tt.stdout))
+				if !kill {
+					must.False(t, cgroupExists(tt.spec.CgroupParent, tt.spec.TaskID))
+				}
+			})
+		}
+	}
+}
