@@ -46,10 +46,10 @@ type Group struct {
 	// made or removed.
 	cpusetPath string
 	// mounts maps a v1 controller to its hierarchy's mount point; set only
-	// by Create (see JoinThread).
+	// by Create and Claim (see JoinThread).
 	mounts map[string]string
 	// devices are the rules of the group's device filter; nil when it has
-	// none. Set only by Create (see DeviceAllower).
+	// none. Set only by Create and Claim (see DeviceAllower).
 	devices []DeviceRule
 
 	// stats holds the stats files open between samples (statfiles.go);
@@ -119,7 +119,7 @@ func (g *Group) Join(pid int) error {
 // milliseconds when cgroups have been quiet for a while. The caller must
 // hold its OS thread, and call leave before anything looks for the group's
 // processes: until then its own process counts as one of them. Only a
-// group made by Create can be joined this way. On v2, where a thread of a
+// group made by Create, or claimed (Claim), can be joined this way. On v2, where a thread of a
 // non-threaded group cannot move alone, fork with clone3's
 // CLONE_INTO_CGROUP and UnifiedDir instead.
 func (g *Group) JoinThread() (leave func() error, err error) {

@@ -70,19 +70,26 @@ func (s *Spares) SetGroup(parent string, l cgroups.Limits, logger hclog.Logger) 
 	if s == nil {
 		return
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	keep := map[string]bool{}
-	for _, sp := range s.spares {
-		if sp.group != nil {
-			keep[sp.group.Name] = true
-		}
-	}
-	if err := cgroups.RemoveAheadAll(parent, wire.SpareGroupPrefix, keep); err != nil {
+	// Held throughout, so that no spare starts making a group between the
+	// names kept and the groups listed.
+	aheadMu.Lock()
+	if err := cgroups.RemoveAheadAll(parent, wire.SpareGroupPrefix, aheadLive); err != nil {
 		logger.Warn("failed to remove cgroups made ahead by spare supervisors that are gone", "error", err)
 	}
+	aheadMu.Unlock()
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	s.group = &wire.SpareGroup{Parent: parent, Limits: l}
 }
+
+// aheadLive names the groups made ahead by this process's spares that are
+// not reaped yet: waiting, still starting, or taken for a task that has
+// not claimed its group yet. Each is named before its spare starts and
+// dropped once its reaper removed what is left of it; SetGroup keeps them.
+var (
+	aheadMu   sync.Mutex
+	aheadLive = map[string]bool{}
+)
 
 // spare is a supervisor this process started: a spare waiting for its
 // task, or one started for a task (see startSupervisor).
@@ -136,6 +143,9 @@ func (sp *spare) reap() {
 		if err := cgroups.RemoveAhead(sp.group.Parent, sp.group.Name); err != nil {
 			sp.logger.Warn("failed to remove a spare supervisor's cgroup", "error", err)
 		}
+		aheadMu.Lock()
+		delete(aheadLive, sp.group.Name)
+		aheadMu.Unlock()
 	}
 	close(sp.reaped)
 	sp.afterMu.Lock()
@@ -291,12 +301,20 @@ func startSpare(binary, dir string, iso *Isolation, group *wire.SpareGroup, logg
 					return nil, err
 				}
 				args = append(args, string(b))
+				aheadMu.Lock()
+				aheadLive[ahead.Name] = true
+				aheadMu.Unlock()
 			}
 		}
 	}
 	sp, err := startSupervisor(binary, args, nil, true, privatePID(iso), root, ahead, logger)
 	if err != nil {
 		_ = removeRoot(root)
+		if ahead != nil {
+			aheadMu.Lock()
+			delete(aheadLive, ahead.Name)
+			aheadMu.Unlock()
+		}
 		return nil, err
 	}
 	return sp, nil

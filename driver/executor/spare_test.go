@@ -403,3 +403,48 @@ func TestSpares_GroupMadeAhead_Root(t *testing.T) {
 	s.Close()
 	must.Eq(t, []string(nil), aheadGroups(t, parent))
 }
+
+// aheadHierarchies counts the v1 hierarchies a group made ahead with a
+// device filter has a directory in (controllers mounted together share
+// one).
+func aheadHierarchies(t *testing.T) int {
+	t.Helper()
+	seen := map[string]bool{}
+	for _, ctrl := range []string{"memory", "cpu", "cpuacct", "pids", "freezer", "devices"} {
+		if r, err := filepath.EvalSymlinks(filepath.Join("/sys/fs/cgroup", ctrl)); err == nil {
+			seen[r] = true
+		}
+	}
+	return len(seen)
+}
+
+// A spare taken for a task is still this process's spare until its task
+// claims its group: setting the spares up again (a second SetConfig) while
+// the task starts must not remove the group the spare is about to claim.
+func TestSpares_SetGroupKeepsTakenSpare_Root(t *testing.T) {
+	requireTaskRoot(t)
+	if _, err := os.Stat("/sys/fs/cgroup/pids"); err != nil {
+		t.Skip("groups are made ahead on cgroup v1 only")
+	}
+	tt := isolatedSpec(t, `true`)
+	parent := tt.spec.CgroupParent
+	l := cgroups.Limits{Devices: cgroups.DefaultDevices}
+	s := &Spares{}
+	s.SetDir(t.TempDir(), tt.spec.Isolation)
+	s.SetGroup(parent, l, hclog.NewNullLogger())
+	t.Cleanup(s.Close)
+	s.Fill("", hclog.NewNullLogger())
+	waitSpare(t, s, "")
+	n := aheadHierarchies(t)
+	waitFor(t, "the spare's group", func() bool { return len(aheadGroups(t, parent)) == n })
+	made := aheadGroups(t, parent)
+
+	sp := s.take("", privatePID(tt.spec.Isolation))
+	must.NotNil(t, sp)
+	t.Cleanup(func() {
+		sp.stop()
+		must.Eq(t, []string(nil), aheadGroups(t, parent), must.Sprint("the reaper removes a killed spare's group"))
+	})
+	s.SetGroup(parent, l, hclog.NewNullLogger())
+	must.Eq(t, made, aheadGroups(t, parent), must.Sprint("the group of a spare taken for a task is kept"))
+}
