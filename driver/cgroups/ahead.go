@@ -208,10 +208,10 @@ func RemoveAhead(parent, name string) error {
 }
 
 // RemoveAheadAll removes every group under parent whose name begins with
-// prefix (groups made ahead by spares that are gone: a driver killed with
-// them), but those keep names, in every v1 hierarchy, where it is empty.
-// Nothing is removed on v2, where nothing is made ahead.
-func RemoveAheadAll(parent, prefix string, keep map[string]bool) error {
+// prefix and that keep does not keep (groups made ahead by spares that are
+// gone: a driver killed with them), in every v1 hierarchy, where it is
+// empty. Nothing is removed on v2, where nothing is made ahead.
+func RemoveAheadAll(parent, prefix string, keep func(name string) bool) error {
 	h, err := hostHierarchy()
 	if err != nil || h.version != 1 {
 		return err
@@ -233,7 +233,7 @@ func RemoveAheadAll(parent, prefix string, keep map[string]bool) error {
 			continue
 		}
 		for _, e := range entries {
-			if e.IsDir() && strings.HasPrefix(e.Name(), prefix) && !keep[e.Name()] {
+			if e.IsDir() && strings.HasPrefix(e.Name(), prefix) && !keep(e.Name()) {
 				names[e.Name()] = true
 			}
 		}

@@ -73,7 +73,7 @@ func (s *Spares) SetGroup(parent string, l cgroups.Limits, logger hclog.Logger) 
 	// Held throughout, so that no spare starts making a group between the
 	// names kept and the groups listed.
 	aheadMu.Lock()
-	if err := cgroups.RemoveAheadAll(parent, wire.SpareGroupPrefix, aheadLive); err != nil {
+	if err := cgroups.RemoveAheadAll(parent, wire.SpareGroupPrefix, aheadKept); err != nil {
 		logger.Warn("failed to remove cgroups made ahead by spare supervisors that are gone", "error", err)
 	}
 	aheadMu.Unlock()
@@ -90,6 +90,36 @@ var (
 	aheadMu   sync.Mutex
 	aheadLive = map[string]bool{}
 )
+
+// aheadOwner begins the names of this process's groups made ahead, after
+// wire.SpareGroupPrefix: its PID and start time, so that a driver removes
+// another's groups only once that driver is gone (two Nomad clients on one
+// host may share a cgroup_parent).
+var aheadOwner = sync.OnceValue(func() string {
+	start, _ := wire.ProcStartTime(os.Getpid())
+	return fmt.Sprintf("%d-%d-", os.Getpid(), start)
+})
+
+// aheadKept says whether the group made ahead of that name is kept when
+// SetGroup removes those of spares that are gone: this process's live
+// spares' groups, and those of another driver process that still runs.
+// Called with aheadMu held.
+func aheadKept(name string) bool {
+	if aheadLive[name] {
+		return true
+	}
+	rest := strings.TrimPrefix(name, wire.SpareGroupPrefix)
+	if strings.HasPrefix(rest, aheadOwner()) {
+		return false
+	}
+	var pid int
+	var start uint64
+	if _, err := fmt.Sscanf(rest, "%d-%d-", &pid, &start); err != nil || pid <= 0 {
+		return false
+	}
+	got, err := wire.ProcStartTime(pid)
+	return err == nil && got == start
+}
 
 // spare is a supervisor this process started: a spare waiting for its
 // task, or one started for a task (see startSupervisor).
@@ -293,9 +323,9 @@ func startSpare(binary, dir string, iso *Isolation, group *wire.SpareGroup, logg
 			}
 			args = append(args, string(b))
 			if group != nil {
-				// Named after its root directory, which no other spare
-				// has.
-				ahead = &wire.SpareGroup{Parent: group.Parent, Name: wire.SpareGroupPrefix + strings.TrimPrefix(filepath.Base(root), "spare-"), Limits: group.Limits}
+				// Named after this process and the spare's root
+				// directory, which no other spare of it has.
+				ahead = &wire.SpareGroup{Parent: group.Parent, Name: wire.SpareGroupPrefix + aheadOwner() + strings.TrimPrefix(filepath.Base(root), "spare-"), Limits: group.Limits}
 				if b, err = json.Marshal(ahead); err != nil {
 					_ = removeRoot(root)
 					return nil, err

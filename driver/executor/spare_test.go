@@ -2,6 +2,7 @@ package executor
 
 import (
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -359,16 +360,28 @@ func TestSpares_GroupMadeAhead_Root(t *testing.T) {
 	}
 	tt := isolatedSpec(t, `cat /proc/self/cgroup`)
 	parent := tt.spec.CgroupParent
-	// A group left by a spare of a driver that was killed with it.
-	left := filepath.Join("/sys/fs/cgroup/pids", parent, wire.SpareGroupPrefix+"left")
-	must.NoError(t, os.MkdirAll(left, 0o755))
-	t.Cleanup(func() { _ = unix.Rmdir(left) })
+	// Groups left by spares of a driver that was killed with them (one of
+	// them named as a driver that still runs names them, by a PID whose
+	// start time is not that process's), and one of a driver that runs.
+	init1, err := wire.ProcStartTime(1)
+	must.NoError(t, err)
+	var left []string
+	for _, name := range []string{"left", fmt.Sprintf("1-%d-3-4", init1+1), fmt.Sprintf("1-%d-3-4", init1)} {
+		dir := filepath.Join("/sys/fs/cgroup/pids", parent, wire.SpareGroupPrefix+name)
+		must.NoError(t, os.MkdirAll(dir, 0o755))
+		t.Cleanup(func() { _ = unix.Rmdir(dir) })
+		left = append(left, dir)
+	}
 
 	s := &Spares{}
 	s.SetDir(t.TempDir(), tt.spec.Isolation)
 	s.SetGroup(parent, cgroups.Limits{Devices: cgroups.DefaultDevices}, hclog.NewNullLogger())
-	_, err := os.Stat(left)
-	must.True(t, os.IsNotExist(err), must.Sprint("the group a gone spare left is removed"))
+	for _, dir := range left[:2] {
+		_, err := os.Stat(dir)
+		must.True(t, os.IsNotExist(err), must.Sprintf("the group %s a gone spare left is removed", dir))
+	}
+	must.DirExists(t, left[2], must.Sprint("a running driver's spare keeps its group"))
+	must.NoError(t, unix.Rmdir(left[2]))
 	t.Cleanup(s.Close)
 	s.Fill("", hclog.NewNullLogger())
 	waitSpare(t, s, "")
