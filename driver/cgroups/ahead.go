@@ -36,6 +36,13 @@ type Ahead struct {
 	spent bool
 }
 
+// AheadAvailable reports whether groups can be made ahead here: on cgroup
+// v1.
+func AheadAvailable() bool {
+	h, err := hostHierarchy()
+	return err == nil && h.version == 1
+}
+
 // CreateAhead makes the group parent/name with the limits l, for Claim.
 // l has no cpuset (a task's cpuset group is Nomad's or made for it).
 func CreateAhead(parent, name string, l Limits) (*Ahead, error) {
