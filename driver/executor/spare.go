@@ -63,9 +63,9 @@ func (s *Spares) SetDir(dir string, iso *Isolation) {
 // SetGroup makes later spares that prepare an isolated root make their
 // task's cgroup ahead, under parent with the limits l (the limits every
 // isolated task has; its own are written when it claims the group), on
-// cgroup v1 (elsewhere it does nothing). Groups made ahead by spares that are gone (a driver killed
-// with them) are removed now, where empty; this process's spares keep
-// theirs.
+// cgroup v1; elsewhere it does nothing. Groups made ahead by spares whose
+// driver is gone (killed with them) are removed now, where empty; this
+// process's spares and those of another running driver keep theirs.
 func (s *Spares) SetGroup(parent string, l cgroups.Limits, logger hclog.Logger) {
 	if s == nil || !cgroups.AheadAvailable() {
 		return
