@@ -170,30 +170,7 @@ func TestAhead_ClaimFailsLeavesNothing(t *testing.T) {
 
 // Controllers mounted together share one directory, renamed once.
 func TestAhead_CoMounted(t *testing.T) {
-	h := fakeV1(t, []string{"memory", "pids", "freezer", "devices", "cpu,cpuacct"})
-	both := filepath.Join(h.root, "cpu,cpuacct")
-	writeFiles(t, both, fakeV1Files["cpuacct"])
-	for _, link := range []string{"cpu", "cpuacct"} {
-		must.NoError(t, os.Symlink("cpu,cpuacct", filepath.Join(h.root, link)))
-	}
-	magic := h.magic
-	h.magic = func(p string) (int64, error) {
-		if r, err := filepath.EvalSymlinks(p); err == nil {
-			p = r
-		}
-		return magic(p)
-	}
-	newDir := h.newDir
-	h.newDir = func(dir string) error {
-		if err := newDir(dir); err != nil {
-			return err
-		}
-		if r, err := filepath.EvalSymlinks(dir); err == nil && strings.HasPrefix(r, both+"/") {
-			writeFiles(t, dir, fakeV1Files["cpu"])
-			writeFiles(t, dir, fakeV1Files["cpuacct"])
-		}
-		return nil
-	}
+	h, both := fakeV1CoMounted(t, "memory", "pids", "freezer", "devices")
 	a, err := h.createAhead("p", "spare-1", Limits{Devices: DefaultDevices})
 	must.NoError(t, err)
 	g, err := a.Claim("p", "t", Limits{Devices: DefaultDevices, CPUShares: 100})

@@ -1066,8 +1066,12 @@ func without(m map[string]string, k string) map[string]string {
 
 // On many v1 hosts cpu and cpuacct share one hierarchy, mounted at
 // cpu,cpuacct with cpu and cpuacct as symlinks to it.
-func TestCreate_V1CoMounted(t *testing.T) {
-	h := fakeV1(t, []string{"memory", "pids", "freezer", "cpu,cpuacct"})
+// fakeV1CoMounted is fakeV1 with cpu and cpuacct mounted together at
+// "cpu,cpuacct", a symlink for each, as systemd mounts them; it returns
+// the hierarchy and the shared mount.
+func fakeV1CoMounted(t *testing.T, controllers ...string) (*hierarchy, string) {
+	t.Helper()
+	h := fakeV1(t, append(controllers, "cpu,cpuacct"))
 	both := filepath.Join(h.root, "cpu,cpuacct")
 	writeFiles(t, both, fakeV1Files["cpuacct"])
 	for _, link := range []string{"cpu", "cpuacct"} {
@@ -1091,7 +1095,11 @@ func TestCreate_V1CoMounted(t *testing.T) {
 		}
 		return nil
 	}
+	return h, both
+}
 
+func TestCreate_V1CoMounted(t *testing.T) {
+	h, both := fakeV1CoMounted(t, "memory", "pids", "freezer")
 	g, err := h.create("p", "t", Limits{CPUShares: 100})
 	must.NoError(t, err)
 	must.Eq(t, "100", readFake(t, filepath.Join(both, "p", "t", "cpu.shares")))

@@ -462,19 +462,25 @@ func forkTask(m mounter.Interface, spec *wire.Spec, attr *syscall.SysProcAttr, r
 		Stderr:      files[2],
 		SysProcAttr: attr,
 	}
-	restore, err := setOOMScoreAdj(spec.OOMScoreAdj)
+	if err := startAdjusted(cmd, spec.OOMScoreAdj); err != nil {
+		return nil, fmt.Errorf("failed to execute %q: %w", path, err)
+	}
+	return cmd, nil
+}
+
+// startAdjusted starts cmd from the calling thread with its oom_score_adj
+// at adj, which the child inherits, and puts the thread's back after.
+func startAdjusted(cmd *exec.Cmd, adj int) error {
+	restore, err := setOOMScoreAdj(adj)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	err = cmd.Start()
 	if rerr := restore(); rerr != nil && err == nil {
 		err = rerr
 		killStarted(cmd)
 	}
-	if err != nil {
-		return nil, fmt.Errorf("failed to execute %q: %w", path, err)
-	}
-	return cmd, nil
+	return err
 }
 
 // seccompStage is a task's seccomp stage, forked and waiting for its
@@ -556,16 +562,7 @@ func startStage(spec *wire.Spec, attr *syscall.SysProcAttr, env []string, held c
 		ExtraFiles:  []*os.File{selfExe, w, envFile, peer},
 		SysProcAttr: attr,
 	}
-	restore, err := setOOMScoreAdj(spec.OOMScoreAdj)
-	if err != nil {
-		return nil, err
-	}
-	err = cmd.Start()
-	if rerr := restore(); rerr != nil && err == nil {
-		err = rerr
-		killStarted(cmd)
-	}
-	if err != nil {
+	if err := startAdjusted(cmd, spec.OOMScoreAdj); err != nil {
 		return nil, fmt.Errorf("failed to start the seccomp stage: %w", err)
 	}
 	return &seccompStage{cmd: cmd, answer: r, sock: sock}, nil
