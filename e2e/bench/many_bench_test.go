@@ -66,6 +66,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"maps"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -908,7 +909,8 @@ func procsRSS(match func(pid int, exe, cmdline string) bool) (int, int64, int64)
 
 // manyLeft lists what the tasks left: mounts under the driver's root_dir
 // (the plugin's socket directory aside), journal records, task cgroups
-// under the driver's cgroup parent, supervisors but the spare and the
+// under the driver's cgroup parent (but the waiting spare's, made ahead
+// for its next task and empty), supervisors but the spare and the
 // plugins', executors.
 func manyLeft(a *e2e.Agent, plugins map[int]bool) []string {
 	var left []string
@@ -920,13 +922,25 @@ func manyLeft(a *e2e.Agent, plugins map[int]bool) []string {
 	left = append(left, a.VolJournalLeft()...)
 	roots, _ := filepath.Glob("/sys/fs/cgroup/*/" + a.DriverCgroupParent())
 	roots = append(roots, filepath.Join("/sys/fs/cgroup", a.DriverCgroupParent()))
+	spareGroups := map[string]bool{}
 	for _, root := range roots {
 		entries, _ := os.ReadDir(root)
 		for _, e := range entries {
-			if e.IsDir() {
-				left = append(left, filepath.Join(root, e.Name()))
+			if !e.IsDir() {
+				continue
 			}
+			dir := filepath.Join(root, e.Name())
+			if strings.HasPrefix(e.Name(), wire.SpareGroupPrefix) {
+				if procs, err := os.ReadFile(filepath.Join(dir, "cgroup.procs")); err == nil && len(strings.TrimSpace(string(procs))) == 0 {
+					spareGroups[e.Name()] = true
+					continue
+				}
+			}
+			left = append(left, dir)
 		}
+	}
+	if len(spareGroups) > 1 {
+		left = append(left, fmt.Sprintf("%d groups made ahead by spares (one is the spare's): %v", len(spareGroups), slices.Sorted(maps.Keys(spareGroups))))
 	}
 	if n, _, _ := procsRSS(isSupervisor(a, plugins)); n > 1 {
 		left = append(left, fmt.Sprintf("%d supervisors (one is the spare)", n))
