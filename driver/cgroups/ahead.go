@@ -3,10 +3,10 @@ package cgroups
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
-	"sort"
 	"strings"
 )
 
@@ -93,11 +93,7 @@ func (a *Ahead) Claim(parent, name string, l Limits) (*Group, error) {
 	case l.CpusetCpus != "" && l.CpusetCgroupPath == "":
 		return nil, fmt.Errorf("%w: the task needs a cpuset group of its own", ErrUnfit)
 	}
-	ctrls := make([]string, 0, len(a.g.paths))
-	for ctrl := range a.g.paths {
-		ctrls = append(ctrls, ctrl)
-	}
-	sort.Strings(ctrls)
+	ctrls := slices.Sorted(maps.Keys(a.g.paths))
 	for _, ctrl := range ctrls {
 		to := filepath.Join(filepath.Dir(a.g.paths[ctrl]), name)
 		if _, err := os.Lstat(to); err == nil {
@@ -105,7 +101,7 @@ func (a *Ahead) Claim(parent, name string, l Limits) (*Group, error) {
 		}
 	}
 	a.spent = true
-	g := &Group{version: 1, paths: make(map[string]string, len(ctrls)), mounts: a.g.mounts, devices: l.Devices}
+	g := &Group{version: 1, paths: make(map[string]string, len(ctrls)), mounts: maps.Clone(a.g.mounts), devices: l.Devices}
 	renamed := map[string]string{} // directory before -> after; controllers may share one
 	fail := func(err error) (*Group, error) {
 		// Back to the name made ahead, then removed with it; nothing ever
@@ -144,7 +140,7 @@ func (a *Ahead) Claim(parent, name string, l Limits) (*Group, error) {
 	g.cpusetPath = a.h.v1CpusetPath(l.CpusetCgroupPath)
 	if _, ok := g.mounts["cpuset"]; !ok && g.cpusetPath != "" {
 		if m, err := a.h.v1Mount("cpuset"); err == nil {
-			g.mounts = mapsWith(g.mounts, "cpuset", m)
+			g.mounts["cpuset"] = m
 		}
 	}
 	if err := g.applyV1Since(l, &a.l); err != nil {
@@ -167,16 +163,18 @@ func (a *Ahead) Destroy() error {
 }
 
 // Dirs are the group's directories, made ahead.
-func (a *Ahead) Dirs() []string { return slices.Clone(a.g.dirs()) }
+func (a *Ahead) Dirs() []string { return a.g.dirs() }
 
-// mapsWith returns a copy of m with k set to v.
-func mapsWith(m map[string]string, k, v string) map[string]string {
-	c := make(map[string]string, len(m)+1)
-	for mk, mv := range m {
-		c[mk] = mv
+// aheadMounts are the mounts of the hierarchies a group made ahead may
+// have a directory in (a cpuset is never made ahead), each once.
+func (h *hierarchy) aheadMounts() []string {
+	var out []string
+	for _, ctrl := range append(slices.Clone(v1Controllers), "devices") {
+		if m, err := h.v1Mount(ctrl); err == nil && !slices.Contains(out, m) {
+			out = append(out, m)
+		}
 	}
-	c[k] = v
-	return c
+	return out
 }
 
 // RemoveAhead removes the group parent/name made ahead by a spare that is
@@ -195,18 +193,14 @@ func RemoveAhead(parent, name string) error {
 	if err := validName("name", name, false, false); err != nil {
 		return err
 	}
+	return removeAhead(h.aheadMounts(), parent, name)
+}
+
+// removeAhead removes parent/name under each of mounts, where it is empty.
+func removeAhead(mounts []string, parent, name string) error {
 	var errs []error
-	seen := map[string]bool{}
-	for _, ctrl := range append(slices.Clone(v1Controllers), "devices") {
-		m, err := h.v1Mount(ctrl)
-		if err != nil {
-			continue
-		}
+	for _, m := range mounts {
 		dir := filepath.Join(m, parent, name)
-		if seen[dir] {
-			continue
-		}
-		seen[dir] = true
 		if err := rmdir(dir); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, fmt.Errorf("failed to remove cgroup %s: %w", dir, err))
 		}
@@ -229,12 +223,9 @@ func RemoveAheadAll(parent, prefix string, keep func(name string) bool) error {
 	if prefix == "" {
 		return errors.New("cgroups made ahead are removed by a prefix of their names")
 	}
+	mounts := h.aheadMounts()
 	names := map[string]bool{}
-	for _, ctrl := range append(slices.Clone(v1Controllers), "devices") {
-		m, err := h.v1Mount(ctrl)
-		if err != nil {
-			continue
-		}
+	for _, m := range mounts {
 		entries, err := os.ReadDir(filepath.Join(m, parent))
 		if err != nil {
 			continue
@@ -247,7 +238,7 @@ func RemoveAheadAll(parent, prefix string, keep func(name string) bool) error {
 	}
 	var errs []error
 	for name := range names {
-		errs = append(errs, RemoveAhead(parent, name))
+		errs = append(errs, removeAhead(mounts, parent, name))
 	}
 	return errors.Join(errs...)
 }
