@@ -521,8 +521,8 @@ func startStage(spec *wire.Spec, attr *syscall.SysProcAttr, env []string, held c
 	if err != nil {
 		return nil, err
 	}
-	if len(filter) > unix.BPF_MAXINSNS {
-		return nil, fmt.Errorf("seccomp filter of %d instructions is longer than the kernel takes", len(filter))
+	if err := checkProgramLen(filter); err != nil {
+		return nil, err
 	}
 	envFile, err := stageFile(env, filter)
 	if err != nil {

@@ -240,13 +240,21 @@ func installFilter(list []seccompDenied) error {
 	return attachProgram(prog)
 }
 
+// checkProgramLen refuses a program longer than the kernel takes.
+func checkProgramLen(prog []unix.SockFilter) error {
+	if len(prog) > unix.BPF_MAXINSNS {
+		return fmt.Errorf("seccomp filter of %d instructions is longer than the kernel takes", len(prog))
+	}
+	return nil
+}
+
 // attachProgram attaches prog (none when empty) to the calling thread.
 func attachProgram(prog []unix.SockFilter) error {
 	if len(prog) == 0 {
 		return nil
 	}
-	if len(prog) > unix.BPF_MAXINSNS {
-		return fmt.Errorf("seccomp filter of %d instructions is longer than the kernel takes", len(prog))
+	if err := checkProgramLen(prog); err != nil {
+		return err
 	}
 	fprog := unix.SockFprog{Len: uint16(len(prog)), Filter: &prog[0]}
 	if err := unix.Prctl(unix.PR_SET_SECCOMP, unix.SECCOMP_MODE_FILTER, uintptr(unsafe.Pointer(&fprog)), 0, 0); err != nil {
