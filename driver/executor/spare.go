@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -196,7 +197,34 @@ func (s *Spares) Start(logger hclog.Logger, spec *Spec, late func() ([]Mount, er
 	// does not take the root prepared there: the spare may still be
 	// preparing it, and only its reaper may remove it (see removeRoot).
 	sp := s.take(spec.Supervisor, privatePID(spec.Isolation))
-	return start(logger, spec, late, sp)
+	p, err := start(logger, spec, late, sp)
+	if err == nil {
+		s.learnLimits(spec)
+	}
+	return p, err
+}
+
+// learnLimits has the next spares make their group ahead with the limits
+// of spec's task, when it is an isolated task under the spares' parent:
+// tasks on a node tend to come alike (the allocations of one job, or of
+// one task group, ask for the same resources), and a task that claims a
+// group made with its own limits writes none of them (see
+// cgroups.Ahead.Claim). A task unlike the last one writes the limits that
+// differ, as the first task does. The cpuset is never made ahead: it is
+// Nomad's group, joined at the start.
+func (s *Spares) learnLimits(spec *Spec) {
+	if s == nil || spec.Isolation == nil || spec.Limits.Devices == nil {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.group == nil || s.group.Parent != spec.CgroupParent {
+		return
+	}
+	l := spec.Limits
+	l.CpusetCpus, l.CpusetCgroupPath = "", ""
+	l.Devices = slices.Clone(l.Devices)
+	s.group = &wire.SpareGroup{Parent: s.group.Parent, Limits: l}
 }
 
 // Fill starts a spare supervisor of binary ("" is this binary) in the

@@ -410,11 +410,62 @@ func TestSpares_GroupMadeAhead_Root(t *testing.T) {
 	must.Eq(t, strconv.Itoa(96<<20)+"\n", readFile(t, filepath.Join(mem, "memory.limit_in_bytes")))
 	must.Eq(t, "300\n", readFile(t, filepath.Join("/sys/fs/cgroup/cpu", parent, tt.spec.TaskID, "cpu.shares")))
 
+	// The next spare's group is made with the limits the task had.
+	waitSpare(t, s, "")
+	waitFor(t, "the next spare's group", func() bool { return len(aheadGroups(t, parent)) > 0 })
+	next := aheadGroup(t, parent, "memory")
+	must.Eq(t, strconv.Itoa(96<<20)+"\n", readFile(t, filepath.Join(next, "memory.limit_in_bytes")))
+	must.Eq(t, "300\n", readFile(t, filepath.Join(aheadGroup(t, parent, "cpu"), "cpu.shares")))
+
+	// A task unlike the last one gets its own limits, every one that
+	// differs written as it claims the group: the same files a group
+	// made for it has.
+	second := isolatedSpec(t, `cat /proc/self/cgroup`)
+	second.spec.CgroupParent = parent
+	second.spec.Limits = cgroups.Limits{Devices: cgroups.DefaultDevices, MemoryBytes: 64 << 20, MemoryReservationBytes: 32 << 20, CPUQuota: 50000, CPUPeriod: 100000}
+	second.spec.LateMounts = []Mount{{Target: "/data"}}
+	p2, err := s.Start(hclog.NewNullLogger(), second.spec, func() ([]Mount, error) {
+		return []Mount{{Source: vol, Target: "/data"}}, nil
+	})
+	must.NoError(t, err)
+	t.Cleanup(func() { _ = p2.Kill(); _ = p2.Destroy() })
+	must.Eq(t, 0, waitExit(t, p2).ExitCode, must.Sprintf("stderr: %s", readFile(t, second.stderr)))
+	must.StrContains(t, readFile(t, second.spec.StateDir+"/"+wire.SupervisorLogFile), "the task took the cgroup made ahead")
+	made2, err := cgroups.Create(parent, "made-"+second.spec.TaskID, second.spec.Limits)
+	must.NoError(t, err)
+	t.Cleanup(func() { _ = made2.Destroy() })
+	for ctrl, files := range map[string][]string{
+		"memory": {"memory.limit_in_bytes", "memory.soft_limit_in_bytes", "memory.memsw.limit_in_bytes"},
+		"cpu":    {"cpu.shares", "cpu.cfs_quota_us", "cpu.cfs_period_us"},
+		"pids":   {"pids.max"},
+	} {
+		for _, file := range files {
+			want, err := os.ReadFile(filepath.Join("/sys/fs/cgroup", ctrl, parent, "made-"+second.spec.TaskID, file))
+			if os.IsNotExist(err) {
+				continue // no swap accounting on this kernel
+			}
+			must.NoError(t, err)
+			must.Eq(t, string(want), readFile(t, filepath.Join("/sys/fs/cgroup", ctrl, parent, second.spec.TaskID, file)),
+				must.Sprintf("%s of the task unlike the last one", file))
+		}
+	}
+	must.NoError(t, made2.Destroy())
+
 	// The next spare's group, until the spares are stopped (SIGKILL).
 	waitSpare(t, s, "")
 	waitFor(t, "the next spare's group", func() bool { return len(aheadGroups(t, parent)) > 0 })
 	s.Close()
 	must.Eq(t, []string(nil), aheadGroups(t, parent))
+}
+
+// aheadGroup is the one group made ahead under parent in ctrl's
+// hierarchy.
+func aheadGroup(t *testing.T, parent, ctrl string) string {
+	t.Helper()
+	dirs, err := filepath.Glob(filepath.Join("/sys/fs/cgroup", ctrl, parent, wire.SpareGroupPrefix+"*"))
+	must.NoError(t, err)
+	must.SliceLen(t, 1, dirs, must.Sprintf("groups made ahead in the %s hierarchy", ctrl))
+	return dirs[0]
 }
 
 // aheadHierarchies counts the v1 hierarchies a group made ahead with a
