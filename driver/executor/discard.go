@@ -53,23 +53,29 @@ func Discard(logger hclog.Logger, stateDir string) error {
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("failed to discard task %q: %w", spec.TaskID, err)
 	}
-	// With the supervisor gone, nothing adds to the group any more: a task
-	// in the host's PID namespace outlives its supervisor, and goes here.
-	group, err := cgroups.Find(spec.CgroupParent, spec.GroupName(), spec.Limits)
-	switch {
-	case errors.Is(err, fs.ErrNotExist):
-	case err != nil:
+	if err := endTaskGroup(&spec); err != nil {
 		return fmt.Errorf("failed to discard task %q: %w", spec.TaskID, err)
-	default:
-		if err := group.Kill(); err != nil {
-			return fmt.Errorf("failed to discard task %q: %w", spec.TaskID, err)
-		}
-		if err := group.Destroy(); err != nil {
-			return fmt.Errorf("failed to discard task %q: %w", spec.TaskID, err)
-		}
 	}
 	logger.Info("discarded a task whose start was cut short", "state_dir", stateDir)
 	return removeStateDir(stateDir)
+}
+
+// endTaskGroup kills what is in the cgroup spec's task was given, if it
+// has one, and removes it, once its supervisor is gone: nothing adds to
+// the group any more, and a task in the host's PID namespace (or a seccomp
+// stage that still waits for its go-ahead) outlives its supervisor.
+func endTaskGroup(spec *Spec) error {
+	group, err := cgroups.Find(spec.CgroupParent, spec.GroupName(), spec.Limits)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return nil
+	case err != nil:
+		return err
+	}
+	if err := group.Kill(); err != nil {
+		return err
+	}
+	return group.Destroy()
 }
 
 // killSupervisor kills the supervisor rec names, if it still runs, and

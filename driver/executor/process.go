@@ -172,6 +172,12 @@ func start(logger hclog.Logger, spec *Spec, late func() ([]Mount, error), sp *sp
 	if err != nil {
 		_ = cmd.Process.Kill()
 		<-reaped
+		// A supervisor that died (or was killed here) before its report
+		// cleaned nothing up: the task's cgroup, and what is in it, go
+		// now, for Nomad gets no handle and never destroys the task.
+		if gerr := endTaskGroup(spec); gerr != nil {
+			logger.Warn("failed to remove the cgroup of a start whose supervisor died", "error", gerr)
+		}
 		if lateErr != nil {
 			return nil, lateErr
 		}
