@@ -182,7 +182,8 @@ func TestMounts_TaskRoot_Root(t *testing.T) {
 cat "$TOP/f"
 cat /etc/hostname
 if touch /top-level-file 2>/dev/null; then echo root-writable; else echo root-read-only; fi
-while ! grep -q later-mount /proc/self/mountinfo; do sleep 0.05; done
+while ! [ -e "$LATER/marker" ]; do sleep 0.05; done
+grep -c ' later-mount ' /proc/self/mountinfo
 cat "$LATER/marker"`)
 	tt.spec.Env = append(tt.spec.Env, "TOP="+top, "LATER="+later)
 	tt.spec.Mounts = []Mount{{Source: source, Target: top}}
@@ -195,7 +196,9 @@ cat "$LATER/marker"`)
 	must.Eq(t, 0, waitExit(t, p).ExitCode, must.Sprintf("stderr: %s", readFile(t, tt.stderr)))
 	host, err := os.ReadFile("/etc/hostname")
 	must.NoError(t, err)
-	must.Eq(t, "from-host\n"+string(host)+"root-read-only\nlater\n", readFile(t, tt.stdout))
+	// The marker is written after the mount, on the tmpfs alone: the task
+	// waits for the file, which only the later mount holds.
+	must.Eq(t, "from-host\n"+string(host)+"root-read-only\n1\nlater\n", readFile(t, tt.stdout))
 
 	// The target never existed on the host.
 	_, err = os.Stat(top)
