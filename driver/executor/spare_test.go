@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -456,6 +457,72 @@ func TestSpares_GroupMadeAhead_Root(t *testing.T) {
 	waitFor(t, "the next spare's group", func() bool { return len(aheadGroups(t, parent)) > 0 })
 	s.Close()
 	must.Eq(t, []string(nil), aheadGroups(t, parent))
+}
+
+// Later spares make their group with the limits of the last isolated task
+// that started under their parent, its cpuset left out (Nomad's group,
+// joined at the start), in a copy of its own: not those of a privileged
+// task (no device filter: its group could not serve an isolated task), of
+// a task with the host's view, of a task under another parent, or of a
+// task that did not start; and none when no group is made ahead (cgroup
+// v2).
+func TestSpares_LearnLimits(t *testing.T) {
+	base := cgroups.Limits{Devices: cgroups.DefaultDevices, PidsMax: 100}
+	own := cgroups.Limits{MemoryBytes: 96 << 20, MemoryReservationBytes: 64 << 20, CPUShares: 300, CPUQuota: 50000, CPUPeriod: 100000,
+		PidsMax: 100, Devices: append(slices.Clone(cgroups.DefaultDevices), cgroups.DeviceRule{Type: 'b', Major: 8, Minor: 0, Access: "r"}),
+		CpusetCpus: "0", CpusetCgroupPath: "/sys/fs/cgroup/cpuset/nomad/shared"}
+	learned := own
+	learned.CpusetCpus, learned.CpusetCgroupPath = "", ""
+	cases := []struct {
+		name  string
+		group *wire.SpareGroup
+		spec  func(spec *Spec)
+		want  *wire.SpareGroup
+	}{
+		{name: "an isolated task", group: &wire.SpareGroup{Parent: "p", Limits: base},
+			want: &wire.SpareGroup{Parent: "p", Limits: learned}},
+		{name: "a privileged task", group: &wire.SpareGroup{Parent: "p", Limits: base},
+			spec: func(spec *Spec) { spec.Privileged, spec.Isolation, spec.Limits.Devices = true, nil, nil },
+			want: &wire.SpareGroup{Parent: "p", Limits: base}},
+		{name: "a task with the host's view", group: &wire.SpareGroup{Parent: "p", Limits: base},
+			spec: func(spec *Spec) { spec.Isolation = nil },
+			want: &wire.SpareGroup{Parent: "p", Limits: base}},
+		{name: "a task without a device filter", group: &wire.SpareGroup{Parent: "p", Limits: base},
+			spec: func(spec *Spec) { spec.Limits.Devices = nil },
+			want: &wire.SpareGroup{Parent: "p", Limits: base}},
+		{name: "a task under another parent", group: &wire.SpareGroup{Parent: "p", Limits: base},
+			spec: func(spec *Spec) { spec.CgroupParent = "q" },
+			want: &wire.SpareGroup{Parent: "p", Limits: base}},
+		{name: "no group made ahead", spec: func(*Spec) {}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			spec := &Spec{CgroupParent: "p", Isolation: &Isolation{PrivatePID: true}, Limits: own}
+			spec.Limits.Devices = slices.Clone(own.Devices)
+			if tc.spec != nil {
+				tc.spec(spec)
+			}
+			s := &Spares{group: tc.group}
+			s.learnLimits(spec)
+			must.Eq(t, tc.want, s.group)
+			if spec.Limits.Devices != nil {
+				// The task's rules are its own: a change to them is not
+				// the spares'.
+				spec.Limits.Devices[0].Access = "rwm"
+				must.Eq(t, tc.want, s.group)
+			}
+		})
+	}
+
+	t.Run("a task that did not start", func(t *testing.T) {
+		s := &Spares{group: &wire.SpareGroup{Parent: "p", Limits: base}}
+		s.Close() // no spare is started for the next task
+		spec := &Spec{TaskID: "t", Command: "/bin/true", StateDir: filepath.Join(t.TempDir(), "gone"), CgroupParent: "p",
+			Isolation: &Isolation{PrivatePID: true}, Limits: own}
+		_, err := s.Start(hclog.NewNullLogger(), spec, nil)
+		must.ErrorContains(t, err, "state_dir")
+		must.Eq(t, &wire.SpareGroup{Parent: "p", Limits: base}, s.group)
+	})
 }
 
 // aheadGroup is the one group made ahead under parent in ctrl's
