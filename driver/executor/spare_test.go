@@ -1,6 +1,7 @@
 package executor
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -8,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -523,6 +525,45 @@ func TestSpares_LearnLimits(t *testing.T) {
 		must.ErrorContains(t, err, "state_dir")
 		must.Eq(t, &wire.SpareGroup{Parent: "p", Limits: base}, s.group)
 	})
+}
+
+// Tasks that start at once teach the spares their limits while the spares
+// are set up again (a second SetConfig) and a spare reads the group it is
+// to make (startSpare passes it on as JSON); a task's rules change after
+// its start. Run under the race detector.
+func TestSpares_LearnLimitsConcurrently(t *testing.T) {
+	parent := fmt.Sprintf("nomad-driver-csi-executor-test-learn-%d", os.Getpid())
+	s := &Spares{group: &wire.SpareGroup{Parent: parent, Limits: cgroups.Limits{Devices: cgroups.DefaultDevices}}}
+	var wg sync.WaitGroup
+	for i := range 4 {
+		wg.Go(func() {
+			for j := range 50 {
+				spec := &Spec{CgroupParent: parent, Isolation: &Isolation{}, Limits: cgroups.Limits{
+					MemoryBytes: int64(i*100+j+1) << 20, Devices: slices.Clone(cgroups.DefaultDevices)}}
+				s.learnLimits(spec)
+				spec.Limits.Devices[0].Access = "rwm"
+			}
+		})
+	}
+	wg.Go(func() {
+		for range 20 {
+			s.SetGroup(parent, cgroups.Limits{Devices: cgroups.DefaultDevices}, hclog.NewNullLogger())
+		}
+	})
+	wg.Go(func() {
+		for range 200 {
+			s.mu.Lock()
+			group := s.group
+			s.mu.Unlock()
+			if group != nil {
+				_, err := json.Marshal(group)
+				must.NoError(t, err)
+			}
+		}
+	})
+	wg.Wait()
+	must.Eq(t, parent, s.group.Parent)
+	must.Eq(t, cgroups.DefaultDevices, s.group.Limits.Devices)
 }
 
 // aheadGroup is the one group made ahead under parent in ctrl's
