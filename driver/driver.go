@@ -234,8 +234,9 @@ func (d *Driver) setConfig(c *base.Config, cfg Config) error {
 			d.logger.Warn("spare supervisors will not prepare task roots ahead", "error", err)
 		} else {
 			d.spares.SetDir(cfg.sparesDir(), cfg.defaultIsolation())
-			// The limits every isolated task has (see buildSpec); a task's
-			// own are written as it claims the group.
+			// The limits every isolated task has (see buildSpec), until
+			// an isolated task starts: later spares take its limits. A
+			// task's own are written as it claims the group.
 			d.spares.SetGroup(cfg.CgroupParent, cgroups.Limits{
 				Devices: cgroups.DefaultDevices,
 				PidsMax: int64(cfg.PidsLimit),

@@ -2,8 +2,10 @@ package cgroups
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -192,4 +194,103 @@ func TestAhead_NotMade(t *testing.T) {
 	must.ErrorContains(t, err, "no cpuset")
 	_, err = os.Stat(filepath.Join(h.root, "memory", "p", "spare-1"))
 	must.True(t, os.IsNotExist(err))
+}
+
+// aheadPairs are groups made ahead with the limits of one task and claimed
+// by another (a spare makes its group with the limits of the last task that
+// started): every change of every limit, each way. A claim writes only the
+// limits that differ, and must leave what Create writes for the task: no
+// more memory, processes, devices or CPU time than the task's own.
+var aheadPairs = func() []struct {
+	name        string
+	ahead, task Limits
+} {
+	blk := DeviceRule{Type: 'b', Major: 8, Minor: 0, Access: "rwm"}
+	d := DefaultDevices
+	every := Limits{MemoryBytes: 96 << 20, MemoryReservationBytes: 48 << 20, CPUShares: 300, CPUQuota: 50000, CPUPeriod: 100000,
+		PidsMax: 50, Devices: append(slices.Clone(d), blk)}
+	return []struct {
+		name        string
+		ahead, task Limits
+	}{
+		{"the same limits", every, every},
+		{"every limit to none", every, Limits{Devices: d}},
+		{"none to every limit", Limits{Devices: d}, every},
+		{"memory raised", Limits{Devices: d, MemoryBytes: 64 << 20}, Limits{Devices: d, MemoryBytes: 128 << 20}},
+		{"memory lowered", Limits{Devices: d, MemoryBytes: 128 << 20}, Limits{Devices: d, MemoryBytes: 64 << 20}},
+		{"memory to none, the soft limit kept", Limits{Devices: d, MemoryBytes: 128 << 20, MemoryReservationBytes: 64 << 20},
+			Limits{Devices: d, MemoryReservationBytes: 64 << 20}},
+		{"the soft limit to none", Limits{Devices: d, MemoryBytes: 128 << 20, MemoryReservationBytes: 64 << 20},
+			Limits{Devices: d, MemoryBytes: 128 << 20}},
+		{"a soft limit", Limits{Devices: d, MemoryBytes: 128 << 20}, Limits{Devices: d, MemoryBytes: 128 << 20, MemoryReservationBytes: 32 << 20}},
+		{"shares to none", Limits{Devices: d, CPUShares: 300}, Limits{Devices: d}},
+		{"shares clamped alike", Limits{Devices: d, CPUShares: 1}, Limits{Devices: d, CPUShares: 2}},
+		{"shares above the kernel's", Limits{Devices: d, CPUShares: 100}, Limits{Devices: d, CPUShares: 300000}},
+		{"a quota to none", Limits{Devices: d, CPUQuota: 50000, CPUPeriod: 100000}, Limits{Devices: d}},
+		{"a quota to none, the same period", Limits{Devices: d, CPUQuota: 50000, CPUPeriod: 100000}, Limits{Devices: d, CPUPeriod: 100000}},
+		{"a quota raised, the same period", Limits{Devices: d, CPUQuota: 20000, CPUPeriod: 100000}, Limits{Devices: d, CPUQuota: 50000, CPUPeriod: 100000}},
+		{"a quota where there was none", Limits{Devices: d}, Limits{Devices: d, CPUQuota: 50000}},
+		{"a quota, the period left to the default", Limits{Devices: d, CPUQuota: 50000, CPUPeriod: 20000}, Limits{Devices: d, CPUQuota: 50000}},
+		{"a looser quota over a shorter period", Limits{Devices: d, CPUQuota: 20000, CPUPeriod: 100000},
+			Limits{Devices: d, CPUQuota: 10000, CPUPeriod: 10000}},
+		{"a shorter period", Limits{Devices: d, CPUQuota: 200000, CPUPeriod: 100000}, Limits{Devices: d, CPUQuota: 10000, CPUPeriod: 10000}},
+		{"a tighter quota over a longer period", Limits{Devices: d, CPUQuota: 10000, CPUPeriod: 10000},
+			Limits{Devices: d, CPUQuota: 20000, CPUPeriod: 100000}},
+		{"pids to none", Limits{Devices: d, PidsMax: 100}, Limits{Devices: d}},
+		{"none to pids", Limits{Devices: d}, Limits{Devices: d, PidsMax: 100}},
+		{"a device rule more than the task's", Limits{Devices: append(slices.Clone(d), blk)}, Limits{Devices: d}},
+		{"a device rule the task has more", Limits{Devices: d}, Limits{Devices: append(slices.Clone(d), blk)}},
+		{"device rules in another order", Limits{Devices: slices.Concat(d[4:], d[:4])}, Limits{Devices: d}},
+		{"a device rule twice", Limits{Devices: append(slices.Clone(d), d[0])}, Limits{Devices: d}},
+		{"a device's access wider", Limits{Devices: append(slices.Clone(d), DeviceRule{Type: 'b', Major: 8, Minor: 0, Access: "r"})},
+			Limits{Devices: append(slices.Clone(d), blk)}},
+		{"a device's access narrower", Limits{Devices: append(slices.Clone(d), blk)},
+			Limits{Devices: append(slices.Clone(d), DeviceRule{Type: 'b', Major: 8, Minor: 0, Access: "r"})}},
+		{"every device to none", Limits{Devices: d}, Limits{Devices: []DeviceRule{}}},
+		{"no device to every default one", Limits{Devices: []DeviceRule{}}, Limits{Devices: d}},
+	}
+}()
+
+// A group made ahead with one task's limits and claimed by another has the
+// files a group Create makes for the second task has, with and without
+// swap accounting. The fake tree keeps only the last rule written to
+// devices.allow (the kernel adds each to devices.list, and a write of "a"
+// to devices.deny clears it), so the device rules are checked as written:
+// every one of the task's after a deny of every device, unless the group
+// was made with the task's very rules (TestHost_AheadFromAnyLimits reads
+// the kernel's list).
+func TestAhead_ClaimIsCreateFromAnyLimits(t *testing.T) {
+	for _, swap := range []bool{true, false} {
+		for _, tc := range aheadPairs {
+			t.Run(fmt.Sprintf("%s, swap accounted %t", tc.name, swap), func(t *testing.T) {
+				var skip []string
+				if !swap {
+					skip = []string{"memory.memsw.limit_in_bytes"}
+				}
+				h := fakeV1(t, allV1Devices, skip...)
+				a, err := h.createAhead("p", "spare-1", tc.ahead)
+				must.NoError(t, err)
+				writeFiles(t, a.g.paths["devices"], map[string]string{"devices.deny": "unwritten", "devices.allow": "unwritten"})
+				g, err := a.Claim("p", "task", tc.task)
+				must.NoError(t, err)
+				want, err := h.create("p", "made", tc.task)
+				must.NoError(t, err)
+				got, exp := groupFiles(t, g), groupFiles(t, want)
+				wantDeny, wantAllow := "unwritten", "unwritten"
+				if !slices.Equal(tc.ahead.Devices, tc.task.Devices) {
+					wantDeny = "a"
+					if n := len(tc.task.Devices); n > 0 {
+						wantAllow = tc.task.Devices[n-1].String()
+					}
+				}
+				must.Eq(t, wantDeny, got["devices/devices.deny"], must.Sprint("devices.deny"))
+				must.Eq(t, wantAllow, got["devices/devices.allow"], must.Sprint("devices.allow"))
+				for _, f := range []string{"devices/devices.deny", "devices/devices.allow"} {
+					delete(got, f)
+					delete(exp, f)
+				}
+				must.Eq(t, exp, got)
+			})
+		}
+	}
 }

@@ -361,14 +361,20 @@ func (g *Group) applyV1Since(l Limits, prev *Limits) error {
 		if l.CPUQuota > 0 {
 			quota = l.CPUQuota
 		}
-		for _, w := range []struct {
+		type write struct {
 			file string
 			v    int64
-		}{
-			{"cpu.shares", shares},
-			{"cpu.cfs_period_us", period},
-			{"cpu.cfs_quota_us", quota},
-		} {
+		}
+		writes := []write{{"cpu.shares", shares}, {"cpu.cfs_period_us", period}, {"cpu.cfs_quota_us", quota}}
+		if prev != nil && prev.CPUQuota > 0 {
+			// Under a parent with a quota the kernel refuses a period
+			// that, with the quota the group has, would let the group
+			// use more CPU time than the parent's quota: the quota is
+			// lifted first, so that the period is written as on a new
+			// group (nothing is in the group yet).
+			writes = append([]write{{"cpu.cfs_quota_us", -1}}, writes...)
+		}
+		for _, w := range writes {
 			if err := writeFile(filepath.Join(cpu, w.file), strconv.FormatInt(w.v, 10)); err != nil {
 				return err
 			}

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -819,5 +820,65 @@ func TestHost_Ahead(t *testing.T) {
 	for _, dir := range left {
 		_, err := os.Stat(dir)
 		must.True(t, os.IsNotExist(err), must.Sprintf("%s is left", dir))
+	}
+}
+
+// On a real v1 hierarchy a group made ahead with one task's limits and
+// claimed by another has the limits, swap cap and device list a group
+// Create makes for the second has (see aheadPairs), and the claim goes
+// through where Create does: the kernel checks each write against what the
+// group has at that moment (memory.memsw.limit_in_bytes never below
+// memory.limit_in_bytes; under a parent with a CPU quota, a child's quota
+// over its period never above the parent's).
+func TestHost_AheadFromAnyLimits(t *testing.T) {
+	h := needHost(t)
+	needLimits(t)
+	if h.version != 1 {
+		t.Skip("groups are made ahead on cgroup v1 only")
+	}
+	if _, err := h.v1Mount("devices"); err != nil {
+		t.Skip("the pairs have device filters, and the devices hierarchy is not mounted here")
+	}
+	files := []string{"memory/memory.limit_in_bytes", "memory/memory.memsw.limit_in_bytes", "memory/memory.soft_limit_in_bytes",
+		"cpu/cpu.shares", "cpu/cpu.cfs_quota_us", "cpu/cpu.cfs_period_us", "pids/pids.max", "devices/devices.list"}
+	// Under a parent without a CPU quota, and under one with a quota of
+	// four CPUs, which each pair's limits keep to.
+	for _, parentQuota := range []int64{0, 400000} {
+		t.Run(fmt.Sprintf("parent quota %d", parentQuota), func(t *testing.T) {
+			parent := uniqueParent()
+			t.Cleanup(func() { removeParent(t, h, parent) })
+			if parentQuota > 0 {
+				must.NoError(t, os.MkdirAll(filepath.Join(h.root, "cpu", parent), 0o755))
+				must.NoError(t, writeFile(filepath.Join(h.root, "cpu", parent, "cpu.cfs_quota_us"), strconv.FormatInt(parentQuota, 10)))
+			}
+			aheadFromAnyLimits(t, parent, files)
+		})
+	}
+}
+
+func aheadFromAnyLimits(t *testing.T, parent string, files []string) {
+	for i, tc := range aheadPairs {
+		t.Run(tc.name, func(t *testing.T) {
+			a, err := CreateAhead(parent, fmt.Sprintf("spare-%d", i), tc.ahead)
+			must.NoError(t, err)
+			t.Cleanup(func() { must.NoError(t, a.Destroy()) })
+			g, err := a.Claim(parent, fmt.Sprintf("task-%d", i), tc.task)
+			must.NoError(t, err)
+			t.Cleanup(func() { must.NoError(t, g.Destroy()) })
+			want, err := Create(parent, fmt.Sprintf("made-%d", i), tc.task)
+			must.NoError(t, err)
+			t.Cleanup(func() { must.NoError(t, want.Destroy()) })
+			for _, f := range files {
+				ctrl, name, _ := strings.Cut(f, "/")
+				exp, err := os.ReadFile(filepath.Join(want.paths[ctrl], name))
+				if os.IsNotExist(err) && name == "memory.memsw.limit_in_bytes" {
+					continue // no swap accounting on this kernel
+				}
+				must.NoError(t, err)
+				got, err := os.ReadFile(filepath.Join(g.paths[ctrl], name))
+				must.NoError(t, err)
+				must.Eq(t, string(exp), string(got), must.Sprintf("%s", f))
+			}
+		})
 	}
 }

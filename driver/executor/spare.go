@@ -40,7 +40,8 @@ type Spares struct {
 	iso *Isolation
 	// group, when set, has spares that prepare an isolated root make
 	// their task's cgroup ahead too, under group.Parent with group.Limits
-	// (see cgroups.Ahead); each names its own.
+	// (see cgroups.Ahead): SetGroup's, then the last isolated task's (see
+	// learnLimits); each names its own.
 	group *wire.SpareGroup
 }
 
@@ -62,11 +63,13 @@ func (s *Spares) SetDir(dir string, iso *Isolation) {
 }
 
 // SetGroup makes later spares that prepare an isolated root make their
-// task's cgroup ahead, under parent with the limits l (the limits every
-// isolated task has; its own are written when it claims the group), on
-// cgroup v1; elsewhere it does nothing. Groups made ahead by spares whose
-// driver is gone (killed with them) are removed now, where empty; this
-// process's spares and those of another running driver keep theirs.
+// task's cgroup ahead, under parent, on cgroup v1 (elsewhere it does
+// nothing): with the limits l (the limits every isolated task has) until an
+// isolated task starts, then with that task's (see learnLimits). A task
+// writes those of its own that differ when it claims the group. Groups
+// made ahead by spares whose driver is gone (killed with them) are removed
+// now, where empty; this process's spares and those of another running
+// driver keep theirs.
 func (s *Spares) SetGroup(parent string, l cgroups.Limits, logger hclog.Logger) {
 	if s == nil || !cgroups.AheadAvailable() {
 		return

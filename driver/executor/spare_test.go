@@ -1,12 +1,15 @@
 package executor
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -456,6 +459,111 @@ func TestSpares_GroupMadeAhead_Root(t *testing.T) {
 	waitFor(t, "the next spare's group", func() bool { return len(aheadGroups(t, parent)) > 0 })
 	s.Close()
 	must.Eq(t, []string(nil), aheadGroups(t, parent))
+}
+
+// Later spares make their group with the limits of the last isolated task
+// that started under their parent, its cpuset left out (Nomad's group,
+// joined at the start), in a copy of its own: not those of a privileged
+// task (no device filter: its group could not serve an isolated task), of
+// a task with the host's view, of a task under another parent, or of a
+// task that did not start; and none when no group is made ahead (cgroup
+// v2).
+func TestSpares_LearnLimits(t *testing.T) {
+	base := cgroups.Limits{Devices: cgroups.DefaultDevices, PidsMax: 100}
+	own := cgroups.Limits{MemoryBytes: 96 << 20, MemoryReservationBytes: 64 << 20, CPUShares: 300, CPUQuota: 50000, CPUPeriod: 100000,
+		PidsMax: 100, Devices: append(slices.Clone(cgroups.DefaultDevices), cgroups.DeviceRule{Type: 'b', Major: 8, Minor: 0, Access: "r"}),
+		CpusetCpus: "0", CpusetCgroupPath: "/sys/fs/cgroup/cpuset/nomad/shared"}
+	learned := own
+	learned.CpusetCpus, learned.CpusetCgroupPath = "", ""
+	cases := []struct {
+		name  string
+		group *wire.SpareGroup
+		spec  func(spec *Spec)
+		want  *wire.SpareGroup
+	}{
+		{name: "an isolated task", group: &wire.SpareGroup{Parent: "p", Limits: base},
+			want: &wire.SpareGroup{Parent: "p", Limits: learned}},
+		{name: "a privileged task", group: &wire.SpareGroup{Parent: "p", Limits: base},
+			spec: func(spec *Spec) { spec.Privileged, spec.Isolation, spec.Limits.Devices = true, nil, nil },
+			want: &wire.SpareGroup{Parent: "p", Limits: base}},
+		{name: "a task with the host's view", group: &wire.SpareGroup{Parent: "p", Limits: base},
+			spec: func(spec *Spec) { spec.Isolation = nil },
+			want: &wire.SpareGroup{Parent: "p", Limits: base}},
+		{name: "a task without a device filter", group: &wire.SpareGroup{Parent: "p", Limits: base},
+			spec: func(spec *Spec) { spec.Limits.Devices = nil },
+			want: &wire.SpareGroup{Parent: "p", Limits: base}},
+		{name: "a task under another parent", group: &wire.SpareGroup{Parent: "p", Limits: base},
+			spec: func(spec *Spec) { spec.CgroupParent = "q" },
+			want: &wire.SpareGroup{Parent: "p", Limits: base}},
+		{name: "no group made ahead", spec: func(*Spec) {}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			spec := &Spec{CgroupParent: "p", Isolation: &Isolation{PrivatePID: true}, Limits: own}
+			spec.Limits.Devices = slices.Clone(own.Devices)
+			if tc.spec != nil {
+				tc.spec(spec)
+			}
+			s := &Spares{group: tc.group}
+			s.learnLimits(spec)
+			must.Eq(t, tc.want, s.group)
+			if spec.Limits.Devices != nil {
+				// The task's rules are its own: a change to them is not
+				// the spares'.
+				spec.Limits.Devices[0].Access = "rwm"
+				must.Eq(t, tc.want, s.group)
+			}
+		})
+	}
+
+	t.Run("a task that did not start", func(t *testing.T) {
+		s := &Spares{group: &wire.SpareGroup{Parent: "p", Limits: base}}
+		s.Close() // no spare is started for the next task
+		spec := &Spec{TaskID: "t", Command: "/bin/true", StateDir: filepath.Join(t.TempDir(), "gone"), CgroupParent: "p",
+			Isolation: &Isolation{PrivatePID: true}, Limits: own}
+		_, err := s.Start(hclog.NewNullLogger(), spec, nil)
+		must.ErrorContains(t, err, "state_dir")
+		must.Eq(t, &wire.SpareGroup{Parent: "p", Limits: base}, s.group)
+	})
+}
+
+// Tasks that start at once teach the spares their limits while the spares
+// are set up again (a second SetConfig) and a spare reads the group it is
+// to make (startSpare passes it on as JSON); a task's rules change after
+// its start. Run under the race detector.
+func TestSpares_LearnLimitsConcurrently(t *testing.T) {
+	parent := fmt.Sprintf("nomad-driver-csi-executor-test-learn-%d", os.Getpid())
+	s := &Spares{group: &wire.SpareGroup{Parent: parent, Limits: cgroups.Limits{Devices: cgroups.DefaultDevices}}}
+	var wg sync.WaitGroup
+	for i := range 4 {
+		wg.Go(func() {
+			for j := range 50 {
+				spec := &Spec{CgroupParent: parent, Isolation: &Isolation{}, Limits: cgroups.Limits{
+					MemoryBytes: int64(i*100+j+1) << 20, Devices: slices.Clone(cgroups.DefaultDevices)}}
+				s.learnLimits(spec)
+				spec.Limits.Devices[0].Access = "rwm"
+			}
+		})
+	}
+	wg.Go(func() {
+		for range 20 {
+			s.SetGroup(parent, cgroups.Limits{Devices: cgroups.DefaultDevices}, hclog.NewNullLogger())
+		}
+	})
+	wg.Go(func() {
+		for range 200 {
+			s.mu.Lock()
+			group := s.group
+			s.mu.Unlock()
+			if group != nil {
+				_, err := json.Marshal(group)
+				must.NoError(t, err)
+			}
+		}
+	})
+	wg.Wait()
+	must.Eq(t, parent, s.group.Parent)
+	must.Eq(t, cgroups.DefaultDevices, s.group.Limits.Devices)
 }
 
 // aheadGroup is the one group made ahead under parent in ctrl's
