@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/hashicorp/go-hclog"
+
 	"github.com/shoenig/test/must"
 	"golang.org/x/sys/unix"
 
@@ -205,4 +207,32 @@ cat "$LATER/marker"`)
 	must.True(t, os.IsNotExist(err), must.Sprintf("%s exists on the host: %v", top, err))
 	_, err = os.Stat("/top-level-file")
 	must.True(t, os.IsNotExist(err))
+}
+
+// A late mount inside /tmp (a volume at /tmp/data) is the task's even when
+// its /tmp is a tmpfs of its own (tmp_size): the tmpfs is mounted first,
+// and the volume on it, never the tmpfs over the volume.
+func TestMounts_LateMountInsideTmpfsTmp_Root(t *testing.T) {
+	requireTaskRoot(t)
+	vol := t.TempDir()
+	must.NoError(t, os.WriteFile(filepath.Join(vol, "marker"), []byte("from-volume\n"), 0o644))
+	tt := isolatedSpec(t, `cat /tmp/data/marker; echo written > /tmp/data/out; grep -c ' /tmp ' /proc/self/mountinfo`)
+	tt.spec.Isolation.TmpSize = 1 << 20
+	p, err := startWithLateMount(tt, vol, "/tmp/data")
+	must.NoError(t, err)
+	t.Cleanup(func() { _ = p.Kill(); _ = p.Destroy() })
+	must.Eq(t, 0, waitExit(t, p).ExitCode, must.Sprintf("stderr: %s", readFile(t, tt.stderr)))
+	must.Eq(t, "from-volume\n1\n", readFile(t, tt.stdout))
+	b, err := os.ReadFile(filepath.Join(vol, "out"))
+	must.NoError(t, err, must.Sprint("the task wrote into its volume, not into its /tmp"))
+	must.Eq(t, "written\n", string(b))
+}
+
+// startWithLateMount starts tt's task with vol as its one late mount at
+// target, as a task's CSI volume comes.
+func startWithLateMount(tt *testTask, vol, target string) (*Process, error) {
+	tt.spec.LateMounts = []Mount{{Target: target}}
+	return Start(hclog.NewNullLogger(), tt.spec, func() ([]Mount, error) {
+		return []Mount{{Source: vol, Target: target}}, nil
+	})
 }

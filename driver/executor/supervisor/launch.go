@@ -345,6 +345,17 @@ func forkTask(m mounter.Interface, spec *wire.Spec, attr *syscall.SysProcAttr, r
 			return nil, err
 		}
 	}
+	// The task's own /tmp (a tmpfs of bounded size, tmp_size) comes before
+	// the mounts: one inside /tmp (a volume at /tmp/data) is attached on
+	// it, where a tmpfs mounted after would hide it, and the task would
+	// write into its /tmp what it meant for its volume.
+	tmpMounted := false
+	if spec.Isolation != nil && pivotFirst {
+		if err := mountTmp(m, spec.Isolation, spec.Mounts, spec.LateMounts); err != nil {
+			return nil, err
+		}
+		tmpMounted = true
+	}
 	mounts, trees := spec.Mounts, early
 	if spec.Isolation == nil {
 		mounts, trees = nil, nil
@@ -406,7 +417,7 @@ func forkTask(m mounter.Interface, spec *wire.Spec, attr *syscall.SysProcAttr, r
 			return nil, err
 		}
 	}
-	if spec.Isolation != nil {
+	if spec.Isolation != nil && !tmpMounted {
 		if err := mountTmp(m, spec.Isolation, spec.Mounts, spec.LateMounts); err != nil {
 			return nil, err
 		}
