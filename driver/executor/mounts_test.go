@@ -236,3 +236,55 @@ func startWithLateMount(tt *testTask, vol, target string) (*Process, error) {
 		return []Mount{{Source: vol, Target: target}}, nil
 	})
 }
+
+// Mounts of the spec itself (a host volume, Nomad's directories: trees
+// taken before the root is entered) inside /tmp are on the task's tmpfs
+// /tmp too, nested ones as well, with a late mount between them: /tmp/a
+// (early), /tmp/a/b (late), /tmp/a/b/c (early). The root stays sealed
+// while /tmp is writable.
+func TestMounts_NestedMountsInsideTmpfsTmp_Root(t *testing.T) {
+	requireTaskRoot(t)
+	a, b, c := t.TempDir(), t.TempDir(), t.TempDir()
+	must.NoError(t, os.WriteFile(filepath.Join(a, "m"), []byte("a\n"), 0o644))
+	must.NoError(t, os.MkdirAll(filepath.Join(a, "b"), 0o755))
+	must.NoError(t, os.WriteFile(filepath.Join(b, "m"), []byte("b\n"), 0o644))
+	must.NoError(t, os.MkdirAll(filepath.Join(b, "c"), 0o755))
+	must.NoError(t, os.WriteFile(filepath.Join(c, "m"), []byte("c\n"), 0o644))
+	tt := isolatedSpec(t, `cat /tmp/a/m /tmp/a/b/m /tmp/a/b/c/m
+echo x > /tmp/own && echo tmp-writable
+touch /top-level 2>/dev/null || echo root-sealed
+grep -c ' /tmp ' /proc/self/mountinfo`)
+	tt.spec.Isolation.TmpSize = 1 << 20
+	tt.spec.Mounts = []Mount{
+		{Source: c, Target: "/tmp/a/b/c", Propagation: PropagationPrivate},
+		{Source: a, Target: "/tmp/a", Propagation: PropagationPrivate},
+	}
+	p, err := startWithLateMount(tt, b, "/tmp/a/b")
+	must.NoError(t, err)
+	t.Cleanup(func() { _ = p.Kill(); _ = p.Destroy() })
+	must.Eq(t, 0, waitExit(t, p).ExitCode, must.Sprintf("stderr: %s", readFile(t, tt.stderr)))
+	must.Eq(t, "a\nb\nc\ntmp-writable\nroot-sealed\n1\n", readFile(t, tt.stdout))
+	_, err = os.Stat(filepath.Join(a, "own"))
+	must.True(t, os.IsNotExist(err), must.Sprint("the task's own /tmp file landed in a mount"))
+}
+
+// A mount exactly at /tmp is the task's /tmp: no tmpfs goes over or under
+// it, with tmp_size set or not.
+func TestMounts_MountAtTmp_Root(t *testing.T) {
+	requireTaskRoot(t)
+	for _, size := range []int64{0, 1 << 20} {
+		vol := t.TempDir()
+		must.NoError(t, os.WriteFile(filepath.Join(vol, "marker"), []byte("from-volume\n"), 0o644))
+		tt := isolatedSpec(t, `cat /tmp/marker; echo w > /tmp/out; grep -c ' /tmp ' /proc/self/mountinfo`)
+		tt.spec.Isolation.TmpSize = size
+		p, err := startWithLateMount(tt, vol, "/tmp")
+		must.NoError(t, err)
+		t.Cleanup(func() { _ = p.Kill(); _ = p.Destroy() })
+		must.Eq(t, 0, waitExit(t, p).ExitCode, must.Sprintf("stderr: %s", readFile(t, tt.stderr)))
+		// One mount at /tmp: the volume, with no tmpfs under it.
+		must.Eq(t, "from-volume\n1\n", readFile(t, tt.stdout), must.Sprintf("tmp_size=%d", size))
+		b, err := os.ReadFile(filepath.Join(vol, "out"))
+		must.NoError(t, err)
+		must.Eq(t, "w\n", string(b))
+	}
+}
