@@ -348,13 +348,16 @@ func forkTask(m mounter.Interface, spec *wire.Spec, attr *syscall.SysProcAttr, r
 	// The task's own /tmp (a tmpfs of bounded size, tmp_size) comes before
 	// the mounts: one inside /tmp (a volume at /tmp/data) is attached on
 	// it, where a tmpfs mounted after would hide it, and the task would
-	// write into its /tmp what it meant for its volume.
-	tmpMounted := false
-	if spec.Isolation != nil && pivotFirst {
+	// write into its /tmp what it meant for its volume. An isolated task
+	// has no mounts bound by host path (after), so its root is entered by
+	// now, and "/tmp" is its own.
+	if spec.Isolation != nil {
+		if !pivotFirst {
+			return nil, errors.New("an isolated task has mounts bound by host path: its /tmp would be made outside its root")
+		}
 		if err := mountTmp(m, spec.Isolation, spec.Mounts, spec.LateMounts); err != nil {
 			return nil, err
 		}
-		tmpMounted = true
 	}
 	mounts, trees := spec.Mounts, early
 	if spec.Isolation == nil {
@@ -414,11 +417,6 @@ func forkTask(m mounter.Interface, spec *wire.Spec, attr *syscall.SysProcAttr, r
 	}
 	if !pivotFirst {
 		if err := pivotRoot(root); err != nil {
-			return nil, err
-		}
-	}
-	if spec.Isolation != nil && !tmpMounted {
-		if err := mountTmp(m, spec.Isolation, spec.Mounts, spec.LateMounts); err != nil {
 			return nil, err
 		}
 	}
