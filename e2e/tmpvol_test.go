@@ -1,0 +1,92 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/shoenig/test/must"
+)
+
+// tmpvolScript prints the task's mounts at /tmp and /tmp/data as its own
+// /proc/self/mountinfo says them ("MI <mount id> <parent id> <mount
+// point> <fs type>"), checks that the fixture's fresh volume is what it
+// sees at /tmp/data (empty), writes a file into the volume and one into
+// its /tmp, and stays up for the host to look.
+const tmpvolScript = `set -e
+awk '$5 == "/tmp" || $5 == "/tmp/data" { for (i = 7; $i != "-"; i++) {}; print "MI", $1, $2, $5, $(i+1) }' /proc/self/mountinfo
+echo "LS [$(ls -A /tmp/data)]"
+echo "$1" > /tmp/data/token
+echo "$2" > /tmp/own
+echo written
+exec sleep 3600
+`
+
+// With tmp_size set, an isolated task's /tmp is a tmpfs, and a CSI volume
+// whose destination is inside it (/tmp/data) is mounted on that tmpfs, not
+// under it: the task sees the volume there and what it writes there lands
+// on the volume, while what it writes elsewhere in /tmp stays in its
+// tmpfs (neither on the volume nor in Nomad's task tmp/ on the disk).
+func TestVolumeInsideTmpfsTmp(t *testing.T) {
+	t.Parallel()
+	a := volAgentWith(t, AgentOptions{AllowPrivileged: true, DriverConfig: `    tmp_size = "8MiB"`})
+	fx := a.StartVolFixture(t, "tmpvol", VolFixtureOptions{})
+	name := volUniq("tmpvol")
+	token, own := "on-the-volume-"+name, "in-the-tmpfs-"+name
+	// The task is not privileged (the workload job never is); it runs as
+	// root to write the fixture's root-owned volume.
+	w := a.RunVolJob(t, VolJob{Type: "service",
+		Script: fmt.Sprintf("set -- %s %s\n%s", token, own, tmpvolScript),
+		Volumes: []VolSpec{{Name: "data", Plugin: fx.ID, ID: name, Dest: "/tmp/data",
+			Access: "single-node-writer", Create: true, CreateType: "dir"}}})
+	al := a.WaitAlloc(t, w.ID, volTimeout, StatusRunning)
+	out := a.WaitLogs(t, al.ID, "t", "written", volTimeout)
+	t.Logf("the task said:\n%s", out)
+
+	// In the task: /tmp is a tmpfs, /tmp/data a mount on it (its parent
+	// is /tmp's mount), not one the tmpfs covers, and empty as the fixture
+	// made it.
+	mi := map[string][]string{}
+	for _, line := range strings.Split(out, "\n") {
+		if f := strings.Fields(line); len(f) == 5 && f[0] == "MI" {
+			mi[f[3]] = f[1:]
+		}
+	}
+	tmp, data := mi["/tmp"], mi["/tmp/data"]
+	must.NotNil(t, tmp, must.Sprintf("no mount at /tmp in the task:\n%s", out))
+	must.NotNil(t, data, must.Sprintf("no mount at /tmp/data in the task:\n%s", out))
+	must.Eq(t, "tmpfs", tmp[3], must.Sprintf("the task's /tmp with tmp_size set:\n%s", out))
+	must.NotEq(t, "tmpfs", data[3], must.Sprintf("the task's /tmp/data is a tmpfs, not the volume:\n%s", out))
+	must.Eq(t, tmp[0], data[1], must.Sprintf("/tmp/data is not mounted on the task's /tmp (mount %s), so the tmpfs hides it:\n%s", tmp[0], out))
+	must.StrContains(t, out, "LS []", must.Sprint("the task's /tmp/data is not the fresh volume"))
+
+	// On the host: the file written to /tmp/data is in the fixture's
+	// backing directory of the volume, and the one written to /tmp is
+	// neither there nor in Nomad's task tmp/.
+	volID := fx.VolumeID(name)
+	must.NotEq(t, "", volID, must.Sprintf("the fixture has no volume %s", name))
+	backing := filepath.Join(fx.StateDir, "volumes", volID)
+	b, err := os.ReadFile(filepath.Join(backing, "token"))
+	must.NoError(t, err, must.Sprint("what the task wrote to /tmp/data is not on the volume"))
+	must.Eq(t, token+"\n", string(b))
+	entries, err := os.ReadDir(backing)
+	must.NoError(t, err)
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	must.Eq(t, []string{"token"}, names, must.Sprint("the volume holds more than the task wrote to /tmp/data"))
+	taskDir := filepath.Join(a.DataDir, "alloc", al.ID, "t")
+	_, err = os.Stat(taskDir)
+	must.NoError(t, err, must.Sprint("Nomad's task directory"))
+	hostTmp := filepath.Join(taskDir, "tmp", "own")
+	_, err = os.Stat(hostTmp)
+	must.True(t, errors.Is(err, os.ErrNotExist), must.Sprintf("the task's /tmp/own is on the disk at %s, not in its tmpfs: %v", hostTmp, err))
+
+	a.VolStopAndWait(t, w.ID, volTimeout)
+}
