@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/shoenig/test"
 	"github.com/shoenig/test/must"
 )
 
@@ -17,10 +18,12 @@ import (
 // /proc/self/mountinfo says them ("MI <mount id> <parent id> <mount
 // point> <fs type>"), checks that the fixture's fresh volume is what it
 // sees at /tmp/data (empty), writes a file into the volume and one into
-// its /tmp, and stays up for the host to look.
-const tmpvolScript = `set -e
+// its /tmp, and stays up for the host to look. A step that fails says so
+// in its output and the script goes on, so that the test's checks, not a
+// dead task, tell what went wrong.
+const tmpvolScript = `exec 2>&1
 awk '$5 == "/tmp" || $5 == "/tmp/data" { for (i = 7; $i != "-"; i++) {}; print "MI", $1, $2, $5, $(i+1) }' /proc/self/mountinfo
-echo "LS [$(ls -A /tmp/data)]"
+l=$(ls -A /tmp/data); echo "LS $? [$l]"
 echo "$1" > /tmp/data/token
 echo "$2" > /tmp/own
 echo written
@@ -60,10 +63,10 @@ func TestVolumeInsideTmpfsTmp(t *testing.T) {
 	tmp, data := mi["/tmp"], mi["/tmp/data"]
 	must.NotNil(t, tmp, must.Sprintf("no mount at /tmp in the task:\n%s", out))
 	must.NotNil(t, data, must.Sprintf("no mount at /tmp/data in the task:\n%s", out))
-	must.Eq(t, "tmpfs", tmp[3], must.Sprintf("the task's /tmp with tmp_size set:\n%s", out))
-	must.NotEq(t, "tmpfs", data[3], must.Sprintf("the task's /tmp/data is a tmpfs, not the volume:\n%s", out))
-	must.Eq(t, tmp[0], data[1], must.Sprintf("/tmp/data is not mounted on the task's /tmp (mount %s), so the tmpfs hides it:\n%s", tmp[0], out))
-	must.StrContains(t, out, "LS []", must.Sprint("the task's /tmp/data is not the fresh volume"))
+	test.Eq(t, "tmpfs", tmp[3], test.Sprint("the task's /tmp with tmp_size set"))
+	test.NotEq(t, "tmpfs", data[3], test.Sprint("the task's /tmp/data is a tmpfs, not the volume"))
+	test.Eq(t, tmp[0], data[1], test.Sprintf("/tmp/data is not mounted on the task's /tmp (mount %s), so the tmpfs hides it", tmp[0]))
+	test.StrContains(t, out, "LS 0 []", test.Sprint("the task's /tmp/data is not the fresh volume"))
 
 	// On the host: the file written to /tmp/data is in the fixture's
 	// backing directory of the volume, and the one written to /tmp is
