@@ -51,9 +51,19 @@ func TestVolumeInsideTmpfsTmp(t *testing.T) {
 	out := a.WaitLogs(t, al.ID, "t", "written", volTimeout)
 	t.Logf("the task said:\n%s", out)
 
-	// In the task: /tmp is a tmpfs, /tmp/data a mount on it (its parent
-	// is /tmp's mount), not one the tmpfs covers, and empty as the fixture
-	// made it.
+	checkTmpvolTask(t, out)
+	volID := fx.VolumeID(name)
+	must.NotEq(t, "", volID, must.Sprintf("the fixture has no volume %s", name))
+	checkTmpvolHost(t, token, filepath.Join(fx.StateDir, "volumes", volID), filepath.Join(a.DataDir, "alloc", al.ID, "t"))
+
+	a.VolStopAndWait(t, w.ID, volTimeout)
+}
+
+// checkTmpvolTask checks what a task running tmpvolScript said: its /tmp
+// is a tmpfs and its /tmp/data a mount on it (its parent is /tmp's
+// mount), not one the tmpfs covers, and empty as the fixture made it.
+func checkTmpvolTask(t *testing.T, out string) {
+	t.Helper()
 	mi := map[string][]string{}
 	for _, line := range strings.Split(out, "\n") {
 		if f := strings.Fields(line); len(f) == 5 && f[0] == "MI" {
@@ -67,13 +77,14 @@ func TestVolumeInsideTmpfsTmp(t *testing.T) {
 	test.NotEq(t, "tmpfs", data[3], test.Sprint("the task's /tmp/data is a tmpfs, not the volume"))
 	test.Eq(t, tmp[0], data[1], test.Sprintf("/tmp/data is not mounted on the task's /tmp (mount %s), so the tmpfs hides it", tmp[0]))
 	test.StrContains(t, out, "LS 0 []", test.Sprint("the task's /tmp/data is not the fresh volume"))
+}
 
-	// On the host: the file written to /tmp/data is in the fixture's
-	// backing directory of the volume, and the one written to /tmp is
-	// neither there nor in Nomad's task tmp/.
-	volID := fx.VolumeID(name)
-	must.NotEq(t, "", volID, must.Sprintf("the fixture has no volume %s", name))
-	backing := filepath.Join(fx.StateDir, "volumes", volID)
+// checkTmpvolHost checks what a task running tmpvolScript left on the
+// host: the token it wrote to /tmp/data is alone in the volume's backing
+// directory, and the file it wrote to /tmp is not in Nomad's task tmp/
+// under taskDir.
+func checkTmpvolHost(t *testing.T, token, backing, taskDir string) {
+	t.Helper()
 	b, err := os.ReadFile(filepath.Join(backing, "token"))
 	must.NoError(t, err, must.Sprint("what the task wrote to /tmp/data is not on the volume"))
 	must.Eq(t, token+"\n", string(b))
@@ -84,12 +95,9 @@ func TestVolumeInsideTmpfsTmp(t *testing.T) {
 		names = append(names, e.Name())
 	}
 	must.Eq(t, []string{"token"}, names, must.Sprint("the volume holds more than the task wrote to /tmp/data"))
-	taskDir := filepath.Join(a.DataDir, "alloc", al.ID, "t")
 	_, err = os.Stat(taskDir)
 	must.NoError(t, err, must.Sprint("Nomad's task directory"))
 	hostTmp := filepath.Join(taskDir, "tmp", "own")
 	_, err = os.Stat(hostTmp)
 	must.True(t, errors.Is(err, os.ErrNotExist), must.Sprintf("the task's /tmp/own is on the disk at %s, not in its tmpfs: %v", hostTmp, err))
-
-	a.VolStopAndWait(t, w.ID, volTimeout)
 }
