@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/shoenig/test"
 	"github.com/shoenig/test/must"
@@ -57,6 +58,58 @@ func TestVolumeInsideTmpfsTmp(t *testing.T) {
 	checkTmpvolHost(t, token, filepath.Join(fx.StateDir, "volumes", volID), filepath.Join(a.DataDir, "alloc", al.ID, "t"))
 
 	a.VolStopAndWait(t, w.ID, volTimeout)
+}
+
+// The same with Nomad's own CSI: Nomad stages and publishes the volume
+// (a group volume block, volume_mount at /tmp/data) through the fixture
+// run as its csi_plugin, and the driver gets the mount with the task's
+// config, before the task starts, not late over its socket. It is still
+// mounted on the task's tmpfs /tmp, not under it.
+func TestNativeVolumeInsideTmpfsTmp(t *testing.T) {
+	t.Parallel()
+	requireCSI(t)
+	root, err := RepoRoot()
+	must.NoError(t, err)
+	must.NoError(t, CheckFixture(root))
+	a := StartAgent(t, AgentOptions{AllowPrivileged: true, DriverConfig: `    tmp_size = "8MiB"`})
+
+	// Cleanups run last first: the workload stops and its claim is
+	// released, the volume is deleted while the plugin still runs, then
+	// the plugin stops, all before the agent's Close.
+	const pluginID = "tmpvol-native"
+	vars := a.NativePluginVars(pluginID, true, "")
+	plug := a.RunJob(t, "native_plugin", vars)
+	t.Cleanup(func() { a.stopJobs([]string{plug.ID}, time.Minute) })
+	pal := a.WaitAlloc(t, plug.ID, time.Minute, StatusRunning)
+	if _, err := a.WaitNativePlugin(pluginID, 1, 1, time.Minute); err != nil {
+		t.Fatalf("%v\n%s", err, a.Allocation(t, pal.ID).Describe())
+	}
+	name := volUniq("tmpvol-native")
+	must.NoError(t, a.CreateNativeVolume(name, pluginID, "single-node-writer", "dir"))
+	t.Cleanup(func() {
+		if _, err := a.WaitNativeVolumeReleased(name, time.Minute); err != nil {
+			t.Errorf("%v", err)
+		}
+		if err := a.DeleteNativeVolume(name, time.Minute); err != nil {
+			t.Errorf("%v", err)
+		}
+	})
+
+	token, own := "on-the-volume-"+name, "in-the-tmpfs-"+name
+	// The task is not privileged: isolated, its /tmp the tmpfs.
+	w := a.RunJob(t, "native_workload", map[string]string{"Type": "service", "Count": "1", "Driver": DriverName,
+		"VolumeID": name, "AccessMode": "single-node-writer", "Dest": "/tmp/data",
+		"Script": fmt.Sprintf("set -- %s %s\n%s", token, own, tmpvolScript)})
+	t.Cleanup(func() { a.stopJobs([]string{w.ID}, time.Minute) })
+	al := a.WaitAlloc(t, w.ID, volTimeout, StatusRunning)
+	out := a.WaitLogs(t, al.ID, "t", "written", volTimeout)
+	t.Logf("the task said:\n%s", out)
+
+	checkTmpvolTask(t, out)
+	v, err := a.NativeVolume(name)
+	must.NoError(t, err)
+	must.NotEq(t, "", v.ExternalID, must.Sprintf("volume %s has no external id", name))
+	checkTmpvolHost(t, token, filepath.Join(vars["StateDir"], "volumes", v.ExternalID), filepath.Join(a.DataDir, "alloc", al.ID, "t"))
 }
 
 // checkTmpvolTask checks what a task running tmpvolScript said: its /tmp
