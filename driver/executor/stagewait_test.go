@@ -30,9 +30,8 @@ func pollFor(cond func() bool) bool {
 // volumes come: when they fail, or the supervisor dies while the stage
 // waits, no stage is left behind (with a PID namespace of the task's and
 // without, where the stage ends at its socket's EOF), the command never
-// runs, and a start that fails in the supervisor leaves no cgroup (one
-// whose supervisor was killed leaves it, as it did before the stage was
-// forked early: the supervisor made it; the test's cleanup removes it).
+// runs, and no cgroup is left: the supervisor removes it when the start
+// fails in it, the driver when the supervisor was killed (endTaskGroup).
 func TestStart_StageWaitingForVolumes_Root(t *testing.T) {
 	requireTaskRoot(t)
 	for _, privatePID := range []bool{true, false} {
@@ -71,5 +70,44 @@ func TestStart_StageWaitingForVolumes_Root(t *testing.T) {
 				must.False(t, cgroupExists(tt.spec.CgroupParent, tt.spec.TaskID))
 			})
 		}
+	}
+}
+
+// A supervisor that never reports (stopped while its stage waits, after
+// the volumes came) is killed once startTimeout passes, and the start
+// leaves nothing: no stage, no command, no cgroup.
+func TestStart_SupervisorSilent_Root(t *testing.T) {
+	requireTaskRoot(t)
+	defer func(d time.Duration) { startTimeout = d }(startTimeout)
+	startTimeout = 2 * time.Second
+	for _, privatePID := range []bool{true, false} {
+		t.Run(fmt.Sprintf("private_pid=%v", privatePID), func(t *testing.T) {
+			marker := fmt.Sprintf("silent-marker-%d-%d", os.Getpid(), time.Now().UnixNano())
+			tt := isolatedSpec(t, "echo ran-"+marker)
+			tt.spec.Isolation.PrivatePID = privatePID
+			tt.spec.LateMounts = []Mount{{Target: "/vol"}}
+			vol := t.TempDir()
+			p, err := Start(hclog.NewNullLogger(), tt.spec, func() ([]Mount, error) {
+				if !pollFor(func() bool {
+					return len(processesMentioning(t, wire.StageSeccomp+"\x00/bin/sh\x00-c\x00echo ran-"+marker)) > 0
+				}) {
+					return nil, errors.New("no seccomp stage waited for the volume")
+				}
+				var rec wire.SupervisorRecord
+				if err := wire.ReadJSON(filepath.Join(tt.spec.StateDir, wire.SupervisorFile), &rec); err != nil {
+					return nil, err
+				}
+				if err := unix.Kill(rec.PID, unix.SIGSTOP); err != nil {
+					return nil, err
+				}
+				return []Mount{{Source: vol, Target: "/vol"}}, nil
+			})
+			must.Nil(t, p)
+			must.ErrorContains(t, err, "did not report within")
+			must.True(t, pollFor(func() bool { return len(processesMentioning(t, marker)) == 0 }),
+				must.Sprintf("processes left: %v", processesMentioning(t, marker)))
+			must.Eq(t, "", readFile(t, tt.stdout))
+			must.False(t, cgroupExists(tt.spec.CgroupParent, tt.spec.TaskID))
+		})
 	}
 }
