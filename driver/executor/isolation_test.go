@@ -45,20 +45,20 @@ func exitLines(t *testing.T, tt *testTask, p *Process) map[string]string {
 	return got
 }
 
-// startWithVolume starts tt's task with vol as its one late mount, at
-// /vol, as a task's CSI volume comes.
-func startWithVolume(tt *testTask, vol string) (*Process, error) {
-	tt.spec.LateMounts = []Mount{{Target: "/vol"}}
+// startWithLateMount starts tt's task with vol as its one late mount at
+// target, as a task's CSI volume comes.
+func startWithLateMount(tt *testTask, vol, target string) (*Process, error) {
+	tt.spec.LateMounts = []Mount{{Target: target}}
 	return Start(hclog.NewNullLogger(), tt.spec, func() ([]Mount, error) {
-		return []Mount{{Source: vol, Target: "/vol"}}, nil
+		return []Mount{{Source: vol, Target: target}}, nil
 	})
 }
 
 // runWithVolume is runLines for tt's task with vol at /vol
-// (startWithVolume).
+// (startWithLateMount).
 func runWithVolume(t *testing.T, tt *testTask, vol string) map[string]string {
 	t.Helper()
-	p, err := startWithVolume(tt, vol)
+	p, err := startWithLateMount(tt, vol, "/vol")
 	must.NoError(t, err)
 	t.Cleanup(func() { _ = p.Kill(); _ = p.Destroy() })
 	return exitLines(t, tt, p)
@@ -321,7 +321,7 @@ func TestIsolation_SeccompStageExecError_Root(t *testing.T) {
 		tt := isolatedSpec(t, "")
 		tt.spec.Supervisor = supervisor
 		tt.spec.Command, tt.spec.Args = "/vol/notaprogram", nil
-		p, err := startWithVolume(tt, vol)
+		p, err := startWithLateMount(tt, vol, "/vol")
 		if err == nil {
 			_ = p.Kill()
 			_ = p.Destroy()

@@ -7,8 +7,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/hashicorp/go-hclog"
-
 	"github.com/shoenig/test/must"
 	"golang.org/x/sys/unix"
 
@@ -226,15 +224,6 @@ func TestMounts_LateMountInsideTmpfsTmp_Root(t *testing.T) {
 	b, err := os.ReadFile(filepath.Join(vol, "out"))
 	must.NoError(t, err, must.Sprint("the task wrote into its volume, not into its /tmp"))
 	must.Eq(t, "written\n", string(b))
-}
-
-// startWithLateMount starts tt's task with vol as its one late mount at
-// target, as a task's CSI volume comes.
-func startWithLateMount(tt *testTask, vol, target string) (*Process, error) {
-	tt.spec.LateMounts = []Mount{{Target: target}}
-	return Start(hclog.NewNullLogger(), tt.spec, func() ([]Mount, error) {
-		return []Mount{{Source: vol, Target: target}}, nil
-	})
 }
 
 // Mounts of the spec itself (a host volume, Nomad's directories: trees
