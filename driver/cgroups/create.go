@@ -60,8 +60,9 @@ func Available() error {
 // parent is relative to the hierarchy root ("" for the root itself) and is
 // made when missing; it is never removed. Create is idempotent for the same
 // name, and every limit is written (zero writes the kernel default), so the
-// group ends with exactly l. On error, the directories this call made are
-// removed again (controllers it enabled in a parent stay enabled).
+// group ends with exactly l, whatever limits a group of that name had. On
+// error, the directories this call made are removed again (controllers it
+// enabled in a parent stay enabled).
 //
 // Memory: l.MemoryBytes also caps swap: v1 sets memory.memsw.limit_in_bytes
 // to the same value when the kernel has swap accounting, and v2 writes
@@ -295,6 +296,16 @@ func (h *hierarchy) createV1(c *creation, rel string, l Limits) (*Group, error) 
 			return nil, err
 		}
 		g.paths[ctrl] = filepath.Join(mounts[ctrl], rel)
+	}
+	if cpu := g.paths["cpu"]; !slices.Contains(c.made, cpu) {
+		// The group was there already (a start tried again) and may have
+		// a quota of other limits: lifted first, as Claim lifts the quota
+		// of a group made ahead, since under a parent with a quota the
+		// kernel refuses a period that with the quota in place would let
+		// the group use more CPU time than the parent's.
+		if err := writeFile(filepath.Join(cpu, "cpu.cfs_quota_us"), "-1"); err != nil {
+			return nil, err
+		}
 	}
 	if err := g.applyV1(l); err != nil {
 		return nil, err

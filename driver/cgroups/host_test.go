@@ -851,18 +851,57 @@ func TestHost_AheadFromAnyLimits(t *testing.T) {
 				must.NoError(t, os.MkdirAll(filepath.Join(h.root, "cpu", parent), 0o755))
 				must.NoError(t, writeFile(filepath.Join(h.root, "cpu", parent, "cpu.cfs_quota_us"), strconv.FormatInt(parentQuota, 10)))
 			}
-			aheadFromAnyLimits(t, parent, files)
+			fromAnyLimits(t, parent, files, func(i int, first, then Limits) (*Group, error) {
+				a, err := CreateAhead(parent, fmt.Sprintf("spare-%d", i), first)
+				must.NoError(t, err)
+				t.Cleanup(func() { must.NoError(t, a.Destroy()) })
+				return a.Claim(parent, fmt.Sprintf("task-%d", i), then)
+			})
 		})
 	}
 }
 
-func aheadFromAnyLimits(t *testing.T, parent string, files []string) {
+// Create on a group that is there already with other limits (a start tried
+// again) leaves it with the limits a new group gets, and goes through where
+// the new group's Create does: under a parent with a CPU quota the quota in
+// place is lifted before the period is written, as Claim does.
+func TestHost_CreateAgainFromAnyLimits(t *testing.T) {
+	h := needHost(t)
+	needLimits(t)
+	if h.version != 1 {
+		t.Skip("cgroup v1: the CPU period and quota are one file (cpu.max) on v2")
+	}
+	if _, err := h.v1Mount("devices"); err != nil {
+		t.Skip("the pairs have device filters, and the devices hierarchy is not mounted here")
+	}
+	files := []string{"memory/memory.limit_in_bytes", "memory/memory.memsw.limit_in_bytes", "memory/memory.soft_limit_in_bytes",
+		"cpu/cpu.shares", "cpu/cpu.cfs_quota_us", "cpu/cpu.cfs_period_us", "pids/pids.max", "devices/devices.list"}
+	for _, parentQuota := range []int64{0, 400000} {
+		t.Run(fmt.Sprintf("parent quota %d", parentQuota), func(t *testing.T) {
+			parent := uniqueParent()
+			t.Cleanup(func() { removeParent(t, h, parent) })
+			if parentQuota > 0 {
+				must.NoError(t, os.MkdirAll(filepath.Join(h.root, "cpu", parent), 0o755))
+				must.NoError(t, writeFile(filepath.Join(h.root, "cpu", parent, "cpu.cfs_quota_us"), strconv.FormatInt(parentQuota, 10)))
+			}
+			fromAnyLimits(t, parent, files, func(i int, first, then Limits) (*Group, error) {
+				name := fmt.Sprintf("again-%d", i)
+				g, err := Create(parent, name, first)
+				must.NoError(t, err)
+				t.Cleanup(func() { must.NoError(t, g.Destroy()) })
+				return Create(parent, name, then)
+			})
+		})
+	}
+}
+
+// fromAnyLimits checks, for each of aheadPairs, that the group make gives
+// (from the pair's first limits to its task's) has the files a new group
+// Create makes with the task's limits has.
+func fromAnyLimits(t *testing.T, parent string, files []string, make func(i int, first, then Limits) (*Group, error)) {
 	for i, tc := range aheadPairs {
 		t.Run(tc.name, func(t *testing.T) {
-			a, err := CreateAhead(parent, fmt.Sprintf("spare-%d", i), tc.ahead)
-			must.NoError(t, err)
-			t.Cleanup(func() { must.NoError(t, a.Destroy()) })
-			g, err := a.Claim(parent, fmt.Sprintf("task-%d", i), tc.task)
+			g, err := make(i, tc.ahead, tc.task)
 			must.NoError(t, err)
 			t.Cleanup(func() { must.NoError(t, g.Destroy()) })
 			want, err := Create(parent, fmt.Sprintf("made-%d", i), tc.task)
