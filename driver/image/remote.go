@@ -105,24 +105,52 @@ func (s *Store) openRemote(ctx context.Context, ref Reference, creds *Credential
 
 // checkRedirect follows at most 10 redirects, never to a link-local
 // address (cloud metadata services live there), nor from a public host to a
-// loopback or private one.
+// loopback or private one. A host given by name is judged by the addresses
+// it resolves to ("localhost" is a loopback address).
 func checkRedirect(req *http.Request, via []*http.Request) error {
 	if len(via) >= 10 {
 		return errors.New("stopped after 10 redirects")
 	}
-	ip := net.ParseIP(req.URL.Hostname())
-	if ip == nil {
-		return nil
-	}
-	if ip.IsLinkLocalUnicast() || ip.IsLinkLocalMulticast() || ip.IsUnspecified() {
-		return fmt.Errorf("redirect to the link-local address %s refused", ip)
-	}
-	if ip.IsLoopback() || ip.IsPrivate() {
-		if origin := net.ParseIP(via[0].URL.Hostname()); origin == nil || !(origin.IsLoopback() || origin.IsPrivate()) {
+	for _, ip := range hostIPs(req) {
+		if ip.IsLinkLocalUnicast() || ip.IsLinkLocalMulticast() || ip.IsUnspecified() {
+			return fmt.Errorf("redirect to the link-local address %s refused", ip)
+		}
+		if (ip.IsLoopback() || ip.IsPrivate()) && !isLocalHost(via[0]) {
 			return fmt.Errorf("redirect from %s to the local address %s refused", via[0].URL.Host, ip)
 		}
 	}
 	return nil
+}
+
+// hostIPs are the addresses of req's host: the host itself when it is an
+// address, else what it resolves to (none when it does not: the request
+// fails on its own).
+func hostIPs(req *http.Request) []net.IP {
+	host := req.URL.Hostname()
+	if ip := net.ParseIP(host); ip != nil {
+		return []net.IP{ip}
+	}
+	addrs, err := net.DefaultResolver.LookupIPAddr(req.Context(), host)
+	if err != nil {
+		return nil
+	}
+	ips := make([]net.IP, 0, len(addrs))
+	for _, a := range addrs {
+		ips = append(ips, a.IP)
+	}
+	return ips
+}
+
+// isLocalHost says whether every address of req's host is a loopback or
+// private one.
+func isLocalHost(req *http.Request) bool {
+	ips := hostIPs(req)
+	for _, ip := range ips {
+		if !ip.IsLoopback() && !ip.IsPrivate() {
+			return false
+		}
+	}
+	return len(ips) > 0
 }
 
 // statusOf turns go-containerregistry's error for a registry's answer into

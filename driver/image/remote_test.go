@@ -55,3 +55,45 @@ func TestPlainHTTPOnlyForInsecureRegistries(t *testing.T) {
 	must.Eq(t, want.String(), got.Digest)
 	must.Positive(t, hits.Load())
 }
+
+// A redirect is judged by the addresses its host names, not by how the
+// host is written: a name that resolves to a loopback address is the
+// loopback address, and a public registry may not send the driver there
+// (to a service of the node's own) by naming it; a registry named by a
+// host that is local may send it to another local address.
+func TestRedirectByNameIsJudgedByItsAddress(t *testing.T) {
+	public := mustRequest(t, "https://203.0.113.7/v2/x/blobs/sha256:aa")
+	local := mustRequest(t, "https://127.0.0.1:5000/v2/x/blobs/sha256:aa")
+	localByName := mustRequest(t, "https://localhost:5000/v2/x/blobs/sha256:aa")
+	cases := []struct {
+		name    string
+		from    *http.Request
+		to      string
+		refused string
+	}{
+		{name: "public to loopback by name", from: public, to: "https://localhost:4646/v1/agent/self", refused: "local address"},
+		{name: "public to loopback address", from: public, to: "https://127.0.0.1:4646/", refused: "local address"},
+		{name: "public to v4-mapped loopback", from: public, to: "https://[::ffff:127.0.0.1]:4646/", refused: "local address"},
+		{name: "public to link-local", from: public, to: "https://169.254.169.254/", refused: "link-local"},
+		{name: "public to public", from: public, to: "https://198.51.100.1/blob"},
+		{name: "loopback to loopback by name", from: local, to: "https://localhost:5001/blob"},
+		{name: "loopback by name to loopback", from: localByName, to: "https://127.0.0.1:5001/blob"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			err := checkRedirect(mustRequest(t, c.to), []*http.Request{c.from})
+			if c.refused == "" {
+				must.NoError(t, err)
+				return
+			}
+			must.ErrorContains(t, err, c.refused)
+		})
+	}
+}
+
+func mustRequest(t *testing.T, u string) *http.Request {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, u, nil)
+	must.NoError(t, err)
+	return req
+}
