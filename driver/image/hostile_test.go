@@ -1,6 +1,7 @@
 package image
 
 import (
+	"archive/tar"
 	"bytes"
 	"context"
 	"io"
@@ -560,4 +561,74 @@ func TestLocalImageDirsThatResolveIntoRootDir(t *testing.T) {
 		must.ErrorContains(t, err, "not a regular file")
 	}
 	must.NoError(t, ctx.Err())
+}
+
+// Entries that name the store's own files, the layer's root, or odd types:
+// a whiteout only hides in its own layer (it deletes nothing, of the store
+// or of another image), a fifo or a hard link to one or to a whiteout
+// stays an entry of the layer (nothing opens it while it unpacks), and a
+// root entry that is not a directory, a device number the kernel cannot
+// hold or a tar type no layer has is refused.
+func TestHostileLayerNamesAndTypes(t *testing.T) {
+	f := newFixture(t)
+	victimRef := f.layout(t, "victim", "1", mustImage(t, imagebuild.Spec{}, baseLayer(t)))
+	victim, err := f.store.Pull(context.Background(), victimRef, PullRequest{})
+	must.NoError(t, err)
+	victimMeta := filepath.Join(filepath.Dir(victim.Layers[0]), "layer.json")
+	meta, err := os.ReadFile(victimMeta)
+	must.NoError(t, err)
+
+	fifo := imagebuild.Entry{Header: tar.Header{Typeflag: tar.TypeFifo, Name: "p", Mode: 0o644, ModTime: time.Unix(1700000000, 0)}}
+	ref := f.layout(t, "names", "1", mustImage(t, imagebuild.Spec{}, mustLayer(t,
+		imagebuild.Whiteout("layer.json"), imagebuild.Whiteout("fs"), imagebuild.Whiteout("etc"),
+		fifo, imagebuild.Hardlink("p2", "p"),
+		imagebuild.Whiteout("w"), imagebuild.Hardlink("w2", "w"),
+		imagebuild.File("suid", []byte("x"), 0o4755),
+	)))
+	img, err := f.store.Pull(context.Background(), ref, PullRequest{})
+	must.NoError(t, err)
+	layer := img.Layers[0]
+	for _, name := range []string{"layer.json", "fs", "w", "w2"} {
+		var st unix.Stat_t
+		must.NoError(t, unix.Lstat(filepath.Join(layer, name), &st), must.Sprint(name))
+		must.Eq(t, uint32(unix.S_IFCHR), st.Mode&unix.S_IFMT, must.Sprint(name))
+		must.Eq(t, uint64(0), st.Rdev, must.Sprint(name))
+	}
+	var p, p2 unix.Stat_t
+	must.NoError(t, unix.Lstat(filepath.Join(layer, "p"), &p))
+	must.NoError(t, unix.Lstat(filepath.Join(layer, "p2"), &p2))
+	must.Eq(t, uint32(unix.S_IFIFO), p.Mode&unix.S_IFMT)
+	must.Eq(t, p.Ino, p2.Ino)
+	// The victim image and the store's own files are as they were.
+	got, err := os.ReadFile(victimMeta)
+	must.NoError(t, err)
+	must.Eq(t, string(meta), string(got))
+	b, err := os.ReadFile(filepath.Join(victim.Layers[0], "etc", "os-release"))
+	must.NoError(t, err)
+	must.Eq(t, "ID=test\n", string(b))
+	again, err := f.store.Pull(context.Background(), victimRef, PullRequest{})
+	must.NoError(t, err)
+	must.Eq(t, victim.Digest, again.Digest)
+
+	refused := map[string]imagebuild.Entry{
+		"root as file":        imagebuild.File(".", nil, 0o644),
+		"root as symlink":     imagebuild.Symlink(".", "/"),
+		"device major":        imagebuild.CharDevice("d", 1<<12, 0),
+		"device minor":        imagebuild.CharDevice("d", 1, 1<<20),
+		"negative owner":      {Header: tar.Header{Typeflag: tar.TypeReg, Name: "o", Uid: -1, Mode: 0o644}},
+		"owner of the kernel": {Header: tar.Header{Typeflag: tar.TypeReg, Name: "o", Uid: 1<<32 - 1, Mode: 0o644}},
+		"volume header":       {Header: tar.Header{Typeflag: 'V', Name: "v", Mode: 0o644}},
+		"contiguous file":     {Header: tar.Header{Typeflag: tar.TypeCont, Name: "c", Mode: 0o644}},
+	}
+	for name, e := range refused {
+		t.Run(name, func(t *testing.T) {
+			ref := f.layout(t, strings.ReplaceAll(name, " ", "-"), "1", mustImage(t, imagebuild.Spec{}, mustLayer(t, e)))
+			_, err := f.store.Pull(context.Background(), ref, PullRequest{})
+			must.Error(t, err)
+			must.ErrorIs(t, err, ErrUnsafeLayer)
+			got, err := os.ReadFile(victimMeta)
+			must.NoError(t, err)
+			must.Eq(t, string(meta), string(got))
+		})
+	}
 }
