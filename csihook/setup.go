@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"maps"
+	"os"
 	"path/filepath"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -158,7 +159,7 @@ func (m *Manager) setupVolume(ctx context.Context, taskID string, p plan) (Publi
 	if ok && tr.key() != k {
 		return Published{}, invalidf("volume %q: task %q already uses this name for volume_id %q", req.Name, taskID, tr.VolumeID)
 	}
-	if ok && tr.State == phasePublished {
+	if ok && tr.State == phasePublished && !targetIsSymlink(target) {
 		if mounted, err := m.cfg.Mounter.IsMountPoint(target); err == nil && mounted {
 			m.logger.Debug("volume already published", "task_id", taskID, "volume", req.Name, "volume_id", volumeID, "target_path", target)
 			return pub, nil
@@ -519,6 +520,9 @@ func (m *Manager) ensurePublished(ctx context.Context, info PluginInfo, vol volR
 			Hint: fmt.Sprintf("plugin %q did not publish the volume on this node (a mock plugin does not); check the plugin's logs, "+
 				"or use a plugin that mounts volumes at target_path", o.pluginID)}
 	}
+	if targetIsSymlink(tr.Target) {
+		return symlinkTargetError(o, tr.Target)
+	}
 	if tr.ApplyGroup != "" {
 		if err := applyVolumeGroup(tr.Target, tr.ApplyGroup); err != nil {
 			return fmt.Errorf("volume %q: mount_group = true: %w", tr.Name, err)
@@ -530,4 +534,22 @@ func (m *Manager) ensurePublished(ctx context.Context, info PluginInfo, vol volR
 	}
 	m.event(tr.TaskID, fmt.Sprintf("Published volume %q at %s", tr.Name, tr.Destination), annotations(tr.Name, tr.PluginID, tr.VolumeID))
 	return nil
+}
+
+// targetIsSymlink reports whether a publish target is a symbolic link (not
+// following it). The task's bind of its volume takes what the target path
+// names, and a link there would take the task to whatever it points at on
+// the host: a plugin that publishes by symlink (into a directory of a
+// volume the job writes, say) would let the job choose. The CSI spec has
+// the plugin publish at target_path; a link is not a publish.
+func targetIsSymlink(target string) bool {
+	fi, err := os.Lstat(target)
+	return err == nil && fi.Mode()&fs.ModeSymlink != 0
+}
+
+func symlinkTargetError(o op, target string) error {
+	return &OpError{Method: o.method, Volume: o.name, VolumeID: o.volumeID, PluginID: o.pluginID, Code: codes.Internal,
+		Message: fmt.Sprintf("the plugin left the target path %q a symbolic link, not a mount", target),
+		Hint: fmt.Sprintf("a task's volume is what is mounted at target_path, and a symbolic link there could name any path on the host: "+
+			"plugin %q must mount the volume at target_path (CSI spec); check the plugin's logs or use another plugin", o.pluginID)}
 }
