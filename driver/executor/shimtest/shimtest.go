@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"testing"
 )
 
@@ -18,13 +19,25 @@ const Package = "github.com/nomad-driver-csi/nomad-driver-csi/driver/executor/sh
 // the supervisor's own tests import this package; TestLDFlags checks it).
 const LDFlags = "-s -w -E github.com/nomad-driver-csi/nomad-driver-csi/driver/executor/supervisor.stageEntry"
 
+// PrebuiltEnv names, in the environment, a shim built as make builds it
+// for this machine's architecture, which Build returns instead of building
+// one: for a test binary run where there is no go command (the arm64 guest
+// of e2e/arm64/run.sh). It must be in a directory every user may search.
+const PrebuiltEnv = "SHIMTEST_PREBUILT"
+
 // Build builds the shim for goarch ("" for this machine's), with the
 // build tags of the calling tests (see buildTags), into a new
 // directory that every user may search (a task's seccomp stage runs from
 // it, as the task's user), removed when t ends. It skips t without the go
-// command.
+// command, unless PrebuiltEnv names the shim for this machine.
 func Build(t testing.TB, goarch string) string {
 	t.Helper()
+	if p := os.Getenv(PrebuiltEnv); p != "" && (goarch == "" || goarch == runtime.GOARCH) {
+		if _, err := os.Stat(p); err != nil {
+			t.Fatalf("%s: %v", PrebuiltEnv, err)
+		}
+		return p
+	}
 	goBin, err := exec.LookPath("go")
 	if err != nil {
 		t.Skip("needs the go command to build the shim")

@@ -5,9 +5,11 @@ package supervisor
 import (
 	"bytes"
 	"encoding/binary"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"syscall"
@@ -19,6 +21,84 @@ import (
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor/shimtest"
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor/wire"
 )
+
+// stageProbeEnv, set to 1 in its environment, makes this test binary the
+// command a stage execs: stageProbe instead of the tests.
+const stageProbeEnv = "NCSI_STAGE_PROBE"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(stageProbeEnv) == "1" {
+		stageProbe()
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// stageProbe prints, as "name=value" lines, the number of seccomp filters
+// it runs under and what the kernel answers it for calls that the task's
+// filter or the user namespace rules refuse, each made so that it fails
+// harmlessly without them too, with another errno:
+//
+//	keyctl(9999)               EPERM (filter), else ENOTSUP
+//	bpf(9999, NULL, 0)         EPERM (filter), else EINVAL (root)
+//	io_uring_setup(0, NULL)    ENOSYS (filter), else EINVAL or EPERM (its sysctl)
+//	setns(-1, 0)               EPERM (rules), else EBADF
+//	clone3(NULL, 0)            ENOSYS (rules), else EINVAL
+//	unshare(CLONE_NEWUSER)     EPERM (rules), else EINVAL (a Go process has threads)
+//	unshare(CLONE_NEWNS)       allowed by the rules: EPERM without SYS_ADMIN, else ok
+//	getpid                     ok
+func stageProbe() {
+	status, _ := os.ReadFile("/proc/self/status")
+	filters := "?"
+	for _, line := range strings.Split(string(status), "\n") {
+		if v, ok := strings.CutPrefix(line, "Seccomp_filters:"); ok {
+			filters = strings.TrimSpace(v)
+		}
+	}
+	fmt.Printf("filters=%s\n", filters)
+	answer := func(_, _ uintptr, e unix.Errno) string {
+		if e == 0 {
+			return "ok"
+		}
+		return unix.ErrnoName(e)
+	}
+	calls := []struct {
+		name    string
+		nr      uintptr
+		a, b, c uintptr
+	}{
+		{"keyctl", unix.SYS_KEYCTL, 9999, 0, 0},
+		{"bpf", unix.SYS_BPF, 9999, 0, 0},
+		{"io_uring_setup", unix.SYS_IO_URING_SETUP, 0, 0, 0},
+		{"setns", unix.SYS_SETNS, ^uintptr(0), 0, 0},
+		{"clone3", unix.SYS_CLONE3, 0, 0, 0},
+		{"unshare_user", unix.SYS_UNSHARE, unix.CLONE_NEWUSER, 0, 0},
+		{"unshare_mount", unix.SYS_UNSHARE, unix.CLONE_NEWNS, 0, 0},
+		{"getpid", unix.SYS_GETPID, 0, 0, 0},
+	}
+	// unshare applies to the calling thread alone: keep the probe on one.
+	runtime.LockOSThread()
+	for _, c := range calls {
+		fmt.Printf("%s=%s\n", c.name, answer(unix.RawSyscall(c.nr, c.a, c.b, c.c)))
+	}
+}
+
+// probeBinary is this test binary, copied into a directory every user
+// may search, for the stage to exec as stageProbe.
+func probeBinary(t *testing.T) string {
+	t.Helper()
+	self, err := os.Executable()
+	must.NoError(t, err)
+	b, err := os.ReadFile(self)
+	must.NoError(t, err)
+	dir, err := os.MkdirTemp("", "stage-probe-")
+	must.NoError(t, err)
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	must.NoError(t, os.Chmod(dir, 0o755))
+	p := filepath.Join(dir, "probe")
+	must.NoError(t, os.WriteFile(p, b, 0o755))
+	return p
+}
 
 type stageRun struct {
 	msg    string // what the stage wrote on its error pipe
@@ -139,8 +219,12 @@ func stageFileBytes(t *testing.T, env []string, filter []unix.SockFilter) []byte
 // failed with the errno after its marker (the Go stage writes a message
 // instead: that marker proves the entry point ran). What is not the
 // stage, or a stage it cannot serve, goes on to the Go runtime, which says
-// what is wrong. Run as root; the same cases but the filters' run on arm64
-// too when qemu-aarch64-static is there (it does not run seccomp filters).
+// what is wrong. The command the stage execs gets each refused call's errno
+// from the filters attached (stageProbe), and what no filter names reaches
+// the kernel. Run as root; the same cases but those of the filters run on
+// arm64 too when qemu-aarch64-static is there (it does not run seccomp
+// filters), and all of them on an arm64 kernel with make stage-arm64
+// (e2e/arm64/run.sh).
 func TestStageEntry_Root(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("test needs root: it runs the stage as another user")
@@ -170,10 +254,28 @@ true`
 		file     []byte
 		cred     *syscall.Credential
 		go_      *goAhead
-		filtered bool // needs a kernel that runs the filter (not qemu-user)
+		filtered bool // needs a kernel of the shim's architecture, which runs the filter (not qemu-user)
 		check    func(t *testing.T, got stageRun)
 	}
 	sh := goAheadFor("", "/bin/sh")
+	probe := goAheadFor("", probeBinary(t))
+	probeEnv := []string{stageProbeEnv + "=1"}
+	nobody := &syscall.Credential{Uid: 65534, Gid: 65534}
+	// answers checks the probe's lines against want; a value "!X" is any
+	// answer but X.
+	answers := func(t *testing.T, got stageRun, want map[string]string) {
+		t.Helper()
+		must.Eq(t, wire.SeccompReady, got.msg)
+		lines := outputLinesOf(got.stdout)
+		for k, v := range want {
+			if not, ok := strings.CutPrefix(v, "!"); ok {
+				must.NotEq(t, not, lines[k], must.Sprintf("%s, in:\n%s", k, got.stdout))
+				must.NotEq(t, "", lines[k], must.Sprintf("%s, in:\n%s", k, got.stdout))
+				continue
+			}
+			must.Eq(t, v, lines[k], must.Sprintf("%s, in:\n%s", k, got.stdout))
+		}
+	}
 	cases := []tcase{
 		{"nobody: both filters, the environment, no descriptors", stage("sh", "-c", script), stageFileBytes(t, env, filter),
 			&syscall.Credential{Uid: 65534, Gid: 65534}, sh, true, func(t *testing.T, got stageRun) {
@@ -201,6 +303,29 @@ true`
 			func(t *testing.T, got stageRun) {
 				must.Eq(t, wire.SeccompReady, got.msg)
 				must.Eq(t, "0", outputLinesOf(got.stdout)["filters"])
+			}},
+		// What the attached filters answer the command: each refused
+		// call gets the filter's errno, and what a filter does not name
+		// reaches the kernel.
+		{"nobody: the command's refused calls get the filters' errnos", stage("probe"), stageFileBytes(t, probeEnv, filter),
+			nobody, probe, true, func(t *testing.T, got stageRun) {
+				answers(t, got, map[string]string{"filters": "2", "keyctl": "EPERM", "io_uring_setup": "ENOSYS",
+					"setns": "EPERM", "clone3": "ENOSYS", "unshare_user": "EPERM", "unshare_mount": "EPERM", "getpid": "ok"})
+			}},
+		{"nobody, no task filter: the rules' errnos, the keyrings reach the kernel", stage("probe"), stageFileBytes(t, probeEnv, nil),
+			nobody, probe, true, func(t *testing.T, got stageRun) {
+				answers(t, got, map[string]string{"filters": "1", "keyctl": "ENOTSUP", "io_uring_setup": "!ENOSYS",
+					"setns": "EPERM", "clone3": "ENOSYS", "unshare_user": "EPERM", "getpid": "ok"})
+			}},
+		{"root with SYS_ADMIN: the task's filter's errnos, no rules", stage("probe"), stageFileBytes(t, probeEnv, filter),
+			nil, probe, true, func(t *testing.T, got stageRun) {
+				answers(t, got, map[string]string{"filters": "1", "keyctl": "EPERM", "bpf": "EPERM", "io_uring_setup": "ENOSYS",
+					"setns": "EBADF", "clone3": "EINVAL", "unshare_user": "EINVAL", "unshare_mount": "ok", "getpid": "ok"})
+			}},
+		{"root with SYS_ADMIN, no task filter: every call reaches the kernel", stage("probe"), stageFileBytes(t, probeEnv, nil),
+			nil, probe, true, func(t *testing.T, got stageRun) {
+				answers(t, got, map[string]string{"filters": "0", "keyctl": "ENOTSUP", "bpf": "EINVAL",
+					"io_uring_setup": "!ENOSYS", "setns": "EBADF", "clone3": "EINVAL", "unshare_user": "EINVAL", "getpid": "ok"})
 			}},
 		{"the go-ahead's working directory", stage("sh", "-c", script), stageFileBytes(t, env, nil), nil,
 			goAheadFor("/usr/bin", "/bin/sh"), false, func(t *testing.T, got stageRun) {
