@@ -32,4 +32,9 @@ func TestLDFlags(t *testing.T) {
 	run, err := os.ReadFile("../../../e2e/cgroup2/run.sh")
 	must.NoError(t, err)
 	must.StrContains(t, string(run), `-ldflags "`+shimtest.LDFlags+`"`)
+	// So does the arm64 guest's (make stage-arm64).
+	run, err = os.ReadFile("../../../e2e/arm64/run.sh")
+	must.NoError(t, err)
+	must.StrContains(t, string(run), `ldflags="`+shimtest.LDFlags+`"`)
+	must.StrContains(t, string(run), `go build -trimpath -ldflags "$ldflags"`)
 }

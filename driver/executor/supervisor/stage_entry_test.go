@@ -258,7 +258,8 @@ true`
 		check    func(t *testing.T, got stageRun)
 	}
 	sh := goAheadFor("", "/bin/sh")
-	probe := goAheadFor("", probeBinary(t))
+	probePath := probeBinary(t)
+	probe := goAheadFor("", probePath)
 	probeEnv := []string{stageProbeEnv + "=1"}
 	nobody := &syscall.Credential{Uid: 65534, Gid: 65534}
 	// answers checks the probe's lines against want; a value "!X" is any
@@ -327,6 +328,13 @@ true`
 				answers(t, got, map[string]string{"filters": "0", "keyctl": "ENOTSUP", "bpf": "EINVAL",
 					"io_uring_setup": "!ENOSYS", "setns": "EBADF", "clone3": "EINVAL", "unshare_user": "EINVAL", "getpid": "ok"})
 			}},
+		// The entry point's marker, not the Go stage's message: the entry
+		// point attached both filters itself and went on.
+		{"nobody, both filters, chdir fails: the entry point's errno", stage("probe"), stageFileBytes(t, probeEnv, filter),
+			nobody, goAheadFor("/nonexistent", probePath), true, func(t *testing.T, got stageRun) {
+				must.Eq(t, wire.SeccompChdirFailed+errnoOf(unix.ENOENT), got.msg)
+				must.Eq(t, 127, got.code)
+			}},
 		{"the go-ahead's working directory", stage("sh", "-c", script), stageFileBytes(t, env, nil), nil,
 			goAheadFor("/usr/bin", "/bin/sh"), false, func(t *testing.T, got stageRun) {
 				must.Eq(t, wire.SeccompReady, got.msg)
@@ -391,7 +399,9 @@ true`
 			&goAhead{msg: []byte("/usr/bin\x00")}, false, func(t *testing.T, got stageRun) {
 				must.Eq(t, wire.SeccompGoFailed+errnoOf(unix.EINVAL), got.msg)
 			}},
-		{"empty environment", stage("sh", "-c", `echo "n=$(env | grep -vc '^PWD=')"`), stageFileBytes(t, nil, nil), nil, sh, false,
+		// The environment the exec gave the shell, not what the shell
+		// exports of its own (dash PWD; busybox's also SHLVL and PATH).
+		{"empty environment", stage("sh", "-c", `echo "n=$(tr '\0' '\n' </proc/$$/environ | grep -c .)"`), stageFileBytes(t, nil, nil), nil, sh, false,
 			func(t *testing.T, got stageRun) {
 				must.Eq(t, wire.SeccompReady, got.msg)
 				must.Eq(t, "0", outputLinesOf(got.stdout)["n"])
