@@ -100,7 +100,8 @@ func transient(err error) bool {
 		}
 		return false
 	}
-	if kindOf(err) != nil || certError(err) {
+	var ra *refusedAddrError
+	if kindOf(err) != nil || certError(err) || errors.As(err, &ra) {
 		return false
 	}
 	// The network's errors only: a syscall.Errno is a net.Error too, and
@@ -167,6 +168,10 @@ func classify(ref Reference, what string, err error) error {
 			return errorf(ErrNotFound, "image %q not found: registry %s has no such repository, tag or digest; check the reference", ref.Raw, reg)
 		}
 		return errorf(ErrUnreachable, "failed to pull image %q: registry %s unreachable: it answered %s for %s; retry later or ask its operator", ref.Raw, reg, se, what)
+	}
+	var ra *refusedAddrError
+	if errors.As(err, &ra) {
+		return errorf(ErrNotAllowed, "failed to pull image %q while fetching %s from registry %s: %v; a pull never reaches a link-local address, nor a loopback or private one unless the registry it names is on one", ref.Raw, what, reg, ra)
 	}
 	if certError(err) {
 		return errorf(ErrUntrusted, "failed to pull image %q: the TLS certificate of registry %s is not trusted (%v); add its CA to the plugin option registry_ca_file, or list the registry in insecure_registries if it speaks plain HTTP", ref.Raw, reg, certCause(err))

@@ -9,8 +9,11 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"strings"
+	"sync"
+	"syscall"
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
@@ -49,9 +52,9 @@ func (g schemeGuard) RoundTrip(req *http.Request) (*http.Response, error) {
 }
 
 // newBaseTransport is the store's HTTP transport: Go's system roots (so
-// SSL_CERT_FILE and SSL_CERT_DIR work) plus registry_ca_file, and the
-// scheme guard.
-func newBaseTransport(opts Options) (http.RoundTripper, error) {
+// SSL_CERT_FILE and SSL_CERT_DIR work) plus registry_ca_file. Each pull
+// uses a clone of it of its own (pullTransport).
+func newBaseTransport(opts Options) (*http.Transport, error) {
 	pool, err := x509.SystemCertPool()
 	if err != nil || pool == nil {
 		pool = x509.NewCertPool()
@@ -69,7 +72,113 @@ func newBaseTransport(opts Options) (http.RoundTripper, error) {
 	t.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
 	t.ResponseHeaderTimeout = time.Minute
 	t.MaxIdleConnsPerHost = 8
-	return schemeGuard{next: t, insecure: opts.InsecureRegistries}, nil
+	return t, nil
+}
+
+// pullTransport is the transport of one pull from registry (host[:port],
+// as the job named it): connections of its own, shared with no other pull
+// (whose registry may reach other addresses), each held to the pull's
+// addrRule when it is dialed, by the address it connects to (a name that
+// answers one address to a check and another to the dial gains nothing);
+// and the scheme guard.
+func (s *Store) pullTransport(ctx context.Context, registry string) (*http.Transport, http.RoundTripper) {
+	host := registry
+	if h, _, err := net.SplitHostPort(registry); err == nil {
+		host = h
+	}
+	rule := &addrRule{registry: registry, local: isLocalHost(ctx, host), proxies: map[string]bool{}}
+	t := s.transport.Clone()
+	if proxy := t.Proxy; proxy != nil {
+		t.Proxy = func(req *http.Request) (*url.URL, error) {
+			u, err := proxy(req)
+			if u != nil {
+				rule.addProxy(u)
+			}
+			return u, err
+		}
+	}
+	guarded := &net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second, Control: rule.control}
+	direct := &net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}
+	t.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		// A proxy is the operator's: it connects for the pull.
+		if rule.isProxy(addr) {
+			return direct.DialContext(ctx, network, addr)
+		}
+		return guarded.DialContext(ctx, network, addr)
+	}
+	return t, schemeGuard{next: t, insecure: s.opts.InsecureRegistries}
+}
+
+// addrRule is what one pull may reach: never a link-local or unspecified
+// address (cloud metadata services live there), and a loopback or private
+// one only when the registry the job named is on such addresses itself
+// (the operator's registry on the node or its network); a registry the
+// job named on a public address cannot send the driver to a service of
+// the node's own, by a redirect, a token realm or a name.
+type addrRule struct {
+	registry string
+	local    bool
+
+	mu      sync.Mutex
+	proxies map[string]bool
+}
+
+// check judges one address of what (a connection, a host).
+func (r *addrRule) check(what string, ip net.IP) error {
+	if ip.IsLinkLocalUnicast() || ip.IsLinkLocalMulticast() || ip.IsUnspecified() {
+		return &refusedAddrError{what: what, ip: ip, linkLocal: true}
+	}
+	if (ip.IsLoopback() || ip.IsPrivate()) && !r.local {
+		return &refusedAddrError{what: what, ip: ip, registry: r.registry}
+	}
+	return nil
+}
+
+// control judges the address a connection of the pull is about to connect
+// to, after its name was resolved for the dial.
+func (r *addrRule) control(_, address string, _ syscall.RawConn) error {
+	host, _, err := net.SplitHostPort(address)
+	if err != nil {
+		return err
+	}
+	ip := net.ParseIP(host)
+	if ip == nil {
+		return fmt.Errorf("dial to %q, not an address", address)
+	}
+	return r.check("the connection to "+address, ip)
+}
+
+func (r *addrRule) addProxy(u *url.URL) {
+	port := u.Port()
+	if port == "" {
+		port = map[string]string{"http": "80", "https": "443", "socks5": "1080", "socks5h": "1080"}[u.Scheme]
+	}
+	r.mu.Lock()
+	r.proxies[net.JoinHostPort(u.Hostname(), port)] = true
+	r.mu.Unlock()
+}
+
+func (r *addrRule) isProxy(addr string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.proxies[addr]
+}
+
+// refusedAddrError is a connection, redirect or token realm of a pull
+// refused for its address.
+type refusedAddrError struct {
+	// what was refused: a connection, a host a request went to.
+	what      string
+	ip        net.IP
+	linkLocal bool
+	registry  string
+}
+
+func (e *refusedAddrError) Error() string {
+	if e.linkLocal {
+		return fmt.Sprintf("%s is refused: %s is a link-local address (cloud metadata services live there)", e.what, e.ip)
+	}
+	return fmt.Sprintf("%s is refused: %s is a loopback or private address, and registry %s is not on one", e.what, e.ip, e.registry)
 }
 
 // remoteSource reads an image from a registry.
@@ -78,6 +187,8 @@ type remoteSource struct {
 	repo   name.Repository
 	scheme string
 	client *http.Client
+	// conns are the pull's own connections, closed with it.
+	conns *http.Transport
 }
 
 func (s *Store) openRemote(ctx context.Context, ref Reference, creds *Credentials, notify func(string)) (*remoteSource, error) {
@@ -90,17 +201,19 @@ func (s *Store) openRemote(ctx context.Context, ref Reference, creds *Credential
 	if isInsecure(repo.RegistryStr(), s.opts.InsecureRegistries) {
 		scheme = "http"
 	}
+	conns, guarded := s.pullTransport(ctx, repo.RegistryStr())
 	var rt http.RoundTripper
 	err = s.retry(ctx, ref, "the registry's API", notify, func() error {
 		var err error
-		rt, err = transport.NewWithContext(ctx, repo.Registry, auth, s.transport, []string{repo.Scope(transport.PullScope)})
+		rt, err = transport.NewWithContext(ctx, repo.Registry, auth, guarded, []string{repo.Scope(transport.PullScope)})
 		return statusOf(err)
 	})
 	if err != nil {
+		conns.CloseIdleConnections()
 		return nil, classify(ref, "the registry's API", err)
 	}
 	client := &http.Client{Transport: rt, CheckRedirect: checkRedirect}
-	return &remoteSource{ref: ref, repo: repo, scheme: scheme, client: client}, nil
+	return &remoteSource{ref: ref, repo: repo, scheme: scheme, client: client, conns: conns}, nil
 }
 
 // checkRedirect follows at most 10 redirects, never to a link-local
@@ -111,26 +224,25 @@ func checkRedirect(req *http.Request, via []*http.Request) error {
 	if len(via) >= 10 {
 		return errors.New("stopped after 10 redirects")
 	}
-	for _, ip := range hostIPs(req) {
+	for _, ip := range hostIPs(req.Context(), req.URL.Hostname()) {
 		if ip.IsLinkLocalUnicast() || ip.IsLinkLocalMulticast() || ip.IsUnspecified() {
 			return fmt.Errorf("redirect to the link-local address %s refused", ip)
 		}
-		if (ip.IsLoopback() || ip.IsPrivate()) && !isLocalHost(via[0]) {
+		if (ip.IsLoopback() || ip.IsPrivate()) && !isLocalHost(via[0].Context(), via[0].URL.Hostname()) {
 			return fmt.Errorf("redirect from %s to the local address %s refused", via[0].URL.Host, ip)
 		}
 	}
 	return nil
 }
 
-// hostIPs are the addresses of req's host: the host itself when it is an
+// hostIPs are the addresses of host: the host itself when it is an
 // address, else what it resolves to (none when it does not: the request
 // fails on its own).
-func hostIPs(req *http.Request) []net.IP {
-	host := req.URL.Hostname()
+func hostIPs(ctx context.Context, host string) []net.IP {
 	if ip := net.ParseIP(host); ip != nil {
 		return []net.IP{ip}
 	}
-	addrs, err := net.DefaultResolver.LookupIPAddr(req.Context(), host)
+	addrs, err := net.DefaultResolver.LookupIPAddr(ctx, host)
 	if err != nil {
 		return nil
 	}
@@ -141,10 +253,10 @@ func hostIPs(req *http.Request) []net.IP {
 	return ips
 }
 
-// isLocalHost says whether every address of req's host is a loopback or
-// private one.
-func isLocalHost(req *http.Request) bool {
-	ips := hostIPs(req)
+// isLocalHost says whether every address of host is a loopback or private
+// one.
+func isLocalHost(ctx context.Context, host string) bool {
+	ips := hostIPs(ctx, host)
 	for _, ip := range ips {
 		if !ip.IsLoopback() && !ip.IsPrivate() {
 			return false
@@ -220,4 +332,7 @@ func (r *remoteSource) blob(ctx context.Context, d v1.Descriptor) (io.ReadCloser
 	return resp.Body, nil
 }
 
-func (r *remoteSource) close() error { return nil }
+func (r *remoteSource) close() error {
+	r.conns.CloseIdleConnections()
+	return nil
+}

@@ -2,10 +2,13 @@ package image
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -96,4 +99,110 @@ func mustRequest(t *testing.T, u string) *http.Request {
 	req, err := http.NewRequest(http.MethodGet, u, nil)
 	must.NoError(t, err)
 	return req
+}
+
+// tcpWitness is a listener that counts the connections it accepts (and
+// closes them): a service of the node's own that a pull must not reach.
+func tcpWitness(t *testing.T) (addr string, accepted *atomic.Int64) {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	must.NoError(t, err)
+	t.Cleanup(func() { l.Close() })
+	accepted = new(atomic.Int64)
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			accepted.Add(1)
+			c.Close()
+		}
+	}()
+	return l.Addr().String(), accepted
+}
+
+// Each connection of a pull is judged by the address it connects to, as
+// the dial resolved it: a name that answered a public address to the
+// check of a redirect or a realm and answers 127.0.0.1 to the dial (DNS
+// rebinding) reaches nothing. The connection layer alone is used here, as
+// if every check by name above it had been passed.
+func TestConnectionsAreJudgedByTheAddressDialed(t *testing.T) {
+	s, err := Open(t.TempDir(), Options{})
+	must.NoError(t, err)
+	svc, accepted := tcpWitness(t)
+	_, port, err := net.SplitHostPort(svc)
+	must.NoError(t, err)
+	get := func(registry, u string) error {
+		conns, _ := s.pullTransport(context.Background(), registry)
+		defer conns.CloseIdleConnections()
+		resp, err := conns.RoundTrip(mustRequest(t, u))
+		if err == nil {
+			resp.Body.Close()
+		}
+		return err
+	}
+	cases := []struct {
+		name, registry, to string
+		refused            string
+	}{
+		{name: "public registry, loopback by name", registry: "203.0.113.7", to: "https://localhost:" + port + "/", refused: "the connection to 127.0.0.1:" + port + " is refused: 127.0.0.1 is a loopback or private address, and registry 203.0.113.7 is not on one"},
+		{name: "public registry, loopback address", registry: "203.0.113.7", to: "https://" + svc + "/", refused: "loopback or private address"},
+		{name: "public registry, link-local", registry: "203.0.113.7", to: "https://169.254.169.254:" + port + "/", refused: "169.254.169.254 is a link-local address"},
+		{name: "loopback registry, link-local", registry: "127.0.0.1:5000", to: "https://169.254.169.254:" + port + "/", refused: "link-local"},
+		{name: "loopback registry, unspecified", registry: "127.0.0.1:5000", to: "https://0.0.0.0:" + port + "/", refused: "link-local"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			err := get(c.registry, c.to)
+			var ra *refusedAddrError
+			must.True(t, errors.As(err, &ra), must.Sprint(err))
+			must.ErrorContains(t, err, c.refused)
+			must.Eq(t, int64(0), accepted.Load())
+		})
+	}
+	// A registry the operator runs on the node reaches the node: the
+	// connection is made (and fails at TLS, which the witness does not
+	// speak).
+	err = get("localhost:5000", "https://localhost:"+port+"/")
+	must.Error(t, err)
+	var ra *refusedAddrError
+	must.False(t, errors.As(err, &ra))
+	must.Eq(t, int64(1), accepted.Load())
+}
+
+// A proxy is the operator's: a pull from a public registry reaches it on
+// a loopback or private address, and the proxy connects for it.
+func TestProxyOnALocalAddressIsReached(t *testing.T) {
+	s, err := Open(t.TempDir(), Options{})
+	must.NoError(t, err)
+	proxy, accepted := tcpWitness(t)
+	s.transport.Proxy = http.ProxyURL(&url.URL{Scheme: "http", Host: proxy})
+	conns, _ := s.pullTransport(context.Background(), "203.0.113.7")
+	defer conns.CloseIdleConnections()
+	_, err = conns.RoundTrip(mustRequest(t, "https://203.0.113.7/v2/"))
+	must.Error(t, err) // the witness is no proxy
+	var ra *refusedAddrError
+	must.False(t, errors.As(err, &ra), must.Sprint(err))
+	must.Eq(t, int64(1), accepted.Load())
+}
+
+// A job that names a link-local registry: the pull fails at once (no
+// retries), naming the image and the address, and nothing is kept.
+// (go-containerregistry itself refuses a token realm given as a loopback,
+// private or link-local address literal.)
+func TestLinkLocalRegistryIsRefused(t *testing.T) {
+	f := newFixture(t)
+	for _, c := range []struct{ ref, refused string }{
+		{ref: "169.254.169.254/x/app:1", refused: "the connection to 169.254.169.254:443 is refused: 169.254.169.254 is a link-local address"},
+		{ref: "[fe80::1]:5000/x/app:1", refused: "fe80::1 is a link-local address"},
+	} {
+		var said []string
+		_, err := f.store.Pull(context.Background(), c.ref, PullRequest{Notify: func(m string) { said = append(said, m) }})
+		must.ErrorIs(t, err, ErrNotAllowed)
+		must.ErrorContains(t, err, `image "`+c.ref+`"`)
+		must.ErrorContains(t, err, c.refused)
+		must.SliceEmpty(t, said)
+	}
+	assertEmpty(t, f.store)
 }

@@ -113,10 +113,11 @@ type Progress struct {
 
 // Store is the content-addressed image store of one root_dir.
 type Store struct {
-	dir       string
-	opts      Options
-	logger    hclog.Logger
-	transport http.RoundTripper
+	dir    string
+	opts   Options
+	logger hclog.Logger
+	// transport is the template of each pull's own (pullTransport).
+	transport *http.Transport
 
 	mu      sync.Mutex
 	flights map[string]*flight
