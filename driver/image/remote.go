@@ -80,7 +80,9 @@ func newBaseTransport(opts Options) (*http.Transport, error) {
 // (whose registry may reach other addresses), each held to the pull's
 // addrRule when it is dialed, by the address it connects to (a name that
 // answers one address to a check and another to the dial gains nothing);
-// and the scheme guard.
+// requests to other hosts (token realms, redirects) held to it by name
+// before they leave, which is what holds them behind a proxy; and the
+// scheme guard.
 func (s *Store) pullTransport(ctx context.Context, registry string) (*http.Transport, http.RoundTripper) {
 	host := registry
 	if h, _, err := net.SplitHostPort(registry); err == nil {
@@ -106,7 +108,7 @@ func (s *Store) pullTransport(ctx context.Context, registry string) (*http.Trans
 		}
 		return guarded.DialContext(ctx, network, addr)
 	}
-	return t, schemeGuard{next: t, insecure: s.opts.InsecureRegistries}
+	return t, schemeGuard{next: hostGuard{next: t, rule: rule}, insecure: s.opts.InsecureRegistries}
 }
 
 // addrRule is what one pull may reach: never a link-local or unspecified
@@ -179,6 +181,25 @@ func (e *refusedAddrError) Error() string {
 		return fmt.Sprintf("%s is refused: %s is a link-local address (cloud metadata services live there)", e.what, e.ip)
 	}
 	return fmt.Sprintf("%s is refused: %s is a loopback or private address, and registry %s is not on one", e.what, e.ip, e.registry)
+}
+
+// hostGuard judges, by the addresses its name resolves to, every request
+// to a host other than the pull's registry: the token realm the
+// registry's challenge names, the hosts its redirects lead to.
+type hostGuard struct {
+	next http.RoundTripper
+	rule *addrRule
+}
+
+func (g hostGuard) RoundTrip(req *http.Request) (*http.Response, error) {
+	if !strings.EqualFold(req.URL.Host, g.rule.registry) {
+		for _, ip := range hostIPs(req.Context(), req.URL.Hostname()) {
+			if err := g.rule.check("the token realm or redirect to "+req.URL.Host, ip); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return g.next.RoundTrip(req)
 }
 
 // remoteSource reads an image from a registry.

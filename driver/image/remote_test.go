@@ -187,6 +187,22 @@ func TestProxyOnALocalAddressIsReached(t *testing.T) {
 	must.Eq(t, int64(1), accepted.Load())
 }
 
+// A token realm (or any host but the registry's) is judged by the
+// addresses its name resolves to before the request leaves, as a redirect
+// is: a public registry cannot have the driver send a token request (with
+// the registry's credentials) to a service of the node's own.
+func TestRealmIsJudgedByItsAddress(t *testing.T) {
+	s, err := Open(t.TempDir(), Options{})
+	must.NoError(t, err)
+	svc, accepted := tcpWitness(t)
+	_, port, err := net.SplitHostPort(svc)
+	must.NoError(t, err)
+	_, rt := s.pullTransport(context.Background(), "203.0.113.7")
+	_, err = rt.RoundTrip(mustRequest(t, "https://localhost:"+port+"/token?scope=repository:x:pull"))
+	must.ErrorContains(t, err, "the token realm or redirect to localhost:"+port+" is refused: 127.0.0.1 is a loopback or private address")
+	must.Eq(t, int64(0), accepted.Load())
+}
+
 // A job that names a link-local registry: the pull fails at once (no
 // retries), naming the image and the address, and nothing is kept.
 // (go-containerregistry itself refuses a token realm given as a loopback,
