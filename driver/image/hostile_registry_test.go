@@ -5,6 +5,7 @@ import (
 	"compress/gzip"
 	"context"
 	"encoding/base64"
+	"encoding/json"
 	"encoding/pem"
 	"fmt"
 	"io"
@@ -23,6 +24,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/registry"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/types"
 	"github.com/shoenig/test/must"
@@ -393,4 +395,82 @@ func TestHostileManifests(t *testing.T) {
 	must.ErrorIs(t, err, ErrDigestMismatch)
 	must.ErrorContains(t, err, "not the diff id")
 	assertEmpty(t, s)
+}
+
+// A job that knows the configuration digest of another's private image
+// (or its whole manifest) gets nothing by naming a registry of its own
+// that serves a manifest naming it: the store's copy of the configuration
+// (its env may hold secrets) goes to credentials it was not served to only
+// when the source serves it too. The credentials it was served to get it
+// from the store without asking the registry for it again.
+func TestPrivateConfigIsNotServedByItsDigest(t *testing.T) {
+	needRoot(t)
+	backend := registry.New(registry.Logger(log.New(io.Discard, "", 0)))
+	var mu sync.Mutex
+	var blobs []string
+	private := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if u, p, ok := r.BasicAuth(); !ok || u != "alice" || p != "alice-pw" {
+			w.Header().Set("WWW-Authenticate", `Basic realm="private"`)
+			w.WriteHeader(http.StatusUnauthorized)
+			return
+		}
+		if strings.Contains(r.URL.Path, "/blobs/") {
+			mu.Lock()
+			blobs = append(blobs, r.URL.Path)
+			mu.Unlock()
+		}
+		backend.ServeHTTP(w, r)
+	}))
+	defer private.Close()
+	host := strings.TrimPrefix(private.URL, "http://")
+	img := mustImage(t, imagebuild.Spec{Env: []string{"DB_PASSWORD=hunter2"}}, baseLayer(t))
+	tag, err := name.NewTag(host+"/private/app:1", name.Insecure)
+	must.NoError(t, err)
+	must.NoError(t, remote.Write(tag, img, remote.WithAuth(&authn.Basic{Username: "alice", Password: "alice-pw"})))
+
+	// Mallory's registry serves, as m/app:forged, a manifest of its own
+	// naming the configuration (and the layers) of alice's image, and as
+	// m/app:copied the very manifest of alice's image; no blob.
+	raw, err := img.RawManifest()
+	must.NoError(t, err)
+	m, err := img.Manifest()
+	must.NoError(t, err)
+	forged, err := json.Marshal(&v1.Manifest{SchemaVersion: 2, MediaType: types.OCIManifestSchema1, Config: m.Config, Layers: m.Layers,
+		Annotations: map[string]string{"by": "mallory"}})
+	must.NoError(t, err)
+	must.NotEq(t, digestOf(raw), digestOf(forged))
+	mallory := rawRegistry(t, func(w http.ResponseWriter, r *http.Request, id string) {
+		w.Header().Set("Content-Type", string(types.OCIManifestSchema1))
+		if id == "forged" {
+			_, _ = w.Write(forged)
+			return
+		}
+		_, _ = w.Write(raw)
+	})
+
+	s, err := Open(t.TempDir(), Options{InsecureRegistries: []string{host, mallory}})
+	must.NoError(t, err)
+	s.retryBase, s.attempts = 0, 1
+	alice := &Credentials{Username: "alice", Password: "alice-pw"}
+	got, err := s.Pull(context.Background(), host+"/private/app:1", PullRequest{Auth: alice})
+	must.NoError(t, err)
+	must.SliceContains(t, got.Config.Env, "DB_PASSWORD=hunter2")
+
+	for _, ref := range []string{mallory + "/m/app:forged", mallory + "/m/app:copied"} {
+		got, err := s.Pull(context.Background(), ref, PullRequest{})
+		must.ErrorIs(t, err, ErrNotFound, must.Sprintf("%s served %+v", ref, got))
+		must.StrNotContains(t, err.Error(), "hunter2")
+	}
+
+	// Alice again, resolved at her registry: the configuration is the
+	// store's, not asked for again.
+	mu.Lock()
+	blobs = nil
+	mu.Unlock()
+	got, err = s.Pull(context.Background(), host+"/private/app:1", PullRequest{Auth: alice, ForcePull: true})
+	must.NoError(t, err)
+	must.SliceContains(t, got.Config.Env, "DB_PASSWORD=hunter2")
+	mu.Lock()
+	must.SliceEmpty(t, blobs)
+	mu.Unlock()
 }

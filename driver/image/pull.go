@@ -213,7 +213,7 @@ func (s *Store) checkBounds(ref Reference, m *v1.Manifest) error {
 }
 
 // fetchConfig reads and verifies the image's configuration.
-func (s *Store) fetchConfig(ctx context.Context, ref Reference, src source, res *resolved, f *flight) (*v1.ConfigFile, error) {
+func (s *Store) fetchConfig(ctx context.Context, ref Reference, src source, res *resolved, key string, f *flight) (*v1.ConfigFile, error) {
 	m := res.manifest
 	if err := s.checkBounds(ref, m); err != nil {
 		return nil, err
@@ -226,7 +226,7 @@ func (s *Store) fetchConfig(ctx context.Context, ref Reference, src source, res 
 	if m.Config.Size > maxConfigSize {
 		return nil, errorf(ErrTooLarge, "image %q: its configuration is over %d MiB", ref.Raw, maxConfigSize>>20)
 	}
-	raw, err := s.configBlob(ctx, ref, src, m.Config, f)
+	raw, err := s.configBlob(ctx, ref, src, m.Config, key, f)
 	if err != nil {
 		return nil, err
 	}
@@ -252,11 +252,17 @@ func (s *Store) fetchConfig(ctx context.Context, ref Reference, src source, res 
 // configBlob reads an image's configuration from the store's cache
 // (configs/<hex>.json), or fetches, verifies and caches it under the
 // blob's lock, so that concurrent pulls (in other processes too) fetch it
-// once.
-func (s *Store) configBlob(ctx context.Context, ref Reference, src source, desc v1.Descriptor, f *flight) ([]byte, error) {
+// once. The cache serves it only to credentials key that an image with it
+// was served to: for other ones the source must serve it, so that a job
+// that knows the digest of another's private configuration (its env) gets
+// nothing from a registry of its own whose manifest names it.
+func (s *Store) configBlob(ctx context.Context, ref Reference, src source, desc v1.Descriptor, key string, f *flight) ([]byte, error) {
 	want := desc.Digest.String()
 	cache := s.configPath(want)
 	cached := func() []byte {
+		if !s.configServed(want, key) {
+			return nil
+		}
 		b, err := os.ReadFile(cache)
 		if err != nil || digestOf(b) != want {
 			return nil
@@ -294,6 +300,18 @@ func (s *Store) configBlob(ctx context.Context, ref Reference, src source, desc 
 		return nil, s.diskError(ref, err)
 	}
 	return raw, nil
+}
+
+// configServed says whether an image the store has with the configuration
+// digest was served to credentials key.
+func (s *Store) configServed(digest, key string) bool {
+	recs, _ := s.records()
+	for _, r := range recs {
+		if r.ConfigDigest == digest && r.allows(key) {
+			return true
+		}
+	}
+	return false
 }
 
 func configOf(cfg *v1.ConfigFile) Config {

@@ -650,9 +650,18 @@ func (s *Store) pull(ctx context.Context, ref Reference, auth *Credentials, forc
 		return s.fallback(ctx, ref, key, f, err)
 	}
 	if r, err := s.readRecord(res.digest); err == nil && s.complete(r) {
+		// Its configuration goes to credentials it was not served to
+		// only if this source serves it: a registry that serves the
+		// manifest of another's private image does not get its
+		// configuration by that.
+		if !r.allows(key) {
+			if _, err := s.configBlob(ctx, ref, src, res.manifest.Config, key, f); err != nil {
+				return nil, err
+			}
+		}
 		return s.present(ctx, r, ref, key, true, f)
 	}
-	cfg, err := s.fetchConfig(ctx, ref, src, res, f)
+	cfg, err := s.fetchConfig(ctx, ref, src, res, key, f)
 	if err != nil {
 		return nil, err
 	}
