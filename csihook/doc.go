@@ -107,7 +107,9 @@
 //	   "volume_context", "publish_context", "secrets",
 //	   "controller": ""|"publishing"|"published"|"unpublishing",
 //	   "stage": ""|"staging"|"staged"|"unstaging",
-//	   "server" (who served the plugin id, may be absent), "updated"}
+//	   "server" (who served the plugin id, may be absent),
+//	   "namespace" (the namespace claiming the volume, may be absent),
+//	   "updated"}
 //	volume of a task
 //	  {"version":1, "task_id", "name", "seq", "plugin_id", "volume_id",
 //	   "target", "destination", "read_only", "access_mode",
@@ -120,9 +122,22 @@
 //	Nomad namespace a volume belongs to (kept after its release)
 //	  {"version":1, "plugin_id", "volume_id", "namespace", "updated"}
 //
-// "server" and the owner records came later without a new version:
-// journals without them replay as they are, and their volumes are adopted
-// by the first namespace, and the first server, that use them.
+// "server", the owner records and "namespace" came later without a new
+// version: journals without them replay as they are, and their volumes
+// are adopted by the first namespace, and the first server, that use
+// them.
+//
+// A volume nobody owns is claimed by the namespace setting it up with
+// its record ("namespace"), in the first batch, and the claim becomes an
+// owner record in the lazy batch of its first successful
+// NodePublishVolume: ownership costs no commit of its own. A setup that
+// fails gives the claim up with the volume's record, so a job cannot take
+// another namespace's volumes with calls bound to fail. A teardown's
+// first commit is synced and comes before any record of the volume is
+// dropped, so a published volume has an owner record on disk before its
+// claim goes; after a crash, a claim whose task record may have been
+// published (any state but pending) is made an owner record at start,
+// written with the first commit or compaction.
 //
 // A task record exists from before the first call made for it until its
 // unpublish finished. The number of users of a volume is never stored: it

@@ -72,8 +72,14 @@ type volRecord struct {
 	Server string `json:"server,omitempty"`
 	// MountGroup is the volume_mount_group sent to NodeStageVolume (see
 	// VolumeRequest.MountGroup); a restage sends it again.
-	MountGroup string    `json:"mount_group,omitempty"`
-	Updated    time.Time `json:"updated"`
+	MountGroup string `json:"mount_group,omitempty"`
+	// Namespace is the Nomad namespace that claimed the volume with this
+	// record, when no namespace owned it yet: its claim until a publish
+	// of the volume succeeds, when an ownerRecord makes it lasting. It
+	// goes with the record: a setup that failed and released the volume
+	// leaves no claim behind (see ownerRecord).
+	Namespace string    `json:"namespace,omitempty"`
+	Updated   time.Time `json:"updated"`
 }
 
 func (v volRecord) key() volKey { return volKey{v.PluginID, v.VolumeID} }
@@ -178,9 +184,26 @@ type createdRecord struct {
 }
 
 // ownerRecord says which Nomad namespace a volume of this node belongs to:
-// the namespace of the job that created it here or first used it. It is
-// kept after the volume is released, as long as the journal, so that
-// another namespace cannot take the volume's data once its owner stops.
+// the namespace of the job that created it here or first had it
+// published. It is kept after the volume is released, as long as the
+// journal, so that another namespace cannot take the volume's data once
+// its owner stops.
+//
+// A namespace claims a volume nobody owns with the volume's record
+// (volRecord.Namespace), in the batch that setup writes anyway before its
+// first call, and the claim becomes this record in the lazy batch of the
+// first successful NodePublishVolume: no commit of its own, and none more
+// on the way to the task's start. A setup that fails claims nothing once
+// its volume record is dropped, or a job could name another namespace's
+// volume ids with calls bound to fail and have that namespace refused its
+// own volumes here. The claim is on disk from before the first call until
+// the record is dropped, and the record is dropped only after a synced
+// commit of the teardown (NodeUnpublishVolume's "unpublishing"), which
+// syncs the owner record written before it: a volume that was published
+// never lacks an owner, crash or not. After a crash a task record that
+// may have been published (any state but pending) with a claim and no
+// owner record makes the claim an owner record (journalState.inferOwners),
+// written with the next commit.
 //
 // Journals written before owners were recorded have none: each of their
 // volumes is adopted by the first namespace that uses it after the
@@ -433,6 +456,11 @@ type journalState struct {
 	byVolume map[volKey][]taskRef
 	created  map[createdKey]createdRecord
 	owners   map[volKey]ownerRecord
+	// owed are owner records made at start from claims a crash left
+	// uncertain (inferOwners), in memory and not in the log yet: the next
+	// commit writes them, before it can drop what they were made from,
+	// and a compaction writes them with every other record.
+	owed map[volKey]bool
 	// staleSecrets is set once a record whose disk form held secrets was
 	// replaced by one whose disk form holds none (or other ones), or was
 	// dropped: the log still holds secrets no live record does, until a
@@ -442,7 +470,8 @@ type journalState struct {
 
 func newJournalState() *journalState {
 	return &journalState{vols: map[volKey]volRecord{}, tasks: map[string]map[string]taskRecord{},
-		byVolume: map[volKey][]taskRef{}, created: map[createdKey]createdRecord{}, owners: map[volKey]ownerRecord{}}
+		byVolume: map[volKey][]taskRef{}, created: map[createdKey]createdRecord{}, owners: map[volKey]ownerRecord{},
+		owed: map[volKey]bool{}}
 }
 
 // taskRef names a task record: its task id and volume name.
@@ -527,7 +556,69 @@ func (s *journalState) applyOp(o journalOp, logged bool) {
 		delete(s.created, createdKey{o.PluginID, o.Name})
 	case opPutOwner:
 		s.owners[volKey{o.Owner.PluginID, o.Owner.VolumeID}] = *o.Owner
+		delete(s.owed, volKey{o.Owner.PluginID, o.Owner.VolumeID})
 	}
+}
+
+// owner is the namespace a volume belongs to: its owner record's, or the
+// claim of its volume record while no owner is recorded.
+func (s *journalState) owner(k volKey) (string, bool) {
+	if o, ok := s.owners[k]; ok {
+		return o.Namespace, true
+	}
+	if v, ok := s.vols[k]; ok && v.Namespace != "" {
+		return v.Namespace, true
+	}
+	return "", false
+}
+
+// confirmOwner returns the put of an owner record for the claim of a
+// volume's record, once the volume was published: nothing when it has no
+// claim or an owner is recorded.
+func (s *journalState) confirmOwner(k volKey) []journalOp {
+	v, ok := s.vols[k]
+	if _, owned := s.owners[k]; owned || !ok || v.Namespace == "" {
+		return nil
+	}
+	return []journalOp{ownerPut(ownerRecord{PluginID: k.plugin, VolumeID: k.volume, Namespace: v.Namespace})}
+}
+
+// inferOwners makes owner records, after a replay, of the claims of
+// volumes whose publish a crash may have let through: a task record of
+// the volume in any state but pending may have had NodePublishVolume
+// succeed (and the task use the volume) while its "published", and the
+// owner record with it, was not synced yet. It returns how many it made;
+// they are owed to the log (see owed).
+func (s *journalState) inferOwners() int {
+	n := 0
+	for k, refs := range s.byVolume {
+		v, ok := s.vols[k]
+		if _, owned := s.owners[k]; owned || !ok || v.Namespace == "" {
+			continue
+		}
+		for _, r := range refs {
+			if s.task(r.taskID, r.name).State != phasePending {
+				s.owners[k] = ownerRecord{Version: journalVersion, PluginID: k.plugin, VolumeID: k.volume,
+					Namespace: v.Namespace, Updated: time.Now().UTC()}
+				s.owed[k] = true
+				n++
+				break
+			}
+		}
+	}
+	return n
+}
+
+// owedPuts returns the puts of the owner records owed to the log.
+func (s *journalState) owedPuts() []journalOp {
+	if len(s.owed) == 0 {
+		return nil
+	}
+	ops := make([]journalOp, 0, len(s.owed))
+	for k := range s.owed {
+		ops = append(ops, ownerPut(s.owners[k]))
+	}
+	return ops
 }
 
 func (s *journalState) replacesSecrets(old, new map[string]string) {
@@ -800,7 +891,12 @@ func (j *journal) loaded() (bool, error) {
 	}
 	j.migrated = migrated
 	j.state.dropUnneededSecrets()
-	return len(migrated) > 0 || j.state.staleSecrets, nil
+	inferred := j.state.inferOwners()
+	if inferred > 0 {
+		j.logger.Warn("volumes a crash left uncertain whether they were published keep the namespace that claimed them as owner",
+			"volumes", inferred, "path", j.logPath())
+	}
+	return len(migrated) > 0 || j.state.staleSecrets || inferred > 0, nil
 }
 
 // snapshot is the payloads of a compaction: every live record. The
@@ -828,6 +924,9 @@ func (j *journal) compacted() {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	j.state.staleSecrets = false
+	// The snapshot held them: every owed record came from the replay,
+	// before the compaction began.
+	clear(j.state.owed)
 	if migrated := j.migrated; len(migrated) > 0 {
 		path := j.logPath()
 		j.migrated = nil
@@ -862,9 +961,19 @@ func (j *journal) commitLazy(ops ...journalOp) error { return j.enqueue(true, op
 
 // The log gets the ops' forDisk form; the records take them whole, once
 // the batch is written (synced unless lazy), before the commit returns.
+//
+// Owner records made at start and not in the log yet (journalState.owed)
+// go out with the first commit, ahead of its ops: no commit drops the
+// task or volume records they were made from before they are written.
 func (j *journal) enqueue(lazy bool, ops []journalOp) error {
 	if len(ops) == 0 {
 		return nil
+	}
+	j.mu.Lock()
+	owed := j.state.owedPuts()
+	j.mu.Unlock()
+	if len(owed) > 0 {
+		ops = append(owed, ops...)
 	}
 	ops = merge(ops)
 	disk := make([]journalOp, len(ops))
@@ -890,12 +999,20 @@ func (j *journal) created(plugin, name string) (createdRecord, bool) {
 	return c, ok
 }
 
-// owner returns the namespace a volume belongs to, if it was recorded.
+// owner returns the namespace a volume belongs to, if one is recorded or
+// has claimed the volume with its record.
 func (j *journal) owner(plugin, volume string) (string, bool) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	o, ok := j.state.owners[volKey{plugin, volume}]
-	return o.Namespace, ok
+	return j.state.owner(volKey{plugin, volume})
+}
+
+// confirmOwner returns the put that makes the claim of a volume's record
+// its owner record, if there is one to make (journalState.confirmOwner).
+func (j *journal) confirmOwner(k volKey) []journalOp {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.state.confirmOwner(k)
 }
 
 // records returns the live volume and task records.

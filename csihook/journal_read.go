@@ -42,8 +42,9 @@ type JournalVolume struct {
 	Stage string
 	// Controller is "", "publishing", "published" or "unpublishing".
 	Controller string
-	// Namespace is the Nomad namespace the volume belongs to ("" when
-	// none is recorded).
+	// Namespace is the Nomad namespace the volume belongs to, or that
+	// claims it with the record while setting it up ("" when none is
+	// recorded).
 	Namespace string
 	// Server is who served the plugin id when the volume was set up.
 	Server string
@@ -119,9 +120,10 @@ func ReadJournal(dir string) (JournalState, error) {
 		}
 	}
 	for _, v := range scan.state.vols {
+		ns, _ := scan.state.owner(v.key())
 		st.Volumes = append(st.Volumes, JournalVolume{PluginID: v.PluginID, VolumeID: v.VolumeID,
 			StagingPath: v.StagingPath, NodeID: v.NodeID, Stage: v.Stage, Controller: v.Controller,
-			Namespace: scan.state.owners[v.key()].Namespace, Server: v.Server})
+			Namespace: ns, Server: v.Server})
 	}
 	for _, recs := range scan.state.tasks {
 		for _, t := range recs {

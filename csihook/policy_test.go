@@ -10,6 +10,8 @@ import (
 	"testing"
 
 	"github.com/shoenig/test/must"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/csihook/wal"
 )
@@ -226,4 +228,31 @@ func TestSetup_controllerOnlyPluginRefused(t *testing.T) {
 	err = h.m.teardownTask(ctx, "task-b")
 	must.ErrorContains(t, err, "without the CSI Node service")
 	must.Eq(t, 0, h.fake.Count(MethodNodeUnpublishVolume))
+}
+
+// A namespace whose setup of a volume fails before the plugin staged or
+// published anything (the volume is not there, or its secrets are wrong)
+// has not used the volume: it must not become its owner on this node.
+// Otherwise a hostile job names the volume ids of another namespace once,
+// with calls bound to fail, and that namespace is refused its own volumes
+// here from then on (and every such try is a record kept as long as the
+// journal).
+func TestNamespace_failedSetupClaimsNothing(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	for _, method := range []string{MethodControllerPublishVolume, MethodNodeStageVolume, MethodNodePublishVolume} {
+		h.fake.SetNextError(method, status.Error(codes.NotFound, "no such volume"))
+		_, err := h.m.Setup(ctx, "task-b", []VolumeRequest{nsReq("team-b", "data", "prod-db")})
+		must.Error(t, err)
+		_, ok := h.m.Owner("p", "prod-db")
+		must.False(t, ok, must.Sprintf("a setup failing at %s made namespace team-b the volume's owner", method))
+	}
+	h.restart()
+	_, ok := h.m.Owner("p", "prod-db")
+	must.False(t, ok)
+	_, err := h.m.Setup(ctx, "task-a", []VolumeRequest{nsReq("team-a", "data", "prod-db")})
+	must.NoError(t, err)
+	owner, ok := h.m.Owner("p", "prod-db")
+	must.True(t, ok)
+	must.Eq(t, "team-a", owner)
 }

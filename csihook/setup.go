@@ -187,21 +187,30 @@ func (m *Manager) setupVolume(ctx context.Context, taskID string, p plan) (Publi
 		vol.Secrets = req.Secrets
 	}
 	// New records go out in one batch with the first record of a call,
-	// before that call: nothing is called for the volume until then. The
-	// first namespace to use the volume becomes its owner with them.
-	pending := m.claimOwner(req, volumeID)
+	// before that call: nothing is called for the volume until then. A
+	// namespace using a volume nobody owns claims it with its record, and
+	// owns it once a publish succeeded (ensurePublished); a setup that
+	// fails drops the record, and the claim with it (see ownerRecord).
+	var pending []journalOp
+	claim := m.claimNamespace(req, volumeID)
 	if !ok {
 		vol = volRecord{
 			PluginID: req.PluginID, VolumeID: volumeID, StagingPath: m.StagingPath(req.PluginID, volumeID),
 			AccessMode: req.AccessMode, AttachmentMode: attachment(req), FSType: req.FSType,
 			MountFlags: req.MountFlags, VolumeContext: vctx, Secrets: req.Secrets, Server: info.Server,
-			MountGroup: req.MountGroup, HadSecrets: len(req.Secrets) > 0,
+			MountGroup: req.MountGroup, HadSecrets: len(req.Secrets) > 0, Namespace: claim,
 		}
 		pending = append(pending, volPut(vol))
-	} else if vol.Server == "" && info.Server != "" {
+	} else if (vol.Server == "" && info.Server != "") || claim != "" {
 		// Recorded before servers were kept: what serves the id now set
-		// it up as far as anyone can tell.
-		vol.Server = info.Server
+		// it up as far as anyone can tell. Recorded before namespaces
+		// claimed volumes: this one claims it.
+		if vol.Server == "" {
+			vol.Server = info.Server
+		}
+		if claim != "" {
+			vol.Namespace = claim
+		}
 		pending = append(pending, volPut(vol))
 	}
 	if existing, ok := m.taskRec(taskID, req.Name); ok {
@@ -529,6 +538,11 @@ func (m *Manager) ensurePublished(ctx context.Context, info PluginInfo, vol volR
 		}
 	}
 	tr.State = phasePublished
+	// The volume is published: a namespace's claim of it becomes its
+	// owner record, in the batch written anyway. Lazy is enough: the
+	// claim is on disk since before the first call, and the teardown's
+	// first commit, synced, comes before anything drops it.
+	pending = append(pending, m.journal.confirmOwner(tr.key())...)
 	if err := m.commitLazy(append(pending, taskPut(tr))...); err != nil {
 		return err
 	}

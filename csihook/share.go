@@ -3,13 +3,14 @@ package csihook
 import "fmt"
 
 // Sharing rules: who may use a volume of this node. A volume belongs to
-// the namespace that created or first used it here (checkNamespace,
-// claimOwner); tasks sharing a volume must ask for the access mode,
+// the namespace that created it here or first had it published, and is
+// claimed by the namespace setting it up meanwhile (checkNamespace,
+// claimNamespace, ownerRecord); tasks sharing a volume must ask for the access mode,
 // attachment mode and file system type it is staged with, and a
 // single-node-writer volume serves one task (checkShare).
 
 // Owner returns the Nomad namespace a volume of this node belongs to, if
-// one is recorded.
+// one is recorded or claims it with the volume's record.
 func (m *Manager) Owner(pluginID, volumeID string) (string, bool) {
 	return m.journal.owner(pluginID, volumeID)
 }
@@ -33,13 +34,27 @@ func (m *Manager) checkNamespace(req VolumeRequest, volumeID string) error {
 	if volumeID != req.VolumeID {
 		id = fmt.Sprintf("volume_id %q (created on this node as %q)", volumeID, req.VolumeID)
 	}
-	return &namespaceError{fmt.Sprintf("volume %q: %s of CSI plugin %q belongs to namespace %q on node %q (the namespace that created or first used it), not to namespace %q: run the job in namespace %q, or have the operator set allow_cross_namespace_volumes = true in the driver's plugin config",
+	return &namespaceError{fmt.Sprintf("volume %q: %s of CSI plugin %q belongs to namespace %q on node %q (the namespace that created or first used it, or is setting it up), not to namespace %q: run the job in namespace %q, or have the operator set allow_cross_namespace_volumes = true in the driver's plugin config",
 		req.Name, id, req.PluginID, owner, m.cfg.NodeName, req.Namespace, owner)}
+}
+
+// claimNamespace returns the namespace a setup of the request claims the
+// volume for with its record: the request's, when the volume has no owner
+// and no claim; "" otherwise.
+func (m *Manager) claimNamespace(req VolumeRequest, volumeID string) string {
+	if req.Namespace == "" {
+		return ""
+	}
+	if _, ok := m.journal.owner(req.PluginID, volumeID); ok {
+		return ""
+	}
+	return req.Namespace
 }
 
 // claimOwner returns the op that records the request's namespace as the
 // volume's owner, or nothing when it has one or the request has no
-// namespace.
+// namespace. It is for a volume the request created: its namespace owns
+// it from then on, used or not.
 func (m *Manager) claimOwner(req VolumeRequest, volumeID string) []journalOp {
 	if req.Namespace == "" {
 		return nil

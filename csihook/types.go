@@ -65,7 +65,9 @@ type VolumeRequest struct {
 	// Create, when set, creates the volume (by name VolumeID) before use.
 	Create *CreateRequest
 	// Namespace is the Nomad namespace of the task's job. A volume belongs
-	// to the namespace that created or first used it on this node; other
+	// to the namespace that created it on this node or first had it
+	// published here, and is claimed meanwhile by a namespace setting it
+	// up (a claim a failed setup gives up with the volume's record); other
 	// namespaces are refused unless Config.AllowCrossNamespace is set. An
 	// empty Namespace neither claims a volume nor is checked.
 	Namespace string

@@ -248,7 +248,7 @@ type Config struct {
 	PrivilegedPluginsOnly bool `codec:"privileged_plugins_only"`
 	// AllowCrossNamespaceVolumes lets a task use a volume that belongs to
 	// another Nomad namespace on this node (the namespace of the job that
-	// created or first used it).
+	// created or first had it published).
 	AllowCrossNamespaceVolumes bool     `codec:"allow_cross_namespace_volumes"`
 	RootDir                    string   `codec:"root_dir"`
 	CgroupParent               string   `codec:"cgroup_parent"`
