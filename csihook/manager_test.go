@@ -1212,7 +1212,9 @@ func (h *harness) journalBatches() (batches, syncs int) {
 // to publish), one more before NodeStageVolume after an attach (its
 // result and "staging"), and the results of the last calls in one lazy
 // batch. Teardown: a synced batch before each call, and a lazy one for the
-// last result.
+// last result. A setup in a namespace, which claims the volume and makes
+// it its owner once published, writes no batch and waits for no sync
+// more.
 func TestJournal_BatchesPerStep(t *testing.T) {
 	cases := []struct {
 		name                        string
@@ -1224,38 +1226,47 @@ func TestJournal_BatchesPerStep(t *testing.T) {
 		{"neither", PluginInfo{ID: "p", Socket: "/run/p.sock", Healthy: true}, 2, 1, 2},
 	}
 	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			h := newHarness(t)
-			h.setPlugin(tc.plugin)
-			ctx := context.Background()
-			r := req("data", "vol1", "/data")
-			r.AccessMode = AccessMultiNodeMultiWriter
-			n, syncs := h.journalBatches()
-			_, err := h.m.Setup(ctx, "task-a", []VolumeRequest{r})
-			must.NoError(t, err)
-			n2, syncs2 := h.journalBatches()
-			must.Eq(t, tc.setup, n2-n, must.Sprint("setup"))
-			must.Eq(t, tc.setupSyncs, syncs2-syncs, must.Sprint("synced batches of setup"))
-
-			// A second task on the volume only publishes.
-			n, syncs = h.journalBatches()
-			_, err = h.m.Setup(ctx, "task-b", []VolumeRequest{r})
-			must.NoError(t, err)
-			n2, syncs2 = h.journalBatches()
-			must.Eq(t, 2, n2-n, must.Sprint("setup of a second user"))
-			must.Eq(t, 1, syncs2-syncs, must.Sprint("synced batches of setup of a second user"))
-			n, _ = h.journalBatches()
-			must.NoError(t, h.m.Teardown(ctx, "task-b"))
-			n2, _ = h.journalBatches()
-			must.Eq(t, 2, n2-n, must.Sprint("teardown of a second user"))
-
-			n, _ = h.journalBatches()
-			must.NoError(t, h.m.Teardown(ctx, "task-a"))
-			n2, _ = h.journalBatches()
-			must.Eq(t, tc.teardown, n2-n, must.Sprint("teardown"))
-			must.SliceEmpty(t, h.journalRecords())
-		})
+		for _, ns := range []string{"", "team-a"} {
+			t.Run(tc.name+"/namespace="+ns, func(t *testing.T) {
+				batchesPerStep(t, tc.plugin, ns, tc.setup, tc.setupSyncs, tc.teardown)
+			})
+		}
 	}
+}
+
+func batchesPerStep(t *testing.T, plugin PluginInfo, namespace string, setup, setupSyncs, teardown int) {
+	h := newHarness(t)
+	h.setPlugin(plugin)
+	ctx := context.Background()
+	r := req("data", "vol1", "/data")
+	r.AccessMode = AccessMultiNodeMultiWriter
+	r.Namespace = namespace
+	n, syncs := h.journalBatches()
+	_, err := h.m.Setup(ctx, "task-a", []VolumeRequest{r})
+	must.NoError(t, err)
+	n2, syncs2 := h.journalBatches()
+	must.Eq(t, setup, n2-n, must.Sprint("setup"))
+	must.Eq(t, setupSyncs, syncs2-syncs, must.Sprint("synced batches of setup"))
+
+	// A second task on the volume only publishes.
+	n, syncs = h.journalBatches()
+	_, err = h.m.Setup(ctx, "task-b", []VolumeRequest{r})
+	must.NoError(t, err)
+	n2, syncs2 = h.journalBatches()
+	must.Eq(t, 2, n2-n, must.Sprint("setup of a second user"))
+	must.Eq(t, 1, syncs2-syncs, must.Sprint("synced batches of setup of a second user"))
+	n, _ = h.journalBatches()
+	must.NoError(t, h.m.Teardown(ctx, "task-b"))
+	n2, _ = h.journalBatches()
+	must.Eq(t, 2, n2-n, must.Sprint("teardown of a second user"))
+
+	n, _ = h.journalBatches()
+	must.NoError(t, h.m.Teardown(ctx, "task-a"))
+	n2, _ = h.journalBatches()
+	must.Eq(t, teardown, n2-n, must.Sprint("teardown"))
+	must.SliceEmpty(t, h.journalRecords())
+	owner, _ := h.m.Owner("p", "vol1")
+	must.Eq(t, namespace, owner)
 }
 
 // The task's intent to publish is on disk before NodeStageVolume, but a

@@ -256,3 +256,151 @@ func TestNamespace_failedSetupClaimsNothing(t *testing.T) {
 	must.True(t, ok)
 	must.Eq(t, "team-a", owner)
 }
+
+// A failed setup's claim lives exactly as long as the volume's record: a
+// release that fails too keeps the record, and with it the claim, across
+// a restart, without making it an owner record; once recovery releases
+// the volume, the claim is gone and another namespace may use it.
+func TestNamespace_claimLivesWithVolumeRecord(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	dir := filepath.Join(h.root, "journal")
+	h.fake.SetNextError(MethodNodeStageVolume, status.Error(codes.NotFound, "no such volume"))
+	h.fake.SetError(MethodNodeUnstageVolume, status.Error(codes.InvalidArgument, "plugin refuses"))
+	_, err := h.m.Setup(ctx, "task-b", []VolumeRequest{nsReq("team-b", "data", "prod-db")})
+	must.ErrorContains(t, err, "no such volume")
+	must.Eq(t, []string{"vol p/prod-db unstaging/published"}, h.journalRecords())
+
+	claimed := func() {
+		t.Helper()
+		owner, ok := h.m.Owner("p", "prod-db")
+		must.True(t, ok)
+		must.Eq(t, "team-b", owner)
+		_, err := h.m.Setup(ctx, "task-a", []VolumeRequest{nsReq("team-a", "data", "prod-db")})
+		must.ErrorIs(t, err, ErrOtherNamespace)
+		must.ErrorContains(t, err, `belongs to namespace "team-b"`)
+		disk := diskJournal(t, dir)
+		must.MapEmpty(t, disk.owners, must.Sprint("a setup that failed left a lasting owner record"))
+		must.Eq(t, "team-b", disk.vols[volKey{"p", "prod-db"}].Namespace)
+		st, err := ReadJournal(dir)
+		must.NoError(t, err)
+		must.Len(t, 1, st.Volumes)
+		must.Eq(t, "team-b", st.Volumes[0].Namespace)
+	}
+	claimed()
+	h.restart()
+	claimed()
+
+	h.fake.SetError(MethodNodeUnstageVolume, nil)
+	must.NoError(t, h.m.Recover(func(string) bool { return false }))
+	h.waitIdle()
+	must.SliceEmpty(t, h.journalRecords())
+	_, ok := h.m.Owner("p", "prod-db")
+	must.False(t, ok)
+	h.restart()
+	_, ok = h.m.Owner("p", "prod-db")
+	must.False(t, ok)
+	must.MapEmpty(t, diskJournal(t, dir).owners)
+
+	_, err = h.m.Setup(ctx, "task-a", []VolumeRequest{nsReq("team-a", "data", "prod-db")})
+	must.NoError(t, err)
+	owner, _ := h.m.Owner("p", "prod-db")
+	must.Eq(t, "team-a", owner)
+}
+
+// A volume that was published keeps its owner once it is torn down and
+// its record dropped: in memory, after a replay of the log, and after a
+// compaction, which must carry the owner record.
+func TestNamespace_publishedVolumeKeepsOwner(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	dir := filepath.Join(h.root, "journal")
+	_, err := h.m.Setup(ctx, "task-a", []VolumeRequest{nsReq("team-a", "data", "vol1")})
+	must.NoError(t, err)
+	must.NoError(t, h.m.Teardown(ctx, "task-a"))
+	must.SliceEmpty(t, h.journalRecords())
+
+	owned := func(when string) {
+		t.Helper()
+		owner, ok := h.m.Owner("p", "vol1")
+		must.True(t, ok, must.Sprintf("no owner %s", when))
+		must.Eq(t, "team-a", owner)
+		must.Eq(t, "team-a", diskJournal(t, dir).owners[volKey{"p", "vol1"}].Namespace, must.Sprintf("no owner record on disk %s", when))
+		h.fake.ResetCalls()
+		_, err := h.m.Setup(ctx, "task-b", []VolumeRequest{nsReq("team-b", "data", "vol1")})
+		must.ErrorIs(t, err, ErrOtherNamespace, must.Sprintf("another namespace took the volume %s", when))
+		must.SliceEmpty(t, h.fake.Methods())
+	}
+	owned("after the teardown")
+	h.restart()
+	owned("after a replay")
+	must.NoError(t, h.m.journal.log.Compact())
+	owned("after a compaction")
+	h.restart()
+	owned("after a replay of the compaction")
+}
+
+// A crash can lose the lazy batch of a successful NodePublishVolume, and
+// the owner record in it, while the task used the volume: the claim of
+// the volume's record, whose task record may have been published, is
+// made its owner at start, and stays once recovery releases the volume,
+// across replays and a compaction. A task record whose publish had not
+// begun leaves the claim to go with the record.
+func TestNamespace_crashAfterPublishKeepsOwner(t *testing.T) {
+	for _, tc := range []struct {
+		state string
+		owned bool
+	}{{phasePublishing, true}, {phaseUnpublishing, true}, {phasePending, false}} {
+		t.Run(tc.state, func(t *testing.T) {
+			h := newHarness(t)
+			dir := filepath.Join(h.root, "journal")
+			vol := volRecord{PluginID: "p", VolumeID: "vol1", StagingPath: h.m.StagingPath("p", "vol1"), NodeID: "node-1",
+				AccessMode: AccessMultiNodeMultiWriter, AttachmentMode: AttachmentFileSystem, FSType: "ext4",
+				Controller: phasePublished, Stage: phaseStaged, Namespace: "team-a"}
+			tr := taskRecord{TaskID: "task-a", Name: "data", PluginID: "p", VolumeID: "vol1", Target: h.m.TargetPath("task-a", "data"),
+				Destination: "/data", AccessMode: AccessMultiNodeMultiWriter, AttachmentMode: AttachmentFileSystem, FSType: "ext4",
+				State: tc.state}
+			// What the disk held when the host crashed: the synced batch
+			// before NodePublishVolume, and the mounts.
+			must.NoError(t, h.m.journal.commit(volPut(vol), taskPut(tr)))
+			must.NoError(t, h.mnt.Mount("fake", vol.StagingPath, "ext4", 0, ""))
+			if tc.state != phasePending {
+				must.NoError(t, h.mnt.Mount("fake", tr.Target, "ext4", 0, ""))
+			}
+			h.restart()
+			owner, ok := h.m.Owner("p", "vol1")
+			must.True(t, ok)
+			must.Eq(t, "team-a", owner)
+
+			must.NoError(t, h.m.Recover(func(string) bool { return false }))
+			h.waitIdle()
+			must.SliceEmpty(t, h.journalRecords())
+			must.SliceEmpty(t, h.mountPaths())
+			check := func(when string) {
+				t.Helper()
+				owner, ok := h.m.Owner("p", "vol1")
+				must.Eq(t, tc.owned, ok, must.Sprintf("owner %s", when))
+				disk, onDisk := diskJournal(t, dir).owners[volKey{"p", "vol1"}]
+				must.Eq(t, tc.owned, onDisk, must.Sprintf("owner record on disk %s", when))
+				if tc.owned {
+					must.Eq(t, "team-a", owner)
+					must.Eq(t, "team-a", disk.Namespace)
+				}
+				if tc.owned {
+					_, err := h.m.Setup(context.Background(), "task-b", []VolumeRequest{nsReq("team-b", "data", "vol1")})
+					must.ErrorIs(t, err, ErrOtherNamespace)
+				}
+			}
+			check("after recovery released the volume")
+			h.restart()
+			check("after a replay")
+			must.NoError(t, h.m.journal.log.Compact())
+			h.restart()
+			check("after a compaction")
+			if !tc.owned {
+				_, err := h.m.Setup(context.Background(), "task-b", []VolumeRequest{nsReq("team-b", "data", "vol1")})
+				must.NoError(t, err)
+			}
+		})
+	}
+}
