@@ -344,14 +344,17 @@ func TestNamespace_publishedVolumeKeepsOwner(t *testing.T) {
 // the owner record in it, while the task used the volume: the claim of
 // the volume's record, whose task record may have been published, is
 // made its owner at start, and stays once recovery releases the volume,
-// across replays and a compaction. A task record whose publish had not
-// begun leaves the claim to go with the record.
+// across replays and a compaction. The owner record goes out with the
+// first commit when the compaction asked for at start cannot be written
+// (a full disk). A task record whose publish had not begun leaves the
+// claim to go with the record.
 func TestNamespace_crashAfterPublishKeepsOwner(t *testing.T) {
 	for _, tc := range []struct {
-		state string
-		owned bool
-	}{{phasePublishing, true}, {phaseUnpublishing, true}, {phasePending, false}} {
-		t.Run(tc.state, func(t *testing.T) {
+		state         string
+		owned         bool
+		noCompactions bool
+	}{{phasePublishing, true, false}, {phasePublishing, true, true}, {phaseUnpublishing, true, false}, {phasePending, false, false}} {
+		t.Run(fmt.Sprintf("%s/compactions_fail=%t", tc.state, tc.noCompactions), func(t *testing.T) {
 			h := newHarness(t)
 			dir := filepath.Join(h.root, "journal")
 			vol := volRecord{PluginID: "p", VolumeID: "vol1", StagingPath: h.m.StagingPath("p", "vol1"), NodeID: "node-1",
@@ -366,6 +369,10 @@ func TestNamespace_crashAfterPublishKeepsOwner(t *testing.T) {
 			must.NoError(t, h.mnt.Mount("fake", vol.StagingPath, "ext4", 0, ""))
 			if tc.state != phasePending {
 				must.NoError(t, h.mnt.Mount("fake", tr.Target, "ext4", 0, ""))
+			}
+			restore := createTemp
+			if tc.noCompactions {
+				failCompactions(t)
 			}
 			h.restart()
 			owner, ok := h.m.Owner("p", "vol1")
@@ -392,6 +399,7 @@ func TestNamespace_crashAfterPublishKeepsOwner(t *testing.T) {
 				}
 			}
 			check("after recovery released the volume")
+			createTemp = restore
 			h.restart()
 			check("after a replay")
 			must.NoError(t, h.m.journal.log.Compact())
