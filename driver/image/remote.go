@@ -127,13 +127,48 @@ type addrRule struct {
 
 // check judges one address of what (a connection, a host).
 func (r *addrRule) check(what string, ip net.IP) error {
-	if ip.IsLinkLocalUnicast() || ip.IsLinkLocalMulticast() || ip.IsUnspecified() {
+	if neverReached(ip) {
 		return &refusedAddrError{what: what, ip: ip, linkLocal: true}
 	}
-	if (ip.IsLoopback() || ip.IsPrivate()) && !r.local {
+	if localAddr(ip) && !r.local {
 		return &refusedAddrError{what: what, ip: ip, registry: r.registry}
 	}
 	return nil
+}
+
+var (
+	// sharedSpace is RFC 6598's shared address space: carrier NAT,
+	// tailnets, the metadata service of some clouds (100.100.100.200);
+	// not the internet's.
+	sharedSpace = &net.IPNet{IP: net.IPv4(100, 64, 0, 0), Mask: net.CIDRMask(10, 32)}
+	// nat64 is NAT64's well-known prefix (RFC 6052): an address in it
+	// reaches the IPv4 address it embeds.
+	nat64 = &net.IPNet{IP: net.ParseIP("64:ff9b::"), Mask: net.CIDRMask(96, 128)}
+)
+
+// reached is the address a connection to ip reaches: the IPv4 address a
+// NAT64 one embeds, else ip.
+func reached(ip net.IP) net.IP {
+	if ip.To4() == nil && nat64.Contains(ip) {
+		return net.IPv4(ip[12], ip[13], ip[14], ip[15])
+	}
+	return ip
+}
+
+// neverReached is an address no pull connects to: link-local (cloud
+// metadata services live there), unspecified, or of "this network"
+// (0.0.0.0/8, which Linux takes for the node itself).
+func neverReached(ip net.IP) bool {
+	ip = reached(ip)
+	v4 := ip.To4()
+	return ip.IsLinkLocalUnicast() || ip.IsLinkLocalMulticast() || ip.IsUnspecified() || (v4 != nil && v4[0] == 0)
+}
+
+// localAddr is an address of the node or its networks: loopback,
+// private, unique local or shared.
+func localAddr(ip net.IP) bool {
+	ip = reached(ip)
+	return ip.IsLoopback() || ip.IsPrivate() || sharedSpace.Contains(ip)
 }
 
 // control judges the address a connection of the pull is about to connect
@@ -178,7 +213,10 @@ type refusedAddrError struct {
 
 func (e *refusedAddrError) Error() string {
 	if e.linkLocal {
-		return fmt.Sprintf("%s is refused: %s is a link-local address (cloud metadata services live there)", e.what, e.ip)
+		if ip := reached(e.ip); !ip.IsUnspecified() && (ip.To4() == nil || ip.To4()[0] != 0) {
+			return fmt.Sprintf("%s is refused: %s is a link-local address (cloud metadata services live there)", e.what, e.ip)
+		}
+		return fmt.Sprintf("%s is refused: %s is an unspecified address (it reaches the node itself)", e.what, e.ip)
 	}
 	return fmt.Sprintf("%s is refused: %s is a loopback or private address, and registry %s is not on one", e.what, e.ip, e.registry)
 }
@@ -246,10 +284,10 @@ func checkRedirect(req *http.Request, via []*http.Request) error {
 		return errors.New("stopped after 10 redirects")
 	}
 	for _, ip := range hostIPs(req.Context(), req.URL.Hostname()) {
-		if ip.IsLinkLocalUnicast() || ip.IsLinkLocalMulticast() || ip.IsUnspecified() {
-			return fmt.Errorf("redirect to the link-local address %s refused", ip)
+		if neverReached(ip) {
+			return fmt.Errorf("redirect to the link-local or unspecified address %s refused", ip)
 		}
-		if (ip.IsLoopback() || ip.IsPrivate()) && !isLocalHost(via[0].Context(), via[0].URL.Hostname()) {
+		if localAddr(ip) && !isLocalHost(via[0].Context(), via[0].URL.Hostname()) {
 			return fmt.Errorf("redirect from %s to the local address %s refused", via[0].URL.Host, ip)
 		}
 	}
@@ -279,7 +317,7 @@ func hostIPs(ctx context.Context, host string) []net.IP {
 func isLocalHost(ctx context.Context, host string) bool {
 	ips := hostIPs(ctx, host)
 	for _, ip := range ips {
-		if !ip.IsLoopback() && !ip.IsPrivate() {
+		if !localAddr(ip) {
 			return false
 		}
 	}

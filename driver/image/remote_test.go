@@ -150,7 +150,7 @@ func TestConnectionsAreJudgedByTheAddressDialed(t *testing.T) {
 		{name: "public registry, loopback address", registry: "203.0.113.7", to: "https://" + svc + "/", refused: "loopback or private address"},
 		{name: "public registry, link-local", registry: "203.0.113.7", to: "https://169.254.169.254:" + port + "/", refused: "169.254.169.254 is a link-local address"},
 		{name: "loopback registry, link-local", registry: "127.0.0.1:5000", to: "https://169.254.169.254:" + port + "/", refused: "link-local"},
-		{name: "loopback registry, unspecified", registry: "127.0.0.1:5000", to: "https://0.0.0.0:" + port + "/", refused: "link-local"},
+		{name: "loopback registry, unspecified", registry: "127.0.0.1:5000", to: "https://0.0.0.0:" + port + "/", refused: "0.0.0.0 is an unspecified address"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
