@@ -1,7 +1,7 @@
 # A batch task from an image in a registry, with the task's own
 # credentials ({{.Vars.Username}} empty: none), pulled within {{.Vars.Timeout}}.
-# {{.Vars.Count}} copies, one run each, no rescheduling; force_pull when
-# the variable ForcePull is set.
+# {{.Vars.Count}} copies, one run each (RestartAttempts restarts when set),
+# no rescheduling; force_pull when the variable ForcePull is set.
 job "{{.JobID}}" {
   type = "batch"
 
@@ -9,7 +9,8 @@ job "{{.JobID}}" {
     count = {{.Vars.Count}}
 
     restart {
-      attempts = 0
+      attempts = {{or (index .Vars "RestartAttempts") "0"}}
+      delay    = "1s"
       mode     = "fail"
     }
 
