@@ -129,12 +129,12 @@ func TestImagePullNeverReachesLinkLocal(t *testing.T) {
 		{
 			name:    "metadata service through NAT64",
 			ref:     "[64:ff9b::a9fe:a9fe]/x/app:1",
-			refused: "the connection to [64:ff9b::a9fe:a9fe]:443 is refused: 64:ff9b::a9fe:a9fe is a link-local address",
+			refused: "the connection to [64:ff9b::a9fe:a9fe]:443 is refused: 64:ff9b::a9fe:a9fe (NAT64 for 169.254.169.254) is a link-local address",
 		},
 		{
 			name:    "this network",
 			ref:     "0.0.0.1/x/app:1",
-			refused: "the connection to 0.0.0.1:443 is refused: 0.0.0.1",
+			refused: "the connection to 0.0.0.1:443 is refused: 0.0.0.1 is in 0.0.0.0/8",
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

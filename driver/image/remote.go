@@ -212,13 +212,22 @@ type refusedAddrError struct {
 }
 
 func (e *refusedAddrError) Error() string {
-	if e.linkLocal {
-		if ip := reached(e.ip); !ip.IsUnspecified() && (ip.To4() == nil || ip.To4()[0] != 0) {
-			return fmt.Sprintf("%s is refused: %s is a link-local address (cloud metadata services live there)", e.what, e.ip)
-		}
-		return fmt.Sprintf("%s is refused: %s is an unspecified address (it reaches the node itself)", e.what, e.ip)
+	// A NAT64 address is named with the address it reaches.
+	addr := e.ip.String()
+	ip := reached(e.ip)
+	if !ip.Equal(e.ip) {
+		addr = fmt.Sprintf("%s (NAT64 for %s)", e.ip, ip)
 	}
-	return fmt.Sprintf("%s is refused: %s is a loopback or private address, and registry %s is not on one", e.what, e.ip, e.registry)
+	if e.linkLocal {
+		switch v4 := ip.To4(); {
+		case ip.IsUnspecified():
+			return fmt.Sprintf("%s is refused: %s is an unspecified address (it reaches the node itself)", e.what, addr)
+		case v4 != nil && v4[0] == 0:
+			return fmt.Sprintf("%s is refused: %s is in 0.0.0.0/8 (\"this network\"), which no pull reaches", e.what, addr)
+		}
+		return fmt.Sprintf("%s is refused: %s is a link-local address (cloud metadata services live there)", e.what, addr)
+	}
+	return fmt.Sprintf("%s is refused: %s is a loopback, private or shared address, and registry %s is not on one", e.what, addr, e.registry)
 }
 
 // hostGuard judges, by the addresses its name resolves to, every request

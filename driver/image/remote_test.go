@@ -146,8 +146,8 @@ func TestConnectionsAreJudgedByTheAddressDialed(t *testing.T) {
 		name, registry, to string
 		refused            string
 	}{
-		{name: "public registry, loopback by name", registry: "203.0.113.7", to: "https://localhost:" + port + "/", refused: "the connection to 127.0.0.1:" + port + " is refused: 127.0.0.1 is a loopback or private address, and registry 203.0.113.7 is not on one"},
-		{name: "public registry, loopback address", registry: "203.0.113.7", to: "https://" + svc + "/", refused: "loopback or private address"},
+		{name: "public registry, loopback by name", registry: "203.0.113.7", to: "https://localhost:" + port + "/", refused: "the connection to 127.0.0.1:" + port + " is refused: 127.0.0.1 is a loopback, private or shared address, and registry 203.0.113.7 is not on one"},
+		{name: "public registry, loopback address", registry: "203.0.113.7", to: "https://" + svc + "/", refused: "loopback, private or shared address"},
 		{name: "public registry, link-local", registry: "203.0.113.7", to: "https://169.254.169.254:" + port + "/", refused: "169.254.169.254 is a link-local address"},
 		{name: "loopback registry, link-local", registry: "127.0.0.1:5000", to: "https://169.254.169.254:" + port + "/", refused: "link-local"},
 		{name: "loopback registry, unspecified", registry: "127.0.0.1:5000", to: "https://0.0.0.0:" + port + "/", refused: "0.0.0.0 is an unspecified address"},
@@ -199,7 +199,7 @@ func TestRealmIsJudgedByItsAddress(t *testing.T) {
 	must.NoError(t, err)
 	_, rt := s.pullTransport(context.Background(), "203.0.113.7")
 	_, err = rt.RoundTrip(mustRequest(t, "https://localhost:"+port+"/token?scope=repository:x:pull"))
-	must.ErrorContains(t, err, "the token realm or redirect to localhost:"+port+" is refused: 127.0.0.1 is a loopback or private address")
+	must.ErrorContains(t, err, "the token realm or redirect to localhost:"+port+" is refused: 127.0.0.1 is a loopback, private or shared address")
 	must.Eq(t, int64(0), accepted.Load())
 }
 
@@ -212,6 +212,8 @@ func TestLinkLocalRegistryIsRefused(t *testing.T) {
 	for _, c := range []struct{ ref, refused string }{
 		{ref: "169.254.169.254/x/app:1", refused: "the connection to 169.254.169.254:443 is refused: 169.254.169.254 is a link-local address"},
 		{ref: "[fe80::1]:5000/x/app:1", refused: "fe80::1 is a link-local address"},
+		{ref: "[64:ff9b::a9fe:a9fe]/x/app:1", refused: "64:ff9b::a9fe:a9fe (NAT64 for 169.254.169.254) is a link-local address"},
+		{ref: "0.0.0.1/x/app:1", refused: `0.0.0.1 is in 0.0.0.0/8 ("this network")`},
 	} {
 		var said []string
 		_, err := f.store.Pull(context.Background(), c.ref, PullRequest{Notify: func(m string) { said = append(said, m) }})
