@@ -152,11 +152,13 @@ func (s *Store) Remove(ctx context.Context, what string, live Live) (Info, error
 func (s *Store) removeConfigs(kept []*record) {
 	keep := map[string]bool{}
 	for _, r := range kept {
-		keep[hexOf(r.ConfigDigest)+".json"] = true
+		keep[hexOf(r.ConfigDigest)] = true
 	}
 	entries, _ := os.ReadDir(filepath.Join(s.dir, "configs"))
 	for _, e := range entries {
-		if !keep[e.Name()] {
+		// <hex>.json and its marks, <hex>.for-<key>.
+		hex, _, _ := strings.Cut(e.Name(), ".")
+		if !keep[hex] {
 			_ = os.Remove(filepath.Join(s.dir, "configs", e.Name()))
 		}
 	}

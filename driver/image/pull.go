@@ -260,7 +260,7 @@ func (s *Store) configBlob(ctx context.Context, ref Reference, src source, desc 
 	want := desc.Digest.String()
 	cache := s.configPath(want)
 	cached := func() []byte {
-		if !s.configServed(want, key) {
+		if _, err := os.Stat(s.configFetchedPath(want, key)); err != nil && !s.configServed(want, key) {
 			return nil
 		}
 		b, err := os.ReadFile(cache)
@@ -299,7 +299,23 @@ func (s *Store) configBlob(ctx context.Context, ref Reference, src source, desc 
 	if err := atomicfile.Write(cache, raw, 0o600, true); err != nil {
 		return nil, s.diskError(ref, err)
 	}
+	// Concurrent pulls with the same credentials (other processes too)
+	// find it cached before any of them has written the image's record.
+	if err := atomicfile.Write(s.configFetchedPath(want, key), nil, 0o600, false); err != nil {
+		return nil, s.diskError(ref, err)
+	}
 	return raw, nil
+}
+
+// configFetchedPath marks a cached configuration as fetched from its
+// source for credentials key, as an image's record does once it is
+// written: configs/<hex>.for-<key> ("none" for no credentials of the
+// task's).
+func (s *Store) configFetchedPath(digest, key string) string {
+	if key == "" {
+		key = "none"
+	}
+	return filepath.Join(s.dir, "configs", hexOf(digest)+".for-"+key)
 }
 
 // configServed says whether an image the store has with the configuration

@@ -37,6 +37,7 @@ import (
 //	layers/<hex>/fs       a layer unpacked (hex of its diff id), an overlay lower dir
 //	layers/<hex>/layer.json
 //	configs/<hex>.json    image configurations, verified, by digest
+//	configs/<hex>.for-<k> marks: fetched from its source for credentials k
 //	uses/<key>.json       a task's lease on an image
 //	tmp/                  layers being unpacked, and their lock files
 //
@@ -713,6 +714,10 @@ func (s *Store) discard(diffIDs []string, config string) {
 	}
 	if !configUsed {
 		_ = os.Remove(s.configPath(config))
+		marks, _ := filepath.Glob(filepath.Join(s.dir, "configs", hexOf(config)+".for-*"))
+		for _, m := range marks {
+			_ = os.Remove(m)
+		}
 	}
 	refd := referenced(recs)
 	for _, d := range diffIDs {
