@@ -831,34 +831,12 @@ func TestHost_Ahead(t *testing.T) {
 // memory.limit_in_bytes; under a parent with a CPU quota, a child's quota
 // over its period never above the parent's).
 func TestHost_AheadFromAnyLimits(t *testing.T) {
-	h := needHost(t)
-	needLimits(t)
-	if h.version != 1 {
-		t.Skip("groups are made ahead on cgroup v1 only")
-	}
-	if _, err := h.v1Mount("devices"); err != nil {
-		t.Skip("the pairs have device filters, and the devices hierarchy is not mounted here")
-	}
-	files := []string{"memory/memory.limit_in_bytes", "memory/memory.memsw.limit_in_bytes", "memory/memory.soft_limit_in_bytes",
-		"cpu/cpu.shares", "cpu/cpu.cfs_quota_us", "cpu/cpu.cfs_period_us", "pids/pids.max", "devices/devices.list"}
-	// Under a parent without a CPU quota, and under one with a quota of
-	// four CPUs, which each pair's limits keep to.
-	for _, parentQuota := range []int64{0, 400000} {
-		t.Run(fmt.Sprintf("parent quota %d", parentQuota), func(t *testing.T) {
-			parent := uniqueParent()
-			t.Cleanup(func() { removeParent(t, h, parent) })
-			if parentQuota > 0 {
-				must.NoError(t, os.MkdirAll(filepath.Join(h.root, "cpu", parent), 0o755))
-				must.NoError(t, writeFile(filepath.Join(h.root, "cpu", parent, "cpu.cfs_quota_us"), strconv.FormatInt(parentQuota, 10)))
-			}
-			fromAnyLimits(t, parent, files, func(i int, first, then Limits) (*Group, error) {
-				a, err := CreateAhead(parent, fmt.Sprintf("spare-%d", i), first)
-				must.NoError(t, err)
-				t.Cleanup(func() { must.NoError(t, a.Destroy()) })
-				return a.Claim(parent, fmt.Sprintf("task-%d", i), then)
-			})
-		})
-	}
+	fromAnyLimitsOnHost(t, "groups are made ahead on cgroup v1 only", func(t *testing.T, parent string, i int, first, then Limits) (*Group, error) {
+		a, err := CreateAhead(parent, fmt.Sprintf("spare-%d", i), first)
+		must.NoError(t, err)
+		t.Cleanup(func() { must.NoError(t, a.Destroy()) })
+		return a.Claim(parent, fmt.Sprintf("task-%d", i), then)
+	})
 }
 
 // Create on a group that is there already with other limits (a start tried
@@ -866,10 +844,24 @@ func TestHost_AheadFromAnyLimits(t *testing.T) {
 // the new group's Create does: under a parent with a CPU quota the quota in
 // place is lifted before the period is written, as Claim does.
 func TestHost_CreateAgainFromAnyLimits(t *testing.T) {
+	fromAnyLimitsOnHost(t, "cgroup v1: the CPU period and quota are one file (cpu.max) on v2", func(t *testing.T, parent string, i int, first, then Limits) (*Group, error) {
+		name := fmt.Sprintf("again-%d", i)
+		g, err := Create(parent, name, first)
+		must.NoError(t, err)
+		t.Cleanup(func() { must.NoError(t, g.Destroy()) })
+		return Create(parent, name, then)
+	})
+}
+
+// fromAnyLimitsOnHost runs fromAnyLimits on this host's v1 hierarchy (it
+// skips elsewhere, saying why: notV1), under a parent without a CPU quota
+// and under one with a quota of four CPUs, which each pair's limits keep
+// to.
+func fromAnyLimitsOnHost(t *testing.T, notV1 string, group func(t *testing.T, parent string, i int, first, then Limits) (*Group, error)) {
 	h := needHost(t)
 	needLimits(t)
 	if h.version != 1 {
-		t.Skip("cgroup v1: the CPU period and quota are one file (cpu.max) on v2")
+		t.Skip(notV1)
 	}
 	if _, err := h.v1Mount("devices"); err != nil {
 		t.Skip("the pairs have device filters, and the devices hierarchy is not mounted here")
@@ -884,24 +876,18 @@ func TestHost_CreateAgainFromAnyLimits(t *testing.T) {
 				must.NoError(t, os.MkdirAll(filepath.Join(h.root, "cpu", parent), 0o755))
 				must.NoError(t, writeFile(filepath.Join(h.root, "cpu", parent, "cpu.cfs_quota_us"), strconv.FormatInt(parentQuota, 10)))
 			}
-			fromAnyLimits(t, parent, files, func(i int, first, then Limits) (*Group, error) {
-				name := fmt.Sprintf("again-%d", i)
-				g, err := Create(parent, name, first)
-				must.NoError(t, err)
-				t.Cleanup(func() { must.NoError(t, g.Destroy()) })
-				return Create(parent, name, then)
-			})
+			fromAnyLimits(t, parent, files, func(i int, first, then Limits) (*Group, error) { return group(t, parent, i, first, then) })
 		})
 	}
 }
 
-// fromAnyLimits checks, for each of aheadPairs, that the group make gives
+// fromAnyLimits checks, for each of aheadPairs, that the group made by group
 // (from the pair's first limits to its task's) has the files a new group
 // Create makes with the task's limits has.
-func fromAnyLimits(t *testing.T, parent string, files []string, make func(i int, first, then Limits) (*Group, error)) {
+func fromAnyLimits(t *testing.T, parent string, files []string, group func(i int, first, then Limits) (*Group, error)) {
 	for i, tc := range aheadPairs {
 		t.Run(tc.name, func(t *testing.T) {
-			g, err := make(i, tc.ahead, tc.task)
+			g, err := group(i, tc.ahead, tc.task)
 			must.NoError(t, err)
 			t.Cleanup(func() { must.NoError(t, g.Destroy()) })
 			want, err := Create(parent, fmt.Sprintf("made-%d", i), tc.task)
