@@ -132,7 +132,9 @@
 // owner record in the lazy batch of its first successful
 // NodePublishVolume: ownership costs no commit of its own. A setup that
 // fails gives the claim up with the volume's record, so a job cannot take
-// another namespace's volumes with calls bound to fail. A teardown's
+// another namespace's volumes with calls bound to fail; a record other
+// tasks use outlives a failed setup, so it is not claimed, and the
+// namespace publishing it owns it with that lazy batch. A teardown's
 // first commit is synced and comes before any record of the volume is
 // dropped, so a published volume has an owner record on disk before its
 // claim goes; after a crash, a claim whose task record may have been

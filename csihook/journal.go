@@ -573,14 +573,20 @@ func (s *journalState) owner(k volKey) (string, bool) {
 }
 
 // confirmOwner returns the put of an owner record for the claim of a
-// volume's record, once the volume was published: nothing when it has no
-// claim or an owner is recorded.
-func (s *journalState) confirmOwner(k volKey) []journalOp {
-	v, ok := s.vols[k]
-	if _, owned := s.owners[k]; owned || !ok || v.Namespace == "" {
+// volume's record, once the volume was published, or for namespace (that
+// of the publish) when the record has no claim: nothing when an owner is
+// recorded or neither names a namespace.
+func (s *journalState) confirmOwner(k volKey, namespace string) []journalOp {
+	if _, owned := s.owners[k]; owned {
 		return nil
 	}
-	return []journalOp{ownerPut(ownerRecord{PluginID: k.plugin, VolumeID: k.volume, Namespace: v.Namespace})}
+	if v, ok := s.vols[k]; ok && v.Namespace != "" {
+		namespace = v.Namespace
+	}
+	if namespace == "" {
+		return nil
+	}
+	return []journalOp{ownerPut(ownerRecord{PluginID: k.plugin, VolumeID: k.volume, Namespace: namespace})}
 }
 
 // inferOwners makes owner records, after a replay, of the claims of
@@ -1007,12 +1013,13 @@ func (j *journal) owner(plugin, volume string) (string, bool) {
 	return j.state.owner(volKey{plugin, volume})
 }
 
-// confirmOwner returns the put that makes the claim of a volume's record
-// its owner record, if there is one to make (journalState.confirmOwner).
-func (j *journal) confirmOwner(k volKey) []journalOp {
+// confirmOwner returns the put that makes the claim of a volume's record,
+// or else namespace, its owner record, if there is one to make
+// (journalState.confirmOwner).
+func (j *journal) confirmOwner(k volKey, namespace string) []journalOp {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	return j.state.confirmOwner(k)
+	return j.state.confirmOwner(k, namespace)
 }
 
 // records returns the live volume and task records.

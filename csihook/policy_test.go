@@ -412,3 +412,59 @@ func TestNamespace_crashAfterPublishKeepsOwner(t *testing.T) {
 		})
 	}
 }
+
+// A failed setup of a volume other tasks use, recorded before namespaces
+// were (no owner, no claim), claims nothing either: the volume's record
+// outlives the failed setup, and a claim written into it would refuse the
+// namespace whose tasks use the volume, then become a lasting owner
+// record at the next start (a task record of the volume is published).
+func TestNamespace_failedSetupOfSharedVolumeClaimsNothing(t *testing.T) {
+	h := newHarness(t)
+	h.m.Close()
+	dir := filepath.Join(h.root, "journal")
+	staging := h.m.StagingPath("p", "old-vol")
+	target := h.m.TargetPath("old-task", "data")
+	// A volume of team-a's task, as the driver before owners wrote it.
+	payload := `{"ops":[` +
+		`{"op":"put_vol","vol":{"version":1,"plugin_id":"p","volume_id":"old-vol","staging_path":"` + staging + `","node_id":"node-1","access_mode":"multi-node-multi-writer","attachment_mode":"file-system","fs_type":"ext4","controller":"published","stage":"staged","updated":"2026-11-01T10:00:00Z"}},` +
+		`{"op":"put_task","task":{"version":1,"task_id":"old-task","name":"data","seq":0,"plugin_id":"p","volume_id":"old-vol","target":"` + target + `","destination":"/data","read_only":false,"access_mode":"multi-node-multi-writer","attachment_mode":"file-system","fs_type":"ext4","state":"published","updated":"2026-11-01T10:00:01Z"}}` +
+		`]}`
+	must.NoError(t, os.WriteFile(filepath.Join(dir, logName), rawFrame(payload), 0o600))
+	must.NoError(t, h.mnt.Mount("fake", staging, "ext4", 0, ""))
+	must.NoError(t, h.mnt.Mount("fake", target, "ext4", 0, ""))
+	h.m = h.newManager()
+
+	ctx := context.Background()
+	r := nsReq("team-b", "data", "old-vol")
+	r.FSType = "ext4"
+	h.fake.SetNextError(MethodNodePublishVolume, status.Error(codes.InvalidArgument, "bad mount option"))
+	_, err := h.m.Setup(ctx, "task-b", []VolumeRequest{r})
+	must.ErrorContains(t, err, "bad mount option")
+	must.Eq(t, 1, h.m.Users("p", "old-vol"))
+
+	unowned := func(when string) {
+		t.Helper()
+		owner, ok := h.m.Owner("p", "old-vol")
+		must.False(t, ok, must.Sprintf("a failed setup made namespace %q the owner %s", owner, when))
+		must.MapEmpty(t, diskJournal(t, dir).owners, must.Sprintf("owner record on disk %s", when))
+		must.Eq(t, "", diskJournal(t, dir).vols[volKey{"p", "old-vol"}].Namespace, must.Sprintf("claim on disk %s", when))
+	}
+	unowned("after the setup failed")
+	h.restart()
+	unowned("after a restart")
+
+	// The namespace whose task uses the volume goes on sharing it, and
+	// owns it from its publish on.
+	r.Namespace = "team-a"
+	_, err = h.m.Setup(ctx, "task-a", []VolumeRequest{r})
+	must.NoError(t, err)
+	owner, ok := h.m.Owner("p", "old-vol")
+	must.True(t, ok)
+	must.Eq(t, "team-a", owner)
+	h.restart()
+	owner, _ = h.m.Owner("p", "old-vol")
+	must.Eq(t, "team-a", owner)
+	r.Namespace = "team-b"
+	_, err = h.m.Setup(ctx, "task-b", []VolumeRequest{r})
+	must.ErrorIs(t, err, ErrOtherNamespace)
+}

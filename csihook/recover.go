@@ -304,7 +304,7 @@ func (m *Manager) reconcile(ctx context.Context, k volKey, live func(string) boo
 		if len(t.Secrets) == 0 {
 			t.Secrets = vol.Secrets
 		}
-		if err := m.ensurePublished(ctx, info, vol, t, nil, nil); err != nil {
+		if err := m.ensurePublished(ctx, info, vol, t, "", nil, nil); err != nil {
 			errs = append(errs, err)
 		}
 	}

@@ -194,7 +194,7 @@ func (m *Manager) repairVolume(ctx context.Context, k volKey) ([]Repaired, error
 		errs []error
 	)
 	for _, tr := range dead {
-		if err := m.ensurePublished(ctx, info, vol, tr, pending, nil); err != nil {
+		if err := m.ensurePublished(ctx, info, vol, tr, "", pending, nil); err != nil {
 			errs = append(errs, m.repairFailed([]taskRecord{tr}, err))
 			continue
 		}

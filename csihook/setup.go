@@ -191,8 +191,16 @@ func (m *Manager) setupVolume(ctx context.Context, taskID string, p plan) (Publi
 	// namespace using a volume nobody owns claims it with its record, and
 	// owns it once a publish succeeded (ensurePublished); a setup that
 	// fails drops the record, and the claim with it (see ownerRecord).
+	//
+	// A record other tasks use (one written before namespaces claimed
+	// volumes) outlives a failed setup: it is not claimed, and the
+	// request's namespace owns the volume only once its publish
+	// succeeded.
 	var pending []journalOp
 	claim := m.claimNamespace(req, volumeID)
+	if ok && m.users(k) > 0 {
+		claim = ""
+	}
 	if !ok {
 		vol = volRecord{
 			PluginID: req.PluginID, VolumeID: volumeID, StagingPath: m.StagingPath(req.PluginID, volumeID),
@@ -238,7 +246,7 @@ func (m *Manager) setupVolume(ctx context.Context, taskID string, p plan) (Publi
 	if vol, pending, err = m.ensureVolume(ctx, taskID, req.Name, info, vol, false, pending, parent); err != nil {
 		return Published{}, err
 	}
-	if err := m.ensurePublished(ctx, info, vol, tr, pending, parent); err != nil {
+	if err := m.ensurePublished(ctx, info, vol, tr, req.Namespace, pending, parent); err != nil {
 		return Published{}, err
 	}
 	if err := m.expandNode(ctx, taskID, req, info, o, vol, tr); err != nil {
@@ -470,11 +478,13 @@ func (m *Manager) setVerified(k volKey, ok bool) {
 
 // ensurePublished publishes a task's volume at its target, journalling
 // before and after the call; pending go out with the record before it.
-// The caller holds the volume's lock.
+// namespace is the publishing task's ("" when not known): with the
+// result, the volume's claim, or else namespace, becomes its owner when
+// it has none. The caller holds the volume's lock.
 //
 // parent, when not nil, is the target's parent, made aside since the
 // task's record went out (see dirAhead); nil makes it here.
-func (m *Manager) ensurePublished(ctx context.Context, info PluginInfo, vol volRecord, tr taskRecord, pending []journalOp, parent *dirAhead) error {
+func (m *Manager) ensurePublished(ctx context.Context, info PluginInfo, vol volRecord, tr taskRecord, namespace string, pending []journalOp, parent *dirAhead) error {
 	o := op{method: MethodNodePublishVolume, taskID: tr.TaskID, name: tr.Name, pluginID: tr.PluginID,
 		volumeID: tr.VolumeID, nodeID: vol.NodeID, path: tr.Target, secrets: []map[string]string{tr.Secrets}}
 	_, node, _, err := m.pluginClients(o)
@@ -541,8 +551,11 @@ func (m *Manager) ensurePublished(ctx context.Context, info PluginInfo, vol volR
 	// The volume is published: a namespace's claim of it becomes its
 	// owner record, in the batch written anyway. Lazy is enough: the
 	// claim is on disk since before the first call, and the teardown's
-	// first commit, synced, comes before anything drops it.
-	pending = append(pending, m.journal.confirmOwner(tr.key())...)
+	// first commit, synced, comes before anything drops it. A volume
+	// shared unclaimed (recorded before namespaces claimed volumes) is
+	// owned by the namespace publishing it; a crash before this batch is
+	// synced leaves it as unowned as it was.
+	pending = append(pending, m.journal.confirmOwner(tr.key(), namespace)...)
 	if err := m.commitLazy(append(pending, taskPut(tr))...); err != nil {
 		return err
 	}
