@@ -28,7 +28,7 @@ import (
 // without being written as 127.0.0.1, 10/8 or 169.254/16: each is judged
 // by what it reaches. A pull from a public registry reaches none of them;
 // one from the operator's registry on the node reaches the local ones but
-// never a link-local or "this network" one.
+// never a link-local, "this network" or metadata service's one.
 func TestAddressRuleSeesThroughOtherSpellings(t *testing.T) {
 	public := &addrRule{registry: "203.0.113.7"}
 	local := &addrRule{registry: "127.0.0.1:5000", local: true}
@@ -41,7 +41,8 @@ func TestAddressRuleSeesThroughOtherSpellings(t *testing.T) {
 		{addr: "::ffff:10.1.2.3"},
 		{addr: "::ffff:169.254.169.254", never: true},
 		{addr: "::1"},
-		{addr: "fd00:ec2::254"},
+		{addr: "fd00:ec2::254", never: true}, // AWS's metadata service over IPv6
+		{addr: "fd00:ec2::253"},
 		{addr: "fe80::1", never: true},
 		{addr: "0.0.0.0", never: true},
 		{addr: "0.0.0.1", never: true},
@@ -50,7 +51,8 @@ func TestAddressRuleSeesThroughOtherSpellings(t *testing.T) {
 		// Shared address space (RFC 6598): carrier NAT, tailnets, and
 		// the metadata service of some clouds (100.100.100.200).
 		{addr: "100.64.0.1"},
-		{addr: "100.100.100.200"},
+		{addr: "100.100.100.200", never: true},
+		{addr: "100.100.100.201"},
 		{addr: "100.127.255.254"},
 		// NAT64's well-known prefix reaches the IPv4 address it embeds.
 		{addr: "64:ff9b::7f00:1"},

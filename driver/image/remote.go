@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -144,7 +145,17 @@ var (
 	// nat64 is NAT64's well-known prefix (RFC 6052): an address in it
 	// reaches the IPv4 address it embeds.
 	nat64 = &net.IPNet{IP: net.ParseIP("64:ff9b::"), Mask: net.CIDRMask(96, 128)}
+	// metadataAddrs are the cloud metadata services that are not on a
+	// link-local address: AWS's over IPv6 (unique local) and Alibaba
+	// Cloud's (shared space). The others are at 169.254.169.254.
+	metadataAddrs = []net.IP{net.ParseIP("fd00:ec2::254"), net.IPv4(100, 100, 100, 200)}
 )
+
+// metadataAddr is the address of a cloud metadata service outside the
+// link-local range.
+func metadataAddr(ip net.IP) bool {
+	return slices.ContainsFunc(metadataAddrs, ip.Equal)
+}
 
 // reached is the address a connection to ip reaches: the IPv4 address a
 // NAT64 one embeds, else ip.
@@ -156,12 +167,13 @@ func reached(ip net.IP) net.IP {
 }
 
 // neverReached is an address no pull connects to: link-local (cloud
-// metadata services live there), unspecified, or of "this network"
-// (0.0.0.0/8, which Linux takes for the node itself).
+// metadata services live there), unspecified, of "this network"
+// (0.0.0.0/8, which Linux takes for the node itself), or a metadata
+// service's elsewhere.
 func neverReached(ip net.IP) bool {
 	ip = reached(ip)
 	v4 := ip.To4()
-	return ip.IsLinkLocalUnicast() || ip.IsLinkLocalMulticast() || ip.IsUnspecified() || (v4 != nil && v4[0] == 0)
+	return ip.IsLinkLocalUnicast() || ip.IsLinkLocalMulticast() || ip.IsUnspecified() || (v4 != nil && v4[0] == 0) || metadataAddr(ip)
 }
 
 // localAddr is an address of the node or its networks: loopback,
@@ -222,6 +234,8 @@ func (e *refusedAddrError) Error() string {
 		switch v4 := ip.To4(); {
 		case ip.IsUnspecified():
 			return fmt.Sprintf("%s is refused: %s is an unspecified address (it reaches the node itself)", e.what, addr)
+		case metadataAddr(ip):
+			return fmt.Sprintf("%s is refused: %s is a cloud metadata service's address", e.what, addr)
 		case v4 != nil && v4[0] == 0:
 			return fmt.Sprintf("%s is refused: %s is in 0.0.0.0/8 (\"this network\"), which no pull reaches", e.what, addr)
 		}

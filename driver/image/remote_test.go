@@ -214,6 +214,8 @@ func TestLinkLocalRegistryIsRefused(t *testing.T) {
 		{ref: "[fe80::1]:5000/x/app:1", refused: "fe80::1 is a link-local address"},
 		{ref: "[64:ff9b::a9fe:a9fe]/x/app:1", refused: "64:ff9b::a9fe:a9fe (NAT64 for 169.254.169.254) is a link-local address"},
 		{ref: "0.0.0.1/x/app:1", refused: `0.0.0.1 is in 0.0.0.0/8 ("this network")`},
+		{ref: "[fd00:ec2::254]/x/app:1", refused: "fd00:ec2::254 is a cloud metadata service's address"},
+		{ref: "100.100.100.200/x/app:1", refused: "100.100.100.200 is a cloud metadata service's address"},
 	} {
 		var said []string
 		_, err := f.store.Pull(context.Background(), c.ref, PullRequest{Notify: func(m string) { said = append(said, m) }})
