@@ -70,4 +70,12 @@
 // why otherwise, e.g.
 // `socket "/csi/csi.sock" does not exist`, "plugin reports not ready",
 // "probe failed: Unavailable: ..." or "probe failed: DeadlineExceeded: ...".
+//
+// A plugin's answers are held to the CSI spec's bounds before they become
+// attributes: a name over 63 characters, a node_id over 256 bytes, a
+// topology key over 127 bytes (or empty) or value over 63, or more than
+// 64 topology segments makes the plugin unhealthy with that reason (and a
+// socket in plugin_socket_dirs with such a name gets no id). The opaque
+// vendor_version is cut to 256 characters and a health description to
+// 1024, so that a plugin cannot put megabytes into every node update.
 package fingerprint

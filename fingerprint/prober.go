@@ -575,7 +575,9 @@ func (p *Prober) check(ctx context.Context, e *entry) outcome {
 			// A discovered socket is known by its name: learn it even
 			// before the plugin is ready.
 			if info, err := e.client.PluginInfo(ctx); err == nil {
-				out.info = &info
+				if info, err = checkPluginInfo(info); err == nil {
+					out.info = &info
+				}
 			}
 		}
 		return out
@@ -593,7 +595,7 @@ func (p *Prober) check(ctx context.Context, e *entry) outcome {
 	// Details that were read are kept even when they are not acceptable.
 	e.infoFetched, e.infoGen, e.detailsErr = true, gen, ""
 	if err != nil {
-		e.detailsErr = err.Error()
+		e.detailsErr = boundReason(err.Error())
 		return outcome{reason: err.Error(), details: d}
 	}
 	return outcome{healthy: true, details: d}
@@ -617,6 +619,9 @@ func rpcMessage(err error) string {
 func fetchDetails(ctx context.Context, c Client, declared PluginType) (*details, error) {
 	info, err := c.PluginInfo(ctx)
 	if err != nil {
+		return nil, err
+	}
+	if info, err = checkPluginInfo(info); err != nil {
 		return nil, err
 	}
 	caps, err := c.PluginCapabilities(ctx)
@@ -655,6 +660,9 @@ func fetchDetails(ctx context.Context, c Client, declared PluginType) (*details,
 			case errors.Is(err, ErrUnimplemented):
 				noNodeInfo = true
 			case err != nil:
+				return nil, err
+			}
+			if err := checkNodeInfo(ni); err != nil {
 				return nil, err
 			}
 			d.nodeService, d.node, d.nodeCaps = true, ni, nc
@@ -720,7 +728,7 @@ func (p *Prober) apply(e *entry, out outcome) {
 	}
 	e.probed = true
 	st.Healthy = out.healthy
-	st.HealthDescription = out.reason
+	st.HealthDescription = boundReason(out.reason)
 	if before.ID != st.ID {
 		p.resolveLocked()
 	}
