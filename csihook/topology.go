@@ -62,8 +62,11 @@ func (m *Manager) checkAccessible(req VolumeRequest, info PluginInfo, vol *csi.V
 		seen = append(seen, segments(t.GetSegments()))
 	}
 	return &OpError{Method: MethodCreateVolume, Volume: req.Name, VolumeID: vol.GetVolumeId(), PluginID: req.PluginID, Code: codes.FailedPrecondition,
-		Message: fmt.Sprintf("the plugin created the volume accessible from %s, which does not include node %q (%s)",
-			strings.Join(seen, " or "), m.cfg.NodeName, segments(info.Topology)),
+		// The plugin's list is cut as its error messages are, leaving
+		// room for the node's own segments.
+		Message: cleanBounded(fmt.Sprintf("the plugin created the volume accessible from %s, which does not include node %q (%s)",
+			cleanBounded(strings.Join(seen, " or "), MaxErrorMessage/2, req.Secrets), m.cfg.NodeName, segments(info.Topology)),
+			MaxErrorMessage, req.Secrets),
 		Hint: fmt.Sprintf("volume %q cannot be used on this node: check the create parameters and the topology of plugin %q, or place the job on a node in the volume's topology", req.VolumeID, req.PluginID)}
 }
 

@@ -2,6 +2,8 @@ package csihook
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -127,4 +129,22 @@ func TestTopology_MaxVolumesPerNodeConcurrentStarts(t *testing.T) {
 	h.m.mu.Lock()
 	must.MapEmpty(t, h.m.reserved)
 	h.m.mu.Unlock()
+}
+
+// A plugin that answers CreateVolume with megabytes of accessible
+// topology does not put them into the task's error and events.
+func TestTopology_CreatedElsewhereMessageBounded(t *testing.T) {
+	h := newHarness(t)
+	h.setPlugin(zonedPlugin("a", 0))
+	for i := range 20000 {
+		h.fake.AccessibleTopology = append(h.fake.AccessibleTopology,
+			&csi.Topology{Segments: map[string]string{"zone": fmt.Sprintf("elsewhere-%d", i)}})
+	}
+	_, err := h.m.Setup(context.Background(), "t1", []VolumeRequest{sizedReq(mib)})
+	must.Eq(t, codes.FailedPrecondition, Code(err))
+	must.ErrorContains(t, err, "the plugin created the volume accessible from {zone=elsewhere-0} or")
+	must.LessEq(t, 4*MaxErrorMessage, len(err.Error()))
+	var oe *OpError
+	must.True(t, errors.As(err, &oe))
+	must.LessEq(t, 4*MaxErrorMessage, len(oe.Event()))
 }
