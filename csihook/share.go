@@ -56,13 +56,11 @@ func (m *Manager) claimNamespace(req VolumeRequest, volumeID string) string {
 // namespace. It is for a volume the request created: its namespace owns
 // it from then on, used or not.
 func (m *Manager) claimOwner(req VolumeRequest, volumeID string) []journalOp {
-	if req.Namespace == "" {
+	ns := m.claimNamespace(req, volumeID)
+	if ns == "" {
 		return nil
 	}
-	if _, ok := m.journal.owner(req.PluginID, volumeID); ok {
-		return nil
-	}
-	return []journalOp{ownerPut(ownerRecord{PluginID: req.PluginID, VolumeID: volumeID, Namespace: req.Namespace})}
+	return []journalOp{ownerPut(ownerRecord{PluginID: req.PluginID, VolumeID: volumeID, Namespace: ns})}
 }
 
 type conflictError struct{ msg string }
