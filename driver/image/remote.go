@@ -306,11 +306,14 @@ func checkRedirect(req *http.Request, via []*http.Request) error {
 	if len(via) >= 10 {
 		return errors.New("stopped after 10 redirects")
 	}
+	// The origin is resolved once, and only when the redirect leads to a
+	// local address.
+	originLocal := sync.OnceValue(func() bool { return isLocalHost(via[0].Context(), via[0].URL.Hostname()) })
 	for _, ip := range hostIPs(req.Context(), req.URL.Hostname()) {
 		if neverReached(ip) {
 			return fmt.Errorf("redirect to the link-local or unspecified address %s refused", ip)
 		}
-		if localAddr(ip) && !isLocalHost(via[0].Context(), via[0].URL.Hostname()) {
+		if localAddr(ip) && !originLocal() {
 			return fmt.Errorf("redirect from %s to the local address %s refused", via[0].URL.Host, ip)
 		}
 	}
