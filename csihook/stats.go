@@ -102,6 +102,8 @@ type statsEntry struct {
 	last VolumeStats
 	// told holds the tasks that were told the volume is abnormal.
 	told map[string]bool
+	// warnedUsage is set once a usage the CSI spec forbids was logged.
+	warnedUsage bool
 }
 
 type statsLoop struct {
@@ -372,7 +374,14 @@ func (m *Manager) sample(ctx context.Context, t *statsTarget, info PluginInfo) {
 	e.last.Error = ""
 	e.last.Sampled = time.Now()
 	e.last.Bytes, e.last.Inodes = nil, nil
+	var badUsage *csi.VolumeUsage
 	for _, u := range resp.GetUsage() {
+		// The spec: none of the numbers may be negative. Such a unit is
+		// left out, not exported as a number no volume can have.
+		if u.GetTotal() < 0 || u.GetUsed() < 0 || u.GetAvailable() < 0 {
+			badUsage = u
+			continue
+		}
 		v := &Usage{Total: u.GetTotal(), Used: u.GetUsed(), Available: u.GetAvailable()}
 		switch u.GetUnit() {
 		case csi.VolumeUsage_BYTES:
@@ -405,7 +414,14 @@ func (m *Manager) sample(ctx context.Context, t *statsTarget, info PluginInfo) {
 			delete(e.told, id)
 		}
 	}
+	warnUsage := badUsage != nil && !e.warnedUsage
+	e.warnedUsage = e.warnedUsage || warnUsage
 	s.mu.Unlock()
+	if warnUsage {
+		m.logger.Warn("plugin answered a negative usage to NodeGetVolumeStats, which the CSI spec forbids; that unit is left out of the volume's stats",
+			"plugin_id", t.key.plugin, "volume_id", t.key.volume, "unit", badUsage.GetUnit().String(),
+			"total", badUsage.GetTotal(), "used", badUsage.GetUsed(), "available", badUsage.GetAvailable())
+	}
 	for _, ev := range events {
 		ann := annotations(t.tasks[ev.taskID], t.key.plugin, t.key.volume)
 		m.event(ev.taskID, ev.msg, ann)

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/shoenig/test/must"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -375,4 +376,42 @@ func TestStatsHungPlugin(t *testing.T) {
 	slow := countSlow()
 	must.Eq(t, statsPerPlugin, slow)
 	must.Less(t, 5, slow)
+}
+
+// TestStatsNegativeUsageLeftOut checks that a unit a plugin answers with a
+// negative number (the CSI spec forbids it) is left out of the volume's
+// stats, that the other unit is kept, that the warning is logged once,
+// and that a good answer later is kept again.
+func TestStatsNegativeUsageLeftOut(t *testing.T) {
+	h := newHarness(t)
+	h.setPlugin(statsPlugin("p"))
+	ctx := context.Background()
+	_, err := h.m.Setup(ctx, "task-a", []VolumeRequest{req("data", "vol1", "/data")})
+	must.NoError(t, err)
+	h.m.stats = newStatsLoop(time.Minute)
+	later := time.Now().Add(time.Hour)
+	pass := func() {
+		later = later.Add(time.Minute)
+		statsPassWait(h.m, ctx, later)
+	}
+
+	h.fake.SetUsage("vol1",
+		&csi.VolumeUsage{Unit: csi.VolumeUsage_BYTES, Total: 100, Used: 120, Available: -20},
+		&csi.VolumeUsage{Unit: csi.VolumeUsage_INODES, Total: 1000, Used: 10, Available: 990})
+	pass() // finds the volume
+	pass()
+	pass()
+	st := h.m.VolumeStats()
+	must.SliceLen(t, 1, st)
+	must.Nil(t, st[0].Bytes)
+	must.Eq(t, &Usage{Total: 1000, Used: 10, Available: 990}, st[0].Inodes)
+	must.Eq(t, "", st[0].Error)
+	must.Eq(t, 1, strings.Count(h.logs.String(), "plugin answered a negative usage to NodeGetVolumeStats"))
+	must.StrContains(t, h.logs.String(), "available=-20")
+
+	h.fake.SetUsage("vol1", &csi.VolumeUsage{Unit: csi.VolumeUsage_BYTES, Total: 100, Used: 20, Available: 80})
+	pass()
+	st = h.m.VolumeStats()
+	must.Eq(t, &Usage{Total: 100, Used: 20, Available: 80}, st[0].Bytes)
+	must.Nil(t, st[0].Inodes)
 }
