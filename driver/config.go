@@ -118,6 +118,8 @@ var configSpec = hclspec.NewObject(map[string]*hclspec.Spec{
 	"allow_user_groups": hclspec.NewAttr("allow_user_groups", "list(string)", false),
 	// The operator's grants of privilege (grant.go).
 	"privileged_grant": privilegedGrantSpec,
+	// The operator's grants of volumes to namespaces (volumegrant.go).
+	"volume_grant": volumeGrantSpec,
 	// Stats and metrics (telemetry.go).
 	"volume_stats_interval": hclspec.NewDefault(
 		hclspec.NewAttr("volume_stats_interval", "string", false),
@@ -282,6 +284,9 @@ type Config struct {
 	// PrivilegedGrants say which tasks may run privileged, and reserve
 	// plugin ids for them (see authorize).
 	PrivilegedGrants []PrivilegedGrant `codec:"privileged_grant"`
+	// VolumeGrants, when there are any, say which namespaces and jobs
+	// may use which plugins' volumes (see checkVolumeGrants).
+	VolumeGrants []VolumeGrant `codec:"volume_grant"`
 	// TmpSize ("64MiB"), when set, makes the /tmp of a task that is not
 	// privileged a tmpfs of that size with TmpInodes inodes (default: one
 	// per 4 KiB, at least 1024) instead of Nomad's task tmp/ directory on
@@ -420,6 +425,11 @@ func (c *Config) validate() error {
 	}
 	for i, g := range c.PrivilegedGrants {
 		if err := g.validate(fmt.Sprintf("privileged_grant[%d]", i)); err != nil {
+			return err
+		}
+	}
+	for i, g := range c.VolumeGrants {
+		if err := g.validate(fmt.Sprintf("volume_grant[%d]", i)); err != nil {
 			return err
 		}
 	}

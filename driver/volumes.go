@@ -433,9 +433,10 @@ func (d *Driver) checkVolumes(cfg *drivers.TaskConfig, tc *TaskConfig, spec *exe
 	if err != nil {
 		return nil, err
 	}
-	// The task's volumes are its namespace's: the first namespace to use
-	// a volume on this node owns it (allow_cross_namespace_volumes lets
-	// others in).
+	// The task's volumes are its namespace's: within the operator's
+	// volume grants (checked first, in StartTask), the first namespace to
+	// use a volume on this node owns it (allow_cross_namespace_volumes
+	// lets others in).
 	ns := jobOf(cfg).namespace
 	group, err := specGroup(spec)
 	if err != nil {

@@ -1,0 +1,138 @@
+package driver
+
+import (
+	"testing"
+
+	"github.com/hashicorp/nomad/helper/pluginutils/hclutils"
+	"github.com/shoenig/test/must"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/csihook"
+)
+
+// The volume_grant blocks as the agent's config writes them.
+func TestConfigSpec_volumeGrant(t *testing.T) {
+	var c Config
+	hclutils.NewConfigParser(configSpec).ParseHCL(t, `config {}`, &c)
+	must.SliceEmpty(t, c.VolumeGrants)
+
+	c = Config{}
+	hclutils.NewConfigParser(configSpec).ParseHCL(t, `config {
+  volume_grant {
+    namespace = "team-a"
+    plugin_id = "nfs"
+    volume_id = "team-a-*"
+  }
+  volume_grant {
+    namespace = "team-b"
+    job       = "pg-*"
+    plugin_id = "*"
+    volume_id = "pg/*"
+  }
+}`, &c)
+	must.Eq(t, []VolumeGrant{
+		{Namespace: "team-a", PluginID: "nfs", VolumeID: "team-a-*"},
+		{Namespace: "team-b", Job: "pg-*", PluginID: "*", VolumeID: "pg/*"},
+	}, c.VolumeGrants)
+	c.RootDir, c.CgroupParent = "/var/lib/ncsi", "x"
+	must.NoError(t, c.validate())
+}
+
+func TestVolumeGrant_validate(t *testing.T) {
+	for _, tc := range []struct {
+		g    VolumeGrant
+		want string
+	}{
+		{VolumeGrant{PluginID: "nfs", VolumeID: "*"}, `volume_grant[2].namespace must not be empty: name what the grant is for, such as "team-a"`},
+		{VolumeGrant{Namespace: "a", VolumeID: "*"}, `volume_grant[2].plugin_id must not be empty`},
+		{VolumeGrant{Namespace: "a", PluginID: "nfs", VolumeID: " "}, `volume_grant[2].volume_id must not be empty`},
+		{VolumeGrant{Namespace: "a", Job: "  ", PluginID: "nfs", VolumeID: "*"}, `volume_grant[2].job must be a job id or a glob, or left out for any job, got "  "`},
+	} {
+		c := Config{RootDir: "/var/lib/ncsi", CgroupParent: "x", VolumeGrants: []VolumeGrant{
+			{Namespace: "*", PluginID: "*", VolumeID: "*"}, {Namespace: "*", PluginID: "*", VolumeID: "*"}, tc.g}}
+		must.ErrorContains(t, c.validate(), tc.want)
+	}
+}
+
+func TestCheckVolumeGrants(t *testing.T) {
+	grants := []VolumeGrant{
+		{Namespace: "team-a", PluginID: "nfs", VolumeID: "team-a-*"},
+		{Namespace: "team-b", Job: "pg", PluginID: "nfs", VolumeID: "pg-data"},
+		{Namespace: "team-?", PluginID: "scratch", VolumeID: "*"},
+	}
+	vol := func(plugin, id string) map[string]VolumeConfig {
+		return map[string]VolumeConfig{"data": {PluginID: plugin, VolumeID: id}}
+	}
+	a := jobRef{namespace: "team-a", id: "web"}
+	b := jobRef{namespace: "team-b", id: "pg"}
+	bOther := jobRef{namespace: "team-b", id: "web"}
+	c := jobRef{namespace: "default", id: "web"}
+
+	// No grants: every volume, as before grants.
+	must.NoError(t, checkVolumeGrants(nil, c, vol("nfs", "team-a-home")))
+
+	must.NoError(t, checkVolumeGrants(grants, a, vol("nfs", "team-a-home")))
+	must.NoError(t, checkVolumeGrants(grants, b, vol("nfs", "pg-data")))
+	must.NoError(t, checkVolumeGrants(grants, a, vol("scratch", "anything/at/all")))
+	must.NoError(t, checkVolumeGrants(grants, bOther, vol("scratch", "x")))
+
+	// Another namespace's volume.
+	err := checkVolumeGrants(grants, b, vol("nfs", "team-a-home"))
+	must.ErrorContains(t, err, `volume "data": volume_id "team-a-home" of plugin "nfs" is not granted to job "pg" in namespace "team-b" on this node`)
+	must.ErrorContains(t, err, `the grants for this namespace and job are volume_grant[1]: plugin_id "nfs", volume_id "pg-data"; volume_grant[2]: plugin_id "scratch", volume_id "*"`)
+	must.ErrorContains(t, err, "have the operator add a volume_grant block")
+	// The grants of other namespaces are not named.
+	must.StrNotContains(t, err.Error(), "team-a-*")
+
+	// A grant for another job of the namespace.
+	err = checkVolumeGrants(grants, bOther, vol("nfs", "pg-data"))
+	must.ErrorContains(t, err, `not granted to job "web" in namespace "team-b"`)
+	must.StrNotContains(t, err.Error(), `volume_grant[1]`)
+
+	// The right id of the wrong plugin; a glob's '*' takes slashes too.
+	must.Error(t, checkVolumeGrants(grants, a, vol("nfs2", "team-a-home")))
+	must.NoError(t, checkVolumeGrants(grants, a, vol("nfs", "team-a-x/../../team-b")))
+
+	// A namespace no grant names.
+	err = checkVolumeGrants(grants, c, vol("scratch", "x"))
+	must.ErrorContains(t, err, "(no volume_grant names this namespace and job)")
+
+	// Every volume of the task is checked.
+	two := vol("nfs", "team-a-home")
+	two["other"] = VolumeConfig{PluginID: "nfs", VolumeID: "pg-data"}
+	must.ErrorContains(t, checkVolumeGrants(grants, a, two), `volume "other": volume_id "pg-data"`)
+}
+
+func TestVolumeGrant_String(t *testing.T) {
+	must.Eq(t, `volume_grant { namespace = "a", plugin_id = "nfs", volume_id = "a-*" }`,
+		VolumeGrant{Namespace: "a", PluginID: "nfs", VolumeID: "a-*"}.String())
+	must.Eq(t, `volume_grant { namespace = "a", job = "pg", plugin_id = "nfs", volume_id = "a-*" }`,
+		VolumeGrant{Namespace: "a", Job: "pg", PluginID: "nfs", VolumeID: "a-*"}.String())
+}
+
+// A task of a namespace the grants do not give the volume to is refused
+// before any call to the plugin; the granted namespace's task starts.
+func TestVolumes_grantsRefuseBeforeAnyCall(t *testing.T) {
+	d := newTestDriver(t, Config{Enabled: true, AllowPrivileged: true, PrivilegedGrants: grantAll,
+		VolumeGrants: []VolumeGrant{{Namespace: "team-a", PluginID: "hp", VolumeID: "a-*"}}})
+	fp := withFakePlugins(t, d)
+	plugin := TaskConfig{Command: "/bin/plugin", Privileged: true, CSIPlugin: &PluginTaskConfig{ID: "hp", Type: "monolith", MountDir: "/csi"}}
+	_, _, err := d.StartTask(jobTask(t, plugin, "alloc-p", "default", "plugin"))
+	must.NoError(t, err)
+	waitHealthy(t, d, "hp")
+	vol := func(id string) TaskConfig {
+		return TaskConfig{Command: "/bin/sleep", Volumes: map[string]VolumeConfig{"data": {
+			PluginID: "hp", VolumeID: id, Destination: "/data", AccessMode: "multi-node-multi-writer", AttachmentMode: "file-system",
+		}}}
+	}
+	_, _, err = d.StartTask(jobTask(t, vol("a-1"), "alloc-b", "team-b", "web"))
+	must.ErrorContains(t, err, `volume "data": volume_id "a-1" of plugin "hp" is not granted to job "web" in namespace "team-b"`)
+	must.Eq(t, 0, len(fp.vols.Calls()))
+
+	_, _, err = d.StartTask(jobTask(t, vol("a-1"), "alloc-a", "team-a", "web"))
+	must.NoError(t, err)
+	must.Eq(t, 1, fp.vols.Count(csihook.MethodNodePublishVolume))
+
+	_, _, err = d.StartTask(jobTask(t, vol("b-1"), "alloc-a2", "team-a", "web"))
+	must.ErrorContains(t, err, `volume_id "b-1" of plugin "hp" is not granted`)
+	must.Eq(t, 1, fp.vols.Count(csihook.MethodNodePublishVolume))
+}
