@@ -56,6 +56,16 @@ plugin "nomad-driver-csi" {
     allow_caps = ["audit_write", "chown", "dac_override", "fowner", "fsetid", "kill", "mknod",
     "net_bind_service", "setfcap", "setgid", "setpcap", "setuid", "sys_chroot"]
 
+    # Which namespaces may use which volumes. A volume's owner on a node is
+    # the namespace that used it there first; with grants, the same on
+    # every node, a job reaches only the volumes its namespace is granted,
+    # on any node. Without any, every job may name every volume.
+    # volume_grant {
+    #   namespace = "default"
+    #   plugin_id = "fixture"
+    #   volume_id = "*"
+    # }
+
     # To keep ordinary jobs from running as root on this node (privileged
     # plugin tasks keep root by their grant; every other task, plugin tasks
     # that are not privileged included, is checked; the example volume jobs
