@@ -321,6 +321,11 @@ func (f *Fake) CloneTree(source string, recursive bool) (*os.File, error) {
 	return os.NewFile(uintptr(fd), fakeTreePrefix+filepath.Clean(source)), nil
 }
 
+// CloneTreeBeneath is CloneTree, recorded the same way.
+func (f *Fake) CloneTreeBeneath(dir, source string, recursive bool) (*os.File, error) {
+	return f.CloneTree(source, recursive)
+}
+
 // AttachTree mounts the copy as a bind of its source at target.
 func (f *Fake) AttachTree(tree *os.File, target string) error {
 	source, ok := strings.CutPrefix(tree.Name(), fakeTreePrefix)

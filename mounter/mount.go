@@ -82,6 +82,12 @@ type Interface interface {
 	// after that namespace was created can still be given to it. Closing
 	// the file drops the copy unless it was attached.
 	CloneTree(source string, recursive bool) (*os.File, error)
+	// CloneTreeBeneath is CloneTree of source, a path below the directory
+	// dir, with the part of source below dir resolved without following
+	// any symlink (dir itself is the caller's): for sources where tasks
+	// can write, so that a symlink put in place of source, or of a
+	// directory on the way, is an error rather than followed.
+	CloneTreeBeneath(dir, source string, recursive bool) (*os.File, error)
 	// AttachTree mounts a tree from CloneTree at target, which must exist,
 	// with move_mount(2) in the caller's mount namespace.
 	AttachTree(tree *os.File, target string) error
@@ -357,20 +363,30 @@ func (m *mounter) UnmountExact(root, path string, id int) error {
 // handle without following a symlink on the way (root itself is the
 // caller's).
 func openBeneath(root, dir string) (int, error) {
+	if dir == root {
+		fd, err := unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return -1, fmt.Errorf("failed to open %q: %w", root, err)
+		}
+		return fd, nil
+	}
+	return openBeneathFlags(root, dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC|unix.O_NOFOLLOW)
+}
+
+// openBeneathFlags opens path, below the directory root, with the open
+// flags flags, without following a symlink below root.
+func openBeneathFlags(root, path string, flags uint64) (int, error) {
 	rootFD, err := unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return -1, fmt.Errorf("failed to open %q: %w", root, err)
 	}
-	if dir == root {
-		return rootFD, nil
-	}
 	defer unix.Close(rootFD)
-	rel, err := filepath.Rel(root, dir)
+	rel, err := filepath.Rel(root, path)
 	if err != nil {
-		return -1, fmt.Errorf("%q is not below %q", dir, root)
+		return -1, fmt.Errorf("%q is not below %q", path, root)
 	}
 	fd, err := unix.Openat2(rootFD, rel, &unix.OpenHow{
-		Flags:   unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC | unix.O_NOFOLLOW,
+		Flags:   flags,
 		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
 	})
 	if err != nil {
@@ -488,6 +504,40 @@ func (m *mounter) CloneTree(source string, recursive bool) (*os.File, error) {
 		return nil, fmt.Errorf("failed to clone the mount tree at %q: %w", source, err)
 	}
 	return os.NewFile(uintptr(fd), source), nil
+}
+
+func (m *mounter) CloneTreeBeneath(dir, source string, recursive bool) (*os.File, error) {
+	dir, source = filepath.Clean(dir), filepath.Clean(source)
+	if source == dir || !PathWithin(source, dir) {
+		return nil, fmt.Errorf("failed to clone the mount tree at %q: it is not below %q", source, dir)
+	}
+	fd, err := openBeneathFlags(dir, source, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC)
+	if err != nil {
+		if errors.Is(err, unix.ELOOP) {
+			err = fmt.Errorf("%w: a symlink on the way is never followed", err)
+		}
+		return nil, fmt.Errorf("failed to clone the mount tree at %q: %w", source, err)
+	}
+	defer unix.Close(fd)
+	// RESOLVE_NO_SYMLINKS still opens a symlink at the last element,
+	// as itself, under O_PATH|O_NOFOLLOW.
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, fmt.Errorf("failed to clone the mount tree at %q: %w", source, err)
+	}
+	if st.Mode&unix.S_IFMT == unix.S_IFLNK {
+		return nil, fmt.Errorf("failed to clone the mount tree at %q: it is a symlink, which is never followed", source)
+	}
+	flags := uint(unix.OPEN_TREE_CLONE | unix.OPEN_TREE_CLOEXEC | unix.AT_EMPTY_PATH)
+	if recursive {
+		flags |= unix.AT_RECURSIVE
+	}
+	m.logger.Debug("cloning mount tree", "source", source, "beneath", dir, "recursive", recursive)
+	tree, err := unix.OpenTree(fd, "", flags)
+	if err != nil {
+		return nil, fmt.Errorf("failed to clone the mount tree at %q: %w", source, err)
+	}
+	return os.NewFile(uintptr(tree), source), nil
 }
 
 func (m *mounter) AttachTree(tree *os.File, target string) error {

@@ -551,7 +551,7 @@ func sendTrees(ctl *os.File, m mounter.Interface, mounts []Mount, cause error) e
 		}
 	}()
 	for _, mnt := range mounts {
-		t, err := m.CloneTree(mnt.Source, true)
+		t, err := cloneSource(m, mnt)
 		if err != nil {
 			err = fmt.Errorf("mount %q: %w", mnt.Target, err)
 			_ = send(wire.LateMessage{Error: err.Error()}, nil)
@@ -561,6 +561,15 @@ func sendTrees(ctl *os.File, m mounter.Interface, mounts []Mount, cause error) e
 		fds = append(fds, int(t.Fd()))
 	}
 	return send(wire.LateMessage{Mounts: mounts}, fds)
+}
+
+// cloneSource clones the mount tree at mnt's source, resolved without
+// symlinks below mnt.Beneath when it is set.
+func cloneSource(m mounter.Interface, mnt Mount) (*os.File, error) {
+	if mnt.Beneath != "" {
+		return m.CloneTreeBeneath(mnt.Beneath, mnt.Source, true)
+	}
+	return m.CloneTree(mnt.Source, true)
 }
 
 // sendControl sends v as one JSON message over a supervisor's control

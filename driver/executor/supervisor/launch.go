@@ -232,7 +232,12 @@ func launchOnThread(spec *wire.Spec, group *cgroups.Group, stdio func() ([]*os.F
 			// once entered: its host sources are taken now, while the
 			// host's root is still reachable.
 			for _, mnt := range spec.Mounts {
-				t, err := m.CloneTree(mnt.Source, true)
+				var t *os.File
+				if mnt.Beneath != "" {
+					t, err = m.CloneTreeBeneath(mnt.Beneath, mnt.Source, true)
+				} else {
+					t, err = m.CloneTree(mnt.Source, true)
+				}
 				if err != nil {
 					return nil, nil, fmt.Errorf("mount %q: %w", mnt.Target, err)
 				}

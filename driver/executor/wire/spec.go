@@ -28,6 +28,13 @@ type Mount struct {
 	// nodev in the task.
 	NoSuid bool `json:"nosuid,omitempty"`
 	NoDev  bool `json:"nodev,omitempty"`
+	// Beneath, when set, is a directory above Source whose own path is
+	// trusted: the rest of Source, below it, is resolved without
+	// following any symlink when the source is taken. It is for sources
+	// in directories that tasks can write (a task's directories, the
+	// allocation's shared alloc/), where a task could have put a symlink
+	// in place of Source to have the host path it names mounted instead.
+	Beneath string `json:"beneath,omitempty"`
 }
 
 // Spec describes the task process. It is written as JSON into StateDir and
