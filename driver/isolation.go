@@ -392,6 +392,13 @@ func nomadDirMounts(cfg *drivers.TaskConfig, isolated, tmpfsTmp bool) []executor
 	if isolated && !tmpfsTmp {
 		dirs = append(dirs, [2]string{td.Dir + "/tmp", "/tmp"})
 	}
+	// Every source is taken without following a symlink below the
+	// allocation's directory (Nomad's, root's): tasks write in it, and a
+	// task of another driver in the allocation (exec, docker) can rename
+	// alloc/logs away and put "logs -> /" in its place while no task of
+	// this driver holds it as a mount point, to have the host's root
+	// mounted at this task's /alloc/logs.
+	beneath := filepath.Clean(cfg.AllocDir)
 	out := make([]executor.Mount, 0, len(dirs)+1)
 	for _, d := range dirs {
 		out = append(out, executor.Mount{
@@ -400,6 +407,7 @@ func nomadDirMounts(cfg *drivers.TaskConfig, isolated, tmpfsTmp bool) []executor
 			Propagation: executor.PropagationPrivate,
 			NoSuid:      isolated,
 			NoDev:       isolated,
+			Beneath:     beneath,
 		})
 	}
 	if isolated {
@@ -419,6 +427,7 @@ func nomadDirMounts(cfg *drivers.TaskConfig, isolated, tmpfsTmp bool) []executor
 			Propagation: executor.PropagationPrivate,
 			NoSuid:      true,
 			NoDev:       true,
+			Beneath:     beneath,
 		})
 		// Nomad (root, on the host) writes the task's tokens into its
 		// secrets directory before each run and at each renewal, with
@@ -437,6 +446,7 @@ func nomadDirMounts(cfg *drivers.TaskConfig, isolated, tmpfsTmp bool) []executor
 				Propagation: executor.PropagationPrivate,
 				NoSuid:      true,
 				NoDev:       true,
+				Beneath:     beneath,
 			})
 		}
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/shoenig/test/must"
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor"
+	"github.com/nomad-driver-csi/nomad-driver-csi/mounter"
 )
 
 func TestTaskCapabilities(t *testing.T) {
@@ -134,6 +135,28 @@ func TestNomadDirMounts_TokensReadOnly(t *testing.T) {
 	}
 	for _, m := range nomadDirMounts(cfg, false, false) {
 		must.False(t, strings.HasPrefix(m.Target, "/secrets/"), must.Sprint("a privileged task got a token mount"))
+	}
+}
+
+// Every source of the task's directories (alloc/, its logs/, local/,
+// secrets/, tmp/ and the token files) is taken without following a
+// symlink below the allocation's directory: tasks of the allocation write
+// there, and one of another driver can put "alloc/logs -> /" in place of
+// logs/ while no task of this driver holds it as a mount point.
+func TestNomadDirMounts_SourcesBeneathAllocDir(t *testing.T) {
+	allocDir := t.TempDir()
+	cfg := &drivers.TaskConfig{AllocDir: allocDir, Name: "t"}
+	secrets := cfg.TaskDir().SecretsDir
+	must.NoError(t, os.MkdirAll(secrets, 0o700))
+	must.NoError(t, os.WriteFile(filepath.Join(secrets, "nomad_token"), []byte("x"), 0o600))
+	for _, isolated := range []bool{true, false} {
+		mounts := nomadDirMounts(cfg, isolated, false)
+		must.SliceNotEmpty(t, mounts)
+		for _, m := range mounts {
+			must.Eq(t, allocDir, m.Beneath, must.Sprintf("mount %s (isolated %v): its source %s may be taken through a symlink", m.Target, isolated, m.Source))
+			must.True(t, mounter.PathWithin(m.Source, allocDir) && m.Source != allocDir,
+				must.Sprintf("mount %s: source %s is not below %s", m.Target, m.Source, allocDir))
+		}
 	}
 }
 
