@@ -14,6 +14,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -24,6 +25,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/fingerprint/csiclient"
+	"github.com/nomad-driver-csi/nomad-driver-csi/mounter"
 )
 
 func TestSetupTeardown_CallOrder(t *testing.T) {
@@ -868,6 +870,78 @@ func (c *lyingClient) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstag
 		return &csi.NodeUnstageVolumeResponse{}, err
 	}
 	return c.FakeClient.NodeUnstageVolume(ctx, req)
+}
+
+// A plugin that says it took its mount away and leaves a dead one (a FUSE
+// daemon gone: the check of the path answers ENOTCONN) has it detached and
+// the teardown ends; a path whose check fails otherwise is not taken for
+// gone: the records stay and the teardown is tried again until the path
+// can be told about.
+func TestTeardown_PluginLeavesDeadMountOrUnreadablePath(t *testing.T) {
+	cases := []struct {
+		lieOn string
+		path  func(*Manager) string
+	}{
+		{MethodNodeUnpublishVolume, func(m *Manager) string { return m.TargetPath("task-a", "data") }},
+		{MethodNodeUnstageVolume, func(m *Manager) string { return m.StagingPath("p", "vol1") }},
+	}
+	for _, tc := range cases {
+		t.Run(tc.lieOn+"/dead", func(t *testing.T) {
+			var plugin *lyingClient
+			h := newHarness(t, func(cfg *Config) {
+				cfg.Dial = func(string) (Client, error) { return plugin, nil }
+			})
+			plugin = &lyingClient{FakeClient: h.fake, lieOn: tc.lieOn}
+			ctx := context.Background()
+			_, err := h.m.Setup(ctx, "task-a", []VolumeRequest{req("data", "vol1", "/data")})
+			must.NoError(t, err)
+			path := tc.path(h.m)
+			plugin.lying.Store(true)
+			h.mnt.SetStale(path, true)
+			h.mnt.SetIsMountPointErr(path, fmt.Errorf("failed to resolve %q: %w", path, syscall.ENOTCONN))
+
+			must.NoError(t, h.m.Teardown(ctx, "task-a"))
+			must.SliceEmpty(t, h.journalRecords())
+			must.SliceEmpty(t, h.mountPaths())
+			detached := 0
+			for _, a := range h.mnt.GetActions() {
+				if a.Kind == mounter.ActionDetachLazy && a.Target == path {
+					detached++
+				}
+			}
+			must.Eq(t, 1, detached)
+			must.StrContains(t, h.logs.String(), "detached a dead mount the plugin left after reporting success")
+		})
+		t.Run(tc.lieOn+"/unreadable", func(t *testing.T) {
+			var plugin *lyingClient
+			h := newHarness(t, func(cfg *Config) {
+				cfg.Dial = func(string) (Client, error) { return plugin, nil }
+			})
+			plugin = &lyingClient{FakeClient: h.fake, lieOn: tc.lieOn}
+			ctx := context.Background()
+			_, err := h.m.Setup(ctx, "task-a", []VolumeRequest{req("data", "vol1", "/data")})
+			must.NoError(t, err)
+			path := tc.path(h.m)
+			plugin.lying.Store(true)
+			h.mnt.SetIsMountPointErr(path, fmt.Errorf("failed to resolve %q: %w", path, syscall.EACCES))
+
+			err = h.m.Teardown(ctx, "task-a")
+			must.ErrorContains(t, err, "retrying in the background")
+			var oe *OpError
+			must.True(t, errors.As(err, &oe))
+			must.Eq(t, tc.lieOn, oe.Method)
+			must.StrContains(t, oe.Message, "whether "+strconv.Quote(path)+" is still mounted cannot be told")
+			must.SliceNotEmpty(t, h.journalRecords())
+			must.SliceContains(t, h.mountPaths(), path)
+
+			// The plugin unmounts for real, and the check can read the path.
+			plugin.lying.Store(false)
+			h.mnt.SetIsMountPointErr(path, nil)
+			h.waitIdle()
+			must.SliceEmpty(t, h.journalRecords())
+			must.SliceEmpty(t, h.mountPaths())
+		})
+	}
 }
 
 // A plugin that says it took its mount away while the path is still

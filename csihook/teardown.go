@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
@@ -304,8 +305,29 @@ func (m *Manager) releaseLocked(ctx context.Context, taskID, name string, k volK
 // empty. A path still mounted is an Internal failure, retried like others.
 func (m *Manager) checkGone(o op, path string) error {
 	mounted, err := m.cfg.Mounter.IsMountPoint(path)
-	if err != nil && !errors.Is(err, fs.ErrNotExist) {
-		m.logger.Warn("cannot check mount", "path", path, "error", err)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.ENOTDIR) {
+		// A path the check cannot read is not taken for gone. A dead mount
+		// (a FUSE daemon gone: ENOTCONN) that the plugin left after saying
+		// it was done is detached: nothing can reach it any more. Anything
+		// else keeps the records, tried again, rather than forgetting a
+		// volume that may still be mounted.
+		dead, serr := m.stale(path)
+		if serr != nil || !dead {
+			if serr != nil {
+				err = errors.Join(err, serr)
+			}
+			return &OpError{Method: o.method, Volume: o.name, VolumeID: o.volumeID, PluginID: o.pluginID, Code: codes.Internal,
+				Message: fmt.Sprintf("the plugin reported success but whether %q is still mounted cannot be told: %v", path, err),
+				Hint:    hint(o.method, codes.Internal, o.volumeID, o.pluginID, "")}
+		}
+		if derr := m.cfg.Mounter.DetachLazy(path); derr != nil {
+			return &OpError{Method: o.method, Volume: o.name, VolumeID: o.volumeID, PluginID: o.pluginID, Code: codes.Internal,
+				Message: fmt.Sprintf("the plugin reported success but left a dead mount at %q: %v", path, derr),
+				Hint:    hint(o.method, codes.Internal, o.volumeID, o.pluginID, "")}
+		}
+		m.logger.Warn("detached a dead mount the plugin left after reporting success", "method", o.method,
+			"plugin_id", o.pluginID, "volume_id", o.volumeID, "path", path, "error", err)
+		mounted, err = false, nil
 	}
 	if err == nil && mounted {
 		return &OpError{Method: o.method, Volume: o.name, VolumeID: o.volumeID, PluginID: o.pluginID, Code: codes.Internal,

@@ -394,3 +394,20 @@ func (f *Fake) SetUnmountErr(target string, err error) {
 	}
 	f.UnmountErrs[target] = err
 }
+
+// SetIsMountPointErr makes IsMountPoint of path fail with err from now on
+// (nil: answer again). Unlike writing IsMountPointErrs, it is safe while
+// other goroutines use the Fake.
+func (f *Fake) SetIsMountPointErr(path string, err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	path = filepath.Clean(path)
+	if err == nil {
+		delete(f.IsMountPointErrs, path)
+		return
+	}
+	if f.IsMountPointErrs == nil {
+		f.IsMountPointErrs = map[string]error{}
+	}
+	f.IsMountPointErrs[path] = err
+}
