@@ -92,11 +92,17 @@ func (p *Process) Exec(ctx context.Context, opts ExecOptions) (int, error) {
 		return 0, fmt.Errorf("failed to exec in task pid %d: %w", p.state.TaskPID, err)
 	}
 	defer exe.Close()
+	// A session of its own, as the task's supervisor has: in the driver's
+	// session the command (one of the task's binaries) would have the
+	// driver's controlling terminal, which an agent started from a shell
+	// has, and would open it as the task's /dev/tty to read what is typed
+	// there, write to it, or push input into it (TIOCSTI).
 	cmd := &exec.Cmd{
-		Path:      fmt.Sprintf("/proc/self/fd/%d", wire.StageExeFD),
-		Args:      []string{os.Args[0], wire.StageExec},
-		Env:       []string{},
-		WaitDelay: execOutputDrain,
+		Path:        fmt.Sprintf("/proc/self/fd/%d", wire.StageExeFD),
+		Args:        []string{os.Args[0], wire.StageExec},
+		Env:         []string{},
+		WaitDelay:   execOutputDrain,
+		SysProcAttr: &syscall.SysProcAttr{Setsid: true},
 	}
 	var (
 		ptmx     *os.File
@@ -112,7 +118,7 @@ func (p *Process) Exec(ctx context.Context, opts ExecOptions) (int, error) {
 		defer ptmx.Close()
 		defer tty.Close()
 		cmd.Stdin, cmd.Stdout, cmd.Stderr = tty, tty, tty
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
+		cmd.SysProcAttr.Setctty, cmd.SysProcAttr.Ctty = true, 0
 	} else {
 		cmd.Stdout, cmd.Stderr = opts.Stdout, opts.Stderr
 		if opts.Stdin != nil {
