@@ -53,14 +53,19 @@ func runSupervisor(args []string) int {
 	// these machines, a handler for every signal), not once its task came.
 	// A spare is stopped with SIGKILL, and ends by itself when the driver
 	// closes its control socket.
+	// Each kind is logged once: a root task (with kill) can send its
+	// init signals as fast as it likes, and a line for each would grow
+	// the supervisor's log, in the driver's root_dir, without bound.
 	sigs := make(chan os.Signal, 8)
 	signal.Notify(sigs)
 	go func() {
+		logged := map[os.Signal]bool{}
 		for s := range sigs {
 			// The runtime's preemption signal and the children's exits are
 			// the supervisor's daily life, not news.
-			if s != unix.SIGURG && s != unix.SIGCHLD {
-				logger.Debug("ignoring signal", "signal", s.String())
+			if s != unix.SIGURG && s != unix.SIGCHLD && !logged[s] {
+				logged[s] = true
+				logger.Debug("ignoring signal (logged once per kind)", "signal", s.String())
 			}
 		}
 	}()
