@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor/wire"
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/taskuser"
 	"github.com/nomad-driver-csi/nomad-driver-csi/mounter"
 )
 
@@ -47,6 +48,22 @@ func (p *Process) Exec(ctx context.Context, opts ExecOptions) (int, error) {
 	if err := wire.ReadJSON(filepath.Join(p.state.StateDir, wire.SpecFile), &spec); err != nil {
 		return 0, fmt.Errorf("failed to exec in task pid %d: %w", p.state.TaskPID, err)
 	}
+	// The user is looked up here, on the host, whose /etc the task was
+	// started by, unless the driver resolved it when the task started (an
+	// image task's). The stage must never look it up: it runs in the
+	// task's root, whose /etc a task can write (a volume mounted there),
+	// and would take the task's passwd and group files (a `nobody` whose
+	// uid is 0) and, with the C library's lookup, its nsswitch.conf and
+	// the modules it names, loaded into a process that still holds every
+	// capability.
+	cred := prof.Credential
+	if cred == nil {
+		c, err := taskuser.Resolve(prof.User)
+		if err != nil {
+			return 0, fmt.Errorf("failed to exec in task pid %d: %w", p.state.TaskPID, err)
+		}
+		cred = &Credential{UID: c.UID, GID: c.GID, Groups: c.Groups}
+	}
 	cfg := &wire.StageConfig{Spec: Spec{
 		TaskID:              spec.TaskID,
 		Command:             opts.Command[0],
@@ -54,7 +71,7 @@ func (p *Process) Exec(ctx context.Context, opts ExecOptions) (int, error) {
 		Env:                 spec.Env,
 		Dir:                 spec.Dir,
 		User:                prof.User,
-		Credential:          prof.Credential,
+		Credential:          cred,
 		Privileged:          prof.Privileged,
 		Capabilities:        prof.Capabilities,
 		AmbientCapabilities: prof.AmbientCapabilities,

@@ -228,6 +228,11 @@ func prepareAndExec(cfg *wire.StageConfig) error {
 	if err := os.Chdir("/"); err != nil {
 		return fmt.Errorf("failed to enter the task's root: %w", err)
 	}
+	// Never looked up here, in the task's root, whose /etc the task can
+	// write: the driver resolved it on the host (see Process.Exec).
+	if spec.Credential == nil {
+		return errors.New("the task stage got no resolved user; it never looks one up in the task's root")
+	}
 	cred, err := specCredential(spec)
 	if err != nil {
 		return err
