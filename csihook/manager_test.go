@@ -872,6 +872,20 @@ func (c *lyingClient) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstag
 	return c.FakeClient.NodeUnstageVolume(ctx, req)
 }
 
+// lyingSetup is a harness whose plugin lies on lieOn once lying is set,
+// with the volume of task-a set up.
+func lyingSetup(t *testing.T, lieOn string) (*harness, *lyingClient) {
+	t.Helper()
+	var plugin *lyingClient
+	h := newHarness(t, func(cfg *Config) {
+		cfg.Dial = func(string) (Client, error) { return plugin, nil }
+	})
+	plugin = &lyingClient{FakeClient: h.fake, lieOn: lieOn}
+	_, err := h.m.Setup(context.Background(), "task-a", []VolumeRequest{req("data", "vol1", "/data")})
+	must.NoError(t, err)
+	return h, plugin
+}
+
 // A plugin that says it took its mount away and leaves a dead one (a FUSE
 // daemon gone: the check of the path answers ENOTCONN) has it detached and
 // the teardown ends; a path whose check fails otherwise is not taken for
@@ -887,14 +901,8 @@ func TestTeardown_PluginLeavesDeadMountOrUnreadablePath(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.lieOn+"/dead", func(t *testing.T) {
-			var plugin *lyingClient
-			h := newHarness(t, func(cfg *Config) {
-				cfg.Dial = func(string) (Client, error) { return plugin, nil }
-			})
-			plugin = &lyingClient{FakeClient: h.fake, lieOn: tc.lieOn}
+			h, plugin := lyingSetup(t, tc.lieOn)
 			ctx := context.Background()
-			_, err := h.m.Setup(ctx, "task-a", []VolumeRequest{req("data", "vol1", "/data")})
-			must.NoError(t, err)
 			path := tc.path(h.m)
 			plugin.lying.Store(true)
 			h.mnt.SetStale(path, true)
@@ -913,19 +921,13 @@ func TestTeardown_PluginLeavesDeadMountOrUnreadablePath(t *testing.T) {
 			must.StrContains(t, h.logs.String(), "detached a dead mount the plugin left after reporting success")
 		})
 		t.Run(tc.lieOn+"/unreadable", func(t *testing.T) {
-			var plugin *lyingClient
-			h := newHarness(t, func(cfg *Config) {
-				cfg.Dial = func(string) (Client, error) { return plugin, nil }
-			})
-			plugin = &lyingClient{FakeClient: h.fake, lieOn: tc.lieOn}
+			h, plugin := lyingSetup(t, tc.lieOn)
 			ctx := context.Background()
-			_, err := h.m.Setup(ctx, "task-a", []VolumeRequest{req("data", "vol1", "/data")})
-			must.NoError(t, err)
 			path := tc.path(h.m)
 			plugin.lying.Store(true)
 			h.mnt.SetIsMountPointErr(path, fmt.Errorf("failed to resolve %q: %w", path, syscall.EACCES))
 
-			err = h.m.Teardown(ctx, "task-a")
+			err := h.m.Teardown(ctx, "task-a")
 			must.ErrorContains(t, err, "retrying in the background")
 			var oe *OpError
 			must.True(t, errors.As(err, &oe))
@@ -969,19 +971,13 @@ func TestTeardown_PluginLiesAboutUnmount(t *testing.T) {
 	}}
 	for _, tc := range cases {
 		t.Run(tc.lieOn, func(t *testing.T) {
-			var plugin *lyingClient
-			h := newHarness(t, func(cfg *Config) {
-				cfg.Dial = func(string) (Client, error) { return plugin, nil }
-			})
-			plugin = &lyingClient{FakeClient: h.fake, lieOn: tc.lieOn}
+			h, plugin := lyingSetup(t, tc.lieOn)
 			ctx := context.Background()
-			_, err := h.m.Setup(ctx, "task-a", []VolumeRequest{req("data", "vol1", "/data")})
-			must.NoError(t, err)
 			path := tc.path(h.m)
 			plugin.lying.Store(true)
 			h.fake.ResetCalls()
 
-			err = h.m.Teardown(ctx, "task-a")
+			err := h.m.Teardown(ctx, "task-a")
 			must.ErrorContains(t, err, "retrying in the background")
 			var oe *OpError
 			must.True(t, errors.As(err, &oe))

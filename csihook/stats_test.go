@@ -109,7 +109,10 @@ func TestStatsStaggered(t *testing.T) {
 // TestStatsCondition walks a volume's condition from normal to abnormal
 // and back: one event each way on the task, none repeated, and the
 // plugin's message cleaned of terminal escapes and secrets.
-func TestStatsCondition(t *testing.T) {
+// statsSetup is a harness with task-a's volume vol1 of a stats plugin set
+// up, and a function that runs one stats pass a minute after the last.
+func statsSetup(t *testing.T) (*harness, func()) {
+	t.Helper()
 	h := newHarness(t)
 	h.setPlugin(statsPlugin("p"))
 	ctx := context.Background()
@@ -117,10 +120,14 @@ func TestStatsCondition(t *testing.T) {
 	must.NoError(t, err)
 	h.m.stats = newStatsLoop(time.Minute)
 	later := time.Now().Add(time.Hour)
-	pass := func() {
+	return h, func() {
 		later = later.Add(time.Minute)
 		statsPassWait(h.m, ctx, later)
 	}
+}
+
+func TestStatsCondition(t *testing.T) {
+	h, pass := statsSetup(t)
 	conditionEvents := func() []string {
 		var out []string
 		for _, e := range h.eventMsgs() {
@@ -383,17 +390,7 @@ func TestStatsHungPlugin(t *testing.T) {
 // stats, that the other unit is kept, that the warning is logged once,
 // and that a good answer later is kept again.
 func TestStatsNegativeUsageLeftOut(t *testing.T) {
-	h := newHarness(t)
-	h.setPlugin(statsPlugin("p"))
-	ctx := context.Background()
-	_, err := h.m.Setup(ctx, "task-a", []VolumeRequest{req("data", "vol1", "/data")})
-	must.NoError(t, err)
-	h.m.stats = newStatsLoop(time.Minute)
-	later := time.Now().Add(time.Hour)
-	pass := func() {
-		later = later.Add(time.Minute)
-		statsPassWait(h.m, ctx, later)
-	}
+	h, pass := statsSetup(t)
 
 	h.fake.SetUsage("vol1",
 		&csi.VolumeUsage{Unit: csi.VolumeUsage_BYTES, Total: 100, Used: 120, Available: -20},
