@@ -345,12 +345,7 @@ func TestDriver_pluginTaskAndVolumeLifecycle(t *testing.T) {
 	t.Cleanup(func() { unmountUnder(root) })
 
 	h, d := harnessDriver(t, Config{RootDir: root, AllowPrivileged: true, PrivilegedGrants: grantAll})
-	plugin := realTask(t, "plugin", TaskConfig{
-		Command:    fixture,
-		Args:       []string{"--state-dir", state, "--node-id", "test-node"},
-		Privileged: true,
-		CSIPlugin:  &PluginTaskConfig{ID: "fixture", Type: "monolith", MountDir: "/csi"},
-	})
+	plugin := fixturePluginTask(t, fixture, state)
 	cleanupPlugin := mkAllocDir(t, h, plugin, true)
 	defer cleanupPlugin()
 	startTask(t, h, plugin)
@@ -449,4 +444,16 @@ func procNSpid(t *testing.T, pid int) []int {
 	}
 	t.Fatalf("no NSpid in /proc/%d/status", pid)
 	return nil
+}
+
+// fixturePluginTask is the e2e fixture plugin as a privileged monolith
+// plugin task "fixture" keeping its volumes in state.
+func fixturePluginTask(t *testing.T, fixture, state string) *drivers.TaskConfig {
+	t.Helper()
+	return realTask(t, "plugin", TaskConfig{
+		Command:    fixture,
+		Args:       []string{"--state-dir", state, "--node-id", "test-node"},
+		Privileged: true,
+		CSIPlugin:  &PluginTaskConfig{ID: "fixture", Type: "monolith", MountDir: "/csi"},
+	})
 }

@@ -61,12 +61,7 @@ func TestDriver_hostileTaskCannotKeepItsVolume_Root(t *testing.T) {
 	t.Cleanup(func() { killHostileHolders(t) })
 
 	h, d := harnessDriver(t, Config{RootDir: root, AllowPrivileged: true, PrivilegedGrants: grantAll})
-	plugin := realTask(t, "plugin", TaskConfig{
-		Command:    fixture,
-		Args:       []string{"--state-dir", state, "--node-id", "test-node"},
-		Privileged: true,
-		CSIPlugin:  &PluginTaskConfig{ID: "fixture", Type: "monolith", MountDir: "/csi"},
-	})
+	plugin := fixturePluginTask(t, fixture, state)
 	defer mkAllocDir(t, h, plugin, true)()
 	startTask(t, h, plugin)
 	defer func() {
