@@ -38,7 +38,8 @@ func accessibility(info PluginInfo) *csi.TopologyRequirement {
 }
 
 // checkAccessible refuses a created volume that the plugin says is not
-// accessible from this node: no topology it lists is one this node is in.
+// accessible from this node: no topology it lists is one this node is in
+// (topology keys compared without regard to case).
 // A volume without accessible topology is accessible everywhere, and so
 // is one of a plugin without VOLUME_ACCESSIBILITY_CONSTRAINTS, which has
 // no topology to speak of (CSI spec).
@@ -47,11 +48,17 @@ func (m *Manager) checkAccessible(req VolumeRequest, info PluginInfo, vol *csi.V
 	if len(topo) == 0 || len(info.Topology) == 0 || !info.AccessibilityConstraints {
 		return nil
 	}
+	// Keys are case-insensitive (CSI spec, message Topology: "Keys MUST
+	// be case-insensitive"); values are compared as they are.
+	node := make(map[string]string, len(info.Topology))
+	for k, v := range info.Topology {
+		node[strings.ToLower(k)] = v
+	}
 	var seen []string
 	for _, t := range topo {
 		match := true
 		for k, v := range t.GetSegments() {
-			if info.Topology[k] != v {
+			if nv, ok := node[strings.ToLower(k)]; !ok || nv != v {
 				match = false
 				break
 			}

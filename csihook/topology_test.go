@@ -148,3 +148,21 @@ func TestTopology_CreatedElsewhereMessageBounded(t *testing.T) {
 	must.True(t, errors.As(err, &oe))
 	must.LessEq(t, 4*MaxErrorMessage, len(oe.Event()))
 }
+
+// Topology keys are case-insensitive (CSI spec, message Topology: "Keys
+// MUST be case-insensitive"): a volume the plugin answers with "Zone"
+// where NodeGetInfo said "zone" is accessible from this node, and a
+// different value under a differently spelled key is still elsewhere.
+func TestTopology_KeysCaseInsensitive(t *testing.T) {
+	h := newHarness(t)
+	h.setPlugin(zonedPlugin("a", 0))
+	h.fake.AccessibleTopology = []*csi.Topology{{Segments: map[string]string{"Zone": "a", "RACK": "r1"}}}
+	must.NoError(t, h.setupAndRelease("t1", sizedReq(mib)))
+
+	h2 := newHarness(t)
+	h2.setPlugin(zonedPlugin("a", 0))
+	h2.fake.AccessibleTopology = []*csi.Topology{{Segments: map[string]string{"Zone": "b"}}}
+	_, err := h2.m.Setup(context.Background(), "t1", []VolumeRequest{sizedReq(mib)})
+	must.Eq(t, codes.FailedPrecondition, Code(err))
+	h2.waitIdle()
+}
