@@ -195,7 +195,10 @@
 //
 // Every RPC runs under Config.RPCTimeout. The codes the table
 // fingerprint/csiclient.Rules retries for the method (for every volume
-// call: Unavailable, ResourceExhausted, Aborted and DeadlineExceeded) are
+// call: Unavailable, ResourceExhausted, Aborted and DeadlineExceeded, but
+// ResourceExhausted is final from CreateVolume and
+// ControllerPublishVolume, whose cause the CSI spec says must be
+// addressed before a retry) are
 // retried in line with capped, jittered exponential backoff
 // (RetryAttempts, RetryBase, RetryMax); other codes
 // are final and become an *OpError whose message says what to do. A

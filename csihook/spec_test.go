@@ -421,3 +421,23 @@ func TestSpec_RecoverRepublishesWhenHealthy(t *testing.T) {
 	must.Eq(t, h.m.StagingPath("p", "vol1"), h.callsOf(MethodNodePublishVolume)[0].StagingPath)
 	must.NoError(t, h.m.Teardown(ctx, "task-a"))
 }
+
+// RESOURCE_EXHAUSTED from CreateVolume (cannot provision in the node's
+// topology) and ControllerPublishVolume (the node has its most volumes
+// attached) is final: the CSI spec's tables say the caller "MUST ensure"
+// the cause is addressed before retrying, and the same request sent again
+// at once addresses nothing. The setup fails after one attempt, with the
+// plugin's code.
+func TestSpec_ResourceExhaustedFinalForCreateAndAttach(t *testing.T) {
+	for _, method := range []string{MethodCreateVolume, MethodControllerPublishVolume} {
+		t.Run(method, func(t *testing.T) {
+			h := newHarness(t)
+			h.fake.SetNextError(method, status.Error(codes.ResourceExhausted, "full"))
+			_, err := h.m.Setup(context.Background(), "t", []VolumeRequest{sizedReq(mib)})
+			must.Eq(t, codes.ResourceExhausted, Code(err))
+			must.Eq(t, 1, h.fake.Count(method))
+			h.waitIdle()
+			must.SliceEmpty(t, h.mountPaths())
+		})
+	}
+}

@@ -58,6 +58,14 @@ var (
 	// reads are the calls that touch no volume, so Aborted (an operation
 	// pending on a volume) is not a transient answer to them.
 	reads = []codes.Code{codes.Unavailable, codes.ResourceExhausted, codes.DeadlineExceeded}
+	// exhaustible are the calls for which the CSI spec gives
+	// RESOURCE_EXHAUSTED a meaning that waiting does not change:
+	// CreateVolume cannot provision in the requested topology (quota),
+	// ControllerPublishVolume finds the node's most volumes attached. The
+	// spec says the caller "MUST ensure" the cause is addressed before
+	// retrying, so the same request is not sent again at once; the
+	// failure goes to the task, whose restart comes later.
+	exhaustible = []codes.Code{codes.Unavailable, codes.Aborted, codes.DeadlineExceeded}
 )
 
 // Rules is the table of every CSI method this project calls. A code not
@@ -70,8 +78,8 @@ var Rules = map[string]Rule{
 	ControllerGetCapabilities: {Retry: reads, Deadline: InfoDeadline},
 	NodeGetCapabilities:       {Retry: reads, Deadline: InfoDeadline},
 	NodeGetInfo:               {Retry: reads, Deadline: InfoDeadline},
-	CreateVolume:              {Retry: transient, Deadline: VolumeDeadline},
-	ControllerPublishVolume:   {Retry: transient, Deadline: VolumeDeadline},
+	CreateVolume:              {Retry: exhaustible, Deadline: VolumeDeadline},
+	ControllerPublishVolume:   {Retry: exhaustible, Deadline: VolumeDeadline},
 	ControllerUnpublishVolume: {Retry: transient, Deadline: VolumeDeadline},
 	NodeStageVolume:           {Retry: transient, Deadline: VolumeDeadline},
 	NodeUnstageVolume:         {Retry: transient, Deadline: VolumeDeadline},

@@ -24,6 +24,11 @@ func TestRules(t *testing.T) {
 	for _, m := range volumeCalls {
 		want[m] = []codes.Code{codes.Unavailable, codes.ResourceExhausted, codes.Aborted, codes.DeadlineExceeded}
 	}
+	// RESOURCE_EXHAUSTED of these two has a cause the caller must address
+	// before retrying (CSI spec): final.
+	for _, m := range []string{CreateVolume, ControllerPublishVolume} {
+		want[m] = []codes.Code{codes.Unavailable, codes.Aborted, codes.DeadlineExceeded}
+	}
 	for _, m := range reads {
 		want[m] = []codes.Code{codes.Unavailable, codes.ResourceExhausted, codes.DeadlineExceeded}
 		final = append(final, codes.Aborted)
