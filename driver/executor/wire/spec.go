@@ -34,6 +34,9 @@ type Mount struct {
 	// in directories that tasks can write (a task's directories, the
 	// allocation's shared alloc/), where a task could have put a symlink
 	// in place of Source to have the host path it names mounted instead.
+	// It holds where a source is cloned (the late mounts of an isolated
+	// task, and the supervisor's early clones); a privileged task's early
+	// binds go by path, as such a task has the host anyway.
 	Beneath string `json:"beneath,omitempty"`
 }
 
