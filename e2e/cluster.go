@@ -100,7 +100,7 @@ func (c *Cluster) StartClusterFixture(t testing.TB, id string) (*ClusterFixture,
 // "1m") and Version (the task's FIXTURE_VERSION, default "1").
 func (c *Cluster) StartClusterFixtureWith(t testing.TB, id string, vars map[string]string) (*ClusterFixture, time.Duration) {
 	t.Helper()
-	fx := &ClusterFixture{ID: id, StateBase: filepath.Join(c.Server.Dir, "fx-"+id)}
+	fx := &ClusterFixture{ID: id, StateBase: c.FixtureStateBase(id)}
 	for _, a := range c.Clients {
 		// The call log is opened before the fixture makes its state dir.
 		if err := os.MkdirAll(filepath.Join(fx.StateBase, a.NodeName()), 0o755); err != nil {
@@ -125,6 +125,12 @@ func (c *Cluster) StartClusterFixtureWith(t testing.TB, id string, vars map[stri
 	}
 	return fx, time.Since(start)
 }
+
+// FixtureStateBase is where the fixture of plugin id id keeps each
+// client's state and call log (<base>/<node name>/state, calls.log): a
+// test may put volume records there before the fixture starts, as a
+// storage system both nodes reach would have them.
+func (c *Cluster) FixtureStateBase(id string) string { return filepath.Join(c.Server.Dir, "fx-"+id) }
 
 // On is the fixture instance on client a, for its call counts and volume
 // records (VolFixture's Count, VolumeCalls, VolumeID).
