@@ -1204,12 +1204,15 @@ func (d *Driver) ExecTask(taskID string, cmd []string, timeout time.Duration) (*
 		ctx, cancel = context.WithTimeout(ctx, timeout)
 		defer cancel()
 	}
-	var stdout, stderr bytes.Buffer
+	// Nomad runs script checks here, with the job's command: what it
+	// writes is kept to the end Nomad's own executor keeps, whatever its
+	// length, not in the driver's memory.
+	stdout, stderr := newTailBuffer(drivers.CheckBufSize), newTailBuffer(drivers.CheckBufSize)
 	code, err := h.process.Exec(ctx, executor.ExecOptions{
 		Command: cmd,
 		Stdin:   bytes.NewReader(nil),
-		Stdout:  &stdout,
-		Stderr:  &stderr,
+		Stdout:  stdout,
+		Stderr:  stderr,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("exec in task failed: %w", err)

@@ -214,6 +214,31 @@ func TestDriver_killsAfterTimeoutAndExec(t *testing.T) {
 	must.NoError(t, h.DestroyTask(cfg.ID, false))
 }
 
+// A real command that floods both outputs of ExecTask: the driver keeps
+// the last drivers.CheckBufSize bytes of each, not the 64 MiB written.
+func TestDriver_execTaskOutputBounded(t *testing.T) {
+	requireRoot(t)
+	h, _ := harnessDriver(t, Config{})
+	cfg := realTask(t, "flood", TaskConfig{Command: "/bin/sleep", Args: []string{"300"}})
+	cleanup := mkAllocDir(t, h, cfg, true)
+	defer cleanup()
+	startTask(t, h, cfg)
+	must.NoError(t, h.WaitUntilStarted(cfg.ID, 10*time.Second))
+
+	res, err := h.ExecTask(cfg.ID, []string{"/bin/sh", "-c",
+		"head -c 67108864 /dev/zero; echo out-end; head -c 67108864 /dev/zero >&2; echo err-end >&2; exit 3"}, time.Minute)
+	must.NoError(t, err)
+	must.Eq(t, 3, res.ExitResult.ExitCode)
+	must.Eq(t, drivers.CheckBufSize, len(res.Stdout))
+	must.Eq(t, drivers.CheckBufSize, len(res.Stderr))
+	must.StrHasSuffix(t, "out-end\n", string(res.Stdout))
+	must.StrHasSuffix(t, "err-end\n", string(res.Stderr))
+
+	must.NoError(t, h.StopTask(cfg.ID, time.Second, "SIGKILL"))
+	waitExit(t, h, cfg.ID, 10*time.Second)
+	must.NoError(t, h.DestroyTask(cfg.ID, false))
+}
+
 func TestDriver_privilegedRefusedUnlessAllowed(t *testing.T) {
 	requireRoot(t)
 	h, _ := harnessDriver(t, Config{})

@@ -655,6 +655,23 @@ func TestExecTask(t *testing.T) {
 	must.ErrorIs(t, err, drivers.ErrTaskNotFound)
 }
 
+// ExecTask (Nomad's script checks, whose command the job names) keeps at
+// most drivers.CheckBufSize of each output, its end, as Nomad's own
+// executor does: a command that writes without end must not grow the
+// driver, which serves every task on the node.
+func TestExecTask_outputBounded(t *testing.T) {
+	d := newTestDriver(t, Config{Enabled: true})
+	cfg := taskConfig(t, TaskConfig{Command: "/bin/sleep"})
+	_, _, err := d.StartTask(cfg)
+	must.NoError(t, err)
+	// The fake writes the command back: 1 MiB, then a tail.
+	long := strings.Repeat("x", 1<<20) + "the-end"
+	res, err := d.ExecTask(cfg.ID, []string{long}, time.Second)
+	must.NoError(t, err)
+	must.Eq(t, drivers.CheckBufSize, len(res.Stdout))
+	must.StrHasSuffix(t, "the-end", string(res.Stdout))
+}
+
 func TestTaskStats(t *testing.T) {
 	d := newTestDriver(t, Config{Enabled: true})
 	cfg := taskConfig(t, TaskConfig{Command: "/bin/sleep"})
