@@ -471,6 +471,11 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 			return nil, nil, err
 		}
 	}
+	// Arguments and an environment the kernel would not exec are refused
+	// by name, before a volume is staged for the task.
+	if err := executor.CheckArgv(spec); err != nil {
+		return nil, nil, fmt.Errorf("invalid task config: %w", err)
+	}
 	reqs, err := d.checkVolumes(cfg, tc, spec)
 	if err != nil {
 		return nil, nil, fmt.Errorf("invalid task config: %w", err)

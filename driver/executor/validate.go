@@ -89,6 +89,9 @@ func validateSpec(spec *Spec) error {
 	if spec.Dir != "" && !filepath.IsAbs(spec.Dir) {
 		return fmt.Errorf("dir %q must be an absolute path", spec.Dir)
 	}
+	if err := CheckArgv(spec); err != nil {
+		return err
+	}
 	if img := spec.Image; img != nil {
 		if len(img.Layers) == 0 {
 			return fmt.Errorf("image %q has no layers", img.Ref)
