@@ -101,8 +101,20 @@ func checkVolumeGrants(grants []VolumeGrant, job jobRef, vols map[string]VolumeC
 		if len(own) > 0 {
 			have = "the grants for this namespace and job are " + strings.Join(own, "; ")
 		}
-		return fmt.Errorf("volume %q: volume_id %q of plugin %q is not granted to %s on this node (%s): use a volume a grant names, or have the operator add a volume_grant block for it in the driver's plugin config",
-			name, r.VolumeID, r.PluginID, job, have)
+		return fmt.Errorf("volume %s: volume_id %s of plugin %s is not granted to %s on this node (%s): use a volume a grant names, or have the operator add a volume_grant block for it in the driver's plugin config",
+			quotedShort(name), quotedShort(r.VolumeID), quotedShort(r.PluginID), job, have)
 	}
 	return nil
+}
+
+// quotedShort quotes what a job wrote for the refusal, cut short when
+// long, as the volume checks after it do (csihook's Validate): the grant
+// check comes before the sizes are checked, and the job's text reaches
+// its events and Nomad's state.
+func quotedShort(s string) string {
+	const n = 64
+	if len(s) > n {
+		return fmt.Sprintf("%q... (%d bytes)", s[:n], len(s))
+	}
+	return fmt.Sprintf("%q", s)
 }

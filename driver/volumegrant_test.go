@@ -1,6 +1,8 @@
 package driver
 
 import (
+	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/hashicorp/nomad/helper/pluginutils/hclutils"
@@ -135,4 +137,29 @@ func TestVolumes_grantsRefuseBeforeAnyCall(t *testing.T) {
 	_, _, err = d.StartTask(jobTask(t, vol("b-1"), "alloc-a2", "team-a", "web"))
 	must.ErrorContains(t, err, `volume_id "b-1" of plugin "hp" is not granted`)
 	must.Eq(t, 1, fp.vols.Count(csihook.MethodNodePublishVolume))
+}
+
+// The refusal quotes what the job wrote cut short, as Validate does: the
+// grant check runs before the ids' sizes are checked, and a job can write
+// ids and a volume name of megabytes (what Nomad hands the driver in one
+// call), which would otherwise reach the task's events and Nomad's state
+// whole, and grow fourfold where %q escapes them.
+func TestCheckVolumeGrants_refusalBounded(t *testing.T) {
+	grants := []VolumeGrant{{Namespace: "team-b", PluginID: "nfs", VolumeID: "b-*"}}
+	b := jobRef{namespace: "team-b", id: "web"}
+	long := "a-" + strings.Repeat("\x01", 1<<20)
+	for _, tc := range []struct {
+		vols  map[string]VolumeConfig
+		bytes int
+	}{
+		{map[string]VolumeConfig{"data": {PluginID: "nfs", VolumeID: long}}, len(long)},
+		{map[string]VolumeConfig{"data": {PluginID: "nfs" + long, VolumeID: "b-1"}}, len("nfs" + long)},
+		{map[string]VolumeConfig{long: {PluginID: "nfs", VolumeID: "a-1"}}, len(long)},
+	} {
+		err := checkVolumeGrants(grants, b, tc.vols)
+		must.ErrorContains(t, err, `is not granted to job "web" in namespace "team-b"`)
+		must.ErrorContains(t, err, `volume_grant[0]: plugin_id "nfs", volume_id "b-*"`)
+		must.ErrorContains(t, err, fmt.Sprintf("... (%d bytes)", tc.bytes))
+		must.Less(t, 1024, len(err.Error()))
+	}
 }
