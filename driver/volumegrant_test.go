@@ -163,3 +163,81 @@ func TestCheckVolumeGrants_refusalBounded(t *testing.T) {
 		must.Less(t, 1024, len(err.Error()))
 	}
 }
+
+// What the grant check costs for a hostile volume_id of growing size (what
+// Nomad hands the driver in one call bounds it, about 4 MiB), matched
+// against the grants of its own namespace, each with a '*' the id keeps
+// almost matching after: ns/op should grow with the id's size times the
+// patterns' (grantGlob backtracks to the last '*' only), never with its
+// square.
+func BenchmarkCheckVolumeGrants(b *testing.B) {
+	grants := make([]VolumeGrant, 0, 20)
+	for i := range 20 {
+		grants = append(grants, VolumeGrant{Namespace: "team-b", PluginID: "*", VolumeID: fmt.Sprintf("b-*-data-%d-*x", i)})
+	}
+	job := jobRef{namespace: "team-b", id: "web"}
+	for _, size := range []int{1 << 10, 64 << 10, 1 << 20} {
+		id := "b-" + strings.Repeat("-data-1-", size/8)
+		vols := map[string]VolumeConfig{"data": {PluginID: "nfs", VolumeID: id}}
+		if checkVolumeGrants(grants, job, vols) == nil {
+			b.Fatal("granted")
+		}
+		b.Run(fmt.Sprintf("id=%dKiB", size>>10), func(b *testing.B) {
+			b.SetBytes(int64(len(id)))
+			b.ReportAllocs()
+			for b.Loop() {
+				_ = checkVolumeGrants(grants, job, vols)
+			}
+		})
+	}
+}
+
+// Grants hold whatever else the config says and whenever it was given:
+// allow_cross_namespace_volumes lets namespaces share a volume on a node,
+// not past the grants; a task Nomad hands without a namespace is matched
+// as "default", as its volumes' owner is recorded; and a config given
+// again (SetConfig called twice in one driver process) brings its grants.
+func TestVolumes_grantsWithCrossNamespaceAndNewConfig(t *testing.T) {
+	conf := Config{Enabled: true, AllowPrivileged: true, PrivilegedGrants: grantAll, AllowCrossNamespaceVolumes: true,
+		VolumeGrants: []VolumeGrant{
+			{Namespace: "team-a", PluginID: "hp", VolumeID: "a-*"},
+			{Namespace: "default", PluginID: "hp", VolumeID: "d-*"},
+		}}
+	d := newTestDriver(t, conf)
+	fp := withFakePlugins(t, d)
+	plugin := TaskConfig{Command: "/bin/plugin", Privileged: true, CSIPlugin: &PluginTaskConfig{ID: "hp", Type: "monolith", MountDir: "/csi"}}
+	_, _, err := d.StartTask(jobTask(t, plugin, "alloc-p", "default", "plugin"))
+	must.NoError(t, err)
+	waitHealthy(t, d, "hp")
+	vol := func(id string) TaskConfig {
+		return TaskConfig{Command: "/bin/sleep", Volumes: map[string]VolumeConfig{"data": {
+			PluginID: "hp", VolumeID: id, Destination: "/data", AccessMode: "multi-node-multi-writer", AttachmentMode: "file-system",
+		}}}
+	}
+
+	// A's volume, published here for A: B is refused all the same.
+	_, _, err = d.StartTask(jobTask(t, vol("a-1"), "alloc-a", "team-a", "web"))
+	must.NoError(t, err)
+	must.Eq(t, 1, fp.vols.Count(csihook.MethodNodePublishVolume))
+	_, _, err = d.StartTask(jobTask(t, vol("a-1"), "alloc-b", "team-b", "web"))
+	must.ErrorContains(t, err, `volume_id "a-1" of plugin "hp" is not granted to job "web" in namespace "team-b"`)
+	must.Eq(t, 1, fp.vols.Count(csihook.MethodNodePublishVolume))
+
+	// No namespace from Nomad: the default namespace's grants.
+	_, _, err = d.StartTask(jobTask(t, vol("a-1"), "alloc-n1", "", "web"))
+	must.ErrorContains(t, err, `not granted to job "web" in namespace "default"`)
+	must.ErrorContains(t, err, `volume_grant[1]: plugin_id "hp", volume_id "d-*"`)
+	_, _, err = d.StartTask(jobTask(t, vol("d-1"), "alloc-n2", "", "web"))
+	must.NoError(t, err)
+	must.Eq(t, 2, fp.vols.Count(csihook.MethodNodePublishVolume))
+
+	// The config again, with B's grant: B gets its own ids, still not A's.
+	conf = *d.currentConfig()
+	conf.VolumeGrants = append(conf.VolumeGrants, VolumeGrant{Namespace: "team-b", PluginID: "hp", VolumeID: "b-*"})
+	must.NoError(t, setConfig(d.Driver, conf))
+	_, _, err = d.StartTask(jobTask(t, vol("a-1"), "alloc-b2", "team-b", "web"))
+	must.ErrorContains(t, err, `volume_grant[2]: plugin_id "hp", volume_id "b-*"`)
+	_, _, err = d.StartTask(jobTask(t, vol("b-1"), "alloc-b3", "team-b", "web"))
+	must.NoError(t, err)
+	must.Eq(t, 3, fp.vols.Count(csihook.MethodNodePublishVolume))
+}
