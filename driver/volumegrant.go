@@ -7,6 +7,8 @@ import (
 	"strings"
 
 	"github.com/hashicorp/nomad/plugins/shared/hclspec"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/csihook"
 )
 
 // VolumeGrant is one volume_grant block of the agent's plugin config: the
@@ -71,16 +73,30 @@ func (g VolumeGrant) matches(job jobRef, plugin, volumeID string) bool {
 }
 
 // checkVolumeGrants refuses a volume block of vols that no grant lets job
-// use, when there are grants, in the order of the blocks' names. The refusal names the volume block, its ids and
-// the grants of the task's own namespace and job (those of others are not
-// named: a job's author learns nothing of what the operator lets other
-// namespaces use).
+// use, when there are grants, in the order of the blocks' names. The
+// refusal names the volume block, its ids and the grants of the task's
+// own namespace and job (those of others are not named: a job's author
+// learns nothing of what the operator lets other namespaces use).
 func checkVolumeGrants(grants []VolumeGrant, job jobRef, vols map[string]VolumeConfig) error {
 	if len(grants) == 0 {
 		return nil
 	}
 	for _, name := range slices.Sorted(maps.Keys(vols)) {
 		r := vols[name]
+		// Ids longer than any the driver passes on (csihook.MaxIDBytes,
+		// refused after this check) are not matched: matching them costs
+		// in proportion to their size, for every grant.
+		if len(r.VolumeID) > csihook.MaxIDBytes || len(r.PluginID) > csihook.MaxIDBytes {
+			return fmt.Errorf("volume %s: volume_id %s or plugin_id %s is longer than %d bytes, which no grant matches",
+				quotedShort(name), quotedShort(r.VolumeID), quotedShort(r.PluginID), csihook.MaxIDBytes)
+		}
+		// A ".." path segment is never granted: a plugin that builds a
+		// path from the id (a subdirectory of a share) would follow it out
+		// of what the grant names ("b-*" matching "b-x/../a-data").
+		if slices.Contains(strings.Split(r.VolumeID, "/"), "..") {
+			return fmt.Errorf("volume %s: volume_id %s has a \"..\" path segment, which no volume_grant matches: a plugin that makes paths of ids would follow it out of what a grant names",
+				quotedShort(name), quotedShort(r.VolumeID))
+		}
 		granted := false
 		for _, g := range grants {
 			if g.matches(job, r.PluginID, r.VolumeID) {

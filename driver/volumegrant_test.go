@@ -92,7 +92,17 @@ func TestCheckVolumeGrants(t *testing.T) {
 
 	// The right id of the wrong plugin; a glob's '*' takes slashes too.
 	must.Error(t, checkVolumeGrants(grants, a, vol("nfs2", "team-a-home")))
-	must.NoError(t, checkVolumeGrants(grants, a, vol("nfs", "team-a-x/../../team-b")))
+	must.NoError(t, checkVolumeGrants(grants, a, vol("nfs", "team-a-x/y/z")))
+	// A ".." segment is never granted, whatever a '*' would match.
+	for _, id := range []string{"team-a-x/../../team-b", "team-a-x/..", "../team-a-x", "team-a-../.."} {
+		err := checkVolumeGrants(grants, a, vol("nfs", id))
+		must.ErrorContains(t, err, `path segment, which no volume_grant matches`, must.Sprint(id))
+	}
+	must.NoError(t, checkVolumeGrants(grants, a, vol("nfs", "team-a-x/..hidden/y..")))
+	// An id past csihook.MaxIDBytes is not matched at all.
+	err = checkVolumeGrants(grants, a, vol("nfs", "team-a-"+strings.Repeat("x", csihook.MaxIDBytes)))
+	must.ErrorContains(t, err, "is longer than 1024 bytes, which no grant matches")
+	must.True(t, len(err.Error()) < 512)
 
 	// A namespace no grant names.
 	err = checkVolumeGrants(grants, c, vol("scratch", "x"))
@@ -149,40 +159,45 @@ func TestCheckVolumeGrants_refusalBounded(t *testing.T) {
 	b := jobRef{namespace: "team-b", id: "web"}
 	long := "a-" + strings.Repeat("\x01", 1<<20)
 	for _, tc := range []struct {
-		vols  map[string]VolumeConfig
-		bytes int
+		vols    map[string]VolumeConfig
+		bytes   int
+		tooLong bool
 	}{
-		{map[string]VolumeConfig{"data": {PluginID: "nfs", VolumeID: long}}, len(long)},
-		{map[string]VolumeConfig{"data": {PluginID: "nfs" + long, VolumeID: "b-1"}}, len("nfs" + long)},
-		{map[string]VolumeConfig{long: {PluginID: "nfs", VolumeID: "a-1"}}, len(long)},
+		{map[string]VolumeConfig{"data": {PluginID: "nfs", VolumeID: long}}, len(long), true},
+		{map[string]VolumeConfig{"data": {PluginID: "nfs" + long, VolumeID: "b-1"}}, len("nfs" + long), true},
+		{map[string]VolumeConfig{long: {PluginID: "nfs", VolumeID: "a-1"}}, len(long), false},
 	} {
 		err := checkVolumeGrants(grants, b, tc.vols)
-		must.ErrorContains(t, err, `is not granted to job "web" in namespace "team-b"`)
-		must.ErrorContains(t, err, `volume_grant[0]: plugin_id "nfs", volume_id "b-*"`)
+		if tc.tooLong {
+			must.ErrorContains(t, err, "is longer than 1024 bytes, which no grant matches")
+		} else {
+			must.ErrorContains(t, err, `is not granted to job "web" in namespace "team-b"`)
+			must.ErrorContains(t, err, `volume_grant[0]: plugin_id "nfs", volume_id "b-*"`)
+		}
 		must.ErrorContains(t, err, fmt.Sprintf("... (%d bytes)", tc.bytes))
 		must.Less(t, 1024, len(err.Error()))
 	}
 }
 
-// What the grant check costs for a hostile volume_id of growing size (what
-// Nomad hands the driver in one call bounds it, about 4 MiB), matched
-// against the grants of its own namespace, each with a '*' the id keeps
-// almost matching after: ns/op should grow with the id's size times the
+// What the grant check costs for a hostile volume_id of growing size,
+// matched against the grants of its own namespace, each with a '*' the id
+// keeps almost matching after: ns/op grows with the id's size times the
 // patterns' (grantGlob backtracks to the last '*' only), never with its
-// square.
+// square; an id past csihook.MaxIDBytes (1 MiB here, about 4 MiB is what
+// Nomad hands the driver in one call) is refused before any match.
 func BenchmarkCheckVolumeGrants(b *testing.B) {
 	grants := make([]VolumeGrant, 0, 20)
 	for i := range 20 {
 		grants = append(grants, VolumeGrant{Namespace: "team-b", PluginID: "*", VolumeID: fmt.Sprintf("b-*-data-%d-*x", i)})
 	}
 	job := jobRef{namespace: "team-b", id: "web"}
-	for _, size := range []int{1 << 10, 64 << 10, 1 << 20} {
+	for _, size := range []int{256, 1000, 1 << 20} {
 		id := "b-" + strings.Repeat("-data-1-", size/8)
 		vols := map[string]VolumeConfig{"data": {PluginID: "nfs", VolumeID: id}}
 		if checkVolumeGrants(grants, job, vols) == nil {
 			b.Fatal("granted")
 		}
-		b.Run(fmt.Sprintf("id=%dKiB", size>>10), func(b *testing.B) {
+		b.Run(fmt.Sprintf("id=%dB", len(id)), func(b *testing.B) {
 			b.SetBytes(int64(len(id)))
 			b.ReportAllocs()
 			for b.Loop() {
