@@ -30,6 +30,7 @@ import (
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/cgroups"
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor"
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/image"
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/taskuser"
 	"github.com/nomad-driver-csi/nomad-driver-csi/fingerprint"
 	"github.com/nomad-driver-csi/nomad-driver-csi/mounter"
 )
@@ -745,6 +746,17 @@ func (d *Driver) buildSpec(conf *Config, cfg *drivers.TaskConfig, tc *TaskConfig
 	}
 	if cfg.Resources != nil && cfg.Resources.LinuxResources != nil {
 		spec.OOMScoreAdj = int(cfg.Resources.LinuxResources.OOMScoreAdj)
+	}
+	// The user is resolved once, here, in the host's user database: the
+	// supervisor (from a spare whose root binds chroot_env's /etc, or
+	// not), the driver's checks and every `alloc exec` then take the same
+	// ids. An image task's is its image's (imageRoot).
+	if tc.Image == "" {
+		cred, err := taskuser.Resolve(taskUser)
+		if err != nil {
+			return nil, fmt.Errorf("invalid task config: user %q: %w", taskUser, err)
+		}
+		spec.Credential = &executor.Credential{UID: cred.UID, GID: cred.GID, Groups: cred.Groups}
 	}
 	if isolated {
 		caps, added, err := taskCapabilities(conf.allowCaps(), tc.CapAdd, tc.CapDrop)
