@@ -413,9 +413,26 @@ func TestSpares_GroupMadeAhead_Root(t *testing.T) {
 	must.Eq(t, strconv.Itoa(96<<20)+"\n", readFile(t, filepath.Join(mem, "memory.limit_in_bytes")))
 	must.Eq(t, "300\n", readFile(t, filepath.Join("/sys/fs/cgroup/cpu", parent, tt.spec.TaskID, "cpu.shares")))
 
-	// The next spare's group is made with the limits the task had.
+	// The next spare's group is made with the limits the task had. Its
+	// directories appear before their limits are written: the files are
+	// read once they hold what they should, or the wait ends the test.
 	waitSpare(t, s, "")
 	waitFor(t, "the next spare's group", func() bool { return len(aheadGroups(t, parent)) > 0 })
+	waitFor(t, "the next spare's group to have the last task's limits", func() bool {
+		for file, want := range map[string]string{
+			"cpu/" + parent + "/" + wire.SpareGroupPrefix + "*/cpu.shares":               "300\n",
+			"memory/" + parent + "/" + wire.SpareGroupPrefix + "*/memory.limit_in_bytes": strconv.Itoa(96<<20) + "\n",
+		} {
+			files, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", file))
+			if len(files) != 1 {
+				return false
+			}
+			if b, err := os.ReadFile(files[0]); err != nil || string(b) != want {
+				return false
+			}
+		}
+		return true
+	})
 	next := aheadGroup(t, parent, "memory")
 	must.Eq(t, strconv.Itoa(96<<20)+"\n", readFile(t, filepath.Join(next, "memory.limit_in_bytes")))
 	must.Eq(t, "300\n", readFile(t, filepath.Join(aheadGroup(t, parent, "cpu"), "cpu.shares")))
