@@ -289,6 +289,12 @@ func (m *Manager) create(ctx context.Context, taskID string, req VolumeRequest, 
 		return "", nil, &OpError{Method: o.method, Volume: req.Name, VolumeID: req.VolumeID, PluginID: req.PluginID,
 			Code: codes.Internal, Message: "the plugin answered without a volume id", Hint: hint(o.method, codes.Internal, req.VolumeID, req.PluginID, "")}
 	}
+	if n := len(id); n > MaxIDBytes {
+		return "", nil, answerTooLarge(o, "volume_id", n, MaxIDBytes, "bytes")
+	}
+	if n := mapBytes(resp.GetVolume().GetVolumeContext()); n > MaxMapBytes {
+		return "", nil, answerTooLarge(o, "volume_context", n, MaxMapBytes, "bytes of keys and values together")
+	}
 	vctx := maps.Clone(req.Context)
 	if vctx == nil {
 		vctx = map[string]string{}
@@ -409,6 +415,11 @@ func (m *Manager) ensureVolume(ctx context.Context, taskID, name string, info Pl
 		})
 		if err != nil {
 			return vol, nil, err
+		}
+		// Refused before it is kept; the record still says publishing,
+		// so the rollback detaches the volume again.
+		if n := mapBytes(pctx); n > MaxMapBytes {
+			return vol, nil, answerTooLarge(o, "publish_context", n, MaxMapBytes, "bytes of keys and values together")
 		}
 		vol.PublishContext, vol.Controller = pctx, phasePublished
 		pending = []journalOp{volPut(vol)}
@@ -579,4 +590,18 @@ func symlinkTargetError(o op, target string) error {
 		Message: fmt.Sprintf("the plugin left the target path %q a symbolic link, not a mount", target),
 		Hint: fmt.Sprintf("a task's volume is what is mounted at target_path, and a symbolic link there could name any path on the host: "+
 			"plugin %q must mount the volume at target_path (CSI spec); check the plugin's logs or use another plugin", o.pluginID)}
+}
+
+// answerTooLarge refuses a plugin's answer larger than the driver keeps of
+// a job's own fields (validate.go). What a plugin answers is kept as a job's
+// fields are: in the journal (on disk and in memory, read back on every
+// start; a created volume's record for good), repeated in every record of
+// the volume and its tasks, and the volume id in events and logs. Any job
+// can run a plugin, and gRPC lets 4 MiB through in an answer: a volume's
+// records would have grown by megabytes each. The CSI spec allows 128
+// bytes for an id and 4 KiB for a map, answers included.
+func answerTooLarge(o op, field string, n, limit int, what string) error {
+	return &OpError{Method: o.method, Volume: o.name, VolumeID: o.volumeID, PluginID: o.pluginID, Code: codes.Internal,
+		Message: fmt.Sprintf("%s answered a %s of %d %s: the driver keeps at most %d (%s)", o.method, field, n, what, limit, humanBytes(limit)),
+		Hint:    fmt.Sprintf("plugin %q broke the CSI spec's size limits (128 bytes for an id, 4 KiB for a map): fix or replace it", o.pluginID)}
 }
