@@ -191,8 +191,8 @@ func crashLoop(t *testing.T, h *driverHarness, cfg *drivers.TaskConfig, n int, f
 
 func TestDriver_crashLoopLeavesNothing_Root(t *testing.T) {
 	requireRoot(t)
-	const n = 50
-	parent := fmt.Sprintf("ncsi-rev-lc-%d", os.Getpid())
+	const n = 20
+	parent := fmt.Sprintf("ncsi-life-lc-%d", os.Getpid())
 	root := shortTempDir(t)
 	t.Cleanup(func() { unmountUnder(root) })
 	h, _ := harnessDriver(t, Config{RootDir: root, CgroupParent: parent})
@@ -269,8 +269,8 @@ func fixtureNode(t *testing.T, h *driverHarness, d *Driver, extra ...string) (ca
 
 func TestDriver_crashLoopWithVolumeLeavesNothing_Root(t *testing.T) {
 	requireRoot(t)
-	const n = 50
-	parent := fmt.Sprintf("ncsi-rev-lcv-%d", os.Getpid())
+	const n = 20
+	parent := fmt.Sprintf("ncsi-life-lcv-%d", os.Getpid())
 	root := shortTempDir(t)
 	work := shortTempDir(t)
 	t.Cleanup(func() { unmountUnder(root) })
@@ -375,7 +375,7 @@ func alive(pid int) bool {
 // DestroyTask, and the volume is torn down.
 func TestDriver_supervisorKilledLeavesNothing_Root(t *testing.T) {
 	requireRoot(t)
-	parent := fmt.Sprintf("ncsi-rev-lck-%d", os.Getpid())
+	parent := fmt.Sprintf("ncsi-life-lck-%d", os.Getpid())
 	root := shortTempDir(t)
 	work := shortTempDir(t)
 	t.Cleanup(func() { unmountUnder(root) })
@@ -446,7 +446,7 @@ func syscallKill(pid int) error { return unix.Kill(pid, unix.SIGKILL) }
 func TestDriver_manyTasksOneVolume_Root(t *testing.T) {
 	requireRoot(t)
 	const n = 20
-	parent := fmt.Sprintf("ncsi-rev-lcm-%d", os.Getpid())
+	parent := fmt.Sprintf("ncsi-life-lcm-%d", os.Getpid())
 	root := shortTempDir(t)
 	work := shortTempDir(t)
 	t.Cleanup(func() { unmountUnder(root) })
