@@ -93,9 +93,15 @@ func TestProcess_Exec_SameConfinementAsTask_Root(t *testing.T) {
 		t.Run(user, func(t *testing.T) {
 			tt := isolatedSpec(t, "exec sleep 100")
 			tt.spec.User = user
-			// A group in every v1 hierarchy the driver limits.
-			tt.spec.Limits = cgroups.Limits{MemoryBytes: 256 << 20, CPUShares: 100, CpusetCpus: "0", PidsMax: 64,
-				Devices: append([]cgroups.DeviceRule(nil), cgroups.DefaultDevices...)}
+			// On cgroup v1, a group in every hierarchy the driver limits;
+			// on v2 (one hierarchy) the limits its controllers there take
+			// (the devices' filter is a BPF program; a hybrid host's v2
+			// hierarchy may have no other controller).
+			tt.spec.Limits = cgroups.Limits{Devices: append([]cgroups.DeviceRule(nil), cgroups.DefaultDevices...)}
+			if _, err := os.Stat("/sys/fs/cgroup/pids"); err == nil {
+				tt.spec.Limits.MemoryBytes, tt.spec.Limits.CPUShares = 256<<20, 100
+				tt.spec.Limits.CpusetCpus, tt.spec.Limits.PidsMax = "0", 64
+			}
 			if user == "nobody" {
 				// The ambient set of a task of another user.
 				tt.spec.AmbientCapabilities = []string{"NET_BIND_SERVICE"}
