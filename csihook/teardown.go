@@ -8,11 +8,14 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/mounter"
 )
 
 // Teardown, the reverse of Setup: each task volume is unpublished
@@ -304,7 +307,7 @@ func (m *Manager) releaseLocked(ctx context.Context, taskID, name string, k volK
 // after it said so, then removes what the plugin left of path when it is
 // empty. A path still mounted is an Internal failure, retried like others.
 func (m *Manager) checkGone(o op, path string) error {
-	mounted, err := m.cfg.Mounter.IsMountPoint(path)
+	mounted, err := m.mountedAt(path)
 	if err != nil && !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.ENOTDIR) {
 		// A path the check cannot read is not taken for gone. A dead mount
 		// (a FUSE daemon gone: ENOTCONN) that the plugin left after saying
@@ -338,4 +341,21 @@ func (m *Manager) checkGone(o op, path string) error {
 		m.logger.Warn("left a path the plugin did not remove", "path", path, "error", err)
 	}
 	return nil
+}
+
+// mountedAt is Mounter.IsMountPoint of path, except that a symbolic link
+// the plugin left there is never followed: whatever it names (a dead mount
+// elsewhere, a loop, "/") says nothing of path, and only a mount listed at
+// path itself by name would keep it.
+func (m *Manager) mountedAt(path string) (bool, error) {
+	fi, err := os.Lstat(path)
+	if err != nil || fi.Mode()&fs.ModeSymlink == 0 {
+		return m.cfg.Mounter.IsMountPoint(path)
+	}
+	table, err := m.cfg.Mounter.List()
+	if err != nil {
+		return false, err
+	}
+	clean := filepath.Clean(path)
+	return slices.ContainsFunc(table, func(mp mounter.MountPoint) bool { return mp.Path == clean }), nil
 }
