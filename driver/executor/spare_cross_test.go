@@ -147,3 +147,59 @@ func TestSpares_NoLimitOfTheLastTaskSurvives_Root(t *testing.T) {
 		})
 	}
 }
+
+// A spare waiting while the driver is configured again (SetConfig: another
+// chroot_env, another pids_limit) serves the next task with nothing of the
+// old configuration: not the root prepared with the old chroot_env (here
+// the old one had /etc, the new one has not), not the old process limit in
+// the group it made ahead.
+func TestSpares_WaitingSpareOfAnOldConfig_Root(t *testing.T) {
+	requireTaskRoot(t)
+	old := isolatedSpec(t, `true`)
+	parent := old.spec.CgroupParent
+	s := &Spares{}
+	dir := t.TempDir()
+	s.SetDir(dir, old.spec.Isolation)
+	s.SetGroup(parent, cgroups.Limits{Devices: cgroups.DefaultDevices, PidsMax: 100}, hclog.NewNullLogger())
+	t.Cleanup(func() {
+		s.Close()
+		must.Eq(t, []string(nil), aheadGroups(t, parent), must.Sprint("groups made ahead left"))
+	})
+	s.Fill("", hclog.NewNullLogger())
+	waitSpare(t, s, "")
+	ahead := cgroups.AheadAvailable()
+	if ahead {
+		waitFor(t, "the spare's group with the old process limit", func() bool {
+			files, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup/pids", parent, wire.SpareGroupPrefix+"*", "pids.max"))
+			if len(files) != 1 {
+				return false
+			}
+			b, err := os.ReadFile(files[0])
+			return err == nil && string(b) == "100\n"
+		})
+	}
+
+	env := maps.Clone(DefaultChrootEnv)
+	delete(env, "/etc")
+	iso := &Isolation{ChrootEnv: env, PrivatePID: true, PrivateIPC: true}
+	s.SetDir(dir, iso)
+	s.SetGroup(parent, cgroups.Limits{Devices: cgroups.DefaultDevices, PidsMax: 7}, hclog.NewNullLogger())
+
+	b := isolatedSpec(t, `if [ -e /etc/passwd ]; then echo etc=seen; else echo etc=none; fi; exec sleep 1000`)
+	b.spec.CgroupParent = parent
+	b.spec.Isolation = iso
+	b.spec.Limits = cgroups.Limits{Devices: cgroups.DefaultDevices, PidsMax: 7}
+	vol := t.TempDir()
+	b.spec.LateMounts = []Mount{{Target: "/data"}}
+	pb, err := s.Start(hclog.NewNullLogger(), b.spec, func() ([]Mount, error) { return []Mount{{Source: vol, Target: "/data"}}, nil })
+	must.NoError(t, err)
+	t.Cleanup(func() { _ = pb.Kill(); waitExit(t, pb); _ = pb.Destroy() })
+	waitFor(t, "the task's output", func() bool { return strings.Contains(readFile(t, b.stdout), "etc=") })
+	must.Eq(t, "etc=none\n", readFile(t, b.stdout), must.Sprint("the task saw the old chroot_env's /etc"))
+	log := readFile(t, b.spec.StateDir+"/"+wire.SupervisorLogFile)
+	must.StrContains(t, log, "the root prepared ahead did not serve")
+	if ahead {
+		must.StrContains(t, log, "the task took the cgroup made ahead")
+	}
+	must.Eq(t, "7\n", readFile(t, filepath.Join("/sys/fs/cgroup/pids", parent, b.spec.GroupName(), "pids.max")))
+}
