@@ -11,6 +11,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/shoenig/test/must"
+	"golang.org/x/sys/unix"
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/cgroups"
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor/wire"
@@ -202,4 +203,32 @@ func TestSpares_WaitingSpareOfAnOldConfig_Root(t *testing.T) {
 		must.StrContains(t, log, "the task took the cgroup made ahead")
 	}
 	must.Eq(t, "7\n", readFile(t, filepath.Join("/sys/fs/cgroup/pids", parent, b.spec.GroupName(), "pids.max")))
+}
+
+// A task a spare serves has only its own descriptors and environment: not
+// a descriptor the driver held without close-on-exec when the spare was
+// started, nor anything of the spare's environment (the driver's).
+func TestSpares_TaskGetsNothingOfTheSpare_Root(t *testing.T) {
+	requireTaskRoot(t)
+	secret := t.TempDir()
+	fd, err := unix.Open(secret, unix.O_RDONLY|unix.O_DIRECTORY, 0) // no O_CLOEXEC
+	must.NoError(t, err)
+	t.Cleanup(func() { _ = unix.Close(fd) })
+	t.Setenv("NCSI_SPARE_TEST_SECRET", "driver-only")
+	tt := isolatedSpec(t, `echo "fds=$(ls /proc/self/fd | tr '\n' ' ')"; echo "env=$(env | grep -c NCSI_SPARE_TEST_SECRET)"`)
+	s := &Spares{}
+	s.SetDir(t.TempDir(), tt.spec.Isolation)
+	t.Cleanup(s.Close)
+	s.Fill("", hclog.NewNullLogger())
+	waitSpare(t, s, "")
+	vol := t.TempDir()
+	tt.spec.LateMounts = []Mount{{Target: "/data"}}
+	p, err := s.Start(hclog.NewNullLogger(), tt.spec, func() ([]Mount, error) { return []Mount{{Source: vol, Target: "/data"}}, nil })
+	must.NoError(t, err)
+	t.Cleanup(func() { _ = p.Kill(); _ = p.Destroy() })
+	got := exitLines(t, tt, p)
+	must.StrContains(t, readFile(t, tt.spec.StateDir+"/"+wire.SupervisorLogFile), `root_prepared_ahead=true`)
+	// 0-2, and the descriptor ls opens on /proc/self/fd itself.
+	must.Eq(t, "0 1 2 3", strings.TrimSpace(got["fds"]), must.Sprintf("descriptor %d leaked into the task", fd))
+	must.Eq(t, "0", got["env"], must.Sprint("the driver's environment reached the task"))
 }
