@@ -754,7 +754,7 @@ func (d *Driver) buildSpec(conf *Config, cfg *drivers.TaskConfig, tc *TaskConfig
 	if tc.Image == "" {
 		cred, err := taskuser.Resolve(taskUser)
 		if err != nil {
-			return nil, fmt.Errorf("invalid task config: user %q: %w", taskUser, err)
+			return nil, fmt.Errorf("invalid task config: %w (a task's user is looked up in the host's user database; a numeric uid needs no entry)", err)
 		}
 		spec.Credential = &executor.Credential{UID: cred.UID, GID: cred.GID, Groups: cred.Groups}
 	}

@@ -43,5 +43,5 @@ func TestBuildSpec_userResolvedOnTheHost(t *testing.T) {
 		must.Eq(t, len(tc.want.Groups), len(spec.Credential.Groups), must.Sprintf("user %q", tc.user))
 	}
 	_, err = build("no-such-user-ncsi", TaskConfig{Command: "/bin/true"})
-	must.ErrorContains(t, err, `invalid task config: user "no-such-user-ncsi"`)
+	must.ErrorContains(t, err, `invalid task config: user "no-such-user-ncsi" not found (a task's user is looked up in the host's user database`)
 }
