@@ -621,3 +621,37 @@ func TestConfigSpec_grantRequiredFields(t *testing.T) {
 		must.StrContains(t, diags.Error(), `The argument "`+field+`" is required`)
 	}
 }
+
+// A task with this driver's csi_plugin block and Nomad's together: Nomad
+// registers the id of its own block from the task's socket whatever the
+// driver's block says, so a job granted privilege for its own tooling (no
+// plugin_id) served an id the operator reserved for another job by naming
+// an unreserved one in config.
+func TestAuthorize_bothPluginBlocks(t *testing.T) {
+	conf := &Config{AllowPrivileged: true, PrivilegedPluginsOnly: true, RootDir: "/var/lib/nomad-driver-csi", PrivilegedGrants: []PrivilegedGrant{
+		{Namespace: "storage", Job: "hostpath", PluginID: "hostpath"},
+		{Namespace: "ops", Job: "*"},
+	}}
+	spec := &executor.Spec{Command: "/bin/sh", Dir: "/", Env: []string{"PATH=/bin"}}
+	cfg := &drivers.TaskConfig{ID: "a1/t/1", AllocID: "a1", Namespace: "ops", JobID: "tooling",
+		Mounts: nomadPluginMounts("/var/lib/nomad/client", "a1")}
+	own := &PluginTaskConfig{ID: "ops-plugin", Type: "monolith", MountDir: "/driver-csi"}
+	for _, tc := range []*TaskConfig{
+		{Privileged: true, CSIPlugin: own},
+		{CSIPlugin: &PluginTaskConfig{ID: "ops-plugin", Type: "controller", MountDir: "/driver-csi"}},
+	} {
+		_, err := authorize(conf, cfg, tc, spec, taskImage{})
+		must.ErrorContains(t, err, `this driver's csi_plugin block (id "ops-plugin", in config) and Nomad's csi_plugin block (id "hostpath", in the task): a task serves one plugin`)
+	}
+	// Each block alone: the reservation holds for Nomad's, the driver's
+	// own id is the job's.
+	_, err := authorize(conf, cfg, &TaskConfig{Privileged: true}, spec, taskImage{})
+	must.ErrorContains(t, err, `csi_plugin id "hostpath" is reserved on this node`)
+	_, err = authorize(conf, &drivers.TaskConfig{ID: "a1/t/1", AllocID: "a1", Namespace: "ops", JobID: "tooling"}, &TaskConfig{Privileged: true, CSIPlugin: own}, spec, taskImage{})
+	must.NoError(t, err)
+	// The decoy of TestAuthorize is refused with the driver's block too.
+	cfg.Mounts = append([]*drivers.MountConfig{{TaskPath: "/decoy", HostPath: "/var/lib/nomad/client/csi/node/decoy", PropagationMode: "bidirectional"}},
+		nomadPluginMounts("/var/lib/nomad/client", "a1")...)
+	_, err = authorize(conf, cfg, &TaskConfig{Privileged: true, CSIPlugin: own}, spec, taskImage{})
+	must.ErrorContains(t, err, "more than one plugin")
+}

@@ -44,12 +44,20 @@ type taskImage struct{ Ref, Digest, IndexDigest string }
 func authorize(conf *Config, cfg *drivers.TaskConfig, tc *TaskConfig, spec *executor.Spec, img taskImage) (*PrivilegedGrant, error) {
 	job := jobOf(cfg)
 	s := grantSubject{Namespace: job.namespace, Job: job.id, ImageRef: img.Ref, ImageDigest: img.Digest, ImageIndexDigest: img.IndexDigest}
-	if tc.CSIPlugin != nil {
-		s.PluginID = tc.CSIPlugin.ID
-	} else if p, err := nomadPlugin(cfg); err != nil {
+	// Nomad registers the id of its own block from the task's socket
+	// whatever this driver's block says: a task with both would have its
+	// grants matched, and reservations checked, against the id Nomad does
+	// not register.
+	np, err := nomadPlugin(cfg)
+	switch {
+	case err != nil:
 		return nil, err
-	} else if p != nil {
-		s.PluginID = p.id
+	case np != nil && tc.CSIPlugin != nil:
+		return nil, fmt.Errorf("the task has this driver's csi_plugin block (id %q, in config) and Nomad's csi_plugin block (id %q, in the task): a task serves one plugin; give each plugin its own task", tc.CSIPlugin.ID, np.id)
+	case tc.CSIPlugin != nil:
+		s.PluginID = tc.CSIPlugin.ID
+	case np != nil:
+		s.PluginID = np.id
 	}
 	targets := mountTargets(spec, tc)
 	if slices.ContainsFunc(conf.PrivilegedGrants, func(g PrivilegedGrant) bool { return g.Command != "" }) {
