@@ -240,9 +240,11 @@ func inTaskCgroup(pid int32, names ...string) error {
 // mount_dir and, for node and monolith plugins, the stage/publish root at
 // its own path with bidirectional propagation.
 func pluginMounts(conf *Config, pc *PluginTaskConfig) []executor.Mount {
+	// mount_dir clean: compared with the task's other mounts, which are,
+	// "/secrets/" as the job wrote it would pass for another directory.
 	mounts := []executor.Mount{{
 		Source:      conf.pluginSocketDir(pc.ID),
-		Target:      pc.MountDir,
+		Target:      filepath.Clean(pc.MountDir),
 		Propagation: executor.PropagationPrivate,
 	}}
 	if pc.Type != PluginTypeController {

@@ -1,6 +1,7 @@
 package driver
 
 import (
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -147,4 +148,35 @@ func TestStartTask_pluginMountDirClash(t *testing.T) {
 	cfg.Mounts = nil
 	_, _, err = d.StartTask(cfg)
 	must.NoError(t, err)
+}
+
+// A mount_dir spelled with a trailing slash or a dot named the same
+// directory as another mount of the task but passed the clash check,
+// which compared it as written: the task got two mounts at its /secrets,
+// the socket directory over its own secrets or under them.
+func TestStartTask_pluginMountDirClashSpelling(t *testing.T) {
+	for _, dir := range []string{"/secrets/", "/secrets/.", "/local/../secrets"} {
+		t.Run(dir, func(t *testing.T) {
+			d := newTestDriver(t, Config{Enabled: true})
+			cfg := taskConfig(t, TaskConfig{
+				Command:   "/usr/bin/plugin",
+				CSIPlugin: &PluginTaskConfig{ID: "ctl", Type: "controller", MountDir: dir},
+			})
+			cfg.AllocDir = t.TempDir()
+			must.NoError(t, os.MkdirAll(cfg.TaskDir().SecretsDir, 0o755))
+			_, _, err := d.StartTask(cfg)
+			must.ErrorContains(t, err, `csi_plugin mount_dir "/secrets" is also the path of another mount`)
+			must.SliceEmpty(t, d.started)
+		})
+	}
+	// Written so, it is the directory it names.
+	d := newTestDriver(t, Config{Enabled: true})
+	cfg := taskConfig(t, TaskConfig{
+		Command:   "/usr/bin/plugin",
+		CSIPlugin: &PluginTaskConfig{ID: "ctl", Type: "controller", MountDir: "/plugin/"},
+	})
+	_, _, err := d.StartTask(cfg)
+	must.NoError(t, err)
+	must.Eq(t, "/plugin", d.started[0].Mounts[0].Target)
+	must.SliceContains(t, d.started[0].Env, "CSI_ENDPOINT=unix:///plugin/csi.sock")
 }
