@@ -205,24 +205,42 @@ func TestDriver_crashLoopLeavesNothing_Root(t *testing.T) {
 			// One run first: spares, the journal and the driver's
 			// long-lived goroutines are there before the count.
 			crashLoop(t, h, cfg, 1, fresh)
-			var before nodeSnapshot
-			eventually(t, 20*time.Second, func() error {
-				before = takeSnapshot(t, root, parent, cfg.AllocDir)
-				if before.spareDirs == 0 {
-					return errors.New("no spares yet")
-				}
-				return nil
-			})
+			before := snapshotWithSpare(t, root, parent, cfg.AllocDir)
 			crashLoop(t, h, cfg, n, fresh)
-			var after nodeSnapshot
-			eventually(t, 30*time.Second, func() error {
-				after = takeSnapshot(t, root, parent, cfg.AllocDir)
-				return sameNode(before, after)
-			})
+			after := snapshotLike(t, before, root, parent, cfg.AllocDir)
 			t.Logf("before: %v", before)
 			t.Logf("after %d runs: %v", n, after)
 		})
 	}
+}
+
+// snapshotWithSpare is the node's snapshot once a spare supervisor has
+// prepared its root (the driver fills one after a task starts), so that a
+// spare coming later is not counted as a leak.
+func snapshotWithSpare(t *testing.T, root, parent string, alsoMounts ...string) nodeSnapshot {
+	t.Helper()
+	var s nodeSnapshot
+	eventually(t, 20*time.Second, func() error {
+		s = takeSnapshot(t, root, parent, alsoMounts...)
+		if s.spareDirs == 0 {
+			return errors.New("no spares yet")
+		}
+		return nil
+	})
+	return s
+}
+
+// snapshotLike is the node's snapshot once it is the same as before (what
+// a stop leaves takes a moment to go), or the test fails saying how it
+// differs.
+func snapshotLike(t *testing.T, before nodeSnapshot, root, parent string, alsoMounts ...string) nodeSnapshot {
+	t.Helper()
+	var s nodeSnapshot
+	eventually(t, 30*time.Second, func() error {
+		s = takeSnapshot(t, root, parent, alsoMounts...)
+		return sameNode(before, s)
+	})
+	return s
 }
 
 // fixtureNode is the fixture plugin served as a task of h's driver, with
@@ -290,21 +308,10 @@ func TestDriver_crashLoopWithVolumeLeavesNothing_Root(t *testing.T) {
 			cleanup := mkAllocDir(t, h, cfg, true)
 			defer cleanup()
 			crashLoop(t, h, cfg, 1, fresh)
-			var before nodeSnapshot
-			eventually(t, 20*time.Second, func() error {
-				before = takeSnapshot(t, root, parent, cfg.AllocDir)
-				if before.spareDirs == 0 {
-					return errors.New("no spares yet")
-				}
-				return nil
-			})
+			before := snapshotWithSpare(t, root, parent, cfg.AllocDir)
 			stages, unstages := calls("NodeStageVolume"), calls("NodeUnstageVolume")
 			crashLoop(t, h, cfg, n, fresh)
-			var after nodeSnapshot
-			eventually(t, 30*time.Second, func() error {
-				after = takeSnapshot(t, root, parent, cfg.AllocDir)
-				return sameNode(before, after)
-			})
+			after := snapshotLike(t, before, root, parent, cfg.AllocDir)
 			m, err := d.volumes()
 			must.NoError(t, err)
 			must.SliceEmpty(t, m.TasksWithPrefix(cfg.AllocID))
@@ -324,25 +331,14 @@ func TestDriver_crashLoopWithVolumeLeavesNothing_Root(t *testing.T) {
 		defer cleanup()
 		_, _, err := h.StartTask(cfg)
 		must.Error(t, err)
-		var before nodeSnapshot
-		eventually(t, 20*time.Second, func() error {
-			before = takeSnapshot(t, root, parent, cfg.AllocDir)
-			if before.spareDirs == 0 {
-				return errors.New("no spares yet")
-			}
-			return nil
-		})
+		before := snapshotWithSpare(t, root, parent, cfg.AllocDir)
 		for i := 0; i < n; i++ {
 			_, _, err := h.StartTask(cfg)
 			must.Error(t, err, must.Sprintf("start %d", i))
 			// Nomad's task runner destroys what it has no handle of.
 			_ = h.DestroyTask(cfg.ID, true)
 		}
-		var after nodeSnapshot
-		eventually(t, 30*time.Second, func() error {
-			after = takeSnapshot(t, root, parent, cfg.AllocDir)
-			return sameNode(before, after)
-		})
+		after := snapshotLike(t, before, root, parent, cfg.AllocDir)
 		m, err := d.volumes()
 		must.NoError(t, err)
 		must.SliceEmpty(t, m.TasksWithPrefix(cfg.AllocID))
@@ -397,14 +393,7 @@ func TestDriver_supervisorKilledLeavesNothing_Root(t *testing.T) {
 			startTask(t, h, warm)
 			waitExit(t, h, warm.ID, 20*time.Second)
 			must.NoError(t, h.DestroyTask(warm.ID, true))
-			var before nodeSnapshot
-			eventually(t, 20*time.Second, func() error {
-				before = takeSnapshot(t, root, parent)
-				if before.spareDirs == 0 {
-					return errors.New("no spares yet")
-				}
-				return nil
-			})
+			before := snapshotWithSpare(t, root, parent)
 			stages, unstages := calls("NodeStageVolume"), calls("NodeUnstageVolume")
 
 			// Three times: what a kill leaves behind grows.
@@ -426,11 +415,7 @@ func TestDriver_supervisorKilledLeavesNothing_Root(t *testing.T) {
 				// The harness's log readers are the test's, not the driver's.
 				cleanup()
 			}
-			var after nodeSnapshot
-			eventually(t, 30*time.Second, func() error {
-				after = takeSnapshot(t, root, parent)
-				return sameNode(before, after)
-			})
+			after := snapshotLike(t, before, root, parent)
 			must.Eq(t, calls("NodeStageVolume")-stages, calls("NodeUnstageVolume")-unstages)
 			t.Logf("before: %v", before)
 			t.Logf("after: %v", after)
@@ -460,14 +445,7 @@ func TestDriver_manyTasksOneVolume_Root(t *testing.T) {
 	startTask(t, h, mk)
 	waitExit(t, h, mk.ID, 20*time.Second)
 	must.NoError(t, h.DestroyTask(mk.ID, true))
-	var before nodeSnapshot
-	eventually(t, 20*time.Second, func() error {
-		before = takeSnapshot(t, root, parent)
-		if before.spareDirs == 0 {
-			return errors.New("no spares yet")
-		}
-		return nil
-	})
+	before := snapshotWithSpare(t, root, parent)
 	count := func() map[string]int {
 		m := map[string]int{}
 		for _, k := range []string{"NodeStageVolume", "NodeUnstageVolume", "NodePublishVolume", "NodeUnpublishVolume"} {
@@ -522,11 +500,7 @@ func TestDriver_manyTasksOneVolume_Root(t *testing.T) {
 	for i, err := range errs {
 		must.NoError(t, err, must.Sprintf("task %d", i))
 	}
-	var after nodeSnapshot
-	eventually(t, 30*time.Second, func() error {
-		after = takeSnapshot(t, root, parent)
-		return sameNode(before, after)
-	})
+	snapshotLike(t, before, root, parent)
 	end := count()
 	must.Eq(t, 1, end["NodeUnstageVolume"]-c0["NodeUnstageVolume"])
 	must.Eq(t, n, end["NodeUnpublishVolume"]-c0["NodeUnpublishVolume"])
