@@ -121,22 +121,30 @@ func TestVolumeGrant_String(t *testing.T) {
 		VolumeGrant{Namespace: "a", Job: "pg", PluginID: "nfs", VolumeID: "a-*"}.String())
 }
 
-// A task of a namespace the grants do not give the volume to is refused
-// before any call to the plugin; the granted namespace's task starts.
-func TestVolumes_grantsRefuseBeforeAnyCall(t *testing.T) {
-	d := newTestDriver(t, Config{Enabled: true, AllowPrivileged: true, PrivilegedGrants: grantAll,
-		VolumeGrants: []VolumeGrant{{Namespace: "team-a", PluginID: "hp", VolumeID: "a-*"}}})
+// grantsDriver is a driver of conf with the fake plugin "hp" served by a
+// privileged plugin task and healthy, and the task config of a volume of
+// it with the given id.
+func grantsDriver(t *testing.T, conf Config) (*testDriver, *fakePlugins, func(id string) TaskConfig) {
+	t.Helper()
+	d := newTestDriver(t, conf)
 	fp := withFakePlugins(t, d)
 	plugin := TaskConfig{Command: "/bin/plugin", Privileged: true, CSIPlugin: &PluginTaskConfig{ID: "hp", Type: "monolith", MountDir: "/csi"}}
 	_, _, err := d.StartTask(jobTask(t, plugin, "alloc-p", "default", "plugin"))
 	must.NoError(t, err)
 	waitHealthy(t, d, "hp")
-	vol := func(id string) TaskConfig {
+	return d, fp, func(id string) TaskConfig {
 		return TaskConfig{Command: "/bin/sleep", Volumes: map[string]VolumeConfig{"data": {
 			PluginID: "hp", VolumeID: id, Destination: "/data", AccessMode: "multi-node-multi-writer", AttachmentMode: "file-system",
 		}}}
 	}
-	_, _, err = d.StartTask(jobTask(t, vol("a-1"), "alloc-b", "team-b", "web"))
+}
+
+// A task of a namespace the grants do not give the volume to is refused
+// before any call to the plugin; the granted namespace's task starts.
+func TestVolumes_grantsRefuseBeforeAnyCall(t *testing.T) {
+	d, fp, vol := grantsDriver(t, Config{Enabled: true, AllowPrivileged: true, PrivilegedGrants: grantAll,
+		VolumeGrants: []VolumeGrant{{Namespace: "team-a", PluginID: "hp", VolumeID: "a-*"}}})
+	_, _, err := d.StartTask(jobTask(t, vol("a-1"), "alloc-b", "team-b", "web"))
 	must.ErrorContains(t, err, `volume "data": volume_id "a-1" of plugin "hp" is not granted to job "web" in namespace "team-b"`)
 	must.Eq(t, 0, len(fp.vols.Calls()))
 
@@ -218,20 +226,10 @@ func TestVolumes_grantsWithCrossNamespaceAndNewConfig(t *testing.T) {
 			{Namespace: "team-a", PluginID: "hp", VolumeID: "a-*"},
 			{Namespace: "default", PluginID: "hp", VolumeID: "d-*"},
 		}}
-	d := newTestDriver(t, conf)
-	fp := withFakePlugins(t, d)
-	plugin := TaskConfig{Command: "/bin/plugin", Privileged: true, CSIPlugin: &PluginTaskConfig{ID: "hp", Type: "monolith", MountDir: "/csi"}}
-	_, _, err := d.StartTask(jobTask(t, plugin, "alloc-p", "default", "plugin"))
-	must.NoError(t, err)
-	waitHealthy(t, d, "hp")
-	vol := func(id string) TaskConfig {
-		return TaskConfig{Command: "/bin/sleep", Volumes: map[string]VolumeConfig{"data": {
-			PluginID: "hp", VolumeID: id, Destination: "/data", AccessMode: "multi-node-multi-writer", AttachmentMode: "file-system",
-		}}}
-	}
+	d, fp, vol := grantsDriver(t, conf)
 
 	// A's volume, published here for A: B is refused all the same.
-	_, _, err = d.StartTask(jobTask(t, vol("a-1"), "alloc-a", "team-a", "web"))
+	_, _, err := d.StartTask(jobTask(t, vol("a-1"), "alloc-a", "team-a", "web"))
 	must.NoError(t, err)
 	must.Eq(t, 1, fp.vols.Count(csihook.MethodNodePublishVolume))
 	_, _, err = d.StartTask(jobTask(t, vol("a-1"), "alloc-b", "team-b", "web"))
