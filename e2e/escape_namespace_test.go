@@ -166,7 +166,7 @@ func escNamespaces(t *testing.T, a *Agent, names ...string) {
 func escNSRun(t *testing.T, a *Agent, fx *VolFixture, ns, volumeID string, create bool, script string) (*Allocation, string) {
 	t.Helper()
 	vars := map[string]string{"Namespace": ns, "PluginID": fx.ID, "VolumeID": volHCLString(volumeID),
-		"Script": volHCLString(script), "Create": ""}
+		"Script": volHCLString(script), "Create": "", "Node": "", "User": ""}
 	if create {
 		vars["Create"] = "true"
 	}

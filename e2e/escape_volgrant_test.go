@@ -192,15 +192,16 @@ func vgRestartWith(t *testing.T, c *Cluster, fx *ClusterFixture, a *Agent, grant
 	t.Logf("%s restarted with the grants in %v", a.NodeName(), time.Since(start).Round(time.Millisecond))
 }
 
-// vgRun runs job escape-volgrant in namespace ns on client node: script in
+// vgRun runs job escape-ns-volume in namespace ns on client node, as root
+// (the fixture's volumes are root's): script in
 // task "t" with volume_id volumeID of plugin pluginID at /data, and waits
 // until it completes or fails. It returns the allocation and what the task
 // printed.
 func vgRun(t *testing.T, c *Cluster, node *Agent, ns, pluginID, volumeID, script string) (*Allocation, string) {
 	t.Helper()
-	job, err := c.Server.RenderJob("escape-volgrant", map[string]string{
-		"Namespace": ns, "Node": node.NodeName(), "PluginID": pluginID,
-		"VolumeID": volHCLString(volumeID), "Script": volHCLString(script),
+	job, err := c.Server.RenderJob("escape-ns-volume", map[string]string{
+		"Namespace": ns, "Node": node.NodeName(), "User": "root", "PluginID": pluginID,
+		"VolumeID": volHCLString(volumeID), "Script": volHCLString(script), "Create": "",
 	})
 	must.NoError(t, err)
 	t.Cleanup(func() { stopNamespaced(t, c.Server, ns, job.ID) })
