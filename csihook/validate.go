@@ -96,8 +96,9 @@ func taskLimits(reqs []VolumeRequest) error {
 	return nil
 }
 
-// quoted quotes s for a message, cut short when it is long.
-func quoted(s string) string {
+// Quoted quotes s for a message, cut short when it is long (64 bytes,
+// then its length): what a job or a plugin wrote, of any size.
+func Quoted(s string) string {
 	const n = 64
 	if len(s) > n {
 		return fmt.Sprintf("%q... (%d bytes)", s[:n], len(s))
@@ -184,7 +185,7 @@ func validate(reqs []VolumeRequest) error {
 	names := map[string]bool{}
 	dests := map[string]string{}
 	for i, req := range reqs {
-		label := quoted(req.Name)
+		label := Quoted(req.Name)
 		if req.Name == "" {
 			label = fmt.Sprintf("%q", fmt.Sprintf("#%d", i+1))
 		}
@@ -217,7 +218,7 @@ func validate(reqs []VolumeRequest) error {
 		if req.VolumeID == "" {
 			fail("volume_id must not be empty")
 		} else if why := badID(req.VolumeID); why != "" {
-			fail("volume_id %s %s", quoted(req.VolumeID), why)
+			fail("volume_id %s %s", Quoted(req.VolumeID), why)
 		}
 		if req.FSType != "" {
 			if why := badID(req.FSType); why != "" {

@@ -66,10 +66,14 @@ func (g VolumeGrant) String() string {
 	return b.String()
 }
 
+// forJob reports whether g is a grant to job's namespace and job.
+func (g VolumeGrant) forJob(job jobRef) bool {
+	return grantGlob(g.Namespace, job.namespace) && (g.Job == "" || grantGlob(g.Job, job.id))
+}
+
 // matches reports whether g lets job use volume volumeID of plugin.
 func (g VolumeGrant) matches(job jobRef, plugin, volumeID string) bool {
-	return grantGlob(g.Namespace, job.namespace) && (g.Job == "" || grantGlob(g.Job, job.id)) &&
-		grantGlob(g.PluginID, plugin) && grantGlob(g.VolumeID, volumeID)
+	return g.forJob(job) && grantGlob(g.PluginID, plugin) && grantGlob(g.VolumeID, volumeID)
 }
 
 // checkVolumeGrants refuses a volume block of vols that no grant lets job
@@ -88,14 +92,14 @@ func checkVolumeGrants(grants []VolumeGrant, job jobRef, vols map[string]VolumeC
 		// in proportion to their size, for every grant.
 		if len(r.VolumeID) > csihook.MaxIDBytes || len(r.PluginID) > csihook.MaxIDBytes {
 			return fmt.Errorf("volume %s: volume_id %s or plugin_id %s is longer than %d bytes, which no grant matches",
-				quotedShort(name), quotedShort(r.VolumeID), quotedShort(r.PluginID), csihook.MaxIDBytes)
+				csihook.Quoted(name), csihook.Quoted(r.VolumeID), csihook.Quoted(r.PluginID), csihook.MaxIDBytes)
 		}
 		// A ".." path segment is never granted: a plugin that builds a
 		// path from the id (a subdirectory of a share) would follow it out
 		// of what the grant names ("b-*" matching "b-x/../a-data").
 		if slices.Contains(strings.Split(r.VolumeID, "/"), "..") {
 			return fmt.Errorf("volume %s: volume_id %s has a \"..\" path segment, which no volume_grant matches: a plugin that makes paths of ids would follow it out of what a grant names",
-				quotedShort(name), quotedShort(r.VolumeID))
+				csihook.Quoted(name), csihook.Quoted(r.VolumeID))
 		}
 		granted := false
 		for _, g := range grants {
@@ -109,7 +113,7 @@ func checkVolumeGrants(grants []VolumeGrant, job jobRef, vols map[string]VolumeC
 		}
 		var own []string
 		for i, g := range grants {
-			if grantGlob(g.Namespace, job.namespace) && (g.Job == "" || grantGlob(g.Job, job.id)) {
+			if g.forJob(job) {
 				own = append(own, fmt.Sprintf("volume_grant[%d]: plugin_id %q, volume_id %q", i, g.PluginID, g.VolumeID))
 			}
 		}
@@ -118,19 +122,7 @@ func checkVolumeGrants(grants []VolumeGrant, job jobRef, vols map[string]VolumeC
 			have = "the grants for this namespace and job are " + strings.Join(own, "; ")
 		}
 		return fmt.Errorf("volume %s: volume_id %s of plugin %s is not granted to %s on this node (%s): use a volume a grant names, or have the operator add a volume_grant block for it in the driver's plugin config",
-			quotedShort(name), quotedShort(r.VolumeID), quotedShort(r.PluginID), job, have)
+			csihook.Quoted(name), csihook.Quoted(r.VolumeID), csihook.Quoted(r.PluginID), job, have)
 	}
 	return nil
-}
-
-// quotedShort quotes what a job wrote for the refusal, cut short when
-// long, as the volume checks after it do (csihook's Validate): the grant
-// check comes before the sizes are checked, and the job's text reaches
-// its events and Nomad's state.
-func quotedShort(s string) string {
-	const n = 64
-	if len(s) > n {
-		return fmt.Sprintf("%q... (%d bytes)", s[:n], len(s))
-	}
-	return fmt.Sprintf("%q", s)
 }
