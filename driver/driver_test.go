@@ -456,6 +456,12 @@ func TestStartTask_refusesBadInput(t *testing.T) {
 		{"bidirectional unprivileged", TaskConfig{Command: "/bin/true"},
 			[]*drivers.MountConfig{{TaskPath: "/csi", HostPath: "/h", PropagationMode: "bidirectional"}},
 			"needs privileged = true"},
+		// Nomad's csi_plugin block mounts the socket and staging directories
+		// bidirectionally for every type, a controller's too
+		// (docs/plugins.md, "Migrating from Docker-run CSI plugins").
+		{"Nomad's controller plugin unprivileged", TaskConfig{Command: "/bin/true"},
+			nomadControllerMounts("/var/lib/nomad/client", "5b3c2f1e-0000-4000-8000-000000000001"),
+			`mount "/csi": propagation_mode "bidirectional" needs privileged = true in the task config`},
 		{"unknown propagation", TaskConfig{Command: "/bin/true"},
 			[]*drivers.MountConfig{{TaskPath: "/csi", HostPath: "/h", PropagationMode: "sideways"}},
 			"propagation_mode \"sideways\""},

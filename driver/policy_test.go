@@ -29,6 +29,14 @@ func nomadPluginMounts(state, allocID string) []*drivers.MountConfig {
 	}
 }
 
+// nomadControllerMounts are those mounts for a plugin of type controller:
+// the same three, the staging directory under csi/controller.
+func nomadControllerMounts(state, allocID string) []*drivers.MountConfig {
+	ms := nomadPluginMounts(state, allocID)
+	ms[1].HostPath = filepath.Join(state, "csi", "controller", "hostpath")
+	return ms
+}
+
 func TestAuthorize_privilegedPluginsOnly(t *testing.T) {
 	const alloc = "5b3c2f1e-0000-4000-8000-000000000001"
 	state := "/var/lib/nomad/client"
