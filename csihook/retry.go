@@ -28,6 +28,13 @@ type op struct {
 	notFoundOK bool
 }
 
+// internal is an Internal failure of o that the driver found itself (not
+// a code the plugin answered), with the message and hint given.
+func (o op) internal(message, hint string) *OpError {
+	return &OpError{Method: o.method, Volume: o.name, VolumeID: o.volumeID, PluginID: o.pluginID, Code: codes.Internal,
+		Message: message, Hint: hint}
+}
+
 // teardownMethods are the calls of a volume's teardown.
 var teardownMethods = map[string]bool{
 	MethodNodeUnpublishVolume: true, MethodNodeUnstageVolume: true, MethodControllerUnpublishVolume: true,

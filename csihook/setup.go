@@ -545,10 +545,9 @@ func (m *Manager) ensurePublished(ctx context.Context, info PluginInfo, vol volR
 	// answers OK without it did not publish anything, and the task must
 	// not start on an empty directory of ours.
 	if _, err := m.cfg.Mounter.IsMountPoint(tr.Target); errors.Is(err, fs.ErrNotExist) {
-		return &OpError{Method: o.method, Volume: o.name, VolumeID: o.volumeID, PluginID: o.pluginID, Code: codes.Internal,
-			Message: fmt.Sprintf("the plugin reported success but did not create the target path %q, which the CSI spec leaves to the plugin", tr.Target),
-			Hint: fmt.Sprintf("plugin %q did not publish the volume on this node (a mock plugin does not); check the plugin's logs, "+
-				"or use a plugin that mounts volumes at target_path", o.pluginID)}
+		return o.internal(fmt.Sprintf("the plugin reported success but did not create the target path %q, which the CSI spec leaves to the plugin", tr.Target),
+			fmt.Sprintf("plugin %q did not publish the volume on this node (a mock plugin does not); check the plugin's logs, "+
+				"or use a plugin that mounts volumes at target_path", o.pluginID))
 	}
 	if targetIsSymlink(tr.Target) {
 		return symlinkTargetError(o, tr.Target)
@@ -586,10 +585,9 @@ func targetIsSymlink(target string) bool {
 }
 
 func symlinkTargetError(o op, target string) error {
-	return &OpError{Method: o.method, Volume: o.name, VolumeID: o.volumeID, PluginID: o.pluginID, Code: codes.Internal,
-		Message: fmt.Sprintf("the plugin left the target path %q a symbolic link, not a mount", target),
-		Hint: fmt.Sprintf("a task's volume is what is mounted at target_path, and a symbolic link there could name any path on the host: "+
-			"plugin %q must mount the volume at target_path (CSI spec); check the plugin's logs or use another plugin", o.pluginID)}
+	return o.internal(fmt.Sprintf("the plugin left the target path %q a symbolic link, not a mount", target),
+		fmt.Sprintf("a task's volume is what is mounted at target_path, and a symbolic link there could name any path on the host: "+
+			"plugin %q must mount the volume at target_path (CSI spec); check the plugin's logs or use another plugin", o.pluginID))
 }
 
 // answerTooLarge refuses a plugin's answer larger than the driver keeps of
@@ -601,7 +599,6 @@ func symlinkTargetError(o op, target string) error {
 // records would have grown by megabytes each. The CSI spec allows 128
 // bytes for an id and 4 KiB for a map, answers included.
 func answerTooLarge(o op, field string, n, limit int, what string) error {
-	return &OpError{Method: o.method, Volume: o.name, VolumeID: o.volumeID, PluginID: o.pluginID, Code: codes.Internal,
-		Message: fmt.Sprintf("%s answered a %s of %d %s: the driver keeps at most %d (%s)", o.method, field, n, what, limit, humanBytes(limit)),
-		Hint:    fmt.Sprintf("plugin %q broke the CSI spec's size limits (128 bytes for an id, 4 KiB for a map): fix or replace it", o.pluginID)}
+	return o.internal(fmt.Sprintf("%s answered a %s of %d %s: the driver keeps at most %d (%s)", o.method, field, n, what, limit, humanBytes(limit)),
+		fmt.Sprintf("plugin %q broke the CSI spec's size limits (128 bytes for an id, 4 KiB for a map): fix or replace it", o.pluginID))
 }

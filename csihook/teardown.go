@@ -319,23 +319,20 @@ func (m *Manager) checkGone(o op, path string) error {
 			if serr != nil {
 				err = errors.Join(err, serr)
 			}
-			return &OpError{Method: o.method, Volume: o.name, VolumeID: o.volumeID, PluginID: o.pluginID, Code: codes.Internal,
-				Message: fmt.Sprintf("the plugin reported success but whether %q is still mounted cannot be told: %v", path, err),
-				Hint:    hint(o.method, codes.Internal, o.volumeID, o.pluginID, "")}
+			return o.internal(fmt.Sprintf("the plugin reported success but whether %q is still mounted cannot be told: %v", path, err),
+				hint(o.method, codes.Internal, o.volumeID, o.pluginID, ""))
 		}
 		if derr := m.cfg.Mounter.DetachLazy(path); derr != nil {
-			return &OpError{Method: o.method, Volume: o.name, VolumeID: o.volumeID, PluginID: o.pluginID, Code: codes.Internal,
-				Message: fmt.Sprintf("the plugin reported success but left a dead mount at %q: %v", path, derr),
-				Hint:    hint(o.method, codes.Internal, o.volumeID, o.pluginID, "")}
+			return o.internal(fmt.Sprintf("the plugin reported success but left a dead mount at %q: %v", path, derr),
+				hint(o.method, codes.Internal, o.volumeID, o.pluginID, ""))
 		}
 		m.logger.Warn("detached a dead mount the plugin left after reporting success", "method", o.method,
 			"plugin_id", o.pluginID, "volume_id", o.volumeID, "path", path, "error", err)
 		mounted, err = false, nil
 	}
 	if err == nil && mounted {
-		return &OpError{Method: o.method, Volume: o.name, VolumeID: o.volumeID, PluginID: o.pluginID, Code: codes.Internal,
-			Message: fmt.Sprintf("the plugin reported success but %q is still mounted", path),
-			Hint:    hint(o.method, codes.Internal, o.volumeID, o.pluginID, "")}
+		return o.internal(fmt.Sprintf("the plugin reported success but %q is still mounted", path),
+			hint(o.method, codes.Internal, o.volumeID, o.pluginID, ""))
 	}
 	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		m.logger.Warn("left a path the plugin did not remove", "path", path, "error", err)
