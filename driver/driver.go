@@ -403,7 +403,7 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 	// The operator's volume grants, before anything is pulled or set up
 	// for the task (volumegrant.go).
 	if err := checkVolumeGrants(conf.VolumeGrants, jobOf(cfg), tc.Volumes); err != nil {
-		return nil, nil, fmt.Errorf("invalid task config: %w", err)
+		return nil, nil, fmt.Errorf("invalid task config: %w%s", err, childHint(childOf(cfg)))
 	}
 	// A full root_dir cannot hold the task's state: refused now, before a
 	// volume is staged for it (diskfull.go).

@@ -140,6 +140,9 @@ func grantGlob(pattern, value string) bool {
 type grantSubject struct {
 	// Namespace and Job are the task's Nomad namespace and job id.
 	Namespace, Job string
+	// Parent is the id of the job Job is a dispatched or periodic child
+	// of ("" for any other job; see childOf).
+	Parent string
 	// PluginID is the csi_plugin id the task serves (this driver's block
 	// or Nomad's), "" for none.
 	PluginID string
@@ -245,8 +248,13 @@ func reserving(grants []PrivilegedGrant, id string) []indexedGrant {
 // paste into the agent's plugin config block (HCL1, one line so that it
 // reads whole in a task event): its namespace and job, the plugin it
 // serves, and the image or command it runs when the driver could pin one.
+// A child of a dispatched or periodic job gets its parent's children: its
+// own id matches no later run.
 func suggestGrant(s grantSubject) string {
 	g := PrivilegedGrant{Namespace: s.Namespace, Job: s.Job, PluginID: s.PluginID}
+	if s.Parent != "" && !strings.ContainsAny(s.Parent, "*?") {
+		g.Job = s.Parent + "/*"
+	}
 	switch {
 	case s.ImageDigest != "":
 		g.Image = imageRepo(s.ImageRef) + "@" + s.ImageDigest
@@ -293,4 +301,14 @@ func warnGrants(logger hclog.Logger, c *Config) {
 				"grant", fmt.Sprintf("privileged_grant[%d]", i), "command", g.Command, "error", err)
 		}
 	}
+}
+
+// childHint says, for a child job refused by the grants, that a grant
+// names the parent's children by a glob; "" for any other job.
+func childHint(parent string) string {
+	if parent == "" {
+		return ""
+	}
+	return fmt.Sprintf("; the job is a dispatched or periodic child of job %q, and a grant's job %q matches none of its children, %q matches them all",
+		parent, parent, parent+"/*")
 }

@@ -655,3 +655,39 @@ func TestAuthorize_bothPluginBlocks(t *testing.T) {
 	_, err = authorize(conf, cfg, &TaskConfig{Privileged: true, CSIPlugin: own}, spec, taskImage{})
 	must.ErrorContains(t, err, "more than one plugin")
 }
+
+// A dispatched or periodic job's tasks carry the child's id
+// ("backup/dispatch-<time>-<id>", "backup/periodic-<time>"), a new one at
+// every run: a grant's job "backup" matches none of them. The refusal
+// says so, and the block it offers names every child of the parent, not
+// the one run that was refused (which would match no later run).
+func TestAuthorize_childJobsOfAParent(t *testing.T) {
+	spec := func() *executor.Spec { return &executor.Spec{Command: "/bin/sh", Dir: "/", Env: []string{"PATH=/bin"}} }
+	plugin := &PluginTaskConfig{ID: "bk", Type: "monolith", MountDir: "/csi"}
+	conf := &Config{AllowPrivileged: true, PrivilegedPluginsOnly: true, RootDir: "/var/lib/nomad-driver-csi",
+		PrivilegedGrants: []PrivilegedGrant{{Namespace: "ops", Job: "backup"}}}
+	for _, child := range []string{"backup/dispatch-1700000000-ab12cd34", "backup/periodic-1700000000"} {
+		t.Run(child, func(t *testing.T) {
+			cfg := &drivers.TaskConfig{ID: "a1/t/1", AllocID: "a1", Namespace: "ops", JobID: child, ParentJobID: "backup"}
+			_, err := authorize(conf, cfg, &TaskConfig{Privileged: true, CSIPlugin: plugin}, spec(), taskImage{})
+			must.ErrorContains(t, err, `matches job "`+child+`" in namespace "ops"; the job is a dispatched or periodic child of job "backup", and a grant's job "backup" matches none of its children, "backup/*" matches them all`)
+			must.ErrorContains(t, err, `privileged_grant { namespace = "ops", job = "backup/*", plugin_id = "bk" }`)
+
+			// The block offered, pasted, grants this run and the next.
+			var c Config
+			block := suggestGrant(grantSubject{Namespace: "ops", Job: child, Parent: "backup", PluginID: "bk"})
+			hclutils.NewConfigParser(configSpec).ParseHCL(t, "config {\n  allow_privileged = true\n  "+block+"\n}", &c)
+			c.PrivilegedPluginsOnly, c.RootDir = true, conf.RootDir
+			for _, run := range []string{child, strings.Replace(child, "1700000000", "1700000060", 1)} {
+				cfg.JobID = run
+				_, err = authorize(&c, cfg, &TaskConfig{Privileged: true, CSIPlugin: plugin}, spec(), taskImage{})
+				must.NoError(t, err, must.Sprint(block))
+			}
+		})
+	}
+	// A job whose id merely holds a slash is no one's child: its own id.
+	_, err := authorize(conf, &drivers.TaskConfig{ID: "a1/t/1", AllocID: "a1", Namespace: "ops", JobID: "backup/x"},
+		&TaskConfig{Privileged: true, CSIPlugin: plugin}, spec(), taskImage{})
+	must.ErrorContains(t, err, `privileged_grant { namespace = "ops", job = "backup/x", plugin_id = "bk" }`)
+	must.StrNotContains(t, err.Error(), "child")
+}

@@ -43,7 +43,7 @@ type taskImage struct{ Ref, Digest, IndexDigest string }
 // errors name the key or the grant to add.
 func authorize(conf *Config, cfg *drivers.TaskConfig, tc *TaskConfig, spec *executor.Spec, img taskImage) (*PrivilegedGrant, error) {
 	job := jobOf(cfg)
-	s := grantSubject{Namespace: job.namespace, Job: job.id, ImageRef: img.Ref, ImageDigest: img.Digest, ImageIndexDigest: img.IndexDigest}
+	s := grantSubject{Namespace: job.namespace, Job: job.id, Parent: childOf(cfg), ImageRef: img.Ref, ImageDigest: img.Digest, ImageIndexDigest: img.IndexDigest}
 	// Nomad registers the id of its own block from the task's socket
 	// whatever this driver's block says: a task with both would have its
 	// grants matched, and reservations checked, against the id Nomad does
@@ -84,7 +84,7 @@ func authorize(conf *Config, cfg *drivers.TaskConfig, tc *TaskConfig, spec *exec
 				if len(why) > 0 {
 					msg += " (" + strings.Join(why, "; ") + ")"
 				}
-				return nil, fmt.Errorf("%s: choose another id, or have the operator grant this job the id in the driver's plugin config", msg)
+				return nil, fmt.Errorf("%s%s: choose another id, or have the operator grant this job the id in the driver's plugin config", msg, childHint(s.Parent))
 			}
 		}
 	}
@@ -105,7 +105,7 @@ func authorize(conf *Config, cfg *drivers.TaskConfig, tc *TaskConfig, spec *exec
 		if len(why) > 0 {
 			msg += " (" + strings.Join(why, "; ") + ")"
 		}
-		return nil, fmt.Errorf("%s: if the operator trusts this job with root on the node, they add to the config block of plugin \"nomad-driver-csi\": %s", msg, suggestGrant(s))
+		return nil, fmt.Errorf("%s%s: if the operator trusts this job with root on the node, they add to the config block of plugin \"nomad-driver-csi\": %s", msg, childHint(s.Parent), suggestGrant(s))
 	}
 	if g.Command != "" {
 		spec.Path = s.Command
@@ -417,6 +417,17 @@ func jobOf(cfg *drivers.TaskConfig) jobRef {
 		ns = "default"
 	}
 	return jobRef{namespace: ns, id: cfg.JobID}
+}
+
+// childOf is the id of the job whose dispatched or periodic child the
+// task's job is ("backup" for "backup/dispatch-1700000000-ab12cd34" and
+// "backup/periodic-1700000000"), "" for any other job. Such a child's id
+// is its own, new at every run, and grants match it, not the parent's.
+func childOf(cfg *drivers.TaskConfig) string {
+	if cfg.ParentJobID == "" || !strings.HasPrefix(cfg.JobID, cfg.ParentJobID+"/") {
+		return ""
+	}
+	return cfg.ParentJobID
 }
 
 // String is how the job is named in messages and recorded with volumes

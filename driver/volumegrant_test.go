@@ -155,6 +155,17 @@ func TestVolumes_grantsRefuseBeforeAnyCall(t *testing.T) {
 	_, _, err = d.StartTask(jobTask(t, vol("b-1"), "alloc-a2", "team-a", "web"))
 	must.ErrorContains(t, err, `volume_id "b-1" of plugin "hp" is not granted`)
 	must.Eq(t, 1, fp.vols.Count(csihook.MethodNodePublishVolume))
+
+	// A dispatched job's task has the child's id, which a grant for its
+	// parent's id does not match: the refusal says what does.
+	d, fp, vol = grantsDriver(t, Config{Enabled: true, AllowPrivileged: true, PrivilegedGrants: grantAll,
+		VolumeGrants: []VolumeGrant{{Namespace: "team-a", Job: "backup", PluginID: "hp", VolumeID: "a-*"}}})
+	child := jobTask(t, vol("a-1"), "alloc-c", "team-a", "backup/dispatch-1700000000-ab12cd34")
+	child.ParentJobID = "backup"
+	_, _, err = d.StartTask(child)
+	must.ErrorContains(t, err, `is not granted to job "backup/dispatch-1700000000-ab12cd34" in namespace "team-a" on this node (no volume_grant names this namespace and job)`)
+	must.ErrorContains(t, err, `; the job is a dispatched or periodic child of job "backup", and a grant's job "backup" matches none of its children, "backup/*" matches them all`)
+	must.Eq(t, 0, len(fp.vols.Calls()))
 }
 
 // The refusal quotes what the job wrote cut short, as Validate does: the
