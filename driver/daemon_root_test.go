@@ -101,3 +101,21 @@ func TestDriver_daemonizedChildrenGoWithTheTask(t *testing.T) {
 		})
 	}
 }
+
+// `logs { disabled = true }`: Nomad runs no logmon for the task and hands
+// the driver /dev/null as both outputs (os.DevNull, Nomad's
+// newLogMonHookConfig), as exec takes them. The task runs, and what it
+// writes goes nowhere.
+func TestDriver_logsDisabledRunsTheTask(t *testing.T) {
+	requireRoot(t)
+	h, _ := harnessDriver(t, Config{})
+	cfg := realTask(t, "nologs", TaskConfig{Command: "/bin/sh", Args: []string{"-c", "echo out; echo err >&2; exit 5"}})
+	cleanup := mkAllocDir(t, h, cfg, false)
+	defer cleanup()
+	cfg.StdoutPath, cfg.StderrPath = os.DevNull, os.DevNull
+	startTask(t, h, cfg)
+	exit := waitExit(t, h, cfg.ID, 20*time.Second)
+	must.Eq(t, 5, exit.ExitCode)
+	must.NoError(t, exit.Err)
+	must.NoError(t, h.DestroyTask(cfg.ID, false))
+}

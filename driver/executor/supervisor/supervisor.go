@@ -449,7 +449,9 @@ const logReaderWait = 10 * time.Second
 // file (a device node the task made) is refused, since the supervisor
 // writes as root on the host, outside the task's device filter.
 func openLog(path string) (*os.File, error) {
-	if path == "" {
+	// /dev/null is what Nomad hands over for a task with
+	// `logs { disabled = true }`: no logmon reads a FIFO for it.
+	if path == "" || path == os.DevNull {
 		return os.OpenFile(os.DevNull, os.O_WRONLY, 0)
 	}
 	pathFD, err := openLogPath(path)
