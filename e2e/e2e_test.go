@@ -99,6 +99,20 @@ func TestBatchLogsAndExitCode(t *testing.T) {
 	}
 }
 
+// A task with `logs { disabled = true }` runs (Nomad hands the driver
+// /dev/null for its output, as it does exec), and its exit code is what
+// Nomad reports.
+func TestLogsDisabled(t *testing.T) {
+	t.Parallel()
+	a := shared(t)
+
+	job := a.RunJob(t, "logs_disabled", vars("ExitCode", "3"))
+	al := a.WaitAlloc(t, job.ID, startTimeout, StatusFailed)
+	ev := terminated(t, al, "t")
+	must.Eq(t, 3, ev.ExitCode, must.Sprint(al.Describe()))
+	must.StrNotContains(t, eventsText(al, "t"), "failed to open log", must.Sprint(al.Describe()))
+}
+
 // 3. "nomad job stop" delivers kill_signal; a task that ignores it is
 // killed after kill_timeout.
 func TestStopSignal(t *testing.T) {
