@@ -1292,10 +1292,22 @@ func (d *Driver) ExecTaskStreaming(ctx context.Context, taskID string, opts *dri
 	return &drivers.ExitResult{ExitCode: code}, nil
 }
 
+// signalAliases are the names Nomad takes for a signal (consul-template's
+// signals.SignalLookup, where exec looks kill_signal up and a template's
+// change_signal is checked) that the kernel's list does not hold.
+var signalAliases = map[string]syscall.Signal{
+	"SIGIOT": unix.SIGIOT,
+	// Delivers nothing: it only checks that the task is there.
+	"SIGNULL": 0,
+}
+
 // parseSignal turns "SIGTERM" (or "TERM") into a signal.
 func parseSignal(name string) (syscall.Signal, error) {
 	if name == "" {
 		return 0, errors.New("signal must not be empty")
+	}
+	if s, ok := signalAliases[name]; ok {
+		return s, nil
 	}
 	s := unix.SignalNum(name)
 	if s == 0 {

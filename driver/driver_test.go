@@ -797,6 +797,24 @@ func TestParseSignal(t *testing.T) {
 	}
 	_, err := parseSignal("SIGNOPE")
 	must.ErrorContains(t, err, "unknown signal")
+
+	// Every name Nomad takes for a signal (consul-template's
+	// signals.SignalLookup, which exec looks kill_signal up in and a
+	// template's change_signal is checked against) is one here too:
+	// SIGIOT is SIGABRT, SIGNULL is 0 (a probe that delivers nothing).
+	for in, want := range map[string]syscall.Signal{
+		"SIGNULL": 0, "SIGABRT": unix.SIGABRT, "SIGALRM": unix.SIGALRM, "SIGBUS": unix.SIGBUS, "SIGCONT": unix.SIGCONT,
+		"SIGFPE": unix.SIGFPE, "SIGHUP": unix.SIGHUP, "SIGILL": unix.SIGILL, "SIGINT": unix.SIGINT, "SIGIO": unix.SIGIO,
+		"SIGIOT": unix.SIGIOT, "SIGKILL": unix.SIGKILL, "SIGPIPE": unix.SIGPIPE, "SIGPROF": unix.SIGPROF,
+		"SIGQUIT": unix.SIGQUIT, "SIGSEGV": unix.SIGSEGV, "SIGSTOP": unix.SIGSTOP, "SIGSYS": unix.SIGSYS,
+		"SIGTERM": unix.SIGTERM, "SIGTRAP": unix.SIGTRAP, "SIGTSTP": unix.SIGTSTP, "SIGTTIN": unix.SIGTTIN,
+		"SIGTTOU": unix.SIGTTOU, "SIGUSR1": unix.SIGUSR1, "SIGUSR2": unix.SIGUSR2, "SIGWINCH": unix.SIGWINCH,
+		"SIGXCPU": unix.SIGXCPU, "SIGXFSZ": unix.SIGXFSZ,
+	} {
+		got, err := parseSignal(in)
+		must.NoError(t, err, must.Sprint(in))
+		must.Eq(t, want, got, must.Sprint(in))
+	}
 }
 
 // shortTempDir is a temporary root_dir short enough for CSI socket paths
