@@ -668,7 +668,10 @@ func TestAuthorize_childJobsOfAParent(t *testing.T) {
 		PrivilegedGrants: []PrivilegedGrant{{Namespace: "ops", Job: "backup"}}}
 	for _, child := range []string{"backup/dispatch-1700000000-ab12cd34", "backup/periodic-1700000000"} {
 		t.Run(child, func(t *testing.T) {
-			cfg := &drivers.TaskConfig{ID: "a1/t/1", AllocID: "a1", Namespace: "ops", JobID: child, ParentJobID: "backup"}
+			// As Nomad's client sends it: ParentJobID does not cross the
+			// plugin SDK's gRPC boundary, the task's environment does.
+			cfg := &drivers.TaskConfig{ID: "a1/t/1", AllocID: "a1", Namespace: "ops", JobID: child,
+				Env: map[string]string{"NOMAD_JOB_PARENT_ID": "backup"}}
 			_, err := authorize(conf, cfg, &TaskConfig{Privileged: true, CSIPlugin: plugin}, spec(), taskImage{})
 			must.ErrorContains(t, err, `matches job "`+child+`" in namespace "ops"; the job is a dispatched or periodic child of job "backup", and a grant's job "backup" matches none of its children, "backup/*" matches them all`)
 			must.ErrorContains(t, err, `privileged_grant { namespace = "ops", job = "backup/*", plugin_id = "bk" }`)
@@ -685,9 +688,12 @@ func TestAuthorize_childJobsOfAParent(t *testing.T) {
 			}
 		})
 	}
-	// A job whose id merely holds a slash is no one's child: its own id.
-	_, err := authorize(conf, &drivers.TaskConfig{ID: "a1/t/1", AllocID: "a1", Namespace: "ops", JobID: "backup/x"},
-		&TaskConfig{Privileged: true, CSIPlugin: plugin}, spec(), taskImage{})
-	must.ErrorContains(t, err, `privileged_grant { namespace = "ops", job = "backup/x", plugin_id = "bk" }`)
-	must.StrNotContains(t, err.Error(), "child")
+	// A job whose id merely holds a slash is no one's child: its own id,
+	// whatever its environment says.
+	for _, env := range []map[string]string{nil, {"NOMAD_JOB_PARENT_ID": "backup"}} {
+		_, err := authorize(conf, &drivers.TaskConfig{ID: "a1/t/1", AllocID: "a1", Namespace: "ops", JobID: "backup/x", Env: env},
+			&TaskConfig{Privileged: true, CSIPlugin: plugin}, spec(), taskImage{})
+		must.ErrorContains(t, err, `privileged_grant { namespace = "ops", job = "backup/x", plugin_id = "bk" }`)
+		must.StrNotContains(t, err.Error(), "child")
+	}
 }

@@ -423,11 +423,25 @@ func jobOf(cfg *drivers.TaskConfig) jobRef {
 // task's job is ("backup" for "backup/dispatch-1700000000-ab12cd34" and
 // "backup/periodic-1700000000"), "" for any other job. Such a child's id
 // is its own, new at every run, and grants match it, not the parent's.
+// The parent comes from NOMAD_JOB_PARENT_ID, which Nomad's client sets:
+// the plugin SDK's TaskConfig.ParentJobID does not cross the gRPC
+// boundary. It only words a refusal: a job that sets the variable itself
+// is told of a glob its own id already falls under.
 func childOf(cfg *drivers.TaskConfig) string {
-	if cfg.ParentJobID == "" || !strings.HasPrefix(cfg.JobID, cfg.ParentJobID+"/") {
+	parent := cfg.ParentJobID
+	if parent == "" {
+		parent = cfg.Env["NOMAD_JOB_PARENT_ID"]
+	}
+	if parent == "" {
 		return ""
 	}
-	return cfg.ParentJobID
+	// Nomad's PeriodicLaunchSuffix and DispatchLaunchSuffix.
+	for _, launch := range []string{"/periodic-", "/dispatch-"} {
+		if strings.HasPrefix(cfg.JobID, parent+launch) {
+			return parent
+		}
+	}
+	return ""
 }
 
 // String is how the job is named in messages and recorded with volumes

@@ -161,7 +161,7 @@ func TestVolumes_grantsRefuseBeforeAnyCall(t *testing.T) {
 	d, fp, vol = grantsDriver(t, Config{Enabled: true, AllowPrivileged: true, PrivilegedGrants: grantAll,
 		VolumeGrants: []VolumeGrant{{Namespace: "team-a", Job: "backup", PluginID: "hp", VolumeID: "a-*"}}})
 	child := jobTask(t, vol("a-1"), "alloc-c", "team-a", "backup/dispatch-1700000000-ab12cd34")
-	child.ParentJobID = "backup"
+	child.Env = map[string]string{"NOMAD_JOB_PARENT_ID": "backup"}
 	_, _, err = d.StartTask(child)
 	must.ErrorContains(t, err, `is not granted to job "backup/dispatch-1700000000-ab12cd34" in namespace "team-a" on this node (no volume_grant names this namespace and job)`)
 	must.ErrorContains(t, err, `; the job is a dispatched or periodic child of job "backup", and a grant's job "backup" matches none of its children, "backup/*" matches them all`)

@@ -113,6 +113,37 @@ func TestLogsDisabled(t *testing.T) {
 	must.StrNotContains(t, eventsText(al, "t"), "failed to open log", must.Sprint(al.Describe()))
 }
 
+// A dispatched job's task carries the child's id ("<parent>/dispatch-..."),
+// new at every dispatch, and a grant's job glob matches that id. Nomad's
+// client tells the driver the parent (NOMAD_JOB_PARENT_ID; the plugin
+// SDK's TaskConfig.ParentJobID does not cross the gRPC boundary), and a
+// child refused by the grants is told that "<parent>/*" names its runs.
+func TestDispatchedChildGrant(t *testing.T) {
+	requireCSI(t)
+	t.Parallel()
+	a := StartAgent(t, AgentOptions{Drivers: []string{DriverName},
+		DriverConfig: `volume_grant {
+      namespace = "default"
+      job       = "other"
+      plugin_id = "nowhere"
+      volume_id = "v"
+    }`})
+
+	job := a.RunJob(t, "dispatch_volume", vars())
+	out, err := a.Nomad("job", "dispatch", "-detach", job.ID)
+	must.NoError(t, err, must.Sprint(out))
+	m := regexp.MustCompile(`Dispatched Job ID\s*=\s*(\S+)`).FindStringSubmatch(out)
+	must.Len(t, 2, m, must.Sprintf("no dispatched job id in %q", out))
+	child := m[1]
+	must.StrHasPrefix(t, job.ID+"/dispatch-", child)
+
+	al := a.WaitAlloc(t, child, startTimeout, StatusFailed)
+	text := eventsText(al, "t")
+	must.StrContains(t, text, fmt.Sprintf(`is not granted to job %q in namespace "default"`, child), must.Sprint(al.Describe()))
+	must.StrContains(t, text, fmt.Sprintf(`the job is a dispatched or periodic child of job %q, and a grant's job %q matches none of its children, %q matches them all`,
+		job.ID, job.ID, job.ID+"/*"), must.Sprint(al.Describe()))
+}
+
 // 3. "nomad job stop" delivers kill_signal; a task that ignores it is
 // killed after kill_timeout.
 func TestStopSignal(t *testing.T) {
