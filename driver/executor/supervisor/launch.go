@@ -414,11 +414,25 @@ func forkTask(m mounter.Interface, spec *wire.Spec, attr *syscall.SysProcAttr, r
 			return nil, err
 		}
 	}
+	// An isolated task's /dev takes the targets of device nodes handed to
+	// it (see buildDev) and is sealed after them.
+	var dev *os.File
+	if spec.Isolation != nil {
+		if dev, err = openDev(); err != nil {
+			return nil, err
+		}
+		defer dev.Close()
+	}
 	if err := attachAll(m, trees, mounts, at); err != nil {
 		return nil, err
 	}
 	if err := bindAll(m, after, at); err != nil {
 		return nil, err
+	}
+	if dev != nil {
+		if err := sealDev(dev); err != nil {
+			return nil, err
+		}
 	}
 	if !pivotFirst {
 		if err := pivotRoot(root); err != nil {

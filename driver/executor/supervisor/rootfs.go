@@ -149,8 +149,11 @@ func bindReadOnly(m mounter.Interface, src, root, dst string, isDir bool) error 
 }
 
 // buildDev makes /dev: a tmpfs with the host's minimal device nodes bound
-// in, a devpts of the task's own, /dev/shm and /dev/mqueue, sealed
-// read-only once made (the mounts inside stay writable).
+// in, a devpts of the task's own, /dev/shm and /dev/mqueue. It stays
+// writable until the task's mounts are attached, since a device node
+// handed to the task (Nomad's devices, a block-device volume at
+// /dev/xvdb) may need its target made there; sealDev then makes it
+// read-only (the mounts inside stay writable).
 func buildDev(m mounter.Interface, root string, privateIPC bool) error {
 	dev := filepath.Join(root, "dev")
 	if err := mkdirOrDir(dev, 0o755); err != nil {
@@ -203,10 +206,29 @@ func buildDev(m mounter.Interface, root string, privateIPC bool) error {
 		return err
 	}
 	// mqueue shows the IPC namespace of the mounting thread: the task's.
-	if err := m.Mount("mqueue", filepath.Join(dev, "mqueue"), "mqueue", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
-		return err
+	return m.Mount("mqueue", filepath.Join(dev, "mqueue"), "mqueue", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "")
+}
+
+// openDev opens the task's /dev tmpfs (from buildDev) in its entered root,
+// before the task's mounts are attached: one of them may go on /dev itself.
+func openDev() (*os.File, error) {
+	fd, err := unix.Open("/dev", unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("failed to open the task's /dev: %w", err)
 	}
-	return m.RemountReadOnly(dev, false)
+	return os.NewFile(uintptr(fd), "/dev"), nil
+}
+
+// sealDev makes the task's /dev tmpfs, opened by openDev, read-only once
+// the task's mounts are attached: that mount alone, through its handle, so
+// that neither a mount inside /dev nor one a volume put over /dev is
+// touched.
+func sealDev(dev *os.File) error {
+	attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY}
+	if err := unix.MountSetattr(int(dev.Fd()), "", unix.AT_EMPTY_PATH, &attr); err != nil {
+		return fmt.Errorf("failed to seal the task's /dev: %w", err)
+	}
+	return nil
 }
 
 // mkdirOrDir makes the directory path, or takes the one there (an image's
