@@ -873,6 +873,15 @@ func taskMounts(cfg *drivers.TaskConfig, tc *TaskConfig) ([]executor.Mount, erro
 		case "", executor.PropagationPrivate:
 			prop = executor.PropagationPrivate
 		case executor.PropagationHostToTask:
+			// A mount the host makes under the source later reaches the
+			// task as a copy of the host's mount, with the host's flags:
+			// writable, whatever the mount it lands under is. The kernel
+			// has no read-only that reaches mounts yet to come (the
+			// kubelet's recursive read-only refuses propagation for the
+			// same reason). A privileged task could remount anyway.
+			if m.Readonly && !tc.Privileged {
+				return nil, fmt.Errorf("mount %q: propagation_mode \"host-to-task\" cannot keep a read-only mount read-only: a mount the host makes under %q later would be writable in the task; use propagation_mode \"private\" (the default), or a volume that is not read-only", m.TaskPath, m.HostPath)
+			}
 		case executor.PropagationBidirectional:
 			if !tc.Privileged {
 				return nil, fmt.Errorf("mount %q: propagation_mode \"bidirectional\" needs privileged = true in the task config, because mounts the task makes there appear on the host", m.TaskPath)

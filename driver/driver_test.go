@@ -331,7 +331,7 @@ func TestStartTask_specFromNomad(t *testing.T) {
 	cfg := taskConfig(t, TaskConfig{Command: "/bin/sh", Args: []string{"-c", "true"}})
 	cfg.User = "nobody"
 	cfg.StdoutPath, cfg.StderrPath = "/tmp/out", "/tmp/err"
-	cfg.Mounts = []*drivers.MountConfig{{TaskPath: "/data", HostPath: "/srv/data", Readonly: true, PropagationMode: "host-to-task"}}
+	cfg.Mounts = []*drivers.MountConfig{{TaskPath: "/data", HostPath: "/srv/data", Readonly: true}, {TaskPath: "/feed", HostPath: "/srv/feed", PropagationMode: "host-to-task"}}
 
 	handle, _, err := d.StartTask(cfg)
 	must.NoError(t, err)
@@ -354,7 +354,7 @@ func TestStartTask_specFromNomad(t *testing.T) {
 	must.False(t, spec.Privileged)
 	must.Eq(t, int64(64<<20), spec.Limits.MemoryBytes)
 	must.Eq(t, int64(100), spec.Limits.CPUShares)
-	must.Eq(t, []executor.Mount{{Source: "/srv/data", Target: "/data", ReadOnly: true, Propagation: "host-to-task"}}, spec.Mounts)
+	must.Eq(t, []executor.Mount{{Source: "/srv/data", Target: "/data", ReadOnly: true, Propagation: "private"}, {Source: "/srv/feed", Target: "/feed", Propagation: "host-to-task"}}, spec.Mounts)
 	must.StrHasPrefix(t, d.currentConfig().tasksDir(), spec.StateDir)
 
 	_, _, err = d.StartTask(cfg)
@@ -465,6 +465,12 @@ func TestStartTask_refusesBadInput(t *testing.T) {
 		{"unknown propagation", TaskConfig{Command: "/bin/true"},
 			[]*drivers.MountConfig{{TaskPath: "/csi", HostPath: "/h", PropagationMode: "sideways"}},
 			"propagation_mode \"sideways\""},
+		// Mounts the host makes later under the source reach the task as
+		// the host made them, writable: the task would write below a
+		// read-only host volume.
+		{"read-only host-to-task unprivileged", TaskConfig{Command: "/bin/true"},
+			[]*drivers.MountConfig{{TaskPath: "/data", HostPath: "/h", Readonly: true, PropagationMode: "host-to-task"}},
+			`mount "/data": propagation_mode "host-to-task" cannot keep a read-only mount read-only`},
 		{"relative task path", TaskConfig{Command: "/bin/true"},
 			[]*drivers.MountConfig{{TaskPath: "csi", HostPath: "/h"}}, "must be absolute"},
 		{"same task path twice", TaskConfig{Command: "/bin/true"},
