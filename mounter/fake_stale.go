@@ -87,3 +87,18 @@ func (f *Fake) PrivateTree(tree *os.File) error {
 	f.record(FakeAction{Kind: ActionPrivateTree, Source: source})
 	return nil
 }
+
+// ActionTreePropagation is the kind of FakeAction that SetTreePropagation
+// records.
+const ActionTreePropagation = "tree-propagation"
+
+// SetTreePropagation records an ActionTreePropagation with the tree's
+// source and the mode.
+func (f *Fake) SetTreePropagation(tree *os.File, mode string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	source, _ := strings.CutPrefix(tree.Name(), fakeTreePrefix)
+	f.record(FakeAction{Kind: ActionTreePropagation, Source: source, Mode: mode})
+	_, err := PropagationFlags(mode, false)
+	return err
+}

@@ -123,6 +123,12 @@ type Interface interface {
 	// thread's working directory after unsharing its filesystem context:
 	// call it only on a locked OS thread that is never unlocked.
 	DetachAt(dir *os.File, name string) error
+	// SetTreePropagation sets the propagation of every mount of a
+	// detached tree from CloneTree to one of the Propagation* modes,
+	// before it is attached: through the tree's handle, so that no path
+	// (which someone could have swapped, or which leads through a magic
+	// link into another mount namespace) is walked.
+	SetTreePropagation(tree *os.File, mode string) error
 	// PrivateTree makes every mount of a detached tree from CloneTree
 	// private before it is attached: no later mount on the host reaches it
 	// and none made below it leaves.
@@ -574,6 +580,18 @@ func (m *mounter) LockTree(tree *os.File, readOnly, noSuid, noDev bool) error {
 	attr := unix.MountAttr{Attr_set: set}
 	if err := unix.MountSetattr(int(tree.Fd()), "", unix.AT_EMPTY_PATH|unix.AT_RECURSIVE, &attr); err != nil {
 		return fmt.Errorf("failed to set the flags of the mount tree of %q: %w", tree.Name(), err)
+	}
+	return nil
+}
+
+func (m *mounter) SetTreePropagation(tree *os.File, mode string) error {
+	flags, err := PropagationFlags(mode, false)
+	if err != nil {
+		return err
+	}
+	attr := unix.MountAttr{Propagation: uint64(flags)}
+	if err := unix.MountSetattr(int(tree.Fd()), "", unix.AT_EMPTY_PATH|unix.AT_RECURSIVE, &attr); err != nil {
+		return fmt.Errorf("failed to make the mount tree of %q %s: %w", tree.Name(), mode, err)
 	}
 	return nil
 }

@@ -15,6 +15,8 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/shoenig/test/must"
 	"golang.org/x/sys/unix"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/mounter"
 )
 
 var (
@@ -390,4 +392,42 @@ func TestValidateSpec_Image(t *testing.T) {
 			must.ErrorContains(t, err, tc.err)
 		}
 	}
+}
+
+// An image's symlink through /proc/self/root (/data -> /proc/self/root/srv)
+// is resolved inside the task's root when the mount target is made, and
+// nothing is done by the destination's path after that: the launching
+// thread's /proc/self/root is the supervisor's root, the host's, in the
+// host's mount namespace, so a path-based call made there (setting the
+// volume's propagation) acted on the host's mount at /srv/sub and made it
+// private. Here the host's mounts stay shared, nothing lands on the host,
+// and the task sees its volume.
+func TestImageRoot_ProcSelfRootSymlinkTarget_Root(t *testing.T) {
+	requireTaskRoot(t)
+	_, host, _ := propagationFixture(t)
+	sub := filepath.Join(host, "sub")
+	sharedSelfBind(t, sub)
+	vol := t.TempDir()
+	must.NoError(t, os.WriteFile(filepath.Join(vol, "v"), []byte("vol\n"), 0o644))
+	tt := imageSpec(t, `echo "v=$(cat /data/sub/v)"`, false)
+	must.NoError(t, os.Symlink("/proc/self/root"+host, filepath.Join(tt.spec.Image.Layers[0], "data")))
+	tt.spec.LateMounts = []Mount{{Target: "/data/sub"}}
+	p, err := Start(hclog.NewNullLogger(), tt.spec, func() ([]Mount, error) {
+		return []Mount{{Source: vol, Target: "/data/sub", NoSuid: true, NoDev: true}}, nil
+	})
+	must.NoError(t, err)
+	t.Cleanup(func() { _ = p.Kill(); _ = p.Destroy() })
+	must.Eq(t, "vol", exitLines(t, tt, p)["v"])
+	table, err := mounter.New().List()
+	must.NoError(t, err)
+	seen := 0
+	for _, mp := range table {
+		if mounter.PathWithin(mp.Path, host) {
+			seen++
+			must.Eq(t, "shared", mp.Propagation(), must.Sprintf("the task's start changed the propagation of the host's mount at %s", mp.Path))
+		}
+	}
+	must.Positive(t, seen)
+	_, err = os.Stat(filepath.Join(sub, "v"))
+	must.True(t, os.IsNotExist(err), must.Sprintf("the volume landed on the host (%v)", err))
 }

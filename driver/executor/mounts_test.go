@@ -277,3 +277,26 @@ func TestMounts_MountAtTmp_Root(t *testing.T) {
 		must.Eq(t, "w\n", string(b))
 	}
 }
+
+// An isolated task's host-to-task mount (attached as a tree, its
+// propagation set on the tree before the attach) still receives a mount
+// the host makes under its source after the start; a private one does not.
+func TestMounts_IsolatedHostToTask_Root(t *testing.T) {
+	requireTaskRoot(t)
+	_, source, _ := propagationFixture(t)
+	tt := isolatedSpec(t, `
+while [ ! -e /feed/sub/host-marker ]; do sleep 0.05; done
+echo feed=seen
+if [ -e /still/sub/host-marker ]; then echo private=seen; else echo private=unseen; fi`)
+	tt.spec.Mounts = []Mount{
+		{Source: source, Target: "/feed", Propagation: PropagationHostToTask},
+		{Source: source, Target: "/still", Propagation: PropagationPrivate},
+	}
+	p := startTest(t, tt)
+	sub := filepath.Join(source, "sub")
+	must.NoError(t, mounter.New().Mount("host-tmpfs", sub, "tmpfs", 0, "size=1m"))
+	must.NoError(t, os.WriteFile(filepath.Join(sub, "host-marker"), nil, 0o644))
+	got := exitLines(t, tt, p)
+	must.Eq(t, "seen", got["feed"])
+	must.Eq(t, "unseen", got["private"])
+}

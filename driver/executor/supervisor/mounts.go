@@ -351,11 +351,15 @@ func attachTree(m mounter.Interface, tree *os.File, mnt wire.Mount, root string)
 	if err := unix.Fstat(int(tree.Fd()), &st); err != nil {
 		return fmt.Errorf("mount %q: %w", mnt.Target, err)
 	}
-	// The flags go on the detached tree: the target's path may lie where
-	// another task of the allocation can swap it (under /alloc), so nothing
-	// is done by path between the attach and the task's start but setting
-	// the propagation, which cannot widen anything.
+	// The flags and the propagation go on the detached tree: the target's
+	// path may lie where another task of the allocation can swap it (under
+	// /alloc), or lead through an image's symlink to /proc/self/root, the
+	// supervisor's root in the host's mount namespace, so nothing is done
+	// by the target's path.
 	if err := m.LockTree(tree, mnt.ReadOnly, mnt.NoSuid, mnt.NoDev); err != nil {
+		return fmt.Errorf("mount %q: %w", mnt.Target, err)
+	}
+	if err := setTreePropagation(m, mnt.Propagation, tree); err != nil {
 		return fmt.Errorf("mount %q: %w", mnt.Target, err)
 	}
 	tf, err := m.OpenTarget(root, filepath.Clean(mnt.Target), st.Mode&unix.S_IFMT == unix.S_IFDIR)
@@ -367,9 +371,20 @@ func attachTree(m mounter.Interface, tree *os.File, mnt wire.Mount, root string)
 	if err != nil {
 		return fmt.Errorf("mount %q: %w", mnt.Target, err)
 	}
-	target := filepath.Join(root, filepath.Clean(mnt.Target))
-	if err := setPropagation(m, mnt.Propagation, target); err != nil {
-		return fmt.Errorf("mount %q: %w", mnt.Target, err)
-	}
 	return nil
+}
+
+// setTreePropagation is setPropagation of a detached tree.
+func setTreePropagation(m mounter.Interface, propagation string, tree *os.File) error {
+	switch propagation {
+	case "", wire.PropagationPrivate:
+		return m.SetTreePropagation(tree, mounter.PropagationPrivate)
+	case wire.PropagationHostToTask:
+		return m.SetTreePropagation(tree, mounter.PropagationSlave)
+	case wire.PropagationBidirectional:
+		// Stays a peer of the host's source.
+		return nil
+	default:
+		return fmt.Errorf("unknown propagation %q", propagation)
+	}
 }
