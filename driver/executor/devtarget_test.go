@@ -1,12 +1,18 @@
 package executor
 
 import (
+	"fmt"
+	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/shoenig/test/must"
 	"golang.org/x/sys/unix"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/cgroups"
 )
 
 // A device node handed to an isolated task at a path in its /dev that the
@@ -42,4 +48,53 @@ echo hi > /dev/null && echo null=ok`)
 	must.Eq(t, "read-only", got["dev"])
 	must.Eq(t, "read-only", got["disk"])
 	must.Eq(t, "ok", got["null"])
+}
+
+// A read-only block-device volume is read-only for the device itself, not
+// only for the mount that holds its node (a read-only mount does not stop
+// writes to a device node): the device filter allows the volume's device
+// for reading alone, so a root task with exec's default capabilities
+// cannot open it for writing, nor make a node of it elsewhere and write
+// through that. A writable one is written.
+func TestStart_ReadOnlyBlockVolume_Root(t *testing.T) {
+	requireTaskRoot(t)
+	if _, err := exec.LookPath("losetup"); err != nil {
+		t.Skip("test needs losetup to make a block device")
+	}
+	backing := filepath.Join(t.TempDir(), "disk")
+	must.NoError(t, os.WriteFile(backing, make([]byte, 1<<20), 0o600))
+	out, err := exec.Command("losetup", "--find", "--show", backing).Output()
+	must.NoError(t, err)
+	loop := strings.TrimSpace(string(out))
+	t.Cleanup(func() { _ = exec.Command("losetup", "-d", loop).Run() })
+	var st unix.Stat_t
+	must.NoError(t, unix.Stat(loop, &st))
+
+	for _, readOnly := range []bool{true, false} {
+		t.Run(fmt.Sprintf("read_only=%v", readOnly), func(t *testing.T) {
+			tt := isolatedSpec(t, fmt.Sprintf(`
+if dd if=/dev/xvdb of=/dev/null bs=512 count=1 2>/dev/null; then echo read=ok; else echo read=failed; fi
+if printf x | dd of=/dev/xvdb bs=1 count=1 conv=notrunc 2>/dev/null; then echo write=ok; else echo write=failed; fi
+if mknod /tmp/blk b %d %d 2>/dev/null; then echo mknod=ok; else echo mknod=failed; fi`, unix.Major(st.Rdev), unix.Minor(st.Rdev)))
+			tt.spec.Credential = &Credential{}
+			tt.spec.Limits.Devices = cgroups.DefaultDevices
+			tt.spec.LateMounts = []Mount{{Target: "/dev/xvdb"}}
+			p, err := Start(hclog.NewNullLogger(), tt.spec, func() ([]Mount, error) {
+				return []Mount{{Source: loop, Target: "/dev/xvdb", ReadOnly: readOnly, NoSuid: true}}, nil
+			})
+			must.NoError(t, err)
+			t.Cleanup(func() { _ = p.Kill(); _ = p.Destroy() })
+			got := exitLines(t, tt, p)
+			must.Eq(t, "ok", got["read"])
+			must.Eq(t, "failed", got["mknod"])
+			if readOnly {
+				must.Eq(t, "failed", got["write"], must.Sprint("a read-only block-device volume was written"))
+			} else {
+				must.Eq(t, "ok", got["write"])
+			}
+		})
+	}
+	data, err := os.ReadFile(backing)
+	must.NoError(t, err)
+	must.Eq(t, byte('x'), data[0], must.Sprint("the writable volume's write did not reach the device"))
 }
