@@ -23,10 +23,25 @@ say() { printf '\n\033[1m==> %s\033[0m\n' "$*"; }
 cleanup() {
   set +e
   if [ -n "$agent_pid" ] && kill -0 "$agent_pid" 2>/dev/null; then
-    for j in volume-reader volume-writer hello csi-plugin; do "$nomad" job stop -purge "$j" >/dev/null 2>&1; done
+    for j in volume-reader volume-writer hello csi-plugin; do "$nomad" job stop -detach "$j" >/dev/null 2>&1; done
+    # A client that shuts down leaves its tasks and their log monitors
+    # running, for its restart to find: the jobs' allocations must be done
+    # first (30 s at most), and whatever the agent started that outlives it
+    # is killed after it.
+    for _ in $(seq 1 150); do
+      [ "$(live_allocs)" = 0 ] && break
+      sleep 0.2
+    done
+    children=$(ps -o pid= --ppid "$agent_pid")
     kill -INT "$agent_pid"
     for _ in $(seq 1 50); do kill -0 "$agent_pid" 2>/dev/null || break; sleep 0.2; done
     kill -KILL "$agent_pid" 2>/dev/null
+    for c in $children; do
+      # Only the same process still: one of this demo's binaries.
+      case "$(readlink "/proc/$c/exe" 2>/dev/null)" in
+      "$nomad" | "$work"/*) kill -KILL "$c" 2>/dev/null ;;
+      esac
+    done
   fi
   # Unmount whatever was left under the demo's directory, deepest first.
   awk -v w="$work" '$5 ~ "^"w {print $5}' /proc/self/mountinfo | sort -r | while read -r m; do
@@ -35,6 +50,13 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
+
+# live_allocs counts the allocations on the agent that are not done.
+live_allocs() {
+  "$nomad" operator api /v1/allocations 2>/dev/null |
+    python3 -c 'import json, sys; print(sum(a["ClientStatus"] in ("pending", "running") for a in json.load(sys.stdin)))' 2>/dev/null ||
+    echo unknown
+}
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 http=$(free_port); rpc=$(free_port); serf=$(free_port)
