@@ -2,8 +2,10 @@ package driver
 
 import (
 	"fmt"
+	"math"
 	"path/filepath"
 	"regexp"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -24,6 +26,9 @@ func decodeConfig(c *base.Config) (Config, error) {
 	var cfg Config
 	if c != nil && len(c.PluginConfig) != 0 {
 		if err := base.MsgPackDecode(c.PluginConfig, &cfg); err != nil {
+			if bad := wholeNumberKeys(c.PluginConfig); bad != nil {
+				return Config{}, fmt.Errorf("invalid csi plugin config: %w", bad)
+			}
 			return Config{}, fmt.Errorf("failed to decode the csi plugin config: %w", err)
 		}
 	} else {
@@ -34,6 +39,44 @@ func decodeConfig(c *base.Config) (Config, error) {
 		return Config{}, fmt.Errorf("invalid csi plugin config: %w", err)
 	}
 	return cfg, nil
+}
+
+// wholeNumberKeys says which "number" key of the plugin's config holds
+// what its int field cannot: the spec takes any number (1.5, 1e30), the
+// decoder then fails naming only a byte position. nil when none does.
+func wholeNumberKeys(raw []byte) error {
+	var m map[string]any
+	if base.MsgPackDecode(raw, &m) != nil {
+		return nil
+	}
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		if a := configSpec.GetObject().GetAttributes()[k]; a == nil || attrType(a) != "number" {
+			continue
+		}
+		switch v := m[k].(type) {
+		case nil, int64, uint64:
+			if u, ok := v.(uint64); ok && u > math.MaxInt64 {
+				return fmt.Errorf("%s must be a whole number, got %d", k, u)
+			}
+		default:
+			return fmt.Errorf("%s must be a whole number, got %v", k, v)
+		}
+	}
+	return nil
+}
+
+// attrType is the HCL type of an attribute spec, with or without a
+// default.
+func attrType(s *hclspec.Spec) string {
+	if d := s.GetDefault(); d != nil {
+		s = d.GetPrimary()
+	}
+	return s.GetAttr().GetType()
 }
 
 // decodeTaskConfig decodes a task's `config` block and validates it against
