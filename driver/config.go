@@ -5,10 +5,12 @@ import (
 	"math"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/hashicorp/nomad/plugins/base"
 	"github.com/hashicorp/nomad/plugins/drivers"
@@ -377,6 +379,21 @@ const maxPluginCPUShares = 262144
 // for a 32768 pid_max, far above what a task runs, far below the host's.
 const DefaultPidsLimit = 4096
 
+// maxPidsLimit is the largest pids.max the kernel takes (PID_MAX_LIMIT on
+// 64-bit): a larger pids_limit would fail every task that is not
+// privileged at its start.
+const maxPidsLimit = 4 << 20
+
+// validCgroupParent reports whether cgroup_parent is a group path the
+// cgroups package and the kernel take: relative, clean, no "." or ".."
+// element, no control character (the kernel refuses a newline).
+func validCgroupParent(p string) bool {
+	if p == "" || filepath.IsAbs(p) || filepath.Clean(p) != p || strings.Contains(p, "..") || strings.ContainsFunc(p, unicode.IsControl) {
+		return false
+	}
+	return !slices.Contains(strings.Split(p, "/"), ".")
+}
+
 // defaultConfig is the configuration of an agent that gives the plugin no
 // config block: what configSpec's defaults make.
 func defaultConfig() Config {
@@ -402,7 +419,7 @@ func (c *Config) validate() error {
 	if filepath.Clean(c.RootDir) == "/" {
 		return fmt.Errorf("root_dir must not be \"/\": choose a directory the driver owns, such as %q", DefaultRootDir)
 	}
-	if c.CgroupParent == "" || strings.Contains(c.CgroupParent, "..") || filepath.IsAbs(c.CgroupParent) {
+	if !validCgroupParent(c.CgroupParent) {
 		return fmt.Errorf("cgroup_parent must be a relative cgroup name such as %q, got %q", DefaultCgroupParent, c.CgroupParent)
 	}
 	if room := maxSocketPath - len(c.RootDir) - len("/plugins//"+pluginSocketName); room < minPluginIDRoom {
@@ -443,8 +460,8 @@ func (c *Config) validate() error {
 	if _, err := parseCapSet("allow_caps", c.AllowCaps); err != nil {
 		return err
 	}
-	if c.PidsLimit < 0 {
-		return fmt.Errorf("pids_limit must be 0 (no limit) or a positive number of processes, got %d", c.PidsLimit)
+	if c.PidsLimit < 0 || c.PidsLimit > maxPidsLimit {
+		return fmt.Errorf("pids_limit must be 0 (no limit) or a number of processes from 1 to %d (the most the kernel's pids.max takes), got %d", maxPidsLimit, c.PidsLimit)
 	}
 	if c.PluginCPUShares != 0 && (c.PluginCPUShares < 2 || c.PluginCPUShares > maxPluginCPUShares) {
 		return fmt.Errorf("plugin_cpu_shares must be 0 (plugin tasks weigh as their cpu) or a CPU weight from 2 to %d in the unit of a task's cpu (MHz, cgroup v1 cpu.shares), got %d", maxPluginCPUShares, c.PluginCPUShares)

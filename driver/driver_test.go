@@ -274,7 +274,7 @@ func TestConfig_validate(t *testing.T) {
 		{"bad allow_caps", Config{RootDir: "/x", CgroupParent: "c", AllowCaps: []string{"cap_flying"}}, `allow_caps: unknown capability "cap_flying"`},
 		{"bad denied uids", Config{RootDir: "/x", CgroupParent: "c", DeniedHostUIDs: "10-1"}, "denied_host_uids: range \"10-1\""},
 		{"bad denied gids", Config{RootDir: "/x", CgroupParent: "c", DeniedHostGIDs: "x"}, "denied_host_gids: \"x\" is not an id"},
-		{"negative pids_limit", Config{RootDir: "/x", CgroupParent: "c", PidsLimit: -1}, "pids_limit must be 0 (no limit) or a positive number"},
+		{"negative pids_limit", Config{RootDir: "/x", CgroupParent: "c", PidsLimit: -1}, "pids_limit must be 0 (no limit) or a number of processes from 1 to 4194304"},
 		{"plugin_cpu_shares 1", Config{RootDir: "/x", CgroupParent: "c", PluginCPUShares: 1}, "plugin_cpu_shares must be 0 (plugin tasks weigh as their cpu) or a CPU weight from 2 to 262144"},
 		{"plugin_cpu_shares above the kernel's", Config{RootDir: "/x", CgroupParent: "c", PluginCPUShares: 262145}, "plugin_cpu_shares must be 0 (plugin tasks weigh as their cpu) or a CPU weight from 2 to 262144"},
 		{"negative cpu_total_compute", Config{RootDir: "/x", CgroupParent: "c", CPUTotalCompute: -1}, "cpu_total_compute must be 0 (measure the CPU speed) or the node's total CPU compute in MHz"},
