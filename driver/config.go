@@ -16,6 +16,7 @@ import (
 	"github.com/hashicorp/nomad/plugins/drivers"
 	"github.com/hashicorp/nomad/plugins/shared/hclspec"
 
+	"github.com/nomad-driver-csi/nomad-driver-csi/csihook"
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor"
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/image"
 	"github.com/nomad-driver-csi/nomad-driver-csi/fingerprint"
@@ -624,6 +625,18 @@ func (tc *TaskConfig) validate(cfg *Config) error {
 	}
 	for name, v := range tc.Volumes {
 		if err := checkSecretsFile(name, v); err != nil {
+			return err
+		}
+	}
+	// A volume block wrong in itself is refused here, before an image is
+	// pulled for the task; checkVolumes checks the blocks again, with the
+	// secrets a secrets_file gives.
+	if len(tc.Volumes) > 0 {
+		reqs, err := volumeRequests(tc.Volumes)
+		if err != nil {
+			return err
+		}
+		if err := (*csihook.Manager)(nil).Validate(reqs); err != nil {
 			return err
 		}
 	}
