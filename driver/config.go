@@ -652,6 +652,16 @@ func (tc *TaskConfig) validate(cfg *Config) error {
 	if _, err := parseCapSet("cap_drop", tc.CapDrop); err != nil {
 		return err
 	}
+	// What the node allows a task that is not privileged, before an image
+	// is pulled for it; buildSpec applies the same.
+	if !tc.Privileged {
+		if _, _, err := taskCapabilities(cfg.allowCaps(), tc.CapAdd, tc.CapDrop); err != nil {
+			return err
+		}
+		if err := cfg.checkHostModes(tc); err != nil {
+			return err
+		}
+	}
 	if tc.Privileged && !cfg.AllowPrivileged {
 		return fmt.Errorf("privileged = true is not allowed on this node: the operator must set allow_privileged = true, and grant the job with a privileged_grant block, in the agent's config for this driver (plugin \"nomad-driver-csi\")")
 	}

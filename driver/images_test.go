@@ -276,35 +276,40 @@ func TestStartTask_theGrantMatchesThePulledDigest(t *testing.T) {
 	must.SliceEmpty(t, d.uses(t))
 }
 
-// A task whose volume blocks are wrong in themselves (a size that is no
-// size, a mode that is none, a relative destination) is refused before its
-// image is pulled: no download, nothing left in the store for image_gc.
-func TestStartTask_badVolumeRefusedBeforeThePull(t *testing.T) {
-	d := newImageDriver(t, nil)
-	vol := VolumeConfig{PluginID: "hostpath", VolumeID: "db", Destination: "/data"}
-	for name, want := range map[string]struct {
-		edit func(*VolumeConfig)
+// A task whose config is wrong in itself or against the agent's (a volume
+// size that is no size, a mode that is none, a relative destination, a
+// capability or host namespace the node does not allow) is refused before
+// its image is pulled: no download, nothing left in the store for
+// image_gc.
+func TestStartTask_badConfigRefusedBeforeThePull(t *testing.T) {
+	withVolume := func(label string, edit func(*VolumeConfig)) func(*TaskConfig) {
+		return func(tc *TaskConfig) {
+			v := VolumeConfig{PluginID: "hostpath", VolumeID: "db", Destination: "/data"}
+			edit(&v)
+			tc.Volumes = map[string]VolumeConfig{label: v}
+		}
+	}
+	for name, c := range map[string]struct {
+		edit func(*TaskConfig)
 		want string
 	}{
-		"size":        {func(v *VolumeConfig) { v.Create = &VolumeCreateBlock{CapacityMin: "lots"} }, `create capacity_min "lots" is not a size`},
-		"access mode": {func(v *VolumeConfig) { v.AccessMode = "single-node-multi-writer" }, `access_mode "single-node-multi-writer" is not supported`},
-		"destination": {func(v *VolumeConfig) { v.Destination = "data" }, `destination "data" must be an absolute path`},
-		"name":        {func(v *VolumeConfig) {}, `name must be 1-63 letters`},
+		"size":        {withVolume("data", func(v *VolumeConfig) { v.Create = &VolumeCreateBlock{CapacityMin: "lots"} }), `create capacity_min "lots" is not a size`},
+		"access mode": {withVolume("data", func(v *VolumeConfig) { v.AccessMode = "single-node-multi-writer" }), `access_mode "single-node-multi-writer" is not supported`},
+		"destination": {withVolume("data", func(v *VolumeConfig) { v.Destination = "data" }), `destination "data" must be an absolute path`},
+		"name":        {withVolume("../data", func(v *VolumeConfig) {}), `name must be 1-63 letters`},
+		"cap_add":     {func(tc *TaskConfig) { tc.CapAdd = []string{"sys_admin"} }, `cap_add: sys_admin not allowed on this node`},
+		"pid_mode":    {func(tc *TaskConfig) { tc.PIDMode = "host" }, `pid_mode = "host" is not allowed on this node`},
 	} {
 		t.Run(name, func(t *testing.T) {
-			v := vol
-			want.edit(&v)
-			label := "data"
-			if name == "name" {
-				label = "../data"
-			}
-			cfg := taskConfig(t, TaskConfig{Command: "/bin/plugin", Image: d.ref, Volumes: map[string]VolumeConfig{label: v}})
-			_, _, err := d.StartTask(cfg)
-			must.ErrorContains(t, err, want.want)
+			d := newImageDriver(t, nil)
+			tc := TaskConfig{Command: "/bin/plugin", Image: d.ref}
+			c.edit(&tc)
+			_, _, err := d.StartTask(taskConfig(t, tc))
+			must.ErrorContains(t, err, c.want)
 			must.ErrorContains(t, err, "invalid task config: ")
 			list, err := d.images.List(nil)
 			must.NoError(t, err)
-			must.SliceEmpty(t, list, must.Sprint("the image was pulled for a task refused for its volume block"))
+			must.SliceEmpty(t, list, must.Sprint("the image was pulled for a task its config refuses"))
 			must.SliceEmpty(t, d.roots)
 			must.SliceEmpty(t, d.started)
 		})
