@@ -12,7 +12,8 @@ import (
 )
 
 // A task whose arguments or environment the kernel would refuse to exec is
-// refused at start with an error that names the field and the limit, not
+// refused at start with an error that names the field and the limit (or
+// the NUL byte), not
 // the kernel's "argument list too long" from the driver's own seccomp stage;
 // and it leaves no state directory and no supervisor behind.
 func TestDriver_argsPastArgMaxNamed(t *testing.T) {
@@ -27,6 +28,10 @@ func TestDriver_argsPastArgMaxNamed(t *testing.T) {
 		{"many args", TaskConfig{Command: "/bin/true", Args: repeated(60000, 40)}, nil, "args and env take"},
 		{"one long env", TaskConfig{Command: "/bin/true"}, map[string]string{"BIG": strings.Repeat("a", 200<<10)}, `env "BIG" is 204804 bytes`},
 		{"long command", TaskConfig{Command: "/bin/" + strings.Repeat("a", 200<<10)}, nil, "command is 204805 bytes"},
+		// A NUL ends a C string: execve would fail with EINVAL.
+		{"NUL in an arg", TaskConfig{Command: "/bin/sh", Args: []string{"-c", "exit 0\x00rm -rf /"}}, nil, "args[1] holds a NUL byte"},
+		{"NUL in the command", TaskConfig{Command: "/bin/s\x00h"}, nil, "command holds a NUL byte"},
+		{"NUL in an env value", TaskConfig{Command: "/bin/true"}, map[string]string{"TOKEN": "a\x00b"}, `env "TOKEN" holds a NUL byte`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h, _ := harnessDriver(t, Config{})

@@ -35,10 +35,29 @@ func argMax() int {
 
 // CheckArgv says, naming the field, when the kernel would refuse to run
 // spec's command with its arguments and environment ("argument list too
-// long"): a string longer than it copies, or all of them past argMax. It
+// long"): a string longer than it copies, or all of them past argMax; or
+// one that holds a NUL byte. It
 // is checked before anything is set up for the task.
 func CheckArgv(spec *Spec) error {
 	const hint = "pass larger data in a file (a template under local/)"
+	// A NUL ends a string for the kernel: execve refuses the command or
+	// an argument that holds one (EINVAL, from the seccomp stage), and a
+	// variable would reach the task cut short at it.
+	const nul = "holds a NUL byte, which the kernel cannot pass (it ends a string there): remove it"
+	if strings.IndexByte(spec.Command, 0) >= 0 {
+		return fmt.Errorf("command %s", nul)
+	}
+	for i, a := range spec.Args {
+		if strings.IndexByte(a, 0) >= 0 {
+			return fmt.Errorf("args[%d] %s", i, nul)
+		}
+	}
+	for _, e := range spec.Env {
+		if strings.IndexByte(e, 0) >= 0 {
+			k, _, _ := strings.Cut(e, "=")
+			return fmt.Errorf("env %q %s", k, nul)
+		}
+	}
 	if n := len(spec.Command) + 1; n > maxArgStrlen {
 		return fmt.Errorf("command is %d bytes: the kernel passes at most %d bytes in one argument", n-1, maxArgStrlen-1)
 	}
