@@ -1072,6 +1072,15 @@ func TestBadInput_LeavesNothingBehind(t *testing.T) {
 		{"empty destination", mod(func(r *VolumeRequest) { r.Destination = "" }), ErrInvalid, "destination must not be empty", true},
 		{"duplicate destination", []VolumeRequest{req("a", "v1", "/data"), req("b", "v2", "/data/")}, ErrInvalid, `is also the destination of volume "a"`, true},
 		{"duplicate name", []VolumeRequest{req("a", "v1", "/x"), req("a", "v2", "/y")}, ErrInvalid, "name is used by more than one volume", true},
+		// One volume twice in a task: what checkShare asks of two tasks
+		// sharing it, which it does not ask of one.
+		{"single-node-writer twice", []VolumeRequest{req("a", "v1", "/a"), req("b", "v1", "/b")}, ErrInvalid,
+			`volume "b": volume_id "v1" of plugin "p" is also volume "a", and single-node-writer publishes it writable once on a node: name it in one volume block, or use a multi-node access mode`, true},
+		{"same volume, other modes", func() []VolumeRequest {
+			a, b := req("a", "v1", "/a"), req("b", "v1", "/b")
+			a.AccessMode, b.AccessMode, b.ReadOnly, b.FSType = AccessMultiNodeMultiWriter, AccessMultiNodeReaderOnly, true, "xfs"
+			return []VolumeRequest{a, b}
+		}(), ErrInvalid, `volume "b": volume_id "v1" of plugin "p" is also volume "a", with access_mode = "multi-node-multi-writer", attachment_mode = "file-system", fs_type = "ext4": give both blocks the same values`, true},
 		{"bad name", mod(func(r *VolumeRequest) { r.Name = "../x" }), ErrInvalid, "name must be 1-63", true},
 		{"empty volume id", mod(func(r *VolumeRequest) { r.VolumeID = "" }), ErrInvalid, "volume_id must not be empty", true},
 		{"empty plugin", mod(func(r *VolumeRequest) { r.PluginID = "" }), ErrInvalid, "plugin_id must not be empty", true},

@@ -184,6 +184,9 @@ func validate(reqs []VolumeRequest) error {
 	var errs []error
 	names := map[string]bool{}
 	dests := map[string]string{}
+	// The blocks naming each volume: one volume twice in a task must
+	// share as two tasks must (checkShare).
+	seen := map[volKey]VolumeRequest{}
 	for i, req := range reqs {
 		label := Quoted(req.Name)
 		if req.Name == "" {
@@ -280,6 +283,18 @@ func validate(reqs []VolumeRequest) error {
 			if k == "" {
 				fail("context must not have an empty key")
 				break
+			}
+		}
+		if req.PluginID != "" && req.VolumeID != "" {
+			k := volKey{req.PluginID, req.VolumeID}
+			if first, ok := seen[k]; !ok {
+				seen[k] = req
+			} else if first.AccessMode != req.AccessMode || attachment(first) != attachment(req) || first.FSType != req.FSType {
+				fail("volume_id %s of plugin %q is also volume %s, with access_mode = %q, attachment_mode = %q, fs_type = %q: give both blocks the same values",
+					Quoted(req.VolumeID), req.PluginID, Quoted(first.Name), first.AccessMode, attachment(first), first.FSType)
+			} else if req.AccessMode == AccessSingleNodeWriter {
+				fail("volume_id %s of plugin %q is also volume %s, and single-node-writer publishes it writable once on a node: name it in one volume block, or use a multi-node access mode",
+					Quoted(req.VolumeID), req.PluginID, Quoted(first.Name))
 			}
 		}
 		if err := checkGroup(req.MountGroup); err != nil {
