@@ -42,6 +42,10 @@ func TestDriver_argsPastArgMaxNamed(t *testing.T) {
 			stateDir := TaskStateDir(h.Impl().currentConfig().RootDir, cfg.ID)
 			_, _, err := h.StartTask(cfg)
 			t.Log(err)
+			if err == nil {
+				// Refused it must be; started, it goes with its group.
+				t.Cleanup(func() { _ = h.DestroyTask(cfg.ID, true) })
+			}
 			must.ErrorContains(t, err, tc.want)
 			must.ErrorContains(t, err, "the kernel")
 			must.StrNotContains(t, err.Error(), "/proc/self/fd")
