@@ -177,6 +177,10 @@ func attachment(req VolumeRequest) string {
 // each matching ErrInvalid.
 func (m *Manager) Validate(reqs []VolumeRequest) error { return validate(reqs) }
 
+// ValidateRequests is Validate without a Manager: for a task's config,
+// checked before anything is pulled or set up for it.
+func ValidateRequests(reqs []VolumeRequest) error { return validate(reqs) }
+
 func validate(reqs []VolumeRequest) error {
 	if err := taskLimits(reqs); err != nil {
 		return err

@@ -636,7 +636,7 @@ func (tc *TaskConfig) validate(cfg *Config) error {
 		if err != nil {
 			return err
 		}
-		if err := (*csihook.Manager)(nil).Validate(reqs); err != nil {
+		if err := csihook.ValidateRequests(reqs); err != nil {
 			return err
 		}
 	}
