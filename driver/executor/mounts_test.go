@@ -300,3 +300,44 @@ if [ -e /still/sub/host-marker ]; then echo private=seen; else echo private=unse
 	must.Eq(t, "seen", got["feed"])
 	must.Eq(t, "unseen", got["private"])
 }
+
+// An isolated task's host-to-task mount receives what the host mounts
+// later below its source whatever kind of mount the source is: a shared
+// mount with a shared submount (the propagation is set on every mount of
+// the tree, not only its top), and a slave of the host's shared mount
+// (the task's copy is a slave of the same master).
+func TestMounts_IsolatedHostToTaskSourceKinds_Root(t *testing.T) {
+	requireTaskRoot(t)
+	base, source, _ := propagationFixture(t)
+	m := mounter.New()
+	// The source's submount, shared, with a directory for the host's
+	// later mount.
+	sub := filepath.Join(source, "sub")
+	sharedSelfBind(t, sub)
+	must.NoError(t, os.Mkdir(filepath.Join(sub, "deep"), 0o755))
+	// A slave of a shared master.
+	master, slave := filepath.Join(base, "master"), filepath.Join(base, "slave")
+	must.NoError(t, os.MkdirAll(filepath.Join(master, "in"), 0o755))
+	must.NoError(t, os.Mkdir(slave, 0o755))
+	sharedSelfBind(t, master)
+	t.Cleanup(func() { detachAll(slave) })
+	must.NoError(t, m.BindMount(master, slave, false, false))
+	must.NoError(t, m.SetPropagation(slave, mounter.PropagationSlave, false))
+
+	tt := isolatedSpec(t, `
+while [ ! -e /feed/sub/deep/host-marker ] || [ ! -e /slave/in/host-marker ]; do sleep 0.05; done
+echo feed=seen
+echo slave=seen`)
+	tt.spec.Mounts = []Mount{
+		{Source: source, Target: "/feed", Propagation: PropagationHostToTask},
+		{Source: slave, Target: "/slave", Propagation: PropagationHostToTask},
+	}
+	p := startTest(t, tt)
+	for _, dir := range []string{filepath.Join(sub, "deep"), filepath.Join(master, "in")} {
+		must.NoError(t, m.Mount("host-tmpfs", dir, "tmpfs", 0, "size=1m"))
+		must.NoError(t, os.WriteFile(filepath.Join(dir, "host-marker"), nil, 0o644))
+	}
+	got := exitLines(t, tt, p)
+	must.Eq(t, "seen", got["feed"])
+	must.Eq(t, "seen", got["slave"])
+}
