@@ -123,11 +123,11 @@ type Interface interface {
 	// thread's working directory after unsharing its filesystem context:
 	// call it only on a locked OS thread that is never unlocked.
 	DetachAt(dir *os.File, name string) error
-	// SetTreePropagation sets the propagation of every mount of a
-	// detached tree from CloneTree to one of the Propagation* modes,
-	// before it is attached: through the tree's handle, so that no path
-	// (which someone could have swapped, or which leads through a magic
-	// link into another mount namespace) is walked.
+	// SetTreePropagation sets the propagation of every mount of a tree
+	// from CloneTree to one of the Propagation* modes, detached or once
+	// attached (in the caller's mount namespace): through the tree's
+	// handle, so that no path (which someone could have swapped, or which
+	// leads through a magic link into another mount namespace) is walked.
 	SetTreePropagation(tree *os.File, mode string) error
 	// PrivateTree makes every mount of a detached tree from CloneTree
 	// private before it is attached: no later mount on the host reaches it

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/shoenig/test/must"
 	"golang.org/x/sys/unix"
 
@@ -340,4 +341,36 @@ echo slave=seen`)
 	got := exitLines(t, tt, p)
 	must.Eq(t, "seen", got["feed"])
 	must.Eq(t, "seen", got["slave"])
+}
+
+// A privileged task's late volume inside its bidirectional mount (a
+// plugin's volume under its mount_dir) keeps the propagation it asked for
+// in the task: attached in a shared mount it would otherwise become shared
+// too, a peer of the copy the attach leaves on the host, so that a mount
+// the task makes inside a private volume would reach the host.
+func TestMounts_LateVolumeInsideBidirectional_Root(t *testing.T) {
+	requireTaskRoot(t)
+	_, source, target := propagationFixture(t)
+	priv, feed := t.TempDir(), t.TempDir()
+	tt := newTestSpec(t, "/bin/sh", "-c", `grep -E " $T/(priv|feed) " /proc/self/mountinfo`)
+	tt.spec.Privileged = true
+	tt.spec.Env = append(tt.spec.Env, "T="+target)
+	tt.spec.Mounts = []Mount{{Source: source, Target: target, Propagation: PropagationBidirectional}}
+	tt.spec.LateMounts = []Mount{{Target: target + "/priv"}, {Target: target + "/feed"}}
+	p, err := Start(hclog.NewNullLogger(), tt.spec, func() ([]Mount, error) {
+		return []Mount{
+			{Source: priv, Target: target + "/priv", Propagation: PropagationPrivate},
+			{Source: feed, Target: target + "/feed", Propagation: PropagationHostToTask},
+		}, nil
+	})
+	must.NoError(t, err)
+	t.Cleanup(func() { _ = p.Kill(); _ = p.Destroy() })
+	must.Eq(t, 0, waitExit(t, p).ExitCode, must.Sprintf("stderr: %s", readFile(t, tt.stderr)))
+	out := readFile(t, tt.stdout)
+	t.Log(out)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	must.SliceLen(t, 2, lines)
+	for _, line := range lines {
+		must.StrNotContains(t, line, " shared:", must.Sprintf("a late volume in the task became shared: %s", line))
+	}
 }

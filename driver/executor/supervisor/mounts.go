@@ -371,10 +371,18 @@ func attachTree(m mounter.Interface, tree *os.File, mnt wire.Mount, root string)
 	if err != nil {
 		return fmt.Errorf("mount %q: %w", mnt.Target, err)
 	}
+	// Attached in a shared mount (a privileged task's bidirectional
+	// mount), the tree was made shared with it, a peer of the copy the
+	// attach left there on the host: set again, through the handle, which
+	// now names the attached tree.
+	if err := setTreePropagation(m, mnt.Propagation, tree); err != nil {
+		return fmt.Errorf("mount %q: %w", mnt.Target, err)
+	}
 	return nil
 }
 
-// setTreePropagation is setPropagation of a detached tree.
+// setTreePropagation is setPropagation of a tree from CloneTree, by its
+// handle.
 func setTreePropagation(m mounter.Interface, propagation string, tree *os.File) error {
 	switch propagation {
 	case "", wire.PropagationPrivate:
