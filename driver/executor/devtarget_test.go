@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/cgroups"
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor/wire"
 )
 
 // A device node handed to an isolated task at a path in its /dev that the
@@ -97,4 +98,83 @@ if mknod /tmp/blk b %d %d 2>/dev/null; then echo mknod=ok; else echo mknod=faile
 	data, err := os.ReadFile(backing)
 	must.NoError(t, err)
 	must.Eq(t, byte('x'), data[0], must.Sprint("the writable volume's write did not reach the device"))
+}
+
+// devProbe tries what a task could do to its /dev if it were left
+// writable: make a file, a directory and a symlink there, and replace
+// /dev/null.
+const devProbe = `
+if touch /dev/new 2>/dev/null; then echo file=made; else echo file=refused; fi
+if mkdir /dev/newdir 2>/dev/null; then echo dir=made; else echo dir=refused; fi
+if ln -s /proc/self/root /dev/link 2>/dev/null; then echo link=made; else echo link=refused; fi
+if rm -f /dev/null 2>/dev/null && [ ! -e /dev/null ]; then echo null=removed; else echo null=kept; fi
+echo hi > /dev/null && echo nullwrite=ok`
+
+// An isolated task's /dev is sealed whatever way the task comes to start:
+// with no mounts at all, with early mounts only, from an image, in a root
+// a spare supervisor prepared ahead, with a device node handed in late, and
+// with a volume over its /dev/shm.
+func TestStart_DevSealedOnEveryPath_Root(t *testing.T) {
+	requireTaskRoot(t)
+	node := filepath.Join(t.TempDir(), "node")
+	must.NoError(t, unix.Mknod(node, unix.S_IFBLK|0o600, int(unix.Mkdev(7, 202))))
+	lateDev := func(spec *Spec) func() ([]Mount, error) {
+		spec.LateMounts = []Mount{{Target: "/dev/xvdb"}}
+		return func() ([]Mount, error) {
+			return []Mount{{Source: node, Target: "/dev/xvdb", ReadOnly: true, NoSuid: true}}, nil
+		}
+	}
+	cases := []struct {
+		name  string
+		image bool
+		spare bool
+		setup func(t *testing.T, spec *Spec) func() ([]Mount, error)
+	}{
+		{name: "no mounts", setup: func(*testing.T, *Spec) func() ([]Mount, error) { return nil }},
+		{name: "early mounts only", setup: func(t *testing.T, spec *Spec) func() ([]Mount, error) {
+			spec.Mounts = []Mount{{Source: t.TempDir(), Target: "/data"}}
+			return nil
+		}},
+		{name: "late device", setup: func(_ *testing.T, spec *Spec) func() ([]Mount, error) { return lateDev(spec) }},
+		{name: "volume over /dev/shm", setup: func(t *testing.T, spec *Spec) func() ([]Mount, error) {
+			vol := t.TempDir()
+			spec.LateMounts = []Mount{{Target: "/dev/shm"}}
+			return func() ([]Mount, error) { return []Mount{{Source: vol, Target: "/dev/shm"}}, nil }
+		}},
+		{name: "image", image: true, setup: func(*testing.T, *Spec) func() ([]Mount, error) { return nil }},
+		{name: "image late device", image: true, setup: func(_ *testing.T, spec *Spec) func() ([]Mount, error) { return lateDev(spec) }},
+		{name: "spare late device", spare: true, setup: func(_ *testing.T, spec *Spec) func() ([]Mount, error) { return lateDev(spec) }},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var tt *testTask
+			if tc.image {
+				tt = imageSpec(t, devProbe, false)
+			} else {
+				tt = isolatedSpec(t, devProbe)
+			}
+			late := tc.setup(t, tt.spec)
+			start := Start
+			if tc.spare {
+				s := &Spares{}
+				s.SetDir(t.TempDir(), tt.spec.Isolation)
+				t.Cleanup(s.Close)
+				s.Fill("", hclog.NewNullLogger())
+				waitSpare(t, s, "")
+				start = s.Start
+			}
+			p, err := start(hclog.NewNullLogger(), tt.spec, late)
+			must.NoError(t, err)
+			t.Cleanup(func() { _ = p.Kill(); _ = p.Destroy() })
+			got := exitLines(t, tt, p)
+			must.Eq(t, "refused", got["file"])
+			must.Eq(t, "refused", got["dir"])
+			must.Eq(t, "refused", got["link"])
+			must.Eq(t, "kept", got["null"])
+			must.Eq(t, "ok", got["nullwrite"])
+			if tc.spare {
+				must.StrContains(t, readFile(t, tt.spec.StateDir+"/"+wire.SupervisorLogFile), "root_prepared_ahead=true")
+			}
+		})
+	}
 }
