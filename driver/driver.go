@@ -725,6 +725,11 @@ func (d *Driver) buildSpec(conf *Config, cfg *drivers.TaskConfig, tc *TaskConfig
 		}
 		env = setEnv(env, "CSI_ENDPOINT", "unix://"+filepath.Join(pc.MountDir, pluginSocketName))
 	}
+	for _, m := range mounts {
+		if b := insideBidirectional(mounts, m.Target); b != "" {
+			return nil, fmt.Errorf("mount %q lies inside the bidirectional mount %q: a mount made there appears on the host and outlives the task; give it a path outside %q", m.Target, b, b)
+		}
+	}
 
 	spec := &executor.Spec{
 		TaskID:       cfg.ID,
@@ -926,6 +931,21 @@ func taskMounts(cfg *drivers.TaskConfig, tc *TaskConfig) ([]executor.Mount, erro
 		})
 	}
 	return out, nil
+}
+
+// insideBidirectional is the target of the bidirectional mount of mounts
+// that holds target strictly below it, "" for none. A mount made inside a
+// bidirectional one is made in a peer of the host's source: the kernel
+// copies it to the host, where it stays after the task (and keeps what it
+// mounts busy), whatever its own propagation.
+func insideBidirectional(mounts []executor.Mount, target string) string {
+	for _, b := range mounts {
+		if b.Propagation == executor.PropagationBidirectional && b.Target != target &&
+			(b.Target == "/" || strings.HasPrefix(target, b.Target+"/")) {
+			return b.Target
+		}
+	}
+	return ""
 }
 
 // taskLimits turns the task's `resources` into cgroup limits.

@@ -468,6 +468,9 @@ func (d *Driver) checkVolumes(cfg *drivers.TaskConfig, tc *TaskConfig, spec *exe
 				return nil, fmt.Errorf("volume %q: destination %q is also the path of another mount of the task", r.Name, dest)
 			}
 		}
+		if b := insideBidirectional(spec.Mounts, dest); b != "" {
+			return nil, fmt.Errorf("volume %q: destination %q lies inside the bidirectional mount %q: the volume's mount would appear on the host there and outlive the task; give it a destination outside %q", r.Name, dest, b, b)
+		}
 	}
 	return reqs, nil
 }

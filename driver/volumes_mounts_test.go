@@ -4,6 +4,7 @@ import (
 	"os"
 	"testing"
 
+	"github.com/hashicorp/nomad/plugins/drivers"
 	"github.com/shoenig/test/must"
 	"golang.org/x/sys/unix"
 
@@ -67,4 +68,45 @@ func TestIsBlockDevice(t *testing.T) {
 	link := dir + "/link"
 	must.NoError(t, os.Symlink(blk, link))
 	must.False(t, isBlockDevice(link))
+}
+
+// A mount the driver makes inside a bidirectional mount is made in a peer
+// of the host's source: the kernel copies it to the host, where it stays
+// after the task. Such a destination is refused, for Nomad's mounts and for
+// the driver's own volumes, before any plugin call; one beside the
+// bidirectional mount, or the plugin's own mount_dir, is not.
+func TestStartTask_mountInsideBidirectionalRefused(t *testing.T) {
+	d, fp, vol := grantsDriver(t, Config{Enabled: true, AllowPrivileged: true, PrivilegedGrants: grantAll})
+	bidi := &drivers.MountConfig{TaskPath: "/shared", HostPath: t.TempDir(), PropagationMode: "bidirectional"}
+
+	nomad := jobTask(t, TaskConfig{Command: "/bin/sleep", Privileged: true}, "alloc-n", "default", "web")
+	nomad.Mounts = []*drivers.MountConfig{bidi, {TaskPath: "/shared/conf", HostPath: "/srv/conf"}}
+	_, _, err := d.StartTask(nomad)
+	must.ErrorContains(t, err, `mount "/shared/conf" lies inside the bidirectional mount "/shared"`)
+
+	inside := vol("v-1")
+	inside.Privileged = true
+	inside.Volumes["data"] = VolumeConfig{PluginID: "hp", VolumeID: "v-1", Destination: "/shared/data",
+		AccessMode: "multi-node-multi-writer", AttachmentMode: "file-system"}
+	task := jobTask(t, inside, "alloc-v", "default", "web")
+	task.Mounts = []*drivers.MountConfig{bidi}
+	_, _, err = d.StartTask(task)
+	must.ErrorContains(t, err, `volume "data": destination "/shared/data" lies inside the bidirectional mount "/shared"`)
+	must.Eq(t, 0, len(fp.vols.Calls()))
+
+	// The plugin's mount_dir inside it is refused too (the driver binds
+	// it); beside it, the volume starts.
+	plugin := jobTask(t, TaskConfig{Command: "/bin/plugin", Privileged: true,
+		CSIPlugin: &PluginTaskConfig{ID: "hp2", Type: "monolith", MountDir: "/shared/csi"}}, "alloc-p2", "default", "plugin2")
+	plugin.Mounts = []*drivers.MountConfig{bidi}
+	_, _, err = d.StartTask(plugin)
+	must.ErrorContains(t, err, `mount "/shared/csi" lies inside the bidirectional mount "/shared"`)
+
+	beside := vol("v-1")
+	beside.Privileged = true
+	task = jobTask(t, beside, "alloc-b", "default", "web")
+	task.Mounts = []*drivers.MountConfig{bidi}
+	_, _, err = d.StartTask(task)
+	must.NoError(t, err)
+	must.Eq(t, 1, fp.vols.Count(csihook.MethodNodePublishVolume))
 }
