@@ -571,6 +571,23 @@ func TestWaitTask_saysOOMKilled(t *testing.T) {
 	must.EqError(t, res.Err, "OOM Killed")
 }
 
+// A task that exits 0 after the OOM killer ended one of its children
+// succeeded: Nomad counts an exit with an error as a failure (restarts it,
+// fails a batch job), where exec reports the kill and the success alike.
+func TestWaitTask_childOOMKilledTaskSucceeds(t *testing.T) {
+	d := newTestDriver(t, Config{Enabled: true})
+	cfg := taskConfig(t, TaskConfig{Command: "/bin/sh"})
+	_, _, err := d.StartTask(cfg)
+	must.NoError(t, err)
+	d.procs[0].exit(executor.ExitStatus{OOMKilled: true})
+	ch, err := d.WaitTask(context.Background(), cfg.ID)
+	must.NoError(t, err)
+	res := <-ch
+	must.True(t, res.OOMKilled)
+	must.NoError(t, res.Err)
+	must.True(t, res.Successful())
+}
+
 // A task that failed after its process limit refused forks is told why it
 // may have failed; one that succeeded anyway, or never hit the limit, is
 // not.

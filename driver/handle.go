@@ -139,8 +139,12 @@ func (h *taskHandle) watch() {
 		switch {
 		case status.Err != "":
 			result.Err = errorString(status.Err)
-		case status.OOMKilled:
+		case status.OOMKilled && (status.ExitCode != 0 || status.Signal != 0):
 			// What Nomad shows as the exit message in alloc status.
+			// A task that exited 0 after the OOM killer ended one of
+			// its children succeeded (OOMKilled still says so): Nomad
+			// counts an exit with an error as a failure, and exec
+			// reports that kill without one.
 			result.Err = errorString("OOM Killed")
 		case status.PidsLimited > 0 && (status.ExitCode != 0 || status.Signal != 0):
 			// A fork or thread refused by the process limit shows in
