@@ -720,6 +720,11 @@ func TestCPUCalc(t *testing.T) {
 	t0 := time.Unix(100, 0)
 	first := c.usage(&cgroups.Stats{CPUTotalNanos: 1e9}, t0)
 	must.Eq(t, 0.0, first.ResourceUsage.CpuStats.Percent)
+	// Percent is listed, as exec lists it: nomad alloc status -stats
+	// prints only the measured fields.
+	must.Eq(t, []string{"User Mode", "Percent"}, c.usage(&cgroups.Stats{CPUTotalNanos: 1e9, CPUMeasured: []string{"User Mode"}}, t0).ResourceUsage.CpuStats.Measured)
+	c = &cpuCalc{mhzPerCore: 2000}
+	c.usage(&cgroups.Stats{CPUTotalNanos: 1e9}, t0)
 	// Half a core for one second.
 	second := c.usage(&cgroups.Stats{CPUTotalNanos: 1.5e9, CPUUserNanos: 5e8}, t0.Add(time.Second))
 	must.Eq(t, 50.0, second.ResourceUsage.CpuStats.Percent)

@@ -3,6 +3,7 @@ package driver
 import (
 	"container/heap"
 	"context"
+	"slices"
 	"sync"
 	"time"
 
@@ -239,7 +240,10 @@ func (c *cpuCalc) usage(s *cgroups.Stats, now time.Time) *cstructs.TaskResourceU
 	cpu := &cstructs.CpuStats{
 		ThrottledPeriods: s.ThrottledPeriods,
 		ThrottledTime:    s.ThrottledNanos,
-		Measured:         s.CPUMeasured,
+		// Percent and TotalTicks are computed here from the total,
+		// which every sample has. Nomad lists what it measured, and
+		// nomad alloc status -stats prints only those fields.
+		Measured: append(slices.Clip(s.CPUMeasured), "Percent"),
 	}
 	if c.have {
 		wall := float64(now.Sub(c.prevAt).Nanoseconds())
