@@ -7,6 +7,9 @@ package e2e
 // runs the same cases against it).
 
 import (
+	"fmt"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -63,32 +66,12 @@ func TestReservedCores(t *testing.T) {
 		out := a.WaitLogs(t, al.ID, task, "Cpus_allowed_list", 30*time.Second)
 		_, list, _ := strings.Cut(out, "Cpus_allowed_list:")
 		list, _, _ = strings.Cut(strings.TrimSpace(list), "\n")
-		return cpuListOf(t, list)
+		return cpuList(t, strings.TrimSpace(list))
 	}
 	must.Eq(t, want, allowed("reserved"), must.Sprint("the task does not run on exactly its reserved core"))
 	shared := allowed("shared")
 	must.SliceNotEmpty(t, shared)
 	must.SliceNotContains(t, shared, want[0], must.Sprintf("the shared task runs on %v, the reserved core among them", shared))
-}
-
-// cpuListOf expands a CPU list ("0-2,4").
-func cpuListOf(t *testing.T, list string) []int {
-	t.Helper()
-	var out []int
-	for _, part := range strings.Split(strings.TrimSpace(list), ",") {
-		lo, hi, isRange := strings.Cut(part, "-")
-		a, err := strconv.Atoi(lo)
-		must.NoError(t, err, must.Sprintf("CPU list %q", list))
-		b := a
-		if isRange {
-			b, err = strconv.Atoi(hi)
-			must.NoError(t, err, must.Sprintf("CPU list %q", list))
-		}
-		for c := a; c <= b; c++ {
-			out = append(out, c)
-		}
-	}
-	return out
 }
 
 // The usage Nomad shows keeps coming after "nomad alloc restart", for the
@@ -153,4 +136,44 @@ func TestStatsAfterAllocRestart(t *testing.T) {
 	_, cpuPart, ok := strings.Cut(status, "CPU Stats")
 	must.True(t, ok, must.Sprintf("nomad alloc status -stats shows no CPU stats:\n%s", status))
 	must.StrContains(t, cpuPart, "Percent", must.Sprintf("nomad alloc status -stats shows no CPU percentage:\n%s", status))
+}
+
+// memory_max (oversubscription) on the host's own hierarchy: memory_max
+// is the hard limit, memory the soft one, and a task holding twice its
+// memory, under its memory_max, lives. On cgroup v1 the limits are the
+// memory group's limit_in_bytes and soft_limit_in_bytes, as exec writes
+// them (TestVMCgroupV2 checks memory.max and memory.low on v2).
+func TestMemoryMaxOversubscription(t *testing.T) {
+	t.Parallel()
+	a := shared(t)
+	out, err := a.Nomad("operator", "scheduler", "set-config", "-memory-oversubscription=true")
+	must.NoError(t, err, must.Sprint(out))
+
+	job := a.RunJob(t, "memory_max", vars())
+	defer a.StopJob(t, job.ID)
+	al := a.WaitAlloc(t, job.ID, startTimeout, StatusRunning)
+	must.StrContains(t, a.WaitLogs(t, al.ID, "t", "ready", 30*time.Second), "ready holding 64000000 bytes")
+
+	pid, err := TaskPIDByComm(al.ID, "t", "sleep")
+	must.NoError(t, err)
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	must.NoError(t, err)
+	var group string
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.SplitN(line, ":", 3); len(f) == 3 && strings.Contains(","+f[1]+",", ",memory,") {
+			group = f[2]
+		}
+	}
+	if group == "" {
+		t.Skipf("no cgroup v1 memory hierarchy here (/proc/%d/cgroup:\n%s)", pid, b)
+	}
+	read := func(file string) string {
+		b, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/memory", group, file))
+		must.NoError(t, err)
+		return strings.TrimSpace(string(b))
+	}
+	t.Logf("memory group %s: limit %s, soft limit %s, usage %s, max usage %s", group,
+		read("memory.limit_in_bytes"), read("memory.soft_limit_in_bytes"), read("memory.usage_in_bytes"), read("memory.max_usage_in_bytes"))
+	must.Eq(t, strconv.Itoa(256<<20), read("memory.limit_in_bytes"))
+	must.Eq(t, strconv.Itoa(32<<20), read("memory.soft_limit_in_bytes"))
 }
