@@ -388,6 +388,35 @@ func TestStart_PidsLimited_Root(t *testing.T) {
 	}
 }
 
+// A process limit too small for the task's first process fails the start
+// with an error that names the limit, and leaves no group behind. On
+// cgroup v1 the launching thread counts against the limit while it forks
+// the task (or its seccomp stage), so 1 leaves no room; on v2 the task is
+// cloned into its group and 1 is room for it.
+func TestStart_PidsLimitTooSmall_Root(t *testing.T) {
+	requireTaskRoot(t)
+	for _, isolated := range []bool{false, true} {
+		t.Run(fmt.Sprintf("isolated=%v", isolated), func(t *testing.T) {
+			tt := newTestSpec(t, "/bin/true")
+			if isolated {
+				tt = isolatedSpec(t, "true")
+			}
+			tt.spec.Limits.PidsMax = 1
+			p, err := Start(hclog.NewNullLogger(), tt.spec, nil)
+			if err == nil {
+				defer p.Destroy()
+				st := waitExit(t, p)
+				must.Eq(t, 0, st.ExitCode, must.Sprintf("status %+v", st))
+				t.Logf("a limit of 1 started the task here: %+v", st)
+				return
+			}
+			t.Logf("start: %v", err)
+			must.StrContains(t, err.Error(), "pids_limit 1")
+			must.False(t, cgroupExists(tt.spec.CgroupParent, tt.spec.TaskID), must.Sprint("the failed start left its cgroup"))
+		})
+	}
+}
+
 // Nomad's logmon opens the read side of its FIFOs in the background: a task
 // started before the reader is there waits for it instead of failing.
 func TestStart_WaitsForLogFIFOReader_Root(t *testing.T) {
