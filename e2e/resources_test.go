@@ -176,4 +176,17 @@ func TestMemoryMaxOversubscription(t *testing.T) {
 		read("memory.limit_in_bytes"), read("memory.soft_limit_in_bytes"), read("memory.usage_in_bytes"), read("memory.max_usage_in_bytes"))
 	must.Eq(t, strconv.Itoa(256<<20), read("memory.limit_in_bytes"))
 	must.Eq(t, strconv.Itoa(32<<20), read("memory.soft_limit_in_bytes"))
+
+	// What watches the task (the csi driver's supervisor, exec's
+	// executor) is outside its memory group: the OOM killer, choosing
+	// among the group's processes when the task reaches its limit, never
+	// takes it, and the task's exit is still recorded.
+	sh, err := TaskPIDByComm(al.ID, "t", "sh")
+	must.NoError(t, err)
+	st, err := ReadProc(sh)
+	must.NoError(t, err)
+	procs := strings.Fields(read("cgroup.procs"))
+	t.Logf("task %d, its parent %d; the memory group holds %v", sh, st.PPID, procs)
+	must.SliceContains(t, procs, strconv.Itoa(sh))
+	must.SliceNotContains(t, procs, strconv.Itoa(st.PPID), must.Sprintf("the task's parent %d is in its memory group", st.PPID))
 }

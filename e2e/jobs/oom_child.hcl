@@ -22,7 +22,10 @@ job "{{.JobID}}" {
       config {
         command = "/bin/sh"
         args = ["-c", <<-EOT
-          /bin/sh -c 'x=$(head -c 200000000 /dev/zero | tr "\0" a); echo "child survived"'
+          # The child and its pipeline are the OOM killer's choice, the
+          # task never: a second OOM, while the first victim's memory is
+          # still being freed, takes the highest score left.
+          /bin/sh -c 'echo 1000 > /proc/self/oom_score_adj || exit 9; x=$(head -c 200000000 /dev/zero | tr "\0" a); echo "child survived"'
           echo "child exited $?"
           exit 0
         EOT
