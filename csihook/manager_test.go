@@ -1646,3 +1646,26 @@ func TestSetup_NoPublishDirectoryBeforeTheTasksRecord(t *testing.T) {
 	must.True(t, errors.Is(statErr, fs.ErrNotExist),
 		must.Sprintf("the task's publish directory %s exists with no record of the task in the journal: a crash now leaves it for good (%v)", taskDir, statErr))
 }
+
+// A volume this node created is the plugin's id under two names: the
+// volume_id it was created with and the id the plugin answered. One task
+// naming it both ways has it twice, as one task naming it twice by the
+// same name does (validate): refused before any call, by the id both
+// names resolve to.
+func TestSetup_CreatedVolumeTwiceByBothNamesRefused(t *testing.T) {
+	h := newHarness(t)
+	r := req("data", "myvol", "/data")
+	r.Create = &CreateRequest{}
+	_, err := h.m.Setup(context.Background(), "t1", []VolumeRequest{r})
+	must.NoError(t, err)
+	must.NoError(t, h.m.Teardown(context.Background(), "t1"))
+
+	h.fake.ResetCalls()
+	_, err = h.m.Setup(context.Background(), "t2", []VolumeRequest{req("data", "myvol", "/data"), req("again", "id-myvol", "/again")})
+	must.ErrorIs(t, err, ErrInvalid)
+	must.ErrorContains(t, err, `volume "again": volume_id "id-myvol" of plugin "p" is also volume "data" (volume_id "myvol"): both are the plugin's volume "id-myvol", created on this node`)
+	for _, c := range h.fake.Calls() {
+		must.NotEq(t, MethodNodePublishVolume, c.Method)
+	}
+	must.Eq(t, 0, h.m.Users("p", "id-myvol"))
+}

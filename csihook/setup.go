@@ -65,6 +65,29 @@ func (m *Manager) Setup(ctx context.Context, taskID string, reqs []VolumeRequest
 	return out, nil
 }
 
+// sameVolumeTwice refuses req when another block of the task, in seen,
+// resolves to the plugin's same volume id under another volume_id (one
+// created here, named once by the name it was created with and once by the
+// id the plugin answered), on the terms validate holds one volume named
+// twice to.
+func sameVolumeTwice(seen map[volKey]VolumeRequest, req VolumeRequest, id string) error {
+	k := volKey{req.PluginID, id}
+	first, ok := seen[k]
+	if !ok {
+		seen[k] = req
+		return nil
+	}
+	if first.VolumeID == req.VolumeID {
+		// The same name twice: validate's.
+		return nil
+	}
+	if first.AccessMode != req.AccessMode || attachment(first) != attachment(req) || first.FSType != req.FSType || req.AccessMode == AccessSingleNodeWriter {
+		return invalidf("volume %s: volume_id %s of plugin %q is also volume %s (volume_id %s): both are the plugin's volume %q, created on this node; name it one way, in one volume block",
+			Quoted(req.Name), Quoted(req.VolumeID), req.PluginID, Quoted(first.Name), Quoted(first.VolumeID), id)
+	}
+	return nil
+}
+
 // preflight looks up every plugin and checks capabilities and sharing
 // before anything is written or called, so that a request that cannot
 // work leaves nothing behind.
@@ -73,6 +96,10 @@ func (m *Manager) preflight(taskID string, reqs []VolumeRequest) ([]plan, error)
 		errs  []error
 		plans []plan
 	)
+	// The task's blocks by the plugin's id they resolve to: a volume this
+	// node created is also named by the id the plugin answered, which
+	// validate, going by names, cannot see.
+	byID := map[volKey]VolumeRequest{}
 	for i, req := range reqs {
 		info, err := m.lookupHealthy(req.PluginID)
 		if err != nil {
@@ -97,6 +124,9 @@ func (m *Manager) preflight(taskID string, reqs []VolumeRequest) ([]plan, error)
 		}
 		id, _ := m.resolve(req)
 		if err := m.checkNamespace(req, id); err != nil {
+			errs = append(errs, err)
+		}
+		if err := sameVolumeTwice(byID, req, id); err != nil {
 			errs = append(errs, err)
 		}
 		if err := m.checkShare(taskID, req, id); err != nil {
