@@ -1067,6 +1067,9 @@ func TestBadInput_LeavesNothingBehind(t *testing.T) {
 		}), ErrInvalid, `does not serve attachment_mode = "block-device"`, false},
 		{"create unsupported", mod(func(r *VolumeRequest) { r.PluginID, r.Create = "noblock", &CreateRequest{} }), ErrInvalid, "cannot create volumes", false},
 		{"relative destination", mod(func(r *VolumeRequest) { r.Destination = "data" }), ErrInvalid, `destination "data" must be an absolute path`, true},
+		// The kernel takes no path with a NUL byte: refused before the
+		// plugin publishes a volume the task's mount would then fail on.
+		{"NUL in destination", mod(func(r *VolumeRequest) { r.Destination = "/da\x00ta" }), ErrInvalid, `destination "/da\x00ta" must not hold a NUL byte`, true},
 		{"escaping destination", mod(func(r *VolumeRequest) { r.Destination = "/data/../../etc" }), ErrInvalid, "must not contain '..'", true},
 		{"root destination", mod(func(r *VolumeRequest) { r.Destination = "/" }), ErrInvalid, "task's root", true},
 		{"empty destination", mod(func(r *VolumeRequest) { r.Destination = "" }), ErrInvalid, "destination must not be empty", true},

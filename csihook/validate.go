@@ -238,6 +238,8 @@ func validate(reqs []VolumeRequest) error {
 			fail("destination must not be empty")
 		case !filepath.IsAbs(dest):
 			fail("destination %q must be an absolute path", dest)
+		case strings.ContainsRune(dest, 0):
+			fail("destination %q must not hold a NUL byte", dest)
 		case hasDotDot(dest):
 			fail("destination %q must not contain '..'", dest)
 		case filepath.Clean(dest) == "/":
