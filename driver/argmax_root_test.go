@@ -32,6 +32,8 @@ func TestDriver_argsPastArgMaxNamed(t *testing.T) {
 		{"NUL in an arg", TaskConfig{Command: "/bin/sh", Args: []string{"-c", "exit 0\x00rm -rf /"}}, nil, "args[1] holds a NUL byte"},
 		{"NUL in the command", TaskConfig{Command: "/bin/s\x00h"}, nil, "command holds a NUL byte"},
 		{"NUL in an env value", TaskConfig{Command: "/bin/true"}, map[string]string{"TOKEN": "a\x00b"}, `env "TOKEN" holds a NUL byte`},
+		// chdir(2) takes no path with a NUL either.
+		{"NUL in work_dir", TaskConfig{Command: "/bin/true", WorkDir: "/tm\x00p"}, nil, "work_dir holds a NUL byte"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h, _ := harnessDriver(t, Config{})

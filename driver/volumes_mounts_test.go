@@ -110,3 +110,15 @@ func TestStartTask_mountInsideBidirectionalRefused(t *testing.T) {
 	must.NoError(t, err)
 	must.Eq(t, 1, fp.vols.Count(csihook.MethodNodePublishVolume))
 }
+
+// A work_dir the kernel cannot take (a NUL byte in it) is refused with the
+// task's other NUL checks, before its volumes are staged and published:
+// the start would fail at chdir only after the plugin's calls.
+func TestStartTask_nulWorkDirRefusedBeforeAnyCall(t *testing.T) {
+	d, fp, vol := grantsDriver(t, Config{Enabled: true, AllowPrivileged: true, PrivilegedGrants: grantAll})
+	tc := vol("v-1")
+	tc.WorkDir = "/da\x00ta"
+	_, _, err := d.StartTask(jobTask(t, tc, "alloc-w", "default", "web"))
+	must.ErrorContains(t, err, "work_dir holds a NUL byte")
+	must.Eq(t, 0, len(fp.vols.Calls()))
+}

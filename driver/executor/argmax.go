@@ -36,8 +36,8 @@ func argMax() int {
 // CheckArgv says, naming the field, when the kernel would refuse to run
 // spec's command with its arguments and environment ("argument list too
 // long"): a string longer than it copies, or all of them past argMax; or
-// one that holds a NUL byte. It
-// is checked before anything is set up for the task.
+// one that holds a NUL byte, as the working directory may not. It is
+// checked before anything is set up for the task.
 func CheckArgv(spec *Spec) error {
 	const hint = "pass larger data in a file (a template under local/)"
 	// A NUL ends a string for the kernel: execve refuses the command or
@@ -57,6 +57,11 @@ func CheckArgv(spec *Spec) error {
 			k, _, _ := strings.Cut(e, "=")
 			return fmt.Errorf("env %q %s", k, nul)
 		}
+	}
+	if strings.IndexByte(spec.Dir, 0) >= 0 {
+		// chdir(2) takes no such path either; the start would fail at
+		// it, after the task's volumes were set up.
+		return fmt.Errorf("work_dir %s", nul)
 	}
 	if n := len(spec.Command) + 1; n > maxArgStrlen {
 		return fmt.Errorf("command is %d bytes: the kernel passes at most %d bytes in one argument", n-1, maxArgStrlen-1)
