@@ -281,6 +281,7 @@ func startTask(logger hclog.Logger, spec *wire.Spec, ctl *os.File, started func(
 	cmd, left, err := launchTask(spec, group, stdio, ctl,
 		func(cmd *exec.Cmd) { started(cmd, group) }, taken)
 	if err != nil {
+		err = pidsRefusedStart(spec, group, err)
 		// Nothing forked is left (launchTask killed and reaped a seccomp
 		// stage it forked), so there is nothing to kill (and a kill could
 		// hit this process while its launching thread is still in the
@@ -496,6 +497,21 @@ func openLog(path string) (*os.File, error) {
 		return nil, fmt.Errorf("failed to open log %q: %w", path, err)
 	}
 	return os.NewFile(uintptr(fd), path), nil
+}
+
+// pidsRefusedStart names the task's process limit in err, a failed start,
+// when the group's pids.max refused a fork or a thread on the way: a
+// seccomp stage run in Go (a supervisor without the shim's entry point)
+// needs threads of its own, and dies of the refusal saying nothing the
+// start could pass on. A limit of 1 is named already (pidsLimitError).
+func pidsRefusedStart(spec *wire.Spec, group *cgroups.Group, err error) error {
+	if spec.Limits.PidsMax <= 1 {
+		return err
+	}
+	if n, perr := group.PidsLimited(); perr == nil && n > 0 {
+		return fmt.Errorf("%w (the task's process limit, pids_limit %d, refused %d forks or threads while it started: raise pids_limit, or set it to 0 for none)", err, spec.Limits.PidsMax, n)
+	}
+	return err
 }
 
 // waitTask waits for the task's main process, then kills what is left of
