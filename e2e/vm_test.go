@@ -282,6 +282,8 @@ func TestVMCgroupV2(t *testing.T) {
 	t.Logf("busy: rss %d usage %d measured %v; cpu ticks %.0f percent %.1f measured %v", m.RSS, m.Usage, m.Measured, c.TotalTicks, c.Percent, c.Measured)
 	must.SliceContains(t, m.Measured, "RSS")
 	must.SliceContains(t, m.Measured, "Usage")
+	// What "nomad alloc status -stats" prints as the CPU column.
+	must.SliceContains(t, c.Measured, "Percent")
 	must.Greater(t, m.RSS, m.Usage+1, must.Sprint("memory usage below RSS"))
 	status, err := a.Nomad("alloc", "status", "-stats", al.ID)
 	must.NoError(t, err, must.Sprint(status))

@@ -121,7 +121,7 @@ if [ -n "$short" ]; then
 	ex_run='^(TestStart_OOMScoreAdjAndCgroup_Root|TestStart_OOMKilled_Root|TestStart_PidsLimited_Root|TestIsolation_Devices_Root)$'
 	# An image task's root on a distribution's kernel: before Linux 6.5
 	# overlay takes its options the legacy way (mounter.MountOverlay).
-	e2e_run=${VM_E2E_RUN:-'^(TestVM.*|TestAgentRestartRecoversTask|TestMemoryLimitOOMKilled|TestImageTasks|TestImageTaskSurvivesAgentRestart|TestEscapePluginCPUWeight)$'}
+	e2e_run=${VM_E2E_RUN:-'^(TestVM.*|TestAgentRestartRecoversTask|TestMemoryLimitOOMKilled|TestOOMKilledChildTaskCompletes|TestImageTasks|TestImageTaskSurvivesAgentRestart|TestEscapePluginCPUWeight)$'}
 	if [ -n "$old" ]; then
 		# The driver starts no task there: only its refusal is tested.
 		ex_run='^$'
