@@ -343,11 +343,13 @@ echo slave=seen`)
 	must.Eq(t, "seen", got["slave"])
 }
 
-// A privileged task's late volume inside its bidirectional mount (a
-// plugin's volume under its mount_dir) keeps the propagation it asked for
-// in the task: attached in a shared mount it would otherwise become shared
-// too, a peer of the copy the attach leaves on the host, so that a mount
-// the task makes inside a private volume would reach the host.
+// A privileged task's late volume inside its bidirectional mount keeps the
+// propagation it asked for in the task: attached in a shared mount it
+// would otherwise become shared too, a peer of the copy the attach leaves
+// on the host, so that a mount the task makes inside a private volume
+// would reach the host. The driver refuses such a destination before it
+// comes here (insideBidirectional: the attach's copy on the host would
+// outlive the task); the executor keeps the propagation all the same.
 func TestMounts_LateVolumeInsideBidirectional_Root(t *testing.T) {
 	requireTaskRoot(t)
 	_, source, target := propagationFixture(t)
