@@ -327,16 +327,25 @@ func bindOne(m mounter.Interface, mnt wire.Mount, root string) error {
 // setPropagation gives the mount at target (and its submounts) the
 // propagation a Mount asks for.
 func setPropagation(m mounter.Interface, propagation, target string) error {
+	mode, err := propagationMode(propagation)
+	if err != nil || mode == "" {
+		return err
+	}
+	return m.SetPropagation(target, mode, true)
+}
+
+// propagationMode is the mounter's mode for a mount's propagation, "" for
+// a bidirectional one, which stays a peer of the host's source.
+func propagationMode(propagation string) (string, error) {
 	switch propagation {
 	case "", wire.PropagationPrivate:
-		return m.SetPropagation(target, mounter.PropagationPrivate, true)
+		return mounter.PropagationPrivate, nil
 	case wire.PropagationHostToTask:
-		return m.SetPropagation(target, mounter.PropagationSlave, true)
+		return mounter.PropagationSlave, nil
 	case wire.PropagationBidirectional:
-		// Stays a peer of the host's source.
-		return nil
+		return "", nil
 	default:
-		return fmt.Errorf("unknown propagation %q", propagation)
+		return "", fmt.Errorf("unknown propagation %q", propagation)
 	}
 }
 
@@ -384,15 +393,9 @@ func attachTree(m mounter.Interface, tree *os.File, mnt wire.Mount, root string)
 // setTreePropagation is setPropagation of a tree from CloneTree, by its
 // handle.
 func setTreePropagation(m mounter.Interface, propagation string, tree *os.File) error {
-	switch propagation {
-	case "", wire.PropagationPrivate:
-		return m.SetTreePropagation(tree, mounter.PropagationPrivate)
-	case wire.PropagationHostToTask:
-		return m.SetTreePropagation(tree, mounter.PropagationSlave)
-	case wire.PropagationBidirectional:
-		// Stays a peer of the host's source.
-		return nil
-	default:
-		return fmt.Errorf("unknown propagation %q", propagation)
+	mode, err := propagationMode(propagation)
+	if err != nil || mode == "" {
+		return err
 	}
+	return m.SetTreePropagation(tree, mode)
 }
