@@ -32,7 +32,7 @@ type nodeSnapshot struct {
 	// for each spare at most: the pool's, not a task's.
 	spareGroups int
 	spareNames  []string
-	spareDirs   int
+	spareDirs   int // spares still preparing their root
 	procs       int // supervisors and spares: processes of this test binary
 	mounts      []string
 	goroutines  int
@@ -195,7 +195,7 @@ func TestDriver_crashLoopLeavesNothing_Root(t *testing.T) {
 	parent := fmt.Sprintf("ncsi-life-lc-%d", os.Getpid())
 	root := shortTempDir(t)
 	t.Cleanup(func() { unmountUnder(root) })
-	h, _ := harnessDriver(t, Config{RootDir: root, CgroupParent: parent})
+	h, d := harnessDriver(t, Config{RootDir: root, CgroupParent: parent})
 
 	for _, fresh := range []bool{false, true} {
 		t.Run(fmt.Sprintf("freshID=%v", fresh), func(t *testing.T) {
@@ -205,7 +205,7 @@ func TestDriver_crashLoopLeavesNothing_Root(t *testing.T) {
 			// One run first: spares, the journal and the driver's
 			// long-lived goroutines are there before the count.
 			crashLoop(t, h, cfg, 1, fresh)
-			before := snapshotWithSpare(t, root, parent, cfg.AllocDir)
+			before := snapshotWithSpare(t, d, root, parent, cfg.AllocDir)
 			crashLoop(t, h, cfg, n, fresh)
 			after := snapshotLike(t, before, root, parent, cfg.AllocDir)
 			t.Logf("before: %v", before)
@@ -214,20 +214,24 @@ func TestDriver_crashLoopLeavesNothing_Root(t *testing.T) {
 	}
 }
 
-// snapshotWithSpare is the node's snapshot once a spare supervisor has
-// prepared its root (the driver fills one after a task starts), so that a
-// spare coming later is not counted as a leak.
-func snapshotWithSpare(t *testing.T, root, parent string, alsoMounts ...string) nodeSnapshot {
+// snapshotWithSpare is the node's snapshot once a spare supervisor waits
+// for a task in d's pool (the driver fills one after a task starts), so
+// that a spare coming later is not counted as a leak. The pool is asked,
+// not root_dir/spares: a spare's directory is there only while it
+// prepares its root (it removes it once it has pivoted), and a spare that
+// was ready before the snapshot has none.
+func snapshotWithSpare(t *testing.T, d *Driver, root, parent string, alsoMounts ...string) nodeSnapshot {
 	t.Helper()
-	var s nodeSnapshot
+	d.mu.Lock()
+	shim := d.shim
+	d.mu.Unlock()
 	eventually(t, 20*time.Second, func() error {
-		s = takeSnapshot(t, root, parent, alsoMounts...)
-		if s.spareDirs == 0 {
-			return errors.New("no spares yet")
+		if !d.spares.Waiting(shim) {
+			return errors.New("no spare supervisor waiting yet")
 		}
 		return nil
 	})
-	return s
+	return takeSnapshot(t, root, parent, alsoMounts...)
 }
 
 // snapshotLike is the node's snapshot once it is the same as before (what
@@ -308,7 +312,7 @@ func TestDriver_crashLoopWithVolumeLeavesNothing_Root(t *testing.T) {
 			cleanup := mkAllocDir(t, h, cfg, true)
 			defer cleanup()
 			crashLoop(t, h, cfg, 1, fresh)
-			before := snapshotWithSpare(t, root, parent, cfg.AllocDir)
+			before := snapshotWithSpare(t, d, root, parent, cfg.AllocDir)
 			stages, unstages := calls("NodeStageVolume"), calls("NodeUnstageVolume")
 			crashLoop(t, h, cfg, n, fresh)
 			after := snapshotLike(t, before, root, parent, cfg.AllocDir)
@@ -331,7 +335,7 @@ func TestDriver_crashLoopWithVolumeLeavesNothing_Root(t *testing.T) {
 		defer cleanup()
 		_, _, err := h.StartTask(cfg)
 		must.Error(t, err)
-		before := snapshotWithSpare(t, root, parent, cfg.AllocDir)
+		before := snapshotWithSpare(t, d, root, parent, cfg.AllocDir)
 		for i := 0; i < n; i++ {
 			_, _, err := h.StartTask(cfg)
 			must.Error(t, err, must.Sprintf("start %d", i))
@@ -393,7 +397,7 @@ func TestDriver_supervisorKilledLeavesNothing_Root(t *testing.T) {
 			startTask(t, h, warm)
 			waitExit(t, h, warm.ID, 20*time.Second)
 			must.NoError(t, h.DestroyTask(warm.ID, true))
-			before := snapshotWithSpare(t, root, parent)
+			before := snapshotWithSpare(t, d, root, parent)
 			stages, unstages := calls("NodeStageVolume"), calls("NodeUnstageVolume")
 
 			// Three times: what a kill leaves behind grows.
@@ -445,7 +449,7 @@ func TestDriver_manyTasksOneVolume_Root(t *testing.T) {
 	startTask(t, h, mk)
 	waitExit(t, h, mk.ID, 20*time.Second)
 	must.NoError(t, h.DestroyTask(mk.ID, true))
-	before := snapshotWithSpare(t, root, parent)
+	before := snapshotWithSpare(t, d, root, parent)
 	count := func() map[string]int {
 		m := map[string]int{}
 		for _, k := range []string{"NodeStageVolume", "NodeUnstageVolume", "NodePublishVolume", "NodeUnpublishVolume"} {
