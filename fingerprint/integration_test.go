@@ -37,6 +37,11 @@ type testPlugin struct {
 	// keepSocket leaves the socket file behind when the server stops, as
 	// a killed process does.
 	keepSocket bool
+	// newer answers capabilities as a plugin of a later CSI version
+	// would: beside the known ones, enum values this build does not know
+	// and capabilities of a type it does not know (an empty oneof once
+	// decoded).
+	newer bool
 
 	probes   atomic.Int64
 	infos    atomic.Int64
@@ -57,6 +62,12 @@ func (s *testPlugin) GetPluginCapabilities(context.Context, *csi.GetPluginCapabi
 		resp.Capabilities = append(resp.Capabilities, &csi.PluginCapability{
 			Type: &csi.PluginCapability_Service_{Service: &csi.PluginCapability_Service{Type: csi.PluginCapability_Service_CONTROLLER_SERVICE}},
 		})
+	}
+	if s.newer {
+		resp.Capabilities = append(resp.Capabilities,
+			&csi.PluginCapability{Type: &csi.PluginCapability_Service_{Service: &csi.PluginCapability_Service{Type: csi.PluginCapability_Service_Type(977)}}},
+			&csi.PluginCapability{Type: &csi.PluginCapability_VolumeExpansion_{VolumeExpansion: &csi.PluginCapability_VolumeExpansion{Type: csi.PluginCapability_VolumeExpansion_Type(977)}}},
+			&csi.PluginCapability{})
 	}
 	return resp, nil
 }
@@ -86,16 +97,26 @@ func (s *testPlugin) NodeGetCapabilities(context.Context, *csi.NodeGetCapabiliti
 	rpc := func(t csi.NodeServiceCapability_RPC_Type) *csi.NodeServiceCapability {
 		return &csi.NodeServiceCapability{Type: &csi.NodeServiceCapability_Rpc{Rpc: &csi.NodeServiceCapability_RPC{Type: t}}}
 	}
-	return &csi.NodeGetCapabilitiesResponse{Capabilities: []*csi.NodeServiceCapability{
+	resp := &csi.NodeGetCapabilitiesResponse{Capabilities: []*csi.NodeServiceCapability{
 		rpc(csi.NodeServiceCapability_RPC_STAGE_UNSTAGE_VOLUME),
 		rpc(csi.NodeServiceCapability_RPC_EXPAND_VOLUME),
-	}}, nil
+	}}
+	if s.newer {
+		resp.Capabilities = append(resp.Capabilities, rpc(csi.NodeServiceCapability_RPC_Type(977)), &csi.NodeServiceCapability{})
+	}
+	return resp, nil
 }
 
 func (s *testPlugin) ControllerGetCapabilities(context.Context, *csi.ControllerGetCapabilitiesRequest) (*csi.ControllerGetCapabilitiesResponse, error) {
-	return &csi.ControllerGetCapabilitiesResponse{Capabilities: []*csi.ControllerServiceCapability{{
+	resp := &csi.ControllerGetCapabilitiesResponse{Capabilities: []*csi.ControllerServiceCapability{{
 		Type: &csi.ControllerServiceCapability_Rpc{Rpc: &csi.ControllerServiceCapability_RPC{Type: csi.ControllerServiceCapability_RPC_PUBLISH_UNPUBLISH_VOLUME}},
-	}}}, nil
+	}}}
+	if s.newer {
+		resp.Capabilities = append(resp.Capabilities, &csi.ControllerServiceCapability{
+			Type: &csi.ControllerServiceCapability_Rpc{Rpc: &csi.ControllerServiceCapability_RPC{Type: csi.ControllerServiceCapability_RPC_Type(977)}},
+		}, &csi.ControllerServiceCapability{})
+	}
+	return resp, nil
 }
 
 // serve runs plugin on a unix socket at path until the returned stop is
@@ -172,6 +193,44 @@ func TestClient_realPlugin(t *testing.T) {
 	must.False(t, ready)
 	// All of this went over one connection.
 	must.Eq(t, uint64(1), c.Generation())
+}
+
+// A plugin of a later CSI version answers capabilities this build does not
+// know: enum values past the known ones, and capability types it cannot
+// decode (an empty oneof). They are ignored, as protobuf's forward
+// compatibility means them to be: the known capabilities are read as
+// they are, and the plugin is healthy.
+func TestClient_capabilitiesOfALaterSpecIgnored(t *testing.T) {
+	dir := mkSocketDir(t)
+	sock := filepath.Join(dir, "p.sock")
+	serve(t, sock, &testPlugin{name: "later.csi.example.com", nodeID: "n1", controller: true, newer: true})
+
+	c, err := NewClient(sock, time.Second)
+	must.NoError(t, err)
+	defer c.Close()
+	ctx := context.Background()
+	caps, err := c.PluginCapabilities(ctx)
+	must.NoError(t, err)
+	must.Eq(t, PluginCapabilities{ControllerService: true, VolumeAccessibilityConstraints: true, OnlineExpansion: true}, caps)
+	cc, err := c.ControllerCapabilities(ctx)
+	must.NoError(t, err)
+	must.Eq(t, ControllerCapabilities{PublishUnpublishVolume: true}, cc)
+	nc, err := c.NodeCapabilities(ctx)
+	must.NoError(t, err)
+	must.Eq(t, NodeCapabilities{StageUnstageVolume: true, ExpandVolume: true}, nc)
+
+	p := NewProber(Config{})
+	defer p.Close()
+	must.NoError(t, p.Add(PluginSpec{ID: "later", Type: TypeMonolith, Socket: sock, TaskID: "task-1"}))
+	waitFor(t, 5*time.Second, "plugin probed", func() bool {
+		st, ok := p.Get("later")
+		return ok && !st.Since.IsZero()
+	})
+	st, _ := p.Get("later")
+	must.True(t, st.Healthy, must.Sprint(st.HealthDescription))
+	attrs := attrValues(Build(p.Snapshot()))
+	must.Eq(t, "monolith", attrs["driver.csi.plugin.later.type"])
+	must.Eq(t, "true", attrs["driver.csi.plugin.later.stage_unstage"])
 }
 
 func TestClient_unimplementedAndAbsentReady(t *testing.T) {
