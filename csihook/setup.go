@@ -569,7 +569,7 @@ func (m *Manager) ensurePublished(ctx context.Context, info PluginInfo, vol volR
 		return err
 	})
 	if err != nil {
-		return err
+		return m.publishedElsewhere(err, tr)
 	}
 	// Creating target_path is the plugin's job (CSI spec); a plugin that
 	// answers OK without it did not publish anything, and the task must
@@ -601,6 +601,58 @@ func (m *Manager) ensurePublished(ctx context.Context, info PluginInfo, vol volR
 	}
 	m.event(tr.TaskID, fmt.Sprintf("Published volume %q at %s", tr.Name, tr.Destination), annotations(tr.Name, tr.PluginID, tr.VolumeID))
 	return nil
+}
+
+// publishedElsewhere words a FAILED_PRECONDITION answer to NodePublishVolume
+// of a volume in a single-node access mode that another task (or another
+// block of the task) of this node has published: the CSI spec lets the
+// CO publish a volume at more than one target path of a node only in a
+// MULTI_NODE_... (or SINGLE_NODE_MULTI_WRITER) mode, and has a plugin
+// refuse a second target with FAILED_PRECONDITION, to be waited out until
+// the volume is unpublished. Nomad shares a single-node-reader-only volume
+// between the allocations of a node, as the driver does, and most plugins
+// publish it again; this one does not, and the task hears which task holds
+// the volume and what to use instead of "see the plugin's logs".
+func (m *Manager) publishedElsewhere(err error, tr taskRecord) error {
+	var oe *OpError
+	if !errors.As(err, &oe) || oe.Code != codes.FailedPrecondition {
+		return err
+	}
+	switch tr.AccessMode {
+	case AccessMultiNodeReaderOnly, AccessMultiNodeSingleWriter, AccessMultiNodeMultiWriter:
+		return err
+	}
+	m.mu.Lock()
+	var (
+		holder taskRef
+		found  bool
+	)
+	for _, ref := range m.byVolume[tr.key()] {
+		if ref == (taskRef{tr.TaskID, tr.Name}) {
+			continue
+		}
+		if t, ok := m.tasks[ref.taskID][ref.name]; ok && t.State == phasePublished {
+			holder, found = ref, true
+			break
+		}
+	}
+	m.mu.Unlock()
+	if !found {
+		return err
+	}
+	instead := AccessMultiNodeReaderOnly
+	if writerMode(tr.AccessMode) {
+		instead = AccessMultiNodeMultiWriter
+	}
+	what := fmt.Sprintf("task %q", holder.taskID)
+	fix := fmt.Sprintf("stop task %q first", holder.taskID)
+	if holder.taskID == tr.TaskID {
+		what = fmt.Sprintf("volume %q of this task", holder.name)
+		fix = "name the volume in one volume block of the task"
+	}
+	oe.Hint = fmt.Sprintf("volume %q is published on this node for %s already, and plugin %q publishes a volume of access_mode = %q at one path per node (CSI spec): "+
+		"%s, or use access_mode = %q if the storage allows it", tr.VolumeID, what, tr.PluginID, tr.AccessMode, fix, instead)
+	return oe
 }
 
 // targetIsSymlink reports whether a publish target is a symbolic link (not

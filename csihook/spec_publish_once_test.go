@@ -1,0 +1,124 @@
+package csihook
+
+import (
+	"context"
+	"sync"
+	"testing"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/shoenig/test/must"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// publishOnce is a FakeClient that answers a second NodePublishVolume of
+// a volume at another target path as the CSI spec's table says a plugin
+// SHOULD: FAILED_PRECONDITION unless the access mode is MULTI_NODE_...
+// ("This RPC MAY be called by the CO multiple times on the same node for
+// the same volume with a possibly different target_path ... if the volume
+// supports either MULTI_NODE_... or SINGLE_NODE_MULTI_WRITER access
+// modes"). The fake and the e2e fixture publish any number of times.
+type publishOnce struct {
+	*FakeClient
+	mu      sync.Mutex
+	targets map[string]map[string]bool
+	refused int
+}
+
+func (p *publishOnce) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
+	p.mu.Lock()
+	if p.targets == nil {
+		p.targets = map[string]map[string]bool{}
+	}
+	ts := p.targets[req.GetVolumeId()]
+	switch req.GetVolumeCapability().GetAccessMode().GetMode() {
+	case csi.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY, csi.VolumeCapability_AccessMode_MULTI_NODE_SINGLE_WRITER,
+		csi.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER:
+	default:
+		for t := range ts {
+			if t != req.GetTargetPath() {
+				p.refused++
+				p.mu.Unlock()
+				return nil, status.Errorf(codes.FailedPrecondition, "volume %s is already published at %s", req.GetVolumeId(), t)
+			}
+		}
+	}
+	p.mu.Unlock()
+	resp, err := p.FakeClient.NodePublishVolume(ctx, req)
+	if err == nil {
+		p.mu.Lock()
+		if p.targets[req.GetVolumeId()] == nil {
+			p.targets[req.GetVolumeId()] = map[string]bool{}
+		}
+		p.targets[req.GetVolumeId()][req.GetTargetPath()] = true
+		p.mu.Unlock()
+	}
+	return resp, err
+}
+
+func (p *publishOnce) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {
+	resp, err := p.FakeClient.NodeUnpublishVolume(ctx, req)
+	if err == nil {
+		p.mu.Lock()
+		delete(p.targets[req.GetVolumeId()], req.GetTargetPath())
+		p.mu.Unlock()
+	}
+	return resp, err
+}
+
+// A single-node-reader-only volume is shared by the tasks of a node, each
+// published at its own target, as Nomad shares it between allocations.
+// A plugin that holds such a volume to one target path (CSI spec,
+// NodePublishVolume's second table) refuses the second task's publish
+// with FAILED_PRECONDITION, whose recovery is to "wait for the volume to
+// be unpublished on the node". The second task fails without retries,
+// told why and what to do; the first keeps its volume; nothing of the
+// second is left.
+func TestSpec_SecondPublishRefusedBySingleNodePlugin(t *testing.T) {
+	var pc *publishOnce
+	h := newHarness(t, func(c *Config) { c.Dial = func(string) (Client, error) { return pc, nil } })
+	pc = &publishOnce{FakeClient: h.fake}
+	ctx := context.Background()
+	ro := func() VolumeRequest {
+		r := req("data", "vol1", "/data")
+		r.AccessMode, r.ReadOnly = AccessSingleNodeReaderOnly, true
+		return r
+	}
+	_, err := h.m.Setup(ctx, "t1", []VolumeRequest{ro()})
+	must.NoError(t, err)
+	h.fake.ResetCalls()
+
+	_, err = h.m.Setup(ctx, "t2", []VolumeRequest{ro()})
+	must.Eq(t, codes.FailedPrecondition, Code(err))
+	// Not retried: the same request would be refused the same way.
+	must.Eq(t, 1, pc.refused)
+	must.StrContains(t, err.Error(), `volume "vol1" is published on this node for task "t1" already, and plugin "p" publishes a volume of access_mode = "single-node-reader-only" at one path per node (CSI spec): stop task "t1" first, or use access_mode = "multi-node-reader-only" if the storage allows it`)
+	h.waitIdle()
+	must.Eq(t, 1, h.m.Users("p", "vol1"))
+	must.SliceEmpty(t, h.callsOf(MethodNodeUnstageVolume))
+	must.Eq(t, []string{h.m.StagingPath("p", "vol1"), h.m.TargetPath("t1", "data")}, h.mountPaths())
+
+	must.NoError(t, h.m.Teardown(ctx, "t1"))
+	h.waitIdle()
+	must.SliceEmpty(t, h.mountPaths())
+	must.SliceEmpty(t, h.journalRecords())
+}
+
+// Two blocks of one task naming the same single-node-reader-only volume
+// publish it at two targets: the same plugin refuses the second, and the
+// task is told to name the volume once.
+func TestSpec_SecondPublishRefusedInOneTask(t *testing.T) {
+	var pc *publishOnce
+	h := newHarness(t, func(c *Config) { c.Dial = func(string) (Client, error) { return pc, nil } })
+	pc = &publishOnce{FakeClient: h.fake}
+	ctx := context.Background()
+	a, b := req("a", "vol1", "/a"), req("b", "vol1", "/b")
+	a.AccessMode, a.ReadOnly = AccessSingleNodeReaderOnly, true
+	b.AccessMode, b.ReadOnly = AccessSingleNodeReaderOnly, true
+	_, err := h.m.Setup(ctx, "t1", []VolumeRequest{a, b})
+	must.Eq(t, codes.FailedPrecondition, Code(err))
+	must.StrContains(t, err.Error(), `volume "vol1" is published on this node for volume "a" of this task already, and plugin "p" publishes a volume of access_mode = "single-node-reader-only" at one path per node (CSI spec): name the volume in one volume block of the task, or use access_mode = "multi-node-reader-only" if the storage allows it`)
+	h.waitIdle()
+	must.SliceEmpty(t, h.mountPaths())
+	must.SliceEmpty(t, h.journalRecords())
+}
