@@ -8,6 +8,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
@@ -604,35 +605,44 @@ func (m *Manager) ensurePublished(ctx context.Context, info PluginInfo, vol volR
 }
 
 // publishedElsewhere words a FAILED_PRECONDITION answer to NodePublishVolume
-// of a volume in a single-node access mode that another task (or another
-// block of the task) of this node has published: the CSI spec lets the
-// CO publish a volume at more than one target path of a node only in a
-// MULTI_NODE_... (or SINGLE_NODE_MULTI_WRITER) mode, and has a plugin
-// refuse a second target with FAILED_PRECONDITION, to be waited out until
-// the volume is unpublished. Nomad shares a single-node-reader-only volume
-// between the allocations of a node, as the driver does, and most plugins
-// publish it again; this one does not, and the task hears which task holds
-// the volume and what to use instead of "see the plugin's logs".
+// of a volume that another task (or another block of the task) of this
+// node has published, where the CSI spec has a plugin refuse the second
+// publish that way, to be waited out until the volume is unpublished:
+//
+//   - in a single-node access mode: the CO may publish a volume at more
+//     than one target path of a node only in a MULTI_NODE_... (or
+//     SINGLE_NODE_MULTI_WRITER) mode. Nomad shares a
+//     single-node-reader-only volume between the allocations of a node,
+//     as the driver does, and most plugins publish it again;
+//   - with another volume capability (mount_flags: access mode, attachment
+//     and file system are held equal by checkShare): "COs SHOULD NOT call
+//     NodePublishVolume a second time with a different
+//     volume_capability".
+//
+// The task hears which task holds the volume and what to change, instead
+// of "see the plugin's logs".
 func (m *Manager) publishedElsewhere(err error, tr taskRecord) error {
 	var oe *OpError
 	if !errors.As(err, &oe) || oe.Code != codes.FailedPrecondition {
 		return err
 	}
+	multi := false
 	switch tr.AccessMode {
 	case AccessMultiNodeReaderOnly, AccessMultiNodeSingleWriter, AccessMultiNodeMultiWriter:
-		return err
+		multi = true
 	}
 	m.mu.Lock()
 	var (
-		holder taskRef
+		holder taskRecord
 		found  bool
 	)
 	for _, ref := range m.byVolume[tr.key()] {
 		if ref == (taskRef{tr.TaskID, tr.Name}) {
 			continue
 		}
-		if t, ok := m.tasks[ref.taskID][ref.name]; ok && t.State == phasePublished {
-			holder, found = ref, true
+		t, ok := m.tasks[ref.taskID][ref.name]
+		if ok && t.State == phasePublished && (!multi || !slices.Equal(t.MountFlags, tr.MountFlags)) {
+			holder, found = t, true
 			break
 		}
 	}
@@ -640,18 +650,24 @@ func (m *Manager) publishedElsewhere(err error, tr taskRecord) error {
 	if !found {
 		return err
 	}
+	what := fmt.Sprintf("task %q", holder.TaskID)
+	stop := fmt.Sprintf("stop task %q first", holder.TaskID)
+	if holder.TaskID == tr.TaskID {
+		what = fmt.Sprintf("volume %q of this task", holder.Name)
+		stop = "name the volume in one volume block of the task"
+	}
+	if multi {
+		// The other task's flags are its own: not shown.
+		oe.Hint = fmt.Sprintf("volume %q is published on this node for %s with other mount_flags, and plugin %q does not publish it again with another volume capability (CSI spec): "+
+			"use the same mount_options.mount_flags as %s, or %s", tr.VolumeID, what, tr.PluginID, what, stop)
+		return oe
+	}
 	instead := AccessMultiNodeReaderOnly
 	if writerMode(tr.AccessMode) {
 		instead = AccessMultiNodeMultiWriter
 	}
-	what := fmt.Sprintf("task %q", holder.taskID)
-	fix := fmt.Sprintf("stop task %q first", holder.taskID)
-	if holder.taskID == tr.TaskID {
-		what = fmt.Sprintf("volume %q of this task", holder.name)
-		fix = "name the volume in one volume block of the task"
-	}
 	oe.Hint = fmt.Sprintf("volume %q is published on this node for %s already, and plugin %q publishes a volume of access_mode = %q at one path per node (CSI spec): "+
-		"%s, or use access_mode = %q if the storage allows it", tr.VolumeID, what, tr.PluginID, tr.AccessMode, fix, instead)
+		"%s, or use access_mode = %q if the storage allows it", tr.VolumeID, what, tr.PluginID, tr.AccessMode, stop, instead)
 	return oe
 }
 

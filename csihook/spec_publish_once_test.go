@@ -9,6 +9,7 @@ import (
 	"github.com/shoenig/test/must"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 )
 
 // publishOnce is a FakeClient that answers a second NodePublishVolume of
@@ -18,10 +19,16 @@ import (
 // the same volume with a possibly different target_path ... if the volume
 // supports either MULTI_NODE_... or SINGLE_NODE_MULTI_WRITER access
 // modes"). The fake and the e2e fixture publish any number of times.
+//
+// A second publish with another volume_capability is refused the same
+// way in every mode ("COs SHOULD NOT call NodePublishVolume a second time
+// with a different volume_capability. If this happens, the Plugin SHOULD
+// return FAILED_PRECONDITION").
 type publishOnce struct {
 	*FakeClient
 	mu      sync.Mutex
 	targets map[string]map[string]bool
+	caps    map[string]*csi.VolumeCapability
 	refused int
 }
 
@@ -29,8 +36,14 @@ func (p *publishOnce) NodePublishVolume(ctx context.Context, req *csi.NodePublis
 	p.mu.Lock()
 	if p.targets == nil {
 		p.targets = map[string]map[string]bool{}
+		p.caps = map[string]*csi.VolumeCapability{}
 	}
 	ts := p.targets[req.GetVolumeId()]
+	if c := p.caps[req.GetVolumeId()]; len(ts) > 0 && !proto.Equal(c, req.GetVolumeCapability()) {
+		p.refused++
+		p.mu.Unlock()
+		return nil, status.Errorf(codes.FailedPrecondition, "volume %s is published with another capability", req.GetVolumeId())
+	}
 	switch req.GetVolumeCapability().GetAccessMode().GetMode() {
 	case csi.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY, csi.VolumeCapability_AccessMode_MULTI_NODE_SINGLE_WRITER,
 		csi.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER:
@@ -51,6 +64,7 @@ func (p *publishOnce) NodePublishVolume(ctx context.Context, req *csi.NodePublis
 			p.targets[req.GetVolumeId()] = map[string]bool{}
 		}
 		p.targets[req.GetVolumeId()][req.GetTargetPath()] = true
+		p.caps[req.GetVolumeId()] = req.GetVolumeCapability()
 		p.mu.Unlock()
 	}
 	return resp, err
@@ -118,6 +132,38 @@ func TestSpec_SecondPublishRefusedInOneTask(t *testing.T) {
 	_, err := h.m.Setup(ctx, "t1", []VolumeRequest{a, b})
 	must.Eq(t, codes.FailedPrecondition, Code(err))
 	must.StrContains(t, err.Error(), `volume "vol1" is published on this node for volume "a" of this task already, and plugin "p" publishes a volume of access_mode = "single-node-reader-only" at one path per node (CSI spec): name the volume in one volume block of the task, or use access_mode = "multi-node-reader-only" if the storage allows it`)
+	h.waitIdle()
+	must.SliceEmpty(t, h.mountPaths())
+	must.SliceEmpty(t, h.journalRecords())
+}
+
+// A multi-node volume is published for each task, with each task's
+// mount_flags. A plugin that refuses a second publish with another
+// volume capability, as the CSI spec has it, fails the second task, told
+// which task has the volume with which flags; the same flags publish.
+func TestSpec_SecondPublishWithOtherMountFlags(t *testing.T) {
+	var pc *publishOnce
+	h := newHarness(t, func(c *Config) { c.Dial = func(string) (Client, error) { return pc, nil } })
+	pc = &publishOnce{FakeClient: h.fake}
+	ctx := context.Background()
+	shared := func(flags ...string) VolumeRequest {
+		r := req("data", "vol1", "/data")
+		r.AccessMode, r.MountFlags = AccessMultiNodeMultiWriter, flags
+		return r
+	}
+	_, err := h.m.Setup(ctx, "t1", []VolumeRequest{shared("noatime")})
+	must.NoError(t, err)
+	_, err = h.m.Setup(ctx, "t2", []VolumeRequest{shared("noatime", "sync")})
+	must.Eq(t, codes.FailedPrecondition, Code(err))
+	must.StrContains(t, err.Error(), `volume "vol1" is published on this node for task "t1" with other mount_flags, and plugin "p" does not publish it again with another volume capability (CSI spec): use the same mount_options.mount_flags as task "t1", or stop task "t1" first`)
+	must.StrNotContains(t, err.Error(), "noatime")
+	must.Eq(t, 1, pc.refused)
+	_, err = h.m.Setup(ctx, "t3", []VolumeRequest{shared("noatime")})
+	must.NoError(t, err)
+	h.waitIdle()
+	must.Eq(t, 2, h.m.Users("p", "vol1"))
+	must.NoError(t, h.m.Teardown(ctx, "t1"))
+	must.NoError(t, h.m.Teardown(ctx, "t3"))
 	h.waitIdle()
 	must.SliceEmpty(t, h.mountPaths())
 	must.SliceEmpty(t, h.journalRecords())
