@@ -42,10 +42,14 @@ type testPlugin struct {
 	// and capabilities of a type it does not know (an empty oneof once
 	// decoded).
 	newer bool
+	// unadvertised serves the Controller service (controller set) without
+	// CONTROLLER_SERVICE among its plugin capabilities.
+	unadvertised bool
 
-	probes   atomic.Int64
-	infos    atomic.Int64
-	nodeGets atomic.Int64
+	probes    atomic.Int64
+	infos     atomic.Int64
+	nodeGets  atomic.Int64
+	ctrlCalls atomic.Int64
 }
 
 func (s *testPlugin) GetPluginInfo(context.Context, *csi.GetPluginInfoRequest) (*csi.GetPluginInfoResponse, error) {
@@ -58,7 +62,7 @@ func (s *testPlugin) GetPluginCapabilities(context.Context, *csi.GetPluginCapabi
 		{Type: &csi.PluginCapability_Service_{Service: &csi.PluginCapability_Service{Type: csi.PluginCapability_Service_VOLUME_ACCESSIBILITY_CONSTRAINTS}}},
 		{Type: &csi.PluginCapability_VolumeExpansion_{VolumeExpansion: &csi.PluginCapability_VolumeExpansion{Type: csi.PluginCapability_VolumeExpansion_ONLINE}}},
 	}}
-	if s.controller {
+	if s.controller && !s.unadvertised {
 		resp.Capabilities = append(resp.Capabilities, &csi.PluginCapability{
 			Type: &csi.PluginCapability_Service_{Service: &csi.PluginCapability_Service{Type: csi.PluginCapability_Service_CONTROLLER_SERVICE}},
 		})
@@ -108,6 +112,7 @@ func (s *testPlugin) NodeGetCapabilities(context.Context, *csi.NodeGetCapabiliti
 }
 
 func (s *testPlugin) ControllerGetCapabilities(context.Context, *csi.ControllerGetCapabilitiesRequest) (*csi.ControllerGetCapabilitiesResponse, error) {
+	s.ctrlCalls.Add(1)
 	resp := &csi.ControllerGetCapabilitiesResponse{Capabilities: []*csi.ControllerServiceCapability{{
 		Type: &csi.ControllerServiceCapability_Rpc{Rpc: &csi.ControllerServiceCapability_RPC{Type: csi.ControllerServiceCapability_RPC_PUBLISH_UNPUBLISH_VOLUME}},
 	}}}
@@ -231,6 +236,55 @@ func TestClient_capabilitiesOfALaterSpecIgnored(t *testing.T) {
 	attrs := attrValues(Build(p.Snapshot()))
 	must.Eq(t, "monolith", attrs["driver.csi.plugin.later.type"])
 	must.Eq(t, "true", attrs["driver.csi.plugin.later.stage_unstage"])
+}
+
+// CONTROLLER_SERVICE "determines whether the CO will attempt to invoke the
+// REQUIRED ControllerService RPCs, as well as specific RPCs as indicated by
+// ControllerGetCapabilities" (CSI spec), and Nomad and Kubernetes'
+// external-attacher call ControllerPublishVolume only for a plugin that
+// advertises it. A plugin that serves the Controller service without it
+// (a node-mode binary that registers every service) is not asked for its
+// controller capabilities, whatever type the operator declared: its
+// controller is never used. Declared a controller or a monolith, it is
+// unhealthy, saying why.
+func TestProber_controllerServiceNotAdvertised(t *testing.T) {
+	for _, typ := range []PluginType{"", TypeNode, TypeMonolith, TypeController} {
+		t.Run("declared_"+string(typ), func(t *testing.T) {
+			dir := mkSocketDir(t)
+			sock := filepath.Join(dir, "p.sock")
+			plugin := &testPlugin{name: "nodemode.csi.example.com", nodeID: "n1", controller: true, unadvertised: true}
+			serve(t, sock, plugin)
+			p := NewProber(Config{})
+			defer p.Close()
+			spec := PluginSpec{ID: "p", Type: typ, Socket: sock, TaskID: "task-1"}
+			if typ == "" {
+				p.SetSocketDirs([]string{dir})
+			} else {
+				must.NoError(t, p.Add(spec))
+			}
+			var st PluginStatus
+			waitFor(t, 5*time.Second, "plugin probed", func() bool {
+				for _, s := range p.Snapshot() {
+					if !s.Since.IsZero() {
+						st = s
+						return true
+					}
+				}
+				return false
+			})
+			must.Eq(t, int64(0), plugin.ctrlCalls.Load())
+			must.False(t, st.ControllerService)
+			must.False(t, st.ControllerCaps.PublishUnpublishVolume)
+			switch typ {
+			case TypeMonolith, TypeController:
+				must.False(t, st.Healthy)
+				must.StrContains(t, st.HealthDescription, "does not advertise the CSI Controller service (no CONTROLLER_SERVICE in GetPluginCapabilities)")
+			default:
+				must.True(t, st.Healthy, must.Sprint(st.HealthDescription))
+				must.Eq(t, TypeNode, st.Type)
+			}
+		})
+	}
 }
 
 func TestClient_unimplementedAndAbsentReady(t *testing.T) {

@@ -631,7 +631,13 @@ func fetchDetails(ctx context.Context, c Client, declared PluginType) (*details,
 	d := &details{info: info, pluginCaps: caps, typ: declared}
 
 	wantNode := declared != TypeController
-	wantController := declared == TypeController || declared == TypeMonolith || (declared == "" && caps.ControllerService)
+	// CONTROLLER_SERVICE "determines whether the CO will attempt to invoke
+	// the REQUIRED ControllerService RPCs" (CSI spec), whatever the
+	// operator declared: a plugin that serves the Controller service
+	// without it (a node-mode binary registering every service) is not
+	// asked, and its controller never used, as Nomad and Kubernetes'
+	// external-attacher leave it.
+	wantController := declared != TypeNode && caps.ControllerService
 	if wantController {
 		cc, err := c.ControllerCapabilities(ctx)
 		switch {
@@ -681,6 +687,9 @@ func fetchDetails(ctx context.Context, c Client, declared PluginType) (*details,
 	}
 	if (d.typ == TypeNode || d.typ == TypeMonolith) && !d.nodeService {
 		return d, fmt.Errorf("plugin %q is of type %s but does not implement the CSI Node service", info.Name, d.typ)
+	}
+	if (d.typ == TypeController || d.typ == TypeMonolith) && !caps.ControllerService {
+		return d, fmt.Errorf("plugin %q is of type %s but does not advertise the CSI Controller service (no CONTROLLER_SERVICE in GetPluginCapabilities)", info.Name, d.typ)
 	}
 	if (d.typ == TypeController || d.typ == TypeMonolith) && !d.controllerService {
 		return d, fmt.Errorf("plugin %q is of type %s but does not implement the CSI Controller service", info.Name, d.typ)

@@ -423,12 +423,25 @@ func TestProber_serviceChecks(t *testing.T) {
 			name: "monolith without controller service is unhealthy",
 			typ:  TypeMonolith,
 			setup: func(f *Fake) {
+				f.PluginCaps.ControllerService = true
 				f.NextControllerCapabilitiesErr = fmt.Errorf("ControllerGetCapabilities: %w", ErrUnimplemented)
 			},
 			reason:   `plugin "hostpath.csi.k8s.io" is of type monolith but does not implement the CSI Controller service`,
 			node:     true,
 			nodeRPCs: 1,
 			ctrlRPCs: 1,
+		},
+		{
+			// CSI spec: CONTROLLER_SERVICE "determines whether the CO will
+			// attempt to invoke the REQUIRED ControllerService RPCs".
+			name: "monolith not advertising the controller service is unhealthy and not asked",
+			typ:  TypeMonolith,
+			setup: func(f *Fake) {
+				f.ControllerCaps.PublishUnpublishVolume = true
+			},
+			reason:   `plugin "hostpath.csi.k8s.io" is of type monolith but does not advertise the CSI Controller service (no CONTROLLER_SERVICE in GetPluginCapabilities)`,
+			node:     true,
+			nodeRPCs: 1,
 		},
 		{
 			name: "monolith",
