@@ -202,6 +202,24 @@ var configSpec = hclspec.NewObject(map[string]*hclspec.Spec{
 		hclspec.NewAttr("image_max_size", "string", false),
 		hclspec.NewLiteral(fmt.Sprintf("%q", DefaultImageMaxSize)),
 	),
+	"dangling_tasks": hclspec.NewBlock("dangling_tasks", false, hclspec.NewObject(map[string]*hclspec.Spec{
+		"enabled": hclspec.NewDefault(
+			hclspec.NewAttr("enabled", "bool", false),
+			hclspec.NewLiteral("true"),
+		),
+		"dry_run": hclspec.NewDefault(
+			hclspec.NewAttr("dry_run", "bool", false),
+			hclspec.NewLiteral("false"),
+		),
+		"grace": hclspec.NewDefault(
+			hclspec.NewAttr("grace", "string", false),
+			hclspec.NewLiteral(fmt.Sprintf("%q", DefaultDanglingGrace)),
+		),
+		"period": hclspec.NewDefault(
+			hclspec.NewAttr("period", "string", false),
+			hclspec.NewLiteral(fmt.Sprintf("%q", DefaultDanglingPeriod)),
+		),
+	})),
 })
 
 // defaultAllowCapsHCL is allow_caps when the operator does not set it: the
@@ -365,6 +383,11 @@ type Config struct {
 	ImageGC            string      `codec:"image_gc"`
 	ImageMaxLayers     int         `codec:"image_max_layers"`
 	ImageMaxSize       string      `codec:"image_max_size"`
+
+	// DanglingTasks is the reconciler of tasks an earlier driver process
+	// handed to Nomad that Nomad never takes back (dangling.go); nil: its
+	// defaults.
+	DanglingTasks *DanglingTasks `codec:"dangling_tasks"`
 }
 
 // DefaultPluginCPUShares is plugin_cpu_shares' default: the kernel's
@@ -495,6 +518,9 @@ func (c *Config) validate() error {
 		}
 	}
 	if err := c.validateImages(); err != nil {
+		return err
+	}
+	if err := c.DanglingTasks.validate(); err != nil {
 		return err
 	}
 	return c.validateTelemetry()

@@ -265,6 +265,7 @@ func (d *Driver) setConfig(c *base.Config, cfg Config) error {
 			})
 			d.goBackground(d.repairLoop)
 			d.goBackground(d.idleLoop)
+			d.goBackground(func() { d.danglingLoop(conf) })
 		})
 	}
 	warnGrants(d.logger, &cfg)
@@ -554,7 +555,11 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 		u.push(func() { _, _ = late() })
 	}
 
-	started, p, shared, err := d.startProcess(logger, cfg, spec, late)
+	var pluginID string
+	if pc != nil {
+		pluginID = pc.ID
+	}
+	started, p, shared, err := d.startProcess(logger, cfg, spec, pluginID, late)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -626,12 +631,12 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 // startProcess prepares the host side of the task's mounts and starts its
 // process, with late for its late mounts; on error nothing is left behind
 // (but what late set up, which is the caller's).
-func (d *Driver) startProcess(logger hclog.Logger, cfg *drivers.TaskConfig, spec *executor.Spec, late func() ([]executor.Mount, error)) (time.Time, taskProcess, []string, error) {
+func (d *Driver) startProcess(logger hclog.Logger, cfg *drivers.TaskConfig, spec *executor.Spec, pluginID string, late func() ([]executor.Mount, error)) (time.Time, taskProcess, []string, error) {
 	shared := bidirectionalSources(spec.Mounts)
 	if err := d.sharedSources().acquire(shared); err != nil {
 		return time.Time{}, nil, nil, fmt.Errorf("failed to prepare mounts: %w", err)
 	}
-	if err := writeInvocation(spec.StateDir, cfg); err != nil {
+	if err := writeInvocation(spec.StateDir, cfg, pluginID); err != nil {
 		_ = os.RemoveAll(spec.StateDir)
 		d.sharedSources().release(shared)
 		return time.Time{}, nil, nil, err
@@ -1018,6 +1023,19 @@ func (d *Driver) RecoverTask(handle *drivers.TaskHandle) error {
 		return nil
 	}
 	defer d.churn.begin()()
+	// Not while the dangling-task reconciler ends the task (dangling.go).
+	release, err := d.invocations.claim(d.ctx, handle.Config.ID)
+	if err != nil {
+		return errors.New("the csi driver is shutting down")
+	}
+	defer release()
+	if _, ok := d.tasks.Get(handle.Config.ID); ok {
+		return nil
+	}
+	if d.invocations.wasDangling(handle.Config.ID) {
+		// Ended whole: nothing of it is left to take back or release.
+		return fmt.Errorf("failed to recover task %q: the driver ended it as a dangling task, since Nomad had not recovered it within dangling_tasks' grace of the driver's start (raise the grace if the agent restores its allocations more slowly)", handle.Config.ID)
+	}
 	var st TaskState
 	if err := handle.GetDriverState(&st); err != nil {
 		return fmt.Errorf("failed to decode task state for task %q: %w", handle.Config.ID, err)

@@ -40,6 +40,10 @@ type invocation struct {
 	TaskID   string `json:"task_id"`
 	AllocID  string `json:"alloc_id"`
 	TaskName string `json:"task_name"`
+	// PluginID is the id a CSI plugin task serves ("" for a workload):
+	// a dangling plugin task is ended last, once nothing holds its
+	// volumes (dangling.go).
+	PluginID string `json:"plugin_id,omitempty"`
 }
 
 func (iv invocation) slot() string { return iv.AllocID + "\x00" + iv.TaskName }
@@ -67,10 +71,14 @@ type invocations struct {
 	// cutShort holds the starts an earlier driver process never finished
 	// and that are not ended yet, by task ID.
 	cutShort map[string]invocation
+	// dangling holds the handed-over tasks the dangling-task reconciler
+	// ended because Nomad had not taken them back within its grace: a
+	// RecoverTask that comes later fails, saying so.
+	dangling map[string]bool
 }
 
 func newInvocations() *invocations {
-	return &invocations{busy: map[string]chan struct{}{}, waiting: map[string]invocation{}, cutShort: map[string]invocation{}}
+	return &invocations{busy: map[string]chan struct{}{}, waiting: map[string]invocation{}, cutShort: map[string]invocation{}, dangling: map[string]bool{}}
 }
 
 // claim waits until no one else works on id, then holds it until release.
@@ -207,11 +215,11 @@ func exists(path string) bool {
 
 // writeInvocation makes the task's state directory and names the task in
 // it, before anything is started.
-func writeInvocation(dir string, cfg *drivers.TaskConfig) error {
+func writeInvocation(dir string, cfg *drivers.TaskConfig, pluginID string) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("failed to create task state directory %q: %w", dir, err)
 	}
-	b, err := json.Marshal(invocation{TaskID: cfg.ID, AllocID: cfg.AllocID, TaskName: cfg.Name})
+	b, err := json.Marshal(invocation{TaskID: cfg.ID, AllocID: cfg.AllocID, TaskName: cfg.Name, PluginID: pluginID})
 	if err != nil {
 		return err
 	}

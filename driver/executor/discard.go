@@ -121,6 +121,13 @@ func StartedTaskID(stateDir string) (string, error) {
 	return spec.TaskID, nil
 }
 
+// ReadSpec reads the spec a start wrote in stateDir.
+func ReadSpec(stateDir string) (Spec, error) {
+	var spec Spec
+	err := wire.ReadJSON(filepath.Join(stateDir, wire.SpecFile), &spec)
+	return spec, err
+}
+
 func removeStateDir(dir string) error {
 	if err := os.RemoveAll(dir); err != nil {
 		return fmt.Errorf("failed to remove state dir %q: %w", dir, err)

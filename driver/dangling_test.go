@@ -1,0 +1,171 @@
+package driver
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/shoenig/test/must"
+	"github.com/shoenig/test/wait"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/csihook"
+	"github.com/nomad-driver-csi/nomad-driver-csi/fingerprint"
+)
+
+// syncBuffer is a log sink tests read while the driver writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// restartDangling starts a new driver process on the node's root_dir with
+// the dangling_tasks block dt, its log in the returned buffer; recover
+// lists the handles Nomad takes back.
+func (c *invocationCase) restartDangling(t *testing.T, dt *DanglingTasks, recoverPlugin bool) (*testDriver, *fakePlugins, *syncBuffer) {
+	t.Helper()
+	fp := &fakePlugins{fakes: map[string]*fingerprint.Fake{}, vols: csihook.NewFakeClient(c.mnt)}
+	logs := &syncBuffer{}
+	d := newTestDriver(t, Config{Enabled: true, AllowPrivileged: true, PrivilegedGrants: grantAll, RootDir: c.root, DanglingTasks: dt}, func(d *Driver) {
+		d.logger = newCleanLogger(hclog.New(&hclog.LoggerOptions{Output: logs, Level: hclog.Debug}))
+		d.mounter = c.mnt
+		d.dialVolume = fp.vols.Dial
+		d.prober = fingerprint.NewProber(fingerprint.Config{
+			Interval: time.Hour, ScanInterval: time.Hour, Dial: fp.dial,
+			StatSocket: func(string) error { return nil }, OnHealthChange: d.onPluginHealth,
+		})
+	})
+	if recoverPlugin {
+		must.NoError(t, d.RecoverTask(persisted(t, c.pluginHandle)))
+		waitHealthy(t, d, "hp")
+	}
+	return d, fp, logs
+}
+
+func stateDirGone(conf *Config, id string) error {
+	if _, err := os.Lstat(conf.taskStateDir(id)); !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("state directory of %s still there (%v)", id, err)
+	}
+	return nil
+}
+
+func shortDangling() *DanglingTasks {
+	return &DanglingTasks{Enabled: true, Grace: "1s", Period: "1s"}
+}
+
+// The agent went while it collected the workload's allocation: Nomad
+// recovers the plugin task, never the workload. Once the grace is over the
+// workload is ended as DestroyTask would end it: its volume is unpublished
+// and unstaged through the lifecycle, its state directory is gone, and the
+// plugin task Nomad recovered stays. A RecoverTask that comes after fails
+// cleanly, saying why.
+func TestDangling_unrecoveredTaskIsEndedAfterGrace(t *testing.T) {
+	c := startVolumeNode(t)
+	d, fp, logs := c.restartDangling(t, shortDangling(), true)
+	conf := d.currentConfig()
+
+	must.Wait(t, wait.InitialSuccess(wait.ErrorFunc(func() error {
+		if err := stateDirGone(conf, c.work.ID); err != nil {
+			return err
+		}
+		if n := journalTasks(t, d); n != 0 {
+			return fmt.Errorf("volume still has %d users", n)
+		}
+		return nil
+	}), wait.Timeout(30*time.Second), wait.Gap(20*time.Millisecond)))
+	must.Eq(t, 1, fp.vols.Count(csihook.MethodNodeUnpublishVolume))
+	must.StrContains(t, logs.String(), "ended a dangling task")
+	must.StrContains(t, logs.String(), c.work.ID)
+
+	// The plugin task Nomad took back is this process's: never a candidate.
+	_, known := d.tasks.Get(c.plugin.ID)
+	must.True(t, known)
+	must.Error(t, stateDirGone(conf, c.plugin.ID))
+
+	// Nomad recovering the workload after all (a restore slower than the
+	// grace) gets an error, and Nomad starts the task anew; nothing is set
+	// up or torn down again.
+	err := d.RecoverTask(persisted(t, c.workHandle))
+	must.ErrorContains(t, err, "dangling")
+	_, known = d.tasks.Get(c.work.ID)
+	must.False(t, known)
+	must.NoError(t, stateDirGone(conf, c.work.ID))
+	must.Eq(t, 1, fp.vols.Count(csihook.MethodNodeUnpublishVolume))
+	must.Eq(t, 0, journalTasks(t, d))
+}
+
+// dry_run only says what it would end: the task stays Nomad's to recover.
+func TestDangling_dryRunOnlyLogs(t *testing.T) {
+	c := startVolumeNode(t)
+	dt := shortDangling()
+	dt.DryRun = true
+	d, fp, logs := c.restartDangling(t, dt, true)
+	conf := d.currentConfig()
+	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+		return strings.Contains(logs.String(), "found a dangling task")
+	}), wait.Timeout(30*time.Second), wait.Gap(20*time.Millisecond)))
+	must.StrContains(t, logs.String(), c.work.ID)
+	must.Error(t, stateDirGone(conf, c.work.ID))
+	must.Eq(t, 1, journalTasks(t, d))
+	must.Eq(t, 0, fp.vols.Count(csihook.MethodNodeUnpublishVolume))
+	must.NoError(t, d.RecoverTask(persisted(t, c.workHandle)))
+	_, known := d.tasks.Get(c.work.ID)
+	must.True(t, known)
+}
+
+// Both the plugin task and its workload dangle (a whole node's jobs
+// purged): the workload goes first. Its volume cannot be torn down while
+// no plugin serves the id, so the plugin task is kept, with a warning,
+// and not killed under the volume it would have to unstage.
+func TestDangling_pluginKeptWhileItsVolumesAreHeld(t *testing.T) {
+	c := startVolumeNode(t)
+	d, _, logs := c.restartDangling(t, shortDangling(), false)
+	conf := d.currentConfig()
+	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+		return strings.Contains(logs.String(), "dangling plugin task kept")
+	}), wait.Timeout(30*time.Second), wait.Gap(20*time.Millisecond)))
+	must.NoError(t, stateDirGone(conf, c.work.ID))
+	must.Error(t, stateDirGone(conf, c.plugin.ID))
+	m, err := d.volumes()
+	must.NoError(t, err)
+	must.False(t, m.PluginWork("hp").Empty())
+}
+
+func TestDanglingTasks_validate(t *testing.T) {
+	for _, tc := range []struct {
+		dt   *DanglingTasks
+		want string
+	}{
+		{nil, ""},
+		{&DanglingTasks{Enabled: true, Grace: "10m", Period: "1m"}, ""},
+		{&DanglingTasks{Enabled: true, Grace: "100ms"}, `dangling_tasks grace must be a duration of at least "1s"`},
+		{&DanglingTasks{Enabled: true, Period: "soon"}, `dangling_tasks period must be a duration`},
+	} {
+		err := tc.dt.validate()
+		if tc.want == "" {
+			must.NoError(t, err)
+		} else {
+			must.ErrorContains(t, err, tc.want)
+		}
+	}
+	s := (*DanglingTasks)(nil).settings()
+	must.True(t, s.enabled)
+	must.Eq(t, 5*time.Minute, s.grace)
+}
