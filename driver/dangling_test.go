@@ -15,6 +15,7 @@ import (
 	"github.com/shoenig/test/wait"
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/csihook"
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor"
 	"github.com/nomad-driver-csi/nomad-driver-csi/fingerprint"
 )
 
@@ -168,4 +169,14 @@ func TestDanglingTasks_validate(t *testing.T) {
 	s := (*DanglingTasks)(nil).settings()
 	must.True(t, s.enabled)
 	must.Eq(t, 5*time.Minute, s.grace)
+}
+
+// A state directory written before invocation files named the plugin id
+// still says it, by the socket directory mounted into the task.
+func TestSpecPluginID(t *testing.T) {
+	conf := &Config{RootDir: "/r"}
+	pc := &PluginTaskConfig{ID: "hp", Type: "monolith", MountDir: "/csi"}
+	must.Eq(t, "hp", specPluginID(conf, &executor.Spec{Mounts: pluginMounts(conf, pc)}))
+	must.Eq(t, "hp", specPluginID(conf, &executor.Spec{LateMounts: pluginMounts(conf, pc)}))
+	must.Eq(t, "", specPluginID(conf, &executor.Spec{Mounts: []executor.Mount{{Source: "/r/plugins/hp/x", Target: "/x"}, {Source: "/r/mnt", Target: "/r/mnt"}}}))
 }
