@@ -191,20 +191,21 @@ func (d *Driver) endDangling(conf *Config, inv invocation, s danglingSettings) b
 		return false
 	}
 	volumes := slices.Contains(m.TasksWithPrefix(id), id)
-	if pluginID != "" && !d.servedByOther(pluginID, id) {
-		if w := m.PluginWork(pluginID); !w.Empty() {
-			logger.Warn("dangling plugin task kept while volumes of its plugin are held on this node", "plugin_id", pluginID, "volume_tasks", strings.Join(w.Tasks, ","))
-			return false
-		}
-	}
 	var shared []string
 	if specErr == nil {
 		shared = bidirectionalSources(spec.Mounts)
 	}
 	if s.dryRun {
+		// Said once, what a run without dry_run would do first.
 		logger.Warn("found a dangling task: Nomad did not recover it within the grace; dry_run leaves it", "state_dir", dir, "plugin_id", pluginID,
 			"volumes", volumes, "shared_mounts", strings.Join(shared, ","), "grace", s.grace.String())
 		return true
+	}
+	if pluginID != "" && !d.servedByOther(pluginID, id) {
+		if w := m.PluginWork(pluginID); !w.Empty() {
+			logger.Warn("dangling plugin task kept while volumes of its plugin are held on this node", "plugin_id", pluginID, "volume_tasks", strings.Join(w.Tasks, ","))
+			return false
+		}
 	}
 	if !d.invocations.takeDangling(id) {
 		return true

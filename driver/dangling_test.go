@@ -147,6 +147,23 @@ func TestDangling_pluginKeptWhileItsVolumesAreHeld(t *testing.T) {
 	m, err := d.volumes()
 	must.NoError(t, err)
 	must.False(t, m.PluginWork("hp").Empty())
+
+	// The operator runs the plugin job again: the new plugin task serves
+	// the id, the volume's teardown goes through it, and the dangling
+	// instance, serving nothing now, is ended.
+	again := jobTask(t, TaskConfig{Command: "/bin/plugin", Privileged: true, CSIPlugin: &PluginTaskConfig{ID: "hp", Type: "monolith", MountDir: "/csi"}}, "alloc-p2", "default", "plugin")
+	_, _, err = d.StartTask(again)
+	must.NoError(t, err)
+	waitHealthy(t, d, "hp")
+	must.Wait(t, wait.InitialSuccess(wait.ErrorFunc(func() error {
+		if n := journalTasks(t, d); n != 0 {
+			return fmt.Errorf("volume still has %d users", n)
+		}
+		return stateDirGone(conf, c.plugin.ID)
+	}), wait.Timeout(30*time.Second), wait.Gap(20*time.Millisecond)))
+	_, known := d.tasks.Get(again.ID)
+	must.True(t, known)
+	must.Error(t, stateDirGone(conf, again.ID))
 }
 
 func TestDanglingTasks_validate(t *testing.T) {
