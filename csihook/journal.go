@@ -134,6 +134,14 @@ type taskRecord struct {
 	// State is pending, publishing, published or unpublishing.
 	State   string    `json:"state"`
 	Updated time.Time `json:"updated"`
+	// Invocation says the record was written by a driver that names each
+	// task's state directory with an invocation file and lets this
+	// record's commit, made before any call for the task, be that file's
+	// flush (driver/invocations.go): a state directory of the task whose
+	// file a crash of the host lost or cut is still this start's.
+	// Records of older drivers lack it: their state directories held no
+	// invocation file.
+	Invocation bool `json:"invocation,omitempty"`
 	// notCalled marks, in memory only, a record committed as publishing
 	// ahead of its NodePublishVolume, with the first record of the
 	// volume's setup, so that no other commit is needed before that call.

@@ -60,6 +60,11 @@ type JournalTask struct {
 	Destination string
 	// State is "pending", "publishing", "published" or "unpublishing".
 	State string
+	// Invocation says the driver that wrote the record names the task's
+	// state directory with an invocation file whose flush the record's
+	// commit is: a state directory of the task without a whole
+	// invocation file is still this start's (see taskRecord.Invocation).
+	Invocation bool
 }
 
 // JournalCreated is a volume created on this node: Name is the volume_id
@@ -128,7 +133,7 @@ func ReadJournal(dir string) (JournalState, error) {
 	for _, recs := range scan.state.tasks {
 		for _, t := range recs {
 			st.Tasks = append(st.Tasks, JournalTask{TaskID: t.TaskID, Name: t.Name, PluginID: t.PluginID,
-				VolumeID: t.VolumeID, Target: t.Target, Destination: t.Destination, State: t.State})
+				VolumeID: t.VolumeID, Target: t.Target, Destination: t.Destination, State: t.State, Invocation: t.Invocation})
 		}
 	}
 	for _, c := range scan.state.created {

@@ -31,7 +31,7 @@ func TestReadJournal(t *testing.T) {
 	must.Eq(t, []JournalVolume{{PluginID: "p", VolumeID: "vol1", StagingPath: h.m.StagingPath("p", "vol1"),
 		NodeID: "node-1", Stage: phaseStaged, Controller: phasePublished}}, st.Volumes)
 	must.Eq(t, []JournalTask{{TaskID: "task-a", Name: "data", PluginID: "p", VolumeID: "vol1",
-		Target: h.m.TargetPath("task-a", "data"), Destination: "/data", State: phasePublished}}, st.Tasks)
+		Target: h.m.TargetPath("task-a", "data"), Destination: "/data", State: phasePublished, Invocation: true}}, st.Tasks)
 	must.SliceEmpty(t, st.Files)
 	must.StrNotContains(t, fmt.Sprintf("%#v", st), canary)
 	after, err := os.ReadFile(filepath.Join(dir, logName))

@@ -264,6 +264,9 @@ func (m *Manager) setupVolume(ctx context.Context, taskID string, p plan) (Publi
 			// The intent to publish goes out with the volume's first
 			// record, so that no commit waits between the calls.
 			State: phasePublishing, notCalled: true,
+			// The task's invocation file is flushed by this
+			// record's commit.
+			Invocation: true,
 		}
 		// Once written the task counts as a user: nobody unstages under
 		// it.

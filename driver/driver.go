@@ -258,7 +258,7 @@ func (d *Driver) setConfig(c *base.Config, cfg Config) error {
 		// Nomad can start or recover a task.
 		conf := &cfg
 		d.recoverOnce.Do(func() {
-			orphans := d.invocations.scanTaskDirs(d.logger, conf.tasksDir())
+			orphans := d.invocations.scanTaskDirs(d.logger, conf.tasksDir(), JournalDir(conf.RootDir))
 			d.goBackground(func() {
 				d.discardOrphans(conf, orphans)
 				d.recoverVolumes()
@@ -559,7 +559,7 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 	if pc != nil {
 		pluginID = pc.ID
 	}
-	started, p, shared, err := d.startProcess(logger, cfg, spec, pluginID, late)
+	started, p, shared, err := d.startProcess(logger, cfg, spec, pluginID, late, len(reqs) == 0)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -630,13 +630,14 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 
 // startProcess prepares the host side of the task's mounts and starts its
 // process, with late for its late mounts; on error nothing is left behind
-// (but what late set up, which is the caller's).
-func (d *Driver) startProcess(logger hclog.Logger, cfg *drivers.TaskConfig, spec *executor.Spec, pluginID string, late func() ([]executor.Mount, error)) (time.Time, taskProcess, []string, error) {
+// (but what late set up, which is the caller's). syncInvocation is unset
+// for a task with volumes, whose journal names it (see writeInvocation).
+func (d *Driver) startProcess(logger hclog.Logger, cfg *drivers.TaskConfig, spec *executor.Spec, pluginID string, late func() ([]executor.Mount, error), syncInvocation bool) (time.Time, taskProcess, []string, error) {
 	shared := bidirectionalSources(spec.Mounts)
 	if err := d.sharedSources().acquire(shared); err != nil {
 		return time.Time{}, nil, nil, fmt.Errorf("failed to prepare mounts: %w", err)
 	}
-	if err := writeInvocation(spec.StateDir, cfg, pluginID); err != nil {
+	if err := writeInvocation(spec.StateDir, cfg, pluginID, syncInvocation); err != nil {
 		_ = os.RemoveAll(spec.StateDir)
 		d.sharedSources().release(shared)
 		return time.Time{}, nil, nil, err

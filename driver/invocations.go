@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/csihook"
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/atomicfile"
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor"
 )
 
@@ -25,7 +26,10 @@ import (
 // executor's own.
 const (
 	// invocationFile names the Nomad task a state directory is for. It is
-	// written before anything is started for the task.
+	// written before anything is started for the task, and synced, but
+	// for a task with volumes: the first record of its volumes' journal,
+	// committed before any call for them, names the task in its stead
+	// (see writeInvocation).
 	invocationFile = "invocation.json"
 	// handedFile is written once StartTask hands the task's handle to
 	// Nomad. Without it, Nomad has no handle for the task and will never
@@ -159,10 +163,13 @@ func (iv *invocations) ended(id string) {
 
 // scanTaskDirs reads the state directories an earlier driver process left:
 // handed-over tasks wait for Nomad; the task IDs of starts that never
-// finished are returned as orphans. A directory from a driver version that
-// wrote no invocation file, but started a supervisor, is taken as handed
-// over, as that version did.
-func (iv *invocations) scanTaskDirs(logger hclog.Logger, tasksDir string) (orphans []string) {
+// finished are returned as orphans. A directory whose invocation file is
+// missing or cut (a crash of the host lost it: a task with volumes does
+// not sync it) is read as if the file named the task the volume journal in
+// journalDir names it for. A directory from a driver version that wrote no
+// invocation file, but started a supervisor, is taken as handed over, as
+// that version did.
+func (iv *invocations) scanTaskDirs(logger hclog.Logger, tasksDir, journalDir string) (orphans []string) {
 	entries, err := os.ReadDir(tasksDir)
 	if err != nil {
 		if !errors.Is(err, fs.ErrNotExist) {
@@ -170,6 +177,8 @@ func (iv *invocations) scanTaskDirs(logger hclog.Logger, tasksDir string) (orpha
 		}
 		return nil
 	}
+	// The journal is read once, and only when a directory needs it.
+	var journaled map[string]string
 	iv.mu.Lock()
 	defer iv.mu.Unlock()
 	for _, e := range entries {
@@ -181,6 +190,15 @@ func (iv *invocations) scanTaskDirs(logger hclog.Logger, tasksDir string) (orpha
 		b, err := os.ReadFile(filepath.Join(dir, invocationFile))
 		if err == nil {
 			err = json.Unmarshal(b, &inv)
+		}
+		if lostInvocation(err) {
+			if journaled == nil {
+				journaled = journalInvocations(logger, journalDir)
+			}
+			if id, ok := journaled[e.Name()]; ok {
+				logger.Info("task state directory's invocation file was lost; its volumes' journal names the task", "path", dir, "task_id", id)
+				inv, err = invocationOf(id), nil
+			}
 		}
 		switch {
 		case err == nil && inv.TaskID != "" && filepath.Base(dir) == csihook.ShortHash(inv.TaskID):
@@ -208,14 +226,58 @@ func (iv *invocations) scanTaskDirs(logger hclog.Logger, tasksDir string) (orpha
 	return orphans
 }
 
+// lostInvocation tells whether reading an invocation file failed as a
+// crash of the host can leave one that was not synced: gone (its rename
+// not on disk) or cut short (empty, part of it, or zeros). A whole file
+// that names another task is not that.
+func lostInvocation(err error) bool {
+	var syntax *json.SyntaxError
+	return errors.Is(err, fs.ErrNotExist) || errors.As(err, &syntax)
+}
+
+// journalInvocations maps the state directory names (csihook.ShortHash) of
+// the tasks the volume journal in dir holds records of, written by a driver
+// that lets those records name the task in place of its invocation file,
+// to their task IDs. The journal is read without its lock: another driver
+// process may hold it. What cannot be read names no task.
+func journalInvocations(logger hclog.Logger, dir string) map[string]string {
+	out := map[string]string{}
+	st, err := csihook.ReadJournal(dir)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		logger.Warn("failed to read the volume journal for task state directories without an invocation file", "path", dir, "error", err)
+	}
+	for _, t := range st.Tasks {
+		if t.Invocation {
+			out[csihook.ShortHash(t.TaskID)] = t.TaskID
+		}
+	}
+	return out
+}
+
+// invocationOf is the invocation a Nomad task ID (alloc ID/task
+// name/suffix) names; one that is not of that form names its task only.
+func invocationOf(id string) invocation {
+	inv := invocation{TaskID: id}
+	alloc, rest, ok := strings.Cut(id, "/")
+	if i := strings.LastIndexByte(rest, '/'); ok && alloc != "" && i > 0 && i < len(rest)-1 {
+		inv.AllocID, inv.TaskName = alloc, rest[:i]
+	}
+	return inv
+}
+
 func exists(path string) bool {
 	_, err := os.Lstat(path)
 	return err == nil
 }
 
 // writeInvocation makes the task's state directory and names the task in
-// it, before anything is started.
-func writeInvocation(dir string, cfg *drivers.TaskConfig, pluginID string) error {
+// it, before anything is started. With sync unset the file is not synced:
+// for a task with volumes, whose journal's first record (synced before any
+// call for them, see csihook.taskRecord.Invocation) names the task should
+// a crash of the host lose the file, so that a start flushes the disk once
+// before its calls rather than twice. A start whose record never reached
+// the disk called nothing.
+func writeInvocation(dir string, cfg *drivers.TaskConfig, pluginID string, sync bool) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("failed to create task state directory %q: %w", dir, err)
 	}
@@ -223,11 +285,14 @@ func writeInvocation(dir string, cfg *drivers.TaskConfig, pluginID string) error
 	if err != nil {
 		return err
 	}
-	if err := writeFileAtomic(filepath.Join(dir, invocationFile), b, 0o600); err != nil {
+	if err := writeAtomic(filepath.Join(dir, invocationFile), b, 0o600, sync); err != nil {
 		return fmt.Errorf("failed to write the task's invocation file: %w", err)
 	}
 	return nil
 }
+
+// writeAtomic is atomicfile.Write; a variable for tests.
+var writeAtomic = atomicfile.Write
 
 // markHanded records that Nomad gets the task's handle: handedFile, a
 // hard link to the task's invocation file. link(2) makes a name, nothing
@@ -238,7 +303,8 @@ func writeInvocation(dir string, cfg *drivers.TaskConfig, pluginID string) error
 // later driver process whether Nomad may still recover the task; after a
 // crash of the host no task is alive, and a start without the mark is
 // ended just as Nomad's recovery of it would fail). The invocation file,
-// written before anything starts, is synced. A root_dir on a file system
+// written before anything starts, is synced (or, for a task with volumes,
+// named by its journal's first record). A root_dir on a file system
 // without hard links (EPERM, as vfat and some FUSE file systems answer)
 // gets an empty file of its own instead. A mark already there stands.
 func markHanded(dir string) error {
@@ -399,7 +465,7 @@ type TaskDirs struct {
 func ReadTaskDirs(rootDir string) TaskDirs {
 	iv := newInvocations()
 	var td TaskDirs
-	td.Unfinished = iv.scanTaskDirs(hclog.NewNullLogger(), filepath.Join(rootDir, "tasks"))
+	td.Unfinished = iv.scanTaskDirs(hclog.NewNullLogger(), filepath.Join(rootDir, "tasks"), JournalDir(rootDir))
 	for id := range iv.waiting {
 		td.Handed = append(td.Handed, id)
 	}

@@ -295,7 +295,7 @@ func TestInvocations_scanTaskDirs(t *testing.T) {
 	must.NoError(t, os.WriteFile(filepath.Join(mk("a/t/moved"), invocationFile), []byte(`{"task_id":"a/t/other"}`), 0o600))
 
 	iv := newInvocations()
-	orphans := iv.scanTaskDirs(d.logger, conf.tasksDir())
+	orphans := iv.scanTaskDirs(d.logger, conf.tasksDir(), JournalDir(conf.RootDir))
 	must.Eq(t, []string{"a/t/cut"}, orphans)
 	must.True(t, iv.alive("a/t/handed"))
 	must.True(t, iv.alive("a/t/legacy"))
@@ -423,7 +423,7 @@ func TestStartTask_failedPluginStartFreesItsID(t *testing.T) {
 // file (nothing was started from it) cannot be marked.
 func TestMarkHanded(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "task")
-	must.NoError(t, writeInvocation(dir, &drivers.TaskConfig{ID: "a/t/1", AllocID: "a", Name: "t"}, ""))
+	must.NoError(t, writeInvocation(dir, &drivers.TaskConfig{ID: "a/t/1", AllocID: "a", Name: "t"}, "", true))
 	must.False(t, exists(filepath.Join(dir, handedFile)))
 	must.NoError(t, markHanded(dir))
 	must.True(t, exists(filepath.Join(dir, handedFile)))
@@ -450,7 +450,7 @@ func TestMarkHanded_NoHardLinks(t *testing.T) {
 	t.Cleanup(func() { linkFile = old })
 	linkFile = func(string, string) error { return &os.LinkError{Op: "link", Err: unix.EPERM} }
 	dir := filepath.Join(t.TempDir(), "task")
-	must.NoError(t, writeInvocation(dir, &drivers.TaskConfig{ID: "a/t/1", AllocID: "a", Name: "t"}, ""))
+	must.NoError(t, writeInvocation(dir, &drivers.TaskConfig{ID: "a/t/1", AllocID: "a", Name: "t"}, "", true))
 	must.NoError(t, markHanded(dir))
 	fi, err := os.Lstat(filepath.Join(dir, handedFile))
 	must.NoError(t, err)
@@ -460,7 +460,7 @@ func TestMarkHanded_NoHardLinks(t *testing.T) {
 	// Any other error of link(2) fails the start.
 	linkFile = func(string, string) error { return &os.LinkError{Op: "link", Err: unix.EIO} }
 	other := filepath.Join(t.TempDir(), "task")
-	must.NoError(t, writeInvocation(other, &drivers.TaskConfig{ID: "a/t/2", AllocID: "a", Name: "t"}, ""))
+	must.NoError(t, writeInvocation(other, &drivers.TaskConfig{ID: "a/t/2", AllocID: "a", Name: "t"}, "", true))
 	must.ErrorContains(t, markHanded(other), "failed to record the task's start")
 	must.False(t, exists(filepath.Join(other, handedFile)))
 }
@@ -611,3 +611,156 @@ func TestStartTask_undoSaysWhatItCouldNotDestroy(t *testing.T) {
 type writerFunc func([]byte) (int, error)
 
 func (f writerFunc) Write(b []byte) (int, error) { return f(b) }
+
+// A task with volumes does not sync its invocation file: the first record
+// of its volumes' journal, synced before any call for them, names the task
+// in its stead. These are the states a crash of the host can leave its
+// state directory in (the driver process's death stands for the crash; its
+// tasks are left as a crash leaves them, for the next process to settle),
+// and what the next driver process makes of each: the journal's record
+// names the task, so a start Nomad got no handle for is ended and its
+// volume torn down, and a handed one waits for Nomad, as with a whole
+// invocation file.
+func TestInvocations_lostInvocationFile(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// invocation is the file's content after the crash; nil: gone
+		// (its rename did not reach the disk).
+		invocation func(whole []byte) []byte
+		// handed: the mark, a link to the same file, made it to disk.
+		handed bool
+	}{
+		{"gone", nil, false},
+		{"empty", func([]byte) []byte { return nil }, false},
+		{"cut short", func(b []byte) []byte { return b[:len(b)/2] }, false},
+		{"zeros", func(b []byte) []byte { return make([]byte, len(b)) }, false},
+		{"empty and handed", func([]byte) []byte { return nil }, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := startVolumeNode(t)
+			dir := (&Config{RootDir: c.root}).taskStateDir(c.work.ID)
+			// The executor's spec, which names the task, reached the disk
+			// (the worst case: without it the directory names no task
+			// at all). Its cgroup is gone, as after a reboot.
+			must.NoError(t, os.WriteFile(filepath.Join(dir, "spec.json"),
+				[]byte(`{"task_id":"`+c.work.ID+`","cgroup_parent":"nomad-driver-csi-test-gone","cgroup_name":"gone"}`), 0o600))
+			whole, err := os.ReadFile(filepath.Join(dir, invocationFile))
+			must.NoError(t, err)
+			if !tc.handed {
+				c.forgetHanded(t)
+			}
+			if tc.invocation == nil {
+				must.NoError(t, os.Remove(filepath.Join(dir, invocationFile)))
+			} else {
+				// Written in place: the mark is a link to the same file.
+				must.NoError(t, os.WriteFile(filepath.Join(dir, invocationFile), tc.invocation(whole), 0o600))
+			}
+			st, err := csihook.ReadJournal(JournalDir(c.root))
+			must.NoError(t, err)
+			must.SliceLen(t, 1, st.Tasks)
+			must.True(t, st.Tasks[0].Invocation, must.Sprint("the task's journal record does not name it in place of its invocation file"))
+
+			d, fp := c.restart(t)
+			if tc.handed {
+				// Nomad may recover it: it keeps its volume until Nomad
+				// says.
+				must.True(t, d.invocations.alive(c.work.ID))
+				must.Eq(t, 1, journalTasks(t, d))
+				must.Eq(t, 0, fp.vols.Count(csihook.MethodNodeUnpublishVolume))
+				must.True(t, exists(dir))
+				// A new start of the same task of the same allocation
+				// ends it, as one with its invocation file.
+				must.Eq(t, []string{c.work.ID}, d.invocations.superseded(volumeWorkload(t, "alloc-w", "second")))
+				return
+			}
+			must.Wait(t, wait.InitialSuccess(
+				wait.BoolFunc(func() bool { return fp.vols.Count(csihook.MethodNodeUnpublishVolume) == 1 }),
+				wait.Timeout(20*time.Second), wait.Gap(10*time.Millisecond)))
+			must.Eq(t, 0, journalTasks(t, d))
+			must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool { return !exists(dir) }),
+				wait.Timeout(20*time.Second), wait.Gap(10*time.Millisecond)))
+			must.False(t, d.invocations.alive(c.work.ID))
+		})
+	}
+}
+
+// A start whose journal record never reached the disk called nothing for
+// its volumes: a state directory whose invocation file a crash lost, with
+// no record naming its task, is not waited for and nothing is torn down
+// for it. Records of a driver that synced its invocation files (no mark)
+// name nothing in their stead: a directory of such a task without the file
+// is an older driver's, handed over, as before.
+func TestInvocations_scanWithoutJournalRecord(t *testing.T) {
+	root := shortTempDir(t)
+	conf := &Config{RootDir: root}
+	// The golden log holds records of tasks t1 and t2, without the mark.
+	golden, err := os.ReadFile(filepath.Join("..", "csihook", "testdata", "journal", "v1-compacted.log"))
+	must.NoError(t, err)
+	must.NoError(t, os.MkdirAll(JournalDir(root), 0o700))
+	must.NoError(t, os.WriteFile(filepath.Join(JournalDir(root), "journal.log"), golden, 0o600))
+	st, err := csihook.ReadJournal(JournalDir(root))
+	must.NoError(t, err)
+	var ids []string
+	for _, tr := range st.Tasks {
+		must.False(t, tr.Invocation)
+		ids = append(ids, tr.TaskID)
+	}
+	must.SliceContains(t, ids, "t1")
+
+	mk := func(id string, invocation []byte) string {
+		dir := conf.taskStateDir(id)
+		must.NoError(t, os.MkdirAll(dir, 0o700))
+		must.NoError(t, os.WriteFile(filepath.Join(dir, "spec.json"), []byte(`{"task_id":"`+id+`"}`), 0o600))
+		if invocation != nil {
+			must.NoError(t, os.WriteFile(filepath.Join(dir, invocationFile), invocation, 0o600))
+		}
+		return dir
+	}
+	// An unsynced invocation file cut by a crash, no record.
+	mk("a/t/lost", []byte{})
+	// An older driver's task, whose volume the unmarked record holds.
+	mk("t1", nil)
+
+	iv := newInvocations()
+	orphans := iv.scanTaskDirs(hclog.NewNullLogger(), conf.tasksDir(), JournalDir(root))
+	must.SliceEmpty(t, orphans)
+	must.False(t, iv.alive("a/t/lost"))
+	must.True(t, iv.alive("t1"))
+	must.Eq(t, TaskDirs{Handed: []string{"t1"}}, ReadTaskDirs(root))
+}
+
+func TestInvocationOf(t *testing.T) {
+	for id, want := range map[string]invocation{
+		"a/web/1":   {TaskID: "a/web/1", AllocID: "a", TaskName: "web"},
+		"a/w/e/b/1": {TaskID: "a/w/e/b/1", AllocID: "a", TaskName: "w/e/b"},
+		"a/web/":    {TaskID: "a/web/"},
+		"a//1":      {TaskID: "a//1"},
+		"/web/1":    {TaskID: "/web/1"},
+		"t1":        {TaskID: "t1"},
+		"a/1":       {TaskID: "a/1"},
+	} {
+		must.Eq(t, want, invocationOf(id), must.Sprint(id))
+	}
+}
+
+// The invocation file of a task without volumes is synced before anything
+// starts: no journal record names such a task. A task with volumes leaves
+// its file's flush to its journal's first record.
+func TestInvocations_syncedUnlessTheJournalNamesTheTask(t *testing.T) {
+	var (
+		mu     sync.Mutex
+		synced = map[string]bool{}
+	)
+	write := writeAtomic
+	writeAtomic = func(path string, data []byte, perm os.FileMode, sync bool) error {
+		mu.Lock()
+		synced[filepath.Base(filepath.Dir(path))] = sync
+		mu.Unlock()
+		return write(path, data, perm, sync)
+	}
+	t.Cleanup(func() { writeAtomic = write })
+	c := startVolumeNode(t)
+	mu.Lock()
+	defer mu.Unlock()
+	must.Eq(t, map[string]bool{csihook.ShortHash(c.plugin.ID): true, csihook.ShortHash(c.work.ID): false}, synced)
+}
