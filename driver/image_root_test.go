@@ -141,8 +141,11 @@ func TestResolveImageUser(t *testing.T) {
 		{"csi", executor.Credential{UID: 1000, GID: 1001, Groups: []uint32{6, 44}}, "/home/csi", ""},
 		{"1000", executor.Credential{UID: 1000, GID: 1001, Groups: []uint32{6, 44}}, "/home/csi", ""},
 		{"root", executor.Credential{UID: 0, GID: 0}, "/root", ""},
-		{"csi:staff", executor.Credential{UID: 1000, GID: 50, Groups: []uint32{6, 44}}, "/home/csi", ""},
-		{"csi:7", executor.Credential{UID: 1000, GID: 7, Groups: []uint32{6, 44}}, "/home/csi", ""},
+		// With a group, only that group: the image's /etc/group gives no
+		// supplementary groups (Docker's USER, the OCI image spec's User).
+		{"csi:staff", executor.Credential{UID: 1000, GID: 50}, "/home/csi", ""},
+		{"csi:7", executor.Credential{UID: 1000, GID: 7}, "/home/csi", ""},
+		{"1000:1001", executor.Credential{UID: 1000, GID: 1001}, "/home/csi", ""},
 		{"4242", executor.Credential{UID: 4242, GID: 4242}, "/", ""},
 		{"4242:5", executor.Credential{UID: 4242, GID: 5}, "/", ""},
 		{"nohome", executor.Credential{UID: 1002, GID: 1002}, "/", ""},

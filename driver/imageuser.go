@@ -63,9 +63,9 @@ type imageUser struct {
 // resolveImageUser resolves user ("name", "uid", "name:group",
 // "uid:gid", as Docker takes it) in the image's /etc/passwd and
 // /etc/group, never the host's: a name must be there; a uid that is not
-// runs with the gid of the same number (as on the host); the
-// supplementary groups are those the image's /etc/group lists the user
-// in. A group given after the colon replaces the primary group.
+// runs with the gid of the same number (as on the host). Without a
+// group, the supplementary groups are those the image's /etc/group lists
+// the user in; a group given after the colon is the only group.
 func resolveImageUser(fs *layeredFS, user string) (*imageUser, error) {
 	name, group, hasGroup := strings.Cut(user, ":")
 	if name == "" || hasGroup && group == "" {
@@ -126,7 +126,10 @@ func resolveImageUser(fs *layeredFS, user string) (*imageUser, error) {
 		}
 		u.cred.GID = gid
 	}
-	if pw != nil {
+	if pw != nil && !hasGroup {
+		// Only a user named without a group gets the groups the image
+		// lists it in: "name:group" runs with that group alone, as Docker's
+		// USER and the OCI image spec's User say.
 		for _, e := range groups {
 			if len(e) < 4 || !slices.Contains(strings.Split(e[3], ","), pw[0]) {
 				continue
