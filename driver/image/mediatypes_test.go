@@ -1,0 +1,112 @@
+package image
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"os"
+	"path/filepath"
+	"testing"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/google/go-containerregistry/pkg/v1/types"
+	"github.com/shoenig/test/must"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/e2e/imagebuild"
+)
+
+// dockerImage is img as `docker push` (and registry.k8s.io's images)
+// serve it: a Docker schema 2 manifest naming a Docker configuration and
+// Docker (gzip) layers.
+func dockerImage(t *testing.T, spec imagebuild.Spec, layers ...v1.Layer) v1.Image {
+	t.Helper()
+	img, err := mutate.AppendLayers(mutate.MediaType(empty.Image, types.DockerManifestSchema2), layers...)
+	must.NoError(t, err)
+	cf, err := img.ConfigFile()
+	must.NoError(t, err)
+	cf = cf.DeepCopy()
+	p := spec.Platform
+	if p == nil {
+		node := NodePlatform()
+		p = &node
+	}
+	cf.OS, cf.Architecture, cf.Variant = p.OS, p.Architecture, p.Variant
+	cf.Config.Entrypoint, cf.Config.Cmd = spec.Entrypoint, spec.Cmd
+	img, err = mutate.ConfigFile(img, cf)
+	must.NoError(t, err)
+	img = mutate.ConfigMediaType(img, types.DockerConfigJSON)
+	m, err := img.Manifest()
+	must.NoError(t, err)
+	must.Eq(t, types.DockerManifestSchema2, m.MediaType)
+	must.Eq(t, types.DockerConfigJSON, m.Config.MediaType)
+	for _, l := range m.Layers {
+		must.Eq(t, types.DockerLayer, l.MediaType)
+	}
+	return img
+}
+
+// A multi-platform image as buildx pushes it: a Docker manifest list (or
+// an OCI index) of Docker schema 2 images, arm variants, and attestation
+// manifests (platform unknown/unknown) beside each image. The node's own
+// image is picked, whatever the order.
+func TestPullDockerManifestList(t *testing.T) {
+	f := newFixture(t)
+	node := NodePlatform()
+	b, err := imagebuild.Tar(imagebuild.File("bin/plugin", []byte("p"), 0o755))
+	must.NoError(t, err)
+	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil },
+		tarball.WithMediaType(types.DockerLayer))
+	must.NoError(t, err)
+	mk := func(p v1.Platform, cmd string) v1.Image {
+		return dockerImage(t, imagebuild.Spec{Platform: &p, Cmd: []string{cmd}}, layer)
+	}
+	here := mk(node, "here")
+	others := []v1.Platform{
+		{OS: "linux", Architecture: "arm", Variant: "v6"},
+		{OS: "linux", Architecture: "arm", Variant: "v7"},
+		{OS: "linux", Architecture: "arm64", Variant: "v8"},
+		{OS: "linux", Architecture: "amd64"},
+		{OS: "linux", Architecture: "ppc64le"},
+		{OS: "windows", Architecture: node.Architecture},
+	}
+	attestation := mustImage(t, imagebuild.Spec{Platform: &v1.Platform{OS: "unknown", Architecture: "unknown"}},
+		mustLayer(t, imagebuild.File("provenance.json", []byte("{}"), 0o644)))
+	var adds []mutate.IndexAddendum
+	for _, p := range others {
+		if p.OS == node.OS && p.Architecture == node.Architecture && p.Variant == node.Variant {
+			continue
+		}
+		adds = append(adds, mutate.IndexAddendum{Add: mk(p, "there"), Descriptor: v1.Descriptor{Platform: &p}})
+	}
+	adds = append(adds,
+		mutate.IndexAddendum{Add: attestation, Descriptor: v1.Descriptor{Platform: &v1.Platform{OS: "unknown", Architecture: "unknown"},
+			Annotations: map[string]string{"vnd.docker.reference.type": "attestation-manifest"}}},
+		mutate.IndexAddendum{Add: here, Descriptor: v1.Descriptor{Platform: &node}})
+
+	for _, mt := range []types.MediaType{types.DockerManifestList, types.OCIImageIndex} {
+		t.Run(string(mt), func(t *testing.T) {
+			idx := mutate.AppendManifests(mutate.IndexMediaType(empty.Index, mt), adds...)
+			im, err := idx.IndexManifest()
+			must.NoError(t, err)
+			must.Eq(t, mt, im.MediaType)
+			dir := filepath.Base(t.Name())
+			img, err := f.store.Pull(context.Background(), f.layout(t, dir, "1", idx), PullRequest{})
+			must.NoError(t, err)
+			must.Eq(t, []string{"here"}, img.Config.Cmd)
+			want, err := here.Digest()
+			must.NoError(t, err)
+			must.Eq(t, want.String(), img.Digest)
+			b, err := os.ReadFile(filepath.Join(img.Layers[0], "bin/plugin"))
+			must.NoError(t, err)
+			must.Eq(t, "p", string(b))
+		})
+	}
+
+	// The single-platform Docker image by itself.
+	img, err := f.store.Pull(context.Background(), f.layout(t, "single", "1", here), PullRequest{})
+	must.NoError(t, err)
+	must.Eq(t, []string{"here"}, img.Config.Cmd)
+}
