@@ -34,9 +34,9 @@ func (d *Driver) applyImageRoot(conf *Config, cfg *drivers.TaskConfig, tc *TaskC
 	spec.Command, spec.Args = argv[0], argv[1:]
 
 	fs := newLayeredFS(img.Layers)
-	user, def := cfg.User, false
+	user, def, fromImage := cfg.User, false, false
 	if user == "" {
-		user = img.Config.User
+		user, fromImage = img.Config.User, img.Config.User != ""
 	}
 	if user == "" {
 		// Neither the job nor the image says: the driver's default
@@ -53,9 +53,13 @@ func (d *Driver) applyImageRoot(conf *Config, cfg *drivers.TaskConfig, tc *TaskC
 			// An image without nobody: the id every distribution gives it.
 			u = &imageUser{cred: executor.Credential{UID: 65534, GID: 65534}, home: "/"}
 		}
+	case fromImage:
+		if u, err = resolveImageUser(fs, user); err != nil {
+			return fmt.Errorf("invalid task config: image %q: its USER %q: %w; or set user in the task", img.Ref, user, err)
+		}
 	default:
 		if u, err = resolveImageUser(fs, user); err != nil {
-			return fmt.Errorf("invalid task config: image %q: %w", img.Ref, err)
+			return fmt.Errorf("invalid task config: image %q: the task's user %q: %w", img.Ref, user, err)
 		}
 	}
 	if tc.Privileged {

@@ -295,7 +295,15 @@ func TestApplyImageRoot(t *testing.T) {
 	must.Eq(t, []string{"/plugin", "run"}, append([]string{spec.Command}, spec.Args...))
 	spec = newSpec()
 	err = d.applyImageRoot(conf, &drivers.TaskConfig{User: "nobody"}, &TaskConfig{Image: img.Ref}, spec, img)
-	must.ErrorContains(t, err, `user "nobody" is not in the image's /etc/passwd`)
+	must.ErrorContains(t, err, `task's user "nobody": user "nobody" is not in the image's /etc/passwd`)
+	// A user the image's own USER names and its /etc/passwd lacks: the
+	// error says where it came from, and that the task's user fixes it.
+	ghost := *img
+	ghost.Config.User = "ghost:csi"
+	spec = newSpec()
+	err = d.applyImageRoot(conf, &drivers.TaskConfig{}, &TaskConfig{Image: img.Ref}, spec, &ghost)
+	must.ErrorContains(t, err, `image "example/csi:1": its USER "ghost:csi": user "ghost" is not in the image's /etc/passwd`)
+	must.ErrorContains(t, err, `set user in the task`)
 
 	// A privileged task runs as root: an image that names another user
 	// needs the task's user = "root"; denied_host_uids is for the others.
