@@ -317,7 +317,7 @@ func prepareAndExec(cfg *wire.StageConfig) error {
 // it, or Command looked up in the task's PATH.
 func commandPath(spec *wire.Spec) (string, error) {
 	if spec.Path == "" {
-		return lookPath(spec.Command, spec.Env)
+		return lookPath(spec.Command, spec.Dir, spec.Env)
 	}
 	if !filepath.IsAbs(spec.Path) {
 		return "", fmt.Errorf("command %q: the resolved path %q is not absolute", spec.Command, spec.Path)
@@ -329,16 +329,28 @@ func commandPath(spec *wire.Spec) (string, error) {
 }
 
 // lookPath finds command like a shell would, with the PATH of the task's
-// environment. Executability is checked for the current (task) user.
-func lookPath(command string, env []string) (string, error) {
+// environment. Executability is checked for the current (task) user. A
+// relative path (a command with a slash, or a relative PATH entry) is
+// relative to the task's working directory dir, as execve takes it once
+// the task is there (runc and Docker resolve an image's ENTRYPOINT
+// ["bin/plugin"] in its WORKDIR so), whatever directory this process is
+// in; the path returned is absolute when dir is.
+func lookPath(command, dir string, env []string) (string, error) {
 	if command == "" {
 		return "", errors.New("command is empty")
 	}
+	inDir := func(p string) string {
+		if dir != "" && !filepath.IsAbs(p) {
+			return filepath.Join(dir, p)
+		}
+		return p
+	}
 	if strings.Contains(command, "/") {
-		if err := checkExecutable(command); err != nil {
+		p := inDir(command)
+		if err := checkExecutable(p); err != nil {
 			return "", fmt.Errorf("command %q: %w", command, err)
 		}
-		return command, nil
+		return p, nil
 	}
 	pathVar := defaultPath
 	for i := len(env) - 1; i >= 0; i-- {
@@ -348,11 +360,11 @@ func lookPath(command string, env []string) (string, error) {
 		}
 	}
 	var firstErr error
-	for _, dir := range filepath.SplitList(pathVar) {
-		if dir == "" {
-			dir = "."
+	for _, entry := range filepath.SplitList(pathVar) {
+		if entry == "" {
+			entry = "."
 		}
-		p := filepath.Join(dir, command)
+		p := inDir(filepath.Join(entry, command))
 		err := checkExecutable(p)
 		if err == nil {
 			return p, nil

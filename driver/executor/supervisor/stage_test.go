@@ -30,7 +30,7 @@ func TestLookPath(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.cmd, func(t *testing.T) {
-			got, err := lookPath(tc.cmd, tc.env)
+			got, err := lookPath(tc.cmd, "", tc.env)
 			switch tc.err {
 			case "skip":
 				must.NoError(t, err)
@@ -44,9 +44,26 @@ func TestLookPath(t *testing.T) {
 		})
 	}
 	if os.Geteuid() != 0 {
-		_, err := lookPath(filepath.Join(dir, "data"), nil)
+		_, err := lookPath(filepath.Join(dir, "data"), "", nil)
 		must.ErrorContains(t, err, "not executable")
 	}
+	// A relative command, or a relative PATH entry, is in the working
+	// directory, not in this process's.
+	parent, base := filepath.Dir(dir), filepath.Base(dir)
+	for _, tc := range []struct {
+		cmd string
+		env []string
+	}{
+		{base + "/tool", nil},
+		{"./" + base + "/tool", nil},
+		{"tool", []string{"PATH=/nonexistent:" + base}},
+	} {
+		got, err := lookPath(tc.cmd, parent, tc.env)
+		must.NoError(t, err, must.Sprint(tc.cmd))
+		must.Eq(t, exe, got, must.Sprint(tc.cmd))
+	}
+	_, err := lookPath("tool/x", parent, nil)
+	must.ErrorContains(t, err, `command "tool/x"`)
 }
 
 // The driver's resolved Path is what runs: no PATH search, whatever a
