@@ -198,3 +198,74 @@ echo "name=$(cat /etc/name)"
 		must.Eq(t, runs[0], runs[1], must.Sprintf("privileged=%v: the task saw something else with the mount-point layer", privileged))
 	}
 }
+
+// An entry whose type a later layer changes is what the later layer says,
+// as Docker and containerd apply them: a symlink made a directory (its
+// target's files do not show through), a directory made a symlink (its
+// files are gone, the link leads inside the root), a file made a
+// directory and back; a hard link is one file with its layer's other
+// name; a whiteout of a directory hides all of it, and the directory made
+// again in a later layer starts empty.
+func TestImageRoot_TypeChangesAcrossLayers_Root(t *testing.T) {
+	requireTaskRoot(t)
+	if _, err := os.Stat("/bin/busybox"); err != nil {
+		t.Skip("test needs a static /bin/busybox")
+	}
+	shim := staticShim(t)
+	l0, err := imagebuild.Layer(append(busyboxBase(t, "base", "readlink", "stat"),
+		imagebuild.File("usr/lib/libx", []byte("x\n"), 0o644),
+		imagebuild.Symlink("lib", "usr/lib"),
+		imagebuild.Dir("data", 0o755),
+		imagebuild.File("data/old", []byte("old\n"), 0o644),
+		imagebuild.File("f2d", []byte("file\n"), 0o644),
+		imagebuild.Dir("d2f", 0o755),
+		imagebuild.File("d2f/inner", []byte("inner\n"), 0o644),
+		imagebuild.Dir("wd", 0o755),
+		imagebuild.File("wd/old", []byte("old\n"), 0o644),
+	)...)
+	must.NoError(t, err)
+	l1, err := imagebuild.Layer(
+		imagebuild.Dir("lib", 0o755),
+		imagebuild.File("lib/only", []byte("only\n"), 0o644),
+		imagebuild.Whiteout("data"),
+		imagebuild.Symlink("data", "/etc"),
+		imagebuild.Dir("f2d", 0o755),
+		imagebuild.File("f2d/x", []byte("x\n"), 0o644),
+		imagebuild.Whiteout("d2f"),
+		imagebuild.File("d2f", []byte("now a file\n"), 0o644),
+		imagebuild.File("hl/a", []byte("linked\n"), 0o644),
+		imagebuild.Hardlink("hl/b", "hl/a"),
+		imagebuild.Whiteout("wd"),
+	)
+	must.NoError(t, err)
+	l2, err := imagebuild.Layer(
+		imagebuild.Dir("wd", 0o755),
+		imagebuild.File("wd/new", []byte("new\n"), 0o644),
+	)
+	must.NoError(t, err)
+	_, img := storeImage(t, l0, l1, l2)
+	tt := newTestSpec(t, "/bin/sh", "-c", `
+echo "lib=$(ls /lib | tr '\n' ' ')"
+echo "data=$(readlink /data) $(cat /data/name)"
+echo "f2d=$(ls /f2d | tr '\n' ' ')"
+echo "d2f=$(cat /d2f)"
+echo "hl=$(stat -c %i /hl/a) $(stat -c %i /hl/b) $(cat /hl/b)"
+echo "wd=$(ls /wd | tr '\n' ' ')"
+`)
+	tt.spec.Env = []string{"PATH=/bin"}
+	tt.spec.Dir = "/"
+	tt.spec.Supervisor = shim
+	tt.spec.Image = &ImageRoot{Layers: img.Layers, Ref: img.Ref, Digest: img.Digest}
+	tt.spec.Capabilities = DefaultCapabilities
+	tt.spec.Isolation = &Isolation{PrivatePID: true, PrivateIPC: true}
+	got := runLines(t, tt)
+	must.Eq(t, "only", strings.TrimSpace(got["lib"]))
+	must.Eq(t, "/etc base", got["data"])
+	must.Eq(t, "x", strings.TrimSpace(got["f2d"]))
+	must.Eq(t, "now a file", got["d2f"])
+	hl := strings.Fields(got["hl"])
+	must.SliceLen(t, 3, hl)
+	must.Eq(t, hl[0], hl[1], must.Sprint("a hard link of a layer is one file in the root"))
+	must.Eq(t, "linked", hl[2])
+	must.Eq(t, "new", strings.TrimSpace(got["wd"]))
+}
