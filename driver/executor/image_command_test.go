@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/shoenig/test/must"
 )
 
@@ -41,4 +42,30 @@ func TestImageRoot_RelativeCommand_Root(t *testing.T) {
 			}
 		})
 	}
+}
+
+// An image's working directory that is a symlink of the image is where the
+// symlink leads inside the root, made there if missing (as Docker makes a
+// WORKDIR through the image's symlinks); a working directory that is a
+// file of the image fails the start naming it.
+func TestImageRoot_WorkingDirThroughSymlink_Root(t *testing.T) {
+	requireTaskRoot(t)
+	tt := imageSpec(t, `echo "cwd=$(pwd -P)"`, false)
+	top := tt.spec.Image.Layers[1]
+	must.NoError(t, os.Symlink("/opt/app", filepath.Join(top, "app")))
+	tt.spec.Dir = "/app/sub"
+	got := runLines(t, tt)
+	must.Eq(t, "/opt/app/sub", got["cwd"])
+	_, err := os.Stat(filepath.Join(tt.spec.StateDir, "upper/opt/app/sub"))
+	must.NoError(t, err, must.Sprint("the working directory is made in the task's writable layer"))
+
+	tt = imageSpec(t, `echo "cwd=$(pwd -P)"`, false)
+	tt.spec.Dir = "/etc/name"
+	p, err := Start(hclog.NewNullLogger(), tt.spec, nil)
+	if err == nil {
+		_ = p.Kill()
+		_ = p.Destroy()
+		t.Fatal("a task started in a working directory that is a file")
+	}
+	must.StrContains(t, err.Error(), `working directory "/etc/name"`)
 }
