@@ -11,6 +11,7 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/static"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
 	"github.com/shoenig/test/must"
@@ -109,4 +110,39 @@ func TestPullDockerManifestList(t *testing.T) {
 	img, err := f.store.Pull(context.Background(), f.layout(t, "single", "1", here), PullRequest{})
 	must.NoError(t, err)
 	must.Eq(t, []string{"here"}, img.Config.Cmd)
+}
+
+// A layer compressed other than with gzip or zstd (xz and bzip2, which
+// Docker once wrote; lz4) is refused naming the compression and the layer's
+// media type, as containerd refuses it, not with a tar reader's complaint
+// about the bytes. A plain tar whose first file's name starts like one of
+// those magics is still a tar.
+func TestUnsupportedCompressionIsNamed(t *testing.T) {
+	f := newFixture(t)
+	for _, tc := range []struct {
+		name  string
+		magic []byte
+	}{
+		{"xz", []byte{0xfd, '7', 'z', 'X', 'Z', 0x00}},
+		{"bzip2", []byte("BZh91AY&SY")},
+		{"lz4", []byte{0x04, 0x22, 0x4d, 0x18}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			blob := append(append([]byte(nil), tc.magic...), bytes.Repeat([]byte{0x5a}, 600)...)
+			l := static.NewLayer(blob, types.OCILayer)
+			ref := f.layout(t, tc.name, "1", mustImage(t, imagebuild.Spec{}, baseLayer(t), l))
+			_, err := f.store.Pull(context.Background(), ref, PullRequest{})
+			must.ErrorIs(t, err, ErrInvalid)
+			must.ErrorContains(t, err, tc.name+"-compressed")
+			must.ErrorContains(t, err, string(types.OCILayer))
+			must.ErrorContains(t, err, "gzip or zstd")
+		})
+	}
+	b, err := imagebuild.Tar(imagebuild.File("BZh91AY&SY", []byte("a tar"), 0o644))
+	must.NoError(t, err)
+	img, err := f.store.Pull(context.Background(), f.layout(t, "tar", "1", mustImage(t, imagebuild.Spec{}, static.NewLayer(b, types.OCIUncompressedLayer))), PullRequest{})
+	must.NoError(t, err)
+	got, err := os.ReadFile(filepath.Join(img.Layers[0], "BZh91AY&SY"))
+	must.NoError(t, err)
+	must.Eq(t, "a tar", string(got))
 }

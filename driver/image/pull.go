@@ -546,6 +546,9 @@ func (s *Store) fetchLayer(ctx context.Context, ref Reference, src source, desc 
 				ref.Raw, shortDigest(desc.Digest.String()), humanBytes(zstdMaxWindow), err)
 		case errors.Is(err, ErrDigestMismatch):
 			return layerRecord{}, false, errorf(ErrDigestMismatch, "image %q: layer %s is refused: %v", ref.Raw, shortDigest(desc.Digest.String()), err)
+		case errors.As(err, new(*unsupportedCompression)):
+			return layerRecord{}, false, errorf(ErrInvalid, "image %q: layer %s (media type %q) is %v, which this node does not read (as containerd does not); push the image again with its layers compressed with gzip or zstd",
+				ref.Raw, shortDigest(desc.Digest.String()), desc.MediaType, err)
 		case errors.Is(err, unix.ENOSPC), errors.Is(err, unix.EDQUOT):
 			return layerRecord{}, false, s.diskError(ref, err)
 		}
@@ -604,7 +607,7 @@ func zstdWindow(raw *bufio.Reader) uint64 {
 // unpackStream decompresses raw (gzip, zstd or a plain tar, told by its
 // first bytes), checks the result against diffID, and unpacks it into dir.
 func (s *Store) unpackStream(ctx context.Context, raw *bufio.Reader, dir string, b *bounds, charged *atomic.Int64, diffID string) (int64, error) {
-	magic, _ := raw.Peek(4)
+	magic, _ := raw.Peek(512)
 	var dec io.Reader = raw
 	switch {
 	case bytes.HasPrefix(magic, []byte{0x1f, 0x8b}):
@@ -633,6 +636,14 @@ func (s *Store) unpackStream(ctx context.Context, raw *bufio.Reader, dir string,
 		}
 		defer zr.Close()
 		dec = zr
+	case len(magic) > 262 && string(magic[257:262]) == "ustar":
+		// A plain tar, whatever its first file's name (its first bytes).
+	default:
+		for _, c := range otherCompressions {
+			if bytes.HasPrefix(magic, c.magic) {
+				return 0, &unsupportedCompression{name: c.name}
+			}
+		}
 	}
 	dh := sha256.New()
 	meter := &budgetReader{r: io.TeeReader(dec, dh), budget: &b.size, charged: charged}
@@ -649,6 +660,24 @@ func (s *Store) unpackStream(ctx context.Context, raw *bufio.Reader, dir string,
 	}
 	return size, nil
 }
+
+// otherCompressions are the compressions a layer may be told by that the
+// store does not read: Docker once read xz and bzip2 layers; containerd,
+// and so the kubelet, reads gzip, zstd and plain tars only, as the store.
+var otherCompressions = []struct {
+	name  string
+	magic []byte
+}{
+	{"xz", []byte{0xfd, '7', 'z', 'X', 'Z', 0x00}},
+	{"bzip2", []byte("BZh")},
+	{"lz4", []byte{0x04, 0x22, 0x4d, 0x18}},
+}
+
+// unsupportedCompression is a layer compressed with one of
+// otherCompressions.
+type unsupportedCompression struct{ name string }
+
+func (e *unsupportedCompression) Error() string { return e.name + "-compressed" }
 
 // bounds are what an image may still take as it is pulled: bytes (as
 // served and as unpacked) and entries, shared by its layers.
