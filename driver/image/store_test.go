@@ -625,6 +625,9 @@ func TestParseReference(t *testing.T) {
 		{in: "registry.example/csi:1.2", kind: KindRegistry, registry: "registry.example"},
 		{in: "127.0.0.1:5000/csi@sha256:" + strings.Repeat("a", 64), kind: KindRegistry, registry: "127.0.0.1:5000", digest: "sha256:" + strings.Repeat("a", 64)},
 		{in: "busybox", kind: KindRegistry, registry: "index.docker.io"},
+		// As Kubernetes manifests pin plugins: a tag for the reader, the
+		// digest for the pull.
+		{in: "registry.k8s.io/sig-storage/hostpathplugin:v1.9.0@sha256:" + strings.Repeat("c", 64), kind: KindRegistry, registry: "registry.k8s.io", digest: "sha256:" + strings.Repeat("c", 64)},
 		{in: "oci:/srv/images/csi", kind: KindOCILayout, path: "/srv/images/csi"},
 		{in: "oci:/srv/images/csi:1.2", kind: KindOCILayout, path: "/srv/images/csi", tag: "1.2"},
 		{in: "oci-archive:/srv/csi.tar@sha256:" + strings.Repeat("b", 64), kind: KindOCIArchive, path: "/srv/csi.tar", digest: "sha256:" + strings.Repeat("b", 64)},
