@@ -69,3 +69,17 @@ func TestImageRoot_WorkingDirThroughSymlink_Root(t *testing.T) {
 	}
 	must.StrContains(t, err.Error(), `working directory "/etc/name"`)
 }
+
+// With readonly_rootfs, a working directory the image lacks is still made
+// (in the memory the read-only root keeps), and nothing goes to disk.
+func TestImageRoot_ReadOnlyWorkingDir_Root(t *testing.T) {
+	requireTaskRoot(t)
+	tt := imageSpec(t, `echo "cwd=$(pwd -P)"; if touch x 2>/dev/null; then echo w=writable; else echo w=read-only; fi`, false)
+	tt.spec.Image.ReadOnly = true
+	tt.spec.Dir = "/srv/app"
+	got := runLines(t, tt)
+	must.Eq(t, "/srv/app", got["cwd"])
+	must.Eq(t, "read-only", got["w"])
+	_, err := os.Stat(filepath.Join(tt.spec.StateDir, "upper"))
+	must.True(t, os.IsNotExist(err), must.Sprint("a read-only root has no writable layer on disk"))
+}
