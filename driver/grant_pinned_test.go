@@ -448,7 +448,7 @@ func TestAuthorize_imagePinnedMounts(t *testing.T) {
 	}}
 	cfg := &drivers.TaskConfig{ID: "a1/t/1", AllocID: "a1", Namespace: "storage", JobID: "ebs-node"}
 	tc := &TaskConfig{Privileged: true, CSIPlugin: &PluginTaskConfig{ID: "ebs", Type: "node", MountDir: "/csi"}}
-	img := taskImage{Ref: "registry.example/ebs:1", Digest: digestA}
+	img := taskImage{Ref: "registry.example/ebs:1", Digest: digestA, Entrypoint: []string{"/bin/aws-ebs-csi-driver"}}
 	spec := func(path string) *executor.Spec {
 		return &executor.Spec{Command: "/bin/aws-ebs-csi-driver", Dir: "/", Env: []string{"PATH=" + path},
 			Mounts: []executor.Mount{{Source: "/x", Target: "/local"}, {Source: "/y", Target: "/csi"}}}
@@ -465,4 +465,55 @@ func TestAuthorize_imagePinnedMounts(t *testing.T) {
 	cfg.Mounts = nil
 	_, err = authorize(conf, cfg, tc, spec("/local/bin:"+defaultTaskPath), img)
 	must.ErrorContains(t, err, `its env PATH entry "/local/bin" is inside the task's mount "/local"`)
+}
+
+// Under an image grant the image's own program runs: a job's entrypoint
+// (or, for an image with only a cmd, its command or first arg) would run
+// any program of the image, a shell with the job's script as root among
+// them, and is refused; arguments to the image's program are the job's.
+func TestAuthorize_imagePinnedProgram(t *testing.T) {
+	conf := &Config{AllowPrivileged: true, PrivilegedPluginsOnly: true, RootDir: "/var/lib/nomad-driver-csi", PrivilegedGrants: []PrivilegedGrant{
+		{Namespace: "storage", Job: "ebs-node", Image: "registry.example/ebs@" + digestA, PluginID: "ebs"},
+	}}
+	cfg := &drivers.TaskConfig{ID: "a1/t/1", AllocID: "a1", Namespace: "storage", JobID: "ebs-node"}
+	spec := func() *executor.Spec {
+		return &executor.Spec{Command: "/bin/aws-ebs-csi-driver", Dir: "/", Env: []string{"PATH=" + defaultTaskPath}}
+	}
+	withEntry := taskImage{Ref: "registry.example/ebs:1", Digest: digestA, Entrypoint: []string{"/bin/aws-ebs-csi-driver"}, Cmd: []string{"node"}}
+	cmdOnly := taskImage{Ref: "registry.example/ebs:1", Digest: digestA, Cmd: []string{"/bin/aws-ebs-csi-driver", "node"}}
+	plugin := func(edit func(tc *TaskConfig)) *TaskConfig {
+		tc := &TaskConfig{Privileged: true, CSIPlugin: &PluginTaskConfig{ID: "ebs", Type: "node", MountDir: "/csi"}}
+		edit(tc)
+		return tc
+	}
+	for _, c := range []struct {
+		name string
+		img  taskImage
+		tc   *TaskConfig
+		err  string
+	}{
+		{"args", withEntry, plugin(func(tc *TaskConfig) { tc.Args = []string{"node", "--endpoint=${CSI_ENDPOINT}"} }), ""},
+		{"command as an argument", withEntry, plugin(func(tc *TaskConfig) { tc.Command = "node" }), ""},
+		{"the image's entrypoint", withEntry, plugin(func(tc *TaskConfig) { tc.Entrypoint = []string{"/bin/aws-ebs-csi-driver"} }), ""},
+		{"a shell entrypoint", withEntry, plugin(func(tc *TaskConfig) { tc.Entrypoint = []string{"/bin/sh", "-c", "id"} }),
+			`entrypoint ["/bin/sh" "-c" "id"] is not allowed in this task: it would run another program of the image than its own ["/bin/aws-ebs-csi-driver"]`},
+		{"cmd-only image, its program", cmdOnly, plugin(func(tc *TaskConfig) { tc.Command = "/bin/aws-ebs-csi-driver"; tc.Args = []string{"node"} }), ""},
+		{"cmd-only image, no override", cmdOnly, plugin(func(*TaskConfig) {}), ""},
+		{"cmd-only image, another command", cmdOnly, plugin(func(tc *TaskConfig) { tc.Command = "/bin/sh"; tc.Args = []string{"-c", "id"} }),
+			`command "/bin/sh" is not allowed in this task: it would run another program of the image than its own "/bin/aws-ebs-csi-driver"`},
+		{"an image with no program", taskImage{Ref: "registry.example/ebs:1", Digest: digestA}, plugin(func(tc *TaskConfig) { tc.Command = "/bin/aws-ebs-csi-driver" }),
+			"the image names no program of its own"},
+		{"cmd-only image, another first arg", cmdOnly, plugin(func(tc *TaskConfig) { tc.Args = []string{"/bin/sh", "-c", "id"} }),
+			`args' first element "/bin/sh" is not allowed in this task: it would run another program of the image than its own "/bin/aws-ebs-csi-driver"`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := authorize(conf, cfg, c.tc, spec(), c.img)
+			if c.err == "" {
+				must.NoError(t, err)
+				return
+			}
+			must.ErrorContains(t, err, c.err)
+			must.ErrorContains(t, err, "privileged_grant")
+		})
+	}
 }

@@ -479,7 +479,7 @@ func TestAuthorize_pinnedCommand_Root(t *testing.T) {
 	tc.Volumes = nil
 
 	// A task from an image never matches a command grant.
-	_, err = authorize(conf, cfg, tc, spec, taskImage{Ref: "r/hp:1", Digest: digestA})
+	_, err = authorize(conf, cfg, tc, spec, taskImage{Ref: "r/hp:1", Digest: digestA, Entrypoint: []string{"/hostpathplugin"}})
 	must.ErrorContains(t, err, "the grant names no image: a task from an image needs a grant that names its digest")
 }
 
@@ -557,7 +557,7 @@ func TestAuthorize_imageDigest(t *testing.T) {
 	}
 	spec := func() *executor.Spec { return &executor.Spec{Command: "/bin/aws-ebs-csi-driver", Dir: "/"} }
 
-	g, err := authorize(conf, task("ebs-node"), tc("ebs"), spec(), taskImage{Ref: "registry.example/ebs:v1.2", Digest: digestA})
+	g, err := authorize(conf, task("ebs-node"), tc("ebs"), spec(), taskImage{Ref: "registry.example/ebs:v1.2", Digest: digestA, Entrypoint: []string{"/bin/aws-ebs-csi-driver"}})
 	must.NoError(t, err)
 	must.Eq(t, conf.PrivilegedGrants[0], *g)
 

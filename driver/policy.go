@@ -25,7 +25,11 @@ import (
 // taskImage is the image a task starts from: its reference as the job
 // wrote it, the digest of its manifest for this node's platform and, when
 // the reference named a multi-platform index, the index's digest.
-type taskImage struct{ Ref, Digest, IndexDigest string }
+type taskImage struct {
+	Ref, Digest, IndexDigest string
+	// Entrypoint and Cmd are the image's own (its configuration's).
+	Entrypoint, Cmd []string
+}
 
 // authorize applies the operator's word to a task that is starting, before
 // anything is set up for it:
@@ -115,7 +119,43 @@ func authorize(conf *Config, cfg *drivers.TaskConfig, tc *TaskConfig, spec *exec
 			return nil, err
 		}
 	}
+	if g.Image != "" {
+		if err := checkImageProgram(tc, img, g); err != nil {
+			return nil, err
+		}
+	}
 	return g, nil
+}
+
+// checkImageProgram keeps a task under a grant that pins its image running
+// the image's own program: its entrypoint, or, for an image with only a
+// cmd, the cmd's program. A job's entrypoint, or a command or first arg
+// that takes the place of the cmd's program (imageCommand), would run any
+// program the image holds, a shell with the job's script among them, as
+// root. The program's arguments stay the job's, as under a command grant.
+func checkImageProgram(tc *TaskConfig, img taskImage, g *PrivilegedGrant) error {
+	const why = "it would run another program of the image than its own"
+	hint := fmt.Sprintf("%s pins the image, whose own program runs: drop it and pass the program's arguments in args", g)
+	if len(tc.Entrypoint) > 0 && !slices.Equal(tc.Entrypoint, img.Entrypoint) {
+		if len(img.Entrypoint) == 0 {
+			return fmt.Errorf("entrypoint %q is not allowed in this task: %s (the image has no entrypoint); %s", tc.Entrypoint, why, hint)
+		}
+		return fmt.Errorf("entrypoint %q is not allowed in this task: %s %q; %s", tc.Entrypoint, why, img.Entrypoint, hint)
+	}
+	if len(img.Entrypoint) > 0 {
+		// command and args are the entrypoint's arguments.
+		return nil
+	}
+	if len(img.Cmd) == 0 {
+		return fmt.Errorf("the image names no program of its own (no entrypoint or cmd), so the job's command would be any program of it, run as root: %s; grant an image that names its program", g)
+	}
+	switch own := img.Cmd[0]; {
+	case tc.Command != "" && tc.Command != own:
+		return fmt.Errorf("command %q is not allowed in this task: %s %q; %s", tc.Command, why, own, hint)
+	case tc.Command == "" && len(tc.Args) > 0 && tc.Args[0] != own:
+		return fmt.Errorf("args' first element %q is not allowed in this task: %s %q (the image has only a cmd, which args replace); %s", tc.Args[0], why, own, hint)
+	}
+	return nil
 }
 
 // checkPinned keeps a task whose grant g pins its program (command, the
