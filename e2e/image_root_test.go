@@ -265,6 +265,38 @@ func TestImageTasks(t *testing.T) {
 		must.SliceEmpty(t, TaskPIDs(al.ID, "plugin"))
 	})
 
+	// The granted image with the job's own entrypoint (a shell and its
+	// script, as root on the node) is refused before anything runs, naming
+	// the entrypoint and the grant; the image's own program runs (above).
+	t.Run("granted_image_with_job_entrypoint_refused", func(t *testing.T) {
+		t.Parallel()
+		job := a.RunJob(t, "image_plugin", map[string]string{
+			"PluginID": "img-entry", "PluginType": "monolith", "Image": regRef, "Args": volHCLList(nil),
+			"HostVolume": "image-state", "StatePath": dirs.state,
+			"Entrypoint": volHCLList([]string{"/bin/sh", "-c", "id > " + filepath.Join(dirs.state, "entrypoint-ran")}),
+		})
+		t.Cleanup(func() { a.stopJobs([]string{job.ID}, time.Minute) })
+		al := a.WaitAlloc(t, job.ID, 2*time.Minute, StatusFailed, StatusPending)
+		var text string
+		deadline := time.Now().Add(time.Minute)
+		for !strings.Contains(text, "privileged_grant") && time.Now().Before(deadline) {
+			time.Sleep(250 * time.Millisecond)
+			var all []string
+			for _, e := range a.Allocation(t, al.ID).Events("plugin") {
+				all = append(all, e.Text())
+			}
+			text = strings.Join(all, "\n")
+		}
+		t.Logf("the plugin task's events:\n%s", text)
+		must.StrContains(t, text, `entrypoint ["/bin/sh" "-c"`)
+		must.StrContains(t, text, "is not allowed in this task")
+		must.StrContains(t, text, "privileged_grant")
+		must.StrNotContains(t, text, "Started")
+		must.SliceEmpty(t, TaskPIDs(al.ID, "plugin"))
+		_, err := os.Stat(filepath.Join(dirs.state, "entrypoint-ran"))
+		must.ErrorIs(t, err, os.ErrNotExist)
+	})
+
 	// An isolated task from an image sees the image, not the host, runs as
 	// nobody (the image's own) and writes only its own layer; with
 	// readonly_rootfs it writes nothing.

@@ -2,7 +2,8 @@
 # plugin id {{.Vars.PluginID}} ({{.Vars.PluginType}}), privileged. The
 # fixture keeps its volumes and call log in the client's host volume
 # {{.Vars.HostVolume}}, mounted at the same path ({{.Vars.StatePath}}) in the
-# task, so that the host sees them where the test looks.
+# task, so that the host sees them where the test looks. An optional
+# Entrypoint var (an HCL list) replaces the image's entrypoint.
 job "{{.JobID}}" {
   type = "service"
 
@@ -37,6 +38,9 @@ job "{{.JobID}}" {
         image      = "{{.Vars.Image}}"
         args       = {{.Vars.Args}}
         privileged = true
+{{- with index .Vars "Entrypoint"}}
+        entrypoint = {{.}}
+{{- end}}
 
         csi_plugin {
           id        = "{{.Vars.PluginID}}"
