@@ -248,16 +248,7 @@ func TestImageTasks(t *testing.T) {
 		})
 		t.Cleanup(func() { a.stopJobs([]string{job.ID}, time.Minute) })
 		al := a.WaitAlloc(t, job.ID, 2*time.Minute, StatusFailed, StatusPending)
-		var text string
-		deadline := time.Now().Add(time.Minute)
-		for !strings.Contains(text, "privileged_grant") && time.Now().Before(deadline) {
-			time.Sleep(250 * time.Millisecond)
-			var all []string
-			for _, e := range a.Allocation(t, al.ID).Events("plugin") {
-				all = append(all, e.Text())
-			}
-			text = strings.Join(all, "\n")
-		}
+		text := eventsNaming(t, a, al.ID, "plugin", "privileged_grant")
 		t.Logf("the plugin task's events:\n%s", text)
 		must.StrContains(t, text, "privileged_grant")
 		must.StrContains(t, text, "resolved to sha256:")
@@ -277,16 +268,7 @@ func TestImageTasks(t *testing.T) {
 		})
 		t.Cleanup(func() { a.stopJobs([]string{job.ID}, time.Minute) })
 		al := a.WaitAlloc(t, job.ID, 2*time.Minute, StatusFailed, StatusPending)
-		var text string
-		deadline := time.Now().Add(time.Minute)
-		for !strings.Contains(text, "privileged_grant") && time.Now().Before(deadline) {
-			time.Sleep(250 * time.Millisecond)
-			var all []string
-			for _, e := range a.Allocation(t, al.ID).Events("plugin") {
-				all = append(all, e.Text())
-			}
-			text = strings.Join(all, "\n")
-		}
+		text := eventsNaming(t, a, al.ID, "plugin", "privileged_grant")
 		t.Logf("the plugin task's events:\n%s", text)
 		must.StrContains(t, text, `entrypoint ["/bin/sh" "-c"`)
 		must.StrContains(t, text, "is not allowed in this task")
@@ -391,4 +373,18 @@ func TestImageTaskSurvivesAgentRestart(t *testing.T) {
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
+}
+
+// eventsNaming is the text of the task's events once one of them contains
+// want, or after a minute without (the caller's checks then say what is
+// missing).
+func eventsNaming(t *testing.T, a *Agent, allocID, task, want string) string {
+	t.Helper()
+	var text string
+	deadline := time.Now().Add(time.Minute)
+	for !strings.Contains(text, want) && time.Now().Before(deadline) {
+		time.Sleep(250 * time.Millisecond)
+		text = eventsText(a.Allocation(t, allocID), task)
+	}
+	return text
 }
