@@ -1,6 +1,9 @@
 package csihook
 
-import "fmt"
+import (
+	"fmt"
+	"strings"
+)
 
 // Sharing rules: who may use a volume of this node. A volume belongs to
 // the namespace that created it here or first had it published, and is
@@ -92,5 +95,30 @@ func (m *Manager) checkShare(taskID string, req VolumeRequest, volumeID string) 
 		return &conflictError{fmt.Sprintf("volume %q: volume_id %q is single-node-writer and task %q already has it published writable on this node: stop that task first or use a multi-node access mode",
 			req.Name, volumeID, other)}
 	}
+	if req.AccessMode == AccessMultiNodeSingleWriter && !req.ReadOnly {
+		// Nomad: "the scheduler only allows one allocation to have
+		// read/write access". The CSI spec's limit is about nodes, so
+		// on this node only the driver can keep a second allocation
+		// from writing; tasks of one allocation share its claim.
+		alloc := allocOf(taskID)
+		for _, ref := range others {
+			t := m.tasks[ref.taskID][ref.name]
+			if t.ReadOnly || allocOf(ref.taskID) == alloc {
+				continue
+			}
+			return &conflictError{fmt.Sprintf("volume %q: volume_id %q is multi-node-single-writer and task %q of allocation %q has it published writable on this node, and one allocation may write it: set read_only = true to read it, stop that allocation first, or use access_mode = %q",
+				req.Name, volumeID, ref.taskID, allocOf(ref.taskID), AccessMultiNodeMultiWriter)}
+		}
+	}
 	return nil
+}
+
+// allocOf returns the allocation of a Nomad task ID (allocation
+// ID/task name/invocation), or the ID itself when it has no such form.
+func allocOf(taskID string) string {
+	alloc, rest, ok := strings.Cut(taskID, "/")
+	if !ok || alloc == "" || !strings.Contains(rest, "/") {
+		return taskID
+	}
+	return alloc
 }

@@ -43,7 +43,8 @@ type VolumeRequest struct {
 	// Destination is the absolute path inside the task.
 	Destination string
 	// ReadOnly publishes the volume read-only. It is refused with a writer
-	// access mode (see Validate).
+	// access mode but multi-node-single-writer, whose readers it makes
+	// (see Validate and checkShare).
 	ReadOnly bool
 	// AccessMode is one of the Access* constants; required.
 	AccessMode string

@@ -260,7 +260,9 @@ func validate(reqs []VolumeRequest) error {
 			} else {
 				fail("access_mode %q is not supported: use one of %s", mode, modeList())
 			}
-		} else if req.ReadOnly && writerMode(mode) {
+		} else if req.ReadOnly && writerMode(mode) && mode != AccessMultiNodeSingleWriter {
+			// A multi-node-single-writer volume has readers besides its
+			// one writing allocation (checkShare), as in Nomad.
 			fail("read_only = true conflicts with access_mode = %q: use single-node-reader-only or multi-node-reader-only, or drop read_only", mode)
 		}
 
