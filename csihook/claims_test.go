@@ -2,6 +2,7 @@ package csihook
 
 import (
 	"context"
+	"errors"
 	"testing"
 
 	"github.com/shoenig/test/must"
@@ -83,6 +84,31 @@ func TestClaims_MultiNodeSingleWriter_RestartIsNotASecondWriter(t *testing.T) {
 	for _, id := range []string{"alloc-a/db/11111111", "alloc-a/db/55555555"} {
 		must.NoError(t, h.m.Teardown(ctx, id))
 	}
+}
+
+// A task of another namespace is refused for the namespace alone: the
+// sharing rules are the owner's business, and their error would name a
+// task (allocation ID and task name) of the namespace that holds the
+// volume.
+func TestClaims_OtherNamespaceHearsNothingOfTheHolder(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	r := req("data", "vol1", "/data")
+	r.AccessMode, r.Namespace = AccessMultiNodeSingleWriter, "team-a"
+	_, err := h.m.Setup(ctx, "alloc-a/db/11111111", []VolumeRequest{r})
+	must.NoError(t, err)
+
+	for name, mode := range map[string]string{"writer": AccessMultiNodeSingleWriter, "other mode": AccessMultiNodeMultiWriter} {
+		t.Run(name, func(t *testing.T) {
+			o := req("data", "vol1", "/data")
+			o.AccessMode, o.Namespace = mode, "team-b"
+			_, err := h.m.Setup(ctx, "alloc-b/evil/22222222", []VolumeRequest{o})
+			must.ErrorIs(t, err, ErrOtherNamespace)
+			must.False(t, errors.Is(err, ErrConflict))
+			must.StrNotContains(t, err.Error(), "alloc-a")
+		})
+	}
+	must.NoError(t, h.m.Teardown(ctx, "alloc-a/db/11111111"))
 }
 
 // The writer's claim outlives the driver process: after a restart it still

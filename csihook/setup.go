@@ -124,14 +124,19 @@ func (m *Manager) preflight(taskID string, reqs []VolumeRequest) ([]plan, error)
 			errs = append(errs, err)
 		}
 		id, _ := m.resolve(req)
-		if err := m.checkNamespace(req, id); err != nil {
-			errs = append(errs, err)
+		nsErr := m.checkNamespace(req, id)
+		if nsErr != nil {
+			errs = append(errs, nsErr)
 		}
 		if err := sameVolumeTwice(byID, req, id); err != nil {
 			errs = append(errs, err)
 		}
-		if err := m.checkShare(taskID, req, id); err != nil {
-			errs = append(errs, err)
+		// Another namespace's volume is refused for that alone: how it
+		// is shared is its owner's, and would name the owner's task.
+		if nsErr == nil {
+			if err := m.checkShare(taskID, req, id); err != nil {
+				errs = append(errs, err)
+			}
 		}
 		plans = append(plans, plan{seq: i, req: req, info: info})
 	}
