@@ -3,6 +3,7 @@ package csihook
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 
 	"github.com/shoenig/test/must"
@@ -144,4 +145,51 @@ func TestClaims_MultiNodeSingleWriter_ClaimKeptUntilReaped(t *testing.T) {
 		must.NoError(t, h.m.Teardown(ctx, id))
 	}
 	must.SliceEmpty(t, h.journalRecords())
+}
+
+// Two allocations starting at once: the volume's lock orders them, and
+// one of them writes.
+func TestClaims_MultiNodeSingleWriter_ConcurrentWriters(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	r := req("data", "vol1", "/data")
+	r.AccessMode = AccessMultiNodeSingleWriter
+	ids := []string{"alloc-a/db/11111111", "alloc-b/db/22222222"}
+	errs := make([]error, len(ids))
+	var wg sync.WaitGroup
+	for i, id := range ids {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, errs[i] = h.m.Setup(ctx, id, []VolumeRequest{r})
+		}()
+	}
+	wg.Wait()
+	ok := 0
+	for _, err := range errs {
+		if err == nil {
+			ok++
+		} else {
+			must.ErrorIs(t, err, ErrConflict)
+		}
+	}
+	must.Eq(t, 1, ok)
+	for _, id := range ids {
+		must.NoError(t, h.m.Teardown(ctx, id))
+	}
+	must.SliceEmpty(t, h.journalRecords())
+}
+
+// Two blocks of one task may name a multi-node-single-writer volume, one
+// of them read-only: one task, one allocation.
+func TestClaims_MultiNodeSingleWriter_TwoBlocksOfOneTask(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	a, b := req("a", "vol1", "/a"), req("b", "vol1", "/b")
+	a.AccessMode, b.AccessMode, b.ReadOnly = AccessMultiNodeSingleWriter, AccessMultiNodeSingleWriter, true
+	pubs, err := h.m.Setup(ctx, "alloc-a/db/11111111", []VolumeRequest{a, b})
+	must.NoError(t, err)
+	must.False(t, pubs[0].ReadOnly)
+	must.True(t, pubs[1].ReadOnly)
+	must.NoError(t, h.m.Teardown(ctx, "alloc-a/db/11111111"))
 }
