@@ -517,3 +517,64 @@ func TestAuthorize_imagePinnedProgram(t *testing.T) {
 		})
 	}
 }
+
+// Under an image grant the program the image names is the one that runs:
+// a relative program (democratic-csi's ENTRYPOINT ["bin/democratic-csi"]
+// from WORKDIR /home/csi/app) is found in the working directory, which a
+// job's work_dir would move to its own files (/local, which its templates
+// and artifacts write), and a job's mount over the program, its directory
+// or the image's working directory would put the job's files in its place.
+func TestAuthorize_imagePinnedProgramPlace(t *testing.T) {
+	conf := &Config{AllowPrivileged: true, PrivilegedPluginsOnly: true, RootDir: "/var/lib/nomad-driver-csi", PrivilegedGrants: []PrivilegedGrant{
+		{Namespace: "storage", Job: "dcsi", Image: "docker.io/democraticcsi/democratic-csi@" + digestA, PluginID: "nfs"},
+	}}
+	relative := taskImage{Ref: "democraticcsi/democratic-csi:v1", Digest: digestA, Entrypoint: []string{"bin/democratic-csi"}, WorkingDir: "/home/csi/app"}
+	cmdOnly := taskImage{Ref: "democraticcsi/democratic-csi:v1", Digest: digestA, Cmd: []string{"bin/democratic-csi"}, WorkingDir: "/home/csi/app"}
+	absolute := taskImage{Ref: "democraticcsi/democratic-csi:v1", Digest: digestA, Entrypoint: []string{"/opt/csi/bin/plugin"}}
+	atRoot := taskImage{Ref: "democraticcsi/democratic-csi:v1", Digest: digestA, Entrypoint: []string{"/hostpathplugin"}}
+	for _, c := range []struct {
+		name    string
+		img     taskImage
+		workDir string
+		mount   string
+		err     string
+	}{
+		{"relative, the image's working directory", relative, "", "", ""},
+		{"relative, work_dir the image's", relative, "/home/csi/app/", "", ""},
+		{"relative, work_dir the job's", relative, "/local", "", `work_dir "/local" is not allowed in this task`},
+		{"relative cmd, work_dir the job's", cmdOnly, "/local", "", `work_dir "/local" is not allowed in this task`},
+		{"absolute, work_dir the job's", absolute, "/local", "", ""},
+		{"a state mount", relative, "", "/var/lib/dcsi", ""},
+		{"a mount on the working directory", relative, "", "/home/csi/app", `a mount at "/home/csi/app"`},
+		{"a mount in the working directory", relative, "", "/home/csi/app/node_modules", `a mount at "/home/csi/app/node_modules"`},
+		{"a mount above the program", relative, "", "/home", `a mount at "/home"`},
+		{"a mount on the program's directory", absolute, "", "/opt/csi/bin", `a mount at "/opt/csi/bin"`},
+		{"a mount on the program", atRoot, "", "/hostpathplugin", `a mount at "/hostpathplugin"`},
+		{"a mount beside a program at the root", atRoot, "", "/var/lib/hostpath", ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := &drivers.TaskConfig{ID: "a1/t/1", AllocID: "a1", Namespace: "storage", JobID: "dcsi"}
+			tc := &TaskConfig{Privileged: true, WorkDir: c.workDir, CSIPlugin: &PluginTaskConfig{ID: "nfs", Type: "node", MountDir: "/csi"}}
+			if len(c.img.Entrypoint) > 0 {
+				tc.Args = []string{"--csi-mode=node"}
+			}
+			dir := c.workDir
+			if dir == "" {
+				dir = "/"
+			}
+			spec := &executor.Spec{Command: "bin/democratic-csi", Dir: dir, Env: []string{"PATH=" + defaultTaskPath},
+				Mounts: []executor.Mount{{Source: "/x", Target: "/local"}, {Source: "/y", Target: "/csi"}}}
+			if c.mount != "" {
+				cfg.Mounts = []*drivers.MountConfig{{TaskPath: c.mount, HostPath: "/srv/dcsi"}}
+				spec.Mounts = append(spec.Mounts, executor.Mount{Source: "/srv/dcsi", Target: c.mount})
+			}
+			_, err := authorize(conf, cfg, tc, spec, c.img)
+			if c.err == "" {
+				must.NoError(t, err)
+				return
+			}
+			must.ErrorContains(t, err, c.err)
+			must.ErrorContains(t, err, "privileged_grant")
+		})
+	}
+}

@@ -29,6 +29,8 @@ type taskImage struct {
 	Ref, Digest, IndexDigest string
 	// Entrypoint and Cmd are the image's own (its configuration's).
 	Entrypoint, Cmd []string
+	// WorkingDir is the image's working directory ("" for none).
+	WorkingDir string
 }
 
 // authorize applies the operator's word to a task that is starting, before
@@ -120,7 +122,7 @@ func authorize(conf *Config, cfg *drivers.TaskConfig, tc *TaskConfig, spec *exec
 		}
 	}
 	if g.Image != "" {
-		if err := checkImageProgram(tc, img, g); err != nil {
+		if err := checkImageProgram(tc, img, g, jobMountTargets(conf, spec, tc)); err != nil {
 			return nil, err
 		}
 	}
@@ -133,7 +135,55 @@ func authorize(conf *Config, cfg *drivers.TaskConfig, tc *TaskConfig, spec *exec
 // that takes the place of the cmd's program (imageCommand), would run any
 // program the image holds, a shell with the job's script among them, as
 // root. The program's arguments stay the job's, as under a command grant.
-func checkImageProgram(tc *TaskConfig, img taskImage, g *PrivilegedGrant) error {
+//
+// The program must also be the image's file where it runs: a relative one
+// is found in the working directory, which the job's work_dir would move
+// to its own files, and none of the job's mounts (targets) may go on,
+// above or inside the program's directory or the image's working
+// directory (an interpreted program's modules are there: democratic-csi's
+// node_modules).
+func checkImageProgram(tc *TaskConfig, img taskImage, g *PrivilegedGrant, targets []string) error {
+	if err := checkImageProgramName(tc, img, g); err != nil {
+		return err
+	}
+	prog := img.Cmd[:min(len(img.Cmd), 1)]
+	if len(img.Entrypoint) > 0 {
+		prog = img.Entrypoint[:1]
+	}
+	imageDir := filepath.Join("/", img.WorkingDir)
+	if !filepath.IsAbs(prog[0]) && strings.Contains(prog[0], "/") && tc.WorkDir != "" && filepath.Clean(tc.WorkDir) != imageDir {
+		return fmt.Errorf("work_dir %q is not allowed in this task: the image's program %q is relative to its working directory %q, and from another it would be a file the job chooses, run as root; drop work_dir (%s pins the image)", tc.WorkDir, prog[0], imageDir, g)
+	}
+	dir := imageDir
+	if tc.WorkDir != "" {
+		dir = filepath.Clean(tc.WorkDir)
+	}
+	path := prog[0]
+	if !filepath.IsAbs(path) {
+		path = filepath.Join(dir, path)
+	}
+	var own []string
+	for _, d := range []string{path, filepath.Dir(path), imageDir} {
+		if d != "/" {
+			own = append(own, d)
+		}
+	}
+	for _, t := range targets {
+		if slices.Contains(pinnedMountExceptions, t) {
+			continue
+		}
+		for _, d := range own {
+			if mounter.PathWithin(t, d) || mounter.PathWithin(d, t) {
+				return fmt.Errorf("the task runs under %s, and a mount at %q would put the job's files in place of the image's program %q or the files it loads beside it (%s); choose another destination", g, t, prog[0], d)
+			}
+		}
+	}
+	return nil
+}
+
+// checkImageProgramName is checkImageProgram's check of the program's
+// name: the image's entrypoint, or a cmd-only image's cmd's program.
+func checkImageProgramName(tc *TaskConfig, img taskImage, g *PrivilegedGrant) error {
 	const why = "it would run another program of the image than its own"
 	hint := fmt.Sprintf("%s pins the image, whose own program runs: drop it and pass the program's arguments in args", g)
 	if len(tc.Entrypoint) > 0 && !slices.Equal(tc.Entrypoint, img.Entrypoint) {
