@@ -455,7 +455,7 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 	// image's comes in with its root, next.
 	var ti taskImage
 	if img != nil {
-		ti = taskImage{Ref: img.Ref, Digest: img.Digest, IndexDigest: img.IndexDigest, Entrypoint: img.Config.Entrypoint, Cmd: img.Config.Cmd, WorkingDir: img.Config.WorkingDir}
+		ti = newTaskImage(img)
 	}
 	grant, err := authorize(conf, cfg, tc, spec, ti)
 	if err != nil {

@@ -14,6 +14,7 @@ import (
 	"github.com/shoenig/test/must"
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor"
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/image"
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/taskuser"
 	"github.com/nomad-driver-csi/nomad-driver-csi/mounter"
 )
@@ -577,4 +578,80 @@ func TestAuthorize_imagePinnedProgramPlace(t *testing.T) {
 			must.ErrorContains(t, err, "privileged_grant")
 		})
 	}
+}
+
+// Under an image grant, the program's file is where the image's symlinks
+// lead (/usr/local/bin/plugin -> /opt/plugin/bin/plugin), and the image's
+// PATH is where it is found by name and where it runs the programs it
+// names (mount, mkfs.ext4): a job's mount on either puts the job's files
+// in their place.
+func TestAuthorize_imagePinnedProgramFile(t *testing.T) {
+	conf := &Config{AllowPrivileged: true, PrivilegedPluginsOnly: true, RootDir: "/var/lib/nomad-driver-csi", PrivilegedGrants: []PrivilegedGrant{
+		{Namespace: "storage", Job: "p", Image: "registry.example/p@" + digestA, PluginID: "p"},
+	}}
+	linked := taskImage{Ref: "registry.example/p:1", Digest: digestA, Entrypoint: []string{"/usr/local/bin/plugin"}, ProgramFile: "/opt/plugin/bin/plugin"}
+	named := taskImage{Ref: "registry.example/p:1", Digest: digestA, Entrypoint: []string{"plugin"}, Env: []string{"PATH=/opt/plugin/bin:/usr/bin"}}
+	namedInDir := named
+	namedInDir.WorkingDir = "/w"
+	for _, c := range []struct {
+		name  string
+		img   taskImage
+		mount string
+		err   string
+	}{
+		{"a state mount, linked program", linked, "/var/lib/p", ""},
+		{"a mount on the program's file's directory", linked, "/opt/plugin/bin", `a mount at "/opt/plugin/bin"`},
+		{"a mount above the program's file", linked, "/opt", `a mount at "/opt"`},
+		{"a state mount, named program", named, "/var/lib/p", ""},
+		{"a mount on the image's PATH", named, "/opt/plugin/bin", `a mount at "/opt/plugin/bin"`},
+		{"a mount on the image's PATH, from a working directory", namedInDir, "/opt/plugin/bin", `a mount at "/opt/plugin/bin"`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := &drivers.TaskConfig{ID: "a1/t/1", AllocID: "a1", Namespace: "storage", JobID: "p",
+				Mounts: []*drivers.MountConfig{{TaskPath: c.mount, HostPath: "/srv/p"}}}
+			tc := &TaskConfig{Privileged: true, Args: []string{"--node"}, CSIPlugin: &PluginTaskConfig{ID: "p", Type: "node", MountDir: "/csi"}}
+			spec := &executor.Spec{Command: c.img.Entrypoint[0], Dir: "/", Env: []string{"PATH=" + defaultTaskPath},
+				Mounts: []executor.Mount{{Source: "/x", Target: "/local"}, {Source: "/y", Target: "/csi"}, {Source: "/srv/p", Target: c.mount}}}
+			_, err := authorize(conf, cfg, tc, spec, c.img)
+			if c.err == "" {
+				must.NoError(t, err)
+				return
+			}
+			must.ErrorContains(t, err, c.err)
+			must.ErrorContains(t, err, "privileged_grant")
+		})
+	}
+}
+
+// imageProgramFile follows the image's symlinks from its program: from the
+// image's working directory for a relative one, through its PATH for a
+// name.
+func TestImageProgramFile(t *testing.T) {
+	fs := newLayeredFS(testLayers(t, map[string]string{
+		"opt/plugin/bin/plugin":  "#!/bin/sh\n",
+		"usr/local/bin/plugin":   "->../../../opt/plugin/bin/plugin",
+		"usr/bin/abs":            "->/opt/plugin/bin/plugin",
+		"home/csi/app/bin/dcsi":  "js",
+		"home/csi/app/bin/alias": "->dcsi",
+	}))
+	for _, c := range []struct {
+		prog, dir string
+		path      []string
+		want      string
+	}{
+		{"/usr/local/bin/plugin", "/", nil, "/opt/plugin/bin/plugin"},
+		{"/usr/bin/abs", "/", nil, "/opt/plugin/bin/plugin"},
+		{"bin/alias", "/home/csi/app", nil, "/home/csi/app/bin/dcsi"},
+		{"abs", "/", []string{"/nonexistent", "/usr/bin"}, "/opt/plugin/bin/plugin"},
+		{"missing", "/", []string{"/usr/bin"}, ""},
+		{"/opt/plugin/bin/plugin", "/", nil, "/opt/plugin/bin/plugin"},
+	} {
+		must.Eq(t, c.want, imageProgramFile(fs, c.prog, c.dir, c.path), must.Sprint(c.prog))
+	}
+	// What a starting task's authorize is told of its image.
+	layers := testLayers(t, map[string]string{"opt/p/plugin": "x", "usr/local/bin/plugin": "->/opt/p/plugin"})
+	img := &image.Image{Ref: "r/p:1", Digest: digestA, Layers: layers, Config: image.Config{Entrypoint: []string{"plugin"},
+		WorkingDir: "/w", Env: []string{"PATH=/usr/local/bin:/usr/bin"}}}
+	must.Eq(t, taskImage{Ref: "r/p:1", Digest: digestA, Entrypoint: []string{"plugin"}, WorkingDir: "/w",
+		Env: []string{"PATH=/usr/local/bin:/usr/bin"}, ProgramFile: "/opt/p/plugin"}, newTaskImage(img))
 }

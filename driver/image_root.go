@@ -279,3 +279,45 @@ func imageEnv(image, task []string) []string {
 	}
 	return append(out, task...)
 }
+
+// newTaskImage is what authorize is told of img.
+func newTaskImage(img *image.Image) taskImage {
+	ti := taskImage{Ref: img.Ref, Digest: img.Digest, IndexDigest: img.IndexDigest, Entrypoint: img.Config.Entrypoint,
+		Cmd: img.Config.Cmd, WorkingDir: img.Config.WorkingDir, Env: img.Config.Env}
+	if prog := append(slices.Clone(img.Config.Entrypoint), img.Config.Cmd...); len(prog) > 0 {
+		ti.ProgramFile = imageProgramFile(newLayeredFS(img.Layers), prog[0], img.Config.WorkingDir, pinnedPath(img.Config.Env))
+	}
+	return ti
+}
+
+// imageProgramFile is the file that prog, an image's own program, is in
+// the image: prog from the image's working directory dir or, for a name,
+// from the first entry of path (the image's PATH) that has it, with the
+// image's symlinks followed; "" when the image has no such file.
+func imageProgramFile(fs *layeredFS, prog, dir string, path []string) string {
+	var candidates []string
+	switch {
+	case filepath.IsAbs(prog):
+		candidates = []string{prog}
+	case strings.Contains(prog, "/"):
+		candidates = []string{inDir(dir, prog)}
+	default:
+		for _, d := range path {
+			candidates = append(candidates, filepath.Join(inDir(dir, d), prog))
+		}
+	}
+	for _, c := range candidates {
+		if e, err := fs.lookup(c); err == nil && e.mode.IsRegular() {
+			return filepath.Join("/", e.rel)
+		}
+	}
+	return ""
+}
+
+// inDir is p from the directory dir: p when it is absolute.
+func inDir(dir, p string) string {
+	if filepath.IsAbs(p) {
+		return filepath.Clean(p)
+	}
+	return filepath.Join("/", dir, p)
+}

@@ -29,8 +29,13 @@ type taskImage struct {
 	Ref, Digest, IndexDigest string
 	// Entrypoint and Cmd are the image's own (its configuration's).
 	Entrypoint, Cmd []string
-	// WorkingDir is the image's working directory ("" for none).
+	// WorkingDir is the image's working directory ("" for none), Env its
+	// environment.
 	WorkingDir string
+	Env        []string
+	// ProgramFile is the file the image's program is, its symlinks in the
+	// image followed (imageProgramFile); "" when not known.
+	ProgramFile string
 }
 
 // authorize applies the operator's word to a task that is starting, before
@@ -158,12 +163,19 @@ func checkImageProgram(tc *TaskConfig, img taskImage, g *PrivilegedGrant, target
 	if tc.WorkDir != "" {
 		dir = filepath.Clean(tc.WorkDir)
 	}
-	path := prog[0]
-	if !filepath.IsAbs(path) {
-		path = filepath.Join(dir, path)
+	path := inDir(dir, prog[0])
+	places := []string{path, filepath.Dir(path), imageDir}
+	if img.ProgramFile != "" {
+		places = append(places, img.ProgramFile, filepath.Dir(img.ProgramFile))
+	}
+	// The image's PATH, where a name is found and the program finds the
+	// programs it runs by name, unless the job's PATH (checkPinned's)
+	// stands in for it.
+	for _, d := range pinnedPath(img.Env) {
+		places = append(places, inDir(dir, d))
 	}
 	var own []string
-	for _, d := range []string{path, filepath.Dir(path), imageDir} {
+	for _, d := range places {
 		if d != "/" {
 			own = append(own, d)
 		}
