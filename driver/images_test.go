@@ -103,13 +103,21 @@ type imageDriver struct {
 
 func newImageDriver(t *testing.T, rootErr error, mods ...func(c *Config, digest string)) *imageDriver {
 	t.Helper()
+	return newImageDriverOf(t, imagebuild.Spec{Entrypoint: []string{"/bin/plugin"}},
+		[]imagebuild.Entry{imagebuild.File("bin/plugin", []byte("#!/bin/sh\n"), 0o755)}, rootErr, mods...)
+}
+
+// newImageDriverOf is newImageDriver with an image of spec and the files
+// of entries.
+func newImageDriverOf(t *testing.T, spec imagebuild.Spec, entries []imagebuild.Entry, rootErr error, mods ...func(c *Config, digest string)) *imageDriver {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: the image store sets owners of unpacked files")
 	}
 	dir := shortTempDir(t)
-	layer, err := imagebuild.Layer(imagebuild.File("bin/plugin", []byte("#!/bin/sh\n"), 0o755))
+	layer, err := imagebuild.Layer(entries...)
 	must.NoError(t, err)
-	img, err := imagebuild.Build(imagebuild.Spec{Entrypoint: []string{"/bin/plugin"}}, layer)
+	img, err := imagebuild.Build(spec, layer)
 	must.NoError(t, err)
 	must.NoError(t, imagebuild.WriteLayout(filepath.Join(dir, "plugin"), "1.0", img))
 	digest, err := img.Digest()
@@ -274,6 +282,33 @@ func TestStartTask_theGrantMatchesThePulledDigest(t *testing.T) {
 	must.SliceEmpty(t, d.roots)
 	// The refused task lets its image go.
 	must.SliceEmpty(t, d.uses(t))
+}
+
+// Under an image grant, a job's mount where the image's entrypoint leads
+// through its symlinks (/usr/local/bin/plugin -> /opt/p/plugin) would put
+// the job's files in place of the granted program: the starting task is
+// told the file, and refused.
+func TestStartTask_theGrantedProgramIsTheImagesFile(t *testing.T) {
+	d := newImageDriverOf(t, imagebuild.Spec{Entrypoint: []string{"/usr/local/bin/plugin"}}, []imagebuild.Entry{
+		imagebuild.File("opt/p/plugin", []byte("#!/bin/sh\n"), 0o755),
+		imagebuild.Symlink("usr/local/bin/plugin", "/opt/p/plugin"),
+	}, nil, func(c *Config, digest string) {
+		c.AllowPrivileged, c.PrivilegedPluginsOnly = true, false
+		c.PrivilegedGrants = []PrivilegedGrant{{Namespace: "default", Job: "csi", Image: "registry.example/plugin@" + digest}}
+	})
+	for _, target := range []string{"/var/lib/p", "/opt/p"} {
+		cfg := taskConfig(t, TaskConfig{Image: d.ref, Privileged: true})
+		cfg.JobID = "csi"
+		cfg.Mounts = []*drivers.MountConfig{{TaskPath: target, HostPath: t.TempDir()}}
+		h, _, err := d.StartTask(cfg)
+		if target == "/var/lib/p" {
+			must.NoError(t, err)
+			must.NoError(t, d.DestroyTask(h.Config.ID, true))
+			continue
+		}
+		must.ErrorContains(t, err, `a mount at "/opt/p"`)
+		must.ErrorContains(t, err, "privileged_grant")
+	}
 }
 
 // A task whose config is wrong in itself or against the agent's (a volume
