@@ -1,12 +1,18 @@
 package csihook
 
 import (
+	"bytes"
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/shoenig/test/must"
+	"github.com/shoenig/test/wait"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/csihook/wal"
 )
@@ -116,4 +122,64 @@ func volumeIDs(st JournalState) []string {
 		out = append(out, v.VolumeID)
 	}
 	return out
+}
+
+// A task record's invocation mark names the task's state directory after a
+// crash of the host lost its unsynced invocation file (driver/invocations.go),
+// for as long as the record lives: a compaction, a restart's replay and a
+// teardown that stops half way keep it. A compaction that wrote the record
+// without it, then a crash, would leave the task's directory read as an
+// older driver's task, its volumes held.
+func TestReadJournal_InvocationMarkOutlivesCompaction(t *testing.T) {
+	setCompactDelay(t, time.Millisecond)
+	ctx := context.Background()
+	h := newHarness(t)
+	p := fullPlugin("p")
+	// Published and staged, no record needs the secrets: the log is
+	// compacted to drop them.
+	p.ControllerPublish = false
+	h.setPlugin(p)
+	dir := filepath.Join(h.root, "journal")
+	logFile := func() []byte {
+		data, err := os.ReadFile(filepath.Join(dir, logName))
+		must.NoError(t, err)
+		return data
+	}
+	compacted := func() {
+		t.Helper()
+		must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool { return !bytes.Contains(logFile(), []byte(canary)) }),
+			wait.Timeout(10*time.Second), wait.Gap(5*time.Millisecond)), must.Sprint("the log was not compacted"))
+	}
+	marks := func() map[string]bool {
+		t.Helper()
+		st, err := ReadJournal(dir)
+		must.NoError(t, err)
+		out := map[string]bool{}
+		for _, tr := range st.Tasks {
+			out[tr.TaskID+"/"+tr.Name] = tr.Invocation
+		}
+		return out
+	}
+	_, err := h.m.Setup(ctx, "a/t/1", []VolumeRequest{req("data", "vol1", "/data")})
+	must.NoError(t, err)
+	compacted()
+	must.Eq(t, map[string]bool{"a/t/1/data": true}, marks())
+
+	// Replayed by the next process, compacted again with another task's
+	// records dropped.
+	h.restart()
+	_, err = h.m.Setup(ctx, "b/t/1", []VolumeRequest{req("logs", "vol2", "/logs")})
+	must.NoError(t, err)
+	compacted()
+	must.NoError(t, h.m.Teardown(ctx, "b/t/1"))
+	must.Eq(t, map[string]bool{"a/t/1/data": true}, marks())
+
+	// A teardown the plugin cannot finish leaves the record unpublishing,
+	// marked still: the task's directory may outlive it.
+	h.fake.SetError(MethodNodeUnpublishVolume, status.Error(codes.Unavailable, "connection refused"))
+	must.ErrorContains(t, h.m.Teardown(ctx, "a/t/1"), "retrying in the background")
+	must.Eq(t, map[string]bool{"a/t/1/data": true}, marks())
+	disk := diskJournal(t, dir)
+	must.Eq(t, phaseUnpublishing, disk.task("a/t/1", "data").State)
+	h.fake.SetError(MethodNodeUnpublishVolume, nil)
 }
