@@ -764,3 +764,59 @@ func TestInvocations_syncedUnlessTheJournalNamesTheTask(t *testing.T) {
 	defer mu.Unlock()
 	must.Eq(t, map[string]bool{csihook.ShortHash(c.plugin.ID): true, csihook.ShortHash(c.work.ID): false}, synced)
 }
+
+// A power cut leaves more than the task's own directory cut: the journal's
+// last batch torn (a commit after the record that names the task, never
+// finished), the invocation's rename lost with its temporary file left
+// beside, and the directory of an earlier start of the same task whose
+// file was cut too but that no record names (its start called nothing).
+// The record still names its task's directory, and only that one: the
+// start Nomad got no handle for is ended and its volume torn down, the
+// directory no record names is left alone and superseded by nothing, and
+// the cleanup CLI's reading (ReadTaskDirs) is the driver's.
+func TestInvocations_lostInvocationFileAfterAPowerCut(t *testing.T) {
+	c := startVolumeNode(t)
+	conf := &Config{RootDir: c.root}
+	dir := conf.taskStateDir(c.work.ID)
+	must.NoError(t, os.WriteFile(filepath.Join(dir, "spec.json"),
+		[]byte(`{"task_id":"`+c.work.ID+`","cgroup_parent":"nomad-driver-csi-test-gone","cgroup_name":"gone"}`), 0o600))
+	c.forgetHanded(t)
+	must.NoError(t, os.Remove(filepath.Join(dir, invocationFile)))
+	must.NoError(t, os.WriteFile(filepath.Join(dir, ".invocation.json.tmp-1234"), make([]byte, 80), 0o600))
+
+	// An earlier start of the same task, named by no record.
+	other := c.work.AllocID + "/" + c.work.Name + "/earlier"
+	otherDir := conf.taskStateDir(other)
+	must.NoError(t, os.MkdirAll(otherDir, 0o700))
+	must.NoError(t, os.WriteFile(filepath.Join(otherDir, "spec.json"), []byte(`{"task_id":"`+other+`"}`), 0o600))
+	must.NoError(t, os.WriteFile(filepath.Join(otherDir, invocationFile), []byte(`{"task_id":"`+other[:10]), 0o600))
+
+	// The journal's last batch torn: the first bytes of a copy of the log
+	// appended, as a commit cut by the crash leaves them.
+	logPath := filepath.Join(JournalDir(c.root), "journal.log")
+	log, err := os.ReadFile(logPath)
+	must.NoError(t, err)
+	f, err := os.OpenFile(logPath, os.O_WRONLY|os.O_APPEND, 0)
+	must.NoError(t, err)
+	_, err = f.Write(log[:min(len(log)/2, 40)])
+	must.NoError(t, err)
+	must.NoError(t, f.Close())
+	st, err := csihook.ReadJournal(JournalDir(c.root))
+	must.NoError(t, err, must.Sprint("a torn tail is read as the end of the log"))
+	must.SliceLen(t, 1, st.Tasks)
+	must.True(t, st.Tasks[0].Invocation)
+
+	must.Eq(t, TaskDirs{Handed: []string{c.plugin.ID}, Unfinished: []string{c.work.ID}}, ReadTaskDirs(c.root))
+
+	d, fp := c.restart(t)
+	must.False(t, d.invocations.alive(other))
+	must.SliceEmpty(t, d.invocations.superseded(volumeWorkload(t, c.work.AllocID, "second")))
+	must.Wait(t, wait.InitialSuccess(
+		wait.BoolFunc(func() bool { return fp.vols.Count(csihook.MethodNodeUnpublishVolume) == 1 }),
+		wait.Timeout(20*time.Second), wait.Gap(10*time.Millisecond)))
+	must.Eq(t, 0, journalTasks(t, d))
+	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool { return !exists(dir) }),
+		wait.Timeout(20*time.Second), wait.Gap(10*time.Millisecond)))
+	must.True(t, exists(otherDir), must.Sprint("a directory no record names is not ours to judge"))
+	must.False(t, d.invocations.alive(c.work.ID))
+}
