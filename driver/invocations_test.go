@@ -820,3 +820,53 @@ func TestInvocations_lostInvocationFileAfterAPowerCut(t *testing.T) {
 	must.True(t, exists(otherDir), must.Sprint("a directory no record names is not ours to judge"))
 	must.False(t, d.invocations.alive(c.work.ID))
 }
+
+// The executor's spec is not synced (it matters only while the host is up),
+// so a power cut can leave it empty or cut in a state directory whose task
+// held volumes. Nothing of such a task runs after the reboot, and it must
+// not hold its volumes for good: a new start of the same task ends it and
+// takes its single-node-writer volume, as with a whole spec.
+func TestInvocations_cutSpecAfterAPowerCut(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		handed bool
+	}{
+		{"handed", true},
+		{"start cut short", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := startVolumeNode(t)
+			conf := &Config{RootDir: c.root}
+			dir := conf.taskStateDir(c.work.ID)
+			// The reboot: the task's processes and cgroups are gone, its
+			// directory is back as the disk held it.
+			files := map[string][]byte{}
+			for _, f := range []string{invocationFile, handedFile} {
+				b, err := os.ReadFile(filepath.Join(dir, f))
+				must.NoError(t, err)
+				files[f] = b
+			}
+			must.NoError(t, executor.Discard(hclog.NewNullLogger(), dir))
+			must.NoError(t, os.MkdirAll(dir, 0o700))
+			must.NoError(t, os.WriteFile(filepath.Join(dir, invocationFile), files[invocationFile], 0o600))
+			if tc.handed {
+				must.NoError(t, os.Link(filepath.Join(dir, invocationFile), filepath.Join(dir, handedFile)))
+			}
+			spec := filepath.Join(dir, "spec.json")
+			must.NoError(t, os.WriteFile(spec, []byte(`{"task_id":"al`), 0o600))
+			// Written before the host booted.
+			must.NoError(t, os.Chtimes(spec, time.Unix(86400, 0), time.Unix(86400, 0)))
+
+			d, fp := c.restart(t)
+			again := volumeWorkload(t, "alloc-w", "second")
+			_, _, err := d.StartTask(again)
+			must.NoError(t, err)
+			must.Eq(t, 1, fp.vols.Count(csihook.MethodNodeUnpublishVolume))
+			must.Eq(t, 1, fp.vols.Count(csihook.MethodNodePublishVolume))
+			must.Eq(t, 1, journalTasks(t, d))
+			must.False(t, exists(dir), must.Sprint("the earlier start's state directory is left"))
+			must.NoError(t, d.DestroyTask(again.ID, true))
+			must.Eq(t, 0, journalTasks(t, d))
+		})
+	}
+}

@@ -1,11 +1,14 @@
 package executor
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -32,13 +35,25 @@ var discardWait = 10 * time.Second
 // starts nothing more, then every process in the task's cgroup; the cgroup
 // and stateDir are removed. It needs only the files Start writes before the
 // supervisor runs (spec.json, supervisor.json), and is idempotent: a
-// directory that is gone, or one where nothing was started, is removed
+// directory that is gone, one where nothing was started, or one whose spec
+// a crash of the host cut (nothing of it runs since the boot), is removed
 // without error.
 func Discard(logger hclog.Logger, stateDir string) error {
 	var spec Spec
 	err := wire.ReadJSON(filepath.Join(stateDir, wire.SpecFile), &spec)
 	if errors.Is(err, fs.ErrNotExist) {
 		// Start writes the spec before it starts anything.
+		return removeStateDir(stateDir)
+	}
+	var cut *json.SyntaxError
+	if errors.As(err, &cut) && writtenBeforeBoot(filepath.Join(stateDir, wire.SpecFile)) {
+		// Start renames a whole spec into place, unsynced: one cut short
+		// (empty, part of it, zeros) and written before the host last
+		// booted is what a crash of the host left, and nothing started
+		// from it outlived the host, its cgroup neither (a supervisor
+		// record from before the boot names another process, if any). A
+		// cut spec of this boot is not guessed at.
+		logger.Info("discarded a task whose spec a crash of the host cut", "state_dir", stateDir)
 		return removeStateDir(stateDir)
 	}
 	if err != nil {
@@ -126,6 +141,35 @@ func ReadSpec(stateDir string) (Spec, error) {
 	var spec Spec
 	err := wire.ReadJSON(filepath.Join(stateDir, wire.SpecFile), &spec)
 	return spec, err
+}
+
+// writtenBeforeBoot tells whether the file at path was last changed before
+// the host booted (btime in /proc/stat); false when either is unknown.
+func writtenBeforeBoot(path string) bool {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return false
+	}
+	boot, err := bootTime()
+	return err == nil && fi.ModTime().Before(boot)
+}
+
+// bootTime is when the host booted, to the second; a variable for tests.
+var bootTime = func() (time.Time, error) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return time.Time{}, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "btime "); ok {
+			sec, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			if err != nil {
+				return time.Time{}, fmt.Errorf("failed to read the boot time: %w", err)
+			}
+			return time.Unix(sec, 0), nil
+		}
+	}
+	return time.Time{}, errors.New("failed to read the boot time: no btime in /proc/stat")
 }
 
 func removeStateDir(dir string) error {

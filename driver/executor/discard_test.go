@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/shoenig/test/must"
@@ -87,5 +88,23 @@ func TestDiscard_NothingStarted(t *testing.T) {
 	// A spec that cannot be read is an error, not a guess.
 	must.NoError(t, os.Mkdir(dir, 0o700))
 	must.NoError(t, os.WriteFile(filepath.Join(dir, wire.SpecFile), []byte("{"), 0o600))
+	must.Error(t, Discard(hclog.NewNullLogger(), dir))
+	// Unless a crash of the host cut it: the spec, not synced, was written
+	// before the host booted, and nothing of it runs. The supervisor
+	// record is not read: its pid is another process's since the boot.
+	for _, spec := range [][]byte{{}, []byte(`{"task_id":"a/t/`), make([]byte, 300)} {
+		must.NoError(t, os.MkdirAll(dir, 0o700))
+		must.NoError(t, os.WriteFile(filepath.Join(dir, wire.SpecFile), spec, 0o600))
+		must.NoError(t, wire.WriteJSONAtomic(filepath.Join(dir, wire.SupervisorFile), wire.SupervisorRecord{PID: os.Getpid(), Start: 1}, 0o600))
+		must.Error(t, Discard(hclog.NewNullLogger(), dir), must.Sprint("a spec cut during this boot"))
+		must.NoError(t, os.Chtimes(filepath.Join(dir, wire.SpecFile), time.Unix(86400, 0), time.Unix(86400, 0)))
+		must.NoError(t, Discard(hclog.NewNullLogger(), dir))
+		_, err = os.Stat(dir)
+		must.True(t, os.IsNotExist(err))
+	}
+	// A spec that decodes as something else is no crash's: refused.
+	must.NoError(t, os.Mkdir(dir, 0o700))
+	must.NoError(t, os.WriteFile(filepath.Join(dir, wire.SpecFile), []byte(`{"task_id":7}`), 0o600))
+	must.NoError(t, os.Chtimes(filepath.Join(dir, wire.SpecFile), time.Unix(86400, 0), time.Unix(86400, 0)))
 	must.Error(t, Discard(hclog.NewNullLogger(), dir))
 }
