@@ -821,18 +821,22 @@ func TestInvocations_lostInvocationFileAfterAPowerCut(t *testing.T) {
 	must.False(t, d.invocations.alive(c.work.ID))
 }
 
-// The executor's spec is not synced (it matters only while the host is up),
-// so a power cut can leave it empty or cut in a state directory whose task
-// held volumes. Nothing of such a task runs after the reboot, and it must
-// not hold its volumes for good: a new start of the same task ends it and
-// takes its single-node-writer volume, as with a whole spec.
+// The executor's spec and supervisor record are not synced (they matter
+// only while the host is up), so a power cut can leave either empty or cut
+// in a state directory whose task held volumes. Nothing of such a task runs
+// after the reboot, and it must not hold its volumes for good: a new start
+// of the same task ends it and takes its single-node-writer volume, as with
+// whole files.
 func TestInvocations_cutSpecAfterAPowerCut(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		handed bool
+		// cut is the file the crash cut; the others are whole.
+		cut string
 	}{
-		{"handed", true},
-		{"start cut short", false},
+		{"handed", true, "spec.json"},
+		{"start cut short", false, "spec.json"},
+		{"supervisor record cut, handed", true, "supervisor.json"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := startVolumeNode(t)
@@ -840,26 +844,26 @@ func TestInvocations_cutSpecAfterAPowerCut(t *testing.T) {
 			dir := conf.taskStateDir(c.work.ID)
 			// The reboot: the task's processes and cgroups are gone, its
 			// directory is back as the disk held it.
-			files := map[string][]byte{}
-			for _, f := range []string{invocationFile, handedFile} {
-				b, err := os.ReadFile(filepath.Join(dir, f))
-				must.NoError(t, err)
-				files[f] = b
-			}
+			invocation, err := os.ReadFile(filepath.Join(dir, invocationFile))
+			must.NoError(t, err)
 			must.NoError(t, executor.Discard(hclog.NewNullLogger(), dir))
 			must.NoError(t, os.MkdirAll(dir, 0o700))
-			must.NoError(t, os.WriteFile(filepath.Join(dir, invocationFile), files[invocationFile], 0o600))
+			must.NoError(t, os.WriteFile(filepath.Join(dir, invocationFile), invocation, 0o600))
 			if tc.handed {
 				must.NoError(t, os.Link(filepath.Join(dir, invocationFile), filepath.Join(dir, handedFile)))
 			}
-			spec := filepath.Join(dir, "spec.json")
-			must.NoError(t, os.WriteFile(spec, []byte(`{"task_id":"al`), 0o600))
+			must.NoError(t, os.WriteFile(filepath.Join(dir, "spec.json"),
+				[]byte(`{"task_id":"`+c.work.ID+`","cgroup_parent":"nomad-driver-csi-test-gone","cgroup_name":"gone"}`), 0o600))
+			cut := filepath.Join(dir, tc.cut)
+			must.NoError(t, os.WriteFile(cut, []byte(`{"task_id":"al`), 0o600))
 			// Written before the host booted.
-			must.NoError(t, os.Chtimes(spec, time.Unix(86400, 0), time.Unix(86400, 0)))
+			for _, f := range []string{"spec.json", tc.cut} {
+				must.NoError(t, os.Chtimes(filepath.Join(dir, f), time.Unix(86400, 0), time.Unix(86400, 0)))
+			}
 
 			d, fp := c.restart(t)
 			again := volumeWorkload(t, "alloc-w", "second")
-			_, _, err := d.StartTask(again)
+			_, _, err = d.StartTask(again)
 			must.NoError(t, err)
 			must.Eq(t, 1, fp.vols.Count(csihook.MethodNodeUnpublishVolume))
 			must.Eq(t, 1, fp.vols.Count(csihook.MethodNodePublishVolume))

@@ -36,8 +36,8 @@ var discardWait = 10 * time.Second
 // and stateDir are removed. It needs only the files Start writes before the
 // supervisor runs (spec.json, supervisor.json), and is idempotent: a
 // directory that is gone, one where nothing was started, or one whose spec
-// a crash of the host cut (nothing of it runs since the boot), is removed
-// without error.
+// or supervisor record a crash of the host cut (nothing of it runs since
+// the boot), is removed without error.
 func Discard(logger hclog.Logger, stateDir string) error {
 	var spec Spec
 	err := wire.ReadJSON(filepath.Join(stateDir, wire.SpecFile), &spec)
@@ -61,11 +61,14 @@ func Discard(logger hclog.Logger, stateDir string) error {
 	}
 	logger = logger.Named("executor").With("task_id", spec.TaskID)
 	var rec wire.SupervisorRecord
-	if err := wire.ReadJSON(filepath.Join(stateDir, wire.SupervisorFile), &rec); err == nil {
+	recPath := filepath.Join(stateDir, wire.SupervisorFile)
+	if err := wire.ReadJSON(recPath, &rec); err == nil {
 		if err := killSupervisor(rec); err != nil {
 			return fmt.Errorf("failed to discard task %q: %w", spec.TaskID, err)
 		}
-	} else if !errors.Is(err, fs.ErrNotExist) {
+	} else if !errors.Is(err, fs.ErrNotExist) && !(errors.As(err, &cut) && writtenBeforeBoot(recPath)) {
+		// A record cut before the host booted (it is not synced either)
+		// names a supervisor that died with the host.
 		return fmt.Errorf("failed to discard task %q: %w", spec.TaskID, err)
 	}
 	if err := endTaskGroup(&spec); err != nil {

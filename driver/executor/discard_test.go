@@ -102,6 +102,17 @@ func TestDiscard_NothingStarted(t *testing.T) {
 		_, err = os.Stat(dir)
 		must.True(t, os.IsNotExist(err))
 	}
+	// A supervisor record cut likewise, beside a whole spec whose cgroup
+	// went with the host.
+	must.NoError(t, os.Mkdir(dir, 0o700))
+	must.NoError(t, os.WriteFile(filepath.Join(dir, wire.SpecFile),
+		[]byte(`{"task_id":"a/t/1","cgroup_parent":"nomad-driver-csi-test-gone","cgroup_name":"gone"}`), 0o600))
+	must.NoError(t, os.WriteFile(filepath.Join(dir, wire.SupervisorFile), []byte(`{"pid":`), 0o600))
+	must.Error(t, Discard(hclog.NewNullLogger(), dir), must.Sprint("a supervisor record cut during this boot"))
+	must.NoError(t, os.Chtimes(filepath.Join(dir, wire.SupervisorFile), time.Unix(86400, 0), time.Unix(86400, 0)))
+	must.NoError(t, Discard(hclog.NewNullLogger(), dir))
+	_, err = os.Stat(dir)
+	must.True(t, os.IsNotExist(err))
 	// A spec that decodes as something else is no crash's: refused.
 	must.NoError(t, os.Mkdir(dir, 0o700))
 	must.NoError(t, os.WriteFile(filepath.Join(dir, wire.SpecFile), []byte(`{"task_id":7}`), 0o600))
