@@ -123,6 +123,16 @@ func (iv *invocations) takeDangling(id string) bool {
 	return true
 }
 
+// untakeDangling undoes takeDangling for a task that could not be ended:
+// its processes may run on, so it waits for Nomad again. The caller holds
+// the task's ID.
+func (iv *invocations) untakeDangling(inv invocation) {
+	iv.mu.Lock()
+	defer iv.mu.Unlock()
+	delete(iv.dangling, inv.TaskID)
+	iv.waiting[inv.TaskID] = inv
+}
+
 // wasDangling reports whether the reconciler ended id.
 func (iv *invocations) wasDangling(id string) bool {
 	iv.mu.Lock()
@@ -213,6 +223,8 @@ func (d *Driver) endDangling(conf *Config, inv invocation, s danglingSettings) b
 	// As DestroyTask: the process tree, its cgroups and state directory,
 	// then what it held.
 	if err := d.discard(d.logger, dir); err != nil {
+		// Not ended: it waits for Nomad again, and is tried again.
+		d.invocations.untakeDangling(inv)
 		logger.Warn("failed to end a dangling task; trying again", "state_dir", dir, "error", err, "retry_in", s.period.String())
 		return false
 	}

@@ -40,11 +40,11 @@ func (s *syncBuffer) String() string {
 // restartDangling starts a new driver process on the node's root_dir with
 // the dangling_tasks block dt, its log in the returned buffer; recover
 // lists the handles Nomad takes back.
-func (c *invocationCase) restartDangling(t *testing.T, dt *DanglingTasks, recoverPlugin bool) (*testDriver, *fakePlugins, *syncBuffer) {
+func (c *invocationCase) restartDangling(t *testing.T, dt *DanglingTasks, recoverPlugin bool, before ...func(*Driver)) (*testDriver, *fakePlugins, *syncBuffer) {
 	t.Helper()
 	fp := &fakePlugins{fakes: map[string]*fingerprint.Fake{}, vols: csihook.NewFakeClient(c.mnt)}
 	logs := &syncBuffer{}
-	d := newTestDriver(t, Config{Enabled: true, AllowPrivileged: true, PrivilegedGrants: grantAll, RootDir: c.root, DanglingTasks: dt}, func(d *Driver) {
+	d := newTestDriver(t, Config{Enabled: true, AllowPrivileged: true, PrivilegedGrants: grantAll, RootDir: c.root, DanglingTasks: dt}, append(before, func(d *Driver) {
 		d.logger = newCleanLogger(hclog.New(&hclog.LoggerOptions{Output: logs, Level: hclog.Debug}))
 		d.mounter = c.mnt
 		d.dialVolume = fp.vols.Dial
@@ -52,7 +52,7 @@ func (c *invocationCase) restartDangling(t *testing.T, dt *DanglingTasks, recove
 			Interval: time.Hour, ScanInterval: time.Hour, Dial: fp.dial,
 			StatSocket: func(string) error { return nil }, OnHealthChange: d.onPluginHealth,
 		})
-	})
+	})...)
 	if recoverPlugin {
 		must.NoError(t, d.RecoverTask(persisted(t, c.pluginHandle)))
 		waitHealthy(t, d, "hp")
@@ -110,6 +110,70 @@ func TestDangling_unrecoveredTaskIsEndedAfterGrace(t *testing.T) {
 	must.NoError(t, stateDirGone(conf, c.work.ID))
 	must.Eq(t, 1, fp.vols.Count(csihook.MethodNodeUnpublishVolume))
 	must.Eq(t, 0, journalTasks(t, d))
+}
+
+// A dangling task whose process tree could not be ended (a supervisor
+// stuck in the kernel, a cgroup that will not go) is tried again every
+// period, as the log says, and is not taken for ended meanwhile: its
+// processes may run on, and a RecoverTask then must not be told the
+// driver ended it.
+func TestDangling_failedEndIsTriedAgain(t *testing.T) {
+	c := startVolumeNode(t)
+	var (
+		mu    sync.Mutex
+		calls []string
+	)
+	fail := true
+	d, fp, logs := c.restartDangling(t, shortDangling(), true, func(d *Driver) {
+		d.discard = func(l hclog.Logger, stateDir string) error {
+			mu.Lock()
+			defer mu.Unlock()
+			calls = append(calls, stateDir)
+			if fail {
+				fail = false
+				return errors.New("cgroup busy")
+			}
+			return executor.Discard(l, stateDir)
+		}
+	})
+	conf := d.currentConfig()
+	must.Wait(t, wait.InitialSuccess(wait.ErrorFunc(func() error {
+		if err := stateDirGone(conf, c.work.ID); err != nil {
+			return err
+		}
+		if n := journalTasks(t, d); n != 0 {
+			return fmt.Errorf("volume still has %d users", n)
+		}
+		return nil
+	}), wait.Timeout(30*time.Second), wait.Gap(20*time.Millisecond)))
+	must.StrContains(t, logs.String(), "failed to end a dangling task")
+	must.StrContains(t, logs.String(), "ended a dangling task")
+	mu.Lock()
+	must.Eq(t, []string{conf.taskStateDir(c.work.ID), conf.taskStateDir(c.work.ID)}, calls)
+	mu.Unlock()
+	must.Eq(t, 1, fp.vols.Count(csihook.MethodNodeUnpublishVolume))
+}
+
+// While a dangling task cannot be ended, Nomad recovering it (a restore
+// slower than the grace) takes it back: the driver did not end it, so it
+// must not say so, nor leave a running task to a second instance.
+func TestDangling_unendedTaskCanBeRecovered(t *testing.T) {
+	c := startVolumeNode(t)
+	tried := make(chan struct{})
+	var once sync.Once
+	d, fp, _ := c.restartDangling(t, shortDangling(), true, func(d *Driver) {
+		d.discard = func(hclog.Logger, string) error {
+			once.Do(func() { close(tried) })
+			return errors.New("supervisor did not exit")
+		}
+	})
+	<-tried
+	must.NoError(t, d.RecoverTask(persisted(t, c.workHandle)))
+	_, known := d.tasks.Get(c.work.ID)
+	must.True(t, known)
+	must.Error(t, stateDirGone(d.currentConfig(), c.work.ID))
+	must.Eq(t, 1, journalTasks(t, d))
+	must.Eq(t, 0, fp.vols.Count(csihook.MethodNodeUnpublishVolume))
 }
 
 // dry_run only says what it would end: the task stays Nomad's to recover.
