@@ -154,6 +154,10 @@ func (d *Driver) danglingLoop(conf *Config) {
 	for len(pending) > 0 {
 		var left []invocation
 		for _, inv := range pending {
+			if d.ctx.Err() != nil {
+				// Shutting down: the next driver process judges again.
+				return
+			}
 			if !d.endDangling(conf, inv, s) {
 				left = append(left, inv)
 			}

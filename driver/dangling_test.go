@@ -176,6 +176,42 @@ func TestDangling_unendedTaskCanBeRecovered(t *testing.T) {
 	must.Eq(t, 0, fp.vols.Count(csihook.MethodNodeUnpublishVolume))
 }
 
+// A driver shutting down stops ending dangling tasks: it goes as soon as
+// it is told to, and what is left is the next driver process's to judge.
+func TestDangling_shutdownStopsThePass(t *testing.T) {
+	root := shortTempDir(t)
+	d := newTestDriver(t, Config{Enabled: true, RootDir: root})
+	for _, alloc := range []string{"alloc-a", "alloc-b"} {
+		_, _, err := d.StartTask(jobTask(t, TaskConfig{Command: "/bin/sleep"}, alloc, "default", "j"))
+		must.NoError(t, err)
+	}
+	d.Shutdown()
+
+	var (
+		mu    sync.Mutex
+		calls []string
+	)
+	next := newTestDriver(t, Config{Enabled: true, RootDir: root, DanglingTasks: shortDangling()}, func(d *Driver) {
+		d.discard = func(l hclog.Logger, stateDir string) error {
+			mu.Lock()
+			calls = append(calls, stateDir)
+			mu.Unlock()
+			// The driver is told to shut down while it ends the first.
+			d.cancel()
+			return executor.Discard(l, stateDir)
+		}
+	})
+	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(calls) > 0
+	}), wait.Timeout(30*time.Second), wait.Gap(20*time.Millisecond)))
+	next.Shutdown()
+	mu.Lock()
+	defer mu.Unlock()
+	must.SliceLen(t, 1, calls)
+}
+
 // dry_run only says what it would end: the task stays Nomad's to recover.
 func TestDangling_dryRunOnlyLogs(t *testing.T) {
 	c := startVolumeNode(t)
