@@ -19,15 +19,17 @@ import (
 // single-node-writer volume could not be used elsewhere.
 //
 // Nomad calls RecoverTask for every task of its client state when the
-// agent starts, and when it starts the driver anew. A task found on disk
-// at the driver's start (invocations.waiting) that Nomad has neither
-// recovered, nor replaced by a new start of the same task, within the
-// grace is ended as DestroyTask ends a task: process tree killed, volumes
-// torn down through the volume lifecycle (its refcounts stay right),
-// shared mount points released, cgroups and state directory removed. Only
-// tasks an earlier driver process left are candidates, never one this
-// process started or recovered. As Nomad's docker driver's
-// gc.dangling_containers.
+// agent starts; when only the driver went, it calls it for a task once
+// that task's runner needs the driver again, which may be much later. A
+// task found on disk at the driver's start (invocations.waiting), last
+// handed to an agent process other than the one running this driver
+// (invocation.Agent), that Nomad has neither recovered, nor replaced by a
+// new start of the same task, within the grace is ended as DestroyTask
+// ends a task: process tree killed, volumes torn down through the volume
+// lifecycle (its refcounts stay right), shared mount points released,
+// cgroups and state directory removed. Only tasks an earlier driver
+// process left are candidates, never one this process started or
+// recovered. As Nomad's docker driver's gc.dangling_containers.
 
 // Defaults of the dangling_tasks block.
 const (
@@ -193,6 +195,15 @@ func (d *Driver) endDangling(conf *Config, inv invocation, s danglingSettings) b
 		return true
 	}
 	logger := d.logger.With("task_id", id, "alloc_id", inv.AllocID, "task_name", inv.TaskName)
+	if d.agent != "" && inv.Agent == d.agent {
+		// Handed to, or recovered under, the agent that runs this
+		// driver: only the driver went. Nomad recovers such a task when
+		// its task runner next needs the driver, which may be long after
+		// the grace (a task whose prestart hook waits for a template), so
+		// it is the agent's to recover or to destroy.
+		logger.Info("task of the running agent not recovered yet; left to Nomad", "state_dir", conf.taskStateDir(id))
+		return true
+	}
 	dir := conf.taskStateDir(id)
 	spec, specErr := executor.ReadSpec(dir)
 	pluginID := inv.PluginID

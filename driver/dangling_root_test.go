@@ -35,7 +35,7 @@ func TestDangling_realTaskEnded_Root(t *testing.T) {
 	// The driver process goes; its task stays, as with a killed plugin.
 	d.Shutdown()
 
-	_, _ = harnessDriver(t, Config{RootDir: root, CgroupParent: parent, DanglingTasks: &DanglingTasks{Enabled: true, Grace: "1s", Period: "1s"}})
+	_, _ = harnessDriver(t, Config{RootDir: root, CgroupParent: parent, DanglingTasks: &DanglingTasks{Enabled: true, Grace: "1s", Period: "1s"}}, restartedAgent)
 	eventually(t, 30*time.Second, func() error {
 		switch {
 		case alive(sup), alive(task):
@@ -112,7 +112,7 @@ func TestDangling_volumeTornDown_Root(t *testing.T) {
 
 	cfg2 := base
 	cfg2.DanglingTasks = &DanglingTasks{Enabled: true, Grace: "1s", Period: "1s"}
-	h2, d2 := harnessDriver(t, cfg2)
+	h2, d2 := harnessDriver(t, cfg2, restartedAgent)
 	// Nomad takes the plugin task back, never the workload.
 	must.NoError(t, h2.RecoverTask(pluginHandle))
 	t.Cleanup(func() {
@@ -148,3 +148,7 @@ func TestDangling_volumeTornDown_Root(t *testing.T) {
 	_, known := d2.tasks.Get(plugin.ID)
 	must.True(t, known)
 }
+
+// restartedAgent has a driver run under another agent process than the
+// test's first driver: the agent restarted with it.
+func restartedAgent(d *Driver) { d.agent = "agent-after-restart" }

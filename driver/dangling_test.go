@@ -2,9 +2,11 @@ package driver
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -44,7 +46,10 @@ func (c *invocationCase) restartDangling(t *testing.T, dt *DanglingTasks, recove
 	t.Helper()
 	fp := &fakePlugins{fakes: map[string]*fingerprint.Fake{}, vols: csihook.NewFakeClient(c.mnt)}
 	logs := &syncBuffer{}
-	d := newTestDriver(t, Config{Enabled: true, AllowPrivileged: true, PrivilegedGrants: grantAll, RootDir: c.root, DanglingTasks: dt}, append(before, func(d *Driver) {
+	// The agent restarted with the driver (a new agent process), unless
+	// a before says otherwise.
+	newAgent := func(d *Driver) { d.agent = "agent-after-restart" }
+	d := newTestDriver(t, Config{Enabled: true, AllowPrivileged: true, PrivilegedGrants: grantAll, RootDir: c.root, DanglingTasks: dt}, append(append([]func(*Driver){newAgent}, before...), func(d *Driver) {
 		d.logger = newCleanLogger(hclog.New(&hclog.LoggerOptions{Output: logs, Level: hclog.Debug}))
 		d.mounter = c.mnt
 		d.dialVolume = fp.vols.Dial
@@ -99,6 +104,9 @@ func TestDangling_unrecoveredTaskIsEndedAfterGrace(t *testing.T) {
 	_, known := d.tasks.Get(c.plugin.ID)
 	must.True(t, known)
 	must.Error(t, stateDirGone(conf, c.plugin.ID))
+	// Its invocation file names the agent that recovered it, so that a
+	// driver started anew under that agent leaves it to Nomad.
+	must.Eq(t, "agent-after-restart", readInvocationAgent(t, conf, c.plugin.ID))
 
 	// Nomad recovering the workload after all (a restore slower than the
 	// grace) gets an error, and Nomad starts the task anew; nothing is set
@@ -192,6 +200,7 @@ func TestDangling_shutdownStopsThePass(t *testing.T) {
 		calls []string
 	)
 	next := newTestDriver(t, Config{Enabled: true, RootDir: root, DanglingTasks: shortDangling()}, func(d *Driver) {
+		d.agent = "agent-after-restart"
 		d.discard = func(l hclog.Logger, stateDir string) error {
 			mu.Lock()
 			calls = append(calls, stateDir)
@@ -296,4 +305,41 @@ func TestSpecPluginID(t *testing.T) {
 	must.Eq(t, "hp", specPluginID(conf, &executor.Spec{Mounts: pluginMounts(conf, pc)}))
 	must.Eq(t, "hp", specPluginID(conf, &executor.Spec{LateMounts: pluginMounts(conf, pc)}))
 	must.Eq(t, "", specPluginID(conf, &executor.Spec{Mounts: []executor.Mount{{Source: "/r/plugins/hp/x", Target: "/x"}, {Source: "/r/mnt", Target: "/r/mnt"}}}))
+}
+
+// Only the driver went: Nomad starts a crashed driver plugin anew under
+// the same agent, and recovers a task once its task runner next needs the
+// driver, which may be long after the grace (a task whose prestart hook
+// waits for a template). A task last handed to the running agent is left
+// to Nomad, and recovered when Nomad comes.
+func TestDangling_taskOfTheRunningAgentIsLeftToNomad(t *testing.T) {
+	c := startVolumeNode(t)
+	conf0 := &Config{RootDir: c.root}
+	agent := readInvocationAgent(t, conf0, c.work.ID)
+	must.NotEq(t, "", agent)
+	d, fp, logs := c.restartDangling(t, shortDangling(), false, func(d *Driver) { d.agent = agent })
+	conf := d.currentConfig()
+	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+		return strings.Count(logs.String(), "left to Nomad") >= 2
+	}), wait.Timeout(30*time.Second), wait.Gap(20*time.Millisecond)))
+	for _, id := range []string{c.work.ID, c.plugin.ID} {
+		must.Error(t, stateDirGone(conf, id))
+	}
+	must.Eq(t, 0, fp.vols.Count(csihook.MethodNodeUnpublishVolume))
+	must.StrNotContains(t, logs.String(), "ended a dangling task")
+
+	must.NoError(t, d.RecoverTask(persisted(t, c.pluginHandle)))
+	must.NoError(t, d.RecoverTask(persisted(t, c.workHandle)))
+	_, known := d.tasks.Get(c.work.ID)
+	must.True(t, known)
+}
+
+// readInvocationAgent is the agent the task's invocation file names.
+func readInvocationAgent(t *testing.T, conf *Config, id string) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(conf.taskStateDir(id), invocationFile))
+	must.NoError(t, err)
+	var inv invocation
+	must.NoError(t, json.Unmarshal(b, &inv))
+	return inv.Agent
 }

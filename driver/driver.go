@@ -70,6 +70,11 @@ type Driver struct {
 	rootFull bool
 	// shim is the supervisor binary tasks start with ("" = this binary).
 	shim string
+	// agent names the Nomad agent process that runs this driver (see
+	// agentIdentity); each task's invocation file records the agent it
+	// was last handed to, and the dangling-task reconciler leaves the
+	// tasks of the running agent to it (dangling.go).
+	agent string
 
 	// spares are supervisors started ahead of need (nil: none).
 	spares *executor.Spares
@@ -150,6 +155,7 @@ func NewPlugin(logger hclog.Logger) *Driver {
 		plugins: newPluginTasks(),
 
 		invocations: newInvocations(),
+		agent:       agentIdentity(),
 	}
 	d.start = d.startExecutor
 	d.imageRoot = d.applyImageRoot
@@ -637,7 +643,7 @@ func (d *Driver) startProcess(logger hclog.Logger, cfg *drivers.TaskConfig, spec
 	if err := d.sharedSources().acquire(shared); err != nil {
 		return time.Time{}, nil, nil, fmt.Errorf("failed to prepare mounts: %w", err)
 	}
-	if err := writeInvocation(spec.StateDir, cfg, pluginID, syncInvocation); err != nil {
+	if err := writeInvocation(spec.StateDir, cfg, pluginID, d.agent, syncInvocation); err != nil {
 		_ = os.RemoveAll(spec.StateDir)
 		d.sharedSources().release(shared)
 		return time.Time{}, nil, nil, err
@@ -1113,6 +1119,13 @@ func (d *Driver) RecoverTask(handle *drivers.TaskHandle) error {
 		}
 	}
 	d.tasks.Set(handle.Config.ID, h)
+	if conf := d.currentConfig(); conf != nil {
+		// The running agent has it now: a driver process started anew
+		// under this agent leaves it to Nomad (dangling.go).
+		if err := restampInvocation(conf.taskStateDir(handle.Config.ID), d.agent); err != nil {
+			logger.Warn("failed to record the agent that recovered the task", "error", err)
+		}
+	}
 	logger.Info("task recovered", "pid", p.Pid())
 	return nil
 }

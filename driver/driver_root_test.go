@@ -42,9 +42,13 @@ func requireRoot(t testing.TB) {
 }
 
 // harnessDriver is the real driver behind the gRPC harness (harness_test.go).
-func harnessDriver(t *testing.T, cfg Config) (*driverHarness, *Driver) {
+// before runs on the driver before its configuration.
+func harnessDriver(t *testing.T, cfg Config, before ...func(*Driver)) (*driverHarness, *Driver) {
 	t.Helper()
 	d := NewPlugin(hclog.NewNullLogger())
+	for _, f := range before {
+		f(d)
+	}
 	// A volume whose plugin is missing fails within a test's patience.
 	d.pluginWait = 200 * time.Millisecond
 	h := newDriverHarness(t, d)

@@ -20,6 +20,7 @@ import (
 	"github.com/nomad-driver-csi/nomad-driver-csi/csihook"
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/atomicfile"
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor"
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor/wire"
 )
 
 // Files the driver keeps in a task's state directory, beside the
@@ -48,6 +49,10 @@ type invocation struct {
 	// a dangling plugin task is ended last, once nothing holds its
 	// volumes (dangling.go).
 	PluginID string `json:"plugin_id,omitempty"`
+	// Agent is the Nomad agent process the task was last handed to, by
+	// its start or its recovery (agentIdentity; "" when unknown, or
+	// written before it was kept).
+	Agent string `json:"agent,omitempty"`
 }
 
 func (iv invocation) slot() string { return iv.AllocID + "\x00" + iv.TaskName }
@@ -277,11 +282,11 @@ func exists(path string) bool {
 // a crash of the host lose the file, so that a start flushes the disk once
 // before its calls rather than twice. A start whose record never reached
 // the disk called nothing.
-func writeInvocation(dir string, cfg *drivers.TaskConfig, pluginID string, sync bool) error {
+func writeInvocation(dir string, cfg *drivers.TaskConfig, pluginID, agent string, sync bool) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("failed to create task state directory %q: %w", dir, err)
 	}
-	b, err := json.Marshal(invocation{TaskID: cfg.ID, AllocID: cfg.AllocID, TaskName: cfg.Name, PluginID: pluginID})
+	b, err := json.Marshal(invocation{TaskID: cfg.ID, AllocID: cfg.AllocID, TaskName: cfg.Name, PluginID: pluginID, Agent: agent})
 	if err != nil {
 		return err
 	}
@@ -289,6 +294,45 @@ func writeInvocation(dir string, cfg *drivers.TaskConfig, pluginID string, sync 
 		return fmt.Errorf("failed to write the task's invocation file: %w", err)
 	}
 	return nil
+}
+
+// restampInvocation records in the task's invocation file, when it has
+// one, that agent recovered the task. Not synced: after a crash of the
+// host no task runs, and the agent is a new one anyway. The handed mark,
+// a hard link to the file as it was, stays a mark.
+func restampInvocation(dir, agent string) error {
+	path := filepath.Join(dir, invocationFile)
+	b, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var inv invocation
+	if err := json.Unmarshal(b, &inv); err != nil {
+		return fmt.Errorf("failed to read %q: %w", path, err)
+	}
+	if inv.Agent == agent {
+		return nil
+	}
+	inv.Agent = agent
+	if b, err = json.Marshal(inv); err != nil {
+		return err
+	}
+	return writeAtomic(path, b, 0o600, false)
+}
+
+// agentIdentity names the process that started this driver, the Nomad
+// agent, by its PID and start time (a PID alone may be reused); "" when
+// it cannot be read.
+func agentIdentity() string {
+	ppid := os.Getppid()
+	start, err := wire.ProcStartTime(ppid)
+	if err != nil || ppid <= 1 {
+		return ""
+	}
+	return fmt.Sprintf("%d-%d", ppid, start)
 }
 
 // writeAtomic is atomicfile.Write; a variable for tests.

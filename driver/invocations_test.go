@@ -423,7 +423,7 @@ func TestStartTask_failedPluginStartFreesItsID(t *testing.T) {
 // file (nothing was started from it) cannot be marked.
 func TestMarkHanded(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "task")
-	must.NoError(t, writeInvocation(dir, &drivers.TaskConfig{ID: "a/t/1", AllocID: "a", Name: "t"}, "", true))
+	must.NoError(t, writeInvocation(dir, &drivers.TaskConfig{ID: "a/t/1", AllocID: "a", Name: "t"}, "", "", true))
 	must.False(t, exists(filepath.Join(dir, handedFile)))
 	must.NoError(t, markHanded(dir))
 	must.True(t, exists(filepath.Join(dir, handedFile)))
@@ -450,7 +450,7 @@ func TestMarkHanded_NoHardLinks(t *testing.T) {
 	t.Cleanup(func() { linkFile = old })
 	linkFile = func(string, string) error { return &os.LinkError{Op: "link", Err: unix.EPERM} }
 	dir := filepath.Join(t.TempDir(), "task")
-	must.NoError(t, writeInvocation(dir, &drivers.TaskConfig{ID: "a/t/1", AllocID: "a", Name: "t"}, "", true))
+	must.NoError(t, writeInvocation(dir, &drivers.TaskConfig{ID: "a/t/1", AllocID: "a", Name: "t"}, "", "", true))
 	must.NoError(t, markHanded(dir))
 	fi, err := os.Lstat(filepath.Join(dir, handedFile))
 	must.NoError(t, err)
@@ -460,7 +460,7 @@ func TestMarkHanded_NoHardLinks(t *testing.T) {
 	// Any other error of link(2) fails the start.
 	linkFile = func(string, string) error { return &os.LinkError{Op: "link", Err: unix.EIO} }
 	other := filepath.Join(t.TempDir(), "task")
-	must.NoError(t, writeInvocation(other, &drivers.TaskConfig{ID: "a/t/2", AllocID: "a", Name: "t"}, "", true))
+	must.NoError(t, writeInvocation(other, &drivers.TaskConfig{ID: "a/t/2", AllocID: "a", Name: "t"}, "", "", true))
 	must.ErrorContains(t, markHanded(other), "failed to record the task's start")
 	must.False(t, exists(filepath.Join(other, handedFile)))
 }
