@@ -188,13 +188,27 @@ func (m *Manager) setupVolume(ctx context.Context, taskID string, p plan) (Publi
 	}
 
 	target := m.TargetPath(taskID, req.Name)
-	pub := Published{Name: req.Name, HostPath: target, Destination: req.Destination,
-		ReadOnly: req.ReadOnly || !writerMode(req.AccessMode), Block: attachment(req) == AttachmentBlockDevice}
-
 	tr, ok := m.taskRec(taskID, req.Name)
 	if ok && tr.key() != k {
 		return Published{}, invalidf("volume %q: task %q already uses this name for volume_id %q", req.Name, taskID, tr.VolumeID)
 	}
+	// A single-node-writer volume another task of the allocation uses is
+	// that task's publish, shared (checkShare let only the allocation's
+	// tasks be users).
+	var holder taskRecord
+	if ok {
+		target = tr.Target
+	} else if req.AccessMode == AccessSingleNodeWriter && m.users(k) > 0 {
+		h, found := m.allocShare(taskID, k)
+		if !found {
+			return Published{}, &conflictError{fmt.Sprintf("volume %q: volume_id %q is single-node-writer and is being published or unpublished on this node for another task of this allocation: wait for that to finish and start the task again",
+				req.Name, volumeID)}
+		}
+		holder, target = h, h.Target
+	}
+	pub := Published{Name: req.Name, HostPath: target, Destination: req.Destination,
+		ReadOnly: req.ReadOnly || !writerMode(req.AccessMode), Block: attachment(req) == AttachmentBlockDevice}
+
 	if ok && tr.State == phasePublished && !targetIsSymlink(target) {
 		if mounted, err := m.cfg.Mounter.IsMountPoint(target); err == nil && mounted {
 			m.logger.Debug("volume already published", "task_id", taskID, "volume", req.Name, "volume_id", volumeID, "target_path", target)
@@ -259,20 +273,26 @@ func (m *Manager) setupVolume(ctx context.Context, taskID string, p plan) (Publi
 	}
 	if existing, ok := m.taskRec(taskID, req.Name); ok {
 		tr = existing
-	} else {
-		tr = taskRecord{
-			TaskID: taskID, Name: req.Name, Seq: p.seq, PluginID: req.PluginID, VolumeID: volumeID,
-			Target: target, Destination: req.Destination, ReadOnly: pub.ReadOnly,
-			AccessMode: req.AccessMode, AttachmentMode: attachment(req), FSType: req.FSType,
-			MountFlags: req.MountFlags, VolumeContext: vctx, Secrets: req.Secrets, HadSecrets: len(req.Secrets) > 0,
-			MountGroup: req.MountGroup, ApplyGroup: req.applyGroup,
-			// The intent to publish goes out with the volume's first
-			// record, so that no commit waits between the calls.
-			State: phasePublishing, notCalled: true,
-			// The task's invocation file is flushed by this
-			// record's commit.
-			Invocation: true,
+	} else if holder.TaskID != "" && m.publishedAt(target) {
+		// Shared: the task's record names the publish, which it keeps
+		// until the last task of the allocation using it is gone. No
+		// call is made; the record is durable before the task binds it.
+		tr = m.newTaskRecord(taskID, p, target, pub, vctx, volumeID)
+		tr.State = phasePublished
+		if err := m.commit(append(pending, taskPut(tr))...); err != nil {
+			return Published{}, err
 		}
+		m.event(taskID, fmt.Sprintf("Published volume %q at %s, sharing its publish for task %q of this allocation", req.Name, req.Destination, holder.TaskID),
+			annotations(req.Name, req.PluginID, volumeID))
+		if err := m.expandNode(ctx, taskID, req, info, o, vol, tr); err != nil {
+			return Published{}, err
+		}
+		return pub, nil
+	} else {
+		tr = m.newTaskRecord(taskID, p, target, pub, vctx, volumeID)
+		// The intent to publish goes out with the volume's first
+		// record, so that no commit waits between the calls.
+		tr.State, tr.notCalled = phasePublishing, true
 		// Once written the task counts as a user: nobody unstages under
 		// it.
 		pending = append(pending, taskPut(tr))
@@ -292,6 +312,31 @@ func (m *Manager) setupVolume(ctx context.Context, taskID string, p plan) (Publi
 		return Published{}, err
 	}
 	return pub, nil
+}
+
+// newTaskRecord is the record of a task's volume published at target.
+func (m *Manager) newTaskRecord(taskID string, p plan, target string, pub Published, vctx map[string]string, volumeID string) taskRecord {
+	req := p.req
+	return taskRecord{
+		TaskID: taskID, Name: req.Name, Seq: p.seq, PluginID: req.PluginID, VolumeID: volumeID,
+		Target: target, Destination: req.Destination, ReadOnly: pub.ReadOnly,
+		AccessMode: req.AccessMode, AttachmentMode: attachment(req), FSType: req.FSType,
+		MountFlags: req.MountFlags, VolumeContext: vctx, Secrets: req.Secrets, HadSecrets: len(req.Secrets) > 0,
+		MountGroup: req.MountGroup, ApplyGroup: req.applyGroup,
+		// The task's invocation file is flushed by this record's
+		// commit.
+		Invocation: true,
+	}
+}
+
+// publishedAt reports whether a publish target is mounted, and no
+// symbolic link.
+func (m *Manager) publishedAt(target string) bool {
+	if targetIsSymlink(target) {
+		return false
+	}
+	mounted, err := m.cfg.Mounter.IsMountPoint(target)
+	return err == nil && mounted
 }
 
 // create calls CreateVolume named after the request's volume id and returns

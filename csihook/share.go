@@ -2,6 +2,7 @@ package csihook
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -10,7 +11,8 @@ import (
 // claimed by the namespace setting it up meanwhile (checkNamespace,
 // claimNamespace, ownerRecord); tasks sharing a volume must ask for the access mode,
 // attachment mode and file system type it is staged with, and a
-// single-node-writer volume serves one task (checkShare).
+// single-node-writer volume serves the tasks of one allocation, which
+// share its one publish (checkShare, allocShare).
 
 // Owner returns the Nomad namespace a volume of this node belongs to, if
 // one is recorded or claims it with the volume's record.
@@ -73,8 +75,8 @@ func (e *conflictError) Is(target error) bool { return target == ErrConflict }
 
 // checkShare refuses a request that cannot share a volume with the tasks
 // already using it on this node: another access mode, attachment mode or
-// file system type than it is staged with, or a second task on a
-// single-node-writer volume.
+// file system type than it is staged with, or a task of a second
+// allocation on a single-node-writer volume.
 func (m *Manager) checkShare(taskID string, req VolumeRequest, volumeID string) error {
 	k := volKey{req.PluginID, volumeID}
 	m.mu.Lock()
@@ -92,8 +94,7 @@ func (m *Manager) checkShare(taskID string, req VolumeRequest, volumeID string) 
 		return err
 	}
 	if req.AccessMode == AccessSingleNodeWriter {
-		return &conflictError{fmt.Sprintf("volume %q: volume_id %q is single-node-writer and task %q already has it published writable on this node: stop that task first or use a multi-node access mode",
-			req.Name, volumeID, other)}
+		return m.checkAllocShareLocked(taskID, req, volumeID, others)
 	}
 	if req.AccessMode == AccessMultiNodeSingleWriter && !req.ReadOnly {
 		// Nomad: "the scheduler only allows one allocation to have
@@ -121,4 +122,75 @@ func allocOf(taskID string) string {
 		return taskID
 	}
 	return alloc
+}
+
+// checkAllocShareLocked refuses a task a single-node-writer volume that
+// others use, unless they are all tasks of its allocation holding the
+// one publish it can share (allocShare). Nomad claims a volume per
+// allocation, and every task of the allocation mounts the claim; the CSI
+// spec publishes a SINGLE_NODE_WRITER volume once on a node, so the
+// tasks share that publish, with the same capability. The caller holds
+// m.mu.
+func (m *Manager) checkAllocShareLocked(taskID string, req VolumeRequest, volumeID string, others []taskRef) error {
+	alloc := allocOf(taskID)
+	for _, ref := range others {
+		if allocOf(ref.taskID) != alloc {
+			return &conflictError{fmt.Sprintf("volume %q: volume_id %q is single-node-writer and task %q%s already has it published writable on this node: stop that allocation first (its tasks share the volume), or use a multi-node access mode",
+				req.Name, volumeID, ref.taskID, ofAlloc(ref.taskID))}
+		}
+	}
+	// Whether the publish can be shared yet is for the setup to see,
+	// under the volume's lock: another task of the allocation may be
+	// publishing it meanwhile (Nomad starts a group's tasks together).
+	holder := m.tasks[others[0].taskID][others[0].name]
+	if !slices.Equal(holder.MountFlags, req.MountFlags) {
+		return &conflictError{fmt.Sprintf("volume %q: volume_id %q is single-node-writer and published once on this node for the tasks of an allocation, and task %q of this allocation uses it with other mount_flags: use the same mount_options.mount_flags in every task of the allocation",
+			req.Name, volumeID, holder.TaskID)}
+	}
+	return nil
+}
+
+// allocShare returns the published record of volume k that a task of
+// taskID's allocation other than taskID holds, whose publish taskID can
+// share: a single-node-writer volume is published once for the tasks of
+// an allocation. Every task sharing it has a record of its own naming the
+// same target; the target is unpublished with the last of them
+// (sharedTarget).
+func (m *Manager) allocShare(taskID string, k volKey) (taskRecord, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	alloc := allocOf(taskID)
+	for _, ref := range m.otherUsersLocked(k, taskID) {
+		t, ok := m.tasks[ref.taskID][ref.name]
+		if ok && allocOf(ref.taskID) == alloc && t.AccessMode == AccessSingleNodeWriter && t.State == phasePublished {
+			return t, true
+		}
+	}
+	return taskRecord{}, false
+}
+
+// sharedTargetLocked reports whether a record other than tr names tr's
+// target: the publish serves another task of the allocation still, and
+// is not unpublished with tr.
+func (m *Manager) sharedTarget(tr taskRecord) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, ref := range m.byVolume[tr.key()] {
+		if ref == (taskRef{tr.TaskID, tr.Name}) {
+			continue
+		}
+		if t, ok := m.tasks[ref.taskID][ref.name]; ok && t.Target == tr.Target {
+			return true
+		}
+	}
+	return false
+}
+
+// ofAlloc words the allocation of a task ID for a message: ` of allocation
+// "x"`, or nothing when the ID names none.
+func ofAlloc(taskID string) string {
+	if alloc := allocOf(taskID); alloc != taskID {
+		return fmt.Sprintf(" of allocation %q", alloc)
+	}
+	return ""
 }

@@ -189,6 +189,14 @@ func (m *Manager) unreleasedOf(taskID string) map[volKey]string {
 // NodeUnpublishVolume was called (not for a volume never published). The
 // caller holds the volume's lock.
 func (m *Manager) unpublishLocked(ctx context.Context, tr taskRecord) (drop []journalOp, called bool, err error) {
+	if m.sharedTarget(tr) {
+		// Another task of the allocation uses the same publish (a
+		// single-node-writer volume, see allocShare): it stays until the
+		// last of them is gone. The drop alone is the task's release.
+		m.logger.Info("volume publish kept for other tasks of the allocation", "task_id", tr.TaskID, "volume", tr.Name,
+			"plugin_id", tr.PluginID, "volume_id", tr.VolumeID, "target_path", tr.Target)
+		return []journalOp{taskDrop(tr.TaskID, tr.Name)}, false, nil
+	}
 	if tr.State != phasePending && !tr.notCalled {
 		o := op{method: MethodNodeUnpublishVolume, taskID: tr.TaskID, name: tr.Name, pluginID: tr.PluginID,
 			volumeID: tr.VolumeID, path: tr.Target, notFoundOK: true, secrets: []map[string]string{tr.Secrets}}
@@ -215,6 +223,11 @@ func (m *Manager) unpublishLocked(ctx context.Context, tr taskRecord) (drop []jo
 		m.logger.Info("volume unpublished", "task_id", tr.TaskID, "volume", tr.Name, "plugin_id", tr.PluginID,
 			"volume_id", tr.VolumeID, "target_path", tr.Target)
 		called = true
+		if dir := filepath.Dir(tr.Target); dir != m.taskDir(tr.TaskID) {
+			// The publish directory of the allocation's task that
+			// published it first, gone before it.
+			m.removeIfEmpty(dir)
+		}
 	}
 	return []journalOp{taskDrop(tr.TaskID, tr.Name)}, called, nil
 }

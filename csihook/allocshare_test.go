@@ -1,0 +1,148 @@
+package csihook
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/shoenig/test/must"
+)
+
+// Nomad claims a volume per allocation: the tasks of the allocation that
+// claims a single-node-writer volume all mount it. The CSI spec lets a
+// SINGLE_NODE_WRITER volume be published once on a node, so the tasks of
+// one allocation share one NodePublishVolume, which is unpublished when
+// the last of them is gone, and not before, across a driver restart.
+func TestClaims_SingleNodeWriter_TasksOfOneAllocationShareOnePublish(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	const (
+		app     = "alloc-a/app/11111111"
+		sidecar = "alloc-a/backup/22222222"
+		other   = "alloc-b/app/33333333"
+	)
+	first, err := h.m.Setup(ctx, app, []VolumeRequest{req("data", "vol1", "/data")})
+	must.NoError(t, err)
+	// The plugin makes target_path (CSI spec), in the publishing task's
+	// directory; the fake does not.
+	must.NoError(t, os.MkdirAll(first[0].HostPath, 0o750))
+	// The sidecar names the volume its own way.
+	second, err := h.m.Setup(ctx, sidecar, []VolumeRequest{req("backup", "vol1", "/backup")})
+	must.NoError(t, err)
+	must.Len(t, 1, h.callsOf(MethodNodePublishVolume))
+	must.Len(t, 1, h.callsOf(MethodNodeStageVolume))
+	must.Eq(t, first[0].HostPath, second[0].HostPath, must.Sprint("both tasks bind the one publish"))
+	must.Eq(t, "/backup", second[0].Destination)
+	must.False(t, second[0].ReadOnly)
+	must.Eq(t, 2, h.m.Users("p", "vol1"))
+
+	// A second allocation is still refused before any call.
+	h.fake.ResetCalls()
+	before := h.journalRecords()
+	_, err = h.m.Setup(ctx, other, []VolumeRequest{req("data", "vol1", "/data")})
+	must.ErrorIs(t, err, ErrConflict)
+	must.ErrorContains(t, err, `volume_id "vol1" is single-node-writer and task "alloc-a/app/11111111" of allocation "alloc-a" already has it published writable`)
+	must.SliceEmpty(t, h.fake.Methods())
+	must.Eq(t, before, h.journalRecords())
+
+	// The task that published it stops first: the sidecar keeps it.
+	must.NoError(t, h.m.Teardown(ctx, app))
+	must.SliceEmpty(t, h.fake.Methods())
+	mounted, err := h.mnt.IsMountPoint(second[0].HostPath)
+	must.NoError(t, err)
+	must.True(t, mounted, must.Sprint("the sidecar's volume was unpublished under it"))
+
+	// The count is the journal's: a restart keeps it.
+	h.restart()
+	must.NoError(t, h.m.Recover(func(id string) bool { return id == sidecar }))
+	h.waitIdle()
+	must.SliceEmpty(t, h.fake.Methods())
+	must.Eq(t, 1, h.m.Users("p", "vol1"))
+	again, err := h.m.Setup(ctx, sidecar, []VolumeRequest{req("backup", "vol1", "/backup")})
+	must.NoError(t, err)
+	must.Eq(t, second[0].HostPath, again[0].HostPath)
+	must.SliceEmpty(t, h.fake.Methods())
+
+	// The last task of the allocation stops: unpublished and unstaged
+	// once each, nothing left.
+	must.NoError(t, h.m.Teardown(ctx, sidecar))
+	must.Len(t, 1, h.callsOf(MethodNodeUnpublishVolume))
+	must.Eq(t, second[0].HostPath, h.callsOf(MethodNodeUnpublishVolume)[0].TargetPath)
+	must.Len(t, 1, h.callsOf(MethodNodeUnstageVolume))
+	must.SliceEmpty(t, h.journalRecords())
+	must.SliceEmpty(t, h.mountPaths())
+	must.SliceEmpty(t, publishDirs(t, h))
+
+	// Now the other allocation may have it.
+	_, err = h.m.Setup(ctx, other, []VolumeRequest{req("data", "vol1", "/data")})
+	must.NoError(t, err)
+	must.NoError(t, h.m.Teardown(ctx, other))
+}
+
+// Recovery drops the record of a task of the allocation that is gone
+// without unpublishing what a live task of it still uses, and unpublishes
+// once when none is left.
+func TestClaims_SingleNodeWriter_RecoveryKeepsTheAllocationsPublish(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// gone: the tasks gone at the first recovery.
+		gone []string
+	}{
+		{"publisher gone first", []string{"alloc-a/app/11111111"}},
+		{"sharer gone first", []string{"alloc-a/backup/22222222"}},
+		{"both gone", []string{"alloc-a/app/11111111", "alloc-a/backup/22222222"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			ctx := context.Background()
+			tasks := []string{"alloc-a/app/11111111", "alloc-a/backup/22222222"}
+			var target string
+			for _, id := range tasks {
+				pubs, err := h.m.Setup(ctx, id, []VolumeRequest{req("data", "vol1", "/data")})
+				must.NoError(t, err)
+				target = pubs[0].HostPath
+			}
+			// The plugin makes target_path (CSI spec); the fake does not.
+			must.NoError(t, os.MkdirAll(target, 0o750))
+			must.Len(t, 1, h.callsOf(MethodNodePublishVolume))
+			h.fake.ResetCalls()
+
+			h.restart()
+			gone := map[string]bool{}
+			for _, id := range tc.gone {
+				gone[id] = true
+			}
+			must.NoError(t, h.m.Recover(func(id string) bool { return !gone[id] }))
+			h.waitIdle()
+			if len(tc.gone) < len(tasks) {
+				must.SliceEmpty(t, h.fake.Methods())
+				must.Eq(t, 1, h.m.Users("p", "vol1"))
+				mounted, err := h.mnt.IsMountPoint(target)
+				must.NoError(t, err)
+				must.True(t, mounted)
+				h.restart()
+				must.NoError(t, h.m.Recover(func(string) bool { return false }))
+				h.waitIdle()
+			}
+			must.Len(t, 1, h.callsOf(MethodNodeUnpublishVolume))
+			must.Eq(t, target, h.callsOf(MethodNodeUnpublishVolume)[0].TargetPath)
+			must.Len(t, 1, h.callsOf(MethodNodeUnstageVolume))
+			must.SliceEmpty(t, h.journalRecords())
+			must.SliceEmpty(t, h.mountPaths())
+			must.SliceEmpty(t, publishDirs(t, h))
+		})
+	}
+}
+
+// publishDirs lists what is left in the publish root.
+func publishDirs(t *testing.T, h *harness) []string {
+	t.Helper()
+	entries, err := os.ReadDir(filepath.Join(h.root, "publish"))
+	must.NoError(t, err)
+	var out []string
+	for _, e := range entries {
+		out = append(out, e.Name())
+	}
+	return out
+}
