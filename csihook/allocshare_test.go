@@ -146,3 +146,29 @@ func publishDirs(t *testing.T, h *harness) []string {
 	}
 	return out
 }
+
+// Nomad lets a task claim a multi-node-multi-writer volume read-only: it is
+// published for that task read-only, beside the writers.
+func TestClaims_MultiNodeMultiWriter_ReadOnlyTask(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	mnmw := func(readOnly bool) VolumeRequest {
+		r := req("data", "vol1", "/data")
+		r.AccessMode, r.ReadOnly = AccessMultiNodeMultiWriter, readOnly
+		return r
+	}
+	w, err := h.m.Setup(ctx, "alloc-a/writer/11111111", []VolumeRequest{mnmw(false)})
+	must.NoError(t, err)
+	must.False(t, w[0].ReadOnly)
+	r, err := h.m.Setup(ctx, "alloc-b/reader/22222222", []VolumeRequest{mnmw(true)})
+	must.NoError(t, err)
+	must.True(t, r[0].ReadOnly)
+	np := h.callsOf(MethodNodePublishVolume)
+	must.Len(t, 2, np)
+	must.False(t, np[0].Readonly)
+	must.True(t, np[1].Readonly)
+	for _, id := range []string{"alloc-a/writer/11111111", "alloc-b/reader/22222222"} {
+		must.NoError(t, h.m.Teardown(ctx, id))
+	}
+	must.SliceEmpty(t, h.journalRecords())
+}

@@ -42,9 +42,9 @@ type VolumeRequest struct {
 	VolumeID string
 	// Destination is the absolute path inside the task.
 	Destination string
-	// ReadOnly publishes the volume read-only. It is refused with a writer
-	// access mode but multi-node-single-writer, whose readers it makes
-	// (see Validate and checkShare).
+	// ReadOnly publishes the volume read-only. It is refused with
+	// single-node-writer, whose one publish the tasks of an allocation
+	// share writable (see Validate and checkShare).
 	ReadOnly bool
 	// AccessMode is one of the Access* constants; required.
 	AccessMode string
