@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 
 	"github.com/shoenig/test/must"
@@ -170,5 +171,35 @@ func TestClaims_MultiNodeMultiWriter_ReadOnlyTask(t *testing.T) {
 	for _, id := range []string{"alloc-a/writer/11111111", "alloc-b/reader/22222222"} {
 		must.NoError(t, h.m.Teardown(ctx, id))
 	}
+	must.SliceEmpty(t, h.journalRecords())
+}
+
+// Nomad starts the tasks of a group together: the ones that find the
+// volume being published wait for that publish and share it.
+func TestClaims_SingleNodeWriter_TasksOfOneAllocationStartTogether(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	tasks := []string{"alloc-a/app/11111111", "alloc-a/backup/22222222", "alloc-a/logs/33333333"}
+	pubs := make([][]Published, len(tasks))
+	errs := make([]error, len(tasks))
+	var wg sync.WaitGroup
+	for i, id := range tasks {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			pubs[i], errs[i] = h.m.Setup(ctx, id, []VolumeRequest{req("data", "vol1", "/data")})
+		}()
+	}
+	wg.Wait()
+	for i := range tasks {
+		must.NoError(t, errs[i])
+		must.Eq(t, pubs[0][0].HostPath, pubs[i][0].HostPath)
+	}
+	must.Len(t, 1, h.callsOf(MethodNodePublishVolume))
+	for _, id := range tasks {
+		must.NoError(t, h.m.Teardown(ctx, id))
+	}
+	must.Len(t, 1, h.callsOf(MethodNodeUnpublishVolume))
+	must.Len(t, 1, h.callsOf(MethodNodeUnstageVolume))
 	must.SliceEmpty(t, h.journalRecords())
 }
