@@ -203,3 +203,29 @@ func TestClaims_SingleNodeWriter_TasksOfOneAllocationStartTogether(t *testing.T)
 	must.Len(t, 1, h.callsOf(MethodNodeUnstageVolume))
 	must.SliceEmpty(t, h.journalRecords())
 }
+
+// A restarted driver that finds the allocation's shared publish gone (a
+// reboot) publishes it again once, for every task of the allocation.
+func TestClaims_SingleNodeWriter_RecoveryRepublishesTheSharedTargetOnce(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	tasks := []string{"alloc-a/app/11111111", "alloc-a/backup/22222222"}
+	var target string
+	for _, id := range tasks {
+		pubs, err := h.m.Setup(ctx, id, []VolumeRequest{req("data", "vol1", "/data")})
+		must.NoError(t, err)
+		target = pubs[0].HostPath
+	}
+	h.restart()
+	must.NoError(t, h.mnt.Unmount(target))
+	h.fake.ResetCalls()
+	must.NoError(t, h.m.Recover(func(string) bool { return true }))
+	h.waitIdle()
+	must.Len(t, 1, h.callsOf(MethodNodePublishVolume))
+	must.Eq(t, target, h.callsOf(MethodNodePublishVolume)[0].TargetPath)
+	for _, id := range tasks {
+		must.NoError(t, h.m.Teardown(ctx, id))
+	}
+	must.Len(t, 1, h.callsOf(MethodNodeUnpublishVolume))
+	must.SliceEmpty(t, h.journalRecords())
+}

@@ -299,14 +299,22 @@ func (m *Manager) reconcile(ctx context.Context, k volKey, live func(string) boo
 	if err := m.commit(staged...); err != nil {
 		return err
 	}
+	// The tasks of an allocation sharing one publish (allocShare) have
+	// one record each: the publish is made again once, for the first.
+	republished := map[string]bool{}
 	for _, t := range fix {
+		if t.State == phasePublished && republished[t.Target] {
+			continue
+		}
 		m.event(t.TaskID, fmt.Sprintf("Re-publishing volume %q after a driver restart", t.Name), annotations(t.Name, t.PluginID, t.VolumeID))
 		if len(t.Secrets) == 0 {
 			t.Secrets = vol.Secrets
 		}
 		if err := m.ensurePublished(ctx, info, vol, t, "", nil, nil); err != nil {
 			errs = append(errs, err)
+			continue
 		}
+		republished[t.Target] = true
 	}
 	if err := errors.Join(errs...); err != nil {
 		return err
