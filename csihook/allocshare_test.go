@@ -229,3 +229,33 @@ func TestClaims_SingleNodeWriter_RecoveryRepublishesTheSharedTargetOnce(t *testi
 	must.Len(t, 1, h.callsOf(MethodNodeUnpublishVolume))
 	must.SliceEmpty(t, h.journalRecords())
 }
+
+// A dead shared publish (a FUSE plugin restarted) is unpublished and
+// published again once, and every task of the allocation hears of it, to
+// bind it afresh.
+func TestClaims_SingleNodeWriter_RepairOfTheSharedPublish(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	tasks := []string{"alloc-a/app/11111111", "alloc-a/backup/22222222"}
+	var target string
+	for _, id := range tasks {
+		pubs, err := h.m.Setup(ctx, id, []VolumeRequest{req("data", "vol1", "/data")})
+		must.NoError(t, err)
+		target = pubs[0].HostPath
+	}
+	h.mnt.SetStale(target, true)
+	h.fake.ResetCalls()
+	rep, err := h.m.RepairStale(ctx, "p")
+	must.NoError(t, err)
+	must.Eq(t, []string{MethodNodeUnpublishVolume, MethodNodePublishVolume}, h.fake.Methods())
+	must.Len(t, 2, rep)
+	for i, r := range rep {
+		must.Eq(t, tasks[i], r.TaskID)
+		must.Eq(t, target, r.HostPath)
+	}
+	for _, id := range tasks {
+		must.NoError(t, h.m.Teardown(ctx, id))
+	}
+	must.SliceEmpty(t, h.journalRecords())
+	must.SliceEmpty(t, h.mountPaths())
+}

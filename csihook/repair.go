@@ -169,9 +169,17 @@ func (m *Manager) repairVolume(ctx context.Context, k volKey) ([]Repaired, error
 		m.repairing[repairKey(tr)] = true
 	}
 	m.mu.Unlock()
+	// The tasks of an allocation sharing one publish (allocShare) each
+	// have a record naming its target: it is taken and published again
+	// once, and every one of them binds it afresh.
+	taken := map[string]bool{}
 	for _, tr := range dead {
 		m.event(tr.TaskID, fmt.Sprintf("Volume %q is stale (its mount is dead after plugin %q restarted); repairing", tr.Name, tr.PluginID),
 			annotations(tr.Name, tr.PluginID, tr.VolumeID))
+		if taken[tr.Target] {
+			continue
+		}
+		taken[tr.Target] = true
 		if err := m.takeDeadPublish(ctx, tr); err != nil {
 			return nil, m.repairFailed(dead, err)
 		}
@@ -193,12 +201,16 @@ func (m *Manager) repairVolume(ctx context.Context, k volKey) ([]Repaired, error
 		out  []Repaired
 		errs []error
 	)
+	published := map[string]bool{}
 	for _, tr := range dead {
-		if err := m.ensurePublished(ctx, info, vol, tr, "", pending, nil); err != nil {
-			errs = append(errs, m.repairFailed([]taskRecord{tr}, err))
-			continue
+		if !published[tr.Target] || tr.State != phasePublished {
+			if err := m.ensurePublished(ctx, info, vol, tr, "", pending, nil); err != nil {
+				errs = append(errs, m.repairFailed([]taskRecord{tr}, err))
+				continue
+			}
+			pending = nil
+			published[tr.Target] = true
 		}
-		pending = nil
 		m.mu.Lock()
 		delete(m.repairing, repairKey(tr))
 		m.mu.Unlock()
