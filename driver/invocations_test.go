@@ -874,3 +874,31 @@ func TestInvocations_cutSpecAfterAPowerCut(t *testing.T) {
 		})
 	}
 }
+
+// The tasks of one allocation share a single-node-writer volume (an app
+// and its sidecar), across driver restarts: the sidecar started by a new
+// driver process shares the publish the app's start made, and the publish
+// goes only with the last of them, destroyed under a third process.
+func TestInvocations_tasksOfOneAllocationShareAVolumeAcrossRestarts(t *testing.T) {
+	c := startVolumeNode(t)
+	d, fp := c.restart(t)
+	must.NoError(t, d.RecoverTask(persisted(t, c.workHandle)))
+	sidecar := volumeWorkload(t, "alloc-w", "x")
+	sidecar.ID, sidecar.Name = "alloc-w/sidecar/1", "sidecar"
+	sidecarHandle, _, err := d.StartTask(sidecar)
+	must.NoError(t, err)
+	must.Eq(t, 0, fp.vols.Count(csihook.MethodNodePublishVolume))
+	must.Eq(t, 2, journalTasks(t, d))
+	d.Shutdown()
+
+	d, fp = c.restart(t)
+	for _, h := range []*drivers.TaskHandle{c.workHandle, sidecarHandle} {
+		must.NoError(t, d.RecoverTask(persisted(t, h)))
+	}
+	must.NoError(t, d.DestroyTask(c.work.ID, true))
+	must.Eq(t, 0, fp.vols.Count(csihook.MethodNodeUnpublishVolume))
+	must.Eq(t, 1, journalTasks(t, d))
+	must.NoError(t, d.DestroyTask(sidecar.ID, true))
+	must.Eq(t, 1, fp.vols.Count(csihook.MethodNodeUnpublishVolume))
+	must.Eq(t, 0, journalTasks(t, d))
+}
