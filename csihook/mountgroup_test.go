@@ -196,3 +196,26 @@ func TestValidate_MountGroup(t *testing.T) {
 	}
 	must.NoError(t, validate([]VolumeRequest{groupReq("data", "v1", "/data", "1000", true)}))
 }
+
+// A task that shares its allocation's publish of a single-node-writer
+// volume with mount_group = true gets the volume's root its group, as its
+// own publish would have, when the task that published it runs as root.
+func TestMountGroup_AppliedForATaskSharingTheAllocationsPublish(t *testing.T) {
+	needRoot(t)
+	h := newHarness(t)
+	target := h.m.TargetPath("alloc-a/app/1", "data")
+	must.NoError(t, os.MkdirAll(target, 0o755))
+	_, err := h.m.Setup(context.Background(), "alloc-a/app/1", []VolumeRequest{req("data", "v1", "/data")})
+	must.NoError(t, err)
+	must.Eq(t, uint32(0), statOf(t, target).Gid)
+
+	r := req("data", "v1", "/data")
+	r.MountGroup, r.ApplyMountGroup = "65534", true
+	pubs, err := h.m.Setup(context.Background(), "alloc-a/sidecar/2", []VolumeRequest{r})
+	must.NoError(t, err)
+	must.Eq(t, target, pubs[0].HostPath)
+	must.Len(t, 1, h.callsOf(MethodNodePublishVolume))
+	st := statOf(t, target)
+	must.Eq(t, uint32(65534), st.Gid)
+	must.Eq(t, uint32(unix.S_ISGID|0o775), st.Mode&0o7777)
+}

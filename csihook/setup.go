@@ -282,6 +282,14 @@ func (m *Manager) setupVolume(ctx context.Context, taskID string, p plan) (Publi
 		if err := m.commit(append(pending, taskPut(tr))...); err != nil {
 			return Published{}, err
 		}
+		// What the task's own publish would have done for its group
+		// (ensurePublished), the task that published it running as
+		// another user.
+		if tr.ApplyGroup != "" {
+			if err := applyVolumeGroup(target, tr.ApplyGroup); err != nil {
+				return Published{}, fmt.Errorf("volume %q: mount_group = true: %w", tr.Name, err)
+			}
+		}
 		m.event(taskID, fmt.Sprintf("Published volume %q at %s, sharing its publish for task %q of this allocation", req.Name, req.Destination, holder.TaskID),
 			annotations(req.Name, req.PluginID, volumeID))
 		if err := m.expandNode(ctx, taskID, req, info, o, vol, tr); err != nil {
