@@ -147,7 +147,24 @@ func (m *Manager) checkAllocShareLocked(taskID string, req VolumeRequest, volume
 		return &conflictError{fmt.Sprintf("volume %q: volume_id %q is single-node-writer and published once on this node for the tasks of an allocation, and task %q of this allocation uses it with other mount_flags: use the same mount_options.mount_flags in every task of the allocation",
 			req.Name, volumeID, holder.TaskID)}
 	}
+	// A plugin with VOLUME_MOUNT_GROUP made the volume writable by the
+	// group it was staged and published with (the publishing task's):
+	// a task of another group sharing that publish would get none of its
+	// own, which only its own publish could send.
+	if v, ok := m.vols[volKey{req.PluginID, volumeID}]; ok && req.MountGroup != "" && v.MountGroup != req.MountGroup {
+		return &conflictError{fmt.Sprintf("volume %q: volume_id %q is single-node-writer and published once on this node for the tasks of an allocation, by CSI plugin %q %s; this task runs as group %s, which the plugin applies only when it publishes: run the tasks of the allocation that use the volume with the same group",
+			req.Name, volumeID, req.PluginID, groupOrNone(v.MountGroup), req.MountGroup)}
+	}
 	return nil
+}
+
+// groupOrNone words the volume_mount_group a volume was published with
+// for a message.
+func groupOrNone(g string) string {
+	if g == "" {
+		return "with no group (for a task running as root)"
+	}
+	return "for group " + g
 }
 
 // allocShare returns the published record of volume k that a task of
