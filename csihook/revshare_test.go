@@ -74,3 +74,34 @@ func TestClaims_SingleNodeWriter_SharingTaskWithAnotherPluginMountGroup(t *testi
 	must.NoError(t, h.m.Teardown(ctx, "alloc-a/app/11111111"))
 	must.SliceEmpty(t, h.journalRecords())
 }
+
+// The volume context is sent with NodePublishVolume: a task of the
+// allocation asking for another context than the one the shared publish
+// was made with would silently get the first task's. It is refused, as
+// other mount_flags are, and nothing of it is kept.
+func TestClaims_SingleNodeWriter_SharingTaskWithAnotherContext(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	first, err := h.m.Setup(ctx, "alloc-a/app/11111111", []VolumeRequest{req("data", "vol1", "/data")})
+	must.NoError(t, err)
+	must.NoError(t, os.MkdirAll(first[0].HostPath, 0o750))
+	h.fake.ResetCalls()
+	before := h.journalRecords()
+
+	r := req("data", "vol1", "/data")
+	r.Context = map[string]string{"ctx": "other"}
+	_, err = h.m.Setup(ctx, "alloc-a/sidecar/22222222", []VolumeRequest{r})
+	must.ErrorIs(t, err, ErrConflict)
+	must.ErrorContains(t, err, "context")
+	must.SliceEmpty(t, h.fake.Methods())
+	must.Eq(t, before, h.journalRecords())
+
+	// The same context shares.
+	_, err = h.m.Setup(ctx, "alloc-a/sidecar/33333333", []VolumeRequest{req("data", "vol1", "/data")})
+	must.NoError(t, err)
+	must.SliceEmpty(t, h.fake.Methods())
+	for _, id := range []string{"alloc-a/app/11111111", "alloc-a/sidecar/33333333"} {
+		must.NoError(t, h.m.Teardown(ctx, id))
+	}
+	must.SliceEmpty(t, h.journalRecords())
+}
