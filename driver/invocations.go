@@ -324,15 +324,27 @@ func restampInvocation(dir, agent string) error {
 }
 
 // agentIdentity names the process that started this driver, the Nomad
-// agent, by its PID and start time (a PID alone may be reused); "" when
-// it cannot be read.
+// agent, by its PID and start time (a PID alone may be reused) and the
+// boot (the start time counts from it, and an agent started by a host's
+// boot may get the same PID and start time the next time); "" when it
+// cannot be read.
 func agentIdentity() string {
 	ppid := os.Getppid()
 	start, err := wire.ProcStartTime(ppid)
 	if err != nil || ppid <= 1 {
 		return ""
 	}
-	return fmt.Sprintf("%d-%d", ppid, start)
+	boot, err := bootID()
+	if err != nil || boot == "" {
+		return ""
+	}
+	return fmt.Sprintf("%d-%d-%s", ppid, start, boot)
+}
+
+// bootID reads the kernel's id of this boot; a variable for tests.
+var bootID = func() (string, error) {
+	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	return strings.TrimSpace(string(b)), err
 }
 
 // writeAtomic is atomicfile.Write; a variable for tests.

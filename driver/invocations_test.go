@@ -902,3 +902,19 @@ func TestInvocations_tasksOfOneAllocationShareAVolumeAcrossRestarts(t *testing.T
 	must.Eq(t, 1, fp.vols.Count(csihook.MethodNodeUnpublishVolume))
 	must.Eq(t, 0, journalTasks(t, d))
 }
+
+// A start time counts from the boot: after a reboot the agent may well
+// have the PID and start time the agent before it had (a host boots the
+// same way each time), and the tasks that agent left would be taken for
+// the new agent's, never ended. The identity names the boot too.
+func TestAgentIdentity_differsAcrossBoots(t *testing.T) {
+	old := bootID
+	t.Cleanup(func() { bootID = old })
+	bootID = func() (string, error) { return "3b1a0d52-0000-4000-8000-000000000001", nil }
+	before := agentIdentity()
+	bootID = func() (string, error) { return "3b1a0d52-0000-4000-8000-000000000002", nil }
+	after := agentIdentity()
+	must.NotEq(t, "", before)
+	must.NotEq(t, before, after)
+	must.Eq(t, after, agentIdentity(), must.Sprint("stable within a boot"))
+}
