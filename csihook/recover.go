@@ -302,6 +302,7 @@ func (m *Manager) reconcile(ctx context.Context, k volKey, live func(string) boo
 	// The tasks of an allocation sharing one publish (allocShare) have
 	// one record each: the publish is made again once, for the first.
 	republished := map[string]bool{}
+	groupFirst(fix)
 	for _, t := range fix {
 		if t.State == phasePublished && republished[t.Target] {
 			continue

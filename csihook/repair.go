@@ -173,6 +173,7 @@ func (m *Manager) repairVolume(ctx context.Context, k volKey) ([]Repaired, error
 	// have a record naming its target: it is taken and published again
 	// once, and every one of them binds it afresh.
 	taken := map[string]bool{}
+	groupFirst(dead)
 	for _, tr := range dead {
 		m.event(tr.TaskID, fmt.Sprintf("Volume %q is stale (its mount is dead after plugin %q restarted); repairing", tr.Name, tr.PluginID),
 			annotations(tr.Name, tr.PluginID, tr.VolumeID))

@@ -3,6 +3,8 @@ package csihook
 import (
 	"context"
 	"os"
+	"path/filepath"
+	"sync"
 	"testing"
 
 	"github.com/shoenig/test/must"
@@ -104,4 +106,152 @@ func TestClaims_SingleNodeWriter_SharingTaskWithAnotherContext(t *testing.T) {
 		must.NoError(t, h.m.Teardown(ctx, id))
 	}
 	must.SliceEmpty(t, h.journalRecords())
+}
+
+// A task of the allocation that starts while the shared publish is not
+// mounted (the plugin lost it, and no repair ran yet) publishes it again,
+// at the same target, and the target is unpublished once, with the last.
+func TestClaims_SingleNodeWriter_SharingTaskFindsThePublishUnmounted(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	first, err := h.m.Setup(ctx, "alloc-a/app/11111111", []VolumeRequest{req("data", "vol1", "/data")})
+	must.NoError(t, err)
+	target := first[0].HostPath
+	must.NoError(t, os.MkdirAll(target, 0o750))
+	must.NoError(t, h.mnt.Unmount(target))
+	h.fake.ResetCalls()
+	second, err := h.m.Setup(ctx, "alloc-a/sidecar/22222222", []VolumeRequest{req("data", "vol1", "/data")})
+	must.NoError(t, err)
+	must.Eq(t, target, second[0].HostPath)
+	must.Len(t, 1, h.callsOf(MethodNodePublishVolume))
+	must.Eq(t, target, h.callsOf(MethodNodePublishVolume)[0].TargetPath)
+	mounted, err := h.mnt.IsMountPoint(target)
+	must.NoError(t, err)
+	must.True(t, mounted)
+
+	must.NoError(t, h.m.Teardown(ctx, "alloc-a/app/11111111"))
+	must.Len(t, 0, h.callsOf(MethodNodeUnpublishVolume))
+	must.NoError(t, h.m.Teardown(ctx, "alloc-a/sidecar/22222222"))
+	must.Len(t, 1, h.callsOf(MethodNodeUnpublishVolume))
+	must.SliceEmpty(t, h.journalRecords())
+	must.SliceEmpty(t, h.mountPaths())
+	must.SliceEmpty(t, publishDirs(t, h))
+}
+
+// One task of the allocation stops while another starts: whichever goes
+// first, the starting task ends with the volume mounted, nothing is
+// published twice at once, and nothing is left once it stops too.
+func TestClaims_SingleNodeWriter_OneTaskStopsAsAnotherStarts(t *testing.T) {
+	for i := 0; i < 20; i++ {
+		h := newHarness(t)
+		ctx := context.Background()
+		first, err := h.m.Setup(ctx, "alloc-a/app/11111111", []VolumeRequest{req("data", "vol1", "/data")})
+		must.NoError(t, err)
+		must.NoError(t, os.MkdirAll(first[0].HostPath, 0o750))
+		var (
+			wg      sync.WaitGroup
+			pubs    []Published
+			setErr  error
+			downErr error
+		)
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			pubs, setErr = h.m.Setup(ctx, "alloc-a/sidecar/22222222", []VolumeRequest{req("data", "vol1", "/data")})
+		}()
+		go func() {
+			defer wg.Done()
+			downErr = h.m.Teardown(ctx, "alloc-a/app/11111111")
+		}()
+		wg.Wait()
+		must.NoError(t, setErr)
+		must.NoError(t, downErr)
+		mounted, err := h.mnt.IsMountPoint(pubs[0].HostPath)
+		must.NoError(t, err)
+		must.True(t, mounted, must.Sprintf("round %d: the starting task's volume is not mounted", i))
+		must.NoError(t, h.m.Teardown(ctx, "alloc-a/sidecar/22222222"))
+		must.SliceEmpty(t, h.journalRecords())
+		must.SliceEmpty(t, h.mountPaths())
+		must.Eq(t, len(h.callsOf(MethodNodePublishVolume)), len(h.callsOf(MethodNodeUnpublishVolume)))
+	}
+}
+
+// After a reboot (publish directories gone with a tmpfs root) the task
+// that published the allocation's volume is gone and the sidecar lives:
+// the sidecar's record is re-published at the target it names, in the
+// gone task's directory, once; its teardown leaves nothing.
+func TestClaims_SingleNodeWriter_RecoveryRepublishesForTheSharerAlone(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	const app, sidecar = "alloc-a/app/11111111", "alloc-a/backup/22222222"
+	var target string
+	for _, id := range []string{app, sidecar} {
+		pubs, err := h.m.Setup(ctx, id, []VolumeRequest{req("data", "vol1", "/data")})
+		must.NoError(t, err)
+		target = pubs[0].HostPath
+	}
+	h.restart()
+	for _, p := range h.mountPaths() {
+		must.NoError(t, h.mnt.Unmount(p))
+	}
+	must.NoError(t, os.RemoveAll(filepath.Dir(target)))
+	h.fake.ResetCalls()
+	must.NoError(t, h.m.Recover(func(id string) bool { return id == sidecar }))
+	h.waitIdle()
+	must.Len(t, 1, h.callsOf(MethodNodePublishVolume))
+	must.Len(t, 0, h.callsOf(MethodNodeUnpublishVolume))
+	must.Eq(t, target, h.callsOf(MethodNodePublishVolume)[0].TargetPath)
+	must.Eq(t, 1, h.m.Users("p", "vol1"))
+	must.NoError(t, h.m.Teardown(ctx, sidecar))
+	must.Len(t, 1, h.callsOf(MethodNodeUnpublishVolume))
+	must.SliceEmpty(t, h.journalRecords())
+	must.SliceEmpty(t, h.mountPaths())
+	must.SliceEmpty(t, publishDirs(t, h))
+}
+
+// A plugin with VOLUME_MOUNT_GROUP applies the group it is sent with the
+// publish. The shared publish of a task running as a group and a sidecar
+// running as root, made again after a restart, is made for the group, not
+// for whichever of the two records the restarted driver sees first.
+func TestClaims_SingleNodeWriter_RepublishKeepsThePluginMountGroup(t *testing.T) {
+	for i := 0; i < 10; i++ {
+		h := newHarness(t)
+		p := fullPlugin("p")
+		p.VolumeMountGroup = true
+		h.setPlugin(p)
+		ctx := context.Background()
+		const app, sidecar = "alloc-a/app/11111111", "alloc-a/aa-root/22222222"
+		// No secrets: the repair after the restart needs none.
+		r := req("data", "vol1", "/data")
+		r.Secrets = nil
+		root := r
+		r.MountGroup = "65534"
+		first, err := h.m.Setup(ctx, app, []VolumeRequest{r})
+		must.NoError(t, err)
+		target := first[0].HostPath
+		must.NoError(t, os.MkdirAll(target, 0o750))
+		_, err = h.m.Setup(ctx, sidecar, []VolumeRequest{root})
+		must.NoError(t, err)
+
+		h.restart()
+		must.NoError(t, h.mnt.Unmount(target))
+		h.fake.ResetCalls()
+		must.NoError(t, h.m.Recover(func(string) bool { return true }))
+		h.waitIdle()
+		np := h.callsOf(MethodNodePublishVolume)
+		must.Len(t, 1, np)
+		must.Eq(t, "65534", np[0].Capability.GetMount().GetVolumeMountGroup(), must.Sprintf("round %d", i))
+
+		h.mnt.SetStale(target, true)
+		h.fake.ResetCalls()
+		_, err = h.m.RepairStale(ctx, "p")
+		must.NoError(t, err)
+		np = h.callsOf(MethodNodePublishVolume)
+		must.Len(t, 1, np)
+		must.Eq(t, "65534", np[0].Capability.GetMount().GetVolumeMountGroup(), must.Sprintf("repair, round %d", i))
+		for _, id := range []string{app, sidecar} {
+			must.NoError(t, h.m.Teardown(ctx, id))
+		}
+		must.SliceEmpty(t, h.journalRecords())
+	}
 }

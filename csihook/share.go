@@ -211,3 +211,23 @@ func ofAlloc(taskID string) string {
 	}
 	return ""
 }
+
+// groupFirst orders the records of a volume whose publish is made again
+// (recovery, repair) so that, of the tasks of an allocation sharing one
+// publish, one that runs as a group comes before one that runs as root:
+// the publish is made once, for the first record of its target, and is
+// then made with the group (sent to a plugin with VOLUME_MOUNT_GROUP, or
+// given by the driver), as the task of that group needs it; a task
+// running as root needs none. The order is otherwise kept.
+func groupFirst(recs []taskRecord) {
+	slices.SortStableFunc(recs, func(a, b taskRecord) int {
+		ga, gb := effectiveGroup(a.MountGroup, a.ApplyGroup) != "", effectiveGroup(b.MountGroup, b.ApplyGroup) != ""
+		switch {
+		case ga && !gb:
+			return -1
+		case gb && !ga:
+			return 1
+		}
+		return 0
+	})
+}
