@@ -255,3 +255,52 @@ func TestClaims_SingleNodeWriter_RepublishKeepsThePluginMountGroup(t *testing.T)
 		must.SliceEmpty(t, h.journalRecords())
 	}
 }
+
+// A volume this node created shares as any other: the tasks of the
+// allocation, with or without the create block, resolve it to the same
+// plugin id and context.
+func TestClaims_SingleNodeWriter_CreatedVolumeShares(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	withCreate := req("data", "vol1", "/data")
+	withCreate.Create = &CreateRequest{}
+	first, err := h.m.Setup(ctx, "alloc-a/app/11111111", []VolumeRequest{withCreate})
+	must.NoError(t, err)
+	must.NoError(t, os.MkdirAll(first[0].HostPath, 0o750))
+	for _, r := range []VolumeRequest{withCreate, req("data", "vol1", "/data")} {
+		id := "alloc-a/sidecar-" + map[bool]string{true: "c", false: "n"}[r.Create != nil] + "/22222222"
+		pubs, err := h.m.Setup(ctx, id, []VolumeRequest{r})
+		must.NoError(t, err)
+		must.Eq(t, first[0].HostPath, pubs[0].HostPath)
+	}
+	must.Len(t, 1, h.callsOf(MethodNodePublishVolume))
+	for _, id := range []string{"alloc-a/app/11111111", "alloc-a/sidecar-c/22222222", "alloc-a/sidecar-n/22222222"} {
+		must.NoError(t, h.m.Teardown(ctx, id))
+	}
+	must.Len(t, 1, h.callsOf(MethodNodeUnpublishVolume))
+	must.SliceEmpty(t, h.journalRecords())
+}
+
+// The context the journal keeps is the one a task of the allocation
+// started after a driver restart compares its own with.
+func TestClaims_SingleNodeWriter_SharesAfterARestart(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	withCreate := req("data", "vol1", "/data")
+	withCreate.Create = &CreateRequest{}
+	first, err := h.m.Setup(ctx, "alloc-a/app/11111111", []VolumeRequest{withCreate})
+	must.NoError(t, err)
+	must.NoError(t, os.MkdirAll(first[0].HostPath, 0o750))
+	h.restart()
+	must.NoError(t, h.m.Recover(func(string) bool { return true }))
+	h.waitIdle()
+	h.fake.ResetCalls()
+	pubs, err := h.m.Setup(ctx, "alloc-a/sidecar/22222222", []VolumeRequest{req("data", "vol1", "/data")})
+	must.NoError(t, err)
+	must.Eq(t, first[0].HostPath, pubs[0].HostPath)
+	must.SliceEmpty(t, h.fake.Methods())
+	for _, id := range []string{"alloc-a/app/11111111", "alloc-a/sidecar/22222222"} {
+		must.NoError(t, h.m.Teardown(ctx, id))
+	}
+	must.SliceEmpty(t, h.journalRecords())
+}
