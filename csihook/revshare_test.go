@@ -304,3 +304,48 @@ func TestClaims_SingleNodeWriter_SharesAfterARestart(t *testing.T) {
 	}
 	must.SliceEmpty(t, h.journalRecords())
 }
+
+// Two tasks of the allocation start while the one that published the
+// volume stops: each starting task ends with the volume mounted where it
+// binds it, and once they stop nothing is left, every publish undone.
+func TestClaims_SingleNodeWriter_TwoStartOneStops(t *testing.T) {
+	for i := 0; i < 20; i++ {
+		h := newHarness(t)
+		ctx := context.Background()
+		first, err := h.m.Setup(ctx, "alloc-a/app/11111111", []VolumeRequest{req("data", "vol1", "/data")})
+		must.NoError(t, err)
+		must.NoError(t, os.MkdirAll(first[0].HostPath, 0o750))
+		starting := []string{"alloc-a/one/22222222", "alloc-a/two/33333333"}
+		pubs := make([][]Published, len(starting))
+		errs := make([]error, len(starting)+1)
+		var wg sync.WaitGroup
+		for j, id := range starting {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				pubs[j], errs[j] = h.m.Setup(ctx, id, []VolumeRequest{req("data", "vol1", "/data")})
+			}()
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[len(starting)] = h.m.Teardown(ctx, "alloc-a/app/11111111")
+		}()
+		wg.Wait()
+		for j := range errs {
+			must.NoError(t, errs[j], must.Sprintf("round %d", i))
+		}
+		for j := range starting {
+			mounted, err := h.mnt.IsMountPoint(pubs[j][0].HostPath)
+			must.NoError(t, err)
+			must.True(t, mounted, must.Sprintf("round %d: %s", i, starting[j]))
+		}
+		must.Eq(t, pubs[0][0].HostPath, pubs[1][0].HostPath, must.Sprintf("round %d: one publish", i))
+		for _, id := range starting {
+			must.NoError(t, h.m.Teardown(ctx, id))
+		}
+		must.SliceEmpty(t, h.journalRecords())
+		must.SliceEmpty(t, h.mountPaths())
+		must.Eq(t, len(h.callsOf(MethodNodePublishVolume)), len(h.callsOf(MethodNodeUnpublishVolume)))
+	}
+}
