@@ -94,6 +94,10 @@ func TestDangling_unrecoveredTaskIsEndedAfterGrace(t *testing.T) {
 		if n := journalTasks(t, d); n != 0 {
 			return fmt.Errorf("volume still has %d users", n)
 		}
+		// Logged once the volumes are torn down, after the above.
+		if !strings.Contains(logs.String(), "ended a dangling task") {
+			return errors.New("the end is not logged yet")
+		}
 		return nil
 	}), wait.Timeout(30*time.Second), wait.Gap(20*time.Millisecond)))
 	must.Eq(t, 1, fp.vols.Count(csihook.MethodNodeUnpublishVolume))
@@ -151,6 +155,10 @@ func TestDangling_failedEndIsTriedAgain(t *testing.T) {
 		}
 		if n := journalTasks(t, d); n != 0 {
 			return fmt.Errorf("volume still has %d users", n)
+		}
+		// Logged once the volumes are torn down, after the above.
+		if !strings.Contains(logs.String(), "ended a dangling task") {
+			return errors.New("the end is not logged yet")
 		}
 		return nil
 	}), wait.Timeout(30*time.Second), wait.Gap(20*time.Millisecond)))
