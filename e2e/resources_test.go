@@ -63,6 +63,9 @@ func TestReservedCores(t *testing.T) {
 	must.SliceLen(t, 1, want, must.Sprintf("Nomad reserved %v", want))
 
 	allowed := func(task string) []int {
+		// The allocation runs once one of its tasks does: the other may
+		// still be starting (its log monitor slow on a loaded node).
+		a.WaitEvent(t, al.ID, task, "Started", startTimeout)
 		out := a.WaitLogs(t, al.ID, task, "Cpus_allowed_list", 30*time.Second)
 		_, list, _ := strings.Cut(out, "Cpus_allowed_list:")
 		list, _, _ = strings.Cut(strings.TrimSpace(list), "\n")
