@@ -216,11 +216,9 @@ func (m *Manager) setupVolume(ctx context.Context, taskID string, p plan) (Publi
 	pub := Published{Name: req.Name, HostPath: target, Destination: req.Destination,
 		ReadOnly: req.ReadOnly || !writerMode(req.AccessMode), Block: attachment(req) == AttachmentBlockDevice}
 
-	if ok && tr.State == phasePublished && !targetIsSymlink(target) {
-		if mounted, err := m.cfg.Mounter.IsMountPoint(target); err == nil && mounted {
-			m.logger.Debug("volume already published", "task_id", taskID, "volume", req.Name, "volume_id", volumeID, "target_path", target)
-			return pub, nil
-		}
+	if ok && tr.State == phasePublished && m.publishedAt(target) {
+		m.logger.Debug("volume already published", "task_id", taskID, "volume", req.Name, "volume_id", volumeID, "target_path", target)
+		return pub, nil
 	}
 
 	vol, ok := m.vol(k)

@@ -186,7 +186,7 @@ func (m *Manager) allocShare(taskID string, k volKey) (taskRecord, bool) {
 	return taskRecord{}, false
 }
 
-// sharedTargetLocked reports whether a record other than tr names tr's
+// sharedTarget reports whether a record other than tr names tr's
 // target: the publish serves another task of the allocation still, and
 // is not unpublished with tr.
 func (m *Manager) sharedTarget(tr taskRecord) bool {
