@@ -3,7 +3,6 @@ package csihook
 import (
 	"fmt"
 	"slices"
-	"strings"
 )
 
 // Sharing rules: who may use a volume of this node. A volume belongs to
@@ -107,21 +106,11 @@ func (m *Manager) checkShare(taskID string, req VolumeRequest, volumeID string) 
 			if t.ReadOnly || allocOf(ref.taskID) == alloc {
 				continue
 			}
-			return &conflictError{fmt.Sprintf("volume %q: volume_id %q is multi-node-single-writer and task %q of allocation %q has it published writable on this node, and one allocation may write it: set read_only = true to read it, stop that allocation first, or use access_mode = %q",
-				req.Name, volumeID, ref.taskID, allocOf(ref.taskID), AccessMultiNodeMultiWriter)}
+			return &conflictError{fmt.Sprintf("volume %q: volume_id %q is multi-node-single-writer and task %q%s has it published writable on this node, and one allocation may write it: set read_only = true to read it, stop that allocation first, or use access_mode = %q",
+				req.Name, volumeID, ref.taskID, ofAlloc(ref.taskID), AccessMultiNodeMultiWriter)}
 		}
 	}
 	return nil
-}
-
-// allocOf returns the allocation of a Nomad task ID (allocation
-// ID/task name/invocation), or the ID itself when it has no such form.
-func allocOf(taskID string) string {
-	alloc, rest, ok := strings.Cut(taskID, "/")
-	if !ok || alloc == "" || !strings.Contains(rest, "/") {
-		return taskID
-	}
-	return alloc
 }
 
 // checkAllocShareLocked refuses a task a single-node-writer volume that
@@ -206,7 +195,7 @@ func (m *Manager) sharedTarget(tr taskRecord) bool {
 // ofAlloc words the allocation of a task ID for a message: ` of allocation
 // "x"`, or nothing when the ID names none.
 func ofAlloc(taskID string) string {
-	if alloc := allocOf(taskID); alloc != taskID {
+	if alloc, _, _, ok := SplitTaskID(taskID); ok {
 		return fmt.Sprintf(" of allocation %q", alloc)
 	}
 	return ""
