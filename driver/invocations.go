@@ -259,13 +259,13 @@ func journalInvocations(logger hclog.Logger, dir string) map[string]string {
 	return out
 }
 
-// invocationOf is the invocation a Nomad task ID (alloc ID/task
-// name/suffix) names; one that is not of that form names its task only.
+// invocationOf is the invocation a Nomad task ID names; one that names no
+// allocation (csihook.SplitTaskID) names its task only, and is taken for
+// no invocation of another task (superseded).
 func invocationOf(id string) invocation {
 	inv := invocation{TaskID: id}
-	alloc, rest, ok := strings.Cut(id, "/")
-	if i := strings.LastIndexByte(rest, '/'); ok && alloc != "" && i > 0 && i < len(rest)-1 {
-		inv.AllocID, inv.TaskName = alloc, rest[:i]
+	if alloc, task, _, ok := csihook.SplitTaskID(id); ok {
+		inv.AllocID, inv.TaskName = alloc, task
 	}
 	return inv
 }
@@ -497,11 +497,11 @@ func (d *Driver) earlierInJournal(cfg *drivers.TaskConfig, known []string) []str
 	return out
 }
 
-// sameTask tells whether a Nomad task ID (alloc ID/task name/suffix) names
-// an invocation of cfg's task of cfg's allocation.
+// sameTask tells whether a Nomad task ID names an invocation of cfg's task
+// of cfg's allocation (csihook.SplitTaskID).
 func sameTask(id string, cfg *drivers.TaskConfig) bool {
-	rest, ok := strings.CutPrefix(id, cfg.AllocID+"/"+cfg.Name+"/")
-	return ok && cfg.AllocID != "" && rest != "" && !strings.Contains(rest, "/")
+	alloc, task, _, ok := csihook.SplitTaskID(id)
+	return ok && alloc == cfg.AllocID && task == cfg.Name
 }
 
 // TaskDirs is what the task state directories under a root_dir say of the

@@ -356,6 +356,7 @@ func TestSameTask(t *testing.T) {
 		must.Eq(t, tc.want, sameTask(tc.id, cfg), must.Sprint(tc.id))
 	}
 	must.False(t, sameTask("/web/1234abcd", &drivers.TaskConfig{Name: "web"}), must.Sprint("a config without an alloc ID"))
+	must.False(t, sameTask("a1//1234abcd", &drivers.TaskConfig{AllocID: "a1"}), must.Sprint("a config without a task name"))
 }
 
 // Nomad's plugin loader starts the driver once only to check its config
@@ -732,7 +733,7 @@ func TestInvocations_scanWithoutJournalRecord(t *testing.T) {
 func TestInvocationOf(t *testing.T) {
 	for id, want := range map[string]invocation{
 		"a/web/1":   {TaskID: "a/web/1", AllocID: "a", TaskName: "web"},
-		"a/w/e/b/1": {TaskID: "a/w/e/b/1", AllocID: "a", TaskName: "w/e/b"},
+		"a/w/e/b/1": {TaskID: "a/w/e/b/1"},
 		"a/web/":    {TaskID: "a/web/"},
 		"a//1":      {TaskID: "a//1"},
 		"/web/1":    {TaskID: "/web/1"},
