@@ -491,23 +491,9 @@ func forkTask(m mounter.Interface, spec *wire.Spec, attr *syscall.SysProcAttr, r
 		SysProcAttr: attr,
 	}
 	if err := startAdjusted(cmd, spec.OOMScoreAdj); err != nil {
-		return nil, pidsLimitError(spec, fmt.Errorf("failed to execute %q: %w", path, err))
+		return nil, fmt.Errorf("failed to execute %q: %w", path, err)
 	}
 	return cmd, nil
-}
-
-// pidsLimitError says, of a first fork into the task's group that failed
-// with EAGAIN, when the task's process limit is why: on cgroup v1 the
-// launching thread joins the group and counts against pids.max while it
-// forks, so a limit of 1 leaves no room for the task's first process (on
-// v2 the task is cloned into its group, and 1 is room for it). A larger
-// limit cannot refuse the first fork, whose EAGAIN then has another cause
-// (the user's RLIMIT_NPROC, the host's pid_max).
-func pidsLimitError(spec *wire.Spec, err error) error {
-	if spec.Limits.PidsMax == 1 && errors.Is(err, syscall.EAGAIN) {
-		return fmt.Errorf("the task's process limit (pids_limit 1) leaves no room to start it: on cgroup v1 the supervisor's launching thread counts against it while it starts the task; set pids_limit to 2 or more (0 for none): %w", err)
-	}
-	return err
 }
 
 // startAdjusted starts cmd from the calling thread with its oom_score_adj
@@ -605,7 +591,7 @@ func startStage(spec *wire.Spec, attr *syscall.SysProcAttr, env []string, held c
 		SysProcAttr: attr,
 	}
 	if err := startAdjusted(cmd, spec.OOMScoreAdj); err != nil {
-		return nil, pidsLimitError(spec, fmt.Errorf("failed to start the seccomp stage: %w", err))
+		return nil, fmt.Errorf("failed to start the seccomp stage: %w", err)
 	}
 	return &seccompStage{cmd: cmd, answer: r, sock: sock}, nil
 }

@@ -500,16 +500,25 @@ func openLog(path string) (*os.File, error) {
 }
 
 // pidsRefusedStart names the task's process limit in err, a failed start,
-// when the group's pids.max refused a fork or a thread on the way: a
-// seccomp stage run in Go (a supervisor without the shim's entry point)
-// needs threads of its own, and dies of the refusal saying nothing the
-// start could pass on. A limit of 1 is named already (pidsLimitError).
+// when the limit is why:
+//   - a limit of 1, and the first fork into the task's group failed with
+//     EAGAIN: on cgroup v1 the launching thread joins the group and counts
+//     against pids.max while it forks, so 1 leaves no room for the task's
+//     first process (on v2 the task is cloned into its group, and 1 is room
+//     for it). A larger limit cannot refuse the first fork, whose EAGAIN
+//     then has another cause (the user's RLIMIT_NPROC, the host's pid_max);
+//   - a larger limit, and the group's pids.max refused a fork or a thread on
+//     the way: a seccomp stage run in Go (a supervisor without the shim's
+//     entry point) needs threads of its own, and dies of the refusal saying
+//     nothing the start could pass on.
 func pidsRefusedStart(spec *wire.Spec, group *cgroups.Group, err error) error {
-	if spec.Limits.PidsMax <= 1 {
-		return err
-	}
-	if n, perr := group.PidsLimited(); perr == nil && n > 0 {
-		return fmt.Errorf("%w (the task's process limit, pids_limit %d, refused %d forks or threads while it started: raise pids_limit, or set it to 0 for none)", err, spec.Limits.PidsMax, n)
+	switch limit := spec.Limits.PidsMax; {
+	case limit == 1 && errors.Is(err, unix.EAGAIN):
+		return fmt.Errorf("the task's process limit (pids_limit 1) leaves no room to start it: on cgroup v1 the supervisor's launching thread counts against it while it starts the task; set pids_limit to 2 or more (0 for none): %w", err)
+	case limit > 1:
+		if n, perr := group.PidsLimited(); perr == nil && n > 0 {
+			return fmt.Errorf("%w (the task's process limit, pids_limit %d, refused %d forks or threads while it started: raise pids_limit, or set it to 0 for none)", err, limit, n)
+		}
 	}
 	return err
 }
