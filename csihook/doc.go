@@ -52,12 +52,12 @@
 // access_mode is one of single-node-writer, single-node-reader-only,
 // multi-node-reader-only, multi-node-single-writer, multi-node-multi-writer
 // (required); attachment_mode is file-system (default) or block-device.
-// read_only = true with single-node-writer or multi-node-multi-writer is
-// refused: the access mode is what the node gets, so ask for a reader-only
-// mode instead. A reader-only mode publishes read-only even without
-// read_only. A volume staged on the node is shared only by requests with
+// read_only = true makes the task's view read-only; with single-node-writer
+// the one publish of the allocation stays read/write (publishReadOnly) and
+// the task binds it read-only. A reader-only mode publishes read-only even
+// without read_only. A volume staged on the node is shared only by requests with
 // the same access mode, attachment mode and fs_type, a single-node-writer
-// volume by no second task, and a multi-node-single-writer volume by
+// volume by the tasks of one allocation, and a multi-node-single-writer volume by
 // readers (read_only = true) and the tasks of one writing allocation, as
 // Nomad documents the mode: one allocation has read/write access.
 //

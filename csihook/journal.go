@@ -103,7 +103,9 @@ func (v volRecord) diskSecrets() map[string]string {
 }
 
 // taskRecord is the journal entry of one volume of one task: its publish
-// state at Target.
+// state at Target. ReadOnly is the task's view of the volume (its bind);
+// the publish is read-only with it but for single-node-writer
+// (publishReadOnly).
 type taskRecord struct {
 	Version        int               `json:"version"`
 	TaskID         string            `json:"task_id"`

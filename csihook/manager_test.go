@@ -1090,7 +1090,6 @@ func TestBadInput_LeavesNothingBehind(t *testing.T) {
 		{"missing access mode", mod(func(r *VolumeRequest) { r.AccessMode = "" }), ErrInvalid, "access_mode must be set", true},
 		{"bad access mode", mod(func(r *VolumeRequest) { r.AccessMode = "single-node-multi-writer" }), ErrInvalid, `access_mode "single-node-multi-writer" is not supported`, true},
 		{"bad attachment mode", mod(func(r *VolumeRequest) { r.AttachmentMode = "nfs" }), ErrInvalid, `attachment_mode "nfs" is not supported`, true},
-		{"read_only writer", mod(func(r *VolumeRequest) { r.ReadOnly = true }), ErrInvalid, `read_only = true conflicts with access_mode = "single-node-writer"`, true},
 		{"fs_type on block", mod(func(r *VolumeRequest) { r.AttachmentMode = AttachmentBlockDevice }), ErrInvalid, "mount_options cannot be used", true},
 		{"capacity order", mod(func(r *VolumeRequest) { r.Create = &CreateRequest{CapacityMin: 10, CapacityMax: 5} }), ErrInvalid, "must not exceed", true},
 		{"negative capacity", mod(func(r *VolumeRequest) { r.Create = &CreateRequest{CapacityMin: -1} }), ErrInvalid, "must not be negative", true},

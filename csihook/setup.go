@@ -631,7 +631,7 @@ func (m *Manager) ensurePublished(ctx context.Context, info PluginInfo, vol volR
 		_, err := node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{
 			VolumeId: tr.VolumeID, PublishContext: vol.PublishContext, StagingTargetPath: staging,
 			TargetPath: tr.Target, VolumeCapability: withGroup(capability(tr.AccessMode, tr.AttachmentMode, tr.FSType, tr.MountFlags), tr.MountGroup),
-			Readonly: tr.ReadOnly, Secrets: tr.Secrets, VolumeContext: tr.VolumeContext,
+			Readonly: publishReadOnly(tr), Secrets: tr.Secrets, VolumeContext: tr.VolumeContext,
 		})
 		return err
 	})

@@ -175,6 +175,19 @@ func (m *Manager) allocShare(taskID string, k volKey) (taskRecord, bool) {
 	return taskRecord{}, false
 }
 
+// publishReadOnly reports whether the publish a task record names is
+// read-only (NodePublishVolume's readonly). The record's ReadOnly is the
+// task's view: its bind of the publish (Published.ReadOnly). The two are
+// one but for single-node-writer, whose one publish on the node serves
+// every task of the allocation (allocShare): it is read/write whichever
+// task makes it, again or first, so that a writer sharing a reader's
+// publish can write, and a task with read_only = true binds it read-only.
+// Records written before read_only was allowed with single-node-writer
+// never had both, and read as before.
+func publishReadOnly(tr taskRecord) bool {
+	return tr.ReadOnly && tr.AccessMode != AccessSingleNodeWriter
+}
+
 // sharedTarget reports whether a record other than tr names tr's
 // target: the publish serves another task of the allocation still, and
 // is not unpublished with tr.

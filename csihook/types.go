@@ -42,9 +42,9 @@ type VolumeRequest struct {
 	VolumeID string
 	// Destination is the absolute path inside the task.
 	Destination string
-	// ReadOnly publishes the volume read-only. It is refused with
-	// single-node-writer, whose one publish the tasks of an allocation
-	// share writable (see Validate and checkShare).
+	// ReadOnly gives the task the volume read-only. A single-node-writer
+	// volume is still published read/write, once for the tasks of the
+	// allocation, and the task's bind of it is read-only (publishReadOnly).
 	ReadOnly bool
 	// AccessMode is one of the Access* constants; required.
 	AccessMode string

@@ -260,16 +260,6 @@ func validate(reqs []VolumeRequest) error {
 			} else {
 				fail("access_mode %q is not supported: use one of %s", mode, modeList())
 			}
-		} else if req.ReadOnly && mode == AccessSingleNodeWriter {
-			// A multi-node-single-writer volume has readers besides its
-			// one writing allocation (checkShare), and a
-			// multi-node-multi-writer volume is published for each task,
-			// read-only for a reader, as in Nomad. A single-node-writer
-			// volume is published once, writable, for the tasks of one
-			// allocation (allocShare): a task of it reading only would
-			// need a read-only bind of that publish, which the driver
-			// does not make.
-			fail("read_only = true conflicts with access_mode = %q: the volume is published once on the node, writable, for the tasks of one allocation; use single-node-reader-only or multi-node-reader-only, or drop read_only", mode)
 		}
 
 		switch att := attachment(req); att {

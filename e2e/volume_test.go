@@ -394,8 +394,6 @@ func testVolumeBadInput(t *testing.T, a *Agent, fx *VolFixture) {
 			`access_mode "many-node-many-writer" is not supported`},
 		{"unknown_attachment_mode", with(func(v *VolSpec) { v.Attach = "nfs" }),
 			`attachment_mode "nfs" is not supported`},
-		{"read_only_writer_mode", with(func(v *VolSpec) { v.ReadOnly = true }),
-			`read_only = true conflicts with access_mode = "single-node-writer"`},
 		{"block_on_dir_volume", with(func(v *VolSpec) { v.Attach = "block-device" }),
 			`block access needs a volume of type "ext4"`},
 		// An id as the job's author cannot see it: refused before any
