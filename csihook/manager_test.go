@@ -1077,8 +1077,12 @@ func TestBadInput_LeavesNothingBehind(t *testing.T) {
 		{"duplicate name", []VolumeRequest{req("a", "v1", "/x"), req("a", "v2", "/y")}, ErrInvalid, "name is used by more than one volume", true},
 		// One volume twice in a task: what checkShare asks of two tasks
 		// sharing it, which it does not ask of one.
-		{"single-node-writer twice", []VolumeRequest{req("a", "v1", "/a"), req("b", "v1", "/b")}, ErrInvalid,
-			`volume "b": volume_id "v1" of plugin "p" is also volume "a", and single-node-writer publishes it writable once on a node: name it in one volume block, or use a multi-node access mode`, true},
+		{"single-node-writer twice, other flags", func() []VolumeRequest {
+			a, b := req("a", "v1", "/a"), req("b", "v1", "/b")
+			b.MountFlags = []string{"sync"}
+			return []VolumeRequest{a, b}
+		}(), ErrInvalid,
+			`volume "b": volume_id "v1" of plugin "p" is also volume "a", and single-node-writer publishes it once on a node, for both blocks: give both the same mount_options.mount_flags and context`, true},
 		{"same volume, other modes", func() []VolumeRequest {
 			a, b := req("a", "v1", "/a"), req("b", "v1", "/b")
 			a.AccessMode, b.AccessMode, b.ReadOnly, b.FSType = AccessMultiNodeMultiWriter, AccessMultiNodeReaderOnly, true, "xfs"

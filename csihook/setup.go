@@ -199,7 +199,7 @@ func (m *Manager) setupVolume(ctx context.Context, taskID string, p plan) (Publi
 	if ok {
 		target = tr.Target
 	} else if req.AccessMode == AccessSingleNodeWriter && m.users(k) > 0 {
-		h, found := m.allocShare(taskID, k)
+		h, found := m.allocShare(taskID, req.Name, k)
 		if !found {
 			return Published{}, &conflictError{fmt.Sprintf("volume %q: volume_id %q is single-node-writer and is being published or unpublished on this node for another task of this allocation: wait for that to finish and start the task again",
 				req.Name, volumeID)}
@@ -295,7 +295,11 @@ func (m *Manager) setupVolume(ctx context.Context, taskID string, p plan) (Publi
 				return Published{}, fmt.Errorf("volume %q: mount_group = true: %w", tr.Name, err)
 			}
 		}
-		m.event(taskID, fmt.Sprintf("Published volume %q at %s, sharing its publish for task %q of this allocation", req.Name, req.Destination, holder.TaskID),
+		with := fmt.Sprintf("task %q of this allocation", holder.TaskID)
+		if holder.TaskID == taskID {
+			with = fmt.Sprintf("volume %q of this task", holder.Name)
+		}
+		m.event(taskID, fmt.Sprintf("Published volume %q at %s, sharing its publish for %s", req.Name, req.Destination, with),
 			annotations(req.Name, req.PluginID, volumeID))
 		if err := m.expandNode(ctx, taskID, req, info, o, vol, tr); err != nil {
 			return Published{}, err

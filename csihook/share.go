@@ -157,16 +157,20 @@ func groupOrNone(g string) string {
 }
 
 // allocShare returns the published record of volume k that a task of
-// taskID's allocation other than taskID holds, whose publish taskID can
-// share: a single-node-writer volume is published once for the tasks of
-// an allocation. Every task sharing it has a record of its own naming the
+// taskID's allocation holds under another name than taskID's name (another
+// task, or another block of the task), whose publish the block can share:
+// a single-node-writer volume is published once for the tasks of an
+// allocation, and once for two blocks of a task naming it. Every task sharing it has a record of its own naming the
 // same target; the target is unpublished with the last of them
 // (sharedTarget).
-func (m *Manager) allocShare(taskID string, k volKey) (taskRecord, bool) {
+func (m *Manager) allocShare(taskID, name string, k volKey) (taskRecord, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	alloc := allocOf(taskID)
-	for _, ref := range m.otherUsersLocked(k, taskID) {
+	for _, ref := range m.byVolume[k] {
+		if ref == (taskRef{taskID, name}) {
+			continue
+		}
 		t, ok := m.tasks[ref.taskID][ref.name]
 		if ok && allocOf(ref.taskID) == alloc && t.AccessMode == AccessSingleNodeWriter && t.State == phasePublished {
 			return t, true

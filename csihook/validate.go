@@ -3,8 +3,10 @@ package csihook
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"unicode"
 	"unicode/utf8"
@@ -296,8 +298,11 @@ func validate(reqs []VolumeRequest) error {
 			} else if first.AccessMode != req.AccessMode || attachment(first) != attachment(req) || first.FSType != req.FSType {
 				fail("volume_id %s of plugin %q is also volume %s, with access_mode = %q, attachment_mode = %q, fs_type = %q: give both blocks the same values",
 					Quoted(req.VolumeID), req.PluginID, Quoted(first.Name), first.AccessMode, attachment(first), first.FSType)
-			} else if req.AccessMode == AccessSingleNodeWriter {
-				fail("volume_id %s of plugin %q is also volume %s, and single-node-writer publishes it writable once on a node: name it in one volume block, or use a multi-node access mode",
+			} else if req.AccessMode == AccessSingleNodeWriter && (!slices.Equal(first.MountFlags, req.MountFlags) || !maps.Equal(first.Context, req.Context)) {
+				// Both blocks bind the one publish (allocShare), as two
+				// volume_mount blocks of one group volume do in Nomad:
+				// what goes with the publish is the first block's.
+				fail("volume_id %s of plugin %q is also volume %s, and single-node-writer publishes it once on a node, for both blocks: give both the same mount_options.mount_flags and context",
 					Quoted(req.VolumeID), req.PluginID, Quoted(first.Name))
 			}
 		}
