@@ -3,6 +3,7 @@ package image
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -145,4 +146,67 @@ func TestUnsupportedCompressionIsNamed(t *testing.T) {
 	got, err := os.ReadFile(filepath.Join(img.Layers[0], "BZh91AY&SY"))
 	must.NoError(t, err)
 	must.Eq(t, "a tar", string(got))
+
+	// A pre-POSIX (v7) tar has no "ustar" magic: its header's checksum
+	// tells it from a bzip2 stream.
+	v7 := static.NewLayer(v7Tar("BZh91AY&SY", "a v7 tar", false), types.OCIUncompressedLayer)
+	img, err = f.store.Pull(context.Background(), f.layout(t, "v7tar", "1", mustImage(t, imagebuild.Spec{}, v7)), PullRequest{})
+	must.NoError(t, err)
+	got, err = os.ReadFile(filepath.Join(img.Layers[0], "BZh91AY&SY"))
+	must.NoError(t, err)
+	must.Eq(t, "a v7 tar", string(got))
+}
+
+// v7Tar is a pre-POSIX tar of one file, name with content: no "ustar"
+// magic, only the header's checksum (signed: as some old tars summed the
+// bytes) says it is a tar.
+func v7Tar(name, content string, signed bool) []byte {
+	h := make([]byte, 512)
+	copy(h, name)
+	copy(h[100:], "0000644\x00")
+	copy(h[108:], "0000000\x00")
+	copy(h[116:], "0000000\x00")
+	copy(h[124:], fmt.Sprintf("%011o\x00", len(content)))
+	copy(h[136:], "00000000000\x00")
+	copy(h[148:], "        ")
+	h[156] = '0'
+	sum := 0
+	for _, c := range h {
+		if signed {
+			sum += int(int8(c))
+		} else {
+			sum += int(c)
+		}
+	}
+	copy(h[148:], fmt.Sprintf("%06o\x00 ", sum))
+	body := make([]byte, (len(content)+511)/512*512)
+	copy(body, content)
+	return append(append(h, body...), make([]byte, 1024)...)
+}
+
+// A tar is told by its header's checksum, whatever its first member's
+// name or format; a compressed stream, zeros or a header whose checksum
+// is off are not tars.
+func TestIsTarHeader(t *testing.T) {
+	ustar, err := imagebuild.Tar(imagebuild.File("BZh91AY&SY", []byte("a tar"), 0o644))
+	must.NoError(t, err)
+	bad := v7Tar("BZh91AY&SY", "x", false)
+	bad[0] = 'C'
+	for _, tc := range []struct {
+		name string
+		b    []byte
+		want bool
+	}{
+		{"ustar", ustar, true},
+		{"v7", v7Tar("BZh91AY&SY", "x", false), true},
+		{"v7 signed sum", v7Tar("BZh\xe9\xff", "x", true), true},
+		{"bzip2", append([]byte("BZh91AY&SY"), bytes.Repeat([]byte{0x5a}, 600)...), false},
+		{"zeros", make([]byte, 1024), false},
+		{"short", v7Tar("a", "x", false)[:511], false},
+		{"checksum off", bad, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			must.Eq(t, tc.want, isTarHeader(tc.b))
+		})
+	}
 }

@@ -610,6 +610,9 @@ func (s *Store) unpackStream(ctx context.Context, raw *bufio.Reader, dir string,
 	magic, _ := raw.Peek(512)
 	var dec io.Reader = raw
 	switch {
+	case isTarHeader(magic):
+		// A plain tar, whatever its first member's name (its first
+		// bytes), a pre-POSIX one without "ustar" too.
 	case bytes.HasPrefix(magic, []byte{0x1f, 0x8b}):
 		zr, err := gzip.NewReader(raw)
 		if err != nil {
@@ -659,6 +662,38 @@ func (s *Store) unpackStream(ctx context.Context, raw *bufio.Reader, dir string,
 		return 0, fmt.Errorf("%w: the unpacked layer is %s, not the diff id %s its image names", ErrDigestMismatch, shortDigest(got), shortDigest(diffID))
 	}
 	return size, nil
+}
+
+// isTarHeader says whether b begins with a tar header: 512 bytes whose
+// checksum field (octal) is the sum of their bytes, the field counted as
+// spaces, unsigned or, as some old tars wrote it, signed. The first member's
+// name comes first in a tar and may begin like any compression's magic; a
+// compressed stream whose first 512 bytes also pass this check is not one
+// a compressor writes.
+func isTarHeader(b []byte) bool {
+	if len(b) < 512 {
+		return false
+	}
+	field := bytes.Trim(b[148:156], " \x00")
+	if len(field) == 0 {
+		return false
+	}
+	var want int64
+	for _, c := range field {
+		if c < '0' || c > '7' {
+			return false
+		}
+		want = want*8 + int64(c-'0')
+	}
+	var unsigned, signed int64
+	for i, c := range b[:512] {
+		if i >= 148 && i < 156 {
+			c = ' '
+		}
+		unsigned += int64(c)
+		signed += int64(int8(c))
+	}
+	return want == unsigned || want == signed
 }
 
 // otherCompressions are the compressions a layer may be told by that the
