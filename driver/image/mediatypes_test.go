@@ -210,3 +210,51 @@ func TestIsTarHeader(t *testing.T) {
 		})
 	}
 }
+
+// An arm node takes its own variant first and then each older one, as
+// containerd's matcher does (a v7 core runs v6 and v5 code; an arm image
+// without a variant is a v7 one), never a newer one; an arm64 node takes
+// no 32-bit arm image (its kernel may lack AArch32).
+func TestPickPlatform_ArmVariants(t *testing.T) {
+	ref := Reference{Raw: "example/csi:1"}
+	index := func(ps ...v1.Platform) *v1.IndexManifest {
+		idx := &v1.IndexManifest{}
+		for i, p := range ps {
+			p := p
+			idx.Manifests = append(idx.Manifests, v1.Descriptor{MediaType: types.OCIManifestSchema1, Platform: &p,
+				Digest: v1.Hash{Algorithm: "sha256", Hex: fmt.Sprintf("%064d", i)}})
+		}
+		return idx
+	}
+	arm := func(v string) v1.Platform { return v1.Platform{OS: "linux", Architecture: "arm", Variant: v} }
+	arm64 := v1.Platform{OS: "linux", Architecture: "arm64", Variant: "v8"}
+	for _, tc := range []struct {
+		name string
+		node v1.Platform
+		have []v1.Platform
+		want string // the variant picked, "-" for none
+	}{
+		{"v7 takes v6", arm("v7"), []v1.Platform{arm("v6")}, "v6"},
+		{"v7 takes v5", arm("v7"), []v1.Platform{arm("v5")}, "v5"},
+		{"v7 prefers its own", arm("v7"), []v1.Platform{arm("v5"), arm("v7"), arm("v6")}, "v7"},
+		{"v7 prefers the closest", arm("v7"), []v1.Platform{arm("v5"), arm("v6")}, "v6"},
+		{"v7 prefers a named v7 to none", arm("v7"), []v1.Platform{arm(""), arm("v7")}, "v7"},
+		{"no variant is v7", arm("v7"), []v1.Platform{arm("")}, ""},
+		{"v7 never takes v8", arm("v7"), []v1.Platform{arm("v8")}, "-"},
+		{"v6 never takes v7", arm("v6"), []v1.Platform{arm("v7"), arm("")}, "-"},
+		{"v6 takes v5", arm("v6"), []v1.Platform{arm("v7"), arm("v5")}, "v5"},
+		{"an unknown variant", arm("v7"), []v1.Platform{arm("v9"), arm("7")}, "-"},
+		{"arm64 takes no arm", arm64, []v1.Platform{arm("v7"), arm("v6")}, "-"},
+		{"arm64 takes v8", arm64, []v1.Platform{arm("v7"), {OS: "linux", Architecture: "arm64"}}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := pickPlatform(ref, index(tc.have...), tc.node)
+			if tc.want == "-" {
+				must.ErrorIs(t, err, ErrPlatform)
+				return
+			}
+			must.NoError(t, err)
+			must.Eq(t, tc.want, got.Platform.Variant)
+		})
+	}
+}

@@ -51,16 +51,47 @@ func platformString(p *v1.Platform) string {
 	return s
 }
 
-// platformMatches says whether an image built for p runs on node. An arm64
-// image with no variant is a v8 one.
+// platformMatches says whether an image built for p runs on node.
 func platformMatches(p *v1.Platform, node v1.Platform) bool {
+	return platformRank(p, node) >= 0
+}
+
+// platformRank says how well an image built for p fits node: -1 when it
+// does not run there, more the closer it is. As containerd's matcher: an
+// arm node takes its own variant first, then each older one (a v7 node
+// runs v6 and v5 code; an arm image without a variant is a v7 one); an
+// arm64 image without a variant is a v8 one. An arm64 node takes no 32-bit
+// arm image: whether its kernel runs them (AArch32) is not known here.
+func platformRank(p *v1.Platform, node v1.Platform) int {
 	if p == nil || p.OS != node.OS || p.Architecture != node.Architecture {
-		return false
+		return -1
+	}
+	if node.Architecture == "arm" {
+		have, want := armVariant(p.Variant), armVariant(node.Variant)
+		if have == 0 || want == 0 || have > want {
+			return -1
+		}
+		return 10 - (want - have)
 	}
 	if p.Variant == "" || p.Variant == node.Variant {
-		return true
+		return 10
 	}
-	return node.Architecture == "arm64" && p.Variant == "v8" && node.Variant == ""
+	if node.Architecture == "arm64" && p.Variant == "v8" && node.Variant == "" {
+		return 10
+	}
+	return -1
+}
+
+// armVariant is the number of an arm variant ("v7": 7, "": 7 as
+// containerd normalises it), 0 for one that is not v5 to v8.
+func armVariant(v string) int {
+	switch v {
+	case "v5", "v6", "v7", "v8":
+		return int(v[1] - '0')
+	case "":
+		return 7
+	}
+	return 0
 }
 
 type resolved struct {
@@ -160,8 +191,9 @@ func (s *Store) resolve(ctx context.Context, ref Reference, src source, f *fligh
 
 func pickPlatform(ref Reference, idx *v1.IndexManifest, node v1.Platform) (*v1.Descriptor, error) {
 	var (
-		best *v1.Descriptor
-		have []string
+		best     *v1.Descriptor
+		bestRank int
+		have     []string
 	)
 	for i := range idx.Manifests {
 		m := &idx.Manifests[i]
@@ -171,8 +203,10 @@ func pickPlatform(ref Reference, idx *v1.IndexManifest, node v1.Platform) (*v1.D
 		if ps := platformString(m.Platform); ps != "unknown/unknown" && len(have) < 12 {
 			have = append(have, ps)
 		}
-		if platformMatches(m.Platform, node) && (best == nil || best.Platform.Variant == "" && m.Platform.Variant != "") {
-			best = m
+		// The closest variant; of two as close, the one that names it.
+		r := platformRank(m.Platform, node)
+		if r >= 0 && (best == nil || r > bestRank || r == bestRank && best.Platform.Variant == "" && m.Platform.Variant != "") {
+			best, bestRank = m, r
 		}
 	}
 	if best == nil {
