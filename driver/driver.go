@@ -14,6 +14,7 @@ import (
 	"runtime"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -588,6 +589,7 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 	state := &TaskState{Process: p.State(), StartedAt: started, Plugin: pc, Volumes: len(reqs) > 0, SharedSources: shared}
 	if img != nil {
 		state.Image = img.Digest
+		state.StopSignal = d.imageStopSignal(logger, cfg, img)
 	}
 	if grant.pins() {
 		state.PinnedBy = grant.String()
@@ -627,6 +629,7 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 	h.volumes = len(reqs) > 0
 	h.image = state.Image
 	h.pinnedBy = state.PinnedBy
+	h.stopSignal = state.StopSignal
 	d.tasks.Set(cfg.ID, h)
 	// duration is the whole StartTask: an image's pull, the volumes'
 	// set-up and the process's start.
@@ -1105,6 +1108,7 @@ func (d *Driver) RecoverTask(handle *drivers.TaskHandle) error {
 		d.recoverImage(logger, handle.Config, st.Image)
 	}
 	h.pinnedBy = st.PinnedBy
+	h.stopSignal = st.StopSignal
 	d.sharedSources().adopt(h.sharedSources)
 	if pc != nil {
 		h.plugin = pc
@@ -1159,6 +1163,12 @@ func (d *Driver) StopTask(taskID string, timeout time.Duration, signal string) e
 	h.stopping.Store(true)
 	if h.exited() {
 		return nil
+	}
+	// Nomad passes the task's kill_signal, "" when the job sets none: then
+	// the image's STOPSIGNAL, as Docker (and Nomad's docker driver) stops
+	// a container, and otherwise SIGINT, as exec.
+	if signal == "" {
+		signal = h.stopSignal
 	}
 	if signal == "" {
 		signal = "SIGINT"
@@ -1360,6 +1370,29 @@ var signalAliases = map[string]syscall.Signal{
 	"SIGIOT": unix.SIGIOT,
 	// Delivers nothing: it only checks that the task is there.
 	"SIGNULL": 0,
+}
+
+// imageStopSignal is the signal img asks to be stopped with (its
+// STOPSIGNAL) as parseSignal takes it, "" for none. A signal the driver
+// does not know (a number out of range, a real-time signal by name) is
+// told to the task's events and left out: the task stops with its
+// kill_signal, or SIGINT.
+func (d *Driver) imageStopSignal(logger hclog.Logger, cfg *drivers.TaskConfig, img *image.Image) string {
+	s := strings.TrimSpace(img.Config.StopSignal)
+	if s == "" {
+		return ""
+	}
+	if n, err := strconv.Atoi(s); err == nil {
+		// Docker takes a number too ("STOPSIGNAL 9").
+		if name := unix.SignalName(syscall.Signal(n)); n > 0 && name != "" {
+			return name
+		}
+	} else if sig, err := parseSignal(strings.ToUpper(s)); err == nil && sig != 0 {
+		return strings.ToUpper(s)
+	}
+	logger.Warn("the image's STOPSIGNAL is not a signal the driver knows; the task stops with its kill_signal or SIGINT", "image", img.Ref, "stop_signal", s)
+	d.emitEvent(cfg, fmt.Sprintf("Image %s asks to be stopped with %q, which is not a signal this driver knows: the task stops with its kill_signal, or SIGINT; set kill_signal in the task", img.Ref, s), map[string]string{"image": img.Ref})
+	return ""
 }
 
 // parseSignal turns "SIGTERM" (or "TERM") into a signal.

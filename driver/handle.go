@@ -66,6 +66,10 @@ type TaskState struct {
 	// earlier builds byte for byte, and an earlier build that reads a
 	// handle with it passes it over.
 	PinnedBy string `json:"pinned_by,omitempty" codec:",omitempty"`
+	// StopSignal is the STOPSIGNAL of the task's image, which stops the
+	// task when its kill_signal is unset (imageStopSignal); omitted when
+	// "", as Image.
+	StopSignal string `json:"stop_signal,omitempty" codec:",omitempty"`
 }
 
 // taskHandle is the driver's view of one task.
@@ -86,6 +90,8 @@ type taskHandle struct {
 	image string
 	// pinnedBy is TaskState.PinnedBy.
 	pinnedBy string
+	// stopSignal is TaskState.StopSignal.
+	stopSignal string
 
 	// destroyMu serialises DestroyTask calls; destroyed is set once one
 	// has released what the task held.

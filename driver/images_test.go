@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -347,6 +348,45 @@ func TestStartTask_badConfigRefusedBeforeThePull(t *testing.T) {
 			must.SliceEmpty(t, list, must.Sprint("the image was pulled for a task its config refuses"))
 			must.SliceEmpty(t, d.roots)
 			must.SliceEmpty(t, d.started)
+		})
+	}
+}
+
+// A task from an image stops with the image's STOPSIGNAL when its job
+// sets no kill_signal (Nomad passes ""), as Docker and Nomad's docker
+// driver stop a container; the job's kill_signal wins; an image that names
+// none, or one the driver does not know, stops with SIGINT, as exec. A
+// driver that recovers the task keeps the image's signal.
+func TestStopTask_imageStopSignal(t *testing.T) {
+	entries := []imagebuild.Entry{imagebuild.File("bin/plugin", []byte("#!/bin/sh\n"), 0o755)}
+	for _, tc := range []struct {
+		name, stopSignal, killSignal string
+		want                         syscall.Signal
+	}{
+		{"the image's", "SIGTERM", "", syscall.SIGTERM},
+		{"the image's without SIG", "quit", "", syscall.SIGQUIT},
+		{"the image's by number", "15", "", syscall.SIGTERM},
+		{"kill_signal wins", "SIGTERM", "SIGUSR1", syscall.SIGUSR1},
+		{"none", "", "", syscall.SIGINT},
+		{"unknown", "SIGRTMIN+3", "", syscall.SIGINT},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := newImageDriverOf(t, imagebuild.Spec{Entrypoint: []string{"/bin/plugin"}, StopSignal: tc.stopSignal}, entries, nil)
+			cfg := taskConfig(t, TaskConfig{Image: d.ref})
+			handle, _, err := d.StartTask(cfg)
+			must.NoError(t, err)
+			must.NoError(t, d.StopTask(cfg.ID, time.Second, tc.killSignal))
+			must.Eq(t, []syscall.Signal{tc.want}, d.procs[0].signals)
+			if tc.stopSignal == "SIGRTMIN+3" {
+				d.events.waitFor(t, `asks to be stopped with "SIGRTMIN+3"`)
+			}
+
+			// Recovered by a new driver process, from the handle alone.
+			must.NoError(t, os.MkdirAll(d.currentConfig().taskStateDir(cfg.ID), 0o700))
+			d2 := newTestDriver(t, Config{Enabled: true, RootDir: d.currentConfig().RootDir, LocalImageDirs: d.currentConfig().LocalImageDirs})
+			must.NoError(t, d2.RecoverTask(handle))
+			must.NoError(t, d2.StopTask(cfg.ID, time.Second, tc.killSignal))
+			must.Eq(t, []syscall.Signal{tc.want}, d2.procs[0].signals)
 		})
 	}
 }

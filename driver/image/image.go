@@ -29,12 +29,15 @@ type Image struct {
 }
 
 // Config is the part of an OCI image configuration that says how to run
-// the image (the image-spec's config.Entrypoint, Cmd, Env, WorkingDir and
-// User, as written in the image).
+// the image (the image-spec's config.Entrypoint, Cmd, Env, WorkingDir,
+// User and StopSignal, as written in the image).
 type Config struct {
 	Entrypoint []string
 	Cmd        []string
 	Env        []string
 	WorkingDir string
 	User       string
+	// StopSignal is the signal the image asks to be stopped with
+	// (Dockerfile's STOPSIGNAL: "SIGTERM", "TERM" or "15"), "" for none.
+	StopSignal string `json:",omitempty"`
 }

@@ -366,7 +366,7 @@ func (s *Store) configServed(digest, key string) bool {
 
 func configOf(cfg *v1.ConfigFile) Config {
 	c := cfg.Config
-	return Config{Entrypoint: c.Entrypoint, Cmd: c.Cmd, Env: c.Env, WorkingDir: c.WorkingDir, User: c.User}
+	return Config{Entrypoint: c.Entrypoint, Cmd: c.Cmd, Env: c.Env, WorkingDir: c.WorkingDir, User: c.User, StopSignal: c.StopSignal}
 }
 
 // layerMeta is layers/<hex>/layer.json.

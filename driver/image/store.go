@@ -294,6 +294,20 @@ func (s *Store) recordPath(digest string) string {
 	return filepath.Join(s.dir, "manifests", hexOf(digest)+".json")
 }
 
+// storedStopSignal is the STOPSIGNAL of the configuration the store keeps
+// with digest, "" when it keeps none or that one does not match its digest.
+func (s *Store) storedStopSignal(digest string) string {
+	b, err := os.ReadFile(s.configPath(digest))
+	if err != nil || len(b) > maxConfigSize || digestOf(b) != digest {
+		return ""
+	}
+	var cfg v1.ConfigFile
+	if json.Unmarshal(b, &cfg) != nil {
+		return ""
+	}
+	return cfg.Config.StopSignal
+}
+
 func (s *Store) configPath(digest string) string {
 	return filepath.Join(s.dir, "configs", hexOf(digest)+".json")
 }
@@ -305,6 +319,11 @@ func (s *Store) LayerPath(diffID string) string { return filepath.Join(s.layerDi
 
 func (s *Store) image(r *record, ref string) *Image {
 	img := &Image{Ref: ref, Digest: r.Digest, IndexDigest: r.IndexDigest, Config: r.Config}
+	if img.Config.StopSignal == "" && r.ConfigDigest != "" {
+		// A record written before the stop signal was kept: the image's
+		// configuration, kept beside it, says.
+		img.Config.StopSignal = s.storedStopSignal(r.ConfigDigest)
+	}
 	for _, l := range r.Layers {
 		img.Layers = append(img.Layers, s.LayerPath(l.DiffID))
 	}

@@ -3,6 +3,7 @@ package image
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -738,4 +739,37 @@ func TestPullCompressions(t *testing.T) {
 	got, err = os.ReadFile(filepath.Join(img.Layers[2], "plain"))
 	must.NoError(t, err)
 	must.Eq(t, "p", string(got))
+}
+
+// The image's STOPSIGNAL comes with its configuration, from a pull and
+// from the store; an image a build that kept no stop signal recorded gets
+// it from the configuration the store keeps beside the record.
+func TestPullStopSignal(t *testing.T) {
+	f := newFixture(t)
+	ref := f.layout(t, "app", "1", mustImage(t, imagebuild.Spec{Cmd: []string{"/plugin"}, StopSignal: "SIGTERM"}, baseLayer(t)))
+	img, err := f.store.Pull(context.Background(), ref, PullRequest{})
+	must.NoError(t, err)
+	must.Eq(t, "SIGTERM", img.Config.StopSignal)
+
+	// The record as an earlier build wrote it: no StopSignal.
+	path := f.store.recordPath(img.Digest)
+	b, err := os.ReadFile(path)
+	must.NoError(t, err)
+	var rec map[string]any
+	must.NoError(t, json.Unmarshal(b, &rec))
+	cfg := rec["config"].(map[string]any)
+	must.Eq(t, "SIGTERM", cfg["StopSignal"].(string))
+	delete(cfg, "StopSignal")
+	b, err = json.Marshal(rec)
+	must.NoError(t, err)
+	must.NoError(t, os.WriteFile(path, b, 0o600))
+	img, err = f.store.Pull(context.Background(), ref, PullRequest{})
+	must.NoError(t, err)
+	must.Eq(t, "SIGTERM", img.Config.StopSignal)
+
+	// An image without one has none.
+	ref = f.layout(t, "plain", "1", mustImage(t, imagebuild.Spec{Cmd: []string{"/plugin"}}, baseLayer(t)))
+	img, err = f.store.Pull(context.Background(), ref, PullRequest{})
+	must.NoError(t, err)
+	must.Eq(t, "", img.Config.StopSignal)
 }

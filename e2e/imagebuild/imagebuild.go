@@ -289,6 +289,8 @@ type Spec struct {
 	Env        []string
 	WorkingDir string
 	User       string
+	// StopSignal is the image's STOPSIGNAL ("" for none).
+	StopSignal string
 	Platform   *v1.Platform
 }
 
@@ -310,7 +312,7 @@ func Build(spec Spec, layers ...v1.Layer) (v1.Image, error) {
 	cf.OS, cf.Architecture, cf.Variant = p.OS, p.Architecture, p.Variant
 	cf.Created = v1.Time{Time: epoch}
 	cf.Config.Entrypoint, cf.Config.Cmd, cf.Config.Env = spec.Entrypoint, spec.Cmd, spec.Env
-	cf.Config.WorkingDir, cf.Config.User = spec.WorkingDir, spec.User
+	cf.Config.WorkingDir, cf.Config.User, cf.Config.StopSignal = spec.WorkingDir, spec.User, spec.StopSignal
 	img, err = mutate.ConfigFile(img, cf)
 	if err != nil {
 		return nil, err
