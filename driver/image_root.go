@@ -66,7 +66,7 @@ func (d *Driver) applyImageRoot(conf *Config, cfg *drivers.TaskConfig, tc *TaskC
 		// A privileged task runs as root: the operator grants root, and
 		// another user holds none of the powers a privileged task is for.
 		if u.cred.UID != 0 {
-			return fmt.Errorf("invalid task config: a privileged task runs as root, and image %q runs as user %q (uid %d): set user = \"root\" in the task", img.Ref, user, u.cred.UID)
+			return fmt.Errorf("invalid task config: a privileged task runs as root, and image %q runs as user %q (uid %d): set user = %q in the task", img.Ref, user, u.cred.UID, rootUser(fs))
 		}
 	} else if err := checkDeniedIDs(conf, userOrRoot(user), u.cred); err != nil {
 		return fmt.Errorf("invalid task config: %w", err)
@@ -116,6 +116,15 @@ func (d *Driver) applyImageRoot(conf *Config, cfg *drivers.TaskConfig, tc *TaskC
 	}
 	d.addMountLayer(cfg, spec, fs)
 	return nil
+}
+
+// rootUser is how a task names root in the image fs: "root" where its
+// /etc/passwd has root as uid 0, "0" (which needs no entry) otherwise.
+func rootUser(fs *layeredFS) string {
+	if u, err := resolveImageUser(fs, "root"); err == nil && u.cred.UID == 0 {
+		return "root"
+	}
+	return "0"
 }
 
 // addMountLayer puts below the image's layers the store's layer of the

@@ -314,6 +314,22 @@ func TestApplyImageRoot(t *testing.T) {
 	spec = newSpec()
 	must.NoError(t, d.applyImageRoot(&Config{DeniedHostUIDs: "0"}, &drivers.TaskConfig{User: "root"}, priv, spec, img))
 	must.Eq(t, uint32(0), spec.Credential.UID)
+
+	// An image without /etc/passwd (a static plugin on scratch) has no
+	// root by name: the error names what works there, the uid, and that
+	// does.
+	bare := *img
+	bare.Layers = testLayers(t, map[string]string{"plugin": "ELF"})
+	bare.Config.User = "1000"
+	spec = newSpec()
+	err = d.applyImageRoot(conf, &drivers.TaskConfig{}, priv, spec, &bare)
+	must.ErrorContains(t, err, `runs as user "1000" (uid 1000): set user = "0" in the task`)
+	spec = newSpec()
+	err = d.applyImageRoot(conf, &drivers.TaskConfig{User: "root"}, priv, spec, &bare)
+	must.ErrorContains(t, err, `user "root" is not in the image's /etc/passwd`, must.Sprint("the name the hint must not give"))
+	spec = newSpec()
+	must.NoError(t, d.applyImageRoot(conf, &drivers.TaskConfig{User: "0"}, priv, spec, &bare))
+	must.Eq(t, &executor.Credential{}, spec.Credential)
 }
 
 // The volume checks of an image task (its volume's group, the write hint)
