@@ -533,6 +533,7 @@ func TestAuthorize_imagePinnedProgramPlace(t *testing.T) {
 	cmdOnly := taskImage{Ref: "democraticcsi/democratic-csi:v1", Digest: digestA, Cmd: []string{"bin/democratic-csi"}, WorkingDir: "/home/csi/app"}
 	absolute := taskImage{Ref: "democraticcsi/democratic-csi:v1", Digest: digestA, Entrypoint: []string{"/opt/csi/bin/plugin"}}
 	atRoot := taskImage{Ref: "democraticcsi/democratic-csi:v1", Digest: digestA, Entrypoint: []string{"/hostpathplugin"}}
+	inCSI := taskImage{Ref: "democraticcsi/democratic-csi:v1", Digest: digestA, Entrypoint: []string{"bin/plugin"}, WorkingDir: "/csi"}
 	for _, c := range []struct {
 		name    string
 		img     taskImage
@@ -552,6 +553,11 @@ func TestAuthorize_imagePinnedProgramPlace(t *testing.T) {
 		{"a mount on the program's directory", absolute, "", "/opt/csi/bin", `a mount at "/opt/csi/bin"`},
 		{"a mount on the program", atRoot, "", "/hostpathplugin", `a mount at "/hostpathplugin"`},
 		{"a mount beside a program at the root", atRoot, "", "/var/lib/hostpath", ""},
+		// The socket directory outlives the task and holds what any task
+		// that served the id wrote (a task that is not privileged
+		// too): over the program's directory, it is refused, naming
+		// mount_dir.
+		{"mount_dir on the working directory", inCSI, "", "", `csi_plugin mount_dir "/csi" would put the plugin's socket directory in place of the image's program "bin/plugin"`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			cfg := &drivers.TaskConfig{ID: "a1/t/1", AllocID: "a1", Namespace: "storage", JobID: "dcsi"}

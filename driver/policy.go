@@ -185,9 +185,16 @@ func checkImageProgram(tc *TaskConfig, img taskImage, g *PrivilegedGrant, target
 			continue
 		}
 		for _, d := range own {
-			if mounter.PathWithin(t, d) || mounter.PathWithin(d, t) {
-				return fmt.Errorf("the task runs under %s, and a mount at %q would put the job's files in place of the image's program %q or the files it loads beside it (%s); choose another destination", g, t, prog[0], d)
+			if !mounter.PathWithin(t, d) && !mounter.PathWithin(d, t) {
+				continue
 			}
+			// The socket directory is the driver's mount, but not the
+			// driver's files: it keeps what any task that served the
+			// plugin id wrote in it, one that is not privileged too.
+			if pc := tc.CSIPlugin; pc != nil && t == filepath.Clean(pc.MountDir) {
+				return fmt.Errorf("the task runs under %s, and its csi_plugin mount_dir %q would put the plugin's socket directory in place of the image's program %q or the files it loads beside it (%s): that directory keeps what every task that served plugin %q wrote in it; set mount_dir to a path outside %q", g, t, prog[0], d, pc.ID, d)
+			}
+			return fmt.Errorf("the task runs under %s, and a mount at %q would put the job's files in place of the image's program %q or the files it loads beside it (%s); choose another destination", g, t, prog[0], d)
 		}
 	}
 	return nil
