@@ -43,6 +43,12 @@ type Spares struct {
 	// (see cgroups.Ahead): SetGroup's, then the last isolated task's (see
 	// learnLimits); each names its own.
 	group *wire.SpareGroup
+	// died counts, per binary, the waiting spares that died one after
+	// the other without a task taking one between (see dropDead).
+	died map[string]int
+	// after is time.AfterFunc; tests set it to see the refills waited
+	// for.
+	after func(time.Duration, func())
 }
 
 // spareMaxAge bounds how old a spare's prepared namespace gets before the
@@ -251,20 +257,104 @@ func (s *Spares) Fill(binary string, logger hclog.Logger) {
 	s.mu.Unlock()
 	go func() {
 		sp, err := startSpare(binary, dir, iso, group, logger)
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		if err != nil || s.closed {
+		if err != nil {
+			s.mu.Lock()
 			delete(s.spares, binary)
-			if err != nil {
-				logger.Warn("failed to start a spare supervisor", "supervisor", binary, "error", err)
-			} else {
-				sp.stop()
-			}
+			s.mu.Unlock()
+			logger.Warn("failed to start a spare supervisor", "supervisor", binary, "error", err)
 			return
 		}
+		// Before the spare is the pool's, so that the start that takes
+		// it replaces this with its own (see start).
+		sp.afterReap(func() { s.dropDead(binary, sp, logger) })
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			sp.stop()
+			return
+		}
+		select {
+		case <-sp.reaped:
+			// It died before it was the pool's: dropDead saw the
+			// placeholder, and it is dropped here instead.
+			delete(s.spares, binary)
+			delay := s.backoff(binary)
+			s.mu.Unlock()
+			sp.closeFiles()
+			sp.died(binary, delay, logger)
+			s.refill(binary, delay, logger)
+			return
+		default:
+		}
 		s.spares[binary] = sp
-		time.AfterFunc(spareMaxAge, func() { s.replace(binary, sp, logger) })
+		age := spareMaxAge
+		s.mu.Unlock()
+		time.AfterFunc(age, func() { s.replace(binary, sp, logger) })
 	}()
+}
+
+// spareRetry is how long the pool waits before it starts a spare again
+// after the second waiting spare in a row died; each further one doubles
+// it, up to spareMaxAge.
+const spareRetry = time.Second
+
+// dropDead drops sp, a spare of binary that died while it waited (killed,
+// out of memory), from the pool, and has another one started: at once
+// after the first death, then after spareRetry, twice that after the next
+// one, up to spareMaxAge, until a task takes a spare or one lives to be
+// replaced for its age. A spare that dies at once every time is then
+// started about once a minute, not in a loop. A spare taken meanwhile, or
+// replaced, or one of a closed pool is not the pool's any more, and left
+// alone.
+func (s *Spares) dropDead(binary string, sp *spare, logger hclog.Logger) {
+	s.mu.Lock()
+	if s.spares[binary] != sp {
+		s.mu.Unlock()
+		return
+	}
+	delete(s.spares, binary)
+	delay := s.backoff(binary)
+	s.mu.Unlock()
+	sp.closeFiles()
+	sp.died(binary, delay, logger)
+	s.refill(binary, delay, logger)
+}
+
+// backoff counts a waiting spare of binary that died and returns how long
+// to wait before the next one starts. Called with s.mu held.
+func (s *Spares) backoff(binary string) time.Duration {
+	if s.died == nil {
+		s.died = map[string]int{}
+	}
+	n := s.died[binary]
+	s.died[binary] = n + 1
+	if n == 0 {
+		return 0
+	}
+	d := spareRetry
+	for i := 1; i < n && d < spareMaxAge; i++ {
+		d *= 2
+	}
+	return min(d, spareMaxAge)
+}
+
+// refill starts a spare of binary after delay (at once for 0).
+func (s *Spares) refill(binary string, delay time.Duration, logger hclog.Logger) {
+	if delay == 0 {
+		s.Fill(binary, logger)
+		return
+	}
+	after := s.after
+	if after == nil {
+		after = func(d time.Duration, f func()) { time.AfterFunc(d, f) }
+	}
+	after(delay, func() { s.Fill(binary, logger) })
+}
+
+// died says that a waiting spare died, and when the next one starts.
+func (sp *spare) died(binary string, delay time.Duration, logger hclog.Logger) {
+	logger.Warn("a waiting spare supervisor died; starting another", "supervisor", binary,
+		"pid", sp.cmd.Process.Pid, "state", sp.cmd.ProcessState.String(), "start_in", delay.String())
 }
 
 // replace stops sp if it is still the spare of binary, and starts another.
@@ -275,6 +365,8 @@ func (s *Spares) replace(binary string, sp *spare, logger hclog.Logger) {
 		return
 	}
 	delete(s.spares, binary)
+	// It lived its whole time: spares of binary do not die at once.
+	delete(s.died, binary)
 	s.mu.Unlock()
 	sp.stop()
 	s.Fill(binary, logger)
@@ -327,6 +419,7 @@ func (s *Spares) take(binary string, pidNS bool) *spare {
 		sp.closeFiles()
 		return nil
 	default:
+		delete(s.died, binary)
 		return sp
 	}
 }

@@ -119,20 +119,26 @@ func TestSpares_WaitingSpareCatchesSignals_Root(t *testing.T) {
 // its own, and a failing task through a spare leaves nothing behind.
 func TestSpares_DeadSpareAndErrors_Root(t *testing.T) {
 	requireTaskRoot(t)
-	s := &Spares{}
+	// The dead spare's refill is held back, so that the start below finds
+	// the dead spare itself, as one does that takes it between its death
+	// and its reaper.
+	s := &Spares{died: map[string]int{"": 1}, after: func(time.Duration, func()) {}}
 	t.Cleanup(s.Close)
 	s.Fill("", hclog.NewNullLogger())
 	dead := waitSpare(t, s, "")
+	s.mu.Lock()
+	sp := s.spares[""]
+	s.mu.Unlock()
 	must.NoError(t, syscallKill(dead))
-	waitFor(t, "the spare to be reaped", func() bool {
+	<-sp.reaped
+	waitFor(t, "the dead spare to leave the pool", func() bool {
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		select {
-		case <-s.spares[""].reaped:
-			return true
-		default:
+		if s.spares[""] != nil {
 			return false
 		}
+		s.spares[""] = sp
+		return true
 	})
 	tt := newTestSpec(t, "/bin/sh", "-c", "echo own")
 	p, err := s.Start(hclog.NewNullLogger(), tt.spec, nil)
@@ -149,6 +155,83 @@ func TestSpares_DeadSpareAndErrors_Root(t *testing.T) {
 	must.ErrorContains(t, err, `command "definitely-not-a-command" not found in PATH`)
 	waitFor(t, "the failed spare to exit", func() bool { return !alive(spare) })
 	must.False(t, cgroupExists(tt.spec.CgroupParent, tt.spec.TaskID))
+}
+
+// A spare killed while it waits (out of memory, an operator's kill)
+// leaves the pool as it is reaped, and another takes its place: the next
+// start gets a spare, without waiting for the dead one's age.
+func TestSpares_DeadWaitingSpareIsReplaced_Root(t *testing.T) {
+	s, dead := readySpare(t)
+	must.NoError(t, syscallKill(dead))
+	var next int
+	waitFor(t, "a new spare in the dead one's place", func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		sp := s.spares[""]
+		if sp == nil || sp.cmd == nil || sp.cmd.Process.Pid == dead {
+			return false
+		}
+		next = sp.cmd.Process.Pid
+		return true
+	})
+	s.mu.Lock()
+	must.Eq(t, 1, s.died[""])
+	s.mu.Unlock()
+
+	tt := newTestSpec(t, "/bin/true")
+	p, err := s.Start(hclog.NewNullLogger(), tt.spec, nil)
+	must.NoError(t, err)
+	t.Cleanup(func() { _ = p.Kill(); _ = p.Destroy() })
+	must.Eq(t, next, p.State().SupervisorPID)
+	must.Eq(t, 0, waitExit(t, p).ExitCode)
+	// A task took a spare: the next death starts another at once again.
+	s.mu.Lock()
+	must.Eq(t, 0, s.died[""])
+	s.mu.Unlock()
+}
+
+// A spare that dies at once every time (here a binary that exits at
+// once) is not started again in a loop: the first one dead is replaced at
+// once, each later one after twice as long as the one before, up to the
+// spares' age; nothing is started while the pool waits, and a pool
+// closed meanwhile starts nothing.
+func TestSpares_SpareDyingAtOnceBacksOff(t *testing.T) {
+	type refill struct {
+		delay time.Duration
+		f     func()
+	}
+	refills := make(chan refill, 1)
+	const binary = "/bin/true"
+	s := &Spares{after: func(d time.Duration, f func()) { refills <- refill{d, f} }}
+	t.Cleanup(s.Close)
+	next := func() refill {
+		t.Helper()
+		select {
+		case r := <-refills:
+			return r
+		case <-time.After(10 * time.Second):
+			t.Fatal("no refill waited for: the dying spare is started again and again, or never")
+			return refill{}
+		}
+	}
+	s.Fill(binary, hclog.NewNullLogger())
+	var got []time.Duration
+	for range 9 {
+		r := next()
+		got = append(got, r.delay)
+		s.mu.Lock()
+		held := s.spares[binary]
+		s.mu.Unlock()
+		must.Nil(t, held, must.Sprint("a spare started while the pool waited"))
+		r.f()
+	}
+	must.Eq(t, []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 8 * time.Second, 16 * time.Second,
+		32 * time.Second, time.Minute, time.Minute, time.Minute}, got)
+
+	r := next()
+	s.Close()
+	r.f()
+	must.Nil(t, s.spares)
 }
 
 func syscallKill(pid int) error {
