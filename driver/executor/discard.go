@@ -29,11 +29,12 @@ func recordSupervisor(stateDir string, pid int) error {
 // discardWait bounds how long Discard waits for a killed supervisor.
 var discardWait = 10 * time.Second
 
-// Discard ends what a task start left in stateDir when the driver that made
-// it died before the task was handed over (Nomad then has no handle for it
-// and never recovers or destroys it): the supervisor first, so that it
-// starts nothing more, then every process in the task's cgroup; the cgroup
-// and stateDir are removed. It needs only the files Start writes before the
+// Discard ends a task Nomad has no handle for and never recovers or
+// destroys (a start the driver died in before it handed the task over, an
+// earlier start of a task Nomad starts anew, a dangling task) from what is
+// in its stateDir: the supervisor first, so that it starts nothing more,
+// then every process in the task's cgroup; the cgroup and stateDir are
+// removed. It logs what it ended, not why: the caller says that. It needs only the files Start writes before the
 // supervisor runs (spec.json, supervisor.json), and is idempotent: a
 // directory that is gone, one where nothing was started, or one whose spec
 // or supervisor record a crash of the host cut (nothing of it runs since
@@ -74,7 +75,7 @@ func Discard(logger hclog.Logger, stateDir string) error {
 	if err := endTaskGroup(&spec); err != nil {
 		return fmt.Errorf("failed to discard task %q: %w", spec.TaskID, err)
 	}
-	logger.Info("discarded a task whose start was cut short", "state_dir", stateDir)
+	logger.Info("ended the processes of a task Nomad has no handle for and removed its state directory", "state_dir", stateDir)
 	return removeStateDir(stateDir)
 }
 
