@@ -245,6 +245,9 @@ func (d *Driver) endDangling(conf *Config, inv invocation, s danglingSettings) b
 	}
 	d.sharedSources().adopt(shared)
 	d.sharedSources().release(shared)
+	// Its image, if it had one: its last use is now (a task without a
+	// lease has nothing to let go).
+	d.releaseImage(logger, id)
 	var volErr error
 	if volumes {
 		volErr = d.teardownVolumes(id)

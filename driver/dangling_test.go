@@ -321,6 +321,32 @@ func TestDangling_pluginServedBySocketIsEnded(t *testing.T) {
 	must.StrContains(t, logs.String(), "ended a dangling task")
 }
 
+// A dangling task that ran from an image lets go of its image lease as it
+// is ended, as DestroyTask does: the image's last use is then, and
+// image_gc counts from there. (Left to the image GC, the lease went at
+// its next pass, up to 10 minutes later.)
+func TestDangling_imageLeaseReleased(t *testing.T) {
+	d := newImageDriver(t, nil)
+	cfg := taskConfig(t, TaskConfig{Command: "/bin/plugin", Image: d.ref})
+	_, _, err := d.StartTask(cfg)
+	must.NoError(t, err)
+	must.SliceLen(t, 1, d.uses(t))
+	conf := *d.currentConfig()
+	d.Shutdown()
+
+	conf.DanglingTasks = shortDangling()
+	again := &imageDriver{testDriver: newTestDriver(t, conf, func(d *Driver) { d.agent = "agent-after-restart" })}
+	must.Wait(t, wait.InitialSuccess(wait.ErrorFunc(func() error {
+		if err := stateDirGone(&conf, cfg.ID); err != nil {
+			return err
+		}
+		if uses := again.uses(t); len(uses) != 0 {
+			return fmt.Errorf("image leases still held: %v", uses)
+		}
+		return nil
+	}), wait.Timeout(30*time.Second), wait.Gap(20*time.Millisecond)))
+}
+
 func TestDanglingTasks_validate(t *testing.T) {
 	for _, tc := range []struct {
 		dt   *DanglingTasks
