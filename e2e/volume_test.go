@@ -132,6 +132,7 @@ func TestVolumes(t *testing.T) {
 	t.Run("shared_staging", func(t *testing.T) { t.Parallel(); testVolumeSharedStaging(t, a, fx) })
 	t.Run("plugin_killed_during_teardown", func(t *testing.T) { t.Parallel(); testVolumePluginKilled(t, a) })
 	t.Run("read_only", func(t *testing.T) { t.Parallel(); testVolumeReadOnly(t, a, fx) })
+	t.Run("one_allocation_writer_and_reader", func(t *testing.T) { t.Parallel(); testVolumeOneAllocationWriterAndReader(t, a, fx) })
 	t.Run("block_device", func(t *testing.T) { t.Parallel(); testVolumeBlock(t, a, fx) })
 	t.Run("bad_input", func(t *testing.T) { t.Parallel(); testVolumeBadInput(t, a, fx) })
 	t.Run("secrets_not_leaked", func(t *testing.T) { t.Parallel(); testVolumeSecrets(t, a, fx) })
