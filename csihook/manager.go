@@ -489,6 +489,14 @@ func (m *Manager) pluginClients(o op) (PluginInfo, Client, Client, error) {
 	if err != nil || info.Socket == "" {
 		return info, nil, nil, unreachable(o, fmt.Sprintf("CSI plugin %q is not running on node %q", o.pluginID, m.cfg.NodeName))
 	}
+	if v, ok := m.vol(volKey{o.pluginID, o.volumeID}); ok && v.Server != "" && info.Server != "" && info.Server != v.Server {
+		// The volume's calls, and the secrets the journal keeps for them,
+		// go to the server that set it up alone: a socket in
+		// plugin_socket_dirs that a restarted driver found first, or
+		// another job, is another plugin. They wait for that server.
+		return info, nil, nil, unreachable(o, fmt.Sprintf("volume %q of CSI plugin %q on node %q was set up through %s, and %s serves the plugin id now: its calls wait until %s serves it again",
+			o.volumeID, o.pluginID, m.cfg.NodeName, v.Server, info.Server, v.Server))
+	}
 	if info.ControllerOnly && nodeMethod(o.method) {
 		// Whatever serves the id now does not run the Node service: the
 		// volume's staging and publishing never go there.

@@ -261,25 +261,15 @@ func (d *Driver) endDangling(conf *Config, inv invocation, s danglingSettings) b
 	return true
 }
 
-// servedByOther reports whether something other than the task taskID
-// serves plugin id now: another task, or a socket in plugin_socket_dirs. A
-// dangling instance of the plugin then serves nothing: calls for the
-// plugin's volumes go to what serves the id, and a task does not take an
-// id from a socket (claimPlugin).
+// servedByOther reports whether a task other than taskID serves plugin id
+// now: a dangling instance of the plugin then serves nothing.
 func (d *Driver) servedByOther(id, taskID string) bool {
 	p := d.currentProber()
 	if p == nil {
 		return false
 	}
 	st, ok := p.Get(id)
-	switch {
-	case !ok:
-		return false
-	case st.Source == fingerprint.SourceSocketDir:
-		return true
-	default:
-		return st.Source == fingerprint.SourceTask && st.TaskID != "" && st.TaskID != taskID
-	}
+	return ok && st.Source == fingerprint.SourceTask && st.TaskID != "" && st.TaskID != taskID
 }
 
 // specPluginID is the plugin id of a task whose state directory predates

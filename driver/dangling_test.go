@@ -15,8 +15,6 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/shoenig/test/must"
 	"github.com/shoenig/test/wait"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/csihook"
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor"
@@ -283,42 +281,6 @@ func TestDangling_pluginKeptWhileItsVolumesAreHeld(t *testing.T) {
 	_, known := d.tasks.Get(again.ID)
 	must.True(t, known)
 	must.Error(t, stateDirGone(conf, again.ID))
-}
-
-// The operator runs the plugin outside Nomad now, its socket in
-// plugin_socket_dirs, while the plugin task and its workload dangle: the
-// socket serves the id, the workload's volume teardown goes to it, and the
-// dangling plugin task serves nothing and never can again (a task cannot
-// take an id from a socket). It is ended, as it is when another task
-// serves the id, even while the volume is still held (here its unpublish
-// fails for good).
-func TestDangling_pluginServedBySocketIsEnded(t *testing.T) {
-	c := startVolumeNode(t)
-	d, fp, logs := c.restartDangling(t, shortDangling(), false)
-	fp.vols.SetError(csihook.MethodNodeUnpublishVolume, status.Error(codes.Internal, "the operator's plugin cannot unpublish it"))
-	conf := d.currentConfig()
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
-		return strings.Contains(logs.String(), "dangling plugin task kept")
-	}), wait.Timeout(30*time.Second), wait.Gap(20*time.Millisecond)))
-	must.Error(t, stateDirGone(conf, c.plugin.ID))
-
-	sockets := shortTempDir(t)
-	listenUnix(t, filepath.Join(sockets, "hp", "csi.sock"))
-	p := d.currentProber()
-	p.SetSocketDirs([]string{sockets})
-	p.Rescan()
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
-		st, ok := p.Get("hp")
-		return ok && st.Source == fingerprint.SourceSocketDir
-	}), wait.Timeout(30*time.Second), wait.Gap(20*time.Millisecond)))
-
-	must.Wait(t, wait.InitialSuccess(wait.ErrorFunc(func() error {
-		return stateDirGone(conf, c.plugin.ID)
-	}), wait.Timeout(30*time.Second), wait.Gap(20*time.Millisecond)))
-	m, err := d.volumes()
-	must.NoError(t, err)
-	must.False(t, m.PluginWork("hp").Empty(), must.Sprint("the volume was released: the test proves nothing"))
-	must.StrContains(t, logs.String(), "ended a dangling task")
 }
 
 // A dangling task that ran from an image lets go of its image lease as it

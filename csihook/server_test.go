@@ -1,0 +1,57 @@
+package csihook
+
+import (
+	"context"
+	"testing"
+
+	"github.com/shoenig/test/must"
+)
+
+// A volume's calls go to the server that set it up: once another server
+// serves the plugin id (a socket in plugin_socket_dirs a restarted driver
+// found first), its teardown waits, and that server gets no call and none
+// of the volume's secrets, until the first server serves the id again.
+func TestServer_callsWaitForTheServerThatSetTheVolumeUp(t *testing.T) {
+	h := newHarness(t)
+	job := fullPlugin("p")
+	job.Server = `job "plugin" in namespace "default"`
+	h.setPlugin(job)
+	ctx := context.Background()
+	_, err := h.m.Setup(ctx, "task-a", []VolumeRequest{req("data", "vol1", "/data")})
+	must.NoError(t, err)
+	setupCalls := len(h.fake.Calls())
+
+	h.restart()
+	other := fullPlugin("p")
+	other.Socket = "/run/operator/p.sock"
+	other.Server = `socket "/run/operator/p.sock" in plugin_socket_dirs`
+	h.setPlugin(other)
+	err = h.m.Teardown(ctx, "task-a")
+	must.Error(t, err)
+	must.StrContains(t, err.Error(), `was set up through job "plugin" in namespace "default"`)
+	must.Eq(t, setupCalls, len(h.fake.Calls()), must.Sprintf("calls after the other server came: %v", h.fake.Calls()[setupCalls:]))
+
+	// The job's plugin serves the id again: the retried teardown ends.
+	h.setPlugin(job)
+	h.waitIdle()
+	must.Eq(t, 1, h.fake.Count(MethodNodeUnpublishVolume))
+	must.Eq(t, 1, h.fake.Count(MethodNodeUnstageVolume))
+	must.Eq(t, 1, h.fake.Count(MethodControllerUnpublishVolume))
+	must.SliceEmpty(t, h.journalRecords())
+}
+
+// A server the driver cannot name (a plugin task not recovered yet) is not
+// told apart: the calls go ahead, as before servers were recorded.
+func TestServer_unnamedServerIsNotRefused(t *testing.T) {
+	h := newHarness(t)
+	job := fullPlugin("p")
+	job.Server = `job "plugin" in namespace "default"`
+	h.setPlugin(job)
+	ctx := context.Background()
+	_, err := h.m.Setup(ctx, "task-a", []VolumeRequest{req("data", "vol1", "/data")})
+	must.NoError(t, err)
+	h.restart()
+	h.setPlugin(fullPlugin("p"))
+	must.NoError(t, h.m.Teardown(ctx, "task-a"))
+	must.Eq(t, 1, h.fake.Count(MethodNodeUnstageVolume))
+}
