@@ -2,6 +2,7 @@ package image
 
 import (
 	"bytes"
+	"compress/gzip"
 	"context"
 	"fmt"
 	"io"
@@ -209,6 +210,63 @@ func TestIsTarHeader(t *testing.T) {
 			must.Eq(t, tc.want, isTarHeader(tc.b))
 		})
 	}
+}
+
+// A gzip stream may carry up to 64 KiB of the writer's own bytes in its
+// header (FEXTRA: BGZF and seekable gzip writers put an index there; or a
+// long FNAME), so its first 512 bytes can pass a tar header's checksum. A
+// layer whose media type says gzip and whose bytes begin with gzip's magic
+// is read as gzip, never as a plain tar; the same stream served as an
+// uncompressed layer is a tar (whose diff id it is not, here).
+func TestGzipThatPassesTheTarChecksum(t *testing.T) {
+	tarB, err := imagebuild.Tar(imagebuild.File("bin/plugin", []byte("gzipped"), 0o755))
+	must.NoError(t, err)
+	gz := func(extra []byte) []byte {
+		var buf bytes.Buffer
+		zw := gzip.NewWriter(&buf)
+		zw.Extra = extra
+		_, err := zw.Write(tarB)
+		must.NoError(t, err)
+		must.NoError(t, zw.Close())
+		return buf.Bytes()
+	}
+	// FEXTRA starts at byte 12 (after the 10-byte header and XLEN): its
+	// bytes 136 to 143 are the sniffed block's checksum field.
+	extra := bytes.Repeat([]byte{'a'}, 600)
+	b := gz(extra)
+	sum := 0
+	for i, c := range b[:512] {
+		if i >= 148 && i < 156 {
+			c = ' '
+		}
+		sum += int(c)
+	}
+	copy(extra[136:], fmt.Sprintf("%06o\x00 ", sum))
+	b = gz(extra)
+	must.True(t, isTarHeader(b), must.Sprint("the crafted gzip stream does not pass the tar checksum"))
+	zr, err := gzip.NewReader(bytes.NewReader(b))
+	must.NoError(t, err)
+	got, err := io.ReadAll(zr)
+	must.NoError(t, err)
+	must.Eq(t, tarB, got)
+
+	for _, mt := range []types.MediaType{types.OCILayer, types.DockerLayer} {
+		t.Run(string(mt), func(t *testing.T) {
+			f := newFixture(t)
+			l := &bytesLayer{compressed: b, uncompressed: tarB, mt: mt}
+			img, err := f.store.Pull(context.Background(), f.layout(t, "bgzf", "1", mustImage(t, imagebuild.Spec{}, l)), PullRequest{})
+			must.NoError(t, err)
+			got, err := os.ReadFile(filepath.Join(img.Layers[0], "bin/plugin"))
+			must.NoError(t, err)
+			must.Eq(t, "gzipped", string(got))
+		})
+	}
+	t.Run("uncompressed", func(t *testing.T) {
+		f := newFixture(t)
+		l := &bytesLayer{compressed: b, uncompressed: b, mt: types.OCIUncompressedLayer}
+		_, err := f.store.Pull(context.Background(), f.layout(t, "bgzf", "1", mustImage(t, imagebuild.Spec{}, l)), PullRequest{})
+		must.ErrorContains(t, err, "tar")
+	})
 }
 
 // An arm node takes its own variant first and then each older one, as

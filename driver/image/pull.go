@@ -549,7 +549,7 @@ func (s *Store) fetchLayer(ctx context.Context, ref Reference, src source, desc 
 	ch := sha256.New()
 	raw := bufio.NewReaderSize(io.TeeReader(io.LimitReader(counted, desc.Size+1), ch), 1<<16)
 	charged := new(atomic.Int64)
-	size, err := s.unpackStream(ctx, raw, filepath.Join(tmp, "fs"), b, charged, diffID)
+	size, err := s.unpackStream(ctx, raw, desc.MediaType, filepath.Join(tmp, "fs"), b, charged, diffID)
 	// Whatever went wrong, a blob that is not what its digest says is
 	// reported as that, its real cause.
 	_, _ = io.Copy(io.Discard, raw)
@@ -639,22 +639,29 @@ func zstdWindow(raw *bufio.Reader) uint64 {
 }
 
 // unpackStream decompresses raw (gzip, zstd or a plain tar, told by its
-// first bytes), checks the result against diffID, and unpacks it into dir.
-func (s *Store) unpackStream(ctx context.Context, raw *bufio.Reader, dir string, b *bounds, charged *atomic.Int64, diffID string) (int64, error) {
+// first bytes and, where those could be either, by mt, its media type),
+// checks the result against diffID, and unpacks it into dir.
+func (s *Store) unpackStream(ctx context.Context, raw *bufio.Reader, mt types.MediaType, dir string, b *bounds, charged *atomic.Int64, diffID string) (int64, error) {
 	magic, _ := raw.Peek(512)
 	var dec io.Reader = raw
+	isGzip := bytes.HasPrefix(magic, []byte{0x1f, 0x8b})
+	isZstd := bytes.HasPrefix(magic, []byte{0x28, 0xb5, 0x2f, 0xfd})
 	switch {
-	case isTarHeader(magic):
+	case isTarHeader(magic) && !(isGzip && (mt == types.OCILayer || mt == types.DockerLayer) || isZstd && mt == types.OCILayerZStd):
 		// A plain tar, whatever its first member's name (its first
-		// bytes), a pre-POSIX one without "ustar" too.
-	case bytes.HasPrefix(magic, []byte{0x1f, 0x8b}):
+		// bytes), a pre-POSIX one without "ustar" too. A gzip or zstd
+		// stream can pass the checksum too (gzip's FEXTRA and FNAME, or
+		// zstd's raw blocks, put bytes of the writer's choice there):
+		// one that says it is compressed, by its media type and its
+		// magic, is.
+	case isGzip:
 		zr, err := gzip.NewReader(raw)
 		if err != nil {
 			return 0, err
 		}
 		defer zr.Close()
 		dec = zr
-	case bytes.HasPrefix(magic, []byte{0x28, 0xb5, 0x2f, 0xfd}):
+	case isZstd:
 		// The first frame's window is the decoder's limit: a later
 		// frame that wants more fails the layer.
 		window := max(zstdWindow(raw), zstdFreeWindow)
