@@ -1390,8 +1390,10 @@ func (d *Driver) imageStopSignal(logger hclog.Logger, cfg *drivers.TaskConfig, i
 	} else if sig, err := parseSignal(strings.ToUpper(s)); err == nil && sig != 0 {
 		return strings.ToUpper(s)
 	}
-	logger.Warn("the image's STOPSIGNAL is not a signal the driver knows; the task stops with its kill_signal or SIGINT", "image", img.Ref, "stop_signal", s)
-	d.emitEvent(cfg, fmt.Sprintf("Image %s asks to be stopped with %q, which is not a signal this driver knows: the task stops with its kill_signal, or SIGINT; set kill_signal in the task", img.Ref, s), map[string]string{"image": img.Ref})
+	// The image's string, up to its configuration's 8 MiB, is cut short:
+	// the event goes into the allocation Nomad keeps.
+	logger.Warn("the image's STOPSIGNAL is not a signal the driver knows; the task stops with its kill_signal or SIGINT", "image", img.Ref, "stop_signal", shortQuote(s))
+	d.emitEvent(cfg, fmt.Sprintf("Image %s asks to be stopped with %s, which is not a signal this driver knows: the task stops with its kill_signal, or SIGINT; set kill_signal in the task", img.Ref, shortQuote(s)), map[string]string{"image": img.Ref})
 	return ""
 }
 

@@ -369,6 +369,8 @@ func TestStopTask_imageStopSignal(t *testing.T) {
 		{"kill_signal wins", "SIGTERM", "SIGUSR1", syscall.SIGUSR1},
 		{"none", "", "", syscall.SIGINT},
 		{"unknown", "SIGRTMIN+3", "", syscall.SIGINT},
+		// A hostile image's: the event quotes it cut short.
+		{"huge", strings.Repeat("SIGX", 1<<18), "", syscall.SIGINT},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d := newImageDriverOf(t, imagebuild.Spec{Entrypoint: []string{"/bin/plugin"}, StopSignal: tc.stopSignal}, entries, nil)
@@ -379,6 +381,12 @@ func TestStopTask_imageStopSignal(t *testing.T) {
 			must.Eq(t, []syscall.Signal{tc.want}, d.procs[0].signals)
 			if tc.stopSignal == "SIGRTMIN+3" {
 				d.events.waitFor(t, `asks to be stopped with "SIGRTMIN+3"`)
+			}
+			if tc.name == "huge" {
+				d.events.waitFor(t, `asks to be stopped with "SIGXSIGX`)
+				for _, e := range d.events.with("asks to be stopped") {
+					must.Less(t, 1024, len(e), must.Sprintf("an event of %d bytes", len(e)))
+				}
 			}
 
 			// Recovered by a new driver process, from the handle alone.
