@@ -92,6 +92,19 @@ func TestProcess_Signals_Root(t *testing.T) {
 		must.Eq(t, int(syscall.SIGKILL), st.Signal)
 	})
 
+	// An image's STOPSIGNAL may be SIGSTOP (or a signal the task
+	// ignores): the task freezes, and the kill after grace still ends it,
+	// its children too.
+	t.Run("shutdown with SIGSTOP kills after grace", func(t *testing.T) {
+		tt := newTestSpec(t, "/bin/sh", "-c", `sleep 100 & echo ready; while :; do sleep 0.05; done`)
+		p := startTest(t, tt)
+		waitFor(t, "the child to start", func() bool { return readFile(t, tt.stdout) == "ready\n" })
+		must.NoError(t, p.Shutdown(syscall.SIGSTOP, 200*time.Millisecond))
+		st := waitExit(t, p)
+		must.Eq(t, int(syscall.SIGKILL), st.Signal)
+		must.Eq(t, 0, len(processesMentioning(t, tt.spec.TaskID)))
+	})
+
 	t.Run("shutdown returns early when the task obeys", func(t *testing.T) {
 		tt := newTestSpec(t, "sleep", "100")
 		p := startTest(t, tt)
