@@ -1,6 +1,7 @@
 package image
 
 import (
+	"archive/tar"
 	"bytes"
 	"compress/gzip"
 	"context"
@@ -16,6 +17,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/static"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
+	"github.com/klauspost/compress/zstd"
 	"github.com/shoenig/test/must"
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/e2e/imagebuild"
@@ -267,6 +269,89 @@ func TestGzipThatPassesTheTarChecksum(t *testing.T) {
 		_, err := f.store.Pull(context.Background(), f.layout(t, "bgzf", "1", mustImage(t, imagebuild.Spec{}, l)), PullRequest{})
 		must.ErrorContains(t, err, "tar")
 	})
+}
+
+// A zstd frame whose block is a raw one (as zstd writes data it cannot
+// compress) carries the tar's bytes as they are, 10 bytes on: a tar made
+// for it puts the octal of the first 512 bytes' sum where the sniffed
+// block's checksum field is. A layer whose media type says zstd and whose
+// bytes begin with zstd's magic is read as zstd, never as a plain tar.
+func TestZstdThatPassesTheTarChecksum(t *testing.T) {
+	// A v7 tar of one file named f<c1><c2>, mtime "0000DDDDDD0": bytes
+	// 138 to 145 of the tar are bytes 148 to 155 of the frame.
+	build := func(c1, c2 byte, d int) (tarB, frame []byte) {
+		h := make([]byte, 512)
+		copy(h, []byte{'f', c1, c2})
+		copy(h[100:], "0000644\x00")
+		copy(h[108:], "0000000\x00")
+		copy(h[116:], "0000000\x00")
+		copy(h[124:], "00000000001\x00")
+		copy(h[136:], fmt.Sprintf("0000%06o0\x00", d))
+		copy(h[148:], "        ")
+		h[156] = '0'
+		sum := 0
+		for _, c := range h {
+			sum += int(c)
+		}
+		copy(h[148:], fmt.Sprintf("%06o\x00 ", sum))
+		body := make([]byte, 512)
+		body[0] = 'z'
+		tarB = append(append(h, body...), make([]byte, 1024)...)
+		size := len(tarB)
+		// Single segment, a 2-byte content size (less 256), one last raw
+		// block.
+		frame = []byte{0x28, 0xb5, 0x2f, 0xfd, 0x60, byte(size - 256), byte((size - 256) >> 8)}
+		bh := size<<3 | 1
+		frame = append(frame, byte(bh), byte(bh>>8), byte(bh>>16))
+		return tarB, append(frame, tarB...)
+	}
+	var tarB, frame []byte
+	for c1 := byte('a'); c1 <= 'z' && frame == nil; c1++ {
+		for c2 := byte('a'); c2 <= 'z' && frame == nil; c2++ {
+			tb, fr := build(c1, c2, 0)
+			sum := 0
+			for i, c := range fr[:512] {
+				if i < 148 || i >= 156 {
+					sum += int(c)
+				}
+			}
+			// The sum moves with d's digits (and so the tar's own
+			// checksum): look near it.
+			for d := max(sum-200, 0); d < sum+600 && d < 0o1000000; d++ {
+				if tb, fr = build(c1, c2, d); isTarHeader(fr) {
+					tarB, frame = tb, fr
+					break
+				}
+			}
+		}
+	}
+	must.NotNil(t, frame, must.Sprint("no zstd frame that passes the tar checksum was found"))
+	zr, err := zstd.NewReader(bytes.NewReader(frame))
+	must.NoError(t, err)
+	got, err := io.ReadAll(zr)
+	zr.Close()
+	must.NoError(t, err)
+	must.Eq(t, tarB, got)
+	plain, err := firstMember(tarB)
+	must.NoError(t, err)
+
+	f := newFixture(t)
+	l := &bytesLayer{compressed: frame, uncompressed: tarB, mt: types.OCILayerZStd}
+	img, err := f.store.Pull(context.Background(), f.layout(t, "raw", "1", mustImage(t, imagebuild.Spec{}, l)), PullRequest{})
+	must.NoError(t, err)
+	b, err := os.ReadFile(filepath.Join(img.Layers[0], plain))
+	must.NoError(t, err)
+	must.Eq(t, "z", string(b))
+}
+
+// firstMember is the name of the first member of a tar.
+func firstMember(b []byte) (string, error) {
+	tr := tar.NewReader(bytes.NewReader(b))
+	h, err := tr.Next()
+	if err != nil {
+		return "", err
+	}
+	return h.Name, nil
 }
 
 // An arm node takes its own variant first and then each older one, as
