@@ -3,6 +3,7 @@ package csihook
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/shoenig/test/must"
 )
@@ -54,4 +55,44 @@ func TestServer_unnamedServerIsNotRefused(t *testing.T) {
 	h.setPlugin(fullPlugin("p"))
 	must.NoError(t, h.m.Teardown(ctx, "task-a"))
 	must.Eq(t, 1, h.fake.Count(MethodNodeUnstageVolume))
+}
+
+// The stats loop asks only the server that set a volume up: after a
+// restart, another server of the plugin id (a socket in
+// plugin_socket_dirs) is not sent the volume's id and paths, and its
+// answer is neither kept as the volume's stats nor told to the volume's
+// tasks as its condition.
+func TestServer_statsGoOnlyToTheServerThatSetTheVolumeUp(t *testing.T) {
+	h := newHarness(t)
+	job := statsPlugin("p")
+	job.Server = `job "plugin" in namespace "default"`
+	h.setPlugin(job)
+	ctx := context.Background()
+	_, err := h.m.Setup(ctx, "task-a", []VolumeRequest{req("data", "vol1", "/data")})
+	must.NoError(t, err)
+
+	h.restart()
+	h.m.stats = newStatsLoop(time.Minute)
+	other := statsPlugin("p")
+	other.Socket = "/run/operator/p.sock"
+	other.Server = `socket "/run/operator/p.sock" in plugin_socket_dirs`
+	h.setPlugin(other)
+	h.fake.SetCondition("vol1", true, "the operator's plugin knows no such volume")
+	later := time.Now().Add(time.Hour)
+	for range 3 {
+		later = later.Add(time.Minute)
+		statsPassWait(h.m, ctx, later)
+	}
+	must.Eq(t, 0, h.fake.Count(MethodNodeGetVolumeStats))
+	for _, e := range h.eventMsgs() {
+		must.StrNotContains(t, e, "abnormal")
+	}
+
+	// The job's plugin serves the id again: its stats are read.
+	h.setPlugin(job)
+	for range 2 {
+		later = later.Add(time.Minute)
+		statsPassWait(h.m, ctx, later)
+	}
+	must.Positive(t, h.fake.Count(MethodNodeGetVolumeStats))
 }

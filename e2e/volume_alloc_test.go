@@ -37,9 +37,9 @@ func testVolumeOneAllocationWriterAndReader(t *testing.T, a *Agent, fx *VolFixtu
 		must.NoError(t, err, must.Sprintf("nomad alloc exec -task %s %s sh -c %q: %s", task, al.ID, script, out))
 		return out
 	}
-	// Both tasks run before the checks: the writer's start is what
-	// shares the reader's publish.
-	exec("writer", "true")
+	// The allocation runs once the reader does: wait for the writer's
+	// start too, which is what shares the reader's publish.
+	a.WaitEvent(t, al.ID, "writer", "Started", volTimeout)
 	cur, err := a.allocation(al.ID)
 	must.NoError(t, err)
 	t.Logf("%s", cur.Describe())
