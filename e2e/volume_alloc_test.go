@@ -17,8 +17,9 @@ import (
 // The tasks of one allocation share its claim on a single-node-writer
 // volume, as in Nomad: one NodePublishVolume for the allocation, read/write
 // even when the task that makes it reads only, and the reader's view of it
-// read-only. The reader starts first (a prestart sidecar), so a publish
-// made with the reader's read_only would leave the writer unable to write.
+// read-only. The reader starts first (the writer is a poststart task that
+// stays), so a publish made with the reader's read_only would leave the
+// writer unable to write.
 func testVolumeOneAllocationWriterAndReader(t *testing.T, a *Agent, fx *VolFixture) {
 	name := volUniq("onealloc")
 	destW, destR := filepath.Join(volDir(a, name), "w"), filepath.Join(volDir(a, name), "r")
@@ -26,9 +27,10 @@ func testVolumeOneAllocationWriterAndReader(t *testing.T, a *Agent, fx *VolFixtu
 		return VolSpec{Name: "data", Plugin: fx.ID, ID: name, Dest: dest, Access: "single-node-writer", ReadOnly: readOnly,
 			Create: true, CreateType: "dir"}.HCL()
 	}
-	job := a.RunJob(t, "volume_alloc_tasks", map[string]string{
-		"WriterVolumes": vol(destW, false),
+	job := a.RunJob(t, "volume_alloc_reader", map[string]string{
 		"ReaderVolumes": vol(destR, true),
+		"WriterVolumes": vol(destW, false),
+		"WriterScript":  volHCLString(volSleeper),
 	})
 	al := a.WaitAlloc(t, job.ID, volTimeout, StatusRunning)
 	exec := func(task, script string) string {
@@ -38,7 +40,7 @@ func testVolumeOneAllocationWriterAndReader(t *testing.T, a *Agent, fx *VolFixtu
 		return out
 	}
 	// The allocation runs once the reader does: wait for the writer's
-	// start too, which is what shares the reader's publish.
+	// start, which is what shares the reader's publish.
 	a.WaitEvent(t, al.ID, "writer", "Started", volTimeout)
 	cur, err := a.allocation(al.ID)
 	must.NoError(t, err)

@@ -1,9 +1,9 @@
 # One allocation whose two tasks name one single-node-writer volume in
 # their own volume blocks, rendered by the test: "reader" (the main task,
 # read_only, sleeping; the test runs its commands with nomad alloc exec)
-# starts and publishes first; "writer", a poststart task, writes to the
-# volume and exits, so the reader is left alone on the allocation's
-# read/write publish.
+# starts and publishes first; "writer", a poststart task, runs the test's
+# script: one writes to the volume and exits, so the reader is left alone
+# on the allocation's read/write publish, another stays beside the reader.
 job "{{.JobID}}" {
   type = "service"
 
