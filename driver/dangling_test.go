@@ -377,3 +377,44 @@ func readInvocationAgent(t *testing.T, conf *Config, id string) string {
 	must.NoError(t, json.Unmarshal(b, &inv))
 	return inv.Agent
 }
+
+// The plugin task and its workload dangle, and meanwhile a socket in
+// plugin_socket_dirs serves the plugin id. The volume's calls wait for the
+// job that set it up (csihook refuses the socket), so the operator runs
+// the plugin job again, as the refusal says: its task takes the id back
+// from the socket (its job held the id first, its volumes are still
+// held), and the volume's teardown goes through it.
+func TestDangling_pluginJobTakesItsIDBackFromASocket(t *testing.T) {
+	c := startVolumeNode(t)
+	d, _, logs := c.restartDangling(t, shortDangling(), false)
+	conf := d.currentConfig()
+	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+		return strings.Contains(logs.String(), "dangling plugin task kept")
+	}), wait.Timeout(30*time.Second), wait.Gap(20*time.Millisecond)))
+
+	sockets := shortTempDir(t)
+	listenUnix(t, filepath.Join(sockets, "hp", "csi.sock"))
+	p := d.currentProber()
+	p.SetSocketDirs([]string{sockets})
+	p.Rescan()
+	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+		st, ok := p.Get("hp")
+		return ok && st.Source == fingerprint.SourceSocketDir
+	}), wait.Timeout(30*time.Second), wait.Gap(20*time.Millisecond)))
+	m, err := d.volumes()
+	must.NoError(t, err)
+	must.False(t, m.PluginWork("hp").Empty(), must.Sprint("the volume was released: the test proves nothing"))
+
+	again := jobTask(t, TaskConfig{Command: "/bin/plugin", Privileged: true, CSIPlugin: &PluginTaskConfig{ID: "hp", Type: "monolith", MountDir: "/csi"}}, "alloc-p2", "default", "plugin")
+	_, _, err = d.StartTask(again)
+	must.NoError(t, err)
+	must.Wait(t, wait.InitialSuccess(wait.ErrorFunc(func() error {
+		if n := journalTasks(t, d); n != 0 {
+			return fmt.Errorf("volume still has %d users", n)
+		}
+		return stateDirGone(conf, c.plugin.ID)
+	}), wait.Timeout(30*time.Second), wait.Gap(20*time.Millisecond)))
+	st, ok := p.Get("hp")
+	must.True(t, ok)
+	must.Eq(t, again.ID, st.TaskID)
+}

@@ -570,8 +570,9 @@ const socketCheckTimeout = 5 * time.Second
 // claimPlugin reserves a plugin id for a task that is starting. The id is
 // refused when another live task serves it; when a socket in
 // plugin_socket_dirs serves it (unless the task's job held it before
-// that socket came: a socket appearing later does not take over a task's
-// id); and when volumes recorded on this node were set up through
+// that socket came, as a recovered task or volumes still recorded here as
+// set up through the job show: a socket appearing later does not take
+// over a task's id); and when volumes recorded on this node were set up through
 // another server of the id (another job, or a socket), until they are
 // released. It reports whether the task takes back an id its job held
 // (fingerprint.PluginSpec.Reclaim). On error nothing is claimed.
@@ -585,6 +586,25 @@ func (d *Driver) claimPlugin(cfg *drivers.TaskConfig, pc *PluginTaskConfig) (boo
 		d.plugins.drop(cfg.ID, pc.ID)
 		return false, err
 	}
+	m, err := d.volumes()
+	if err != nil {
+		return fail(fmt.Errorf("csi_plugin id %q: cannot check the volumes recorded for it: %w", pc.ID, err))
+	}
+	servers := m.PluginServers(pc.ID)
+	for _, server := range servers {
+		if server != job.String() {
+			return fail(fmt.Errorf("csi_plugin id %q cannot be served by %s on this node: volumes of the plugin here were set up through %s and are not released yet, and their calls would go to this task; run the plugin in that job again, or stop the tasks using volumes of plugin %q and wait for their teardown",
+				pc.ID, job, server, pc.ID))
+		}
+	}
+	if !reclaim && len(servers) > 0 {
+		// Volumes held here were set up through this job: it held the id
+		// before any socket that serves it now, and their calls wait for
+		// it (csihook's pluginClients). It takes the id back, as a task of
+		// the job recovered after a restart does; a dangling instance of
+		// it that no new driver process recovered is not needed for that.
+		reclaim = true
+	}
 	if !reclaim {
 		if p := d.currentProber(); p != nil {
 			ctx, cancel := context.WithTimeout(d.ctx, socketCheckTimeout)
@@ -593,16 +613,6 @@ func (d *Driver) claimPlugin(cfg *drivers.TaskConfig, pc *PluginTaskConfig) (boo
 			if served {
 				return fail(fmt.Errorf("csi_plugin id %q is already served on this node by the socket %q in plugin_socket_dirs: a task cannot take over the operator's plugin; choose another id", pc.ID, sock))
 			}
-		}
-	}
-	m, err := d.volumes()
-	if err != nil {
-		return fail(fmt.Errorf("csi_plugin id %q: cannot check the volumes recorded for it: %w", pc.ID, err))
-	}
-	for _, server := range m.PluginServers(pc.ID) {
-		if server != job.String() {
-			return fail(fmt.Errorf("csi_plugin id %q cannot be served by %s on this node: volumes of the plugin here were set up through %s and are not released yet, and their calls would go to this task; run the plugin in that job again, or stop the tasks using volumes of plugin %q and wait for their teardown",
-				pc.ID, job, server, pc.ID))
 		}
 	}
 	return reclaim, nil
