@@ -489,7 +489,7 @@ func (m *Manager) pluginClients(o op) (PluginInfo, Client, Client, error) {
 	if err != nil || info.Socket == "" {
 		return info, nil, nil, unreachable(o, fmt.Sprintf("CSI plugin %q is not running on node %q", o.pluginID, m.cfg.NodeName))
 	}
-	if v, ok := m.vol(volKey{o.pluginID, o.volumeID}); ok && v.Server != "" && info.Server != "" && info.Server != v.Server {
+	if v, ok := m.vol(volKey{o.pluginID, o.volumeID}); ok && serverMoved(v, info) {
 		// The volume's calls, and the secrets the journal keeps for them,
 		// go to the server that set it up alone: a socket in
 		// plugin_socket_dirs that a restarted driver found first, or
@@ -513,6 +513,14 @@ func (m *Manager) pluginClients(o op) (PluginInfo, Client, Client, error) {
 		}
 	}
 	return info, node, ctrl, nil
+}
+
+// serverMoved reports whether a server other than the one that set the
+// volume up serves its plugin id now. A server not named on either side
+// (a record from before servers were kept, a plugin task not recovered
+// yet) is not told apart.
+func serverMoved(v volRecord, info PluginInfo) bool {
+	return v.Server != "" && info.Server != "" && info.Server != v.Server
 }
 
 // nodeMethod reports whether a method is one of the CSI Node service.

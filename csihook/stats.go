@@ -240,6 +240,10 @@ func (m *Manager) statsPass(ctx context.Context, now time.Time) time.Time {
 	s := m.stats
 	keys := m.publishedKeys()
 	infos := map[string]PluginInfo{}
+	// moved holds the volumes whose plugin id another server serves now:
+	// they keep their place but are not sampled, as the volume's other
+	// calls wait for the server that set it up (pluginClients).
+	moved := map[volKey]bool{}
 	for k := range keys {
 		info, seen := infos[k.plugin]
 		if !seen {
@@ -252,6 +256,8 @@ func (m *Manager) statsPass(ctx context.Context, now time.Time) time.Time {
 		// A plugin without GET_VOLUME_STATS is never asked.
 		if !info.VolumeStats || info.ControllerOnly || info.Socket == "" {
 			delete(keys, k)
+		} else if v, ok := m.vol(k); ok && serverMoved(v, info) {
+			moved[k] = true
 		}
 	}
 
@@ -272,7 +278,7 @@ func (m *Manager) statsPass(ctx context.Context, now time.Time) time.Time {
 		}
 		// An unhealthy plugin is skipped, keeping the volume's place; so
 		// is a volume whose last sample has not ended.
-		if !e.next.After(now) && !e.busy && infos[k.plugin].Healthy {
+		if !e.next.After(now) && !e.busy && infos[k.plugin].Healthy && !moved[k] {
 			e.busy = true
 			due[k] = true
 		}
