@@ -489,13 +489,10 @@ func (m *Manager) pluginClients(o op) (PluginInfo, Client, Client, error) {
 	if err != nil || info.Socket == "" {
 		return info, nil, nil, unreachable(o, fmt.Sprintf("CSI plugin %q is not running on node %q", o.pluginID, m.cfg.NodeName))
 	}
-	if v, ok := m.vol(volKey{o.pluginID, o.volumeID}); ok && serverMoved(v, info) {
-		// The volume's calls, and the secrets the journal keeps for them,
-		// go to the server that set it up alone: a socket in
-		// plugin_socket_dirs that a restarted driver found first, or
-		// another job, is another plugin. They wait for that server.
-		return info, nil, nil, unreachable(o, fmt.Sprintf("volume %q of CSI plugin %q on node %q was set up through %s, and %s serves the plugin id now: its calls wait until %s serves it again",
-			o.volumeID, o.pluginID, m.cfg.NodeName, v.Server, info.Server, v.Server))
+	if v, ok := m.vol(volKey{o.pluginID, o.volumeID}); ok {
+		if err := m.serverRefusal(o, v, info); err != nil {
+			return info, nil, nil, err
+		}
 	}
 	if info.ControllerOnly && nodeMethod(o.method) {
 		// Whatever serves the id now does not run the Node service: the
@@ -513,6 +510,20 @@ func (m *Manager) pluginClients(o op) (PluginInfo, Client, Client, error) {
 		}
 	}
 	return info, node, ctrl, nil
+}
+
+// serverRefusal is the error of call o of volume v while a server other
+// than the one that set v up serves its plugin id (info), nil otherwise.
+// The volume's calls, and the secrets the journal keeps for them, go to
+// the server that set it up alone: a socket in plugin_socket_dirs that a
+// restarted driver found first, or another job, is another plugin. They
+// wait for that server.
+func (m *Manager) serverRefusal(o op, v volRecord, info PluginInfo) *OpError {
+	if !serverMoved(v, info) {
+		return nil
+	}
+	return unreachable(o, fmt.Sprintf("volume %q of CSI plugin %q on node %q was set up through %s, and %s serves the plugin id now: its calls wait until %s serves it again",
+		o.volumeID, o.pluginID, m.cfg.NodeName, v.Server, info.Server, v.Server))
 }
 
 // serverMoved reports whether a server other than the one that set the

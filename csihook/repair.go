@@ -155,6 +155,19 @@ func (m *Manager) repairVolume(ctx context.Context, k volKey) ([]Repaired, error
 	if err != nil {
 		return nil, err
 	}
+	// Through another server of the id the dead mounts would be detached
+	// and not set up again; left dead, they are found again once the
+	// volume's own server is back.
+	o := op{method: MethodNodePublishVolume, pluginID: vol.PluginID, volumeID: vol.VolumeID}
+	if stagingDead {
+		o.method = MethodNodeStageVolume
+	}
+	if len(dead) > 0 {
+		o.taskID, o.name = dead[0].TaskID, dead[0].Name
+	}
+	if err := m.serverRefusal(o, vol, info); err != nil {
+		return nil, m.repairFailed(dead, err)
+	}
 	m.logger.Warn("dead volume mounts found; repairing", "plugin_id", vol.PluginID, "volume_id", vol.VolumeID,
 		"staging_dead", stagingDead, "dead_targets", len(dead))
 

@@ -96,3 +96,44 @@ func TestServer_statsGoOnlyToTheServerThatSetTheVolumeUp(t *testing.T) {
 	}
 	must.Positive(t, h.fake.Count(MethodNodeGetVolumeStats))
 }
+
+// A repair of dead mounts (the plugin's process died) waits for the server
+// that set the volume up, touching nothing: done through another server
+// of the id, it detached the dead publish, was refused the publish again,
+// and the volume, no longer dead but no longer mounted, was never repaired
+// once the right server came back.
+func TestServer_repairWaitsForTheServerThatSetTheVolumeUp(t *testing.T) {
+	h := newHarness(t)
+	job := fullPlugin("p")
+	job.Server = `job "plugin" in namespace "default"`
+	h.setPlugin(job)
+	ctx := context.Background()
+	_, err := h.m.Setup(ctx, "task-a", []VolumeRequest{req("data", "vol1", "/data")})
+	must.NoError(t, err)
+	target := h.m.TargetPath("task-a", "data")
+	staging := h.m.StagingPath("p", "vol1")
+	h.mnt.SetStale(target, true)
+
+	other := fullPlugin("p")
+	other.Socket = "/run/operator/p.sock"
+	other.Server = `socket "/run/operator/p.sock" in plugin_socket_dirs`
+	h.setPlugin(other)
+	h.fake.ResetCalls()
+	h.mnt.ResetActions()
+	rep, err := h.m.RepairStale(ctx, "p")
+	must.Error(t, err)
+	must.StrContains(t, err.Error(), `was set up through job "plugin" in namespace "default"`)
+	must.SliceEmpty(t, rep)
+	must.SliceEmpty(t, h.fake.Methods())
+	must.SliceEmpty(t, h.mnt.GetActions())
+
+	// The job's plugin is back: the dead mount is repaired through it.
+	h.setPlugin(job)
+	rep, err = h.m.RepairStale(ctx, "p")
+	must.NoError(t, err)
+	must.Eq(t, []Repaired{{TaskID: "task-a", Name: "data", PluginID: "p", VolumeID: "vol1",
+		HostPath: target, Destination: "/data"}}, rep)
+	must.Eq(t, []string{staging, target}, h.mountPaths())
+	must.NoError(t, h.m.Teardown(ctx, "task-a"))
+	must.SliceEmpty(t, h.mountPaths())
+}
