@@ -194,8 +194,12 @@ func TestPluginServers(t *testing.T) {
 	must.Eq(t, []string{`job "a" in namespace "default"`, `socket "/run/csi/p.sock"`}, h.m.PluginServers("p"))
 	must.SliceEmpty(t, h.m.PluginServers("other"))
 
-	must.NoError(t, h.m.Teardown(ctx, "task-a"))
+	// Each volume's teardown goes through the server that set it up.
 	must.NoError(t, h.m.Teardown(ctx, "task-b"))
+	must.Eq(t, []string{`job "a" in namespace "default"`}, h.m.PluginServers("p"))
+	p.Server = `job "a" in namespace "default"`
+	h.setPlugin(p)
+	must.NoError(t, h.m.Teardown(ctx, "task-a"))
 	must.SliceEmpty(t, h.m.PluginServers("p"))
 }
 
