@@ -73,6 +73,10 @@ type Manager struct {
 	// repairing holds the task volumes (repairKey) whose repair unmounted
 	// them but did not publish them again yet: see repair.go.
 	repairing map[string]bool
+	// repairFailures holds, per task volume (repairKey), the last failed
+	// repair's event, so that a repair failing the same way pass after
+	// pass tells the task once (Nomad keeps a task's last ten events).
+	repairFailures map[repairFailureKey]string
 	// staleChecks holds the paths whose stat by a repair has not returned
 	// (a hung network mount): they are not stat'ed again meanwhile.
 	staleChecks sync.Map
@@ -522,8 +526,10 @@ func (m *Manager) serverRefusal(o op, v volRecord, info PluginInfo) *OpError {
 	if !serverMoved(v, info) {
 		return nil
 	}
-	return unreachable(o, fmt.Sprintf("volume %q of CSI plugin %q on node %q was set up through %s, and %s serves the plugin id now: its calls wait until %s serves it again",
+	err := unreachable(o, fmt.Sprintf("volume %q of CSI plugin %q on node %q was set up through %s, and %s serves the plugin id now: its calls wait until %s serves it again",
 		o.volumeID, o.pluginID, m.cfg.NodeName, v.Server, info.Server, v.Server))
+	err.Hint = fmt.Sprintf("serve plugin %q from %s again; the driver retries until then and sends this volume to no other plugin", o.pluginID, v.Server)
+	return err
 }
 
 // serverMoved reports whether a server other than the one that set the

@@ -227,6 +227,7 @@ func (m *Manager) repairVolume(ctx context.Context, k volKey) ([]Repaired, error
 		}
 		m.mu.Lock()
 		delete(m.repairing, repairKey(tr))
+		delete(m.repairFailures, repairFailureKey{tr.TaskID, tr.Name})
 		m.mu.Unlock()
 		out = append(out, Repaired{TaskID: tr.TaskID, Name: tr.Name, PluginID: tr.PluginID, VolumeID: tr.VolumeID,
 			HostPath: tr.Target, Destination: tr.Destination, ReadOnly: tr.ReadOnly})
@@ -243,10 +244,39 @@ func (m *Manager) repairVolume(ctx context.Context, k volKey) ([]Repaired, error
 // mount, and returns err.
 func (m *Manager) repairFailed(dead []taskRecord, err error) error {
 	for _, tr := range dead {
-		m.event(tr.TaskID, fmt.Sprintf("Repair of stale volume %q failed: %s", tr.Name, summary(err)),
-			annotations(tr.Name, tr.PluginID, tr.VolumeID))
+		msg := fmt.Sprintf("Repair of stale volume %q failed: %s", tr.Name, summary(err))
+		if m.repairFailureNew(tr, msg) {
+			m.event(tr.TaskID, msg, annotations(tr.Name, tr.PluginID, tr.VolumeID))
+		} else {
+			m.logger.Debug("repair failed as before", "task_id", tr.TaskID, "volume", tr.Name, "error", summary(err))
+		}
 	}
 	return err
+}
+
+// repairFailureKey names a task volume whose repair failed.
+type repairFailureKey struct{ taskID, name string }
+
+// repairFailureNew records msg as the last failed repair of tr's volume
+// and reports whether it differs from the one before. It forgets the
+// volumes of tasks whose records are gone.
+func (m *Manager) repairFailureNew(tr taskRecord, msg string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.repairFailures == nil {
+		m.repairFailures = map[repairFailureKey]string{}
+	}
+	for k := range m.repairFailures {
+		if _, ok := m.tasks[k.taskID][k.name]; !ok {
+			delete(m.repairFailures, k)
+		}
+	}
+	k := repairFailureKey{tr.TaskID, tr.Name}
+	if m.repairFailures[k] == msg {
+		return false
+	}
+	m.repairFailures[k] = msg
+	return true
 }
 
 // takeDeadPublish unpublishes a dead publish target: through the plugin,

@@ -2,6 +2,7 @@ package csihook
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -136,4 +137,50 @@ func TestServer_repairWaitsForTheServerThatSetTheVolumeUp(t *testing.T) {
 	must.Eq(t, []string{staging, target}, h.mountPaths())
 	must.NoError(t, h.m.Teardown(ctx, "task-a"))
 	must.SliceEmpty(t, h.mountPaths())
+}
+
+// A repair that fails the same way pass after pass (here: another server
+// serves the id) tells the task once, and its message says what to do; a
+// repair that succeeds, then fails again, tells it again.
+func TestServer_repairFailingAgainIsToldOnce(t *testing.T) {
+	h := newHarness(t)
+	job := fullPlugin("p")
+	job.Server = `job "plugin" in namespace "default"`
+	h.setPlugin(job)
+	ctx := context.Background()
+	_, err := h.m.Setup(ctx, "task-a", []VolumeRequest{req("data", "vol1", "/data")})
+	must.NoError(t, err)
+	target := h.m.TargetPath("task-a", "data")
+	other := fullPlugin("p")
+	other.Socket = "/run/operator/p.sock"
+	other.Server = `socket "/run/operator/p.sock" in plugin_socket_dirs`
+	failures := func() int {
+		n := 0
+		for _, e := range h.eventMsgs() {
+			if strings.Contains(e, "Repair of stale volume") {
+				n++
+			}
+		}
+		return n
+	}
+
+	h.mnt.SetStale(target, true)
+	h.setPlugin(other)
+	for range 3 {
+		_, err = h.m.RepairStale(ctx, "p")
+		must.Error(t, err)
+	}
+	must.StrContains(t, err.Error(), `serve plugin "p" from job "plugin" in namespace "default" again`)
+	must.Eq(t, 1, failures(), must.Sprintf("events: %v", h.eventMsgs()))
+
+	h.setPlugin(job)
+	_, err = h.m.RepairStale(ctx, "p")
+	must.NoError(t, err)
+	h.mnt.SetStale(target, true)
+	h.setPlugin(other)
+	_, err = h.m.RepairStale(ctx, "p")
+	must.Error(t, err)
+	must.Eq(t, 2, failures(), must.Sprintf("events: %v", h.eventMsgs()))
+	h.setPlugin(job)
+	must.NoError(t, h.m.Teardown(ctx, "task-a"))
 }
