@@ -100,17 +100,28 @@ func (m *Manager) checkShare(taskID string, req VolumeRequest, volumeID string) 
 		// read/write access". The CSI spec's limit is about nodes, so
 		// on this node only the driver can keep a second allocation
 		// from writing; tasks of one allocation share its claim.
-		alloc := allocOf(taskID)
-		for _, ref := range others {
-			t := m.tasks[ref.taskID][ref.name]
-			if t.ReadOnly || allocOf(ref.taskID) == alloc {
-				continue
-			}
+		if ref, ok := m.otherAllocationLocked(taskID, others, true); ok {
 			return &conflictError{fmt.Sprintf("volume %q: volume_id %q is multi-node-single-writer and task %q%s has it published writable on this node, and one allocation may write it: set read_only = true to read it, stop that allocation first, or use access_mode = %q",
 				req.Name, volumeID, ref.taskID, ofAlloc(ref.taskID), AccessMultiNodeMultiWriter)}
 		}
 	}
 	return nil
+}
+
+// otherAllocationLocked returns the first of others that is a task of
+// another allocation than taskID's, only among those that write when
+// writers is set. The caller holds m.mu.
+func (m *Manager) otherAllocationLocked(taskID string, others []taskRef, writers bool) (taskRef, bool) {
+	alloc := allocOf(taskID)
+	for _, ref := range others {
+		if writers && m.tasks[ref.taskID][ref.name].ReadOnly {
+			continue
+		}
+		if allocOf(ref.taskID) != alloc {
+			return ref, true
+		}
+	}
+	return taskRef{}, false
 }
 
 // checkAllocShareLocked refuses a task a single-node-writer volume that
@@ -121,12 +132,9 @@ func (m *Manager) checkShare(taskID string, req VolumeRequest, volumeID string) 
 // tasks share that publish, with the same capability. The caller holds
 // m.mu.
 func (m *Manager) checkAllocShareLocked(taskID string, req VolumeRequest, volumeID string, others []taskRef) error {
-	alloc := allocOf(taskID)
-	for _, ref := range others {
-		if allocOf(ref.taskID) != alloc {
-			return &conflictError{fmt.Sprintf("volume %q: volume_id %q is single-node-writer and task %q%s already has it published writable on this node: stop that allocation first (its tasks share the volume), or use a multi-node access mode",
-				req.Name, volumeID, ref.taskID, ofAlloc(ref.taskID))}
-		}
+	if ref, ok := m.otherAllocationLocked(taskID, others, false); ok {
+		return &conflictError{fmt.Sprintf("volume %q: volume_id %q is single-node-writer and task %q%s already has it published writable on this node: stop that allocation first (its tasks share the volume), or use a multi-node access mode",
+			req.Name, volumeID, ref.taskID, ofAlloc(ref.taskID))}
 	}
 	// Whether the publish can be shared yet is for the setup to see,
 	// under the volume's lock: another task of the allocation may be
