@@ -76,7 +76,7 @@ type Manager struct {
 	// repairFailures holds, per task volume (repairKey), the last failed
 	// repair's event, so that a repair failing the same way pass after
 	// pass tells the task once (Nomad keeps a task's last ten events).
-	repairFailures map[repairFailureKey]string
+	repairFailures map[string]string
 	// staleChecks holds the paths whose stat by a repair has not returned
 	// (a hung network mount): they are not stat'ed again meanwhile.
 	staleChecks sync.Map

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sort"
+	"strings"
 	"time"
 
 	csi "github.com/container-storage-interface/spec/lib/go/csi"
@@ -227,7 +228,7 @@ func (m *Manager) repairVolume(ctx context.Context, k volKey) ([]Repaired, error
 		}
 		m.mu.Lock()
 		delete(m.repairing, repairKey(tr))
-		delete(m.repairFailures, repairFailureKey{tr.TaskID, tr.Name})
+		delete(m.repairFailures, repairKey(tr))
 		m.mu.Unlock()
 		out = append(out, Repaired{TaskID: tr.TaskID, Name: tr.Name, PluginID: tr.PluginID, VolumeID: tr.VolumeID,
 			HostPath: tr.Target, Destination: tr.Destination, ReadOnly: tr.ReadOnly})
@@ -254,9 +255,6 @@ func (m *Manager) repairFailed(dead []taskRecord, err error) error {
 	return err
 }
 
-// repairFailureKey names a task volume whose repair failed.
-type repairFailureKey struct{ taskID, name string }
-
 // repairFailureNew records msg as the last failed repair of tr's volume
 // and reports whether it differs from the one before. It forgets the
 // volumes of tasks whose records are gone.
@@ -264,14 +262,15 @@ func (m *Manager) repairFailureNew(tr taskRecord, msg string) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.repairFailures == nil {
-		m.repairFailures = map[repairFailureKey]string{}
+		m.repairFailures = map[string]string{}
 	}
 	for k := range m.repairFailures {
-		if _, ok := m.tasks[k.taskID][k.name]; !ok {
+		taskID, name, _ := strings.Cut(k, "\x00")
+		if _, ok := m.tasks[taskID][name]; !ok {
 			delete(m.repairFailures, k)
 		}
 	}
-	k := repairFailureKey{tr.TaskID, tr.Name}
+	k := repairKey(tr)
 	if m.repairFailures[k] == msg {
 		return false
 	}
@@ -336,7 +335,8 @@ func (m *Manager) detachIfStill(path string, callErr error) error {
 	return nil
 }
 
-// repairKey names a task volume in Manager.repairing.
+// repairKey names a task volume in Manager.repairing and
+// Manager.repairFailures.
 func repairKey(tr taskRecord) string { return tr.TaskID + "\x00" + tr.Name }
 
 // repairCandidateLocked reports whether a task volume is looked at by a
