@@ -280,9 +280,7 @@ func (s *Spares) Fill(binary string, logger hclog.Logger) {
 			delete(s.spares, binary)
 			delay := s.backoff(binary)
 			s.mu.Unlock()
-			sp.closeFiles()
-			sp.died(binary, delay, logger)
-			s.refill(binary, delay, logger)
+			s.replaceDead(binary, sp, delay, logger)
 			return
 		default:
 		}
@@ -315,8 +313,15 @@ func (s *Spares) dropDead(binary string, sp *spare, logger hclog.Logger) {
 	delete(s.spares, binary)
 	delay := s.backoff(binary)
 	s.mu.Unlock()
+	s.replaceDead(binary, sp, delay, logger)
+}
+
+// replaceDead lets go of sp, a spare of binary that died while it waited,
+// says so, and starts another after delay (backoff).
+func (s *Spares) replaceDead(binary string, sp *spare, delay time.Duration, logger hclog.Logger) {
 	sp.closeFiles()
-	sp.died(binary, delay, logger)
+	logger.Warn("a waiting spare supervisor died; starting another", "supervisor", binary,
+		"pid", sp.cmd.Process.Pid, "state", sp.cmd.ProcessState.String(), "start_in", delay.String())
 	s.refill(binary, delay, logger)
 }
 
@@ -349,12 +354,6 @@ func (s *Spares) refill(binary string, delay time.Duration, logger hclog.Logger)
 		after = func(d time.Duration, f func()) { time.AfterFunc(d, f) }
 	}
 	after(delay, func() { s.Fill(binary, logger) })
-}
-
-// died says that a waiting spare died, and when the next one starts.
-func (sp *spare) died(binary string, delay time.Duration, logger hclog.Logger) {
-	logger.Warn("a waiting spare supervisor died; starting another", "supervisor", binary,
-		"pid", sp.cmd.Process.Pid, "state", sp.cmd.ProcessState.String(), "start_in", delay.String())
 }
 
 // replace stops sp if it is still the spare of binary, and starts another.
