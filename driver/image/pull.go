@@ -297,11 +297,7 @@ func (s *Store) configBlob(ctx context.Context, ref Reference, src source, desc 
 		if _, err := os.Stat(s.configFetchedPath(want, key)); err != nil && !s.configServed(want, key) {
 			return nil
 		}
-		b, err := os.ReadFile(cache)
-		if err != nil || digestOf(b) != want {
-			return nil
-		}
-		return b
+		return s.storedConfig(want)
 	}
 	if b := cached(); b != nil {
 		return b, nil

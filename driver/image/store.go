@@ -294,11 +294,21 @@ func (s *Store) recordPath(digest string) string {
 	return filepath.Join(s.dir, "manifests", hexOf(digest)+".json")
 }
 
+// storedConfig is the configuration the store keeps under digest
+// (configs/<hex>.json), nil when it keeps none that matches the digest.
+func (s *Store) storedConfig(digest string) []byte {
+	b, err := os.ReadFile(s.configPath(digest))
+	if err != nil || digestOf(b) != digest {
+		return nil
+	}
+	return b
+}
+
 // storedStopSignal is the STOPSIGNAL of the configuration the store keeps
 // with digest, "" when it keeps none or that one does not match its digest.
 func (s *Store) storedStopSignal(digest string) string {
-	b, err := os.ReadFile(s.configPath(digest))
-	if err != nil || len(b) > maxConfigSize || digestOf(b) != digest {
+	b := s.storedConfig(digest)
+	if b == nil || len(b) > maxConfigSize {
 		return ""
 	}
 	var cfg v1.ConfigFile

@@ -767,6 +767,17 @@ func TestPullStopSignal(t *testing.T) {
 	must.NoError(t, err)
 	must.Eq(t, "SIGTERM", img.Config.StopSignal)
 
+	// A kept configuration that no longer matches its digest says
+	// nothing.
+	cfgPath := f.store.configPath(rec["config_digest"].(string))
+	kept, err := os.ReadFile(cfgPath)
+	must.NoError(t, err)
+	must.NoError(t, os.WriteFile(cfgPath, bytes.Replace(kept, []byte("SIGTERM"), []byte("SIGKILL"), 1), 0o600))
+	img, err = f.store.Pull(context.Background(), ref, PullRequest{})
+	must.NoError(t, err)
+	must.Eq(t, "", img.Config.StopSignal)
+	must.NoError(t, os.WriteFile(cfgPath, kept, 0o600))
+
 	// An image without one has none.
 	ref = f.layout(t, "plain", "1", mustImage(t, imagebuild.Spec{Cmd: []string{"/plugin"}}, baseLayer(t)))
 	img, err = f.store.Pull(context.Background(), ref, PullRequest{})
