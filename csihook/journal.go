@@ -471,6 +471,10 @@ type journalState struct {
 	// commit writes them, before it can drop what they were made from,
 	// and a compaction writes them with every other record.
 	owed map[volKey]bool
+	// dropped, when set, is told of each task record dropTask removes,
+	// with the journal's lock held: what the manager keeps in memory
+	// beside a record (its repair's state) leaves with it.
+	dropped func(taskRef)
 	// staleSecrets is set once a record whose disk form held secrets was
 	// replaced by one whose disk form holds none (or other ones), or was
 	// dropped: the log still holds secrets no live record does, until a
@@ -501,8 +505,13 @@ func (s *journalState) putTask(t taskRecord) {
 }
 
 func (s *journalState) dropTask(taskID, name string) {
-	if old, ok := s.tasks[taskID][name]; ok {
-		s.unindex(old)
+	old, ok := s.tasks[taskID][name]
+	if !ok {
+		return
+	}
+	s.unindex(old)
+	if s.dropped != nil {
+		s.dropped(taskRef{taskID, name})
 	}
 	delete(s.tasks[taskID], name)
 	if len(s.tasks[taskID]) == 0 {

@@ -71,7 +71,9 @@ type Manager struct {
 	// stats is the stats loop (stats.go); nil until StartStats.
 	stats *statsLoop
 	// repairing holds the task volumes (repairKey) whose repair unmounted
-	// them but did not publish them again yet: see repair.go.
+	// them but did not publish them again yet: see repair.go. Its entries
+	// and repairFailures' leave with their task records
+	// (forgetRepairLocked).
 	repairing map[string]bool
 	// repairFailures holds, per task volume (repairKey), the last failed
 	// repair's event, so that a repair failing the same way pass after
@@ -149,6 +151,9 @@ func New(cfg Config) (*Manager, error) {
 		unreleased: map[string]map[volKey]string{},
 		expandHeld: map[volKey]bool{},
 	}
+	j.mu.Lock()
+	j.state.dropped = m.forgetRepairLocked
+	j.mu.Unlock()
 	m.ctx, m.cancel = context.WithCancel(context.Background())
 	if vols, tasks := m.counts(); vols+tasks > 0 {
 		logger.Info("loaded volume journal", "volumes", vols, "task_volumes", tasks)

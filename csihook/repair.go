@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sort"
-	"strings"
 	"time"
 
 	csi "github.com/container-storage-interface/spec/lib/go/csi"
@@ -256,19 +255,12 @@ func (m *Manager) repairFailed(dead []taskRecord, err error) error {
 }
 
 // repairFailureNew records msg as the last failed repair of tr's volume
-// and reports whether it differs from the one before. It forgets the
-// volumes of tasks whose records are gone.
+// and reports whether it differs from the one before.
 func (m *Manager) repairFailureNew(tr taskRecord, msg string) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.repairFailures == nil {
 		m.repairFailures = map[string]string{}
-	}
-	for k := range m.repairFailures {
-		taskID, name, _ := strings.Cut(k, "\x00")
-		if _, ok := m.tasks[taskID][name]; !ok {
-			delete(m.repairFailures, k)
-		}
 	}
 	k := repairKey(tr)
 	if m.repairFailures[k] == msg {
@@ -337,7 +329,19 @@ func (m *Manager) detachIfStill(path string, callErr error) error {
 
 // repairKey names a task volume in Manager.repairing and
 // Manager.repairFailures.
-func repairKey(tr taskRecord) string { return tr.TaskID + "\x00" + tr.Name }
+func repairKey(tr taskRecord) string { return refKey(taskRef{tr.TaskID, tr.Name}) }
+
+func refKey(ref taskRef) string { return ref.taskID + "\x00" + ref.name }
+
+// forgetRepairLocked forgets what repairs left of a task volume whose
+// record is dropped (journalState.dropped): a task that came and went
+// leaves nothing behind, however its repairs ended. Every drop holds the
+// volume's lock, as a repair does throughout, so no repair of the record
+// records anything after it. The caller holds m.mu.
+func (m *Manager) forgetRepairLocked(ref taskRef) {
+	delete(m.repairing, refKey(ref))
+	delete(m.repairFailures, refKey(ref))
+}
 
 // repairCandidateLocked reports whether a task volume is looked at by a
 // repair: published, or left publishing by a repair that failed (its

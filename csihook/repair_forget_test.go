@@ -1,0 +1,100 @@
+package csihook
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"testing"
+
+	"github.com/shoenig/test/must"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// repairEntries returns the task volumes Manager.repairing and
+// Manager.repairFailures hold.
+func (m *Manager) repairEntries() (repairing, failures []string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for k := range m.repairing {
+		repairing = append(repairing, k)
+	}
+	for k := range m.repairFailures {
+		failures = append(failures, k)
+	}
+	return repairing, failures
+}
+
+// A node runs thousands of tasks over weeks: what a failed repair
+// remembers of a task volume goes with the task's record, so that tasks
+// that came and went leave nothing behind.
+func TestRepairStale_FailedRepairsForgottenWithTheirTasks(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	for i := range 20 {
+		task := fmt.Sprintf("task-%02d", i)
+		_, err := h.m.Setup(ctx, task, []VolumeRequest{req("data", fmt.Sprintf("vol-%02d", i), "/data")})
+		must.NoError(t, err)
+		h.mnt.SetStale(h.m.TargetPath(task, "data"), true)
+		h.fake.SetError(MethodNodePublishVolume, status.Error(codes.Internal, "backend gone"))
+		_, err = h.m.RepairStale(ctx, "p")
+		must.Error(t, err)
+		repairing, failures := h.m.repairEntries()
+		must.Eq(t, []string{task + "\x00data"}, repairing)
+		must.Eq(t, []string{task + "\x00data"}, failures)
+
+		h.fake.SetError(MethodNodePublishVolume, nil)
+		must.NoError(t, h.m.Teardown(ctx, task))
+		repairing, failures = h.m.repairEntries()
+		must.SliceEmpty(t, repairing, must.Sprintf("after the teardown of %s", task))
+		must.SliceEmpty(t, failures, must.Sprintf("after the teardown of %s", task))
+	}
+	must.SliceEmpty(t, h.journalRecords())
+}
+
+// A teardown that waits for a repair in flight on its volume drops what
+// the repair's failure recorded, once the repair lets the volume go.
+func TestRepairStale_TeardownWaitingOnFailingRepair(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	_, err := h.m.Setup(ctx, "task-a", []VolumeRequest{req("data", "vol1", "/data")})
+	must.NoError(t, err)
+	h.mnt.SetStale(h.m.TargetPath("task-a", "data"), true)
+	h.fake.SetError(MethodNodePublishVolume, status.Error(codes.Internal, "backend gone"))
+	release := h.fake.HangMethod(MethodNodePublishVolume)
+	t.Cleanup(release)
+	h.fake.ResetCalls()
+
+	repaired := make(chan error, 1)
+	go func() {
+		_, err := h.m.RepairStale(ctx, "p")
+		repaired <- err
+	}()
+	for h.fake.Count(MethodNodePublishVolume) == 0 {
+		runtime.Gosched()
+	}
+	tornDown := make(chan error, 1)
+	go func() { tornDown <- h.m.Teardown(ctx, "task-a") }()
+	// The teardown waits on the volume's lock, which the repair holds.
+	key := volKey{"p", "vol1"}.String()
+	for h.m.locks.waiters(key) < 2 {
+		runtime.Gosched()
+	}
+	release()
+	must.ErrorContains(t, <-repaired, "backend gone")
+	must.NoError(t, <-tornDown)
+	repairing, failures := h.m.repairEntries()
+	must.SliceEmpty(t, repairing)
+	must.SliceEmpty(t, failures)
+	must.SliceEmpty(t, h.journalRecords())
+}
+
+// waiters is how many hold or wait for key's lock.
+func (k *keyLocks) waiters(key string) int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if l, ok := k.locks[key]; ok {
+		return l.refs
+	}
+	return 0
+}
