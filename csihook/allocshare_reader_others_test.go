@@ -36,6 +36,13 @@ func TestClaims_SingleNodeWriter_ReaderOfAnotherAllocationRefused(t *testing.T) 
 					// The refusal names the task holding it, and what to do.
 					must.ErrorContains(t, err, fmt.Sprintf("task %q", holder))
 					must.ErrorContains(t, err, "stop that allocation first")
+					// It says how the holder has it, truly.
+					if holderReads {
+						must.ErrorContains(t, err, "read-only in that task")
+						must.StrNotContains(t, err.Error(), "writable")
+					} else {
+						must.ErrorContains(t, err, "already has it published writable on this node")
+					}
 					must.SliceEmpty(t, h.fake.Methods())
 					must.Eq(t, before, h.journalRecords())
 
@@ -45,4 +52,25 @@ func TestClaims_SingleNodeWriter_ReaderOfAnotherAllocationRefused(t *testing.T) 
 			}
 		}
 	}
+}
+
+// Of the tasks of the allocation holding a single-node-writer volume, the
+// refusal names one that writes it, if any, though a reader comes first.
+func TestClaims_SingleNodeWriter_RefusalNamesTheWriter(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	const reader, writer = "alloc-a/aaa/11111111", "alloc-a/app/22222222"
+	r := req("data", "vol1", "/data")
+	r.ReadOnly = true
+	_, err := h.m.Setup(ctx, reader, []VolumeRequest{r})
+	must.NoError(t, err)
+	_, err = h.m.Setup(ctx, writer, []VolumeRequest{req("data", "vol1", "/data")})
+	must.NoError(t, err)
+
+	_, err = h.m.Setup(ctx, "alloc-b/app/33333333", []VolumeRequest{r})
+	must.ErrorIs(t, err, ErrConflict)
+	must.ErrorContains(t, err, fmt.Sprintf(`task %q of allocation "alloc-a" already has it published writable on this node`, writer))
+	must.NoError(t, h.m.Teardown(ctx, writer))
+	must.NoError(t, h.m.Teardown(ctx, reader))
+	must.SliceEmpty(t, h.journalRecords())
 }

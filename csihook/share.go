@@ -132,9 +132,17 @@ func (m *Manager) otherAllocationLocked(taskID string, others []taskRef, writers
 // tasks share that publish, with the same capability. The caller holds
 // m.mu.
 func (m *Manager) checkAllocShareLocked(taskID string, req VolumeRequest, volumeID string, others []taskRef) error {
-	if ref, ok := m.otherAllocationLocked(taskID, others, false); ok {
-		return &conflictError{fmt.Sprintf("volume %q: volume_id %q is single-node-writer and task %q%s already has it published writable on this node: stop that allocation first (its tasks share the volume), or use a multi-node access mode",
-			req.Name, volumeID, ref.taskID, ofAlloc(ref.taskID))}
+	// The holder named is one that writes, if the other allocation has
+	// one: its readers share the publish with it.
+	ref, ok := m.otherAllocationLocked(taskID, others, true)
+	has := "already has it published writable on this node"
+	if !ok {
+		ref, ok = m.otherAllocationLocked(taskID, others, false)
+		has = "already has it published on this node (read-only in that task; the one publish serves that task's allocation)"
+	}
+	if ok {
+		return &conflictError{fmt.Sprintf("volume %q: volume_id %q is single-node-writer and task %q%s %s: stop that allocation first (its tasks share the volume), or use a multi-node access mode",
+			req.Name, volumeID, ref.taskID, ofAlloc(ref.taskID), has)}
 	}
 	// Whether the publish can be shared yet is for the setup to see,
 	// under the volume's lock: another task of the allocation may be
