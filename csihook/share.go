@@ -180,15 +180,19 @@ func groupOrNone(g string) string {
 // same target; the target is unpublished with the last of them
 // (sharedTarget).
 func (m *Manager) allocShare(taskID, name string, k volKey) (taskRecord, bool) {
+	alloc := allocOf(taskID)
+	return m.otherRecord(k, taskRef{taskID, name}, func(t taskRecord) bool {
+		return allocOf(t.TaskID) == alloc && t.AccessMode == AccessSingleNodeWriter && t.State == phasePublished
+	})
+}
+
+// otherRecord returns the first record of volume k other than self's
+// (another task, or another block of self's task) that match accepts.
+func (m *Manager) otherRecord(k volKey, self taskRef, match func(taskRecord) bool) (taskRecord, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	alloc := allocOf(taskID)
 	for _, ref := range m.byVolume[k] {
-		if ref == (taskRef{taskID, name}) {
-			continue
-		}
-		t, ok := m.tasks[ref.taskID][ref.name]
-		if ok && allocOf(ref.taskID) == alloc && t.AccessMode == AccessSingleNodeWriter && t.State == phasePublished {
+		if t, ok := m.tasks[ref.taskID][ref.name]; ok && ref != self && match(t) {
 			return t, true
 		}
 	}
@@ -212,17 +216,8 @@ func publishReadOnly(tr taskRecord) bool {
 // target: the publish serves another task of the allocation still, and
 // is not unpublished with tr.
 func (m *Manager) sharedTarget(tr taskRecord) bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	for _, ref := range m.byVolume[tr.key()] {
-		if ref == (taskRef{tr.TaskID, tr.Name}) {
-			continue
-		}
-		if t, ok := m.tasks[ref.taskID][ref.name]; ok && t.Target == tr.Target {
-			return true
-		}
-	}
-	return false
+	_, ok := m.otherRecord(tr.key(), taskRef{tr.TaskID, tr.Name}, func(t taskRecord) bool { return t.Target == tr.Target })
+	return ok
 }
 
 // ofAlloc words the allocation of a task ID for a message: ` of allocation
