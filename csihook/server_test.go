@@ -14,21 +14,13 @@ import (
 // found first), its teardown waits, and that server gets no call and none
 // of the volume's secrets, until the first server serves the id again.
 func TestServer_callsWaitForTheServerThatSetTheVolumeUp(t *testing.T) {
-	h := newHarness(t)
-	job := fullPlugin("p")
-	job.Server = `job "plugin" in namespace "default"`
-	h.setPlugin(job)
+	h, job, other := twoServers(t, fullPlugin)
 	ctx := context.Background()
-	_, err := h.m.Setup(ctx, "task-a", []VolumeRequest{req("data", "vol1", "/data")})
-	must.NoError(t, err)
 	setupCalls := len(h.fake.Calls())
 
 	h.restart()
-	other := fullPlugin("p")
-	other.Socket = "/run/operator/p.sock"
-	other.Server = `socket "/run/operator/p.sock" in plugin_socket_dirs`
 	h.setPlugin(other)
-	err = h.m.Teardown(ctx, "task-a")
+	err := h.m.Teardown(ctx, "task-a")
 	must.Error(t, err)
 	must.StrContains(t, err.Error(), `was set up through job "plugin" in namespace "default"`)
 	must.Eq(t, setupCalls, len(h.fake.Calls()), must.Sprintf("calls after the other server came: %v", h.fake.Calls()[setupCalls:]))
@@ -45,13 +37,8 @@ func TestServer_callsWaitForTheServerThatSetTheVolumeUp(t *testing.T) {
 // A server the driver cannot name (a plugin task not recovered yet) is not
 // told apart: the calls go ahead, as before servers were recorded.
 func TestServer_unnamedServerIsNotRefused(t *testing.T) {
-	h := newHarness(t)
-	job := fullPlugin("p")
-	job.Server = `job "plugin" in namespace "default"`
-	h.setPlugin(job)
+	h, _, _ := twoServers(t, fullPlugin)
 	ctx := context.Background()
-	_, err := h.m.Setup(ctx, "task-a", []VolumeRequest{req("data", "vol1", "/data")})
-	must.NoError(t, err)
 	h.restart()
 	h.setPlugin(fullPlugin("p"))
 	must.NoError(t, h.m.Teardown(ctx, "task-a"))
@@ -64,19 +51,11 @@ func TestServer_unnamedServerIsNotRefused(t *testing.T) {
 // answer is neither kept as the volume's stats nor told to the volume's
 // tasks as its condition.
 func TestServer_statsGoOnlyToTheServerThatSetTheVolumeUp(t *testing.T) {
-	h := newHarness(t)
-	job := statsPlugin("p")
-	job.Server = `job "plugin" in namespace "default"`
-	h.setPlugin(job)
+	h, job, other := twoServers(t, statsPlugin)
 	ctx := context.Background()
-	_, err := h.m.Setup(ctx, "task-a", []VolumeRequest{req("data", "vol1", "/data")})
-	must.NoError(t, err)
 
 	h.restart()
 	h.m.stats = newStatsLoop(time.Minute)
-	other := statsPlugin("p")
-	other.Socket = "/run/operator/p.sock"
-	other.Server = `socket "/run/operator/p.sock" in plugin_socket_dirs`
 	h.setPlugin(other)
 	h.fake.SetCondition("vol1", true, "the operator's plugin knows no such volume")
 	later := time.Now().Add(time.Hour)
@@ -104,20 +83,12 @@ func TestServer_statsGoOnlyToTheServerThatSetTheVolumeUp(t *testing.T) {
 // and the volume, no longer dead but no longer mounted, was never repaired
 // once the right server came back.
 func TestServer_repairWaitsForTheServerThatSetTheVolumeUp(t *testing.T) {
-	h := newHarness(t)
-	job := fullPlugin("p")
-	job.Server = `job "plugin" in namespace "default"`
-	h.setPlugin(job)
+	h, job, other := twoServers(t, fullPlugin)
 	ctx := context.Background()
-	_, err := h.m.Setup(ctx, "task-a", []VolumeRequest{req("data", "vol1", "/data")})
-	must.NoError(t, err)
 	target := h.m.TargetPath("task-a", "data")
 	staging := h.m.StagingPath("p", "vol1")
 	h.mnt.SetStale(target, true)
 
-	other := fullPlugin("p")
-	other.Socket = "/run/operator/p.sock"
-	other.Server = `socket "/run/operator/p.sock" in plugin_socket_dirs`
 	h.setPlugin(other)
 	h.fake.ResetCalls()
 	h.mnt.ResetActions()
@@ -143,17 +114,9 @@ func TestServer_repairWaitsForTheServerThatSetTheVolumeUp(t *testing.T) {
 // serves the id) tells the task once, and its message says what to do; a
 // repair that succeeds, then fails again, tells it again.
 func TestServer_repairFailingAgainIsToldOnce(t *testing.T) {
-	h := newHarness(t)
-	job := fullPlugin("p")
-	job.Server = `job "plugin" in namespace "default"`
-	h.setPlugin(job)
+	h, job, other := twoServers(t, fullPlugin)
 	ctx := context.Background()
-	_, err := h.m.Setup(ctx, "task-a", []VolumeRequest{req("data", "vol1", "/data")})
-	must.NoError(t, err)
 	target := h.m.TargetPath("task-a", "data")
-	other := fullPlugin("p")
-	other.Socket = "/run/operator/p.sock"
-	other.Server = `socket "/run/operator/p.sock" in plugin_socket_dirs`
 	failures := func() int {
 		n := 0
 		for _, e := range h.eventMsgs() {
@@ -166,6 +129,7 @@ func TestServer_repairFailingAgainIsToldOnce(t *testing.T) {
 
 	h.mnt.SetStale(target, true)
 	h.setPlugin(other)
+	var err error
 	for range 3 {
 		_, err = h.m.RepairStale(ctx, "p")
 		must.Error(t, err)
@@ -183,4 +147,22 @@ func TestServer_repairFailingAgainIsToldOnce(t *testing.T) {
 	must.Eq(t, 2, failures(), must.Sprintf("events: %v", h.eventMsgs()))
 	h.setPlugin(job)
 	must.NoError(t, h.m.Teardown(ctx, "task-a"))
+}
+
+// twoServers sets volume "data" (vol1) of task-a up through a job serving
+// plugin id "p" (made by plugin), and returns the harness, that job's
+// plugin, and another server of the id: a socket in plugin_socket_dirs,
+// which no call has gone to yet.
+func twoServers(t *testing.T, plugin func(id string) PluginInfo) (h *harness, job, other PluginInfo) {
+	t.Helper()
+	h = newHarness(t)
+	job = plugin("p")
+	job.Server = `job "plugin" in namespace "default"`
+	h.setPlugin(job)
+	_, err := h.m.Setup(context.Background(), "task-a", []VolumeRequest{req("data", "vol1", "/data")})
+	must.NoError(t, err)
+	other = plugin("p")
+	other.Socket = "/run/operator/p.sock"
+	other.Server = `socket "/run/operator/p.sock" in plugin_socket_dirs`
+	return h, job, other
 }
