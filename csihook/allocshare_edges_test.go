@@ -102,9 +102,7 @@ func TestClaims_SingleNodeWriter_SharingTaskWithAnotherContext(t *testing.T) {
 	_, err = h.m.Setup(ctx, "alloc-a/sidecar/33333333", []VolumeRequest{req("data", "vol1", "/data")})
 	must.NoError(t, err)
 	must.SliceEmpty(t, h.fake.Methods())
-	for _, id := range []string{"alloc-a/app/11111111", "alloc-a/sidecar/33333333"} {
-		must.NoError(t, h.m.Teardown(ctx, id))
-	}
+	h.teardownAll(ctx, "alloc-a/app/11111111", "alloc-a/sidecar/33333333")
 	must.SliceEmpty(t, h.journalRecords())
 }
 
@@ -184,12 +182,7 @@ func TestClaims_SingleNodeWriter_RecoveryRepublishesForTheSharerAlone(t *testing
 	h := newHarness(t)
 	ctx := context.Background()
 	const app, sidecar = "alloc-a/app/11111111", "alloc-a/backup/22222222"
-	var target string
-	for _, id := range []string{app, sidecar} {
-		pubs, err := h.m.Setup(ctx, id, []VolumeRequest{req("data", "vol1", "/data")})
-		must.NoError(t, err)
-		target = pubs[0].HostPath
-	}
+	target := h.shareData(ctx, app, sidecar)
 	h.restart()
 	for _, p := range h.mountPaths() {
 		must.NoError(t, h.mnt.Unmount(p))
@@ -249,9 +242,7 @@ func TestClaims_SingleNodeWriter_RepublishKeepsThePluginMountGroup(t *testing.T)
 		np = h.callsOf(MethodNodePublishVolume)
 		must.Len(t, 1, np)
 		must.Eq(t, "65534", np[0].Capability.GetMount().GetVolumeMountGroup(), must.Sprintf("repair, round %d", i))
-		for _, id := range []string{app, sidecar} {
-			must.NoError(t, h.m.Teardown(ctx, id))
-		}
+		h.teardownAll(ctx, app, sidecar)
 		must.SliceEmpty(t, h.journalRecords())
 	}
 }
@@ -274,9 +265,7 @@ func TestClaims_SingleNodeWriter_CreatedVolumeShares(t *testing.T) {
 		must.Eq(t, first[0].HostPath, pubs[0].HostPath)
 	}
 	must.Len(t, 1, h.callsOf(MethodNodePublishVolume))
-	for _, id := range []string{"alloc-a/app/11111111", "alloc-a/sidecar-c/22222222", "alloc-a/sidecar-n/22222222"} {
-		must.NoError(t, h.m.Teardown(ctx, id))
-	}
+	h.teardownAll(ctx, "alloc-a/app/11111111", "alloc-a/sidecar-c/22222222", "alloc-a/sidecar-n/22222222")
 	must.Len(t, 1, h.callsOf(MethodNodeUnpublishVolume))
 	must.SliceEmpty(t, h.journalRecords())
 }
@@ -299,9 +288,7 @@ func TestClaims_SingleNodeWriter_SharesAfterARestart(t *testing.T) {
 	must.NoError(t, err)
 	must.Eq(t, first[0].HostPath, pubs[0].HostPath)
 	must.SliceEmpty(t, h.fake.Methods())
-	for _, id := range []string{"alloc-a/app/11111111", "alloc-a/sidecar/22222222"} {
-		must.NoError(t, h.m.Teardown(ctx, id))
-	}
+	h.teardownAll(ctx, "alloc-a/app/11111111", "alloc-a/sidecar/22222222")
 	must.SliceEmpty(t, h.journalRecords())
 }
 
@@ -341,9 +328,7 @@ func TestClaims_SingleNodeWriter_TwoStartOneStops(t *testing.T) {
 			must.True(t, mounted, must.Sprintf("round %d: %s", i, starting[j]))
 		}
 		must.Eq(t, pubs[0][0].HostPath, pubs[1][0].HostPath, must.Sprintf("round %d: one publish", i))
-		for _, id := range starting {
-			must.NoError(t, h.m.Teardown(ctx, id))
-		}
+		h.teardownAll(ctx, starting...)
 		must.SliceEmpty(t, h.journalRecords())
 		must.SliceEmpty(t, h.mountPaths())
 		must.Eq(t, len(h.callsOf(MethodNodePublishVolume)), len(h.callsOf(MethodNodeUnpublishVolume)))

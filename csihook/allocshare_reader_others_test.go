@@ -70,7 +70,6 @@ func TestClaims_SingleNodeWriter_RefusalNamesTheWriter(t *testing.T) {
 	_, err = h.m.Setup(ctx, "alloc-b/app/33333333", []VolumeRequest{r})
 	must.ErrorIs(t, err, ErrConflict)
 	must.ErrorContains(t, err, fmt.Sprintf(`task %q of allocation "alloc-a" already has it published writable on this node`, writer))
-	must.NoError(t, h.m.Teardown(ctx, writer))
-	must.NoError(t, h.m.Teardown(ctx, reader))
+	h.teardownAll(ctx, writer, reader)
 	must.SliceEmpty(t, h.journalRecords())
 }

@@ -91,9 +91,7 @@ func TestClaims_SingleNodeWriter_ReaderBesideAWriterOfItsAllocation(t *testing.T
 			}
 
 			h.fake.ResetCalls()
-			for _, id := range []string{reader, "alloc-a/app/33333333"} {
-				must.NoError(t, h.m.Teardown(ctx, id))
-			}
+			h.teardownAll(ctx, reader, "alloc-a/app/33333333")
 			must.Len(t, 1, h.callsOf(MethodNodeUnpublishVolume))
 			must.SliceEmpty(t, h.journalRecords())
 			must.SliceEmpty(t, h.mountPaths())

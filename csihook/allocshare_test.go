@@ -98,12 +98,7 @@ func TestClaims_SingleNodeWriter_RecoveryKeepsTheAllocationsPublish(t *testing.T
 			h := newHarness(t)
 			ctx := context.Background()
 			tasks := []string{"alloc-a/app/11111111", "alloc-a/backup/22222222"}
-			var target string
-			for _, id := range tasks {
-				pubs, err := h.m.Setup(ctx, id, []VolumeRequest{req("data", "vol1", "/data")})
-				must.NoError(t, err)
-				target = pubs[0].HostPath
-			}
+			target := h.shareData(ctx, tasks...)
 			// The plugin makes target_path (CSI spec); the fake does not.
 			must.NoError(t, os.MkdirAll(target, 0o750))
 			must.Len(t, 1, h.callsOf(MethodNodePublishVolume))
@@ -168,9 +163,7 @@ func TestClaims_MultiNodeMultiWriter_ReadOnlyTask(t *testing.T) {
 	must.Len(t, 2, np)
 	must.False(t, np[0].Readonly)
 	must.True(t, np[1].Readonly)
-	for _, id := range []string{"alloc-a/writer/11111111", "alloc-b/reader/22222222"} {
-		must.NoError(t, h.m.Teardown(ctx, id))
-	}
+	h.teardownAll(ctx, "alloc-a/writer/11111111", "alloc-b/reader/22222222")
 	must.SliceEmpty(t, h.journalRecords())
 }
 
@@ -196,9 +189,7 @@ func TestClaims_SingleNodeWriter_TasksOfOneAllocationStartTogether(t *testing.T)
 		must.Eq(t, pubs[0][0].HostPath, pubs[i][0].HostPath)
 	}
 	must.Len(t, 1, h.callsOf(MethodNodePublishVolume))
-	for _, id := range tasks {
-		must.NoError(t, h.m.Teardown(ctx, id))
-	}
+	h.teardownAll(ctx, tasks...)
 	must.Len(t, 1, h.callsOf(MethodNodeUnpublishVolume))
 	must.Len(t, 1, h.callsOf(MethodNodeUnstageVolume))
 	must.SliceEmpty(t, h.journalRecords())
@@ -210,12 +201,7 @@ func TestClaims_SingleNodeWriter_RecoveryRepublishesTheSharedTargetOnce(t *testi
 	h := newHarness(t)
 	ctx := context.Background()
 	tasks := []string{"alloc-a/app/11111111", "alloc-a/backup/22222222"}
-	var target string
-	for _, id := range tasks {
-		pubs, err := h.m.Setup(ctx, id, []VolumeRequest{req("data", "vol1", "/data")})
-		must.NoError(t, err)
-		target = pubs[0].HostPath
-	}
+	target := h.shareData(ctx, tasks...)
 	h.restart()
 	must.NoError(t, h.mnt.Unmount(target))
 	h.fake.ResetCalls()
@@ -223,9 +209,7 @@ func TestClaims_SingleNodeWriter_RecoveryRepublishesTheSharedTargetOnce(t *testi
 	h.waitIdle()
 	must.Len(t, 1, h.callsOf(MethodNodePublishVolume))
 	must.Eq(t, target, h.callsOf(MethodNodePublishVolume)[0].TargetPath)
-	for _, id := range tasks {
-		must.NoError(t, h.m.Teardown(ctx, id))
-	}
+	h.teardownAll(ctx, tasks...)
 	must.Len(t, 1, h.callsOf(MethodNodeUnpublishVolume))
 	must.SliceEmpty(t, h.journalRecords())
 }
@@ -237,12 +221,7 @@ func TestClaims_SingleNodeWriter_RepairOfTheSharedPublish(t *testing.T) {
 	h := newHarness(t)
 	ctx := context.Background()
 	tasks := []string{"alloc-a/app/11111111", "alloc-a/backup/22222222"}
-	var target string
-	for _, id := range tasks {
-		pubs, err := h.m.Setup(ctx, id, []VolumeRequest{req("data", "vol1", "/data")})
-		must.NoError(t, err)
-		target = pubs[0].HostPath
-	}
+	target := h.shareData(ctx, tasks...)
 	h.mnt.SetStale(target, true)
 	h.fake.ResetCalls()
 	rep, err := h.m.RepairStale(ctx, "p")
@@ -253,9 +232,32 @@ func TestClaims_SingleNodeWriter_RepairOfTheSharedPublish(t *testing.T) {
 		must.Eq(t, tasks[i], r.TaskID)
 		must.Eq(t, target, r.HostPath)
 	}
-	for _, id := range tasks {
-		must.NoError(t, h.m.Teardown(ctx, id))
-	}
+	h.teardownAll(ctx, tasks...)
 	must.SliceEmpty(t, h.journalRecords())
 	must.SliceEmpty(t, h.mountPaths())
+}
+
+// shareData sets volume "data" (vol1 of plugin p, at /data) up for each
+// task in turn, tasks of one allocation sharing one publish, and returns
+// its target, which each of them must have been given.
+func (h *harness) shareData(ctx context.Context, tasks ...string) string {
+	h.t.Helper()
+	var target string
+	for _, id := range tasks {
+		pubs, err := h.m.Setup(ctx, id, []VolumeRequest{req("data", "vol1", "/data")})
+		must.NoError(h.t, err)
+		if target == "" {
+			target = pubs[0].HostPath
+		}
+		must.Eq(h.t, target, pubs[0].HostPath, must.Sprintf("task %s", id))
+	}
+	return target
+}
+
+// teardownAll tears each task down, which must succeed.
+func (h *harness) teardownAll(ctx context.Context, tasks ...string) {
+	h.t.Helper()
+	for _, id := range tasks {
+		must.NoError(h.t, h.m.Teardown(ctx, id))
+	}
 }
