@@ -226,7 +226,9 @@ func (m *Manager) taskDir(taskID string) string {
 	return filepath.Join(m.cfg.Root, "publish", ShortHash(taskID))
 }
 
-// Users returns how many task volumes use a volume on this node.
+// Users returns how many task volumes use a volume on this node. Nothing
+// in the driver decides by it: it is how the driver package's tests see a
+// volume's users (what releases it) from outside this package.
 func (m *Manager) Users(pluginID, volumeID string) int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
