@@ -75,9 +75,10 @@ type Manager struct {
 	// and repairFailures' leave with their task records
 	// (forgetRepairLocked).
 	repairing map[string]bool
-	// repairFailures holds, per task volume (repairKey), the last failed
-	// repair's event, so that a repair failing the same way pass after
-	// pass tells the task once (Nomad keeps a task's last ten events).
+	// repairFailures holds, per task volume (repairKey), how the last
+	// repair failed (failureKind), so that a repair failing the same way
+	// pass after pass tells the task once (Nomad keeps a task's last ten
+	// events).
 	repairFailures map[string]string
 	// staleChecks holds the paths whose stat by a repair has not returned
 	// (a hung network mount): they are not stat'ed again meanwhile.

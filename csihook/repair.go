@@ -174,11 +174,17 @@ func (m *Manager) repairVolume(ctx context.Context, k volKey) ([]Repaired, error
 	// The task records stay "published" meanwhile: should the driver stop
 	// half way, recovery and teardown unpublish them as they would any
 	// published volume, which is harmless on a path already unmounted.
+	// A task is told once that its volume is stale: a repair that
+	// failed leaves it repairing, and the passes after it (the driver's
+	// periodic check) try again without a word until one succeeds or
+	// fails another way (repairFailed).
+	tell := map[string]bool{}
 	m.mu.Lock()
 	if m.repairing == nil {
 		m.repairing = map[string]bool{}
 	}
 	for _, tr := range dead {
+		tell[repairKey(tr)] = !m.repairing[repairKey(tr)]
 		m.repairing[repairKey(tr)] = true
 	}
 	m.mu.Unlock()
@@ -188,8 +194,10 @@ func (m *Manager) repairVolume(ctx context.Context, k volKey) ([]Repaired, error
 	taken := map[string]bool{}
 	groupFirst(dead)
 	for _, tr := range dead {
-		m.event(tr.TaskID, fmt.Sprintf("Volume %q is stale (its mount is dead after plugin %q restarted); repairing", tr.Name, tr.PluginID),
-			annotations(tr.Name, tr.PluginID, tr.VolumeID))
+		if tell[repairKey(tr)] {
+			m.event(tr.TaskID, fmt.Sprintf("Volume %q is stale (its mount is dead after plugin %q restarted); repairing", tr.Name, tr.PluginID),
+				annotations(tr.Name, tr.PluginID, tr.VolumeID))
+		}
 		if taken[tr.Target] {
 			continue
 		}
@@ -245,7 +253,7 @@ func (m *Manager) repairVolume(ctx context.Context, k volKey) ([]Repaired, error
 func (m *Manager) repairFailed(dead []taskRecord, err error) error {
 	for _, tr := range dead {
 		msg := fmt.Sprintf("Repair of stale volume %q failed: %s", tr.Name, summary(err))
-		if m.repairFailureNew(tr, msg) {
+		if m.repairFailureNew(tr, failureKind(err)) {
 			m.event(tr.TaskID, msg, annotations(tr.Name, tr.PluginID, tr.VolumeID))
 		} else {
 			m.logger.Debug("repair failed as before", "task_id", tr.TaskID, "volume", tr.Name, "error", summary(err))
@@ -254,20 +262,31 @@ func (m *Manager) repairFailed(dead []taskRecord, err error) error {
 	return err
 }
 
-// repairFailureNew records msg as the last failed repair of tr's volume
-// and reports whether it differs from the one before.
-func (m *Manager) repairFailureNew(tr taskRecord, msg string) bool {
+// repairFailureNew records kind (failureKind) as the last failed repair
+// of tr's volume and reports whether it differs from the one before.
+func (m *Manager) repairFailureNew(tr taskRecord, kind string) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.repairFailures == nil {
 		m.repairFailures = map[string]string{}
 	}
 	k := repairKey(tr)
-	if m.repairFailures[k] == msg {
+	if m.repairFailures[k] == kind {
 		return false
 	}
-	m.repairFailures[k] = msg
+	m.repairFailures[k] = kind
 	return true
+}
+
+// failureKind is what tells one way a repair fails from another: the call
+// that failed and its code. Not the plugin's message, which may change
+// with each answer (a request id, a time, an attempt count) while the
+// failure stays the same. A failure of no call is its text.
+func failureKind(err error) string {
+	if oes := opErrors(err); len(oes) > 0 {
+		return oes[0].Method + "\x00" + oes[0].Code.String()
+	}
+	return err.Error()
 }
 
 // takeDeadPublish unpublishes a dead publish target: through the plugin,

@@ -1,0 +1,68 @@
+package csihook
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/shoenig/test/must"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// countEvents counts the events that contain sub.
+func countEvents(h *harness, sub string) int {
+	n := 0
+	for _, e := range h.eventMsgs() {
+		if strings.Contains(e, sub) {
+			n++
+		}
+	}
+	return n
+}
+
+// A repair that fails pass after pass (every 30 s, by the driver's
+// periodic check) tells the task once that the volume is stale and once
+// that its repair failed, even when the plugin's message changes with
+// each answer (a request id, a time): Nomad keeps a task's last ten
+// events, and the task's own must not be pushed out by these. A failure
+// of another kind is told, and a volume repaired and then dead again is
+// told again.
+func TestRepairStale_FailingPassesTellTheTaskOnce(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	_, err := h.m.Setup(ctx, "task-a", []VolumeRequest{req("data", "vol1", "/data")})
+	must.NoError(t, err)
+	target := h.m.TargetPath("task-a", "data")
+	pass := func(code codes.Code, i int) {
+		t.Helper()
+		h.fake.SetError(MethodNodePublishVolume, status.Error(code, fmt.Sprintf("backend gone (request %d)", i)))
+		_, err := h.m.RepairStale(ctx, "p")
+		must.Error(t, err)
+	}
+	const stale, failed = `Volume "data" is stale`, `Repair of stale volume "data" failed`
+
+	h.mnt.SetStale(target, true)
+	for i := range 5 {
+		pass(codes.Internal, i)
+	}
+	must.Eq(t, 1, countEvents(h, stale), must.Sprint(h.eventMsgs()))
+	must.Eq(t, 1, countEvents(h, failed), must.Sprint(h.eventMsgs()))
+	pass(codes.ResourceExhausted, 5)
+	must.Eq(t, 1, countEvents(h, stale), must.Sprint(h.eventMsgs()))
+	must.Eq(t, 2, countEvents(h, failed), must.Sprint(h.eventMsgs()))
+
+	h.fake.SetError(MethodNodePublishVolume, nil)
+	rep, err := h.m.RepairStale(ctx, "p")
+	must.NoError(t, err)
+	must.SliceLen(t, 1, rep)
+	h.mnt.SetStale(target, true)
+	pass(codes.Internal, 6)
+	must.Eq(t, 2, countEvents(h, stale), must.Sprint(h.eventMsgs()))
+	must.Eq(t, 3, countEvents(h, failed), must.Sprint(h.eventMsgs()))
+
+	h.fake.SetError(MethodNodePublishVolume, nil)
+	must.NoError(t, h.m.Teardown(ctx, "task-a"))
+	must.SliceEmpty(t, h.journalRecords())
+}
