@@ -137,7 +137,14 @@ func (m *Manager) repairVolume(ctx context.Context, k volKey) ([]Repaired, error
 		// an earlier repair unmounted is published again whatever it is.
 		if stale || stagingDead || tr.State != phasePublished {
 			dead = append(dead, tr)
+			continue
 		}
+		// Alive again without a repair (a daemon that reconnected while
+		// the repair failed): what the failed repair remembers of it
+		// goes, so that its next death is told as the first was.
+		m.mu.Lock()
+		m.forgetRepairLocked(taskRef{tr.TaskID, tr.Name})
+		m.mu.Unlock()
 	}
 	if len(dead) == 0 && !stagingDead {
 		return nil, nil

@@ -3,6 +3,7 @@ package csihook
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -63,6 +64,57 @@ func TestRepairStale_FailingPassesTellTheTaskOnce(t *testing.T) {
 	must.Eq(t, 3, countEvents(h, failed), must.Sprint(h.eventMsgs()))
 
 	h.fake.SetError(MethodNodePublishVolume, nil)
+	must.NoError(t, h.m.Teardown(ctx, "task-a"))
+	must.SliceEmpty(t, h.journalRecords())
+}
+
+// A dead mount that comes back by itself (a FUSE daemon that reconnects
+// while the repair's NodeUnpublishVolume fails) ends what the failed
+// repair remembers of it: when the volume dies again, the task is told it
+// is stale, and told the repair's failure, as the first time.
+func TestRepairStale_RelapseAfterTheMountCameBackIsTold(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	_, err := h.m.Setup(ctx, "task-a", []VolumeRequest{req("data", "vol1", "/data")})
+	must.NoError(t, err)
+	target := h.m.TargetPath("task-a", "data")
+	const stale, failed = `Volume "data" is stale`, `Repair of stale volume "data" failed`
+	h.fake.SetError(MethodNodeUnpublishVolume, status.Error(codes.Internal, "daemon busy"))
+	// The mount comes back alive while the plugin fails to unpublish it:
+	// the repair fails (the live mount is still there), leaving the
+	// volume healthy.
+	dieAndComeBack := func() {
+		t.Helper()
+		h.mnt.SetStale(target, true)
+		release := h.fake.HangMethod(MethodNodeUnpublishVolume)
+		defer release()
+		h.fake.ResetCalls()
+		done := make(chan error, 1)
+		go func() {
+			_, err := h.m.RepairStale(ctx, "p")
+			done <- err
+		}()
+		for h.fake.Count(MethodNodeUnpublishVolume) == 0 {
+			runtime.Gosched()
+		}
+		h.mnt.SetStale(target, false)
+		release()
+		must.ErrorContains(t, <-done, "daemon busy")
+	}
+
+	dieAndComeBack()
+	must.Eq(t, 1, countEvents(h, stale), must.Sprint(h.eventMsgs()))
+	must.Eq(t, 1, countEvents(h, failed), must.Sprint(h.eventMsgs()))
+	// The next pass finds it healthy.
+	rep, err := h.m.RepairStale(ctx, "p")
+	must.NoError(t, err)
+	must.SliceEmpty(t, rep)
+
+	dieAndComeBack()
+	must.Eq(t, 2, countEvents(h, stale), must.Sprint(h.eventMsgs()))
+	must.Eq(t, 2, countEvents(h, failed), must.Sprint(h.eventMsgs()))
+
+	h.fake.SetError(MethodNodeUnpublishVolume, nil)
 	must.NoError(t, h.m.Teardown(ctx, "task-a"))
 	must.SliceEmpty(t, h.journalRecords())
 }
