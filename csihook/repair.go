@@ -286,12 +286,16 @@ func (m *Manager) repairFailureNew(tr taskRecord, kind string) bool {
 }
 
 // failureKind is what tells one way a repair fails from another: the call
-// that failed and its code. Not the plugin's message, which may change
-// with each answer (a request id, a time, an attempt count) while the
-// failure stays the same. A failure of no call is its text.
+// that failed, its code and its hint (what the operator is told to do).
+// Not the plugin's message, which may change with each answer (a request
+// id, a time, an attempt count) while the failure stays the same. The
+// hint tells the driver's own findings apart from a plugin's answer of
+// the same call and code: a volume waiting for its own server
+// (serverRefusal) after the plugin answered Unavailable, a plugin that
+// answered OK without mounting. A failure of no call is its text.
 func failureKind(err error) string {
 	if oes := opErrors(err); len(oes) > 0 {
-		return oes[0].Method + "\x00" + oes[0].Code.String()
+		return oes[0].Method + "\x00" + oes[0].Code.String() + "\x00" + oes[0].Hint
 	}
 	return err.Error()
 }

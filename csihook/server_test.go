@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/shoenig/test/must"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // A volume's calls go to the server that set it up: once another server
@@ -165,4 +167,34 @@ func twoServers(t *testing.T, plugin func(id string) PluginInfo) (h *harness, jo
 	other.Socket = "/run/operator/p.sock"
 	other.Server = `socket "/run/operator/p.sock" in plugin_socket_dirs`
 	return h, job, other
+}
+
+// A repair whose publish the plugin answered Unavailable (it was
+// restarting), and that then waits for the volume's own server because
+// another began to serve the id, tells the task that too: the same call
+// and code, but a failure of another kind, whose message says what the
+// operator must do.
+func TestServer_repairWaitingForItsServerAfterAnUnavailablePluginIsTold(t *testing.T) {
+	h, job, other := twoServers(t, fullPlugin)
+	ctx := context.Background()
+	target := h.m.TargetPath("task-a", "data")
+	const failed = `Repair of stale volume "data" failed`
+
+	h.mnt.SetStale(target, true)
+	h.fake.SetError(MethodNodePublishVolume, status.Error(codes.Unavailable, "restarting"))
+	_, err := h.m.RepairStale(ctx, "p")
+	must.ErrorContains(t, err, "restarting")
+	must.Eq(t, 1, countEvents(h, failed), must.Sprint(h.eventMsgs()))
+
+	h.fake.SetError(MethodNodePublishVolume, nil)
+	h.setPlugin(other)
+	_, err = h.m.RepairStale(ctx, "p")
+	must.ErrorContains(t, err, "serves the plugin id now")
+	must.Eq(t, 2, countEvents(h, failed), must.Sprint(h.eventMsgs()))
+	msgs := h.eventMsgs()
+	must.StrContains(t, msgs[len(msgs)-1], "serves the plugin id now")
+
+	h.setPlugin(job)
+	must.NoError(t, h.m.Teardown(ctx, "task-a"))
+	must.SliceEmpty(t, h.journalRecords())
 }
