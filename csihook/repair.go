@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"math/rand/v2"
 	"sort"
 	"time"
@@ -138,6 +139,28 @@ func (m *Manager) repairVolume(ctx context.Context, k volKey) ([]Repaired, error
 		if stale || stagingDead || tr.State != phasePublished {
 			dead = append(dead, tr)
 			continue
+		}
+		// A repair that took the dead publish away and failed before
+		// it recorded publishing again (the plugin died again, a
+		// commit failed) left the record "published" on a path that
+		// is no mount any more: published again like one it left
+		// "publishing".
+		m.mu.Lock()
+		left := m.repairing[repairKey(tr)]
+		m.mu.Unlock()
+		if left {
+			// A symbolic link there is no publish (ensurePublished
+			// refuses it): never followed to a mount elsewhere.
+			mounted := false
+			if !targetIsSymlink(tr.Target) {
+				if mounted, err = m.cfg.Mounter.IsMountPoint(tr.Target); err != nil && !errors.Is(err, fs.ErrNotExist) {
+					return nil, fmt.Errorf("failed to check the mount %q of volume %q: %w", tr.Target, tr.Name, err)
+				}
+			}
+			if !mounted {
+				dead = append(dead, tr)
+				continue
+			}
 		}
 		// Alive again without a repair (a daemon that reconnected while
 		// the repair failed): what the failed repair remembers of it
