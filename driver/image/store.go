@@ -188,15 +188,20 @@ func (s *Store) Path() string { return s.dir }
 
 // record is an image in the store: manifests/<hex>.json.
 type record struct {
-	Digest       string        `json:"digest"`
-	IndexDigest  string        `json:"index_digest,omitempty"`
-	ConfigDigest string        `json:"config_digest,omitempty"`
-	Refs         []string      `json:"refs"`
-	Config       Config        `json:"config"`
-	Platform     string        `json:"platform,omitempty"`
-	Layers       []layerRecord `json:"layers"`
-	PulledAt     time.Time     `json:"pulled_at"`
-	LastUsed     time.Time     `json:"last_used"`
+	Digest       string   `json:"digest"`
+	IndexDigest  string   `json:"index_digest,omitempty"`
+	ConfigDigest string   `json:"config_digest,omitempty"`
+	Refs         []string `json:"refs"`
+	Config       Config   `json:"config"`
+	// StopSignalKnown says Config.StopSignal is the configuration's (""
+	// for none). A record written before stop signals were kept lacks it:
+	// the configuration kept beside it is read once, under meta.lock, and
+	// the record written back with it (see knowStopSignal).
+	StopSignalKnown bool          `json:"stop_signal_known,omitempty"`
+	Platform        string        `json:"platform,omitempty"`
+	Layers          []layerRecord `json:"layers"`
+	PulledAt        time.Time     `json:"pulled_at"`
+	LastUsed        time.Time     `json:"last_used"`
 	// AuthKeys are the credentials its registry served it to (authKey:
 	// "" for none of the task's): the store serves it without asking the
 	// registry (by digest, by a tag it resolved to, or while the registry
@@ -305,17 +310,37 @@ func (s *Store) storedConfig(digest string) []byte {
 }
 
 // storedStopSignal is the STOPSIGNAL of the configuration the store keeps
-// with digest, "" when it keeps none or that one does not match its digest.
-func (s *Store) storedStopSignal(digest string) string {
+// with digest ("" for none); ok is false when it keeps none, or none that
+// matches its digest and decodes.
+func (s *Store) storedStopSignal(digest string) (_ string, ok bool) {
 	b := s.storedConfig(digest)
 	if b == nil || len(b) > maxConfigSize {
-		return ""
+		return "", false
 	}
 	var cfg v1.ConfigFile
 	if json.Unmarshal(b, &cfg) != nil {
-		return ""
+		return "", false
 	}
-	return cfg.Config.StopSignal
+	return cfg.Config.StopSignal, true
+}
+
+// knowStopSignal fills in r's stop signal from the configuration kept
+// beside it, when r was written before stop signals were kept, and says
+// whether it did: the caller, holding meta.lock, writes r back, so the
+// configuration (up to maxConfigSize) is read once, not at every pull. A
+// configuration the store lacks or that fails its digest leaves r as it
+// is: its stop signal stays unknown, and the image stops with its task's
+// kill_signal or SIGINT.
+func (s *Store) knowStopSignal(r *record) bool {
+	if r.StopSignalKnown || r.ConfigDigest == "" {
+		return false
+	}
+	sig, ok := s.storedStopSignal(r.ConfigDigest)
+	if !ok {
+		return false
+	}
+	r.Config.StopSignal, r.StopSignalKnown = sig, true
+	return true
 }
 
 func (s *Store) configPath(digest string) string {
@@ -329,11 +354,6 @@ func (s *Store) LayerPath(diffID string) string { return filepath.Join(s.layerDi
 
 func (s *Store) image(r *record, ref string) *Image {
 	img := &Image{Ref: ref, Digest: r.Digest, IndexDigest: r.IndexDigest, Config: r.Config}
-	if img.Config.StopSignal == "" && r.ConfigDigest != "" {
-		// A record written before the stop signal was kept: the image's
-		// configuration, kept beside it, says.
-		img.Config.StopSignal = s.storedStopSignal(r.ConfigDigest)
-	}
 	for _, l := range r.Layers {
 		img.Layers = append(img.Layers, s.LayerPath(l.DiffID))
 	}
@@ -696,7 +716,7 @@ func (s *Store) pull(ctx context.Context, ref Reference, auth *Credentials, forc
 		return nil, err
 	}
 	rec := &record{Digest: res.digest, IndexDigest: res.indexDigest, ConfigDigest: res.manifest.Config.Digest.String(), Config: configOf(cfg),
-		Platform: platformString(cfg.Platform()), PulledAt: s.now().UTC()}
+		StopSignalKnown: true, Platform: platformString(cfg.Platform()), PulledAt: s.now().UTC()}
 	var created []string
 	for attempt := 1; ; attempt++ {
 		var (
@@ -788,6 +808,7 @@ func (s *Store) commit(ctx context.Context, rec *record, fresh bool, ref, key st
 	// since (or never had a time here).
 	moved := resolved && (rec.resolvedAt(ref).IsZero() || s.resolvedElsewhere(ref, rec.Digest, rec.resolvedAt(ref)))
 	changed := fresh || moved || !rec.allows(key) || !slices.Contains(rec.Refs, ref)
+	changed = s.knowStopSignal(rec) || changed
 	for _, w := range f.waiters {
 		changed = changed || w.Use == nil
 	}

@@ -742,45 +742,79 @@ func TestPullCompressions(t *testing.T) {
 }
 
 // The image's STOPSIGNAL comes with its configuration, from a pull and
-// from the store; an image a build that kept no stop signal recorded gets
-// it from the configuration the store keeps beside the record.
+// from the store. An image a build that kept no stop signal recorded gets
+// it from the configuration the store keeps beside the record, once: the
+// record is written back with it, and later pulls do not read the
+// configuration again (here, they find it gone), also when the image has
+// no STOPSIGNAL. A configuration that fails its digest says nothing, and
+// is not taken for "none".
 func TestPullStopSignal(t *testing.T) {
 	f := newFixture(t)
+	// As tasks pull: with a lease, which alone changes no record.
+	n := 0
+	pull := func(ref string) string {
+		t.Helper()
+		n++
+		img, err := f.store.Pull(context.Background(), ref, PullRequest{Use: &Use{TaskID: fmt.Sprintf("alloc/task/%d", n)}})
+		must.NoError(t, err)
+		return img.Config.StopSignal
+	}
+	// oldRecord makes the record of ref's image as an earlier build wrote
+	// it: no StopSignal, not known; and returns its configuration's path.
+	oldRecord := func(ref string) string {
+		t.Helper()
+		img, err := f.store.Pull(context.Background(), ref, PullRequest{})
+		must.NoError(t, err)
+		path := f.store.recordPath(img.Digest)
+		b, err := os.ReadFile(path)
+		must.NoError(t, err)
+		var rec map[string]any
+		must.NoError(t, json.Unmarshal(b, &rec))
+		must.Eq(t, true, rec["stop_signal_known"].(bool))
+		delete(rec, "stop_signal_known")
+		delete(rec["config"].(map[string]any), "StopSignal")
+		b, err = json.Marshal(rec)
+		must.NoError(t, err)
+		must.NoError(t, os.WriteFile(path, b, 0o600))
+		return f.store.configPath(rec["config_digest"].(string))
+	}
+	known := func(ref string) bool {
+		t.Helper()
+		r, _ := f.store.findRef(ref, "")
+		must.NotNil(t, r)
+		return r.StopSignalKnown
+	}
+
 	ref := f.layout(t, "app", "1", mustImage(t, imagebuild.Spec{Cmd: []string{"/plugin"}, StopSignal: "SIGTERM"}, baseLayer(t)))
-	img, err := f.store.Pull(context.Background(), ref, PullRequest{})
-	must.NoError(t, err)
-	must.Eq(t, "SIGTERM", img.Config.StopSignal)
+	must.Eq(t, "SIGTERM", pull(ref))
 
-	// The record as an earlier build wrote it: no StopSignal.
-	path := f.store.recordPath(img.Digest)
-	b, err := os.ReadFile(path)
-	must.NoError(t, err)
-	var rec map[string]any
-	must.NoError(t, json.Unmarshal(b, &rec))
-	cfg := rec["config"].(map[string]any)
-	must.Eq(t, "SIGTERM", cfg["StopSignal"].(string))
-	delete(cfg, "StopSignal")
-	b, err = json.Marshal(rec)
-	must.NoError(t, err)
-	must.NoError(t, os.WriteFile(path, b, 0o600))
-	img, err = f.store.Pull(context.Background(), ref, PullRequest{})
-	must.NoError(t, err)
-	must.Eq(t, "SIGTERM", img.Config.StopSignal)
-
-	// A kept configuration that no longer matches its digest says
-	// nothing.
-	cfgPath := f.store.configPath(rec["config_digest"].(string))
+	cfgPath := oldRecord(ref)
 	kept, err := os.ReadFile(cfgPath)
 	must.NoError(t, err)
+	// A kept configuration that no longer matches its digest says
+	// nothing, and the record stays as it was.
 	must.NoError(t, os.WriteFile(cfgPath, bytes.Replace(kept, []byte("SIGTERM"), []byte("SIGKILL"), 1), 0o600))
-	img, err = f.store.Pull(context.Background(), ref, PullRequest{})
-	must.NoError(t, err)
-	must.Eq(t, "", img.Config.StopSignal)
+	must.Eq(t, "", pull(ref))
+	must.False(t, known(ref), must.Sprint("a configuration that fails its digest taken for no STOPSIGNAL"))
 	must.NoError(t, os.WriteFile(cfgPath, kept, 0o600))
+	must.Eq(t, "SIGTERM", pull(ref))
+	must.True(t, known(ref))
+	// Read once: the next pulls need no configuration.
+	must.NoError(t, os.Rename(cfgPath, cfgPath+".away"))
+	must.Eq(t, "SIGTERM", pull(ref))
+	must.Eq(t, "SIGTERM", pull(ref))
+	must.NoError(t, os.Rename(cfgPath+".away", cfgPath))
 
-	// An image without one has none.
+	// An image without one has none, and an old record of it learns so
+	// once too.
 	ref = f.layout(t, "plain", "1", mustImage(t, imagebuild.Spec{Cmd: []string{"/plugin"}}, baseLayer(t)))
-	img, err = f.store.Pull(context.Background(), ref, PullRequest{})
-	must.NoError(t, err)
-	must.Eq(t, "", img.Config.StopSignal)
+	must.Eq(t, "", pull(ref))
+	cfgPath = oldRecord(ref)
+	must.False(t, known(ref))
+	must.Eq(t, "", pull(ref))
+	must.True(t, known(ref), must.Sprint("no STOPSIGNAL is not remembered: every pull reads the configuration"))
+	must.NoError(t, os.Rename(cfgPath, cfgPath+".away"))
+	must.Eq(t, "", pull(ref))
+	must.True(t, known(ref))
+	must.NoError(t, os.Rename(cfgPath+".away", cfgPath))
 }
