@@ -46,6 +46,10 @@ type Spares struct {
 	// died counts, per binary, the waiting spares that died one after
 	// the other without a task taking one between (see dropDead).
 	died map[string]int
+	// held marks the binaries whose next spare waits for its back-off
+	// (see backoff): a Fill meanwhile, a start's own among them, starts
+	// none, so a spare that dies at once costs no fork per start.
+	held map[string]bool
 	// after is time.AfterFunc; tests set it to see the refills waited
 	// for.
 	after func(time.Duration, func())
@@ -237,14 +241,15 @@ func (s *Spares) learnLimits(spec *Spec) {
 }
 
 // Fill starts a spare supervisor of binary ("" is this binary) in the
-// background unless one is waiting already. Failures are logged: a start
-// without a spare starts its own supervisor.
+// background unless one is waiting already, or the pool waits out the
+// back-off of spares of binary that died (see dropDead). Failures are
+// logged: a start without a spare starts its own supervisor.
 func (s *Spares) Fill(binary string, logger hclog.Logger) {
 	if s == nil {
 		return
 	}
 	s.mu.Lock()
-	if s.closed || s.spares[binary] != nil {
+	if s.closed || s.spares[binary] != nil || s.held[binary] {
 		s.mu.Unlock()
 		return
 	}
@@ -326,7 +331,8 @@ func (s *Spares) replaceDead(binary string, sp *spare, delay time.Duration, logg
 }
 
 // backoff counts a waiting spare of binary that died and returns how long
-// to wait before the next one starts. Called with s.mu held.
+// to wait before the next one starts; a wait holds binary's fills until
+// refill's timer ends it. Called with s.mu held.
 func (s *Spares) backoff(binary string) time.Duration {
 	if s.died == nil {
 		s.died = map[string]int{}
@@ -340,10 +346,15 @@ func (s *Spares) backoff(binary string) time.Duration {
 	for i := 1; i < n && d < spareMaxAge; i++ {
 		d *= 2
 	}
+	if s.held == nil {
+		s.held = map[string]bool{}
+	}
+	s.held[binary] = true
 	return min(d, spareMaxAge)
 }
 
-// refill starts a spare of binary after delay (at once for 0).
+// refill starts a spare of binary after delay (at once for 0), ending the
+// hold backoff put on its fills.
 func (s *Spares) refill(binary string, delay time.Duration, logger hclog.Logger) {
 	if delay == 0 {
 		s.Fill(binary, logger)
@@ -353,7 +364,12 @@ func (s *Spares) refill(binary string, delay time.Duration, logger hclog.Logger)
 	if after == nil {
 		after = func(d time.Duration, f func()) { time.AfterFunc(d, f) }
 	}
-	after(delay, func() { s.Fill(binary, logger) })
+	after(delay, func() {
+		s.mu.Lock()
+		delete(s.held, binary)
+		s.mu.Unlock()
+		s.Fill(binary, logger)
+	})
 }
 
 // replace stops sp if it is still the spare of binary, and starts another.

@@ -122,7 +122,8 @@ func TestSpares_DeadSpareAndErrors_Root(t *testing.T) {
 	// The dead spare's refill is held back, so that the start below finds
 	// the dead spare itself, as one does that takes it between its death
 	// and its reaper.
-	s := &Spares{died: map[string]int{"": 1}, after: func(time.Duration, func()) {}}
+	refills := make(chan func(), 1)
+	s := &Spares{died: map[string]int{"": 1}, after: func(_ time.Duration, f func()) { refills <- f }}
 	t.Cleanup(s.Close)
 	s.Fill("", hclog.NewNullLogger())
 	dead := waitSpare(t, s, "")
@@ -148,6 +149,11 @@ func TestSpares_DeadSpareAndErrors_Root(t *testing.T) {
 	must.Eq(t, 0, waitExit(t, p).ExitCode)
 	must.Eq(t, "own\n", readFile(t, tt.stdout))
 
+	// The start's own fill waits for the back-off, as the pool does.
+	s.mu.Lock()
+	must.Nil(t, s.spares[""], must.Sprint("a spare started during the back-off"))
+	s.mu.Unlock()
+	(<-refills)()
 	spare := waitSpare(t, s, "")
 	tt = newTestSpec(t, "definitely-not-a-command")
 	failed, err := s.Start(hclog.NewNullLogger(), tt.spec, nil)
@@ -232,6 +238,48 @@ func TestSpares_SpareDyingAtOnceBacksOff(t *testing.T) {
 	s.Close()
 	r.f()
 	must.Nil(t, s.spares)
+}
+
+// While the pool waits out a dying spare's back-off, a start's own Fill
+// (each Start fills after it) starts no spare: a spare binary that dies at
+// once would otherwise cost every start one more fork, and double the
+// back-off each time. The wait's end starts one.
+func TestSpares_FillWaitsOutBackOff(t *testing.T) {
+	type refill struct {
+		delay time.Duration
+		f     func()
+	}
+	refills := make(chan refill, 1)
+	const binary = "/bin/true"
+	s := &Spares{after: func(d time.Duration, f func()) { refills <- refill{d, f} }}
+	t.Cleanup(s.Close)
+	next := func() refill {
+		t.Helper()
+		select {
+		case r := <-refills:
+			return r
+		case <-time.After(10 * time.Second):
+			t.Fatal("no refill waited for")
+			return refill{}
+		}
+	}
+	s.Fill(binary, hclog.NewNullLogger())
+	r := next()
+	must.Eq(t, time.Second, r.delay)
+	for range 3 {
+		// What Start runs after it, spare or not.
+		s.Fill(binary, hclog.NewNullLogger())
+		s.mu.Lock()
+		started := s.spares[binary] != nil
+		s.mu.Unlock()
+		must.False(t, started, must.Sprint("a start's fill started a spare during the back-off"))
+	}
+	s.mu.Lock()
+	must.Eq(t, 2, s.died[binary])
+	s.mu.Unlock()
+	// The wait ends: a spare is started, dies, and the next wait doubles.
+	r.f()
+	must.Eq(t, 2*time.Second, next().delay)
 }
 
 func syscallKill(pid int) error {
