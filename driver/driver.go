@@ -1373,10 +1373,16 @@ var signalAliases = map[string]syscall.Signal{
 }
 
 // imageStopSignal is the signal img asks to be stopped with (its
-// STOPSIGNAL) as parseSignal takes it, "" for none. A signal the driver
-// does not know (a number out of range, a real-time signal by name) is
-// told to the task's events and left out: the task stops with its
-// kill_signal, or SIGINT.
+// STOPSIGNAL) as parseSignal takes it, "" for none. It takes what Docker
+// takes: a name with or without SIG, in any case ("SIGTERM", "quit"), a
+// real-time signal by name ("SIGRTMIN+3", "RTMAX-1", as systemd images
+// ask) and a number ("15", "37"). Signal 0 (which delivers nothing), the
+// C library's own real-time signals (32 and 33) and numbers past the
+// last signal are not signals to stop with: they, like a name the driver
+// does not know, are told to the task's events and left out, and the task
+// stops with its kill_signal, or SIGINT. Any signal it takes ends the task
+// within its kill_timeout: one the task ignores, or SIGSTOP, is followed by
+// SIGKILL to the whole task.
 func (d *Driver) imageStopSignal(logger hclog.Logger, cfg *drivers.TaskConfig, img *image.Image) string {
 	s := strings.TrimSpace(img.Config.StopSignal)
 	if s == "" {
@@ -1384,11 +1390,11 @@ func (d *Driver) imageStopSignal(logger hclog.Logger, cfg *drivers.TaskConfig, i
 	}
 	if n, err := strconv.Atoi(s); err == nil {
 		// Docker takes a number too ("STOPSIGNAL 9").
-		if name := unix.SignalName(syscall.Signal(n)); n > 0 && name != "" {
+		if name := signalName(syscall.Signal(n)); n > 0 && name != "" {
 			return name
 		}
 	} else if sig, err := parseSignal(strings.ToUpper(s)); err == nil && sig != 0 {
-		return strings.ToUpper(s)
+		return signalName(sig)
 	}
 	// The image's string, up to its configuration's 8 MiB, is cut short:
 	// the event goes into the allocation Nomad keeps.
@@ -1410,9 +1416,60 @@ func parseSignal(name string) (syscall.Signal, error) {
 		s = unix.SignalNum("SIG" + name)
 	}
 	if s == 0 {
+		s = rtSignal(strings.TrimPrefix(name, "SIG"))
+	}
+	if s == 0 {
 		return 0, fmt.Errorf("unknown signal %q: use a name such as \"SIGTERM\"", name)
 	}
 	return s, nil
+}
+
+// The real-time signals a task may be sent: the kernel's from 32 to 64,
+// less the two the C library keeps for itself (its SIGRTMIN is 34), as
+// Docker and the C library name them.
+const (
+	sigRTMin = 34
+	sigRTMax = 64
+)
+
+// rtSignal is the real-time signal "RTMIN", "RTMIN+n", "RTMAX" or
+// "RTMAX-n" names (n in decimal, within sigRTMin..sigRTMax), 0 for none.
+func rtSignal(name string) syscall.Signal {
+	var base, sign int
+	var rest, op string
+	switch {
+	case strings.HasPrefix(name, "RTMIN"):
+		base, sign, rest, op = sigRTMin, 1, name[len("RTMIN"):], "+"
+	case strings.HasPrefix(name, "RTMAX"):
+		base, sign, rest, op = sigRTMax, -1, name[len("RTMAX"):], "-"
+	default:
+		return 0
+	}
+	n := 0
+	if rest != "" {
+		off, ok := strings.CutPrefix(rest, op)
+		if !ok || off == "" || len(off) > 2 || strings.Trim(off, "0123456789") != "" {
+			return 0
+		}
+		n, _ = strconv.Atoi(off)
+	}
+	sig := base + sign*n
+	if sig < sigRTMin || sig > sigRTMax {
+		return 0
+	}
+	return syscall.Signal(sig)
+}
+
+// signalName is the name parseSignal takes for sig ("SIGTERM",
+// "SIGRTMIN+3"), "" for a signal 0 or one a task may not be sent.
+func signalName(sig syscall.Signal) string {
+	if sig >= sigRTMin && sig <= sigRTMax {
+		if n := int(sig) - sigRTMin; n > 0 {
+			return fmt.Sprintf("SIGRTMIN+%d", n)
+		}
+		return "SIGRTMIN"
+	}
+	return unix.SignalName(sig)
 }
 
 // goBackground runs f in a goroutine that Shutdown waits for, unless the

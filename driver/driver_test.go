@@ -843,6 +843,26 @@ func TestParseSignal(t *testing.T) {
 		must.NoError(t, err, must.Sprint(in))
 		must.Eq(t, want, got, must.Sprint(in))
 	}
+
+	// Real-time signals as Docker and the C library name them (SIGRTMIN
+	// is 34: 32 and 33 are the C library's), which a handle keeps for an
+	// image's STOPSIGNAL.
+	for in, want := range map[string]syscall.Signal{
+		"SIGRTMIN": 34, "RTMIN": 34, "SIGRTMIN+3": 37, "RTMIN+3": 37, "SIGRTMIN+30": 64,
+		"SIGRTMAX": 64, "RTMAX-1": 63, "SIGRTMAX-30": 34,
+	} {
+		got, err := parseSignal(in)
+		must.NoError(t, err, must.Sprint(in))
+		must.Eq(t, want, got, must.Sprint(in))
+		back, err := parseSignal(signalName(got))
+		must.NoError(t, err, must.Sprint(in))
+		must.Eq(t, got, back, must.Sprint(in))
+	}
+	for _, in := range []string{"SIGRTMIN+31", "SIGRTMAX-31", "SIGRTMIN-1", "SIGRTMAX+1", "SIGRTMIN+", "SIGRTMAX-",
+		"SIGRTMIN+003", "SIGRTMIN+ 3", "SIGRTMIN3", "SIGRTMIN+-3", "SIGRTMIN+0x3", "SIGRTMINX"} {
+		_, err := parseSignal(in)
+		must.ErrorContains(t, err, "unknown signal", must.Sprint(in))
+	}
 }
 
 // shortTempDir is a temporary root_dir short enough for CSI socket paths

@@ -368,7 +368,23 @@ func TestStopTask_imageStopSignal(t *testing.T) {
 		{"the image's by number", "15", "", syscall.SIGTERM},
 		{"kill_signal wins", "SIGTERM", "SIGUSR1", syscall.SIGUSR1},
 		{"none", "", "", syscall.SIGINT},
-		{"unknown", "SIGRTMIN+3", "", syscall.SIGINT},
+		// Real-time ones, as systemd images ask, by name and number.
+		{"real-time", "SIGRTMIN+3", "", syscall.Signal(37)},
+		{"real-time without SIG", "rtmin+3", "", syscall.Signal(37)},
+		{"real-time by number", "37", "", syscall.Signal(37)},
+		{"last real-time", "SIGRTMAX", "", syscall.Signal(64)},
+		// SIGKILL and SIGSTOP are signals: the task is killed at once,
+		// or frozen until the kill after kill_timeout.
+		{"SIGKILL", "SIGKILL", "", syscall.SIGKILL},
+		{"SIGSTOP", "SIGSTOP", "", syscall.SIGSTOP},
+		// Not signals to stop with: 0 delivers nothing; 32 and 33 are
+		// the C library's; past the last one.
+		{"unknown", "SIGRTMIN+31", "", syscall.SIGINT},
+		{"zero", "0", "", syscall.SIGINT},
+		{"SIGNULL", "SIGNULL", "", syscall.SIGINT},
+		{"the C library's", "33", "", syscall.SIGINT},
+		{"past the last", "999", "", syscall.SIGINT},
+		{"negative", "-9", "", syscall.SIGINT},
 		// A hostile image's: the event quotes it cut short.
 		{"huge", strings.Repeat("SIGX", 1<<18), "", syscall.SIGINT},
 	} {
@@ -379,8 +395,8 @@ func TestStopTask_imageStopSignal(t *testing.T) {
 			must.NoError(t, err)
 			must.NoError(t, d.StopTask(cfg.ID, time.Second, tc.killSignal))
 			must.Eq(t, []syscall.Signal{tc.want}, d.procs[0].signals)
-			if tc.stopSignal == "SIGRTMIN+3" {
-				d.events.waitFor(t, `asks to be stopped with "SIGRTMIN+3"`)
+			if tc.stopSignal == "SIGRTMIN+31" {
+				d.events.waitFor(t, `asks to be stopped with "SIGRTMIN+31"`)
 			}
 			if tc.name == "huge" {
 				d.events.waitFor(t, `asks to be stopped with "SIGXSIGX`)
