@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime"
 	"testing"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -400,5 +401,93 @@ func TestPickPlatform_ArmVariants(t *testing.T) {
 			must.NoError(t, err)
 			must.Eq(t, tc.want, got.Platform.Variant)
 		})
+	}
+}
+
+// An amd64 node takes the image for its CPU's x86-64 level first, then
+// each lower one (an amd64 image without a variant is a v1 one), never a
+// higher one: an image built for x86-64-v3 dies of SIGILL on a v2 CPU. An
+// index of v2 and v3 images, none plain, is one buildx pushes for
+// "linux/amd64/v2,linux/amd64/v3".
+func TestPickPlatform_AMD64Levels(t *testing.T) {
+	ref := Reference{Raw: "example/csi:1"}
+	index := func(ps ...v1.Platform) *v1.IndexManifest {
+		idx := &v1.IndexManifest{}
+		for i, p := range ps {
+			idx.Manifests = append(idx.Manifests, v1.Descriptor{MediaType: types.OCIManifestSchema1, Platform: &p,
+				Digest: v1.Hash{Algorithm: "sha256", Hex: fmt.Sprintf("%064d", i)}})
+		}
+		return idx
+	}
+	amd64 := func(v string) v1.Platform { return v1.Platform{OS: "linux", Architecture: "amd64", Variant: v} }
+	for _, tc := range []struct {
+		name string
+		node v1.Platform
+		have []v1.Platform
+		want string // the variant picked, "-" for none
+	}{
+		{"v2 node takes v2 of v2 and v3", amd64("v2"), []v1.Platform{amd64("v3"), amd64("v2")}, "v2"},
+		{"v3 node takes v3", amd64("v3"), []v1.Platform{amd64("v2"), amd64("v3")}, "v3"},
+		{"v4 node takes the closest", amd64("v4"), []v1.Platform{amd64("v2"), amd64("v3")}, "v3"},
+		{"v3 node prefers v3 to plain", amd64("v3"), []v1.Platform{amd64(""), amd64("v3")}, "v3"},
+		{"v2 node takes plain", amd64("v2"), []v1.Platform{amd64(""), amd64("v3")}, ""},
+		{"v1 node takes v1", amd64("v1"), []v1.Platform{amd64("v2"), amd64("v1")}, "v1"},
+		{"v1 node never takes v2", amd64("v1"), []v1.Platform{amd64("v2"), amd64("v3")}, "-"},
+		{"v2 node never takes v3", amd64("v2"), []v1.Platform{amd64("v3"), amd64("v4")}, "-"},
+		{"a plain node is v1", amd64(""), []v1.Platform{amd64("v2"), amd64("")}, ""},
+		{"an unknown variant", amd64("v4"), []v1.Platform{amd64("v5"), amd64("3"), amd64("x86-64-v2")}, "-"},
+		{"no 386", amd64("v4"), []v1.Platform{{OS: "linux", Architecture: "386"}}, "-"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := pickPlatform(ref, index(tc.have...), tc.node)
+			if tc.want == "-" {
+				must.ErrorIs(t, err, ErrPlatform)
+				return
+			}
+			must.NoError(t, err)
+			must.Eq(t, tc.want, got.Platform.Variant)
+		})
+	}
+}
+
+// The x86-64 levels: each needs every feature of its own and those below
+// (a CPU whose kernel does not save AVX registers is v2, whatever else it
+// has).
+func TestAMD64Level(t *testing.T) {
+	v2 := x86Features{CX16: true, LAHF: true, POPCNT: true, SSE3: true, SSE41: true, SSE42: true, SSSE3: true}
+	v3 := v2
+	v3.AVX, v3.AVX2, v3.BMI1, v3.BMI2, v3.F16C, v3.FMA, v3.LZCNT, v3.MOVBE, v3.OSXSAVE = true, true, true, true, true, true, true, true, true
+	v4 := v3
+	v4.AVX512F, v4.AVX512BW, v4.AVX512CD, v4.AVX512DQ, v4.AVX512VL = true, true, true, true, true
+	must.Eq(t, 1, amd64Level(x86Features{}))
+	must.Eq(t, 2, amd64Level(v2))
+	must.Eq(t, 3, amd64Level(v3))
+	must.Eq(t, 4, amd64Level(v4))
+	// One feature short of a level is the level below.
+	for _, tc := range []struct {
+		level int
+		off   func(*x86Features)
+	}{
+		{1, func(f *x86Features) { f.LAHF = false }},
+		{1, func(f *x86Features) { f.CX16 = false }},
+		{1, func(f *x86Features) { f.SSE42 = false }},
+		{2, func(f *x86Features) { f.LZCNT = false }},
+		{2, func(f *x86Features) { f.MOVBE = false }},
+		{2, func(f *x86Features) { f.OSXSAVE = false }},
+		{2, func(f *x86Features) { f.AVX = false }},
+		{3, func(f *x86Features) { f.AVX512VL = false }},
+	} {
+		f := v4
+		tc.off(&f)
+		must.Eq(t, tc.level, amd64Level(f), must.Sprintf("%+v", f))
+	}
+	// Features above a missing level count for nothing.
+	f := v4
+	f.POPCNT = false
+	must.Eq(t, 1, amd64Level(f))
+	if runtime.GOARCH == "amd64" {
+		node := NodePlatform()
+		must.StrHasPrefix(t, "v", node.Variant)
+		must.Positive(t, amd64Variant(node.Variant))
 	}
 }

@@ -23,12 +23,15 @@ import (
 	"github.com/klauspost/compress/gzip"
 	"github.com/klauspost/compress/zstd"
 	"golang.org/x/sync/errgroup"
+	"golang.org/x/sys/cpu"
 	"golang.org/x/sys/unix"
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/atomicfile"
 )
 
-// NodePlatform is the platform images are picked for on this node.
+// NodePlatform is the platform images are picked for on this node. An
+// amd64 node's variant is its CPU's x86-64 level ("v1" to "v4", see
+// amd64Level): an image built for a higher level dies of SIGILL here.
 func NodePlatform() v1.Platform {
 	p := v1.Platform{OS: "linux", Architecture: runtime.GOARCH}
 	switch runtime.GOARCH {
@@ -36,8 +39,42 @@ func NodePlatform() v1.Platform {
 		p.Variant = "v8"
 	case "arm":
 		p.Variant = "v7"
+	case "amd64":
+		p.Variant = fmt.Sprintf("v%d", amd64Level(x86Features{
+			CX16: cpu.X86.HasCX16, LAHF: cpu.X86.HasLAHF, POPCNT: cpu.X86.HasPOPCNT, SSE3: cpu.X86.HasSSE3,
+			SSE41: cpu.X86.HasSSE41, SSE42: cpu.X86.HasSSE42, SSSE3: cpu.X86.HasSSSE3,
+			AVX: cpu.X86.HasAVX, AVX2: cpu.X86.HasAVX2, BMI1: cpu.X86.HasBMI1, BMI2: cpu.X86.HasBMI2,
+			F16C: cpu.X86.HasF16C, FMA: cpu.X86.HasFMA, LZCNT: cpu.X86.HasLZCNT, MOVBE: cpu.X86.HasMOVBE,
+			OSXSAVE: cpu.X86.HasOSXSAVE, AVX512F: cpu.X86.HasAVX512F, AVX512BW: cpu.X86.HasAVX512BW,
+			AVX512CD: cpu.X86.HasAVX512CD, AVX512DQ: cpu.X86.HasAVX512DQ, AVX512VL: cpu.X86.HasAVX512VL,
+		}))
 	}
 	return p
+}
+
+// x86Features are the CPU features that make up the x86-64 levels, as
+// CPUID reports them (AVX and AVX-512 only when the kernel saves their
+// registers).
+type x86Features struct {
+	CX16, LAHF, POPCNT, SSE3, SSE41, SSE42, SSSE3           bool
+	AVX, AVX2, BMI1, BMI2, F16C, FMA, LZCNT, MOVBE, OSXSAVE bool
+	AVX512F, AVX512BW, AVX512CD, AVX512DQ, AVX512VL         bool
+}
+
+// amd64Level is the x86-64 level (1 to 4) a CPU with f runs code of, as
+// the x86-64 psABI defines the levels (and Go's GOAMD64, or a compiler's
+// -march=x86-64-v3, builds for them): each needs the one below.
+func amd64Level(f x86Features) int {
+	if !(f.CX16 && f.LAHF && f.POPCNT && f.SSE3 && f.SSE41 && f.SSE42 && f.SSSE3) {
+		return 1
+	}
+	if !(f.AVX && f.AVX2 && f.BMI1 && f.BMI2 && f.F16C && f.FMA && f.LZCNT && f.MOVBE && f.OSXSAVE) {
+		return 2
+	}
+	if !(f.AVX512F && f.AVX512BW && f.AVX512CD && f.AVX512DQ && f.AVX512VL) {
+		return 3
+	}
+	return 4
 }
 
 func platformString(p *v1.Platform) string {
@@ -60,14 +97,19 @@ func platformMatches(p *v1.Platform, node v1.Platform) bool {
 // does not run there, more the closer it is. As containerd's matcher: an
 // arm node takes its own variant first, then each older one (a v7 node
 // runs v6 and v5 code; an arm image without a variant is a v7 one); an
-// arm64 image without a variant is a v8 one. An arm64 node takes no 32-bit
-// arm image: whether its kernel runs them (AArch32) is not known here.
+// amd64 node its CPU's level first, then each lower one (an amd64 image
+// without a variant is a v1 one), never a higher one; an arm64 image
+// without a variant is a v8 one. An arm64 node takes no 32-bit arm image:
+// whether its kernel runs them (AArch32) is not known here.
 func platformRank(p *v1.Platform, node v1.Platform) int {
 	if p == nil || p.OS != node.OS || p.Architecture != node.Architecture {
 		return -1
 	}
-	if node.Architecture == "arm" {
-		have, want := armVariant(p.Variant), armVariant(node.Variant)
+	if level := armVariant; node.Architecture == "arm" || node.Architecture == "amd64" {
+		if node.Architecture == "amd64" {
+			level = amd64Variant
+		}
+		have, want := level(p.Variant), level(node.Variant)
 		if have == 0 || want == 0 || have > want {
 			return -1
 		}
@@ -80,6 +122,18 @@ func platformRank(p *v1.Platform, node v1.Platform) int {
 		return 10
 	}
 	return -1
+}
+
+// amd64Variant is the x86-64 level an amd64 variant names ("v3": 3, ""
+// and "v1": 1), 0 for one that is not v1 to v4.
+func amd64Variant(v string) int {
+	switch v {
+	case "v1", "v2", "v3", "v4":
+		return int(v[1] - '0')
+	case "":
+		return 1
+	}
+	return 0
 }
 
 // armVariant is the number of an arm variant ("v7": 7, "": 7 as

@@ -250,6 +250,37 @@ func TestPullArchives(t *testing.T) {
 	must.SliceLen(t, 2, entries)
 }
 
+// An amd64 image offered only for x86-64 levels (buildx's
+// "linux/amd64/v2,linux/amd64/v3", no plain amd64) is pulled on an amd64
+// node whose CPU runs one of them: the highest it runs.
+func TestPullAMD64Levels(t *testing.T) {
+	node := NodePlatform()
+	level := amd64Variant(node.Variant)
+	if node.Architecture != "amd64" || level < 2 {
+		t.Skipf("needs an amd64 CPU of x86-64-v2 or later; this node is %s", platformString(&node))
+	}
+	f := newFixture(t)
+	layer := mustLayer(t, imagebuild.File("a", []byte("a"), 0o644))
+	var imgs []v1.Image
+	for _, v := range []string{"v2", "v3", "v4"} {
+		p := v1.Platform{OS: "linux", Architecture: "amd64", Variant: v}
+		imgs = append(imgs, mustImage(t, imagebuild.Spec{Platform: &p, Cmd: []string{v}}, layer))
+	}
+	want := fmt.Sprintf("v%d", min(level, 3))
+	idx, err := imagebuild.Index(imgs[0], imgs[1])
+	must.NoError(t, err)
+	img, err := f.store.Pull(context.Background(), f.layout(t, "levels", "1", idx), PullRequest{})
+	must.NoError(t, err)
+	must.Eq(t, []string{want}, img.Config.Cmd)
+	if level < 4 {
+		// Never a level above the CPU's.
+		idx, err := imagebuild.Index(imgs[2])
+		must.NoError(t, err)
+		_, err = f.store.Pull(context.Background(), f.layout(t, "v4", "1", idx), PullRequest{})
+		must.ErrorIs(t, err, ErrPlatform)
+	}
+}
+
 func TestPullPlatform(t *testing.T) {
 	f := newFixture(t)
 	layer := mustLayer(t, imagebuild.File("a", []byte("a"), 0o644))
