@@ -18,6 +18,7 @@ import (
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/csihook"
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor"
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor/wire"
 	"github.com/nomad-driver-csi/nomad-driver-csi/fingerprint"
 )
 
@@ -281,6 +282,46 @@ func TestDangling_pluginKeptWhileItsVolumesAreHeld(t *testing.T) {
 	_, known := d.tasks.Get(again.ID)
 	must.True(t, known)
 	must.Error(t, stateDirGone(conf, again.ID))
+}
+
+// As above, but the plugin task was started by a driver that kept no plugin
+// id in its invocation file, and its spec cannot be read (damaged in this
+// boot): nothing says it is a plugin, and it goes as a workload would. It
+// is still never ended under the volume it has to unstage: a spec that
+// cannot be read is not guessed at (executor.Discard ends only a task with
+// no spec, which started nothing, or with one a crash of the host cut,
+// whose processes died with the host), and the task waits, tried again
+// every period, as the log says.
+func TestDangling_unknownTaskWithUnreadableSpecIsKept(t *testing.T) {
+	c := startVolumeNode(t)
+	dir := (&Config{RootDir: c.root}).taskStateDir(c.plugin.ID)
+	inv := filepath.Join(dir, invocationFile)
+	b, err := os.ReadFile(inv)
+	must.NoError(t, err)
+	var old map[string]any
+	must.NoError(t, json.Unmarshal(b, &old))
+	must.Eq(t, "hp", old["plugin_id"].(string))
+	delete(old, "plugin_id")
+	b, err = json.Marshal(old)
+	must.NoError(t, err)
+	must.NoError(t, os.WriteFile(inv, b, 0o600))
+	must.NoError(t, os.WriteFile(filepath.Join(dir, wire.SpecFile), []byte("{damaged"), 0o600))
+
+	d, _, logs := c.restartDangling(t, shortDangling(), false)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Log(logs.String())
+		}
+	})
+	conf := d.currentConfig()
+	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+		return strings.Count(logs.String(), "failed to end a dangling task; trying again: alloc_id=alloc-p") >= 2
+	}), wait.Timeout(30*time.Second), wait.Gap(20*time.Millisecond)))
+	must.StrContains(t, logs.String(), "spec.json")
+	must.NoError(t, stateDirGone(conf, c.work.ID))
+	must.Error(t, stateDirGone(conf, c.plugin.ID), must.Sprint("a task whose spec cannot be read was ended"))
+	must.True(t, d.invocations.isWaiting(c.plugin.ID))
+	must.False(t, d.invocations.wasDangling(c.plugin.ID))
 }
 
 // A dangling task that ran from an image lets go of its image lease as it
