@@ -19,6 +19,8 @@ import (
 
 	"github.com/google/go-containerregistry/pkg/compression"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/static"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
@@ -278,6 +280,19 @@ func TestPullAMD64Levels(t *testing.T) {
 		must.NoError(t, err)
 		_, err = f.store.Pull(context.Background(), f.layout(t, "v4", "1", idx), PullRequest{})
 		must.ErrorIs(t, err, ErrPlatform)
+	}
+
+	// An index that lists a v3 image as a v2 one (or as plain amd64) does
+	// not get it onto a v2 node: its configuration says v3.
+	f.store.opts.Platform = v1.Platform{OS: "linux", Architecture: "amd64", Variant: "v2"}
+	v3 := v1.Platform{OS: "linux", Architecture: "amd64", Variant: "v3"}
+	for i, listed := range []string{"v2", ""} {
+		img := mustImage(t, imagebuild.Spec{Platform: &v3, Cmd: []string{"lying", listed}}, layer)
+		idx := mutate.AppendManifests(mutate.IndexMediaType(empty.Index, types.OCIImageIndex), mutate.IndexAddendum{
+			Add: img, Descriptor: v1.Descriptor{Platform: &v1.Platform{OS: "linux", Architecture: "amd64", Variant: listed}}})
+		_, err = f.store.Pull(context.Background(), f.layout(t, fmt.Sprintf("lying%d", i), "1", idx), PullRequest{})
+		must.ErrorIs(t, err, ErrPlatform)
+		must.ErrorContains(t, err, "is built for linux/amd64/v3")
 	}
 }
 
