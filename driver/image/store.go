@@ -393,6 +393,26 @@ func (s *Store) records() ([]*record, error) {
 	return out, nil
 }
 
+// runsHere says whether r's image is built for the node's platform as it
+// is now: a node's x86-64 level can drop under a store pulled before (a
+// virtual machine moved to an older host, a kernel that no longer saves
+// AVX registers), and an image of a higher level would die of SIGILL. A
+// record that names no platform (its configuration names none) runs.
+func (s *Store) runsHere(r *record) bool {
+	if r.Platform == "" {
+		return true
+	}
+	parts := strings.SplitN(r.Platform, "/", 3)
+	p := v1.Platform{OS: parts[0]}
+	if len(parts) > 1 {
+		p.Architecture = parts[1]
+	}
+	if len(parts) > 2 {
+		p.Variant = parts[2]
+	}
+	return platformMatches(&p, s.opts.Platform)
+}
+
 // complete says whether every layer of r is in the store.
 func (s *Store) complete(r *record) bool {
 	for _, l := range r.Layers {
@@ -699,7 +719,7 @@ func (s *Store) pull(ctx context.Context, ref Reference, auth *Credentials, forc
 	if err != nil {
 		return s.fallback(ctx, ref, key, f, err)
 	}
-	if r, err := s.readRecord(res.digest); err == nil && s.complete(r) {
+	if r, err := s.readRecord(res.digest); err == nil && s.complete(r) && s.runsHere(r) {
 		// Its configuration goes to credentials it was not served to
 		// only if this source serves it: a registry that serves the
 		// manifest of another's private image does not get its
@@ -863,7 +883,7 @@ func (s *Store) findRef(ref, key string) (found *record, sure bool) {
 	recs, _ := s.records()
 	n := 0
 	for _, r := range recs {
-		if !slices.Contains(r.Refs, ref) || !r.allows(key) || !s.complete(r) {
+		if !slices.Contains(r.Refs, ref) || !r.allows(key) || !s.complete(r) || !s.runsHere(r) {
 			continue
 		}
 		n++
@@ -891,12 +911,12 @@ func (s *Store) fallback(ctx context.Context, ref Reference, key string, f *flig
 }
 
 func (s *Store) findDigest(digest string) *record {
-	if r, err := s.readRecord(digest); err == nil && s.complete(r) {
+	if r, err := s.readRecord(digest); err == nil && s.complete(r) && s.runsHere(r) {
 		return r
 	}
 	recs, _ := s.records()
 	for _, r := range recs {
-		if r.IndexDigest == digest && s.complete(r) {
+		if r.IndexDigest == digest && s.complete(r) && s.runsHere(r) {
 			return r
 		}
 	}

@@ -294,6 +294,23 @@ func TestPullAMD64Levels(t *testing.T) {
 		must.ErrorIs(t, err, ErrPlatform)
 		must.ErrorContains(t, err, "is built for linux/amd64/v3")
 	}
+
+	// An image of the store whose level the node no longer runs (a
+	// virtual machine moved to an older host) is not served from the
+	// store.
+	f.store.opts.Platform = v3
+	img3 := mustImage(t, imagebuild.Spec{Platform: &v3, Cmd: []string{"kept"}}, layer)
+	ref := f.layout(t, "kept", "1.0", img3)
+	got, err := f.store.Pull(context.Background(), ref, PullRequest{})
+	must.NoError(t, err)
+	f.store.opts.Platform = v1.Platform{OS: "linux", Architecture: "amd64", Variant: "v2"}
+	_, err = f.store.Pull(context.Background(), ref, PullRequest{})
+	must.ErrorIs(t, err, ErrPlatform)
+	// The node back on its level: the store serves it.
+	f.store.opts.Platform = v3
+	again, err := f.store.Pull(context.Background(), ref, PullRequest{})
+	must.NoError(t, err)
+	must.Eq(t, got.Digest, again.Digest)
 }
 
 func TestPullPlatform(t *testing.T) {
