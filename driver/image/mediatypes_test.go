@@ -450,6 +450,30 @@ func TestPickPlatform_AMD64Levels(t *testing.T) {
 	}
 }
 
+// An amd64 node's error says what to build: a plain amd64 image runs on
+// every amd64 node, so that, or one of a level the node runs, is what it
+// asks for, never its own level alone (a v4 node asking for "amd64/v4"
+// images sends an operator to build images most nodes cannot run).
+func TestPickPlatform_AMD64Advice(t *testing.T) {
+	ref := Reference{Raw: "example/csi:1"}
+	arm64 := v1.Platform{OS: "linux", Architecture: "arm64"}
+	idx := &v1.IndexManifest{Manifests: []v1.Descriptor{{MediaType: types.OCIManifestSchema1, Platform: &arm64,
+		Digest: v1.Hash{Algorithm: "sha256", Hex: fmt.Sprintf("%064d", 1)}}}}
+	for node, want := range map[string]string{
+		"v4": "use an image built for linux/amd64 (or for an x86-64 level up to linux/amd64/v4)",
+		"v2": "use an image built for linux/amd64 (or for an x86-64 level up to linux/amd64/v2)",
+		"v1": "use an image built for linux/amd64",
+	} {
+		_, err := pickPlatform(ref, idx, v1.Platform{OS: "linux", Architecture: "amd64", Variant: node})
+		must.ErrorIs(t, err, ErrPlatform)
+		must.ErrorContains(t, err, "this node's platform linux/amd64/"+node+" (it has linux/arm64)")
+		must.StrHasSuffix(t, want, err.Error())
+	}
+	// Other nodes ask for their own platform, as before.
+	_, err := pickPlatform(ref, idx, v1.Platform{OS: "linux", Architecture: "arm", Variant: "v7"})
+	must.StrHasSuffix(t, "use an image built for linux/arm/v7", err.Error())
+}
+
 // The x86-64 levels: each needs every feature of its own and those below
 // (a CPU whose kernel does not save AVX registers is v2, whatever else it
 // has).

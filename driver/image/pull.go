@@ -124,6 +124,21 @@ func platformRank(p *v1.Platform, node v1.Platform) int {
 	return -1
 }
 
+// platformAdvice is the platform an error tells the operator to build
+// for: node's, but for an amd64 node plain amd64, which runs on every one,
+// or a level up to the node's (its own level alone would send the
+// operator to build images that lower nodes cannot run).
+func platformAdvice(node v1.Platform) string {
+	if node.Architecture != "amd64" {
+		return platformString(&node)
+	}
+	plain := v1.Platform{OS: node.OS, Architecture: node.Architecture}
+	if amd64Variant(node.Variant) < 2 {
+		return platformString(&plain)
+	}
+	return fmt.Sprintf("%s (or for an x86-64 level up to %s)", platformString(&plain), platformString(&node))
+}
+
 // amd64Variant is the x86-64 level an amd64 variant names ("v3": 3, ""
 // and "v1": 1), 0 for one that is not v1 to v4.
 func amd64Variant(v string) int {
@@ -265,7 +280,7 @@ func pickPlatform(ref Reference, idx *v1.IndexManifest, node v1.Platform) (*v1.D
 	}
 	if best == nil {
 		return nil, errorf(ErrPlatform, "image %q has no image for this node's platform %s (it has %s); use an image built for %s",
-			ref.Raw, platformString(&node), orNone(have), platformString(&node))
+			ref.Raw, platformString(&node), orNone(have), platformAdvice(node))
 	}
 	return best, nil
 }
@@ -324,7 +339,7 @@ func (s *Store) fetchConfig(ctx context.Context, ref Reference, src source, res 
 	}
 	if cfg.OS != "" && !platformMatches(cfg.Platform(), s.opts.Platform) {
 		return nil, errorf(ErrPlatform, "image %q is built for %s, not this node's platform %s; use an image built for %s",
-			ref.Raw, platformString(cfg.Platform()), platformString(&s.opts.Platform), platformString(&s.opts.Platform))
+			ref.Raw, platformString(cfg.Platform()), platformString(&s.opts.Platform), platformAdvice(s.opts.Platform))
 	}
 	if len(cfg.RootFS.DiffIDs) != len(m.Layers) {
 		return nil, errorf(ErrInvalid, "image %q: its manifest has %d layers and its configuration %d", ref.Raw, len(m.Layers), len(cfg.RootFS.DiffIDs))
