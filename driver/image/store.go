@@ -413,6 +413,12 @@ func (s *Store) runsHere(r *record) bool {
 	return platformMatches(&p, s.opts.Platform)
 }
 
+// servable says whether the store may give r to a pull without fetching
+// it: every lookup that finds an image to run asks this, never complete
+// alone, so that none forgets the platform. complete alone is for what
+// does not run the image (GC, the image list) or was just found servable.
+func (s *Store) servable(r *record) bool { return s.complete(r) && s.runsHere(r) }
+
 // complete says whether every layer of r is in the store.
 func (s *Store) complete(r *record) bool {
 	for _, l := range r.Layers {
@@ -719,7 +725,7 @@ func (s *Store) pull(ctx context.Context, ref Reference, auth *Credentials, forc
 	if err != nil {
 		return s.fallback(ctx, ref, key, f, err)
 	}
-	if r, err := s.readRecord(res.digest); err == nil && s.complete(r) && s.runsHere(r) {
+	if r, err := s.readRecord(res.digest); err == nil && s.servable(r) {
 		// Its configuration goes to credentials it was not served to
 		// only if this source serves it: a registry that serves the
 		// manifest of another's private image does not get its
@@ -883,7 +889,7 @@ func (s *Store) findRef(ref, key string) (found *record, sure bool) {
 	recs, _ := s.records()
 	n := 0
 	for _, r := range recs {
-		if !slices.Contains(r.Refs, ref) || !r.allows(key) || !s.complete(r) || !s.runsHere(r) {
+		if !slices.Contains(r.Refs, ref) || !r.allows(key) || !s.servable(r) {
 			continue
 		}
 		n++
@@ -911,12 +917,12 @@ func (s *Store) fallback(ctx context.Context, ref Reference, key string, f *flig
 }
 
 func (s *Store) findDigest(digest string) *record {
-	if r, err := s.readRecord(digest); err == nil && s.complete(r) && s.runsHere(r) {
+	if r, err := s.readRecord(digest); err == nil && s.servable(r) {
 		return r
 	}
 	recs, _ := s.records()
 	for _, r := range recs {
-		if r.IndexDigest == digest && s.complete(r) && s.runsHere(r) {
+		if r.IndexDigest == digest && s.servable(r) {
 			return r
 		}
 	}
