@@ -388,7 +388,7 @@ func TestPickPlatform_ArmVariants(t *testing.T) {
 		{"v7 never takes v8", arm("v7"), []v1.Platform{arm("v8")}, "-"},
 		{"v6 never takes v7", arm("v6"), []v1.Platform{arm("v7"), arm("")}, "-"},
 		{"v6 takes v5", arm("v6"), []v1.Platform{arm("v7"), arm("v5")}, "v5"},
-		{"an unknown variant", arm("v7"), []v1.Platform{arm("v9"), arm("7")}, "-"},
+		{"an unknown variant", arm("v7"), []v1.Platform{arm("v9"), arm("v7.1"), arm("x7")}, "-"},
 		{"arm64 takes no arm", arm64, []v1.Platform{arm("v7"), arm("v6")}, "-"},
 		{"arm64 takes v8", arm64, []v1.Platform{arm("v7"), {OS: "linux", Architecture: "arm64"}}, ""},
 	} {

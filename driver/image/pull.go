@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -88,6 +89,39 @@ func platformString(p *v1.Platform) string {
 	return s
 }
 
+// normalPlatform is p spelled as the store compares and records it, as
+// containerd's matcher normalises it: lower case without surrounding
+// space; x86_64 and x86-64 are amd64, aarch64 is arm64, i386 is 386,
+// armhf and armel are arm (v7 and v6 unless they name a variant); an
+// arm64 variant "8" or "v8.0" is v8, an arm one "5" to "8" is v5 to v8.
+// Each spelling names the level it is read as, never a higher one; any
+// other variant stays as written, and the matcher refuses what it does
+// not know. OSVersion and OSFeatures are kept.
+func normalPlatform(p v1.Platform) v1.Platform {
+	norm := func(s string) string { return strings.ToLower(strings.TrimSpace(s)) }
+	p.OS, p.Architecture, p.Variant = norm(p.OS), norm(p.Architecture), norm(p.Variant)
+	switch p.Architecture {
+	case "x86_64", "x86-64":
+		p.Architecture = "amd64"
+	case "aarch64":
+		p.Architecture = "arm64"
+	case "i386":
+		p.Architecture = "386"
+	case "armhf", "armel":
+		if p.Variant == "" {
+			p.Variant = map[string]string{"armhf": "v7", "armel": "v6"}[p.Architecture]
+		}
+		p.Architecture = "arm"
+	}
+	switch {
+	case p.Architecture == "arm64" && (p.Variant == "8" || p.Variant == "v8.0"):
+		p.Variant = "v8"
+	case p.Architecture == "arm" && len(p.Variant) == 1 && p.Variant >= "5" && p.Variant <= "8":
+		p.Variant = "v" + p.Variant
+	}
+	return p
+}
+
 // platformMatches says whether an image built for p runs on node.
 func platformMatches(p *v1.Platform, node v1.Platform) bool {
 	return platformRank(p, node) >= 0
@@ -101,8 +135,12 @@ func platformMatches(p *v1.Platform, node v1.Platform) bool {
 // without a variant is a v1 one), never a higher one; an arm64 image
 // without a variant is a v8 one. An arm64 node takes no 32-bit arm image:
 // whether its kernel runs them (AArch32) is not known here.
-func platformRank(p *v1.Platform, node v1.Platform) int {
-	if p == nil || p.OS != node.OS || p.Architecture != node.Architecture {
+func platformRank(image *v1.Platform, node v1.Platform) int {
+	if image == nil {
+		return -1
+	}
+	p, node := normalPlatform(*image), normalPlatform(node)
+	if p.OS != node.OS || p.Architecture != node.Architecture {
 		return -1
 	}
 	if level := armVariant; node.Architecture == "arm" || node.Architecture == "amd64" {
@@ -235,16 +273,16 @@ func (s *Store) resolve(ctx context.Context, ref Reference, src source, f *fligh
 			return err
 		})
 		if err != nil {
-			return nil, classify(ref, "the manifest for "+platformString(child.Platform), err)
+			return nil, classify(ref, "the manifest for "+shownPlatform(child.Platform), err)
 		}
 		if d = digestOf(raw); d != child.Digest.String() {
-			return nil, errorf(ErrDigestMismatch, "image %q: the manifest for %s does not match its digest %s; the registry or its storage is damaged or tampered with, nothing was kept", ref.Raw, platformString(child.Platform), shortDigest(child.Digest.String()))
+			return nil, errorf(ErrDigestMismatch, "image %q: the manifest for %s does not match its digest %s; the registry or its storage is damaged or tampered with, nothing was kept", ref.Raw, shownPlatform(child.Platform), shortDigest(child.Digest.String()))
 		}
 		if mt == "" {
 			mt = child.MediaType
 		}
 		if mt = sniff(raw, mt); mt.IsIndex() {
-			return nil, errorf(ErrInvalid, "image %q: its index for %s names another index; only one level is supported", ref.Raw, platformString(child.Platform))
+			return nil, errorf(ErrInvalid, "image %q: its index for %s names another index; only one level is supported", ref.Raw, shownPlatform(child.Platform))
 		}
 	}
 	if mt.IsSchema1() {
@@ -269,12 +307,12 @@ func pickPlatform(ref Reference, idx *v1.IndexManifest, node v1.Platform) (*v1.D
 		if m.Platform == nil || !(m.MediaType == "" || m.MediaType.IsImage()) {
 			continue
 		}
-		if ps := platformString(m.Platform); ps != "unknown/unknown" && len(have) < 12 {
+		if ps := shownPlatform(m.Platform); ps != "unknown/unknown" && len(have) < 12 {
 			have = append(have, ps)
 		}
 		// The closest variant; of two as close, the one that names it.
 		r := platformRank(m.Platform, node)
-		if r >= 0 && (best == nil || r > bestRank || r == bestRank && best.Platform.Variant == "" && m.Platform.Variant != "") {
+		if r >= 0 && (best == nil || r > bestRank || r == bestRank && normalPlatform(*best.Platform).Variant == "" && normalPlatform(*m.Platform).Variant != "") {
 			best, bestRank = m, r
 		}
 	}
@@ -283,6 +321,35 @@ func pickPlatform(ref Reference, idx *v1.IndexManifest, node v1.Platform) (*v1.D
 			ref.Raw, platformString(&node), orNone(have), platformAdvice(node))
 	}
 	return best, nil
+}
+
+// configPlatform is the platform an image configuration says it is built
+// for, normalised, nil when it names none (no os, architecture nor
+// variant: it runs anywhere, as the index that led to it says). One that
+// names an architecture or variant without an os is taken for node's os:
+// its level is still checked, so that an index that lists a v4 image as
+// plain amd64 does not get it onto a v2 node by a configuration without
+// "os".
+func configPlatform(cfg *v1.ConfigFile, node v1.Platform) *v1.Platform {
+	p := normalPlatform(*cfg.Platform())
+	if p.OS == "" && p.Architecture == "" && p.Variant == "" {
+		return nil
+	}
+	if p.OS == "" {
+		p.OS = normalPlatform(node).OS
+	}
+	return &p
+}
+
+// shownPlatform is p for a message: a hostile index or configuration
+// may name platforms megabytes long, which no event should carry.
+func shownPlatform(p *v1.Platform) string {
+	s := platformString(p)
+	if len(s) > 64 {
+		s = s[:64] + "..."
+	}
+	q := strconv.Quote(s)
+	return q[1 : len(q)-1]
 }
 
 // checkBounds refuses an image over image_max_layers or image_max_size
@@ -337,9 +404,9 @@ func (s *Store) fetchConfig(ctx context.Context, ref Reference, src source, res 
 	if err != nil {
 		return nil, errorf(ErrInvalid, "image %q: its configuration is not valid JSON", ref.Raw)
 	}
-	if cfg.OS != "" && !platformMatches(cfg.Platform(), s.opts.Platform) {
+	if p := configPlatform(cfg, s.opts.Platform); p != nil && !platformMatches(p, s.opts.Platform) {
 		return nil, errorf(ErrPlatform, "image %q is built for %s, not this node's platform %s; use an image built for %s",
-			ref.Raw, platformString(cfg.Platform()), platformString(&s.opts.Platform), platformAdvice(s.opts.Platform))
+			ref.Raw, shownPlatform(cfg.Platform()), platformString(&s.opts.Platform), platformAdvice(s.opts.Platform))
 	}
 	if len(cfg.RootFS.DiffIDs) != len(m.Layers) {
 		return nil, errorf(ErrInvalid, "image %q: its manifest has %d layers and its configuration %d", ref.Raw, len(m.Layers), len(cfg.RootFS.DiffIDs))

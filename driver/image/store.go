@@ -397,20 +397,38 @@ func (s *Store) records() ([]*record, error) {
 // is now: a node's x86-64 level can drop under a store pulled before (a
 // virtual machine moved to an older host, a kernel that no longer saves
 // AVX registers), and an image of a higher level would die of SIGILL. A
-// record that names no platform (its configuration names none) runs.
+// record that names no platform (its configuration names none) runs; one
+// whose platform is not as the store writes it (damaged, or written by
+// hand) does not: its image is fetched again, and its record rewritten.
 func (s *Store) runsHere(r *record) bool {
 	if r.Platform == "" {
 		return true
 	}
-	parts := strings.SplitN(r.Platform, "/", 3)
-	p := v1.Platform{OS: parts[0]}
-	if len(parts) > 1 {
-		p.Architecture = parts[1]
+	p, ok := parseRecordPlatform(r.Platform)
+	return ok && platformMatches(&p, s.opts.Platform)
+}
+
+// parseRecordPlatform reads a record's platform as platformString wrote
+// it, normalised: os/architecture[/variant], each part of lower-case
+// letters, digits, '.', '_' or '-'. go-containerregistry's ParsePlatform
+// is not used: it reads "linux:10/amd64" as an os version, which the
+// store never writes.
+func parseRecordPlatform(s string) (v1.Platform, bool) {
+	parts := strings.Split(s, "/")
+	if len(parts) < 2 || len(parts) > 3 {
+		return v1.Platform{}, false
 	}
-	if len(parts) > 2 {
+	for _, part := range parts {
+		if part == "" || strings.Trim(part, "abcdefghijklmnopqrstuvwxyz0123456789._-") != "" {
+			return v1.Platform{}, false
+		}
+	}
+	p := v1.Platform{OS: parts[0], Architecture: parts[1]}
+	if len(parts) == 3 {
 		p.Variant = parts[2]
 	}
-	return platformMatches(&p, s.opts.Platform)
+	n := normalPlatform(p)
+	return p, platformString(&n) == s
 }
 
 // servable says whether the store may give r to a pull without fetching
@@ -742,7 +760,7 @@ func (s *Store) pull(ctx context.Context, ref Reference, auth *Credentials, forc
 		return nil, err
 	}
 	rec := &record{Digest: res.digest, IndexDigest: res.indexDigest, ConfigDigest: res.manifest.Config.Digest.String(), Config: configOf(cfg),
-		StopSignalKnown: true, Platform: platformString(cfg.Platform()), PulledAt: s.now().UTC()}
+		StopSignalKnown: true, Platform: platformString(configPlatform(cfg, s.opts.Platform)), PulledAt: s.now().UTC()}
 	var created []string
 	for attempt := 1; ; attempt++ {
 		var (

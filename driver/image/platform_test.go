@@ -1,0 +1,195 @@
+package image
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/types"
+	"github.com/shoenig/test/must"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/e2e/imagebuild"
+)
+
+// Spellings of a platform that containerd normalises (x86_64, aarch64,
+// armhf, upper case, arm64 "8") name the platform they are read as: an
+// index that writes them is pulled. None of them reads as a higher level
+// than it says: a v4 spelled any way stays off a v3 node.
+func TestPickPlatform_Spellings(t *testing.T) {
+	ref := Reference{Raw: "example/csi:1"}
+	p := func(arch, variant string) v1.Platform {
+		return v1.Platform{OS: "linux", Architecture: arch, Variant: variant}
+	}
+	amd64v3, arm64, arm7, arm6 := p("amd64", "v3"), p("arm64", "v8"), p("arm", "v7"), p("arm", "v6")
+	for _, tc := range []struct {
+		node   v1.Platform
+		listed v1.Platform
+		ok     bool
+	}{
+		{amd64v3, p("x86_64", ""), true},
+		{amd64v3, p("x86-64", "v2"), true},
+		{amd64v3, p("X86_64", "V3"), true},
+		{amd64v3, p("amd64", "v3 "), true},
+		{amd64v3, p(" amd64", "v1"), true},
+		{amd64v3, v1.Platform{OS: "Linux", Architecture: "AMD64"}, true},
+		{amd64v3, p("x86_64", "V4"), false},
+		{amd64v3, p("amd64", "v4 "), false},
+		{amd64v3, p("amd64", "3"), false},
+		{amd64v3, p("amd64", "v3.1"), false},
+		{amd64v3, p("i386", ""), false},
+		{arm64, p("aarch64", ""), true},
+		{arm64, p("arm64", "8"), true},
+		{arm64, p("ARM64", "V8"), true},
+		{arm64, p("aarch64", "v8.0"), true},
+		{arm64, p("arm64", "v9"), false},
+		{arm64, p("aarch64", "9"), false},
+		{arm64, p("armhf", ""), false},
+		{arm7, p("armhf", ""), true},
+		{arm7, p("arm", "7"), true},
+		{arm7, p("armel", ""), true},
+		{arm7, p("arm", "8"), false},
+		{arm6, p("armhf", ""), false},
+		{arm6, p("arm", "V6"), true},
+	} {
+		t.Run(fmt.Sprintf("%s on %s", platformString(&tc.listed), platformString(&tc.node)), func(t *testing.T) {
+			idx := &v1.IndexManifest{Manifests: []v1.Descriptor{{MediaType: types.OCIManifestSchema1, Platform: &tc.listed,
+				Digest: v1.Hash{Algorithm: "sha256", Hex: strings.Repeat("0", 64)}}}}
+			_, err := pickPlatform(ref, idx, tc.node)
+			if tc.ok {
+				must.NoError(t, err)
+			} else {
+				must.ErrorIs(t, err, ErrPlatform)
+			}
+		})
+	}
+}
+
+// A record's platform is read only as the store writes it. One that is
+// not (damaged, or edited by hand) is not served on any node: the pull
+// fetches the image again.
+func TestRecordPlatformIsReadStrictly(t *testing.T) {
+	s := &Store{opts: Options{Platform: v1.Platform{OS: "linux", Architecture: "amd64", Variant: "v2"}}}
+	for _, tc := range []struct {
+		platform string
+		runs     bool
+	}{
+		{"", true},
+		{"linux/amd64", true},
+		{"linux/amd64/v1", true},
+		{"linux/amd64/v2", true},
+		{"linux/amd64/v3", false},
+		{"linux/arm64/v8", false},
+		{"linux", false},
+		{"linux/", false},
+		{"/amd64", false},
+		{"linux//amd64", false},
+		{"linux/amd64/", false},
+		{"linux/amd64/v2/x", false},
+		{"linux/amd64/v1/v4", false},
+		{"linux:10/amd64", false},
+		{" linux/amd64", false},
+		{"linux/amd64 ", false},
+		{"linux/amd64/v2 ", false},
+		{"Linux/amd64", false},
+		{"linux/x86_64", false},
+		{"linux/amd64/V2", false},
+		{"linux/amd64/v2\x00", false},
+		{strings.Repeat("linux/", 1<<16) + "amd64", false},
+	} {
+		must.Eq(t, tc.runs, s.runsHere(&record{Platform: tc.platform}), must.Sprintf("platform %q", tc.platform))
+	}
+}
+
+// An index that lists an image for a level the node runs does not get one
+// of a higher level onto it, however its configuration spells the level,
+// and a configuration without "os" is checked as well: its image runs
+// only where its architecture and level do.
+func TestConfigPlatformIsCheckedNormalised(t *testing.T) {
+	f := newFixture(t)
+	layer := mustLayer(t, imagebuild.File("a", []byte("a"), 0o644))
+	f.store.opts.Platform = v1.Platform{OS: "linux", Architecture: "amd64", Variant: "v2"}
+	listed := func(name string, img v1.Image, p v1.Platform) string {
+		idx := mutate.AppendManifests(mutate.IndexMediaType(empty.Index, types.OCIImageIndex), mutate.IndexAddendum{
+			Add: img, Descriptor: v1.Descriptor{Platform: &p}})
+		return f.layout(t, name, "1", idx)
+	}
+	for i, tc := range []struct {
+		config, listed v1.Platform
+		ok             bool
+	}{
+		{v1.Platform{OS: "linux", Architecture: "amd64", Variant: "V3"}, v1.Platform{OS: "linux", Architecture: "amd64", Variant: "v2"}, false},
+		{v1.Platform{OS: "linux", Architecture: "x86_64", Variant: "v3 "}, v1.Platform{OS: "linux", Architecture: "amd64", Variant: "v2"}, false},
+		{v1.Platform{Architecture: "amd64", Variant: "v4"}, v1.Platform{OS: "linux", Architecture: "amd64"}, false},
+		{v1.Platform{Variant: "v3"}, v1.Platform{OS: "linux", Architecture: "amd64"}, false},
+		{v1.Platform{Architecture: "arm64"}, v1.Platform{OS: "linux", Architecture: "amd64"}, false},
+		{v1.Platform{OS: "linux", Architecture: "X86_64", Variant: "V2"}, v1.Platform{OS: "linux", Architecture: "x86_64", Variant: "v2"}, true},
+		{v1.Platform{Architecture: "amd64"}, v1.Platform{OS: "linux", Architecture: "amd64"}, true},
+	} {
+		img := mustImage(t, imagebuild.Spec{Platform: &tc.config, Cmd: []string{fmt.Sprint(i)}}, layer)
+		ref := listed(fmt.Sprintf("c%d", i), img, tc.listed)
+		got, err := f.store.Pull(context.Background(), ref, PullRequest{})
+		if !tc.ok {
+			must.ErrorIs(t, err, ErrPlatform, must.Sprintf("config %+v listed as %+v", tc.config, tc.listed))
+			continue
+		}
+		must.NoError(t, err, must.Sprintf("config %+v listed as %+v", tc.config, tc.listed))
+		// The record keeps the platform as the store spells it.
+		r, err := f.store.readRecord(got.Digest)
+		must.NoError(t, err)
+		n := normalPlatform(tc.config)
+		n.OS = "linux"
+		must.Eq(t, platformString(&n), r.Platform)
+	}
+}
+
+// A record whose platform is damaged is neither served nor a wedge: the
+// next pull fetches the image from its source and writes the record
+// again, by tag and by digest.
+func TestDamagedRecordPlatformIsFetchedAgain(t *testing.T) {
+	f := newFixture(t)
+	node := NodePlatform()
+	img := mustImage(t, imagebuild.Spec{Platform: &node, Cmd: []string{"x"}}, baseLayer(t))
+	ref := f.layout(t, "damaged", "1.0", img)
+	got, err := f.store.Pull(context.Background(), ref, PullRequest{})
+	must.NoError(t, err)
+	want, err := f.store.readRecord(got.Digest)
+	must.NoError(t, err)
+	for _, bad := range []string{"linux", "linux:10/" + node.Architecture, platformString(&node) + "/x", " " + platformString(&node), "\x00"} {
+		r, err := f.store.readRecord(got.Digest)
+		must.NoError(t, err)
+		r.Platform = bad
+		b, err := json.Marshal(r)
+		must.NoError(t, err)
+		must.NoError(t, os.WriteFile(f.store.recordPath(got.Digest), b, 0o600))
+		must.Nil(t, f.store.findDigest(got.Digest), must.Sprintf("platform %q", bad))
+		again, err := f.store.Pull(context.Background(), ref, PullRequest{})
+		must.NoError(t, err, must.Sprintf("platform %q", bad))
+		must.Eq(t, got.Digest, again.Digest)
+		r, err = f.store.readRecord(got.Digest)
+		must.NoError(t, err)
+		must.Eq(t, want.Platform, r.Platform, must.Sprintf("platform %q", bad))
+	}
+}
+
+// A hostile index or configuration may name platforms megabytes long: the
+// error names them cut short, not whole.
+func TestHugePlatformsAreCutInErrors(t *testing.T) {
+	ref := Reference{Raw: "example/csi:1"}
+	huge := strings.Repeat("x", 1<<20)
+	idx := &v1.IndexManifest{}
+	for i := range 20 {
+		idx.Manifests = append(idx.Manifests, v1.Descriptor{MediaType: types.OCIManifestSchema1,
+			Platform: &v1.Platform{OS: "linux", Architecture: huge + fmt.Sprint(i), Variant: "\x1b[2J"},
+			Digest:   v1.Hash{Algorithm: "sha256", Hex: fmt.Sprintf("%064d", i)}})
+	}
+	_, err := pickPlatform(ref, idx, v1.Platform{OS: "linux", Architecture: "amd64", Variant: "v2"})
+	must.ErrorIs(t, err, ErrPlatform)
+	must.Less(t, 4096, len(err.Error()))
+	must.StrNotContains(t, err.Error(), "\x1b")
+}
