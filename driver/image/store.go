@@ -300,13 +300,33 @@ func (s *Store) recordPath(digest string) string {
 }
 
 // storedConfig is the configuration the store keeps under digest
-// (configs/<hex>.json), nil when it keeps none that matches the digest.
+// (configs/<hex>.json), nil when it keeps none that matches the digest. A
+// copy that does not (damaged on disk, or over maxConfigSize, of which no
+// more is read) is taken away, once, and said: it is a cache, which no
+// task uses, and the next pull that asks the image's source fetches it
+// again, rather than every pull reading it in vain.
 func (s *Store) storedConfig(digest string) []byte {
-	b, err := os.ReadFile(s.configPath(digest))
-	if err != nil || digestOf(b) != digest {
+	p := s.configPath(digest)
+	f, err := os.Open(p)
+	if err != nil {
 		return nil
 	}
-	return b
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxConfigSize+1))
+	if err != nil {
+		return nil
+	}
+	if len(b) <= maxConfigSize && digestOf(b) == digest {
+		return b
+	}
+	// Only the copy read: one a pull has put there since stays.
+	if read, err := f.Stat(); err == nil {
+		if now, err := os.Lstat(p); err == nil && os.SameFile(read, now) && os.Remove(p) == nil {
+			s.logger.Warn("removed a damaged image configuration from the store; the next pull of its image fetches it again",
+				"digest", digest, "path", p)
+		}
+	}
+	return nil
 }
 
 // storedStopSignal is the STOPSIGNAL of the configuration the store keeps
@@ -314,7 +334,7 @@ func (s *Store) storedConfig(digest string) []byte {
 // matches its digest and decodes.
 func (s *Store) storedStopSignal(digest string) (_ string, ok bool) {
 	b := s.storedConfig(digest)
-	if b == nil || len(b) > maxConfigSize {
+	if b == nil {
 		return "", false
 	}
 	var cfg v1.ConfigFile
@@ -328,9 +348,10 @@ func (s *Store) storedStopSignal(digest string) (_ string, ok bool) {
 // beside it, when r was written before stop signals were kept, and says
 // whether it did: the caller, holding meta.lock, writes r back, so the
 // configuration (up to maxConfigSize) is read once, not at every pull. A
-// configuration the store lacks or that fails its digest leaves r as it
-// is: its stop signal stays unknown, and the image stops with its task's
-// kill_signal or SIGINT.
+// configuration the store lacks or that fails its digest (storedConfig
+// takes it away) leaves r as it is: its stop signal stays unknown, and the
+// image stops with its task's kill_signal or SIGINT, until a pull that
+// asks its source fetches the configuration again (pull).
 func (s *Store) knowStopSignal(r *record) bool {
 	if r.StopSignalKnown || r.ConfigDigest == "" {
 		return false
@@ -747,8 +768,11 @@ func (s *Store) pull(ctx context.Context, ref Reference, auth *Credentials, forc
 		// Its configuration goes to credentials it was not served to
 		// only if this source serves it: a registry that serves the
 		// manifest of another's private image does not get its
-		// configuration by that.
-		if !r.allows(key) {
+		// configuration by that. A record whose stop signal is unknown
+		// (written before they were kept) lacks its configuration if
+		// it is still unknown here (knowStopSignal found none, or a
+		// damaged one): its source serves it again, and commit reads it.
+		if !r.allows(key) || !r.StopSignalKnown && r.ConfigDigest != "" && s.storedConfig(r.ConfigDigest) == nil {
 			if _, err := s.configBlob(ctx, ref, src, res.manifest.Config, key, f); err != nil {
 				return nil, err
 			}

@@ -24,6 +24,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/static"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
+	"github.com/hashicorp/go-hclog"
 	"github.com/shoenig/test/must"
 	"golang.org/x/sys/unix"
 
@@ -810,7 +811,8 @@ func TestPullCompressions(t *testing.T) {
 // record is written back with it, and later pulls do not read the
 // configuration again (here, they find it gone), also when the image has
 // no STOPSIGNAL. A configuration that fails its digest says nothing, and
-// is not taken for "none".
+// is not taken for "none": it is taken away, once (not read at every
+// pull), and the next pull that asks the image's source fetches it again.
 func TestPullStopSignal(t *testing.T) {
 	f := newFixture(t)
 	// As tasks pull: with a lease, which alone changes no record.
@@ -855,13 +857,16 @@ func TestPullStopSignal(t *testing.T) {
 	kept, err := os.ReadFile(cfgPath)
 	must.NoError(t, err)
 	// A kept configuration that no longer matches its digest says
-	// nothing, and the record stays as it was.
+	// nothing: the pull, which asks the source (a local one is asked at
+	// every pull), fetches it again, and the record learns its stop
+	// signal. (TestDamagedConfigIsTakenAwayOnce: by digest, without the
+	// source.)
 	must.NoError(t, os.WriteFile(cfgPath, bytes.Replace(kept, []byte("SIGTERM"), []byte("SIGKILL"), 1), 0o600))
-	must.Eq(t, "", pull(ref))
-	must.False(t, known(ref), must.Sprint("a configuration that fails its digest taken for no STOPSIGNAL"))
-	must.NoError(t, os.WriteFile(cfgPath, kept, 0o600))
 	must.Eq(t, "SIGTERM", pull(ref))
 	must.True(t, known(ref))
+	got, err := os.ReadFile(cfgPath)
+	must.NoError(t, err)
+	must.Eq(t, kept, got)
 	// Read once: the next pulls need no configuration.
 	must.NoError(t, os.Rename(cfgPath, cfgPath+".away"))
 	must.Eq(t, "SIGTERM", pull(ref))
@@ -880,4 +885,61 @@ func TestPullStopSignal(t *testing.T) {
 	must.Eq(t, "", pull(ref))
 	must.True(t, known(ref))
 	must.NoError(t, os.Rename(cfgPath+".away", cfgPath))
+}
+
+// A configuration kept beside a record written before stop signals were
+// kept, damaged on disk, is read once: served by digest, without its
+// registry, the image is used as it is (its stop signal unknown), the
+// damaged copy is taken away and logged, naming it, and is not read again
+// at each pull; the next pull that asks the registry fetches it again, and
+// the record learns its stop signal. The image's layers, which a task
+// holds a lease on, stay.
+func TestDamagedConfigIsTakenAwayOnce(t *testing.T) {
+	needRoot(t)
+	reg := newTagRegistry(t)
+	var logs bytes.Buffer
+	s, err := Open(t.TempDir(), Options{InsecureRegistries: []string{reg.host},
+		Logger: hclog.New(&hclog.LoggerOptions{Output: &logs, Level: hclog.Warn})})
+	must.NoError(t, err)
+	ctx := context.Background()
+	tag := reg.host + "/csi/plugin:1.2"
+	d := reg.push(t, tag, mustImage(t, imagebuild.Spec{Cmd: []string{"/plugin"}, StopSignal: "SIGTERM"}, baseLayer(t)))
+	byDigest := reg.host + "/csi/plugin@" + d
+	_, err = s.Pull(ctx, tag, PullRequest{})
+	must.NoError(t, err)
+
+	// As an earlier build wrote it, and its configuration damaged.
+	r, err := s.readRecord(d)
+	must.NoError(t, err)
+	r.StopSignalKnown, r.Config.StopSignal = false, ""
+	b, err := json.Marshal(r)
+	must.NoError(t, err)
+	must.NoError(t, os.WriteFile(s.recordPath(d), b, 0o600))
+	cfgPath := s.configPath(r.ConfigDigest)
+	must.NoError(t, os.WriteFile(cfgPath, bytes.Repeat([]byte("x"), maxConfigSize+10), 0o600))
+
+	hits := reg.hits.Load()
+	for i := range 3 {
+		img, err := s.Pull(ctx, byDigest, PullRequest{Use: &Use{TaskID: fmt.Sprintf("alloc/t/%d", i)}})
+		must.NoError(t, err)
+		must.Eq(t, "", img.Config.StopSignal)
+		must.FileNotExists(t, cfgPath)
+		for _, l := range img.Layers {
+			must.DirExists(t, l)
+		}
+	}
+	must.Eq(t, hits, reg.hits.Load(), must.Sprint("a pull by digest the store has asked the registry"))
+	must.Eq(t, 1, strings.Count(logs.String(), "removed a damaged image configuration"), must.Sprint(logs.String()))
+	must.StrContains(t, logs.String(), r.ConfigDigest)
+
+	img, err := s.Pull(ctx, tag, PullRequest{ForcePull: true})
+	must.NoError(t, err)
+	must.Eq(t, "SIGTERM", img.Config.StopSignal)
+	r, err = s.readRecord(d)
+	must.NoError(t, err)
+	must.True(t, r.StopSignalKnown)
+	must.NotNil(t, s.storedConfig(r.ConfigDigest))
+	for i := range 3 {
+		must.NoError(t, s.Release(ctx, fmt.Sprintf("alloc/t/%d", i)))
+	}
 }
