@@ -8,9 +8,11 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/types"
 	"github.com/shoenig/test/must"
 
@@ -192,4 +194,53 @@ func TestHugePlatformsAreCutInErrors(t *testing.T) {
 	must.ErrorIs(t, err, ErrPlatform)
 	must.Less(t, 4096, len(err.Error()))
 	must.StrNotContains(t, err.Error(), "\x1b")
+}
+
+// An index by digest, of which the store has the images of two x86-64
+// levels (the node ran a lower one for a while), is served the one of the
+// node's level, whichever record the store reads first.
+func TestIndexDigestServesTheClosestLevel(t *testing.T) {
+	needRoot(t)
+	reg := newTagRegistry(t)
+	s, err := Open(t.TempDir(), Options{InsecureRegistries: []string{reg.host}})
+	must.NoError(t, err)
+	ctx := context.Background()
+	v2 := v1.Platform{OS: "linux", Architecture: "amd64", Variant: "v2"}
+	v3 := v1.Platform{OS: "linux", Architecture: "amd64", Variant: "v3"}
+	layer := mustLayer(t, imagebuild.File("a", []byte("a"), 0o644))
+	// Images whose v2 record comes first in the store's directory, where
+	// a lookup that takes the first it finds goes wrong.
+	var idx v1.ImageIndex
+	for i := 0; idx == nil; i++ {
+		i2 := mustImage(t, imagebuild.Spec{Platform: &v2, Cmd: []string{"v2", fmt.Sprint(i)}}, layer)
+		i3 := mustImage(t, imagebuild.Spec{Platform: &v3, Cmd: []string{"v3", fmt.Sprint(i)}}, layer)
+		d2, err := i2.Digest()
+		must.NoError(t, err)
+		d3, err := i3.Digest()
+		must.NoError(t, err)
+		if d2.Hex < d3.Hex {
+			idx, err = imagebuild.Index(i2, i3)
+			must.NoError(t, err)
+		}
+	}
+	tag, err := name.NewTag(reg.host+"/csi/levels:1", name.Insecure)
+	must.NoError(t, err)
+	must.NoError(t, remote.WriteIndex(tag, idx))
+	d, err := idx.Digest()
+	must.NoError(t, err)
+	ref := reg.host + "/csi/levels@" + d.String()
+
+	pull := func(node v1.Platform) string {
+		t.Helper()
+		s.opts.Platform = node
+		img, err := s.Pull(ctx, ref, PullRequest{})
+		must.NoError(t, err)
+		return img.Config.Cmd[0]
+	}
+	must.Eq(t, "v3", pull(v3))
+	must.Eq(t, "v2", pull(v2))
+	hits := reg.hits.Load()
+	must.Eq(t, "v3", pull(v3))
+	must.Eq(t, "v2", pull(v2))
+	must.Eq(t, hits, reg.hits.Load(), must.Sprint("an index the store has both images of asked the registry"))
 }

@@ -962,13 +962,26 @@ func (s *Store) findDigest(digest string) *record {
 	if r, err := s.readRecord(digest); err == nil && s.servable(r) {
 		return r
 	}
+	// Of the images of an index the store has (pulled while the node ran
+	// another x86-64 level), the one closest to the node's platform.
+	var (
+		best     *record
+		bestRank int
+	)
 	recs, _ := s.records()
 	for _, r := range recs {
-		if r.IndexDigest == digest && s.servable(r) {
-			return r
+		if r.IndexDigest != digest || !s.servable(r) {
+			continue
+		}
+		rank := 10
+		if p, ok := parseRecordPlatform(r.Platform); ok {
+			rank = platformRank(&p, s.opts.Platform)
+		}
+		if best == nil || rank > bestRank {
+			best, bestRank = r, rank
 		}
 	}
-	return nil
+	return best
 }
 
 func shortDigest(d string) string {
