@@ -244,3 +244,20 @@ func TestIndexDigestServesTheClosestLevel(t *testing.T) {
 	must.Eq(t, "v2", pull(v2))
 	must.Eq(t, hits, reg.hits.Load(), must.Sprint("an index the store has both images of asked the registry"))
 }
+
+// A configuration that names no platform at all (no os, architecture nor
+// variant: some builders write none) runs wherever the index or the
+// reference that led to it says: it is pulled, its record names no
+// platform, and the pull does not fail on it.
+func TestConfigWithoutPlatformIsPulled(t *testing.T) {
+	f := newFixture(t)
+	img := mustImage(t, imagebuild.Spec{Platform: &v1.Platform{}, Cmd: []string{"x"}}, baseLayer(t))
+	cf, err := img.ConfigFile()
+	must.NoError(t, err)
+	must.Nil(t, cf.Platform())
+	got, err := f.store.Pull(context.Background(), f.layout(t, "noplatform", "1", img), PullRequest{})
+	must.NoError(t, err)
+	r, err := f.store.readRecord(got.Digest)
+	must.NoError(t, err)
+	must.Eq(t, "", r.Platform)
+}

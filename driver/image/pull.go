@@ -331,7 +331,11 @@ func pickPlatform(ref Reference, idx *v1.IndexManifest, node v1.Platform) (*v1.D
 // plain amd64 does not get it onto a v2 node by a configuration without
 // "os".
 func configPlatform(cfg *v1.ConfigFile, node v1.Platform) *v1.Platform {
-	p := normalPlatform(*cfg.Platform())
+	named := cfg.Platform()
+	if named == nil {
+		return nil
+	}
+	p := normalPlatform(*named)
 	if p.OS == "" && p.Architecture == "" && p.Variant == "" {
 		return nil
 	}
