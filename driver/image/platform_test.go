@@ -261,3 +261,40 @@ func TestConfigWithoutPlatformIsPulled(t *testing.T) {
 	must.NoError(t, err)
 	must.Eq(t, "", r.Platform)
 }
+
+// A record an earlier build wrote for a configuration that names an
+// architecture and level but no os has no platform (that build did not
+// check such a configuration): the store reads the configuration it keeps
+// beside it before serving it, so that an image of a level above the
+// node's is not served from the store after the node's level dropped.
+func TestRecordWithoutPlatformChecksItsConfiguration(t *testing.T) {
+	f := newFixture(t)
+	v4 := v1.Platform{Architecture: "amd64", Variant: "v4"}
+	f.store.opts.Platform = v1.Platform{OS: "linux", Architecture: "amd64", Variant: "v4"}
+	img := mustImage(t, imagebuild.Spec{Platform: &v4, Cmd: []string{"x"}}, baseLayer(t))
+	ref := f.layout(t, "legacy", "1", img)
+	got, err := f.store.Pull(context.Background(), ref, PullRequest{})
+	must.NoError(t, err)
+	r, err := f.store.readRecord(got.Digest)
+	must.NoError(t, err)
+	must.Eq(t, "linux/amd64/v4", r.Platform)
+	// As the earlier build wrote it.
+	r.Platform = ""
+	b, err := json.Marshal(r)
+	must.NoError(t, err)
+	must.NoError(t, os.WriteFile(f.store.recordPath(got.Digest), b, 0o600))
+	must.NotNil(t, f.store.findDigest(got.Digest))
+
+	f.store.opts.Platform.Variant = "v2"
+	must.Nil(t, f.store.findDigest(got.Digest), must.Sprint("a v4 image served from the store on a v2 node"))
+	found, _ := f.store.findRef(ref, "")
+	must.Nil(t, found)
+	_, err = f.store.Pull(context.Background(), ref, PullRequest{})
+	must.ErrorIs(t, err, ErrPlatform)
+
+	// One whose configuration names no platform still runs anywhere.
+	plain := mustImage(t, imagebuild.Spec{Platform: &v1.Platform{}, Cmd: []string{"y"}}, baseLayer(t))
+	got, err = f.store.Pull(context.Background(), f.layout(t, "plain", "1", plain), PullRequest{})
+	must.NoError(t, err)
+	must.NotNil(t, f.store.findDigest(got.Digest))
+}

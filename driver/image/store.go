@@ -418,15 +418,38 @@ func (s *Store) records() ([]*record, error) {
 // is now: a node's x86-64 level can drop under a store pulled before (a
 // virtual machine moved to an older host, a kernel that no longer saves
 // AVX registers), and an image of a higher level would die of SIGILL. A
-// record that names no platform (its configuration names none) runs; one
-// whose platform is not as the store writes it (damaged, or written by
-// hand) does not: its image is fetched again, and its record rewritten.
+// record that names no platform runs, unless the configuration kept
+// beside it names one the node does not run: an earlier build recorded no
+// platform for a configuration with an architecture or level but no os,
+// which it did not check. One whose platform is not as the store writes it
+// (damaged, or written by hand) does not: its image is fetched again, and
+// its record rewritten.
 func (s *Store) runsHere(r *record) bool {
 	if r.Platform == "" {
-		return true
+		return s.configRunsHere(r.ConfigDigest)
 	}
 	p, ok := parseRecordPlatform(r.Platform)
 	return ok && platformMatches(&p, s.opts.Platform)
+}
+
+// configRunsHere says whether the image of the configuration the store
+// keeps under digest runs on the node, as fetchConfig checks it; true when
+// the store keeps none that matches its digest and decodes (nothing is
+// known against it, as an earlier build served it).
+func (s *Store) configRunsHere(digest string) bool {
+	if digest == "" {
+		return true
+	}
+	b := s.storedConfig(digest)
+	if b == nil {
+		return true
+	}
+	var cfg v1.ConfigFile
+	if json.Unmarshal(b, &cfg) != nil {
+		return true
+	}
+	p := configPlatform(&cfg, s.opts.Platform)
+	return p == nil || platformMatches(p, s.opts.Platform)
 }
 
 // parseRecordPlatform reads a record's platform as platformString wrote
