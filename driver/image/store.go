@@ -794,10 +794,17 @@ func (s *Store) pull(ctx context.Context, ref Reference, auth *Credentials, forc
 		// configuration by that. A record whose stop signal is unknown
 		// (written before they were kept) lacks its configuration if
 		// it is still unknown here (knowStopSignal found none, or a
-		// damaged one): its source serves it again, and commit reads it.
-		if !r.allows(key) || !r.StopSignalKnown && r.ConfigDigest != "" && s.storedConfig(r.ConfigDigest) == nil {
+		// damaged one): its source serves it again, and commit reads it;
+		// a source that no longer does fails no start of an image the
+		// store has whole: its stop signal stays unknown.
+		if !r.allows(key) {
 			if _, err := s.configBlob(ctx, ref, src, res.manifest.Config, key, f); err != nil {
 				return nil, err
+			}
+		} else if !r.StopSignalKnown && r.ConfigDigest != "" && s.storedConfig(r.ConfigDigest) == nil {
+			if _, err := s.configBlob(ctx, ref, src, res.manifest.Config, key, f); err != nil {
+				s.logger.Warn("failed to fetch an image's configuration again; its stop signal stays unknown",
+					"image", ref.Raw, "digest", r.ConfigDigest, "error", err)
 			}
 		}
 		return s.present(ctx, r, ref, key, true, f)

@@ -943,3 +943,31 @@ func TestDamagedConfigIsTakenAwayOnce(t *testing.T) {
 		must.NoError(t, s.Release(ctx, fmt.Sprintf("alloc/t/%d", i)))
 	}
 }
+
+// An image the store has whole, recorded before stop signals were kept
+// and whose kept configuration is damaged, is still served when its
+// source no longer serves the configuration (a registry that collected
+// the blob, a layout directory pruned): the configuration is asked for to
+// learn the stop signal, which is not worth failing the start for; the
+// image stops with its task's kill_signal, as it did before.
+func TestLostConfigDoesNotFailAPresentImage(t *testing.T) {
+	f := newFixture(t)
+	img := mustImage(t, imagebuild.Spec{Cmd: []string{"/plugin"}, StopSignal: "SIGTERM"}, baseLayer(t))
+	ref := f.layout(t, "lost", "1", img)
+	got, err := f.store.Pull(context.Background(), ref, PullRequest{})
+	must.NoError(t, err)
+
+	r, err := f.store.readRecord(got.Digest)
+	must.NoError(t, err)
+	r.StopSignalKnown, r.Config.StopSignal = false, ""
+	b, err := json.Marshal(r)
+	must.NoError(t, err)
+	must.NoError(t, os.WriteFile(f.store.recordPath(got.Digest), b, 0o600))
+	must.NoError(t, os.WriteFile(f.store.configPath(r.ConfigDigest), bytes.Repeat([]byte("x"), 10), 0o600))
+	must.NoError(t, os.Remove(filepath.Join(f.images, "lost", "blobs", "sha256", hexOf(r.ConfigDigest))))
+
+	again, err := f.store.Pull(context.Background(), ref, PullRequest{})
+	must.NoError(t, err)
+	must.Eq(t, got.Digest, again.Digest)
+	must.Eq(t, "", again.Config.StopSignal)
+}
