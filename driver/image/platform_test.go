@@ -298,3 +298,28 @@ func TestRecordWithoutPlatformChecksItsConfiguration(t *testing.T) {
 	must.NoError(t, err)
 	must.NotNil(t, f.store.findDigest(got.Digest))
 }
+
+// A task recovered on a node whose x86-64 level dropped below its image's
+// takes its lease back (its process may still run, and GC must not take
+// its layers), while a new start of the image by its digest is refused
+// with the platform error, not served from the store.
+func TestRecoveredTaskKeepsAnImageAboveTheNodesLevel(t *testing.T) {
+	f := newFixture(t)
+	v3 := v1.Platform{OS: "linux", Architecture: "amd64", Variant: "v3"}
+	f.store.opts.Platform = v3
+	img := mustImage(t, imagebuild.Spec{Platform: &v3, Cmd: []string{"x"}}, baseLayer(t))
+	ref := f.layout(t, "recovered", "1", img)
+	got, err := f.store.Pull(context.Background(), ref, PullRequest{})
+	must.NoError(t, err)
+
+	f.store.opts.Platform.Variant = "v2"
+	must.NoError(t, f.store.Acquire(context.Background(), Use{TaskID: "alloc/t"}, got.Digest))
+	uses, err := f.store.uses()
+	must.NoError(t, err)
+	must.SliceLen(t, 1, uses)
+	must.Eq(t, got.Digest, uses[0].Digest)
+	must.Nil(t, f.store.findDigest(got.Digest))
+	_, err = f.store.Pull(context.Background(), strings.TrimSuffix(ref, ":1")+"@"+got.Digest, PullRequest{})
+	must.ErrorIs(t, err, ErrPlatform)
+	must.NoError(t, f.store.Release(context.Background(), "alloc/t"))
+}
