@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -73,6 +74,52 @@ func TestStart_StageWaitingForVolumes_Root(t *testing.T) {
 	}
 }
 
+// stopProcess stops pid with SIGSTOP and returns once every thread of it
+// is stopped. kill(2) returns once the signal is queued: the kernel wakes
+// one thread to take it, and the others stop only when that thread gets a
+// CPU and passes the stop on. Until then a thread blocked in a read runs
+// on when its data comes (the supervisor's launching thread receives its
+// volumes, hands the stage its go-ahead and is stopped only then, its
+// command running), so a stopped process is one whose threads all say so.
+func stopProcess(pid int) error {
+	if err := unix.Kill(pid, unix.SIGSTOP); err != nil {
+		return err
+	}
+	var states string
+	if !pollFor(func() bool {
+		states = threadStates(pid)
+		return states != "" && strings.Trim(states, "T") == ""
+	}) {
+		return fmt.Errorf("pid %d did not stop: its threads are in states %q", pid, states)
+	}
+	return nil
+}
+
+// threadStates is the state letter (proc(5)) of each thread of pid, ""
+// when it cannot be read.
+func threadStates(pid int) string {
+	dir := fmt.Sprintf("/proc/%d/task", pid)
+	tasks, err := os.ReadDir(dir)
+	if err != nil {
+		return ""
+	}
+	var states strings.Builder
+	for _, task := range tasks {
+		b, err := os.ReadFile(filepath.Join(dir, task.Name(), "stat"))
+		if err != nil {
+			return ""
+		}
+		// The state follows the command name, which may hold spaces
+		// and parentheses: it is the first field after the last ')'.
+		f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+		if len(f) == 0 {
+			return ""
+		}
+		states.WriteString(f[0])
+	}
+	return states.String()
+}
+
 // A supervisor that never reports (stopped while its stage waits, after
 // the volumes came) is killed once startTimeout passes, and the start
 // leaves nothing: no stage, no command, no cgroup.
@@ -97,7 +144,7 @@ func TestStart_SupervisorSilent_Root(t *testing.T) {
 				if err := wire.ReadJSON(filepath.Join(tt.spec.StateDir, wire.SupervisorFile), &rec); err != nil {
 					return nil, err
 				}
-				if err := unix.Kill(rec.PID, unix.SIGSTOP); err != nil {
+				if err := stopProcess(rec.PID); err != nil {
 					return nil, err
 				}
 				return []Mount{{Source: vol, Target: "/vol"}}, nil
