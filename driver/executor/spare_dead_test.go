@@ -82,9 +82,10 @@ func TestSpares_KilledWaitingSparesLeaveNothing_Root(t *testing.T) {
 		return sp != nil && sp.cmd != nil && sp.cmd.Process.Pid != pids[len(pids)-1]
 	})
 	s.mu.Lock()
-	must.Eq(t, 20, s.died[""], must.Sprint("every kill is counted once"))
+	died := s.died[""]
 	last := s.spares[""].cmd.Process.Pid
 	s.mu.Unlock()
+	must.Eq(t, 20, died, must.Sprint("every kill is counted once"))
 	must.Eq(t, filesBefore, openFiles(t), must.Sprint("files of dead spares left open"))
 	s.Close()
 

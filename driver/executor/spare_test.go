@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,6 +21,17 @@ import (
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/cgroups"
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor/wire"
 )
+
+// locked returns what f reads of s with s.mu held. Checks are made on
+// what it returns, once the lock is free: a check that fails with the lock
+// held ends the test with it held, and the test's cleanup (s.Close) then
+// waits for it until the test binary's timeout, instead of the test
+// failing.
+func locked[T any](s *Spares, f func() T) T {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return f()
+}
 
 // waitSpare waits until s has a spare of binary ready and returns its pid.
 func waitSpare(t *testing.T, s *Spares, binary string) int {
@@ -123,7 +135,16 @@ func TestSpares_DeadSpareAndErrors_Root(t *testing.T) {
 	// the dead spare itself, as one does that takes it between its death
 	// and its reaper.
 	refills := make(chan func(), 1)
-	s := &Spares{died: map[string]int{"": 1}, after: func(_ time.Duration, f func()) { refills <- f }}
+	var extraRefill atomic.Bool
+	s := &Spares{died: map[string]int{"": 1}, after: func(_ time.Duration, f func()) {
+		// Never blocks the pool's goroutine that waits: a second refill
+		// while the first is held is recorded, and checked below.
+		select {
+		case refills <- f:
+		default:
+			extraRefill.Store(true)
+		}
+	}}
 	t.Cleanup(s.Close)
 	s.Fill("", hclog.NewNullLogger())
 	dead := waitSpare(t, s, "")
@@ -150,10 +171,15 @@ func TestSpares_DeadSpareAndErrors_Root(t *testing.T) {
 	must.Eq(t, "own\n", readFile(t, tt.stdout))
 
 	// The start's own fill waits for the back-off, as the pool does.
-	s.mu.Lock()
-	must.Nil(t, s.spares[""], must.Sprint("a spare started during the back-off"))
-	s.mu.Unlock()
-	(<-refills)()
+	must.Nil(t, locked(s, func() *spare { return s.spares[""] }), must.Sprint("a spare started during the back-off"))
+	var refill func()
+	select {
+	case refill = <-refills:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the dead spare's refill was never waited for: no spare is started after its back-off")
+	}
+	must.False(t, extraRefill.Load(), must.Sprint("a second refill was waited for while the dead spare's one waited"))
+	refill()
 	spare := waitSpare(t, s, "")
 	tt = newTestSpec(t, "definitely-not-a-command")
 	failed, err := s.Start(hclog.NewNullLogger(), tt.spec, nil)
@@ -180,9 +206,7 @@ func TestSpares_DeadWaitingSpareIsReplaced_Root(t *testing.T) {
 		next = sp.cmd.Process.Pid
 		return true
 	})
-	s.mu.Lock()
-	must.Eq(t, 1, s.died[""])
-	s.mu.Unlock()
+	must.Eq(t, 1, locked(s, func() int { return s.died[""] }))
 
 	tt := newTestSpec(t, "/bin/true")
 	p, err := s.Start(hclog.NewNullLogger(), tt.spec, nil)
@@ -191,9 +215,7 @@ func TestSpares_DeadWaitingSpareIsReplaced_Root(t *testing.T) {
 	must.Eq(t, next, p.State().SupervisorPID)
 	must.Eq(t, 0, waitExit(t, p).ExitCode)
 	// A task took a spare: the next death starts another at once again.
-	s.mu.Lock()
-	must.Eq(t, 0, s.died[""])
-	s.mu.Unlock()
+	must.Eq(t, 0, locked(s, func() int { return s.died[""] }))
 }
 
 // A spare that dies at once every time (here a binary that exits at
@@ -274,9 +296,7 @@ func TestSpares_FillWaitsOutBackOff(t *testing.T) {
 		s.mu.Unlock()
 		must.False(t, started, must.Sprint("a start's fill started a spare during the back-off"))
 	}
-	s.mu.Lock()
-	must.Eq(t, 2, s.died[binary])
-	s.mu.Unlock()
+	must.Eq(t, 2, locked(s, func() int { return s.died[binary] }))
 	// The wait ends: a spare is started, dies, and the next wait doubles.
 	r.f()
 	must.Eq(t, 2*time.Second, next().delay)
