@@ -130,7 +130,18 @@ func BenchmarkManyTasks(b *testing.B) {
 	}
 	setup(b, e2e.VolBuildCSIBinaries)
 	n := *manyN
-	stats := filepath.Join(e2e.OwnedTempDir(b, "ncsb-"), "stats.json")
+	// The driver's debug stats go to a directory of the benchmark's own,
+	// removed after the agent: its cleanup is registered first, so it
+	// runs after the agent's Close, once the driver wrote them for the
+	// last time. (OwnedTempDir's owner lock only lets a later run's
+	// sweep take the directory of a run that died.)
+	statsDir := e2e.OwnedTempDir(b, "ncsb-")
+	b.Cleanup(func() {
+		if err := os.RemoveAll(statsDir); err != nil {
+			b.Errorf("failed to remove %s: %v", statsDir, err)
+		}
+	})
+	stats := filepath.Join(statsDir, "stats.json")
 	env := []string{debugstats.Env + "=" + stats}
 	if *manyProfiles != "" {
 		// Only then: the CPU profile costs the driver about 1 MiB.
