@@ -27,6 +27,12 @@ import (
 const stageProbeEnv = "NCSI_STAGE_PROBE"
 
 func TestMain(m *testing.M) {
+	// Started as a seccomp stage (TestGoStage_Root): the Go stage, as
+	// the test binary runs it for the executor's tests and the shim when
+	// its entry point cannot.
+	if len(os.Args) > 1 && os.Args[1] == wire.StageSeccomp {
+		RunReexec()
+	}
 	if os.Getenv(stageProbeEnv) == "1" {
 		stageProbe()
 		os.Exit(0)
@@ -447,6 +453,30 @@ true`
 			}
 		})
 	}
+}
+
+// The Go stage runs its command only on its go-ahead: at EOF (its
+// supervisor killed, or gone before the task's volumes came) it exits 127
+// and runs nothing, with the go-ahead it runs the command with the
+// go-ahead's stdio. The shim's entry point does the same (TestStageEntry_Root).
+func TestGoStage_Root(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("test needs root: it runs the stage as the supervisor does")
+	}
+	self, err := os.Executable()
+	must.NoError(t, err)
+	argv := []string{"sh", wire.StageSeccomp, "sh", "-c", "echo ran; exit 3"}
+	file := stageFileBytes(t, []string{"PATH=/usr/bin:/bin"}, nil)
+
+	got := runEntryStage(t, "", self, argv, file, nil, nil)
+	must.Eq(t, "", got.msg)
+	must.Eq(t, 127, got.code, must.Sprint("the stage did not exit as one without its go-ahead"))
+	must.Eq(t, "", got.stdout)
+
+	got = runEntryStage(t, "", self, argv, file, nil, goAheadFor("", "/bin/sh"))
+	must.Eq(t, wire.SeccompReady, got.msg)
+	must.Eq(t, 3, got.code)
+	must.Eq(t, "ran\n", got.stdout)
 }
 
 // outputLinesOf maps "key=value" lines.
