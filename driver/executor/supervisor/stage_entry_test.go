@@ -477,6 +477,29 @@ func TestGoStage_Root(t *testing.T) {
 	must.Eq(t, wire.SeccompReady, got.msg)
 	must.Eq(t, 3, got.code)
 	must.Eq(t, "ran\n", got.stdout)
+
+	// A go-ahead it cannot take whole runs nothing either: the stage says
+	// why and exits 127, though it got stdio and, but for the truncated
+	// one, a path it could run.
+	for _, c := range []struct {
+		name string
+		go_  *goAhead
+	}{
+		{"truncated", &goAhead{msg: []byte(strings.Repeat("/", wire.SeccompGoMax-len("\x00/bin/sh\x00")) + "\x00/bin/sh\x00x")}},
+		{"not NUL-terminated", &goAhead{msg: []byte("\x00/bin/sh")}},
+		{"a third part", &goAhead{msg: []byte("\x00/bin/sh\x00x\x00")}},
+		{"two descriptors", &goAhead{msg: []byte("\x00/bin/sh\x00"), fds: 2}},
+		{"four descriptors", &goAhead{msg: []byte("\x00/bin/sh\x00"), fds: 4}},
+		{"descriptors alone", &goAhead{msg: []byte{}}},
+		{"an empty path", &goAhead{msg: []byte("\x00\x00")}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			got := runEntryStage(t, "", self, argv, file, nil, c.go_)
+			must.StrContains(t, got.msg, "the seccomp stage could not take its go-ahead")
+			must.Eq(t, 127, got.code)
+			must.Eq(t, "", got.stdout)
+		})
+	}
 }
 
 // outputLinesOf maps "key=value" lines.
