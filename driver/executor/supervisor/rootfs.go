@@ -27,6 +27,11 @@ var devLinks = [][2]string{
 	{"pts/ptmx", "ptmx"},
 }
 
+// taskPtyMax is the most terminals a task's devpts holds. The kernel
+// gives all devpts instances but the host's kernel.pty.max less
+// kernel.pty.reserve (3072 by default) together.
+const taskPtyMax = 128
+
 // procReadOnly are parts of /proc a task may read but never write: a root
 // task could otherwise change the host's kernel settings (/proc/sys, such
 // as kernel.core_pattern, which runs a program on the host) or reboot it
@@ -192,9 +197,12 @@ func buildDev(m mounter.Interface, root string, privateIPC bool) error {
 			return err
 		}
 	}
-	// A devpts of its own: the task sees its own terminals, not the host's.
+	// A devpts of its own: the task sees its own terminals, not the host's,
+	// and holds at most taskPtyMax of them: every devpts but the host's
+	// draws on one pool for the node, and a task that took it all would
+	// leave every other task without a terminal.
 	if err := m.Mount("devpts", filepath.Join(dev, "pts"), "devpts", unix.MS_NOSUID|unix.MS_NOEXEC,
-		"newinstance,ptmxmode=0666,mode=0620"); err != nil {
+		fmt.Sprintf("newinstance,ptmxmode=0666,mode=0620,max=%d", taskPtyMax)); err != nil {
 		return err
 	}
 	if privateIPC {
