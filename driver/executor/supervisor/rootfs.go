@@ -39,8 +39,12 @@ const taskPtyMax = 128
 var procReadOnly = []string{"bus", "fs", "irq", "sys", "sysrq-trigger"}
 
 // procMasked are parts of /proc a task does not see at all: kernel memory
-// and keys, and timing details of every process on the host.
-var procMasked = []string{"kcore", "keys", "timer_list", "sched_debug", "latency_stats", "acpi", "scsi"}
+// and keys, timing details of every process on the host, and the state of
+// every physical page of the host and the control group (another task's)
+// it is charged to (kpage*, guarded by their mode alone: a root task
+// reads them).
+var procMasked = []string{"kcore", "keys", "timer_list", "sched_debug", "latency_stats", "acpi", "scsi",
+	"kpageflags", "kpagecount", "kpagecgroup"}
 
 // buildIsolatedRoot assembles the root of a task that is not privileged at
 // root, in the task's mount namespace, before pivot_root: a tmpfs holding
