@@ -95,7 +95,11 @@ func (p *Process) ReplaceMount(source, target string, readOnly bool) (string, er
 	}
 	isDir := st.Mode&unix.S_IFMT == unix.S_IFDIR
 	noSuid, noDev := replaceFlags(mnt, spec.Isolation != nil, st.Mode)
-	if err := m.LockTree(tree, mnt.ReadOnly || readOnly, noSuid, noDev); err != nil {
+	// A device node is the host's own inode, read-only as a mount as at
+	// the task's start (the supervisor's attachTree): not the task's to
+	// chmod. The device is still written through it.
+	device := st.Mode&unix.S_IFMT == unix.S_IFBLK || st.Mode&unix.S_IFMT == unix.S_IFCHR
+	if err := m.LockTree(tree, mnt.ReadOnly || readOnly || device, noSuid, noDev); err != nil {
 		return fail(err)
 	}
 	if err := m.PrivateTree(tree); err != nil {

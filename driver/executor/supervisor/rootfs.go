@@ -181,9 +181,16 @@ func buildDev(m mounter.Interface, root string, privateIPC bool) error {
 		if err != nil {
 			return err
 		}
+		// Read-only: the node is the host's own inode, whose mode, owner
+		// and times a root task (CHOWN, FOWNER) would otherwise change
+		// for the whole node. The device itself is still written through
+		// a read-only mount.
 		tree, err := m.CloneTree(src, false)
 		if err == nil {
-			err = m.AttachTreeAt(tree, target)
+			err = m.LockTree(tree, true, true, false)
+			if err == nil {
+				err = m.AttachTreeAt(tree, target)
+			}
 			_ = tree.Close()
 		}
 		_ = target.Close()
