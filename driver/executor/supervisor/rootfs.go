@@ -333,17 +333,38 @@ func buildProc(m mounter.Interface, root string, privatePID bool) error {
 
 // buildSys mounts a sysfs of the task's own, read-only: it shows no
 // cgroup file system, so a task cannot move itself out of its group. A
-// kernel that refuses a new sysfs here gets the host's, read-only.
+// kernel that refuses a new sysfs here gets the host's, read-only. Either
+// way sysMasked is hidden.
 func buildSys(m mounter.Interface, root string) error {
 	sys := filepath.Join(root, "sys")
 	if err := mkdirOrDir(sys, 0o555); err != nil {
 		return err
 	}
 	flags := uintptr(unix.MS_RDONLY | unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC)
-	if err := m.Mount("sysfs", sys, "sysfs", flags, ""); err == nil {
-		return nil
+	if err := m.Mount("sysfs", sys, "sysfs", flags, ""); err != nil {
+		if err := bindReadOnly(m, "/sys", root, "/sys", true); err != nil {
+			return err
+		}
 	}
-	return bindReadOnly(m, "/sys", root, "/sys", true)
+	return maskSys(m, sys)
+}
+
+// sysMasked are parts of /sys a task does not see: the machine's firmware
+// tables (ACPI's are root's alone, which a root task would read).
+var sysMasked = []string{"firmware"}
+
+// maskSys hides sysMasked under empty read-only tmpfs mounts.
+func maskSys(m mounter.Interface, sys string) error {
+	for _, name := range sysMasked {
+		p := filepath.Join(sys, name)
+		if fi, err := os.Stat(p); err != nil || !fi.IsDir() {
+			continue
+		}
+		if err := m.Mount("tmpfs", p, "tmpfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=0"); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // mountTmp gives the task a /tmp of its own when none of its mounts is
