@@ -1,6 +1,7 @@
 package executor
 
 import (
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -101,4 +102,51 @@ exec sleep 100`)
 	var st unix.Stat_t
 	must.NoError(t, unix.Stat(fresh, &st))
 	must.Eq(t, uint32(0o600), st.Mode&0o7777, must.Sprint("the host's node changed"))
+}
+
+// The task's stdin, and its stdout and stderr when Nomad's logs are
+// disabled, are /dev/null opened by the supervisor: reached through
+// /proc/self/fd, they must not be the host's node to change either.
+func TestIsolation_StdioNullNotTheHostsToChange_Root(t *testing.T) {
+	requireTaskRoot(t)
+	if _, err := os.Stat("/usr/bin/perl"); err != nil {
+		t.Skip("test makes its calls with /usr/bin/perl, which this host lacks")
+	}
+	var st unix.Stat_t
+	must.NoError(t, unix.Stat("/dev/null", &st))
+	if st.Mode&0o7777 != 0o666 || st.Uid != 0 || st.Gid != 0 {
+		t.Skipf("the task sets /dev/null to mode 0666 and root's, and this host's is %o, %d:%d", st.Mode&0o7777, st.Uid, st.Gid)
+	}
+	withEachStage(t, func(t *testing.T, supervisor string) {
+		// Perl's own fds 0, 1 and 2, through /proc/self/fd, by the system
+		// calls' own answers, each set to what it is: the host's /dev/null
+		// is left as it was either way. The report goes to a volume's file
+		// perl opens itself (a shell's redirection would move its fds).
+		tt := isolatedSpec(t, `perl -e '
+open(my $out, ">", "/vol/out") or die "open: $!";
+for my $fd (0, 1, 2) {
+  my $f = "/proc/self/fd/$fd";
+  print $out "chmod_$fd=", (chmod(0666, $f) ? "ok" : "failed"), "\n";
+  print $out "chown_$fd=", (chown(0, 0, $f) ? "ok" : "failed"), "\n";
+}
+my $n = sysread(STDIN, my $buf, 1);
+print $out "stdin=$n\n";
+print STDOUT "x\n" or die; print STDERR "y\n" or die;
+'`)
+		tt.spec.Supervisor = supervisor
+		// Logs disabled: Nomad hands /dev/null.
+		vol := t.TempDir()
+		tt.spec.StdoutPath, tt.spec.StderrPath = "/dev/null", "/dev/null"
+		p, err := startWithLateMount(tt, vol, "/vol")
+		must.NoError(t, err)
+		t.Cleanup(func() { _ = p.Kill(); _ = p.Destroy() })
+		must.Eq(t, 0, waitExit(t, p).ExitCode)
+		got := outputLines(readFile(t, filepath.Join(vol, "out")))
+		t.Log(got)
+		must.Eq(t, "0", got["stdin"])
+		for _, fd := range []string{"0", "1", "2"} {
+			must.Eq(t, "failed", got["chmod_"+fd], must.Sprintf("a root task could chmod the host's /dev/null through its fd %s", fd))
+			must.Eq(t, "failed", got["chown_"+fd], must.Sprintf("a root task could chown the host's /dev/null through its fd %s", fd))
+		}
+	})
 }

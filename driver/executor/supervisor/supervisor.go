@@ -453,7 +453,7 @@ func openLog(path string) (*os.File, error) {
 	// /dev/null is what Nomad hands over for a task with
 	// `logs { disabled = true }`: no logmon reads a FIFO for it.
 	if path == "" || path == os.DevNull {
-		return os.OpenFile(os.DevNull, os.O_WRONLY, 0)
+		return openNull(unix.O_WRONLY)
 	}
 	pathFD, err := openLogPath(path)
 	if err != nil {
@@ -570,9 +570,31 @@ func waitTask(logger hclog.Logger, cmd *exec.Cmd, group *cgroups.Group) *wire.Ex
 	return status
 }
 
+// openNull opens the host's /dev/null with flags (O_RDONLY, O_WRONLY)
+// through a read-only clone of its mount: the task reaches the descriptor
+// through /proc/self/fd, and on the host's own mount a root task could
+// chmod, chown or touch the host's /dev/null through it (mode 000 would
+// break every program on the node). The device is still read and written.
+func openNull(flags int) (*os.File, error) {
+	m := mounter.New()
+	tree, err := m.CloneTree(os.DevNull, false)
+	if err != nil {
+		return nil, err
+	}
+	defer tree.Close()
+	if err := m.LockTree(tree, true, true, false); err != nil {
+		return nil, err
+	}
+	fd, err := unix.Open(fmt.Sprintf("/proc/self/fd/%d", tree.Fd()), flags|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("failed to open %s through its read-only clone: %w", os.DevNull, err)
+	}
+	return os.NewFile(uintptr(fd), os.DevNull), nil
+}
+
 // openStdio opens the task's stdin (/dev/null), stdout and stderr.
 func openStdio(spec *wire.Spec) ([]*os.File, error) {
-	stdin, err := os.Open(os.DevNull)
+	stdin, err := openNull(unix.O_RDONLY)
 	if err != nil {
 		return nil, err
 	}
