@@ -39,12 +39,14 @@ const taskPtyMax = 128
 var procReadOnly = []string{"bus", "fs", "irq", "sys", "sysrq-trigger"}
 
 // procMasked are parts of /proc a task does not see at all: kernel memory
-// and keys, timing details of every process on the host, and the state of
-// every physical page of the host and the control group (another task's)
-// it is charged to (kpage*, guarded by their mode alone: a root task
-// reads them).
+// and keys, timing details of every process on the host, the counts of
+// every interrupt of every device and CPU of the host (another task's
+// disk and network traffic, timed by sampling them), its sound cards, and
+// the state of every physical page of the host and the control group
+// (another task's) it is charged to (kpage*, guarded by their mode alone:
+// a root task reads them).
 var procMasked = []string{"kcore", "keys", "timer_list", "sched_debug", "latency_stats", "acpi", "scsi",
-	"kpageflags", "kpagecount", "kpagecgroup"}
+	"interrupts", "asound", "kpageflags", "kpagecount", "kpagecgroup"}
 
 // buildIsolatedRoot assembles the root of a task that is not privileged at
 // root, in the task's mount namespace, before pivot_root: a tmpfs holding
@@ -350,8 +352,10 @@ func buildSys(m mounter.Interface, root string) error {
 }
 
 // sysMasked are parts of /sys a task does not see: the machine's firmware
-// tables (ACPI's are root's alone, which a root task would read).
-var sysMasked = []string{"firmware"}
+// tables (ACPI's are root's alone, which a root task would read) and its
+// power meters (powercap: Intel RAPL's energy counters are root's alone
+// since they were shown to leak what another process computes).
+var sysMasked = []string{"firmware", "devices/virtual/powercap"}
 
 // maskSys hides sysMasked under empty read-only tmpfs mounts.
 func maskSys(m mounter.Interface, sys string) error {
