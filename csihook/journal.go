@@ -491,6 +491,8 @@ func newJournalState() *journalState {
 // taskRef names a task record: its task id and volume name.
 type taskRef struct{ taskID, name string }
 
+func (t taskRecord) ref() taskRef { return taskRef{t.TaskID, t.Name} }
+
 func (s *journalState) task(taskID, name string) taskRecord { return s.tasks[taskID][name] }
 
 func (s *journalState) putTask(t taskRecord) {

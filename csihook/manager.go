@@ -70,16 +70,10 @@ type Manager struct {
 	closed     bool
 	// stats is the stats loop (stats.go); nil until StartStats.
 	stats *statsLoop
-	// repairing holds the task volumes (repairKey) whose repair unmounted
-	// them but did not publish them again yet: see repair.go. Its entries
-	// and repairFailures' leave with their task records
-	// (forgetRepairLocked).
-	repairing map[string]bool
-	// repairFailures holds, per task volume (repairKey), how the last
-	// repair failed (failureKind), so that a repair failing the same way
-	// pass after pass tells the task once (Nomad keeps a task's last ten
-	// events).
-	repairFailures map[string]string
+	// repairs holds what the repairs of each task volume remember between
+	// passes (repairState, see repair.go). Its entries leave with their
+	// task records (forgetRepairLocked).
+	repairs map[taskRef]repairState
 	// staleChecks holds the paths whose stat by a repair has not returned
 	// (a hung network mount): they are not stat'ed again meanwhile.
 	staleChecks sync.Map
@@ -151,6 +145,7 @@ func New(cfg Config) (*Manager, error) {
 		verified:   map[volKey]bool{},
 		unreleased: map[string]map[volKey]string{},
 		expandHeld: map[volKey]bool{},
+		repairs:    map[taskRef]repairState{},
 	}
 	j.mu.Lock()
 	j.state.dropped = m.forgetRepairLocked

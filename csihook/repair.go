@@ -144,9 +144,16 @@ func (m *Manager) repairVolume(ctx context.Context, k volKey) ([]Repaired, error
 		// it recorded publishing again (the plugin died again, a
 		// commit failed) left the record "published" on a path that
 		// is no mount any more: published again like one it left
-		// "publishing".
+		// "publishing". One that is alive again without a repair (a
+		// daemon that reconnected while the repair failed) has what the
+		// failed repair remembers of it forgotten, so that its next death
+		// is told as the first was; the read and the forgetting are one
+		// section.
 		m.mu.Lock()
-		left := m.repairing[repairKey(tr)]
+		left := m.repairs[tr.ref()].repairing
+		if !left {
+			m.forgetRepairLocked(tr.ref())
+		}
 		m.mu.Unlock()
 		if left {
 			// A symbolic link there is no publish (ensurePublished
@@ -161,13 +168,10 @@ func (m *Manager) repairVolume(ctx context.Context, k volKey) ([]Repaired, error
 				dead = append(dead, tr)
 				continue
 			}
+			m.mu.Lock()
+			m.forgetRepairLocked(tr.ref())
+			m.mu.Unlock()
 		}
-		// Alive again without a repair (a daemon that reconnected while
-		// the repair failed): what the failed repair remembers of it
-		// goes, so that its next death is told as the first was.
-		m.mu.Lock()
-		m.forgetRepairLocked(taskRef{tr.TaskID, tr.Name})
-		m.mu.Unlock()
 	}
 	if len(dead) == 0 && !stagingDead {
 		return nil, nil
@@ -208,14 +212,13 @@ func (m *Manager) repairVolume(ctx context.Context, k volKey) ([]Repaired, error
 	// failed leaves it repairing, and the passes after it (the driver's
 	// periodic check) try again without a word until one succeeds or
 	// fails another way (repairFailed).
-	tell := map[string]bool{}
+	tell := map[taskRef]bool{}
 	m.mu.Lock()
-	if m.repairing == nil {
-		m.repairing = map[string]bool{}
-	}
 	for _, tr := range dead {
-		tell[repairKey(tr)] = !m.repairing[repairKey(tr)]
-		m.repairing[repairKey(tr)] = true
+		st := m.repairs[tr.ref()]
+		tell[tr.ref()] = !st.repairing
+		st.repairing = true
+		m.repairs[tr.ref()] = st
 	}
 	m.mu.Unlock()
 	// The tasks of an allocation sharing one publish (allocShare) each
@@ -224,7 +227,7 @@ func (m *Manager) repairVolume(ctx context.Context, k volKey) ([]Repaired, error
 	taken := map[string]bool{}
 	groupFirst(dead)
 	for _, tr := range dead {
-		if tell[repairKey(tr)] {
+		if tell[tr.ref()] {
 			m.event(tr.TaskID, fmt.Sprintf("Volume %q is stale (its mount is dead after plugin %q restarted); repairing", tr.Name, tr.PluginID),
 				annotations(tr.Name, tr.PluginID, tr.VolumeID))
 		}
@@ -264,8 +267,7 @@ func (m *Manager) repairVolume(ctx context.Context, k volKey) ([]Repaired, error
 			published[tr.Target] = true
 		}
 		m.mu.Lock()
-		delete(m.repairing, repairKey(tr))
-		delete(m.repairFailures, repairKey(tr))
+		m.forgetRepairLocked(tr.ref())
 		m.mu.Unlock()
 		out = append(out, Repaired{TaskID: tr.TaskID, Name: tr.Name, PluginID: tr.PluginID, VolumeID: tr.VolumeID,
 			HostPath: tr.Target, Destination: tr.Destination, ReadOnly: tr.ReadOnly})
@@ -297,14 +299,12 @@ func (m *Manager) repairFailed(dead []taskRecord, err error) error {
 func (m *Manager) repairFailureNew(tr taskRecord, kind string) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.repairFailures == nil {
-		m.repairFailures = map[string]string{}
-	}
-	k := repairKey(tr)
-	if m.repairFailures[k] == kind {
+	st := m.repairs[tr.ref()]
+	if st.failure == kind {
 		return false
 	}
-	m.repairFailures[k] = kind
+	st.failure = kind
+	m.repairs[tr.ref()] = st
 	return true
 }
 
@@ -380,11 +380,17 @@ func (m *Manager) detachIfStill(path string, callErr error) error {
 	return nil
 }
 
-// repairKey names a task volume in Manager.repairing and
-// Manager.repairFailures.
-func repairKey(tr taskRecord) string { return refKey(taskRef{tr.TaskID, tr.Name}) }
-
-func refKey(ref taskRef) string { return ref.taskID + "\x00" + ref.name }
+// repairState is what the repairs of one task volume remember between
+// passes (Manager.repairs); the zero value, nothing, is no entry.
+type repairState struct {
+	// repairing: a repair unmounted the volume (or began to) and has not
+	// published it again yet. The task was told it is stale.
+	repairing bool
+	// failure is how the last repair failed (failureKind), so that a
+	// repair failing the same way pass after pass tells the task once
+	// (Nomad keeps a task's last ten events).
+	failure string
+}
 
 // forgetRepairLocked forgets what repairs left of a task volume whose
 // record is dropped (journalState.dropped): a task that came and went
@@ -392,15 +398,14 @@ func refKey(ref taskRef) string { return ref.taskID + "\x00" + ref.name }
 // volume's lock, as a repair does throughout, so no repair of the record
 // records anything after it. The caller holds m.mu.
 func (m *Manager) forgetRepairLocked(ref taskRef) {
-	delete(m.repairing, refKey(ref))
-	delete(m.repairFailures, refKey(ref))
+	delete(m.repairs, ref)
 }
 
 // repairCandidateLocked reports whether a task volume is looked at by a
 // repair: published, or left publishing by a repair that failed (its
 // mount is gone: it must be published again). The caller holds m.mu.
 func (m *Manager) repairCandidateLocked(tr taskRecord) bool {
-	return tr.State == phasePublished || tr.State == phasePublishing && m.repairing[repairKey(tr)]
+	return tr.State == phasePublished || tr.State == phasePublishing && m.repairs[tr.ref()].repairing
 }
 
 // staleCheckTimeout bounds one stat of a repair's check: a hung network

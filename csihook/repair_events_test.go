@@ -120,23 +120,34 @@ func TestRepairStale_RelapseAfterTheMountCameBackIsTold(t *testing.T) {
 }
 
 // Each volume of a task is told its own repair's failure, however alike
-// the failures are: that of one volume does not silence another's.
+// the failures are: that of one volume does not silence another's,
+// whether they die one after the other or in the same pass.
 func TestRepairStale_EachVolumeOfATaskIsTold(t *testing.T) {
-	h := newHarness(t)
-	ctx := context.Background()
-	_, err := h.m.Setup(ctx, "task-a", []VolumeRequest{req("data", "vol1", "/data"), req("logs", "vol2", "/logs")})
-	must.NoError(t, err)
-	h.fake.SetError(MethodNodePublishVolume, status.Error(codes.Internal, "backend gone"))
-	for _, name := range []string{"data", "logs"} {
-		h.mnt.SetStale(h.m.TargetPath("task-a", name), true)
-		_, err = h.m.RepairStale(ctx, "p")
-		must.Error(t, err)
+	for _, together := range []bool{false, true} {
+		t.Run(fmt.Sprintf("together=%v", together), func(t *testing.T) {
+			h := newHarness(t)
+			ctx := context.Background()
+			_, err := h.m.Setup(ctx, "task-a", []VolumeRequest{req("data", "vol1", "/data"), req("logs", "vol2", "/logs")})
+			must.NoError(t, err)
+			h.fake.SetError(MethodNodePublishVolume, status.Error(codes.Internal, "backend gone"))
+			for _, name := range []string{"data", "logs"} {
+				h.mnt.SetStale(h.m.TargetPath("task-a", name), true)
+				if !together {
+					_, err = h.m.RepairStale(ctx, "p")
+					must.Error(t, err)
+				}
+			}
+			for range 2 {
+				_, err = h.m.RepairStale(ctx, "p")
+				must.Error(t, err)
+			}
+			for _, name := range []string{"data", "logs"} {
+				must.Eq(t, 1, countEvents(h, fmt.Sprintf("Volume %q is stale", name)), must.Sprint(h.eventMsgs()))
+				must.Eq(t, 1, countEvents(h, fmt.Sprintf("Repair of stale volume %q failed", name)), must.Sprint(h.eventMsgs()))
+			}
+			h.fake.SetError(MethodNodePublishVolume, nil)
+			must.NoError(t, h.m.Teardown(ctx, "task-a"))
+			must.SliceEmpty(t, h.journalRecords())
+		})
 	}
-	for _, name := range []string{"data", "logs"} {
-		must.Eq(t, 1, countEvents(h, fmt.Sprintf("Volume %q is stale", name)), must.Sprint(h.eventMsgs()))
-		must.Eq(t, 1, countEvents(h, fmt.Sprintf("Repair of stale volume %q failed", name)), must.Sprint(h.eventMsgs()))
-	}
-	h.fake.SetError(MethodNodePublishVolume, nil)
-	must.NoError(t, h.m.Teardown(ctx, "task-a"))
-	must.SliceEmpty(t, h.journalRecords())
 }

@@ -11,16 +11,18 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-// repairEntries returns the task volumes Manager.repairing and
-// Manager.repairFailures hold.
-func (m *Manager) repairEntries() (repairing, failures []string) {
+// repairEntries returns the task volumes Manager.repairs holds left
+// repairing, and those with a failure recorded.
+func (m *Manager) repairEntries() (repairing, failures []taskRef) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	for k := range m.repairing {
-		repairing = append(repairing, k)
-	}
-	for k := range m.repairFailures {
-		failures = append(failures, k)
+	for ref, st := range m.repairs {
+		if st.repairing {
+			repairing = append(repairing, ref)
+		}
+		if st.failure != "" {
+			failures = append(failures, ref)
+		}
 	}
 	return repairing, failures
 }
@@ -40,8 +42,8 @@ func TestRepairStale_FailedRepairsForgottenWithTheirTasks(t *testing.T) {
 		_, err = h.m.RepairStale(ctx, "p")
 		must.Error(t, err)
 		repairing, failures := h.m.repairEntries()
-		must.Eq(t, []string{task + "\x00data"}, repairing)
-		must.Eq(t, []string{task + "\x00data"}, failures)
+		must.Eq(t, []taskRef{{task, "data"}}, repairing)
+		must.Eq(t, []taskRef{{task, "data"}}, failures)
 
 		h.fake.SetError(MethodNodePublishVolume, nil)
 		must.NoError(t, h.m.Teardown(ctx, task))
