@@ -74,6 +74,8 @@ type Manager struct {
 	// passes (repairState, see repair.go). Its entries leave with their
 	// task records (forgetRepairLocked).
 	repairs map[taskRef]repairState
+	// now is the repairs' clock (their back-off); time.Now but in tests.
+	now func() time.Time
 	// staleChecks holds the paths whose stat by a repair has not returned
 	// (a hung network mount): they are not stat'ed again meanwhile.
 	staleChecks sync.Map
@@ -118,6 +120,8 @@ func New(cfg Config) (*Manager, error) {
 	setDefault(&cfg.RetryMax, defaultRetryMax)
 	setDefault(&cfg.BackgroundRetryBase, defaultBackgroundRetryBase)
 	setDefault(&cfg.BackgroundRetryMax, defaultBackgroundRetryMax)
+	setDefault(&cfg.RepairBackoffBase, defaultRepairBackoffBase)
+	setDefault(&cfg.RepairBackoffMax, defaultRepairBackoffMax)
 	if cfg.RetryAttempts <= 0 {
 		cfg.RetryAttempts = defaultRetryAttempts
 	}
@@ -146,6 +150,7 @@ func New(cfg Config) (*Manager, error) {
 		unreleased: map[string]map[volKey]string{},
 		expandHeld: map[volKey]bool{},
 		repairs:    map[taskRef]repairState{},
+		now:        time.Now,
 	}
 	j.mu.Lock()
 	j.state.dropped = m.forgetRepairLocked

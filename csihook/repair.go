@@ -36,7 +36,9 @@ type Repaired struct {
 // returns the task volumes published again and an error joining the
 // failures of the others, which the next call tries again. Healthy mounts
 // are never touched; a plugin not healthy is not called (its volumes wait
-// for the next call).
+// for the next call). A task volume whose repaired mount is dead again
+// before a call found it alive waits before its next repair, longer at
+// each relapse (holdRelapses).
 func (m *Manager) RepairStale(ctx context.Context, pluginID string) ([]Repaired, error) {
 	var (
 		keys []volKey
@@ -173,7 +175,8 @@ func (m *Manager) repairVolume(ctx context.Context, k volKey) ([]Repaired, error
 			m.mu.Unlock()
 		}
 	}
-	if len(dead) == 0 && !stagingDead {
+	dead, held := m.holdRelapses(dead, stagingDead)
+	if len(dead) == 0 && (!stagingDead || held) {
 		return nil, nil
 	}
 	// A volume set up with secrets is staged and published again with
@@ -216,7 +219,8 @@ func (m *Manager) repairVolume(ctx context.Context, k volKey) ([]Repaired, error
 	m.mu.Lock()
 	for _, tr := range dead {
 		st := m.repairs[tr.ref()]
-		tell[tr.ref()] = !st.repairing
+		// A relapse was told when its back-off began (holdRelapses).
+		tell[tr.ref()] = !st.repairing && st.relapses == 0
 		st.repairing = true
 		m.repairs[tr.ref()] = st
 	}
@@ -266,8 +270,12 @@ func (m *Manager) repairVolume(ctx context.Context, k volKey) ([]Repaired, error
 			pending = nil
 			published[tr.Target] = true
 		}
+		// Only a check that finds the fresh mount alive ends its
+		// back-off: until then it is remembered as repaired.
 		m.mu.Lock()
-		m.forgetRepairLocked(tr.ref())
+		st := m.repairs[tr.ref()]
+		st.repairing, st.failure, st.repaired = false, "", true
+		m.repairs[tr.ref()] = st
 		m.mu.Unlock()
 		out = append(out, Repaired{TaskID: tr.TaskID, Name: tr.Name, PluginID: tr.PluginID, VolumeID: tr.VolumeID,
 			HostPath: tr.Target, Destination: tr.Destination, ReadOnly: tr.ReadOnly})
@@ -278,6 +286,87 @@ func (m *Manager) repairVolume(ctx context.Context, k volKey) ([]Repaired, error
 		}
 	}
 	return out, errors.Join(errs...)
+}
+
+// holdRelapses counts the relapses among dead (task volumes whose
+// repaired mount died again before a check saw it alive) and returns the
+// task volumes to repair in this pass: not those whose back-off runs
+// still. The first wait of each relapse is RepairBackoffBase, each further
+// one twice as long, up to RepairBackoffMax. The task is told once, when
+// its back-off begins; each pass that holds a volume back logs it at
+// Debug. When the staging is dead, every publish of it is repaired with
+// it or none is (held reports that none is): a restage takes them all.
+func (m *Manager) holdRelapses(dead []taskRecord, stagingDead bool) (repair []taskRecord, held bool) {
+	type hold struct {
+		tr        taskRecord
+		st        repairState
+		wait      time.Duration
+		firstTime bool
+	}
+	var holds []hold
+	now := m.now()
+	m.mu.Lock()
+	for _, tr := range dead {
+		st := m.repairs[tr.ref()]
+		var wait time.Duration
+		if st.repaired {
+			st.repaired = false
+			st.relapses++
+			wait = m.relapseWait(st.relapses)
+			st.notBefore = now.Add(wait)
+			m.repairs[tr.ref()] = st
+		}
+		if now.Before(st.notBefore) {
+			holds = append(holds, hold{tr, st, wait, wait > 0 && st.relapses == 1})
+		} else {
+			repair = append(repair, tr)
+		}
+	}
+	m.mu.Unlock()
+	for _, h := range holds {
+		tr := h.tr
+		if h.firstTime {
+			m.event(tr.TaskID, fmt.Sprintf("Volume %q died again soon after its repair (plugin %q keeps losing the mount): it is repaired again in %v, and less often (up to every %v) while this goes on; check the plugin, or restart the task",
+				tr.Name, tr.PluginID, h.wait, m.cfg.RepairBackoffMax), annotations(tr.Name, tr.PluginID, tr.VolumeID))
+		}
+		m.logger.Debug("dead volume mount not repaired in this pass: it died again soon after its last repair",
+			"task_id", tr.TaskID, "volume", tr.Name, "plugin_id", tr.PluginID, "volume_id", tr.VolumeID,
+			"relapses", h.st.relapses, "repair_in", h.st.notBefore.Sub(now))
+	}
+	if stagingDead && len(repair) > 0 {
+		return dead, false
+	}
+	return repair, len(holds) > 0
+}
+
+// relapseWait is the back-off after the n-th relapse in a row (n >= 1).
+func (m *Manager) relapseWait(n int) time.Duration {
+	d := m.cfg.RepairBackoffBase
+	for i := 1; i < n && d < m.cfg.RepairBackoffMax; i++ {
+		d *= 2
+	}
+	return min(d, m.cfg.RepairBackoffMax)
+}
+
+// ResetRepairBackoff ends the back-off of the task volumes of pluginID:
+// a plugin back after its process died is a new one, whose first repair
+// of them is not held back by its predecessor's relapses (Nomad's restart
+// policy paces a plugin that crash-loops). The driver calls it when a
+// plugin becomes healthy again, before the repair that follows.
+func (m *Manager) ResetRepairBackoff(pluginID string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for ref, st := range m.repairs {
+		if tr, ok := m.tasks[ref.taskID][ref.name]; !ok || tr.PluginID != pluginID {
+			continue
+		}
+		st.repaired, st.relapses, st.notBefore = false, 0, time.Time{}
+		if st == (repairState{}) {
+			delete(m.repairs, ref)
+		} else {
+			m.repairs[ref] = st
+		}
+	}
 }
 
 // repairFailed reports a failed repair to each task it leaves with a dead
@@ -390,6 +479,13 @@ type repairState struct {
 	// repair failing the same way pass after pass tells the task once
 	// (Nomad keeps a task's last ten events).
 	failure string
+	// repaired: the last repair published the volume again, and no check
+	// has seen the fresh mount alive since. Found dead so, it relapsed.
+	repaired bool
+	// relapses counts the relapses since a check last saw the mount
+	// alive; notBefore is when the volume may be repaired again.
+	relapses  int
+	notBefore time.Time
 }
 
 // forgetRepairLocked forgets what repairs left of a task volume whose

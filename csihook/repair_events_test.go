@@ -28,8 +28,8 @@ func countEvents(h *harness, sub string) int {
 // that its repair failed, even when the plugin's message changes with
 // each answer (a request id, a time): Nomad keeps a task's last ten
 // events, and the task's own must not be pushed out by these. A failure
-// of another kind is told, and a volume repaired and then dead again is
-// told again.
+// of another kind is told, and a volume repaired, seen alive and then dead
+// again is told again.
 func TestRepairStale_FailingPassesTellTheTaskOnce(t *testing.T) {
 	h := newHarness(t)
 	ctx := context.Background()
@@ -58,6 +58,11 @@ func TestRepairStale_FailingPassesTellTheTaskOnce(t *testing.T) {
 	rep, err := h.m.RepairStale(ctx, "p")
 	must.NoError(t, err)
 	must.SliceLen(t, 1, rep)
+	// A check finds the fresh mount alive: its next death is no relapse
+	// (which would wait, see TestRepairStale_RelapsingVolumeBacksOff).
+	rep, err = h.m.RepairStale(ctx, "p")
+	must.NoError(t, err)
+	must.SliceEmpty(t, rep)
 	h.mnt.SetStale(target, true)
 	pass(codes.Internal, 6)
 	must.Eq(t, 2, countEvents(h, stale), must.Sprint(h.eventMsgs()))

@@ -114,7 +114,7 @@ func TestServer_repairWaitsForTheServerThatSetTheVolumeUp(t *testing.T) {
 
 // A repair that fails the same way pass after pass (here: another server
 // serves the id) tells the task once, and its message says what to do; a
-// repair that succeeds, then fails again, tells it again.
+// repair that succeeds, holds, then fails again, tells it again.
 func TestServer_repairFailingAgainIsToldOnce(t *testing.T) {
 	h, job, other := twoServers(t, fullPlugin)
 	ctx := context.Background()
@@ -140,6 +140,10 @@ func TestServer_repairFailingAgainIsToldOnce(t *testing.T) {
 	must.Eq(t, 1, failures(), must.Sprintf("events: %v", h.eventMsgs()))
 
 	h.setPlugin(job)
+	_, err = h.m.RepairStale(ctx, "p")
+	must.NoError(t, err)
+	// A check finds it alive: its next death is no relapse (which would
+	// wait, see TestRepairStale_RelapsingVolumeBacksOff).
 	_, err = h.m.RepairStale(ctx, "p")
 	must.NoError(t, err)
 	h.mnt.SetStale(target, true)

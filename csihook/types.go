@@ -27,6 +27,8 @@ const (
 	defaultBackgroundRetryBase   = 2 * time.Second
 	defaultBackgroundRetryMax    = 2 * time.Minute
 	defaultRollbackTimeoutFactor = 4
+	defaultRepairBackoffBase     = 20 * time.Second
+	defaultRepairBackoffMax      = 5 * time.Minute
 )
 
 // VolumeRequest is one `volume "<name>" { ... }` block of a task, decoded by
@@ -228,6 +230,14 @@ type Config struct {
 	// teardown retries; defaults 2s and 2m.
 	BackgroundRetryBase time.Duration
 	BackgroundRetryMax  time.Duration
+	// RepairBackoffBase and RepairBackoffMax pace the repairs of a task
+	// volume whose repaired mount died again before a check saw it alive
+	// (see RepairStale): the first such relapse waits RepairBackoffBase
+	// before its repair, each further one twice as long, up to
+	// RepairBackoffMax; defaults 20s (less than the driver's 30s between
+	// checks: the next check repairs it) and 5m.
+	RepairBackoffBase time.Duration
+	RepairBackoffMax  time.Duration
 
 	// StatsInterval is how often each published volume is sampled with
 	// NodeGetVolumeStats once StartStats runs (stats.go); zero or less:

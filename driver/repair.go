@@ -46,9 +46,15 @@ func (d *Driver) repairLoop() {
 
 // onPluginHealthy starts a repair of the plugin's volumes: a plugin that
 // comes back after its process died has left every FUSE mount it served
-// dead.
+// dead. The back-off of volumes that kept dying under the plugin before
+// ends: the one back is a new process.
 func (d *Driver) onPluginHealthy(pluginID string) {
-	d.goBackground(func() { d.repairStale(pluginID, repairAttempts) })
+	d.goBackground(func() {
+		if m := d.openedVolumes(); m != nil {
+			m.ResetRepairBackoff(pluginID)
+		}
+		d.repairStale(pluginID, repairAttempts)
+	})
 }
 
 // repairStale repairs the dead mounts of pluginID's volumes ("" for every
