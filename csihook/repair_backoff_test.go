@@ -37,9 +37,7 @@ func newRelapseHarness(t *testing.T) (*harness, *passClock, string) {
 	h := newHarness(t, func(c *Config) { c.RepairBackoffBase, c.RepairBackoffMax = 20*time.Second, 5*time.Minute })
 	clock := &passClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
 	h.m.now = clock.now
-	_, err := h.m.Setup(context.Background(), "task-a", []VolumeRequest{req("data", "vol1", "/data")})
-	must.NoError(t, err)
-	return h, clock, h.m.TargetPath("task-a", "data")
+	return h, clock, h.setupData()
 }
 
 // pass is one periodic check, 30 s after the last; it returns how many

@@ -33,9 +33,7 @@ func countEvents(h *harness, sub string) int {
 func TestRepairStale_FailingPassesTellTheTaskOnce(t *testing.T) {
 	h := newHarness(t)
 	ctx := context.Background()
-	_, err := h.m.Setup(ctx, "task-a", []VolumeRequest{req("data", "vol1", "/data")})
-	must.NoError(t, err)
-	target := h.m.TargetPath("task-a", "data")
+	target := h.setupData()
 	pass := func(code codes.Code, i int) {
 		t.Helper()
 		h.fake.SetError(MethodNodePublishVolume, status.Error(code, fmt.Sprintf("backend gone (request %d)", i)))
@@ -80,9 +78,7 @@ func TestRepairStale_FailingPassesTellTheTaskOnce(t *testing.T) {
 func TestRepairStale_RelapseAfterTheMountCameBackIsTold(t *testing.T) {
 	h := newHarness(t)
 	ctx := context.Background()
-	_, err := h.m.Setup(ctx, "task-a", []VolumeRequest{req("data", "vol1", "/data")})
-	must.NoError(t, err)
-	target := h.m.TargetPath("task-a", "data")
+	target := h.setupData()
 	const stale, failed = `Volume "data" is stale`, `Repair of stale volume "data" failed`
 	h.fake.SetError(MethodNodeUnpublishVolume, status.Error(codes.Internal, "daemon busy"))
 	// The mount comes back alive while the plugin fails to unpublish it:

@@ -59,9 +59,7 @@ func TestRepairStale_FailedRepairsForgottenWithTheirTasks(t *testing.T) {
 func TestRepairStale_TeardownWaitingOnFailingRepair(t *testing.T) {
 	h := newHarness(t)
 	ctx := context.Background()
-	_, err := h.m.Setup(ctx, "task-a", []VolumeRequest{req("data", "vol1", "/data")})
-	must.NoError(t, err)
-	h.mnt.SetStale(h.m.TargetPath("task-a", "data"), true)
+	h.mnt.SetStale(h.setupData(), true)
 	h.fake.SetError(MethodNodePublishVolume, status.Error(codes.Internal, "backend gone"))
 	release := h.fake.HangMethod(MethodNodePublishVolume)
 	t.Cleanup(release)

@@ -15,9 +15,7 @@ import (
 func TestRepairStale_PluginGoneAfterTheUnpublishIsRepairedLater(t *testing.T) {
 	h := newHarness(t)
 	ctx := context.Background()
-	_, err := h.m.Setup(ctx, "task-a", []VolumeRequest{req("data", "vol1", "/data")})
-	must.NoError(t, err)
-	target := h.m.TargetPath("task-a", "data")
+	target := h.setupData()
 	info, err := h.m.cfg.Lookup("p")
 	must.NoError(t, err)
 	h.mnt.SetStale(target, true)

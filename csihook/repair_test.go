@@ -13,6 +13,15 @@ import (
 	"github.com/nomad-driver-csi/nomad-driver-csi/mounter"
 )
 
+// setupData sets up task-a's volume "data" (vol1 of plugin p) at /data
+// and returns its publish target.
+func (h *harness) setupData() string {
+	h.t.Helper()
+	_, err := h.m.Setup(context.Background(), "task-a", []VolumeRequest{req("data", "vol1", "/data")})
+	must.NoError(h.t, err)
+	return h.m.TargetPath("task-a", "data")
+}
+
 func TestRepairStale(t *testing.T) {
 	unavailable := status.Error(codes.Unavailable, "transport is closing")
 	cases := []struct {
@@ -129,9 +138,7 @@ func TestRepairStale(t *testing.T) {
 func TestRepairStale_PluginFilterAndFailureEvent(t *testing.T) {
 	h := newHarness(t)
 	ctx := context.Background()
-	_, err := h.m.Setup(ctx, "task-a", []VolumeRequest{req("data", "vol1", "/data")})
-	must.NoError(t, err)
-	target := h.m.TargetPath("task-a", "data")
+	target := h.setupData()
 	h.mnt.SetStale(target, true)
 	h.fake.ResetCalls()
 
@@ -165,8 +172,7 @@ func TestRepairStale_HungStat(t *testing.T) {
 	t.Cleanup(func() { staleCheckTimeout = old })
 	h := newHarness(t)
 	ctx := context.Background()
-	_, err := h.m.Setup(ctx, "task-a", []VolumeRequest{req("data", "vol1", "/data")})
-	must.NoError(t, err)
+	h.setupData()
 	staging := h.m.StagingPath("p", "vol1")
 	release := make(chan struct{})
 	h.mnt.SetStaleHang(staging, release)
@@ -178,7 +184,7 @@ func TestRepairStale_HungStat(t *testing.T) {
 		}
 	})
 
-	_, err = h.m.RepairStale(ctx, "p")
+	_, err := h.m.RepairStale(ctx, "p")
 	must.ErrorContains(t, err, "did not return within")
 	_, err = h.m.RepairStale(ctx, "p")
 	must.ErrorContains(t, err, "has not returned yet")
@@ -193,14 +199,12 @@ func TestRepairStale_HungStat(t *testing.T) {
 func TestRepairStaleRetry_UnhealthyPluginEndsRetries(t *testing.T) {
 	h := newHarness(t, func(c *Config) { c.BackgroundRetryBase, c.BackgroundRetryMax = time.Hour, time.Hour })
 	ctx := context.Background()
-	_, err := h.m.Setup(ctx, "task-a", []VolumeRequest{req("data", "vol1", "/data")})
-	must.NoError(t, err)
-	h.mnt.SetStale(h.m.TargetPath("task-a", "data"), true)
+	h.mnt.SetStale(h.setupData(), true)
 	p := fullPlugin("p")
 	p.Healthy = false
 	h.setPlugin(p)
 	// With an hour of backoff, a retry would never return.
-	_, err = h.m.RepairStaleRetry(ctx, "p", 5)
+	_, err := h.m.RepairStaleRetry(ctx, "p", 5)
 	must.ErrorIs(t, err, ErrPluginNotFound)
 	h.setPlugin(fullPlugin("p"))
 	must.NoError(t, h.m.Teardown(ctx, "task-a"))
