@@ -3,7 +3,6 @@ package csihook
 import (
 	"context"
 	"fmt"
-	"runtime"
 	"strings"
 	"testing"
 
@@ -89,15 +88,7 @@ func TestRepairStale_RelapseAfterTheMountCameBackIsTold(t *testing.T) {
 		h.mnt.SetStale(target, true)
 		release := h.fake.HangMethod(MethodNodeUnpublishVolume)
 		defer release()
-		h.fake.ResetCalls()
-		done := make(chan error, 1)
-		go func() {
-			_, err := h.m.RepairStale(ctx, "p")
-			done <- err
-		}()
-		for h.fake.Count(MethodNodeUnpublishVolume) == 0 {
-			runtime.Gosched()
-		}
+		done := h.repairInFlight(MethodNodeUnpublishVolume)
 		h.mnt.SetStale(target, false)
 		release()
 		must.ErrorContains(t, <-done, "daemon busy")

@@ -63,16 +63,8 @@ func TestRepairStale_TeardownWaitingOnFailingRepair(t *testing.T) {
 	h.fake.SetError(MethodNodePublishVolume, status.Error(codes.Internal, "backend gone"))
 	release := h.fake.HangMethod(MethodNodePublishVolume)
 	t.Cleanup(release)
-	h.fake.ResetCalls()
 
-	repaired := make(chan error, 1)
-	go func() {
-		_, err := h.m.RepairStale(ctx, "p")
-		repaired <- err
-	}()
-	for h.fake.Count(MethodNodePublishVolume) == 0 {
-		runtime.Gosched()
-	}
+	repaired := h.repairInFlight(MethodNodePublishVolume)
 	tornDown := make(chan error, 1)
 	go func() { tornDown <- h.m.Teardown(ctx, "task-a") }()
 	// The teardown waits on the volume's lock, which the repair holds.

@@ -2,7 +2,6 @@ package csihook
 
 import (
 	"context"
-	"runtime"
 	"testing"
 
 	"github.com/shoenig/test/must"
@@ -22,15 +21,7 @@ func TestRepairStale_PluginGoneAfterTheUnpublishIsRepairedLater(t *testing.T) {
 
 	release := h.fake.HangMethod(MethodNodeUnpublishVolume)
 	t.Cleanup(release)
-	h.fake.ResetCalls()
-	done := make(chan error, 1)
-	go func() {
-		_, err := h.m.RepairStale(ctx, "p")
-		done <- err
-	}()
-	for h.fake.Count(MethodNodeUnpublishVolume) == 0 {
-		runtime.Gosched()
-	}
+	done := h.repairInFlight(MethodNodeUnpublishVolume)
 	h.removePlugin("p")
 	release()
 	must.ErrorContains(t, <-done, "is not running")

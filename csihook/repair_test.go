@@ -3,6 +3,7 @@ package csihook
 import (
 	"context"
 	"errors"
+	"runtime"
 	"testing"
 	"time"
 
@@ -20,6 +21,22 @@ func (h *harness) setupData() string {
 	_, err := h.m.Setup(context.Background(), "task-a", []VolumeRequest{req("data", "vol1", "/data")})
 	must.NoError(h.t, err)
 	return h.m.TargetPath("task-a", "data")
+}
+
+// repairInFlight starts a repair of plugin p's volumes and returns once
+// it has called method (which the test hangs), with the channel its error
+// comes on.
+func (h *harness) repairInFlight(method string) <-chan error {
+	h.fake.ResetCalls()
+	done := make(chan error, 1)
+	go func() {
+		_, err := h.m.RepairStale(context.Background(), "p")
+		done <- err
+	}()
+	for h.fake.Count(method) == 0 {
+		runtime.Gosched()
+	}
+	return done
 }
 
 func TestRepairStale(t *testing.T) {
