@@ -175,7 +175,14 @@ func (m *Manager) repairVolume(ctx context.Context, k volKey) ([]Repaired, error
 			m.mu.Unlock()
 		}
 	}
-	dead, held := m.holdRelapses(dead, stagingDead)
+	// A plugin that is not healthy (its process died, or is starting
+	// again) is no plugin that keeps losing its mounts: no relapse is
+	// counted, nor told, while it is away, and its return ends any
+	// back-off (ResetRepairBackoff). It is not called either (below).
+	held := false
+	if _, err := m.lookupHealthy(vol.PluginID); err == nil {
+		dead, held = m.holdRelapses(dead, stagingDead)
+	}
 	if len(dead) == 0 && (!stagingDead || held) {
 		return nil, nil
 	}

@@ -175,3 +175,30 @@ func TestRepairStale_RelapseWithDeadStagingHeldWhole(t *testing.T) {
 	must.NoError(t, h.m.Teardown(context.Background(), "task-a"))
 	must.SliceEmpty(t, h.mountPaths())
 }
+
+// A plugin whose process died is no plugin that keeps losing its mounts:
+// a check that finds a repaired mount dead while its plugin is down (the
+// periodic check during the plugin's restart delay) counts no relapse and
+// tells the task nothing of one; the plugin's return repairs it at once.
+func TestRepairStale_DownPluginIsNoRelapse(t *testing.T) {
+	h, clock, target := newRelapseHarness(t)
+	h.mnt.SetStale(target, true)
+	must.Eq(t, 1, h.pass(clock)) // repaired
+	// The plugin's process dies: its fresh mount dies with it.
+	h.mnt.SetStale(target, true)
+	down := fullPlugin("p")
+	down.Healthy = false
+	h.setPlugin(down)
+	clock.next()
+	_, err := h.m.RepairStale(context.Background(), "")
+	must.Eq(t, 0, countEvents(h, relapseEvent), must.Sprint(h.eventMsgs()))
+	must.Zero(t, h.m.repairStates()[taskRef{"task-a", "data"}].relapses)
+	must.ErrorIs(t, err, ErrPluginNotFound)
+	// Back: the driver ends the back-off and repairs.
+	h.setPlugin(fullPlugin("p"))
+	h.m.ResetRepairBackoff("p")
+	must.Eq(t, 1, h.pass(clock))
+	must.Eq(t, 0, countEvents(h, relapseEvent), must.Sprint(h.eventMsgs()))
+	must.NoError(t, h.m.Teardown(context.Background(), "task-a"))
+	must.SliceEmpty(t, h.mountPaths())
+}
