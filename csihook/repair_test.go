@@ -25,8 +25,10 @@ func (h *harness) setupData() string {
 
 // repairInFlight starts a repair of plugin p's volumes and returns once
 // it has called method (which the test hangs), with the channel its error
-// comes on.
+// comes on. A repair that returns without calling method fails the test
+// at once, rather than leaving it to spin until go test's timeout.
 func (h *harness) repairInFlight(method string) <-chan error {
+	h.t.Helper()
 	h.fake.ResetCalls()
 	done := make(chan error, 1)
 	go func() {
@@ -34,7 +36,16 @@ func (h *harness) repairInFlight(method string) <-chan error {
 		done <- err
 	}()
 	for h.fake.Count(method) == 0 {
-		runtime.Gosched()
+		select {
+		case err := <-done:
+			if h.fake.Count(method) > 0 {
+				done <- err
+				return done
+			}
+			h.t.Fatalf("the repair returned (error: %v) without calling %s", err, method)
+		default:
+			runtime.Gosched()
+		}
 	}
 	return done
 }
