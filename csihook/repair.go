@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"math/rand/v2"
 	"sort"
 	"time"
@@ -302,7 +303,9 @@ func (m *Manager) repairVolume(ctx context.Context, k volKey) ([]Repaired, error
 // one twice as long, up to RepairBackoffMax. The task is told once, when
 // its back-off begins; each pass that holds a volume back logs it at
 // Debug. When the staging is dead, every publish of it is repaired with
-// it or none is (held reports that none is): a restage takes them all.
+// it or none is (held reports that none is): a restage takes them all, so
+// one publish not held back (another task's first death) has them all
+// repaired, and no wait begins for the others.
 func (m *Manager) holdRelapses(dead []taskRecord, stagingDead bool) (repair []taskRecord, held bool) {
 	type hold struct {
 		tr        taskRecord
@@ -312,6 +315,7 @@ func (m *Manager) holdRelapses(dead []taskRecord, stagingDead bool) (repair []ta
 	}
 	var holds []hold
 	now := m.now()
+	relapsed := map[taskRef]repairState{}
 	m.mu.Lock()
 	for _, tr := range dead {
 		st := m.repairs[tr.ref()]
@@ -321,7 +325,7 @@ func (m *Manager) holdRelapses(dead []taskRecord, stagingDead bool) (repair []ta
 			st.relapses++
 			wait = m.relapseWait(st.relapses)
 			st.notBefore = now.Add(wait)
-			m.repairs[tr.ref()] = st
+			relapsed[tr.ref()] = st
 		}
 		if now.Before(st.notBefore) {
 			holds = append(holds, hold{tr, st, wait, wait > 0 && st.relapses == 1})
@@ -329,6 +333,21 @@ func (m *Manager) holdRelapses(dead []taskRecord, stagingDead bool) (repair []ta
 			repair = append(repair, tr)
 		}
 	}
+	if stagingDead && len(repair) > 0 {
+		// The restage another publish needs takes the held ones too:
+		// no wait begins, none is told or counted.
+		for ref := range relapsed {
+			st := m.repairs[ref]
+			if st.repaired = false; st == (repairState{}) {
+				delete(m.repairs, ref)
+			} else {
+				m.repairs[ref] = st
+			}
+		}
+		m.mu.Unlock()
+		return dead, false
+	}
+	maps.Copy(m.repairs, relapsed)
 	m.mu.Unlock()
 	for _, h := range holds {
 		tr := h.tr
@@ -339,9 +358,6 @@ func (m *Manager) holdRelapses(dead []taskRecord, stagingDead bool) (repair []ta
 		m.logger.Debug("dead volume mount not repaired in this pass: it died again soon after its last repair",
 			"task_id", tr.TaskID, "volume", tr.Name, "plugin_id", tr.PluginID, "volume_id", tr.VolumeID,
 			"relapses", h.st.relapses, "repair_in", h.st.notBefore.Sub(now))
-	}
-	if stagingDead && len(repair) > 0 {
-		return dead, false
 	}
 	return repair, len(holds) > 0
 }

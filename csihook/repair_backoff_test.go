@@ -202,3 +202,32 @@ func TestRepairStale_DownPluginIsNoRelapse(t *testing.T) {
 	must.NoError(t, h.m.Teardown(context.Background(), "task-a"))
 	must.SliceEmpty(t, h.mountPaths())
 }
+
+// A dead staging is restaged with every publish on it: a relapsed publish
+// of one task does not hold back the restage another task's first death
+// needs, and, repaired in that pass, its task is not told of a wait.
+func TestRepairStale_DeadStagingOfAnotherTaskIsNotHeld(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.RepairBackoffBase, c.RepairBackoffMax = 20*time.Second, 5*time.Minute })
+	clock := &passClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	h.m.now = clock.now
+	shared := req("data", "vol1", "/data")
+	shared.AccessMode = AccessMultiNodeMultiWriter
+	_, err := h.m.Setup(context.Background(), "task-a", []VolumeRequest{shared})
+	must.NoError(t, err)
+	staging := h.m.StagingPath("p", "vol1")
+	h.mnt.SetStale(staging, true)
+	must.Eq(t, 1, h.pass(clock)) // task-a repaired
+	_, err = h.m.Setup(context.Background(), "task-b", []VolumeRequest{shared})
+	must.NoError(t, err)
+	// The staging dies again: task-a's publish relapsed, task-b's died
+	// for the first time.
+	h.mnt.SetStale(staging, true)
+	must.Eq(t, 2, h.pass(clock), must.Sprint(h.eventMsgs()))
+	must.Eq(t, 1, h.fake.Count(MethodNodeStageVolume))
+	must.Eq(t, 0, countEvents(h, relapseEvent), must.Sprint(h.eventMsgs()))
+	must.Zero(t, h.m.repairStates()[taskRef{"task-a", "data"}].relapses)
+	for _, task := range []string{"task-a", "task-b"} {
+		must.NoError(t, h.m.Teardown(context.Background(), task))
+	}
+	must.SliceEmpty(t, h.mountPaths())
+}
