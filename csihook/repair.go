@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"maps"
 	"math/rand/v2"
 	"sort"
 	"time"
@@ -302,10 +301,11 @@ func (m *Manager) repairVolume(ctx context.Context, k volKey) ([]Repaired, error
 // still. The first wait of each relapse is RepairBackoffBase, each further
 // one twice as long, up to RepairBackoffMax. The task is told once, when
 // its back-off begins; each pass that holds a volume back logs it at
-// Debug. When the staging is dead, every publish of it is repaired with
-// it or none is (held reports that none is): a restage takes them all, so
-// one publish not held back (another task's first death) has them all
-// repaired, and no wait begins for the others.
+// Debug. One mount repaired is repaired for every record on it, so none
+// of them is held back while another is repaired: the tasks of an
+// allocation share one publish (allocShare), and every publish of a dead
+// staging is restaged with it (held reports that none is repaired). For
+// those no wait begins, and no relapse is counted or told.
 func (m *Manager) holdRelapses(dead []taskRecord, stagingDead bool) (repair []taskRecord, held bool) {
 	type hold struct {
 		tr        taskRecord
@@ -313,41 +313,46 @@ func (m *Manager) holdRelapses(dead []taskRecord, stagingDead bool) (repair []ta
 		wait      time.Duration
 		firstTime bool
 	}
-	var holds []hold
 	now := m.now()
-	relapsed := map[taskRef]repairState{}
 	m.mu.Lock()
+	states := map[taskRef]repairState{}
+	waits := map[taskRef]time.Duration{}
+	freed := map[string]bool{} // targets repaired in this pass
+	anyFreed := false
 	for _, tr := range dead {
 		st := m.repairs[tr.ref()]
-		var wait time.Duration
 		if st.repaired {
 			st.repaired = false
 			st.relapses++
-			wait = m.relapseWait(st.relapses)
-			st.notBefore = now.Add(wait)
-			relapsed[tr.ref()] = st
+			waits[tr.ref()] = m.relapseWait(st.relapses)
+			st.notBefore = now.Add(waits[tr.ref()])
 		}
-		if now.Before(st.notBefore) {
-			holds = append(holds, hold{tr, st, wait, wait > 0 && st.relapses == 1})
-		} else {
-			repair = append(repair, tr)
+		states[tr.ref()] = st
+		if !now.Before(st.notBefore) {
+			freed[tr.Target], anyFreed = true, true
 		}
 	}
-	if stagingDead && len(repair) > 0 {
-		// The restage another publish needs takes the held ones too:
-		// no wait begins, none is told or counted.
-		for ref := range relapsed {
-			st := m.repairs[ref]
+	var holds []hold
+	for _, tr := range dead {
+		st := states[tr.ref()]
+		if now.Before(st.notBefore) && !freed[tr.Target] && !(stagingDead && anyFreed) {
+			wait := waits[tr.ref()]
+			holds = append(holds, hold{tr, st, wait, wait > 0 && st.relapses == 1})
+			m.repairs[tr.ref()] = st
+			continue
+		}
+		repair = append(repair, tr)
+		if _, relapsed := waits[tr.ref()]; relapsed {
+			// Repaired with another record's mount: the relapse
+			// is not counted, only the repair it had is spent.
+			st := m.repairs[tr.ref()]
 			if st.repaired = false; st == (repairState{}) {
-				delete(m.repairs, ref)
+				delete(m.repairs, tr.ref())
 			} else {
-				m.repairs[ref] = st
+				m.repairs[tr.ref()] = st
 			}
 		}
-		m.mu.Unlock()
-		return dead, false
 	}
-	maps.Copy(m.repairs, relapsed)
 	m.mu.Unlock()
 	for _, h := range holds {
 		tr := h.tr

@@ -231,3 +231,35 @@ func TestRepairStale_DeadStagingOfAnotherTaskIsNotHeld(t *testing.T) {
 	}
 	must.SliceEmpty(t, h.mountPaths())
 }
+
+// Tasks of an allocation share one publish (allocShare): one repair of it
+// is a fresh mount for each, and each must hear of it to bind it afresh.
+// A task whose share relapsed is not left out when another's first death
+// has the publish repaired: the checks after it would find the shared
+// target alive and never repair the dead copy in the held task.
+func TestRepairStale_SharedPublishRepairedForEveryTask(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.RepairBackoffBase, c.RepairBackoffMax = 20*time.Second, 5*time.Minute })
+	clock := &passClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	h.m.now = clock.now
+	ctx := context.Background()
+	app, backup := "alloc-a/app/11111111", "alloc-a/backup/22222222"
+	target := h.shareData(ctx, app)
+	h.mnt.SetStale(target, true)
+	must.Eq(t, 1, h.pass(clock)) // app's repaired
+	// Another task of the allocation starts on the same publish; the
+	// publish dies again before a check saw it alive.
+	must.Eq(t, target, h.shareData(ctx, backup))
+	h.mnt.SetStale(target, true)
+	clock.next()
+	rep, err := h.m.RepairStale(ctx, "p")
+	must.NoError(t, err)
+	var got []string
+	for _, r := range rep {
+		got = append(got, r.TaskID)
+	}
+	must.Eq(t, []string{app, backup}, got, must.Sprint(h.eventMsgs()))
+	must.Eq(t, 0, countEvents(h, relapseEvent), must.Sprint(h.eventMsgs()))
+	h.teardownAll(ctx, app, backup)
+	must.SliceEmpty(t, h.mountPaths())
+	must.SliceEmpty(t, h.journalRecords())
+}
