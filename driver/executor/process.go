@@ -43,9 +43,10 @@ type Process struct {
 
 	// group is nil when the cgroup could not be loaded on Recover.
 	group *cgroups.Group
-	// supFD and taskFD are pidfds of the supervisor (a recovered one: a
-	// started one is this process's child, which its spare's reaper
-	// reaps) and of the task's main process, -1 when unknown or gone.
+	// supFD and taskFD are pidfds of the supervisor and of the task's
+	// main process, -1 when unknown or gone. A recovered supervisor's is
+	// how its end is seen; a started one is this process's child, whose
+	// end its spare's reaper sees, and its pidfd only resumes it (Kill).
 	supFD, taskFD int
 
 	done   chan struct{}
@@ -211,6 +212,9 @@ func start(logger hclog.Logger, spec *Spec, late func() ([]Mount, error), sp *sp
 		logger.Warn("failed to read the supervisor's start time", "error", supStartErr)
 	}
 	p.taskFD = openVerifiedPidfd(rep.TaskPID, rep.TaskStart)
+	if supStartErr == nil {
+		p.supFD = openVerifiedPidfd(cmd.Process.Pid, supStart)
+	}
 	if p.group, err = cgroups.Reported(rep.Cgroup); err != nil {
 		logger.Warn("failed to load the task's cgroup", "error", err)
 	}
@@ -451,12 +455,30 @@ func (p *Process) Shutdown(sig syscall.Signal, grace time.Duration) error {
 	return nil
 }
 
-// Kill sends SIGKILL to every process of the task's cgroup.
+// Kill sends SIGKILL to every process of the task's cgroup, then resumes
+// the supervisor: a task in the host's PID namespace can stop it (SIGSTOP
+// to its $PPID), and a stopped supervisor would never reap the task, record
+// its end or exit. The task is dead by then and cannot stop it again.
 func (p *Process) Kill() error {
 	if err := p.signalTask(unix.SIGKILL); err != nil && !errors.Is(err, unix.ESRCH) {
 		p.logger.Warn("failed to kill the task's main process", "pid", p.state.TaskPID, "error", err)
 	}
-	return p.killGroup()
+	err := p.killGroup()
+	if cerr := p.signalSupervisor(unix.SIGCONT); cerr != nil && !errors.Is(cerr, unix.ESRCH) {
+		p.logger.Warn("failed to resume the task's supervisor", "pid", p.state.SupervisorPID, "error", cerr)
+	}
+	return err
+}
+
+// signalSupervisor signals the supervisor through its pidfd; one already
+// gone (or never opened) is ESRCH.
+func (p *Process) signalSupervisor(sig syscall.Signal) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.supFD < 0 {
+		return unix.ESRCH
+	}
+	return unix.PidfdSendSignal(p.supFD, sig, nil, 0)
 }
 
 // signalTask signals the task's main process through its pidfd, so that a
