@@ -194,3 +194,38 @@ func inMountNS(t *testing.T, ns string) []string {
 	}
 	return out
 }
+
+// What a root task can signal outside its own processes. In a PID
+// namespace of its own it reaches neither another task, its supervisor,
+// nor the driver. With private_pid off it is in the host's PID namespace
+// (the driver's; no namespace shared with other tasks only), and, root
+// with exec's kill capability, signals all of them: why pid_mode "host"
+// needs allow_host_namespaces or the operator's default
+// (docs/security.md).
+func TestSupervisorOfAnotherTask_Root(t *testing.T) {
+	requireTaskRoot(t)
+	other := isolatedSpec(t, "exec sleep 1000")
+	op := startTest(t, other)
+	targets := fmt.Sprintf("%d %d %d", op.State().SupervisorPID, op.Pid(), os.Getpid())
+	for _, privatePID := range []bool{false, true} {
+		t.Run(fmt.Sprintf("private_pid=%v", privatePID), func(t *testing.T) {
+			tt := isolatedSpec(t, `for pid in `+targets+`; do kill -0 $pid 2>/dev/null; echo "kill$pid=$?"; done`)
+			tt.spec.Isolation.PrivatePID = privatePID
+			p := startTest(t, tt)
+			hostNS, err := os.Readlink("/proc/self/ns/pid")
+			must.NoError(t, err)
+			taskNS, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", p.Pid()))
+			must.NoError(t, err)
+			got := exitLines(t, tt, p)
+			must.Eq(t, !privatePID, taskNS == hostNS, must.Sprintf("task's %s, host's %s", taskNS, hostNS))
+			want := "1"
+			if !privatePID {
+				want = "0"
+			}
+			for _, pid := range strings.Fields(targets) {
+				must.Eq(t, want, got["kill"+pid], must.Sprintf("kill -0 %s", pid))
+			}
+		})
+	}
+	must.False(t, op.exited())
+}
