@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/shoenig/test/must"
 	"golang.org/x/sys/unix"
 )
@@ -228,4 +229,39 @@ func TestSupervisorOfAnotherTask_Root(t *testing.T) {
 		})
 	}
 	must.False(t, op.exited())
+}
+
+// A driver restarted while a task keeps its supervisor stopped recovers
+// the task with a pidfd of the supervisor (checked against its start time),
+// and its StopTask resumes the supervisor just as a started task's does.
+func TestSupervisorStoppedByTaskRecovered_Root(t *testing.T) {
+	requireTaskRoot(t)
+	old := killWaitTimeout
+	killWaitTimeout = 5 * time.Second
+	t.Cleanup(func() { killWaitTimeout = old })
+	tt, started, kids, mntNS := supKillTask(t, false, "STOP")
+	sup := started.State().SupervisorPID
+	supFD, err := unix.PidfdOpen(sup, 0)
+	must.NoError(t, err)
+	t.Cleanup(func() {
+		_ = unix.PidfdSendSignal(supFD, unix.SIGKILL, nil, 0)
+		_ = unix.Close(supFD)
+	})
+	sentToParent(t, tt, started, false)
+	waitFor(t, "the supervisor to stop", func() bool {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", sup))
+		return err == nil && strings.Contains(string(b), ") T ")
+	})
+
+	p, err := Recover(hclog.NewNullLogger(), started.State())
+	must.NoError(t, err)
+	t.Cleanup(func() { _ = p.Kill(); _ = p.Destroy() })
+	must.NoError(t, p.Shutdown(syscall.SIGTERM, 200*time.Millisecond))
+	t.Logf("exit: %+v", waitExit(t, p))
+	for _, pid := range append([]int{p.Pid(), sup}, kids...) {
+		waitFor(t, fmt.Sprintf("pid %d to end", pid), func() bool { return gone(pid) })
+	}
+	must.NoError(t, p.Destroy())
+	must.False(t, cgroupExists(tt.spec.CgroupParent, tt.spec.TaskID))
+	must.SliceEmpty(t, inMountNS(t, mntNS))
 }
