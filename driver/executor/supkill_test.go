@@ -265,3 +265,31 @@ func TestSupervisorStoppedByTaskRecovered_Root(t *testing.T) {
 	must.False(t, cgroupExists(tt.spec.CgroupParent, tt.spec.TaskID))
 	must.SliceEmpty(t, inMountNS(t, mntNS))
 }
+
+// A started task holds pidfds of its supervisor and of its main process
+// while it runs; Destroy closes both, whether the task ended by itself or
+// was killed, so that a node that runs tasks for months runs out of none.
+func TestStart_DestroyClosesPidfds_Root(t *testing.T) {
+	requireTaskRoot(t)
+	run := func(kill bool) {
+		tt := newTestSpec(t, "/bin/sh", "-c", `[ -n "$KILL" ] && exec sleep 1000; exit 0`)
+		if kill {
+			tt.spec.Env = append(tt.spec.Env, "KILL=1")
+		}
+		p := startTest(t, tt)
+		if kill {
+			must.False(t, p.exited(), must.Sprint("the task to kill ended by itself"))
+			must.NoError(t, p.Kill())
+		}
+		waitExit(t, p)
+		must.NoError(t, p.Destroy())
+	}
+	// The first start sets up what lives as long as the process (the
+	// exit set, the runtime's poller).
+	run(false)
+	before := openFDs(t)
+	for _, kill := range []bool{false, true, false, true} {
+		run(kill)
+	}
+	must.Eq(t, before, openFDs(t), must.Sprint("descriptors left open by started and destroyed tasks"))
+}
