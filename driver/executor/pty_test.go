@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/shoenig/test/must"
+	"golang.org/x/sys/unix"
 )
 
 // The kernel's terminals are one pool for the node (kernel.pty.max less
@@ -36,6 +37,12 @@ sleep 600;
 	n, err := strconv.Atoi(held["held"])
 	must.NoError(t, err)
 	must.Positive(t, n, must.Sprint("the task could open no terminal at all"))
+	// Its own devpts stopped it (ENOSPC), at the supervisor's taskPtyMax:
+	// not its open-file limit (EMFILE at 1024 by default), which would let
+	// this pass with no bound while still leaving the pool of 3072 to two
+	// such tasks.
+	must.Eq(t, strconv.Itoa(int(unix.ENOSPC)), held["err"], must.Sprint("the task's terminals were not bounded by its devpts"))
+	must.LessEq(t, 128, n, must.Sprintf("the task held %d terminals", n))
 
 	other := isolatedSpec(t, `perl -e 'print "other=", (open(my $f, "+<", "/dev/ptmx") ? "ok" : ($!+0)), "\n"'`)
 	got := runLines(t, other)
