@@ -95,10 +95,11 @@ func (p *Process) ReplaceMount(source, target string, readOnly bool) (string, er
 	}
 	isDir := st.Mode&unix.S_IFMT == unix.S_IFDIR
 	noSuid, noDev := replaceFlags(mnt, spec.Isolation != nil, st.Mode)
-	// A device node is the host's own inode, read-only as a mount as at
-	// the task's start (the supervisor's attachTree): not the task's to
-	// chmod. The device is still written through it.
-	device := st.Mode&unix.S_IFMT == unix.S_IFBLK || st.Mode&unix.S_IFMT == unix.S_IFCHR
+	// A device node is the host's own inode, read-only as a mount in a
+	// task that is not privileged, as at its start (the supervisor's
+	// attachTree): not the task's to chmod. The device is still written
+	// through it.
+	device := spec.Isolation != nil && (st.Mode&unix.S_IFMT == unix.S_IFBLK || st.Mode&unix.S_IFMT == unix.S_IFCHR)
 	if err := m.LockTree(tree, mnt.ReadOnly || readOnly || device, noSuid, noDev); err != nil {
 		return fail(err)
 	}
@@ -116,7 +117,7 @@ func (p *Process) ReplaceMount(source, target string, readOnly bool) (string, er
 	if err := <-errc; err != nil {
 		return fail(err)
 	}
-	p.logger.Info("replaced a mount in the running task", "source", source, "target", target, "read_only", mnt.ReadOnly || readOnly)
+	p.logger.Info("replaced a mount in the running task", "source", source, "target", target, "read_only", mnt.ReadOnly || readOnly || device)
 	return target, nil
 }
 

@@ -150,3 +150,43 @@ print STDOUT "x\n" or die; print STDERR "y\n" or die;
 		}
 	})
 }
+
+// A privileged task is not bound by the read-only device nodes above: it
+// holds CAP_SYS_ADMIN in a mount namespace of its own and could remount
+// them, and the operator granted it the host. Its block-device volume's
+// node is bound as Nomad's devices are, writable, at start and when the
+// volume is repaired, so that a privileged job that prepares its node
+// (chown to the user of its database) works as before. The task sets each
+// node to the mode it has.
+func TestPrivileged_DeviceNodesAsHanded_Root(t *testing.T) {
+	requireTaskRoot(t)
+	dir, tgt := t.TempDir(), t.TempDir()
+	early, first, fresh := filepath.Join(dir, "early"), filepath.Join(dir, "first"), filepath.Join(dir, "fresh")
+	must.NoError(t, unix.Mknod(early, unix.S_IFCHR|0o600, int(unix.Mkdev(1, 7))))
+	must.NoError(t, unix.Mknod(first, unix.S_IFBLK|0o600, int(unix.Mkdev(7, 201))))
+	must.NoError(t, unix.Mknod(fresh, unix.S_IFBLK|0o600, int(unix.Mkdev(7, 202))))
+	dev, vol := filepath.Join(tgt, "nomad-dev"), filepath.Join(tgt, "xvdb")
+	tt := newTestSpec(t, "/bin/sh", "-c", `
+try() { if chmod 600 "$2" 2>/dev/null; then echo "chmod_$1=ok"; else echo "chmod_$1=failed"; fi; }
+try dev `+dev+`
+try vol `+vol+`
+while [ "$(stat -c %T `+vol+`)" != ca ]; do sleep 0.05; done
+try repaired `+vol+`
+exec sleep 100`)
+	tt.spec.Mounts = []Mount{{Source: early, Target: dev}}
+	tt.spec.LateMounts = []Mount{{Target: vol}}
+	p, err := Start(hclog.NewNullLogger(), tt.spec, func() ([]Mount, error) {
+		return []Mount{{Source: first, Target: vol}}, nil
+	})
+	must.NoError(t, err)
+	t.Cleanup(func() { _ = p.Kill(); _ = p.Destroy() })
+	waitFor(t, "the task to try its first nodes", func() bool { return strings.Contains(readFile(t, tt.stdout), "chmod_vol=") })
+	_, err = p.ReplaceMount(fresh, vol, false)
+	must.NoError(t, err)
+	waitFor(t, "the task to try its fresh node", func() bool { return strings.Contains(readFile(t, tt.stdout), "chmod_repaired=") })
+	got := outputLines(readFile(t, tt.stdout))
+	t.Log(got)
+	for _, n := range []string{"dev", "vol", "repaired"} {
+		must.Eq(t, "ok", got["chmod_"+n], must.Sprintf("a privileged task could not chmod its %s node", n))
+	}
+}

@@ -167,7 +167,7 @@ func timeIsolatedRoot(root string, iso *wire.Isolation, dirs []wire.Mount) (map[
 			return nil
 		}},
 		{"pivot", func() error { return pivotRoot(root) }},
-		{"dirs", func() error { return attachAll(m, trees, dirs, "/") }},
+		{"dirs", func() error { return attachAll(m, trees, dirs, "/", true) }},
 		{"pivot", func() error { return sealRoot(m) }},
 	})
 }

@@ -423,7 +423,7 @@ func forkTask(m mounter.Interface, spec *wire.Spec, attr *syscall.SysProcAttr, r
 		}
 		defer dev.Close()
 	}
-	if err := attachAll(m, trees, mounts, at); err != nil {
+	if err := attachAll(m, trees, mounts, at, spec.Isolation != nil); err != nil {
 		return nil, err
 	}
 	if err := bindAll(m, after, at); err != nil {
@@ -842,8 +842,9 @@ func splitLate(mounts, late []wire.Mount) (early, after []wire.Mount) {
 	return early, after
 }
 
-// attachAll attaches the late mounts' trees, parents before children.
-func attachAll(m mounter.Interface, trees []*os.File, late []wire.Mount, root string) error {
+// attachAll attaches the late mounts' trees, parents before children;
+// isolated: the task is not privileged (attachTree).
+func attachAll(m mounter.Interface, trees []*os.File, late []wire.Mount, root string, isolated bool) error {
 	order := make([]int, len(late))
 	for i := range order {
 		order[i] = i
@@ -855,7 +856,7 @@ func attachAll(m mounter.Interface, trees []*os.File, late []wire.Mount, root st
 		}
 	}
 	for _, i := range order {
-		if err := attachTree(m, trees[i], late[i], root); err != nil {
+		if err := attachTree(m, trees[i], late[i], root, isolated); err != nil {
 			return err
 		}
 	}

@@ -351,8 +351,9 @@ func propagationMode(propagation string) (string, error) {
 
 // attachTree mounts a volume's tree (from mounter.CloneTree on the host) at
 // its target in the task's namespace, like bindOne does a bind: read-only
-// when asked, with the propagation asked for.
-func attachTree(m mounter.Interface, tree *os.File, mnt wire.Mount, root string) error {
+// when asked, with the propagation asked for. isolated: the task is not
+// privileged.
+func attachTree(m mounter.Interface, tree *os.File, mnt wire.Mount, root string, isolated bool) error {
 	if root == "" {
 		root = "/"
 	}
@@ -369,8 +370,11 @@ func attachTree(m mounter.Interface, tree *os.File, mnt wire.Mount, root string)
 	// host's own inode: read-only as a mount whatever the volume, so that a
 	// root task (CHOWN, FOWNER) cannot change its mode or owner on the
 	// host. The device is still written through a read-only mount; what
-	// the task may do with it is the device filter's to say.
-	readOnly := mnt.ReadOnly || st.Mode&unix.S_IFMT == unix.S_IFCHR || st.Mode&unix.S_IFMT == unix.S_IFBLK
+	// the task may do with it is the device filter's to say. A privileged
+	// task, which could remount it and has the host's /dev, gets it as
+	// bindOne binds Nomad's devices for it: as asked.
+	device := st.Mode&unix.S_IFMT == unix.S_IFCHR || st.Mode&unix.S_IFMT == unix.S_IFBLK
+	readOnly := mnt.ReadOnly || isolated && device
 	if err := m.LockTree(tree, readOnly, mnt.NoSuid, mnt.NoDev); err != nil {
 		return fmt.Errorf("mount %q: %w", mnt.Target, err)
 	}
