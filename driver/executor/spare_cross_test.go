@@ -197,8 +197,13 @@ func TestSpares_WaitingSpareOfAnOldConfig_Root(t *testing.T) {
 	t.Cleanup(func() { _ = pb.Kill(); waitExit(t, pb); _ = pb.Destroy() })
 	waitFor(t, "the task's output", func() bool { return strings.Contains(readFile(t, b.stdout), "etc=") })
 	must.Eq(t, "etc=none\n", readFile(t, b.stdout), must.Sprint("the task saw the old chroot_env's /etc"))
-	log := readFile(t, b.spec.StateDir+"/"+wire.SupervisorLogFile)
-	must.StrContains(t, log, "the root prepared ahead did not serve")
+	// The supervisor logs why the root did not serve once the task runs,
+	// so the task's output can come first.
+	logFile := b.spec.StateDir + "/" + wire.SupervisorLogFile
+	waitFor(t, "the supervisor's log of the root prepared ahead", func() bool {
+		return strings.Contains(readFile(t, logFile), "the root prepared ahead did not serve")
+	})
+	log := readFile(t, logFile)
 	if ahead {
 		// cgroup v1: the group made ahead under the old limit took the new.
 		must.StrContains(t, log, "the task took the cgroup made ahead")
