@@ -54,6 +54,17 @@ func supKillTask(t *testing.T, privatePID bool, sig string) (*testTask, *Process
 	must.StrContains(t, readFile(t, fmt.Sprintf("/proc/%d/mountinfo", kids[0])), " /vol ")
 	mntNS, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", kids[0]))
 	must.NoError(t, err)
+	// Held open until the test ends, so that the namespace's inode
+	// number, which the kernel hands out again once a namespace is freed,
+	// names no other process's namespace when the test looks for what is
+	// left in it (it holds the volume's mount in there until then, which
+	// no process sees).
+	held, err := os.Open(fmt.Sprintf("/proc/%d/ns/mnt", kids[0]))
+	must.NoError(t, err)
+	t.Cleanup(func() { _ = held.Close() })
+	var st unix.Stat_t
+	must.NoError(t, unix.Fstat(int(held.Fd()), &st))
+	must.Eq(t, fmt.Sprintf("mnt:[%d]", st.Ino), mntNS, must.Sprint("the namespace held is the task's"))
 
 	must.NoError(t, os.WriteFile(filepath.Join(vol, "go"), nil, 0o644))
 	return tt, p, kids, mntNS
@@ -123,7 +134,7 @@ func TestSupervisorKilledByTask_Root(t *testing.T) {
 			must.True(t, os.IsNotExist(err))
 			// No process is left in the task's mount namespace: its
 			// volume's mount went with it.
-			must.SliceEmpty(t, inMountNS(t, mntNS))
+			noneInMountNS(t, mntNS)
 		})
 	}
 }
@@ -176,8 +187,28 @@ func TestSupervisorStoppedByTask_Root(t *testing.T) {
 			}
 			must.NoError(t, p.Destroy())
 			must.False(t, cgroupExists(tt.spec.CgroupParent, tt.spec.TaskID))
-			must.SliceEmpty(t, inMountNS(t, mntNS))
+			noneInMountNS(t, mntNS)
 		})
+	}
+}
+
+// noneInMountNS waits until no process is left in the mount namespace ns
+// (which the caller holds open, so that its name is not another's), and
+// names what stays in the failure.
+func noneInMountNS(t *testing.T, ns string) {
+	t.Helper()
+	var left []string
+	deadline := time.Now().Add(10 * time.Second)
+	for left = inMountNS(t, ns); len(left) > 0; left = inMountNS(t, ns) {
+		if time.Now().After(deadline) {
+			var what []string
+			for _, pid := range left {
+				b, _ := os.ReadFile("/proc/" + pid + "/stat")
+				what = append(what, strings.TrimSpace(string(b)))
+			}
+			t.Fatalf("processes left in the task's mount namespace %s: %s", ns, strings.Join(what, "; "))
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 
@@ -266,7 +297,7 @@ func TestSupervisorStoppedByTaskRecovered_Root(t *testing.T) {
 	}
 	must.NoError(t, p.Destroy())
 	must.False(t, cgroupExists(tt.spec.CgroupParent, tt.spec.TaskID))
-	must.SliceEmpty(t, inMountNS(t, mntNS))
+	noneInMountNS(t, mntNS)
 }
 
 // A started task holds pidfds of its supervisor and of its main process
