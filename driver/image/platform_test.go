@@ -279,7 +279,7 @@ func TestRecordWithoutPlatformChecksItsConfiguration(t *testing.T) {
 	must.NoError(t, err)
 	must.Eq(t, "linux/amd64/v4", r.Platform)
 	// As the earlier build wrote it.
-	r.Platform = ""
+	r.Platform, r.PlatformKnown = "", false
 	b, err := json.Marshal(r)
 	must.NoError(t, err)
 	must.NoError(t, os.WriteFile(f.store.recordPath(got.Digest), b, 0o600))
@@ -297,6 +297,85 @@ func TestRecordWithoutPlatformChecksItsConfiguration(t *testing.T) {
 	got, err = f.store.Pull(context.Background(), f.layout(t, "plain", "1", plain), PullRequest{})
 	must.NoError(t, err)
 	must.NotNil(t, f.store.findDigest(got.Digest))
+}
+
+// A record an earlier build wrote without a platform learns its
+// configuration's at the next pull of its image, under meta.lock, as one
+// written before stop signals were kept learns its stop signal: the
+// lookups after it read no configuration, and one that names no platform
+// is remembered as such. A damaged configuration leaves the record as it
+// is, served as before, its platform still unknown.
+func TestRecordWithoutPlatformLearnsItOnce(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	f.store.opts.Platform = v1.Platform{OS: "linux", Architecture: "amd64", Variant: "v4"}
+	pull := func(ref string) string {
+		t.Helper()
+		img, err := f.store.Pull(ctx, ref, PullRequest{})
+		must.NoError(t, err)
+		return img.Digest
+	}
+	stored := func(digest string) *record {
+		t.Helper()
+		r, err := f.store.readRecord(digest)
+		must.NoError(t, err)
+		return r
+	}
+	// asOld writes the record of digest as the earlier build did.
+	asOld := func(digest string) {
+		t.Helper()
+		path := f.store.recordPath(digest)
+		b, err := os.ReadFile(path)
+		must.NoError(t, err)
+		var rec map[string]any
+		must.NoError(t, json.Unmarshal(b, &rec))
+		must.Eq(t, true, rec["platform_known"].(bool))
+		delete(rec, "platform")
+		delete(rec, "platform_known")
+		b, err = json.Marshal(rec)
+		must.NoError(t, err)
+		must.NoError(t, os.WriteFile(path, b, 0o600))
+		must.Eq(t, "", stored(digest).Platform)
+	}
+
+	v4 := v1.Platform{Architecture: "amd64", Variant: "v4"}
+	ref := f.layout(t, "legacy", "1", mustImage(t, imagebuild.Spec{Platform: &v4, Cmd: []string{"x"}}, baseLayer(t)))
+	d := pull(ref)
+	asOld(d)
+	must.Eq(t, d, pull(ref))
+	r := stored(d)
+	must.Eq(t, "linux/amd64/v4", r.Platform)
+	must.True(t, r.PlatformKnown)
+	// Learned: without the configuration, a node whose level dropped
+	// still refuses it from the store.
+	cfgPath := f.store.configPath(r.ConfigDigest)
+	must.NoError(t, os.Rename(cfgPath, cfgPath+".away"))
+	f.store.opts.Platform.Variant = "v2"
+	must.Nil(t, f.store.findDigest(d), must.Sprint("the platform was not written back: a v4 image served on a v2 node"))
+	f.store.opts.Platform.Variant = "v4"
+	must.NoError(t, os.Rename(cfgPath+".away", cfgPath))
+
+	// A damaged configuration says nothing: the record stays unknown and
+	// is served as before.
+	asOld(d)
+	kept, err := os.ReadFile(cfgPath)
+	must.NoError(t, err)
+	must.NoError(t, os.WriteFile(cfgPath, append(kept, ' '), 0o600))
+	must.Eq(t, d, pull(ref))
+	must.FileNotExists(t, cfgPath)
+	must.False(t, stored(d).PlatformKnown)
+	must.NotNil(t, f.store.findDigest(d))
+
+	// One whose configuration names none is known to name none.
+	plain := f.layout(t, "plain", "1", mustImage(t, imagebuild.Spec{Platform: &v1.Platform{}, Cmd: []string{"y"}}, baseLayer(t)))
+	d = pull(plain)
+	asOld(d)
+	must.False(t, stored(d).PlatformKnown)
+	must.Eq(t, d, pull(plain))
+	r = stored(d)
+	must.Eq(t, "", r.Platform)
+	must.True(t, r.PlatformKnown, must.Sprint("no platform is not remembered: every lookup reads the configuration"))
+	must.NotNil(t, f.store.findDigest(d))
 }
 
 // A task recovered on a node whose x86-64 level dropped below its image's

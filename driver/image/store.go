@@ -196,12 +196,16 @@ type record struct {
 	// StopSignalKnown says Config.StopSignal is the configuration's (""
 	// for none). A record written before stop signals were kept lacks it:
 	// the configuration kept beside it is read once, under meta.lock, and
-	// the record written back with it (see knowStopSignal).
-	StopSignalKnown bool          `json:"stop_signal_known,omitempty"`
-	Platform        string        `json:"platform,omitempty"`
-	Layers          []layerRecord `json:"layers"`
-	PulledAt        time.Time     `json:"pulled_at"`
-	LastUsed        time.Time     `json:"last_used"`
+	// the record written back with it (see knowConfig).
+	StopSignalKnown bool   `json:"stop_signal_known,omitempty"`
+	Platform        string `json:"platform,omitempty"`
+	// PlatformKnown says Platform is the configuration's ("" for one
+	// that names none). A record an earlier build wrote without it, and
+	// without a platform, learns it as it learns its stop signal.
+	PlatformKnown bool          `json:"platform_known,omitempty"`
+	Layers        []layerRecord `json:"layers"`
+	PulledAt      time.Time     `json:"pulled_at"`
+	LastUsed      time.Time     `json:"last_used"`
 	// AuthKeys are the credentials its registry served it to (authKey:
 	// "" for none of the task's): the store serves it without asking the
 	// registry (by digest, by a tag it resolved to, or while the registry
@@ -329,38 +333,45 @@ func (s *Store) storedConfig(digest string) []byte {
 	return nil
 }
 
-// storedStopSignal is the STOPSIGNAL of the configuration the store keeps
-// with digest ("" for none); ok is false when it keeps none, or none that
-// matches its digest and decodes.
-func (s *Store) storedStopSignal(digest string) (_ string, ok bool) {
+// storedConfigFile is the configuration the store keeps under digest,
+// decoded; nil when it keeps none, or none that matches its digest and
+// decodes (storedConfig takes a damaged copy away).
+func (s *Store) storedConfigFile(digest string) *v1.ConfigFile {
 	b := s.storedConfig(digest)
 	if b == nil {
-		return "", false
+		return nil
 	}
 	var cfg v1.ConfigFile
 	if json.Unmarshal(b, &cfg) != nil {
-		return "", false
+		return nil
 	}
-	return cfg.Config.StopSignal, true
+	return &cfg
 }
 
-// knowStopSignal fills in r's stop signal from the configuration kept
-// beside it, when r was written before stop signals were kept, and says
-// whether it did: the caller, holding meta.lock, writes r back, so the
-// configuration (up to maxConfigSize) is read once, not at every pull. A
+// knowConfig fills in what r lacks of the configuration kept beside it,
+// when an earlier build wrote it: its stop signal (before they were kept)
+// and its platform (one without), and says whether it did: the caller,
+// holding meta.lock, writes r back, so the configuration (up to
+// maxConfigSize) is read once, not at every pull or lookup. A
 // configuration the store lacks or that fails its digest (storedConfig
-// takes it away) leaves r as it is: its stop signal stays unknown, and the
-// image stops with its task's kill_signal or SIGINT, until a pull that
-// asks its source fetches the configuration again (pull).
-func (s *Store) knowStopSignal(r *record) bool {
-	if r.StopSignalKnown || r.ConfigDigest == "" {
+// takes it away) leaves r as it is: its stop signal stays unknown, and
+// the image stops with its task's kill_signal or SIGINT, until a pull
+// that asks its source fetches the configuration again (pull); its
+// platform stays unknown, and the image runs, as that build served it.
+func (s *Store) knowConfig(r *record) bool {
+	if r.StopSignalKnown && (r.PlatformKnown || r.Platform != "") || r.ConfigDigest == "" {
 		return false
 	}
-	sig, ok := s.storedStopSignal(r.ConfigDigest)
-	if !ok {
+	cfg := s.storedConfigFile(r.ConfigDigest)
+	if cfg == nil {
 		return false
 	}
-	r.Config.StopSignal, r.StopSignalKnown = sig, true
+	if !r.StopSignalKnown {
+		r.Config.StopSignal, r.StopSignalKnown = cfg.Config.StopSignal, true
+	}
+	if !r.PlatformKnown && r.Platform == "" {
+		r.Platform, r.PlatformKnown = platformString(configPlatform(cfg, s.opts.Platform)), true
+	}
 	return true
 }
 
@@ -424,12 +435,23 @@ func (s *Store) records() ([]*record, error) {
 // which it did not check. One whose platform is not as the store writes it
 // (damaged, or written by hand) does not: its image is fetched again, and
 // its record rewritten.
-func (s *Store) runsHere(r *record) bool {
+func (s *Store) runsHere(r *record) bool { return s.fit(r) >= 0 }
+
+// fit is how well r's image fits the node (platformRank), -1 when it does
+// not run here (runsHere); one that names no platform and runs fits as
+// well as the node's own.
+func (s *Store) fit(r *record) int {
 	if r.Platform == "" {
-		return s.configRunsHere(r.ConfigDigest)
+		if r.PlatformKnown || s.configRunsHere(r.ConfigDigest) {
+			return 10
+		}
+		return -1
 	}
 	p, ok := parseRecordPlatform(r.Platform)
-	return ok && platformMatches(&p, s.opts.Platform)
+	if !ok {
+		return -1
+	}
+	return platformRank(&p, s.opts.Platform)
 }
 
 // configRunsHere says whether the image of the configuration the store
@@ -440,15 +462,11 @@ func (s *Store) configRunsHere(digest string) bool {
 	if digest == "" {
 		return true
 	}
-	b := s.storedConfig(digest)
-	if b == nil {
+	cfg := s.storedConfigFile(digest)
+	if cfg == nil {
 		return true
 	}
-	var cfg v1.ConfigFile
-	if json.Unmarshal(b, &cfg) != nil {
-		return true
-	}
-	p := configPlatform(&cfg, s.opts.Platform)
+	p := configPlatform(cfg, s.opts.Platform)
 	return p == nil || platformMatches(p, s.opts.Platform)
 }
 
@@ -476,10 +494,20 @@ func parseRecordPlatform(s string) (v1.Platform, bool) {
 }
 
 // servable says whether the store may give r to a pull without fetching
-// it: every lookup that finds an image to run asks this, never complete
-// alone, so that none forgets the platform. complete alone is for what
-// does not run the image (GC, the image list) or was just found servable.
-func (s *Store) servable(r *record) bool { return s.complete(r) && s.runsHere(r) }
+// it: every lookup that finds an image to run asks this (or servableFit),
+// never complete alone, so that none forgets the platform. complete alone
+// is for what does not run the image (GC, the image list) or was just
+// found servable.
+func (s *Store) servable(r *record) bool { return s.servableFit(r) >= 0 }
+
+// servableFit is how well r fits the node (fit) when it is servable, -1
+// when it is not.
+func (s *Store) servableFit(r *record) int {
+	if !s.complete(r) {
+		return -1
+	}
+	return s.fit(r)
+}
 
 // complete says whether every layer of r is in the store.
 func (s *Store) complete(r *record) bool {
@@ -793,7 +821,7 @@ func (s *Store) pull(ctx context.Context, ref Reference, auth *Credentials, forc
 		// manifest of another's private image does not get its
 		// configuration by that. A record whose stop signal is unknown
 		// (written before they were kept) lacks its configuration if
-		// it is still unknown here (knowStopSignal found none, or a
+		// it is still unknown here (knowConfig found none, or a
 		// damaged one): its source serves it again, and commit reads it;
 		// a source that no longer does fails no start of an image the
 		// store has whole: its stop signal stays unknown.
@@ -814,7 +842,7 @@ func (s *Store) pull(ctx context.Context, ref Reference, auth *Credentials, forc
 		return nil, err
 	}
 	rec := &record{Digest: res.digest, IndexDigest: res.indexDigest, ConfigDigest: res.manifest.Config.Digest.String(), Config: configOf(cfg),
-		StopSignalKnown: true, Platform: platformString(configPlatform(cfg, s.opts.Platform)), PulledAt: s.now().UTC()}
+		StopSignalKnown: true, Platform: platformString(configPlatform(cfg, s.opts.Platform)), PlatformKnown: true, PulledAt: s.now().UTC()}
 	var created []string
 	for attempt := 1; ; attempt++ {
 		var (
@@ -906,7 +934,7 @@ func (s *Store) commit(ctx context.Context, rec *record, fresh bool, ref, key st
 	// since (or never had a time here).
 	moved := resolved && (rec.resolvedAt(ref).IsZero() || s.resolvedElsewhere(ref, rec.Digest, rec.resolvedAt(ref)))
 	changed := fresh || moved || !rec.allows(key) || !slices.Contains(rec.Refs, ref)
-	changed = s.knowStopSignal(rec) || changed
+	changed = s.knowConfig(rec) || changed
 	for _, w := range f.waiters {
 		changed = changed || w.Use == nil
 	}
@@ -1000,12 +1028,12 @@ func (s *Store) findDigest(digest string) *record {
 	)
 	recs, _ := s.records()
 	for _, r := range recs {
-		if r.IndexDigest != digest || !s.servable(r) {
+		if r.IndexDigest != digest {
 			continue
 		}
-		rank := 10
-		if p, ok := parseRecordPlatform(r.Platform); ok {
-			rank = platformRank(&p, s.opts.Platform)
+		rank := s.servableFit(r)
+		if rank < 0 {
+			continue
 		}
 		if best == nil || rank > bestRank {
 			best, bestRank = r, rank
