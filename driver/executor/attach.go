@@ -95,12 +95,10 @@ func (p *Process) ReplaceMount(source, target string, readOnly bool) (string, er
 	}
 	isDir := st.Mode&unix.S_IFMT == unix.S_IFDIR
 	noSuid, noDev := replaceFlags(mnt, spec.Isolation != nil, st.Mode)
-	// A device node is the host's own inode, read-only as a mount in a
-	// task that is not privileged, as at its start (the supervisor's
-	// attachTree): not the task's to chmod. The device is still written
-	// through it.
-	device := spec.Isolation != nil && (st.Mode&unix.S_IFMT == unix.S_IFBLK || st.Mode&unix.S_IFMT == unix.S_IFCHR)
-	if err := m.LockTree(tree, mnt.ReadOnly || readOnly || device, noSuid, noDev); err != nil {
+	// A device node is read-only in a task that is not privileged, as at
+	// its start (the supervisor's attachTree): not the task's to chmod.
+	readOnly = wire.MountReadOnly(mnt.ReadOnly || readOnly, spec.Isolation != nil, st.Mode)
+	if err := m.LockTree(tree, readOnly, noSuid, noDev); err != nil {
 		return fail(err)
 	}
 	if err := m.PrivateTree(tree); err != nil {
@@ -117,7 +115,7 @@ func (p *Process) ReplaceMount(source, target string, readOnly bool) (string, er
 	if err := <-errc; err != nil {
 		return fail(err)
 	}
-	p.logger.Info("replaced a mount in the running task", "source", source, "target", target, "read_only", mnt.ReadOnly || readOnly || device)
+	p.logger.Info("replaced a mount in the running task", "source", source, "target", target, "read_only", readOnly)
 	return target, nil
 }
 

@@ -366,16 +366,11 @@ func attachTree(m mounter.Interface, tree *os.File, mnt wire.Mount, root string,
 	// /alloc), or lead through an image's symlink to /proc/self/root, the
 	// supervisor's root in the host's mount namespace, so nothing is done
 	// by the target's path.
-	// A device node (one of Nomad's devices, a block-device volume) is the
-	// host's own inode: read-only as a mount whatever the volume, so that a
-	// root task (CHOWN, FOWNER) cannot change its mode or owner on the
-	// host. The device is still written through a read-only mount; what
-	// the task may do with it is the device filter's to say. A privileged
-	// task, which could remount it and has the host's /dev, gets it as
-	// bindOne binds Nomad's devices for it: as asked.
-	device := st.Mode&unix.S_IFMT == unix.S_IFCHR || st.Mode&unix.S_IFMT == unix.S_IFBLK
-	readOnly := mnt.ReadOnly || isolated && device
-	if err := m.LockTree(tree, readOnly, mnt.NoSuid, mnt.NoDev); err != nil {
+	// A device node (one of Nomad's devices, a block-device volume) is
+	// read-only in an isolated task whatever the volume (MountReadOnly); a
+	// privileged task gets it as bindOne binds Nomad's devices for it: as
+	// asked.
+	if err := m.LockTree(tree, wire.MountReadOnly(mnt.ReadOnly, isolated, st.Mode), mnt.NoSuid, mnt.NoDev); err != nil {
 		return fmt.Errorf("mount %q: %w", mnt.Target, err)
 	}
 	if err := setTreePropagation(m, mnt.Propagation, tree); err != nil {

@@ -183,13 +183,13 @@ func buildDev(m mounter.Interface, root string, privateIPC bool) error {
 		if err != nil {
 			return err
 		}
-		// Read-only: the node is the host's own inode, whose mode, owner
-		// and times a root task (CHOWN, FOWNER) would otherwise change
-		// for the whole node. The device itself is still written through
-		// a read-only mount.
+		// Read-only (MountReadOnly): the node is the host's own inode.
 		tree, err := m.CloneTree(src, false)
 		if err == nil {
-			err = m.LockTree(tree, true, true, false)
+			var st unix.Stat_t
+			if err = unix.Fstat(int(tree.Fd()), &st); err == nil {
+				err = m.LockTree(tree, wire.MountReadOnly(false, true, st.Mode), true, false)
+			}
 			if err == nil {
 				err = m.AttachTreeAt(tree, target)
 			}

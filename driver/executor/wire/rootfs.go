@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"path/filepath"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/nomad-driver-csi/nomad-driver-csi/mounter"
 )
 
@@ -20,6 +22,22 @@ var DefaultChrootEnv = map[string]string{
 	"/sbin":                "/sbin",
 	"/usr":                 "/usr",
 	"/run/systemd/resolve": "/run/systemd/resolve",
+}
+
+// MountReadOnly says whether a task's mount of a tree whose root has mode
+// is read-only: when asked (readOnly), and always for a device node
+// (character or block: one of the task's /dev, a device Nomad hands over,
+// a block-device volume) in an isolated task. The node is the host's own
+// inode, whose mode, owner and times a root task (CHOWN, FOWNER) would
+// otherwise change on the host (mode 0666 on a volume's node gives every
+// user of the host its device; mode 000 on /dev/null breaks the node). The
+// device is still read and written through a read-only mount: what the
+// task may do with it is the device filter's to say. A privileged task,
+// which could remount it and has the host's /dev, gets it as asked. Every
+// mount of a device node into a task asks this, so that none forgets it.
+func MountReadOnly(readOnly, isolated bool, mode uint32) bool {
+	device := mode&unix.S_IFMT == unix.S_IFCHR || mode&unix.S_IFMT == unix.S_IFBLK
+	return readOnly || isolated && device
 }
 
 // ReservedTarget says why a task that is not privileged cannot have a mount

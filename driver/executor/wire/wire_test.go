@@ -60,3 +60,30 @@ func TestParseCapabilities(t *testing.T) {
 	_, err := ParseCapabilities(DefaultCapabilities)
 	must.NoError(t, err)
 }
+
+// A device node in an isolated task is read-only as a mount whatever was
+// asked: it is the host's own inode. Anything else, and anything of a
+// privileged task, is as asked.
+func TestMountReadOnly(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		asked    bool
+		isolated bool
+		mode     uint32
+		want     bool
+	}{
+		{"isolated char device", false, true, unix.S_IFCHR | 0o666, true},
+		{"isolated block device", false, true, unix.S_IFBLK | 0o600, true},
+		{"isolated dir", false, true, unix.S_IFDIR | 0o755, false},
+		{"isolated file", false, true, unix.S_IFREG | 0o644, false},
+		{"isolated fifo", false, true, unix.S_IFIFO | 0o644, false},
+		{"isolated dir asked", true, true, unix.S_IFDIR, true},
+		{"privileged block device", false, false, unix.S_IFBLK, false},
+		{"privileged char device", false, false, unix.S_IFCHR, false},
+		{"privileged block device asked", true, false, unix.S_IFBLK, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			must.Eq(t, tc.want, MountReadOnly(tc.asked, tc.isolated, tc.mode))
+		})
+	}
+}
