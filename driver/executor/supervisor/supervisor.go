@@ -450,11 +450,6 @@ const logReaderWait = 10 * time.Second
 // file (a device node the task made) is refused, since the supervisor
 // writes as root on the host, outside the task's device filter.
 func openLog(path string) (*os.File, error) {
-	// /dev/null is what Nomad hands over for a task with
-	// `logs { disabled = true }`: no logmon reads a FIFO for it.
-	if path == "" || path == os.DevNull {
-		return openNull(unix.O_WRONLY)
-	}
 	pathFD, err := openLogPath(path)
 	if err != nil {
 		return nil, fmt.Errorf("failed to open log %q: %w", path, err)
@@ -570,44 +565,63 @@ func waitTask(logger hclog.Logger, cmd *exec.Cmd, group *cgroups.Group) *wire.Ex
 	return status
 }
 
-// openNull opens the host's /dev/null with flags (O_RDONLY, O_WRONLY)
-// through a read-only clone of its mount: the task reaches the descriptor
-// through /proc/self/fd, and on the host's own mount a root task could
-// chmod, chown or touch the host's /dev/null through it (mode 000 would
-// break every program on the node). The device is still read and written.
-func openNull(flags int) (*os.File, error) {
+// cloneNull is a read-only clone of /dev/null's mount, which openNull
+// opens: the task reaches the descriptors through /proc/self/fd, and on
+// the host's own mount a root task could chmod, chown or touch the host's
+// /dev/null through them (mode 000 would break every program on the
+// node). One clone serves every /dev/null of a start. The caller closes
+// it once the opens are done: the descriptors keep the mount.
+func cloneNull() (*os.File, error) {
 	m := mounter.New()
 	tree, err := m.CloneTree(os.DevNull, false)
 	if err != nil {
 		return nil, err
 	}
-	defer tree.Close()
 	if err := m.LockTree(tree, true, true, false); err != nil {
+		_ = tree.Close()
 		return nil, err
 	}
-	fd, err := unix.Open(fmt.Sprintf("/proc/self/fd/%d", tree.Fd()), flags|unix.O_CLOEXEC, 0)
+	return tree, nil
+}
+
+// openNull opens /dev/null with flags (O_RDONLY, O_WRONLY) through null,
+// its clone from cloneNull. The device is still read and written.
+func openNull(null *os.File, flags int) (*os.File, error) {
+	fd, err := unix.Open(fmt.Sprintf("/proc/self/fd/%d", null.Fd()), flags|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("failed to open %s through its read-only clone: %w", os.DevNull, err)
 	}
 	return os.NewFile(uintptr(fd), os.DevNull), nil
 }
 
-// openStdio opens the task's stdin (/dev/null), stdout and stderr.
+// openStdio opens the task's stdin (/dev/null), stdout and stderr: Nomad's
+// log FIFOs, or /dev/null for a task with `logs { disabled = true }`, for
+// which no logmon reads a FIFO.
 func openStdio(spec *wire.Spec) ([]*os.File, error) {
-	stdin, err := openNull(unix.O_RDONLY)
+	null, err := cloneNull()
 	if err != nil {
 		return nil, err
 	}
-	stdout, err := openLog(spec.StdoutPath)
+	defer null.Close()
+	stdin, err := openNull(null, unix.O_RDONLY)
 	if err != nil {
-		_ = stdin.Close()
 		return nil, err
 	}
-	stderr, err := openLog(spec.StderrPath)
-	if err != nil {
-		_ = stdin.Close()
-		_ = stdout.Close()
-		return nil, err
+	files := []*os.File{stdin}
+	for _, path := range []string{spec.StdoutPath, spec.StderrPath} {
+		var f *os.File
+		if path == "" || path == os.DevNull {
+			f, err = openNull(null, unix.O_WRONLY)
+		} else {
+			f, err = openLog(path)
+		}
+		if err != nil {
+			for _, f := range files {
+				_ = f.Close()
+			}
+			return nil, err
+		}
+		files = append(files, f)
 	}
-	return []*os.File{stdin, stdout, stderr}, nil
+	return files, nil
 }
