@@ -423,7 +423,7 @@ func (p *Process) Signal(sig syscall.Signal) error {
 	if p.exited() {
 		return nil
 	}
-	err := p.signalTask(sig)
+	err := p.sendSignal(&p.taskFD, sig)
 	if err != nil && !errors.Is(err, unix.ESRCH) {
 		return fmt.Errorf("failed to send %s to task pid %d: %w", sig, p.state.TaskPID, err)
 	}
@@ -460,36 +460,27 @@ func (p *Process) Shutdown(sig syscall.Signal, grace time.Duration) error {
 // to its $PPID), and a stopped supervisor would never reap the task, record
 // its end or exit. The task is dead by then and cannot stop it again.
 func (p *Process) Kill() error {
-	if err := p.signalTask(unix.SIGKILL); err != nil && !errors.Is(err, unix.ESRCH) {
+	if err := p.sendSignal(&p.taskFD, unix.SIGKILL); err != nil && !errors.Is(err, unix.ESRCH) {
 		p.logger.Warn("failed to kill the task's main process", "pid", p.state.TaskPID, "error", err)
 	}
 	err := p.killGroup()
-	if cerr := p.signalSupervisor(unix.SIGCONT); cerr != nil && !errors.Is(cerr, unix.ESRCH) {
+	if cerr := p.sendSignal(&p.supFD, unix.SIGCONT); cerr != nil && !errors.Is(cerr, unix.ESRCH) {
 		p.logger.Warn("failed to resume the task's supervisor", "pid", p.state.SupervisorPID, "error", cerr)
 	}
 	return err
 }
 
-// signalSupervisor signals the supervisor through its pidfd; one already
-// gone (or never opened) is ESRCH.
-func (p *Process) signalSupervisor(sig syscall.Signal) error {
+// sendSignal signals a process through its pidfd *fd (p.supFD, the
+// supervisor's, or p.taskFD, the task's main process's), read under p.mu,
+// which Destroy closes it under: a reused PID is never hit. One already
+// gone, or whose pidfd was never opened, is ESRCH.
+func (p *Process) sendSignal(fd *int, sig syscall.Signal) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.supFD < 0 {
+	if *fd < 0 {
 		return unix.ESRCH
 	}
-	return unix.PidfdSendSignal(p.supFD, sig, nil, 0)
-}
-
-// signalTask signals the task's main process through its pidfd, so that a
-// reused PID is never hit. A task already gone is ESRCH.
-func (p *Process) signalTask(sig syscall.Signal) error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.taskFD < 0 {
-		return unix.ESRCH
-	}
-	return unix.PidfdSendSignal(p.taskFD, sig, nil, 0)
+	return unix.PidfdSendSignal(*fd, sig, nil, 0)
 }
 
 func (p *Process) killGroup() error {
