@@ -183,13 +183,13 @@ func buildDev(m mounter.Interface, root string, privateIPC bool) error {
 		if err != nil {
 			return err
 		}
-		// Read-only (MountReadOnly): the node is the host's own inode.
+		// Read-only, as MountReadOnly has a device node, and whatever the
+		// clone is: the node is the host's own inode, and one the host
+		// swapped for a file since the check above is not the task's to
+		// write either.
 		tree, err := m.CloneTree(src, false)
 		if err == nil {
-			var st unix.Stat_t
-			if err = unix.Fstat(int(tree.Fd()), &st); err == nil {
-				err = m.LockTree(tree, wire.MountReadOnly(false, true, st.Mode), true, false)
-			}
+			err = m.LockTree(tree, true, true, false)
 			if err == nil {
 				err = m.AttachTreeAt(tree, target)
 			}
