@@ -33,8 +33,10 @@ var DefaultChrootEnv = map[string]string{
 // user of the host its device; mode 000 on /dev/null breaks the node). The
 // device is still read and written through a read-only mount: what the
 // task may do with it is the device filter's to say. A privileged task,
-// which could remount it and has the host's /dev, gets it as asked. Every
-// mount of a device node into a task asks this, so that none forgets it.
+// which could remount it and has the host's /dev, gets it as asked.
+// attachTree and ReplaceMount, which bind what they are handed, ask this;
+// the nodes of an isolated task's own /dev (buildDev) are bound read-only
+// whatever they turn out to be.
 func MountReadOnly(readOnly, isolated bool, mode uint32) bool {
 	device := mode&unix.S_IFMT == unix.S_IFCHR || mode&unix.S_IFMT == unix.S_IFBLK
 	return readOnly || isolated && device
