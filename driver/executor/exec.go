@@ -14,7 +14,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/creack/pty"
 	"golang.org/x/sys/unix"
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor/wire"
@@ -122,20 +121,28 @@ func (p *Process) Exec(ctx context.Context, opts ExecOptions) (int, error) {
 		SysProcAttr: &syscall.SysProcAttr{Setsid: true},
 	}
 	var (
-		ptmx     *os.File
-		stdinW   *os.File
-		copyDone = make(chan struct{})
+		ptmx      *os.File
+		stageTty  *os.File
+		ttySock   *os.File
+		stdinW    *os.File
+		stageMore []*os.File
+		copyDone  = make(chan struct{})
 	)
 	if opts.Tty {
-		var tty *os.File
-		var err error
-		if ptmx, tty, err = pty.Open(); err != nil {
-			return 0, fmt.Errorf("failed to exec in task pid %d: failed to open a pty: %w", p.state.TaskPID, err)
+		// The terminal comes from the task's own devpts, which the stage
+		// opens in the task's mount namespace (see wire.StageTtyFD):
+		// one of the host's would not be in the task's /dev/pts (tty:
+		// "not a tty"), nor counted against the task's terminals. The
+		// stage's stdio is /dev/null until it has the terminal.
+		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return 0, fmt.Errorf("failed to exec in task pid %d: failed to make a socket for the terminal: %w", p.state.TaskPID, err)
 		}
-		defer ptmx.Close()
-		defer tty.Close()
-		cmd.Stdin, cmd.Stdout, cmd.Stderr = tty, tty, tty
-		cmd.SysProcAttr.Setctty, cmd.SysProcAttr.Ctty = true, 0
+		ttySock, stageTty = os.NewFile(uintptr(fds[0]), "tty-socket"), os.NewFile(uintptr(fds[1]), "stage-tty-socket")
+		defer ttySock.Close()
+		defer stageTty.Close()
+		cfg.Tty = true
+		stageMore = []*os.File{stageTty}
 	} else {
 		cmd.Stdout, cmd.Stderr = opts.Stdout, opts.Stderr
 		if opts.Stdin != nil {
@@ -170,13 +177,23 @@ func (p *Process) Exec(ctx context.Context, opts ExecOptions) (int, error) {
 			started <- err
 			return
 		}
-		started <- startStage(cmd, &cmd.ExtraFiles, cfg, pidfd, exe)
+		started <- startStage(cmd, &cmd.ExtraFiles, cfg, pidfd, exe, stageMore...)
 	}()
 	if err := <-started; err != nil {
 		if stdinW != nil {
 			_ = stdinW.Close()
 		}
 		return 0, fmt.Errorf("failed to exec in task pid %d: %w", p.state.TaskPID, err)
+	}
+	if opts.Tty {
+		_ = stageTty.Close()
+		var err error
+		if ptmx, err = receiveTerminal(ttySock); err != nil {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			return 0, fmt.Errorf("failed to exec in task pid %d: %w", p.state.TaskPID, err)
+		}
+		defer ptmx.Close()
 	}
 
 	stop := make(chan struct{})
@@ -194,9 +211,6 @@ func (p *Process) Exec(ctx context.Context, opts ExecOptions) (int, error) {
 	}()
 
 	if opts.Tty {
-		if f, ok := cmd.Stdin.(*os.File); ok {
-			_ = f.Close() // the child has its own copy
-		}
 		if opts.Stdin != nil {
 			go func() { _, _ = io.Copy(ptmx, opts.Stdin) }()
 		}
@@ -218,8 +232,7 @@ func (p *Process) Exec(ctx context.Context, opts ExecOptions) (int, error) {
 						if !ok {
 							return
 						}
-						ws := &pty.Winsize{Rows: uint16(sz.Height), Cols: uint16(sz.Width)}
-						if err := pty.Setsize(ptmx, ws); err != nil {
+						if err := setTerminalSize(ptmx, sz); err != nil {
 							p.logger.Debug("failed to resize exec tty", "error", err)
 						}
 					case <-stop:
@@ -276,6 +289,69 @@ func joinTaskNet(pidfd int, prof *Profile) error {
 	return nil
 }
 
+// receiveTerminal takes the multiplexer of the command's terminal that the
+// exec stage sent on sock (wire.StageTtyFD) before it exec'd the command,
+// and checks it is a devpts's ptmx: never anything else the stage could
+// have been given in the task's root.
+func receiveTerminal(sock *os.File) (*os.File, error) {
+	buf := make([]byte, 1)
+	oob := make([]byte, unix.CmsgSpace(4))
+	n, oobn, flags, _, err := unix.Recvmsg(int(sock.Fd()), buf, oob, unix.MSG_DONTWAIT|unix.MSG_CMSG_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("the task stage sent no terminal: %w", err)
+	}
+	if n == 0 {
+		return nil, errors.New("the task stage sent no terminal")
+	}
+	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+	var fds []int
+	if err == nil && len(msgs) == 1 {
+		fds, err = unix.ParseUnixRights(&msgs[0])
+	}
+	if err != nil || len(fds) != 1 || flags&unix.MSG_CTRUNC != 0 {
+		for _, fd := range fds {
+			_ = unix.Close(fd)
+		}
+		return nil, errors.New("the task stage sent a malformed terminal message")
+	}
+	if err := checkPtmx(fds[0]); err != nil {
+		_ = unix.Close(fds[0])
+		return nil, fmt.Errorf("the task stage sent no terminal multiplexer: %w", err)
+	}
+	return os.NewFile(uintptr(fds[0]), "ptmx"), nil
+}
+
+// checkPtmx checks that fd is a devpts's multiplexer (5:2 on a devpts).
+func checkPtmx(fd int) error {
+	var fs unix.Statfs_t
+	if err := unix.Fstatfs(fd, &fs); err != nil {
+		return err
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return err
+	}
+	if fs.Type != unix.DEVPTS_SUPER_MAGIC || st.Mode&unix.S_IFMT != unix.S_IFCHR ||
+		unix.Major(st.Rdev) != 5 || unix.Minor(st.Rdev) != 2 {
+		return fmt.Errorf("device %d:%d, mode %#o, file system magic %#x", unix.Major(st.Rdev), unix.Minor(st.Rdev), st.Mode, fs.Type)
+	}
+	return nil
+}
+
+// setTerminalSize resizes the terminal whose multiplexer is ptmx.
+func setTerminalSize(ptmx *os.File, sz TerminalSize) error {
+	rc, err := ptmx.SyscallConn()
+	if err != nil {
+		return err
+	}
+	ws := &unix.Winsize{Row: uint16(sz.Height), Col: uint16(sz.Width)}
+	cerr := rc.Control(func(fd uintptr) { err = unix.IoctlSetWinsize(int(fd), unix.TIOCSWINSZ, ws) })
+	if cerr != nil {
+		return cerr
+	}
+	return err
+}
+
 // startStage starts the exec stage with cmd (whose Path, Args and
 // stdio are set by the caller), sends it cfg, and waits until it has
 // exec'd the task's command. On a stage error the stage has exited: it is
@@ -283,7 +359,7 @@ func joinTaskNet(pidfd int, prof *Profile) error {
 func startStage(cmd interface {
 	Start() error
 	Wait() error
-}, extra *[]*os.File, cfg *wire.StageConfig, task, exe *os.File) error {
+}, extra *[]*os.File, cfg *wire.StageConfig, task, exe *os.File, more ...*os.File) error {
 	cfgR, cfgW, err := os.Pipe()
 	if err != nil {
 		return fmt.Errorf("failed to make a pipe: %w", err)
@@ -294,7 +370,7 @@ func startStage(cmd interface {
 		_ = cfgW.Close()
 		return fmt.Errorf("failed to make a pipe: %w", err)
 	}
-	*extra = []*os.File{cfgR, errW, task, exe}
+	*extra = append([]*os.File{cfgR, errW, task, exe}, more...)
 	err = cmd.Start()
 	_ = cfgR.Close()
 	_ = errW.Close()

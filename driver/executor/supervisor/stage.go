@@ -237,6 +237,13 @@ func prepareAndExec(cfg *wire.StageConfig) error {
 	if err != nil {
 		return err
 	}
+	// In the task's mount namespace, with every capability still held:
+	// the terminal of `alloc exec -t` comes from the task's own devpts.
+	if cfg.Tty {
+		if err := takeTerminal(cred.UID); err != nil {
+			return err
+		}
+	}
 	keep, err := keptCaps(spec.Privileged, spec.Capabilities, last)
 	if err != nil {
 		return err

@@ -67,7 +67,8 @@ const SeccompGoFailed = "\x03"
 // message itself.
 const SeccompExecFailed = "\x01"
 
-// File descriptors of the exec stage (ExtraFiles 0, 1 and 2).
+// File descriptors of the exec stage (ExtraFiles 0 to 3, and 4 with a
+// terminal).
 const (
 	StageConfigFD = 3 // read: one StageConfig as JSON
 	StageErrorFD  = 4 // write: an error message, or EOF at exec (CLOEXEC)
@@ -77,6 +78,13 @@ const (
 	// (/proc/self/fd/6): never the host's file, which a command the stage
 	// runs as /proc/self/exe would otherwise be.
 	StageExeFD = 6
+	// StageTtyFD, given when StageConfig.Tty is set, is a SOCK_SEQPACKET
+	// socket on which the stage sends one byte with exactly one descriptor
+	// (SCM_RIGHTS): the multiplexer of the terminal it took from the
+	// task's devpts (its /dev/pts/ptmx) and made the command's stdin,
+	// stdout, stderr and controlling terminal. It is sent before the exec
+	// (and before the stage's error pipe says anything).
+	StageTtyFD = 7
 )
 
 // Files in Spec.StateDir.
@@ -132,6 +140,9 @@ type StageConfig struct {
 	Cgroup *cgroups.State `json:"cgroup,omitempty"`
 	// Isolated gives the command no_new_privs, as the task has.
 	Isolated bool `json:"isolated,omitempty"`
+	// Tty gives the command a terminal of the task's own devpts (see
+	// StageTtyFD).
+	Tty bool `json:"tty,omitempty"`
 }
 
 // SpareRootFlag, with a directory after it, makes a spare supervisor
