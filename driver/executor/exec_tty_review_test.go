@@ -1,0 +1,135 @@
+package executor
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/shoenig/test/must"
+)
+
+// A command run with `nomad alloc exec -t` is confined exactly as one run
+// without a terminal: the terminal changes its stdio and controlling
+// terminal, nothing else. In particular it holds no descriptor but its
+// stdio: not the socket the stage sent the terminal on.
+func TestProcess_ExecTty_SameConfinementAsTask_Root(t *testing.T) {
+	requireTaskRoot(t)
+	for _, user := range []string{"root", "nobody"} {
+		t.Run(user, func(t *testing.T) {
+			tt := isolatedSpec(t, "exec sleep 100")
+			tt.spec.User = user
+			p := startTest(t, tt)
+			t.Cleanup(func() { _ = p.Kill(); _ = p.Destroy() })
+			want := hostView(t, p.Pid())
+			var out bytes.Buffer
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			code, err := p.Exec(ctx, ExecOptions{Command: []string{"/bin/sh", "-c", execConfinementScript}, Tty: true, Stdout: &out})
+			must.NoError(t, err)
+			must.Eq(t, 0, code, must.Sprintf("output: %s", out.String()))
+			got := outputLines(strings.ReplaceAll(out.String(), "\r", ""))
+			t.Log(got)
+			for k, v := range want {
+				must.Eq(t, v, got[k], must.Sprintf("%s of the command exec'd with a terminal differs from the task's (task: %q, exec: %q)", k, v, got[k]))
+			}
+			must.Eq(t, "0 1 2 3", strings.TrimSpace(got["fds"]), must.Sprint("the command exec'd with a terminal holds descriptors beyond its stdio"))
+			must.Eq(t, got["pid"], got["sid"])
+			must.NotEq(t, "0", got["tty_nr"], must.Sprint("the terminal is not the command's controlling terminal"))
+		})
+	}
+}
+
+// What a command exec'd with a terminal prints just before it exits all
+// reaches the caller.
+func TestProcess_ExecTty_OutputAtExit_Root(t *testing.T) {
+	requireTaskRoot(t)
+	tt := isolatedSpec(t, "exec sleep 100")
+	p := startTest(t, tt)
+	t.Cleanup(func() { _ = p.Kill(); _ = p.Destroy() })
+	const size = 100 << 10
+	for i := 0; i < 3; i++ {
+		var out bytes.Buffer
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		code, err := p.Exec(ctx, ExecOptions{
+			Command: []string{"/bin/sh", "-c", "head -c 102400 /dev/zero | tr '\\0' x; echo; echo end"},
+			Tty:     true,
+			Stdout:  &out,
+		})
+		cancel()
+		must.NoError(t, err)
+		must.Eq(t, 0, code)
+		must.Eq(t, size, bytes.Count(out.Bytes(), []byte("x")), must.Sprint("output of the command was lost"))
+		must.StrContains(t, out.String(), "end")
+	}
+}
+
+// A failed `alloc exec -t` leaves the driver no descriptor and no
+// goroutine: a task that makes every exec fail cannot exhaust the driver.
+func TestProcess_ExecTty_FailuresLeakNothing_Root(t *testing.T) {
+	requireTaskRoot(t)
+	tt := isolatedSpec(t, "exec sleep 100")
+	p := startTest(t, tt)
+	t.Cleanup(func() { _ = p.Kill(); _ = p.Destroy() })
+	countFDs := func() int {
+		e, err := os.ReadDir("/proc/self/fd")
+		must.NoError(t, err)
+		return len(e)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	// One first, so that whatever is made once per process is there.
+	_, err := p.Exec(ctx, ExecOptions{Command: []string{"/no/such/command"}, Tty: true})
+	must.Error(t, err)
+	fds, gs := countFDs(), runtime.NumGoroutine()
+	for i := 0; i < 50; i++ {
+		// Fails after the stage took the terminal and sent it.
+		_, err := p.Exec(ctx, ExecOptions{Command: []string{"/no/such/command"}, Tty: true})
+		must.ErrorContains(t, err, "/no/such/command")
+	}
+	must.Eq(t, fds, countFDs(), must.Sprint("failed execs leaked descriptors"))
+	waitFor(t, "goroutines of the failed execs to end", func() bool { return runtime.NumGoroutine() <= gs })
+}
+
+// A root task allowed CAP_SYS_ADMIN may remount or cover its devpts: what
+// it put over /dev/pts/ptmx is never taken for the multiplexer, and a
+// devpts it mounted itself, with whatever options, gives a terminal of
+// that devpts (the task's own) or a clear error, never a hang.
+func TestProcess_ExecTtyRemountedDevpts_Root(t *testing.T) {
+	requireTaskRoot(t)
+	for _, c := range []struct {
+		name, script string
+		err          string // "" for a terminal
+	}{
+		{"/dev/null bound over /dev/pts/ptmx", "mount --bind /dev/null /dev/pts/ptmx", "cross-device link"},
+		{"another devpts's ptmx bound over /dev/pts/ptmx", "mkdir -p /tmp/pts && mount -t devpts -o newinstance devpts /tmp/pts && mount --bind /tmp/pts/ptmx /dev/pts/ptmx", "cross-device link"},
+		{"a devpts of its own, closed to all", "mount -t devpts -o newinstance,ptmxmode=000,mode=000,max=4 devpts /dev/pts", ""},
+		// The terminal cannot be given to the command's user.
+		{"its devpts remounted read-only", "mount -o remount,ro /dev/pts", "failed to give the task's terminal to uid 0: read-only file system"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			tt := isolatedSpec(t, c.script+" && echo ready; sleep 100")
+			tt.spec.Capabilities = append(append([]string(nil), DefaultCapabilities...), "CAP_SYS_ADMIN")
+			p := startTest(t, tt)
+			t.Cleanup(func() { _ = p.Kill(); _ = p.Destroy() })
+			waitFor(t, "the task to change its devpts", func() bool {
+				return strings.Contains(readFile(t, tt.stdout), "ready") || readFile(t, tt.stderr) != ""
+			})
+			must.Eq(t, "", readFile(t, tt.stderr))
+			if c.err == "" {
+				requireTaskTerminal(t, execTty(t, p, ttyScript))
+				return
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			var out bytes.Buffer
+			_, err := p.Exec(ctx, ExecOptions{Command: []string{"/bin/sh", "-c", "tty"}, Tty: true, Stdout: &out})
+			t.Log(err, out.String())
+			must.ErrorContains(t, err, c.err, must.Sprintf("output: %q", out.String()))
+			must.NoError(t, ctx.Err())
+		})
+	}
+}
