@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/shoenig/test/must"
+	"golang.org/x/sys/unix"
 )
 
 // A command run with `nomad alloc exec -t` is confined exactly as one run
@@ -132,4 +133,44 @@ func TestProcess_ExecTtyRemountedDevpts_Root(t *testing.T) {
 			must.NoError(t, ctx.Err())
 		})
 	}
+}
+
+// receiveTerminal takes at most one descriptor and one message, and
+// closes whatever it was handed when it refuses the message.
+func TestReceiveTerminal_Bounded(t *testing.T) {
+	ptmx, err := os.OpenFile("/dev/pts/ptmx", os.O_RDWR|unix.O_NOCTTY, 0)
+	if err != nil {
+		t.Skipf("cannot open /dev/pts/ptmx: %v", err)
+	}
+	defer ptmx.Close()
+	countFDs := func() int {
+		e, err := os.ReadDir("/proc/self/fd")
+		must.NoError(t, err)
+		return len(e)
+	}
+	receive := func(t *testing.T, data []byte, fds ...int) (*os.File, error) {
+		t.Helper()
+		pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+		must.NoError(t, err)
+		a, b := os.NewFile(uintptr(pair[0]), "a"), os.NewFile(uintptr(pair[1]), "b")
+		defer a.Close()
+		defer b.Close()
+		must.NoError(t, unix.Sendmsg(int(b.Fd()), data, unix.UnixRights(fds...), nil, 0))
+		return receiveTerminal(a)
+	}
+	before := countFDs()
+	t.Run("many descriptors", func(t *testing.T) {
+		many := make([]int, 200)
+		for i := range many {
+			many[i] = int(ptmx.Fd())
+		}
+		_, err := receive(t, []byte{0}, many...)
+		must.ErrorContains(t, err, "malformed terminal message")
+	})
+	t.Run("a large message", func(t *testing.T) {
+		f, err := receive(t, make([]byte, 100<<10), int(ptmx.Fd()))
+		must.NoError(t, err)
+		must.NoError(t, f.Close())
+	})
+	must.Eq(t, before, countFDs(), must.Sprint("receiveTerminal kept descriptors it was handed"))
 }
