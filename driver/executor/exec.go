@@ -177,7 +177,7 @@ func (p *Process) Exec(ctx context.Context, opts ExecOptions) (int, error) {
 			started <- err
 			return
 		}
-		started <- startStage(cmd, &cmd.ExtraFiles, cfg, pidfd, exe, stageMore...)
+		started <- startStage(ctx, cmd, cfg, pidfd, exe, stageMore...)
 	}()
 	if err := <-started; err != nil {
 		if stdinW != nil {
@@ -355,11 +355,11 @@ func setTerminalSize(ptmx *os.File, sz TerminalSize) error {
 // startStage starts the exec stage with cmd (whose Path, Args and
 // stdio are set by the caller), sends it cfg, and waits until it has
 // exec'd the task's command. On a stage error the stage has exited: it is
-// reaped and the error returned.
-func startStage(cmd interface {
-	Start() error
-	Wait() error
-}, extra *[]*os.File, cfg *wire.StageConfig, task, exe *os.File, more ...*os.File) error {
+// reaped and the error returned. A stage that has not exec'd the command
+// when ctx ends (one stuck on a file system in the task's root, such as a
+// FUSE volume whose server never answers) is killed and reaped.
+func startStage(ctx context.Context, cmd *exec.Cmd, cfg *wire.StageConfig, task, exe *os.File, more ...*os.File) error {
+	extra := &cmd.ExtraFiles
 	cfgR, cfgW, err := os.Pipe()
 	if err != nil {
 		return fmt.Errorf("failed to make a pipe: %w", err)
@@ -380,6 +380,7 @@ func startStage(cmd interface {
 		return fmt.Errorf("failed to start the task stage: %w", err)
 	}
 	defer errR.Close()
+	stopKill := context.AfterFunc(ctx, func() { _ = cmd.Process.Kill() })
 
 	// The pipe buffer may be smaller than the config (a large env): write
 	// while the stage reads.
@@ -390,6 +391,10 @@ func startStage(cmd interface {
 		werr <- err
 	}()
 	msg, rerr := io.ReadAll(errR)
+	if !stopKill() {
+		_ = cmd.Wait()
+		return fmt.Errorf("the task stage did not start the command: %w", ctx.Err())
+	}
 	if err := <-werr; err != nil && len(msg) == 0 {
 		_ = cmd.Wait()
 		return fmt.Errorf("failed to send the task stage its config: %w", err)

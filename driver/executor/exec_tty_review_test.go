@@ -3,6 +3,7 @@ package executor
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"runtime"
 	"strings"
@@ -173,4 +174,73 @@ func TestReceiveTerminal_Bounded(t *testing.T) {
 		must.NoError(t, f.Close())
 	})
 	must.Eq(t, before, countFDs(), must.Sprint("receiveTerminal kept descriptors it was handed"))
+}
+
+// mountStalledFuse mounts, in the mount namespace of pid, a FUSE file
+// system at target whose server never answers: every request to it waits
+// until the returned connection is closed (which aborts them) or the
+// waiter is killed.
+func mountStalledFuse(t *testing.T, pid int, target string) *os.File {
+	t.Helper()
+	conn, err := os.OpenFile("/dev/fuse", os.O_RDWR, 0)
+	if err != nil {
+		t.Skipf("cannot open /dev/fuse: %v", err)
+	}
+	errc := make(chan error, 1)
+	go func() {
+		// The thread is left locked: it is in the task's mount namespace
+		// and the runtime throws it away.
+		runtime.LockOSThread()
+		ns, err := os.Open(fmt.Sprintf("/proc/%d/ns/mnt", pid))
+		if err != nil {
+			errc <- err
+			return
+		}
+		defer ns.Close()
+		if err := unix.Unshare(unix.CLONE_FS); err != nil {
+			errc <- err
+			return
+		}
+		if err := unix.Setns(int(ns.Fd()), unix.CLONE_NEWNS); err != nil {
+			errc <- err
+			return
+		}
+		errc <- unix.Mount("stalled", target, "fuse", unix.MS_NOSUID|unix.MS_NODEV,
+			fmt.Sprintf("fd=%d,rootmode=40000,user_id=0,group_id=0", conn.Fd()))
+	}()
+	if err := <-errc; err != nil {
+		_ = conn.Close()
+		t.Fatalf("failed to mount a FUSE file system at %s in the task: %v", target, err)
+	}
+	return conn
+}
+
+// A stage that never answers (here one stuck on a FUSE file system at the
+// task's /dev/pts, as a third-party volume at /dev may be) does not hold
+// `alloc exec` past its context: the caller gets an error and the stage
+// is killed.
+func TestProcess_ExecStalledStage_Root(t *testing.T) {
+	requireTaskRoot(t)
+	tt := isolatedSpec(t, "exec sleep 100")
+	p := startTest(t, tt)
+	t.Cleanup(func() { _ = p.Kill(); _ = p.Destroy() })
+	conn := mountStalledFuse(t, p.Pid(), "/dev/pts")
+	defer conn.Close()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := p.Exec(ctx, ExecOptions{Command: []string{"/bin/sh", "-c", "tty"}, Tty: true})
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		t.Log(err)
+		must.ErrorIs(t, err, context.DeadlineExceeded)
+	case <-time.After(time.Minute):
+		_ = conn.Close() // aborts the stage's request: the exec ends
+		<-done
+		t.Fatal("alloc exec -t did not end when its context did")
+	}
 }
