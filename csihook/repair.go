@@ -10,6 +10,8 @@ import (
 	"time"
 
 	csi "github.com/container-storage-interface/spec/lib/go/csi"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/mounter"
 )
 
 // Repaired is one task volume whose dead mount was published again on the
@@ -28,7 +30,9 @@ type Repaired struct {
 // RepairStale finds the published volumes of pluginID ("" for every
 // plugin) whose publish target or staging mount is dead (mounter Stale:
 // ENOTCONN, ESTALE or EIO on a path the mount table lists, as a FUSE-backed
-// plugin leaves behind when its daemon dies) and sets them up again:
+// plugin leaves behind when its daemon dies), or whose publish target is
+// no mount any more (unmounted by the plugin or an operator), and sets
+// them up again:
 // NodeUnpublishVolume of every dead target, NodeUnstageVolume and
 // NodeStageVolume when the staging mount is dead too, and
 // NodePublishVolume again, journalled like Setup. A dead mount the plugin
@@ -132,7 +136,15 @@ func (m *Manager) repairVolume(ctx context.Context, k volKey) ([]Repaired, error
 	}
 	var dead []taskRecord
 	for _, tr := range recs {
-		stale, err := m.stale(tr.Target)
+		// A publish target that is no mount any more is dead too: a
+		// plugin that unmounted its targets when it restarted, an
+		// operator's umount, or a repair that took the dead publish away
+		// and failed before it published again (the plugin died again, a
+		// commit failed). The task's copy of it is then dead or an empty
+		// directory, and the driver's unpublish of it later would find
+		// nothing. Only publish targets: a plugin may stage without a
+		// mount (staging_target_path is the plugin's, CSI spec).
+		stale, err := m.checkTarget(tr.Target, true)
 		if err != nil {
 			return nil, fmt.Errorf("failed to check the mount %q of volume %q: %w", tr.Target, tr.Name, err)
 		}
@@ -142,38 +154,13 @@ func (m *Manager) repairVolume(ctx context.Context, k volKey) ([]Repaired, error
 			dead = append(dead, tr)
 			continue
 		}
-		// A repair that took the dead publish away and failed before
-		// it recorded publishing again (the plugin died again, a
-		// commit failed) left the record "published" on a path that
-		// is no mount any more: published again like one it left
-		// "publishing". One that is alive again without a repair (a
-		// daemon that reconnected while the repair failed) has what the
-		// failed repair remembers of it forgotten, so that its next death
-		// is told as the first was; the read and the forgetting are one
-		// section.
+		// One that is alive again without a repair (a daemon that
+		// reconnected while the repair failed) has what the failed
+		// repair remembers of it forgotten, so that its next death is
+		// told as the first was.
 		m.mu.Lock()
-		left := m.repairs[tr.ref()].repairing
-		if !left {
-			m.forgetRepairLocked(tr.ref())
-		}
+		m.forgetRepairLocked(tr.ref())
 		m.mu.Unlock()
-		if left {
-			// A symbolic link there is no publish (ensurePublished
-			// refuses it): never followed to a mount elsewhere.
-			mounted := false
-			if !targetIsSymlink(tr.Target) {
-				if mounted, err = m.cfg.Mounter.IsMountPoint(tr.Target); err != nil && !errors.Is(err, fs.ErrNotExist) {
-					return nil, fmt.Errorf("failed to check the mount %q of volume %q: %w", tr.Target, tr.Name, err)
-				}
-			}
-			if !mounted {
-				dead = append(dead, tr)
-				continue
-			}
-			m.mu.Lock()
-			m.forgetRepairLocked(tr.ref())
-			m.mu.Unlock()
-		}
 	}
 	// A plugin that is not healthy (its process died, or is starting
 	// again) is no plugin that keeps losing its mounts: no relapse is
@@ -536,10 +523,15 @@ func (m *Manager) repairCandidateLocked(tr taskRecord) bool {
 // mount must not hold the volume's lock (and its teardown) forever.
 var staleCheckTimeout = 5 * time.Second
 
-// stale is Mounter.Stale of path within staleCheckTimeout. A stat that
-// does not return is an error, and the path is not stat'ed again until it
-// has: at most one stuck stat per path.
-func (m *Manager) stale(path string) (bool, error) {
+// stale is checkTarget of a path that may be no mount.
+func (m *Manager) stale(path string) (bool, error) { return m.checkTarget(path, false) }
+
+// checkTarget is Mounter.Stale of path within staleCheckTimeout; for a
+// publish target (publish) also deadTarget's check that it is a mount at
+// all, within the same time. A stat that does not return is an error, and
+// the path is not stat'ed again until it has: at most one stuck stat per
+// path.
+func (m *Manager) checkTarget(path string, publish bool) (bool, error) {
 	if _, busy := m.staleChecks.LoadOrStore(path, true); busy {
 		return false, fmt.Errorf("an earlier check of %q has not returned yet (a hung mount?)", path)
 	}
@@ -550,6 +542,9 @@ func (m *Manager) stale(path string) (bool, error) {
 	done := make(chan answer, 1)
 	go func() {
 		dead, err := m.cfg.Mounter.Stale(path)
+		if err == nil && !dead && publish {
+			dead, err = notMounted(m.cfg.Mounter, path)
+		}
 		// Before the answer: a caller that has it may check the path again
 		// at once, and must not find this check still running.
 		m.staleChecks.Delete(path)
@@ -563,4 +558,20 @@ func (m *Manager) stale(path string) (bool, error) {
 	case <-t.C:
 		return false, fmt.Errorf("checking %q did not return within %v (a hung mount?)", path, staleCheckTimeout)
 	}
+}
+
+// notMounted reports whether a publish target is no mount (any more): a
+// missing path, a path that is not the root of a mount, or a symbolic
+// link, which is no publish (ensurePublished refuses it) and is never
+// followed to a mount elsewhere. A block volume's target is a file with
+// the device bound on it: a mount like a directory's.
+func notMounted(mnt mounter.Interface, path string) (bool, error) {
+	if targetIsSymlink(path) {
+		return true, nil
+	}
+	mounted, err := mnt.IsMountPoint(path)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return false, err
+	}
+	return !mounted, nil
 }

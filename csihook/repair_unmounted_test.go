@@ -1,0 +1,130 @@
+package csihook
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/shoenig/test/must"
+	"golang.org/x/sys/unix"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/mounter"
+)
+
+// A publish target that is no mount any more (a plugin that unmounted its
+// targets when it restarted, an operator's umount) is dead: the task's
+// copy of it is dead or an empty directory. It is published again, and
+// the task told, like a target whose mount is dead.
+func TestRepairStale_UnmountedTargetIsRepaired(t *testing.T) {
+	h := newHarness(t)
+	target := h.setupData()
+	staging := h.m.StagingPath("p", "vol1")
+	must.NoError(t, h.mnt.Unmount(target))
+	h.fake.ResetCalls()
+
+	rep, err := h.m.RepairStale(context.Background(), "p")
+	must.NoError(t, err)
+	must.Eq(t, []string{MethodNodeUnpublishVolume, MethodNodePublishVolume}, h.fake.Methods())
+	must.Eq(t, []Repaired{{TaskID: "task-a", Name: "data", PluginID: "p", VolumeID: "vol1",
+		HostPath: target, Destination: "/data"}}, rep)
+	must.True(t, containsEvent(h.eventMsgs(), `Volume "data" is stale`), must.Sprint(h.eventMsgs()))
+	must.Eq(t, []string{staging, target}, h.mountPaths())
+
+	// Mounted again: the next pass leaves it alone.
+	h.fake.ResetCalls()
+	rep, err = h.m.RepairStale(context.Background(), "p")
+	must.NoError(t, err)
+	must.SliceEmpty(t, rep)
+	must.SliceEmpty(t, h.fake.Methods())
+}
+
+// A staging path is the plugin's (CSI spec): a plugin may stage without a
+// mount (a block volume's staging, a plugin that keeps only state there).
+// Only its publish targets must be mounts: a volume staged without a mount
+// and published is healthy, and left alone.
+func TestRepairStale_StagingWithoutMountIsHealthy(t *testing.T) {
+	h := newHarness(t)
+	target := h.setupData()
+	staging := h.m.StagingPath("p", "vol1")
+	must.NoError(t, h.mnt.Unmount(staging))
+	must.Eq(t, []string{target}, h.mountPaths())
+	h.fake.ResetCalls()
+
+	rep, err := h.m.RepairStale(context.Background(), "p")
+	must.NoError(t, err)
+	must.SliceEmpty(t, rep)
+	must.SliceEmpty(t, h.fake.Methods())
+}
+
+// A repaired target unmounted again before a check saw it mounted relapsed,
+// as one whose mount died again does: its repair backs off, and the task is
+// told once, rather than its back-off ending as if the mount held.
+func TestRepairStale_UnmountedAgainBacksOff(t *testing.T) {
+	h, clock, target := newRelapseHarness(t)
+	var published []int
+	for i := range 6 {
+		must.NoError(t, h.mnt.Unmount(target))
+		if h.pass(clock) > 0 {
+			published = append(published, i)
+		}
+	}
+	// As TestRepairStale_RelapsingVolumeBacksOff: 0 repairs; 1 relapses
+	// (20 s: 2 repairs); 3 relapses (40 s: 5 repairs).
+	must.Eq(t, []int{0, 2, 5}, published, must.Sprint(h.eventMsgs()))
+	must.Eq(t, 1, countEvents(h, relapseEvent), must.Sprint(h.eventMsgs()))
+
+	must.NoError(t, h.m.Teardown(context.Background(), "task-a"))
+	must.SliceEmpty(t, h.mountPaths())
+	must.SliceEmpty(t, h.journalRecords())
+}
+
+// notMounted against the kernel: a publish target is alive only while a
+// mount is at the path itself, whether a directory's bind or a block
+// volume's (a device file bound on a file), and never through a symbolic
+// link.
+func TestNotMounted_Root(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("test needs root: it mounts")
+	}
+	dir := t.TempDir()
+	// Private, so nothing made here propagates to the host's namespace.
+	must.NoError(t, unix.Mount(dir, dir, "", unix.MS_BIND, ""))
+	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
+	must.NoError(t, unix.Mount("", dir, "", unix.MS_PRIVATE, ""))
+
+	bindDir := filepath.Join(dir, "dir")
+	must.NoError(t, os.Mkdir(bindDir, 0o755))
+	must.NoError(t, unix.Mount(t.TempDir(), bindDir, "", unix.MS_BIND, ""))
+	t.Cleanup(func() { _ = unix.Unmount(bindDir, unix.MNT_DETACH) })
+
+	// A block volume's target: a file with a device node bound on it.
+	bindDev := filepath.Join(dir, "block")
+	must.NoError(t, os.WriteFile(bindDev, nil, 0o600))
+	must.NoError(t, unix.Mount("/dev/null", bindDev, "", unix.MS_BIND, ""))
+	t.Cleanup(func() { _ = unix.Unmount(bindDev, unix.MNT_DETACH) })
+
+	plainDir := filepath.Join(dir, "plain")
+	must.NoError(t, os.Mkdir(plainDir, 0o755))
+	plainFile := filepath.Join(dir, "file")
+	must.NoError(t, os.WriteFile(plainFile, nil, 0o600))
+	link := filepath.Join(dir, "link")
+	must.NoError(t, os.Symlink(bindDir, link))
+
+	m := mounter.New()
+	for _, tc := range []struct {
+		path string
+		want bool
+	}{
+		{bindDir, false},
+		{bindDev, false},
+		{plainDir, true},
+		{plainFile, true},
+		{link, true},
+		{filepath.Join(dir, "missing"), true},
+	} {
+		got, err := notMounted(m, tc.path)
+		must.NoError(t, err)
+		must.Eq(t, tc.want, got, must.Sprintf("notMounted(%q)", tc.path))
+	}
+}
