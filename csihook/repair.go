@@ -42,8 +42,15 @@ type Repaired struct {
 // are never touched; a plugin not healthy is not called (its volumes wait
 // for the next call). A task volume whose repaired mount is dead again
 // before a call found it alive waits before its next repair, longer at
-// each relapse (holdRelapses).
+// each relapse (holdRelapses); so does one whose repair the plugin
+// refused, longer at each failure in a row (repairCallFailed).
 func (m *Manager) RepairStale(ctx context.Context, pluginID string) ([]Repaired, error) {
+	return m.repairStale(ctx, pluginID, false)
+}
+
+// repairStale is RepairStale; a retry (RepairStaleRetry after its first
+// attempt) is not held back by the failed repairs of its own attempts.
+func (m *Manager) repairStale(ctx context.Context, pluginID string, retry bool) ([]Repaired, error) {
 	var (
 		keys []volKey
 		seen = map[volKey]bool{}
@@ -67,7 +74,7 @@ func (m *Manager) RepairStale(ctx context.Context, pluginID string) ([]Repaired,
 		errs []error
 	)
 	for _, k := range keys {
-		rep, err := m.repairVolume(ctx, k)
+		rep, err := m.repairVolume(ctx, k, retry)
 		out = append(out, rep...)
 		if err != nil {
 			errs = append(errs, err)
@@ -79,13 +86,15 @@ func (m *Manager) RepairStale(ctx context.Context, pluginID string) ([]Repaired,
 // RepairStaleRetry is RepairStale tried again, at most attempts times in
 // all, with backoff between BackgroundRetryBase and BackgroundRetryMax,
 // while some volume fails to be repaired: a plugin that just came back may
-// answer Unavailable for a moment. Every repaired volume of every attempt
+// answer Unavailable for a moment. The attempts after the first are not
+// held back by the failures of the attempts before (holdRelapses). Every
+// repaired volume of every attempt
 // is returned; the error is the last attempt's. A plugin that is not
 // healthy ends the retries at once.
 func (m *Manager) RepairStaleRetry(ctx context.Context, pluginID string, attempts int) ([]Repaired, error) {
 	var out []Repaired
 	for i := 0; ; i++ {
-		rep, err := m.RepairStale(ctx, pluginID)
+		rep, err := m.repairStale(ctx, pluginID, i > 0)
 		out = append(out, rep...)
 		// A plugin not healthy is not waited for here: its return is
 		// what starts the next repair.
@@ -106,7 +115,7 @@ func (m *Manager) RepairStaleRetry(ctx context.Context, pluginID string, attempt
 }
 
 // repairVolume repairs the dead mounts of one volume under its lock.
-func (m *Manager) repairVolume(ctx context.Context, k volKey) ([]Repaired, error) {
+func (m *Manager) repairVolume(ctx context.Context, k volKey, retry bool) ([]Repaired, error) {
 	unlock, err := m.locks.lock(ctx, k.String())
 	if err != nil {
 		return nil, fmt.Errorf("gave up waiting for another operation on volume_id %q (plugin %q) to finish: %w", k.volume, k.plugin, err)
@@ -168,7 +177,7 @@ func (m *Manager) repairVolume(ctx context.Context, k volKey) ([]Repaired, error
 	// back-off (ResetRepairBackoff). It is not called either (below).
 	held := false
 	if _, err := m.lookupHealthy(vol.PluginID); err == nil {
-		dead, held = m.holdRelapses(dead, stagingDead)
+		dead, held = m.holdRelapses(dead, stagingDead, retry)
 	}
 	if len(dead) == 0 && (!stagingDead || held) {
 		return nil, nil
@@ -234,20 +243,20 @@ func (m *Manager) repairVolume(ctx context.Context, k volKey) ([]Repaired, error
 		}
 		taken[tr.Target] = true
 		if err := m.takeDeadPublish(ctx, tr); err != nil {
-			return nil, m.repairFailed(dead, err)
+			return nil, m.repairCallFailed(dead, err)
 		}
 	}
 	var pending []journalOp
 	if stagingDead {
 		if err := m.takeDeadStaging(ctx, vol); err != nil {
-			return nil, m.repairFailed(dead, err)
+			return nil, m.repairCallFailed(dead, err)
 		}
 		name, taskID := "", ""
 		if len(dead) > 0 {
 			name, taskID = dead[0].Name, dead[0].TaskID
 		}
 		if vol, pending, err = m.ensureVolume(ctx, taskID, name, info, vol, true, nil, nil); err != nil {
-			return nil, m.repairFailed(dead, err)
+			return nil, m.repairCallFailed(dead, err)
 		}
 	}
 	var (
@@ -258,7 +267,7 @@ func (m *Manager) repairVolume(ctx context.Context, k volKey) ([]Repaired, error
 	for _, tr := range dead {
 		if !published[tr.Target] || tr.State != phasePublished {
 			if err := m.ensurePublished(ctx, info, vol, tr, "", pending, nil); err != nil {
-				errs = append(errs, m.repairFailed([]taskRecord{tr}, err))
+				errs = append(errs, m.repairCallFailed([]taskRecord{tr}, err))
 				continue
 			}
 			pending = nil
@@ -269,6 +278,7 @@ func (m *Manager) repairVolume(ctx context.Context, k volKey) ([]Repaired, error
 		m.mu.Lock()
 		st := m.repairs[tr.ref()]
 		st.repairing, st.failure, st.repaired = false, "", true
+		st.failures, st.retryAt = 0, time.Time{}
 		m.repairs[tr.ref()] = st
 		m.mu.Unlock()
 		out = append(out, Repaired{TaskID: tr.TaskID, Name: tr.Name, PluginID: tr.PluginID, VolumeID: tr.VolumeID,
@@ -293,7 +303,7 @@ func (m *Manager) repairVolume(ctx context.Context, k volKey) ([]Repaired, error
 // allocation share one publish (allocShare), and every publish of a dead
 // staging is restaged with it (held reports that none is repaired). For
 // those no wait begins, and no relapse is counted or told.
-func (m *Manager) holdRelapses(dead []taskRecord, stagingDead bool) (repair []taskRecord, held bool) {
+func (m *Manager) holdRelapses(dead []taskRecord, stagingDead, retry bool) (repair []taskRecord, held bool) {
 	type hold struct {
 		tr        taskRecord
 		st        repairState
@@ -301,6 +311,11 @@ func (m *Manager) holdRelapses(dead []taskRecord, stagingDead bool) (repair []ta
 		firstTime bool
 	}
 	now := m.now()
+	// A volume waits after a relapse, and after a repair call that failed
+	// (repairCallFailed) unless this pass is a retry of that repair.
+	waiting := func(st repairState) bool {
+		return now.Before(st.notBefore) || !retry && now.Before(st.retryAt)
+	}
 	m.mu.Lock()
 	states := map[taskRef]repairState{}
 	waits := map[taskRef]time.Duration{}
@@ -315,14 +330,14 @@ func (m *Manager) holdRelapses(dead []taskRecord, stagingDead bool) (repair []ta
 			st.notBefore = now.Add(waits[tr.ref()])
 		}
 		states[tr.ref()] = st
-		if !now.Before(st.notBefore) {
+		if !waiting(st) {
 			freed[tr.Target], anyFreed = true, true
 		}
 	}
 	var holds []hold
 	for _, tr := range dead {
 		st := states[tr.ref()]
-		if now.Before(st.notBefore) && !freed[tr.Target] && !(stagingDead && anyFreed) {
+		if waiting(st) && !freed[tr.Target] && !(stagingDead && anyFreed) {
 			wait := waits[tr.ref()]
 			holds = append(holds, hold{tr, st, wait, wait > 0 && st.relapses == 1})
 			m.repairs[tr.ref()] = st
@@ -347,9 +362,15 @@ func (m *Manager) holdRelapses(dead []taskRecord, stagingDead bool) (repair []ta
 			m.event(tr.TaskID, fmt.Sprintf("Volume %q died again soon after its repair (plugin %q keeps losing the mount): it is repaired again in %v, and less often (up to every %v) while this goes on; check the plugin, or restart the task",
 				tr.Name, tr.PluginID, h.wait, m.cfg.RepairBackoffMax), annotations(tr.Name, tr.PluginID, tr.VolumeID))
 		}
-		m.logger.Debug("dead volume mount not repaired in this pass: it died again soon after its last repair",
-			"task_id", tr.TaskID, "volume", tr.Name, "plugin_id", tr.PluginID, "volume_id", tr.VolumeID,
-			"relapses", h.st.relapses, "repair_in", h.st.notBefore.Sub(now))
+		if now.Before(h.st.notBefore) {
+			m.logger.Debug("dead volume mount not repaired in this pass: it died again soon after its last repair",
+				"task_id", tr.TaskID, "volume", tr.Name, "plugin_id", tr.PluginID, "volume_id", tr.VolumeID,
+				"relapses", h.st.relapses, "repair_in", h.st.notBefore.Sub(now))
+		} else {
+			m.logger.Debug("dead volume mount not repaired in this pass: its last repairs failed",
+				"task_id", tr.TaskID, "volume", tr.Name, "plugin_id", tr.PluginID, "volume_id", tr.VolumeID,
+				"failures", h.st.failures, "repair_in", h.st.retryAt.Sub(now))
+		}
 	}
 	return repair, len(holds) > 0
 }
@@ -376,12 +397,37 @@ func (m *Manager) ResetRepairBackoff(pluginID string) {
 			continue
 		}
 		st.repaired, st.relapses, st.notBefore = false, 0, time.Time{}
+		st.failures, st.retryAt = 0, time.Time{}
 		if st == (repairState{}) {
 			delete(m.repairs, ref)
 		} else {
 			m.repairs[ref] = st
 		}
 	}
+}
+
+// repairCallFailed is repairFailed of a repair whose call to the plugin
+// failed (not one refused before any call): while the plugin stays healthy,
+// each such failure in a row doubles the wait before the volume's next
+// repair, as a relapse does (RepairBackoffBase up to RepairBackoffMax), so
+// that a plugin that keeps refusing (its backend gone) is not asked again
+// at every periodic check for ever. A plugin that went away meanwhile
+// begins no wait: its return starts the next repair (ResetRepairBackoff).
+// The retries of one repair (RepairStaleRetry) are not held back.
+func (m *Manager) repairCallFailed(dead []taskRecord, err error) error {
+	now := m.now()
+	for _, tr := range dead {
+		if _, lerr := m.lookupHealthy(tr.PluginID); lerr != nil {
+			continue
+		}
+		m.mu.Lock()
+		st := m.repairs[tr.ref()]
+		st.failures++
+		st.retryAt = now.Add(m.relapseWait(st.failures))
+		m.repairs[tr.ref()] = st
+		m.mu.Unlock()
+	}
+	return m.repairFailed(dead, err)
 }
 
 // repairFailed reports a failed repair to each task it leaves with a dead
@@ -501,6 +547,11 @@ type repairState struct {
 	// alive; notBefore is when the volume may be repaired again.
 	relapses  int
 	notBefore time.Time
+	// failures counts the repairs in a row whose call to the plugin
+	// failed while it stayed healthy (repairCallFailed); retryAt is when
+	// the volume may be repaired again after them.
+	failures int
+	retryAt  time.Time
 }
 
 // forgetRepairLocked forgets what repairs left of a task volume whose

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/shoenig/test/must"
 	"google.golang.org/grpc/codes"
@@ -22,15 +23,21 @@ func countEvents(h *harness, sub string) int {
 	return n
 }
 
+// noRepairBackoff makes every pass repair what it finds dead, for tests of
+// what a repair tells the task (the back-off has its own tests).
+func noRepairBackoff(c *Config) {
+	c.RepairBackoffBase, c.RepairBackoffMax = time.Nanosecond, time.Nanosecond
+}
+
 // A repair that fails pass after pass (every 30 s, by the driver's
-// periodic check) tells the task once that the volume is stale and once
+// periodic check, once its back-off let it) tells the task once that the volume is stale and once
 // that its repair failed, even when the plugin's message changes with
 // each answer (a request id, a time): Nomad keeps a task's last ten
 // events, and the task's own must not be pushed out by these. A failure
 // of another kind is told, and a volume repaired, seen alive and then dead
 // again is told again.
 func TestRepairStale_FailingPassesTellTheTaskOnce(t *testing.T) {
-	h := newHarness(t)
+	h := newHarness(t, noRepairBackoff)
 	ctx := context.Background()
 	target := h.setupData()
 	pass := func(code codes.Code, i int) {
@@ -117,7 +124,7 @@ func TestRepairStale_RelapseAfterTheMountCameBackIsTold(t *testing.T) {
 func TestRepairStale_EachVolumeOfATaskIsTold(t *testing.T) {
 	for _, together := range []bool{false, true} {
 		t.Run(fmt.Sprintf("together=%v", together), func(t *testing.T) {
-			h := newHarness(t)
+			h := newHarness(t, noRepairBackoff)
 			ctx := context.Background()
 			_, err := h.m.Setup(ctx, "task-a", []VolumeRequest{req("data", "vol1", "/data"), req("logs", "vol2", "/logs")})
 			must.NoError(t, err)

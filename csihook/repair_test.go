@@ -164,7 +164,7 @@ func TestRepairStale(t *testing.T) {
 // Other plugins' volumes are not looked at, and a failed repair says so to
 // the task.
 func TestRepairStale_PluginFilterAndFailureEvent(t *testing.T) {
-	h := newHarness(t)
+	h := newHarness(t, noRepairBackoff)
 	ctx := context.Background()
 	target := h.setupData()
 	h.mnt.SetStale(target, true)

@@ -192,6 +192,9 @@ func TestServer_repairWaitingForItsServerAfterAnUnavailablePluginIsTold(t *testi
 
 	h.fake.SetError(MethodNodePublishVolume, nil)
 	h.setPlugin(other)
+	// The driver's next periodic check, 30 s on: past the 20 s the first
+	// failed repair waits.
+	h.m.now = func() time.Time { return time.Now().Add(30 * time.Second) }
 	_, err = h.m.RepairStale(ctx, "p")
 	must.ErrorContains(t, err, "serves the plugin id now")
 	must.Eq(t, 2, countEvents(h, failed), must.Sprint(h.eventMsgs()))

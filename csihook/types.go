@@ -235,7 +235,8 @@ type Config struct {
 	// (see RepairStale): the first such relapse waits RepairBackoffBase
 	// before its repair, each further one twice as long, up to
 	// RepairBackoffMax; defaults 20s (less than the driver's 30s between
-	// checks: the next check repairs it) and 5m.
+	// checks: the next check repairs it) and 5m. Repairs that the plugin
+	// failed, one after another while it stayed healthy, are paced alike.
 	RepairBackoffBase time.Duration
 	RepairBackoffMax  time.Duration
 
