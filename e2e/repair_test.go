@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/shoenig/test/must"
+	"golang.org/x/sys/unix"
 )
 
 // A FUSE-backed volume whose plugin is killed (kill -9) is dead in the
@@ -142,4 +143,56 @@ func TestRepairStaleSymlinkSwap(t *testing.T) {
 	must.NoError(t, err)
 	must.StrNotContains(t, string(b), "/alloc/data ")
 	must.Eq(t, "running", a.Allocation(t, al.ID).Task("t").State)
+}
+
+// A publish target that an operator unmounts on the host (or a plugin
+// that unmounts its targets when it restarts) is no mount any more, while
+// its staging mount lives: the driver's periodic check finds it, publishes
+// the volume again and attaches the fresh mount in the running task, which
+// was never restarted.
+func TestRepairStaleUnmountedTarget(t *testing.T) {
+	a := volAgent(t, false)
+	fx := a.StartVolFixture(t, "fxumount", VolFixtureOptions{})
+	name := volUniq("umount")
+	dest := filepath.Join(volDir(a, name), "data")
+	job := a.RunVolJob(t, VolJob{Type: "service", Script: volSleeper, Volumes: []VolSpec{{
+		Name: "data", Plugin: fx.ID, ID: name, Dest: dest, Access: "single-node-writer", Create: true}}})
+	al := a.WaitAlloc(t, job.ID, volTimeout, StatusRunning)
+	id := fx.VolumeID(name)
+	must.NotEq(t, "", id)
+	paths := a.VolJournalPaths(id)
+	must.Eq(t, 2, len(paths), must.Sprintf("journal paths: %v", paths))
+	st, err := a.VolJournal()
+	must.NoError(t, err)
+	target := ""
+	for _, tk := range st.Tasks {
+		if tk.VolumeID == id {
+			target = tk.Target
+		}
+	}
+	must.NotEq(t, "", target)
+	canary := "written-before-the-umount-" + name
+	volExec(t, a, al.ID, fmt.Sprintf("echo %s > %s/file && cat %s/file", canary, dest, dest))
+	before := a.Allocation(t, al.ID).Task("t")
+
+	// The operator's umount, of the host's publish target alone.
+	must.NoError(t, unix.Unmount(target, 0))
+	t.Logf("unmounted %s on the host", target)
+	must.SliceEmpty(t, VolMountedAmong([]string{target}))
+
+	// The next periodic check (every 30 s) repairs it.
+	al = volWaitEvent(t, a, al.ID, `Volume "data" repaired`, 90*time.Second)
+	must.Eq(t, []string{target}, VolMountedAmong([]string{target}))
+	must.StrContains(t, volExec(t, a, al.ID, "cat "+dest+"/file"), canary)
+	after := a.Allocation(t, al.ID).Task("t")
+	must.Eq(t, before.Restarts, after.Restarts)
+	must.Eq(t, before.StartedAt, after.StartedAt)
+	must.StrContains(t, eventsText(al, "t"), `Volume "data" is stale`)
+	must.Eq(t, 2, fx.Count("NodePublishVolume", id), must.Sprintf("calls: %v", fx.VolumeCalls(id)))
+	must.Eq(t, 1, fx.Count("NodeStageVolume", id), must.Sprintf("calls: %v", fx.VolumeCalls(id)))
+
+	a.VolStopAndWait(t, job.ID, volTimeout)
+	if left := a.WaitVolMountsGone(30*time.Second, paths...); len(left) > 0 {
+		t.Fatalf("still mounted after the task stopped: %v", left)
+	}
 }
