@@ -116,6 +116,23 @@ func (m *Manager) RepairStaleRetry(ctx context.Context, pluginID string, attempt
 
 // repairVolume repairs the dead mounts of one volume under its lock.
 func (m *Manager) repairVolume(ctx context.Context, k volKey, retry bool) ([]Repaired, error) {
+	// The volume's paths are checked before its lock, which its teardown
+	// and setups wait for: each check may take up to staleCheckTimeout on
+	// a hung mount. A path found alive is left alone in this pass (should
+	// it die meanwhile, the next pass finds it); one found dead, or not
+	// checked yet (published meanwhile), is checked again under the lock
+	// before anything is done to it: another repair, or a new publish, may
+	// have made it healthy since.
+	alive, err := m.checkAhead(k)
+	if err != nil {
+		return nil, err
+	}
+	check := func(path string, publish bool) (bool, error) {
+		if alive[path] {
+			return false, nil
+		}
+		return m.checkTarget(path, publish)
+	}
 	unlock, err := m.locks.lock(ctx, k.String())
 	if err != nil {
 		return nil, fmt.Errorf("gave up waiting for another operation on volume_id %q (plugin %q) to finish: %w", k.volume, k.plugin, err)
@@ -139,7 +156,7 @@ func (m *Manager) repairVolume(ctx context.Context, k volKey, retry bool) ([]Rep
 
 	stagingDead := false
 	if vol.Stage == phaseStaged {
-		if stagingDead, err = m.stale(vol.StagingPath); err != nil {
+		if stagingDead, err = check(vol.StagingPath, false); err != nil {
 			return nil, fmt.Errorf("failed to check the staging mount %q of volume_id %q: %w", vol.StagingPath, vol.VolumeID, err)
 		}
 	}
@@ -153,7 +170,7 @@ func (m *Manager) repairVolume(ctx context.Context, k volKey, retry bool) ([]Rep
 		// directory, and the driver's unpublish of it later would find
 		// nothing. Only publish targets: a plugin may stage without a
 		// mount (staging_target_path is the plugin's, CSI spec).
-		stale, err := m.checkTarget(tr.Target, true)
+		stale, err := check(tr.Target, true)
 		if err != nil {
 			return nil, fmt.Errorf("failed to check the mount %q of volume %q: %w", tr.Target, tr.Name, err)
 		}
@@ -290,6 +307,42 @@ func (m *Manager) repairVolume(ctx context.Context, k volKey, retry bool) ([]Rep
 		}
 	}
 	return out, errors.Join(errs...)
+}
+
+// checkAhead checks the staging path and the published targets of volume
+// k, without its lock, and returns those found alive.
+func (m *Manager) checkAhead(k volKey) (map[string]bool, error) {
+	staging := ""
+	var recs []taskRecord
+	m.mu.Lock()
+	if v, ok := m.vols[k]; ok && v.Stage == phaseStaged {
+		staging = v.StagingPath
+	}
+	for _, byName := range m.tasks {
+		for _, tr := range byName {
+			if tr.key() == k && tr.State == phasePublished {
+				recs = append(recs, tr)
+			}
+		}
+	}
+	m.mu.Unlock()
+	sort.Slice(recs, func(i, j int) bool { return recs[i].TaskID+recs[i].Name < recs[j].TaskID+recs[j].Name })
+	alive := map[string]bool{}
+	if staging != "" {
+		dead, err := m.stale(staging)
+		if err != nil {
+			return nil, fmt.Errorf("failed to check the staging mount %q of volume_id %q: %w", staging, k.volume, err)
+		}
+		alive[staging] = !dead
+	}
+	for _, tr := range recs {
+		dead, err := m.checkTarget(tr.Target, true)
+		if err != nil {
+			return nil, fmt.Errorf("failed to check the mount %q of volume %q: %w", tr.Target, tr.Name, err)
+		}
+		alive[tr.Target] = !dead
+	}
+	return alive, nil
 }
 
 // holdRelapses counts the relapses among dead (task volumes whose
