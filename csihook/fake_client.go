@@ -3,6 +3,7 @@ package csihook
 import (
 	"context"
 	"maps"
+	"os"
 	"sync"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -42,6 +43,10 @@ type FakeClient struct {
 	// Mounter, when set, gets a mount at each staging path and target
 	// path, taken away again on unstage and unpublish.
 	Mounter *mounter.Fake
+	// PublishWithoutMount makes NodePublishVolume create its target as
+	// an empty file and mount nothing there, as a plugin that publishes
+	// a block volume by mknod(2) of its device at target_path does.
+	PublishWithoutMount bool
 	// NoNodeExpansion makes ControllerExpandVolume answer that no
 	// NodeExpandVolume is needed.
 	NoNodeExpansion bool
@@ -264,6 +269,15 @@ func (f *FakeClient) NodePublishVolume(ctx context.Context, req *csi.NodePublish
 	if err != nil {
 		return nil, err
 	}
+	f.mu.Lock()
+	noMount := f.PublishWithoutMount
+	f.mu.Unlock()
+	if noMount {
+		if err := os.WriteFile(req.GetTargetPath(), nil, 0o600); err != nil {
+			return nil, status.Error(codes.Internal, err.Error())
+		}
+		return &csi.NodePublishVolumeResponse{}, nil
+	}
 	if f.Mounter != nil {
 		if ok, _ := f.Mounter.IsMountPoint(req.GetTargetPath()); !ok {
 			src := req.GetStagingTargetPath()
@@ -282,6 +296,15 @@ func (f *FakeClient) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpub
 	err := f.begin(ctx, FakeCall{Method: MethodNodeUnpublishVolume, VolumeID: req.GetVolumeId(), TargetPath: req.GetTargetPath()})
 	if err != nil {
 		return nil, err
+	}
+	f.mu.Lock()
+	noMount := f.PublishWithoutMount
+	f.mu.Unlock()
+	if noMount {
+		if err := os.Remove(req.GetTargetPath()); err != nil && !os.IsNotExist(err) {
+			return nil, status.Error(codes.Internal, err.Error())
+		}
+		return &csi.NodeUnpublishVolumeResponse{}, nil
 	}
 	if f.Mounter != nil {
 		if err := f.Mounter.Unmount(req.GetTargetPath()); err != nil {

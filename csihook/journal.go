@@ -133,6 +133,12 @@ type taskRecord struct {
 	// VOLUME_MOUNT_GROUP). At most one is set.
 	MountGroup string `json:"mount_group,omitempty"`
 	ApplyGroup string `json:"apply_group,omitempty"`
+	// Unmounted says NodePublishVolume left no mount at the target (a
+	// plugin that publishes a block volume by mknod(2) of its device
+	// there; the CSI spec asks for a publish at target_path, not a
+	// mount): the target is then not found dead for being no mount
+	// (RepairStale), only for being gone or a symbolic link.
+	Unmounted bool `json:"unmounted,omitempty"`
 	// State is pending, publishing, published or unpublishing.
 	State   string    `json:"state"`
 	Updated time.Time `json:"updated"`

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"math/rand/v2"
+	"os"
 	"path/filepath"
 	"time"
 
@@ -120,7 +122,14 @@ func (m *Manager) Recover(live func(taskID string) bool) error {
 				owner[t.key()] = t.TaskID
 			}
 			known[t.Target] = true
-			if listErr == nil && t.State == phasePublished && !mounted[t.Target] && live(t.TaskID) {
+			// A target its plugin published without a mount (Unmounted)
+			// is lost only when gone or a symbolic link.
+			lost := !mounted[t.Target]
+			if t.Unmounted {
+				_, err := os.Lstat(t.Target)
+				lost = errors.Is(err, fs.ErrNotExist) || targetIsSymlink(t.Target)
+			}
+			if listErr == nil && t.State == phasePublished && lost && live(t.TaskID) {
 				if repair[t.key()] == nil {
 					repair[t.key()] = map[string]bool{}
 				}

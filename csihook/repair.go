@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"math/rand/v2"
+	"os"
 	"sort"
 	"time"
 
@@ -127,11 +128,11 @@ func (m *Manager) repairVolume(ctx context.Context, k volKey, retry bool) ([]Rep
 	if err != nil {
 		return nil, err
 	}
-	check := func(path string, publish bool) (bool, error) {
+	check := func(path string, publish, mount bool) (bool, error) {
 		if alive[path] {
 			return false, nil
 		}
-		return m.checkTarget(path, publish)
+		return m.checkTarget(path, publish, mount)
 	}
 	unlock, err := m.locks.lock(ctx, k.String())
 	if err != nil {
@@ -156,7 +157,7 @@ func (m *Manager) repairVolume(ctx context.Context, k volKey, retry bool) ([]Rep
 
 	stagingDead := false
 	if vol.Stage == phaseStaged {
-		if stagingDead, err = check(vol.StagingPath, false); err != nil {
+		if stagingDead, err = check(vol.StagingPath, false, false); err != nil {
 			return nil, fmt.Errorf("failed to check the staging mount %q of volume_id %q: %w", vol.StagingPath, vol.VolumeID, err)
 		}
 	}
@@ -169,8 +170,10 @@ func (m *Manager) repairVolume(ctx context.Context, k volKey, retry bool) ([]Rep
 		// commit failed). The task's copy of it is then dead or an empty
 		// directory, and the driver's unpublish of it later would find
 		// nothing. Only publish targets: a plugin may stage without a
-		// mount (staging_target_path is the plugin's, CSI spec).
-		stale, err := check(tr.Target, true)
+		// mount (staging_target_path is the plugin's, CSI spec), nor
+		// publish targets the plugin published without a mount
+		// (Unmounted).
+		stale, err := check(tr.Target, true, !tr.Unmounted)
 		if err != nil {
 			return nil, fmt.Errorf("failed to check the mount %q of volume %q: %w", tr.Target, tr.Name, err)
 		}
@@ -336,7 +339,7 @@ func (m *Manager) checkAhead(k volKey) (map[string]bool, error) {
 		alive[staging] = !dead
 	}
 	for _, tr := range recs {
-		dead, err := m.checkTarget(tr.Target, true)
+		dead, err := m.checkTarget(tr.Target, true, !tr.Unmounted)
 		if err != nil {
 			return nil, fmt.Errorf("failed to check the mount %q of volume %q: %w", tr.Target, tr.Name, err)
 		}
@@ -628,14 +631,14 @@ func (m *Manager) repairCandidateLocked(tr taskRecord) bool {
 var staleCheckTimeout = 5 * time.Second
 
 // stale is checkTarget of a path that may be no mount.
-func (m *Manager) stale(path string) (bool, error) { return m.checkTarget(path, false) }
+func (m *Manager) stale(path string) (bool, error) { return m.checkTarget(path, false, false) }
 
 // checkTarget is Mounter.Stale of path within staleCheckTimeout; for a
-// publish target (publish) also deadTarget's check that it is a mount at
-// all, within the same time. A stat that does not return is an error, and
+// publish target (publish) also notMounted's check that it is there, and
+// a mount at all when its publish left one (mount), within the same time. A stat that does not return is an error, and
 // the path is not stat'ed again until it has: at most one stuck stat per
 // path.
-func (m *Manager) checkTarget(path string, publish bool) (bool, error) {
+func (m *Manager) checkTarget(path string, publish, mount bool) (bool, error) {
 	if _, busy := m.staleChecks.LoadOrStore(path, true); busy {
 		return false, fmt.Errorf("an earlier check of %q has not returned yet (a hung mount?)", path)
 	}
@@ -647,7 +650,7 @@ func (m *Manager) checkTarget(path string, publish bool) (bool, error) {
 	go func() {
 		dead, err := m.cfg.Mounter.Stale(path)
 		if err == nil && !dead && publish {
-			dead, err = notMounted(m.cfg.Mounter, path)
+			dead, err = notMounted(m.cfg.Mounter, path, mount)
 		}
 		// Before the answer: a caller that has it may check the path again
 		// at once, and must not find this check still running.
@@ -668,10 +671,19 @@ func (m *Manager) checkTarget(path string, publish bool) (bool, error) {
 // missing path, a path that is not the root of a mount, or a symbolic
 // link, which is no publish (ensurePublished refuses it) and is never
 // followed to a mount elsewhere. A block volume's target is a file with
-// the device bound on it: a mount like a directory's.
-func notMounted(mnt mounter.Interface, path string) (bool, error) {
+// the device bound on it: a mount like a directory's. A target whose
+// publish left no mount (mount false: a device node the plugin made
+// there) is dead only when missing or a symbolic link.
+func notMounted(mnt mounter.Interface, path string, mount bool) (bool, error) {
 	if targetIsSymlink(path) {
 		return true, nil
+	}
+	if !mount {
+		_, err := os.Lstat(path)
+		if errors.Is(err, fs.ErrNotExist) {
+			return true, nil
+		}
+		return false, err
 	}
 	mounted, err := mnt.IsMountPoint(path)
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {

@@ -123,8 +123,85 @@ func TestNotMounted_Root(t *testing.T) {
 		{link, true},
 		{filepath.Join(dir, "missing"), true},
 	} {
-		got, err := notMounted(m, tc.path)
+		got, err := notMounted(m, tc.path, true)
 		must.NoError(t, err)
 		must.Eq(t, tc.want, got, must.Sprintf("notMounted(%q)", tc.path))
 	}
+
+	// A target published without a mount: a device node the plugin made
+	// there (mknod, as a block plugin may) is alive; gone, or a symbolic
+	// link, it is dead.
+	node := filepath.Join(dir, "node")
+	must.NoError(t, unix.Mknod(node, unix.S_IFCHR|0o600, int(unix.Mkdev(1, 3))))
+	for _, tc := range []struct {
+		path string
+		want bool
+	}{
+		{node, false},
+		{link, true},
+		{filepath.Join(dir, "missing"), true},
+	} {
+		got, err := notMounted(m, tc.path, false)
+		must.NoError(t, err)
+		must.Eq(t, tc.want, got, must.Sprintf("notMounted(%q) of a publish without a mount", tc.path))
+	}
+}
+
+// A plugin may publish without a mount: the CSI spec has it publish at
+// target_path, and one that makes a block volume's device node there by
+// mknod(2) leaves no mount. Such a target, no mount right after its
+// publish too, is no mount that died: it is left alone, not unpublished
+// and published again under the running task at every check (and the
+// task told to restart for a plugin that keeps losing it).
+func TestRepairStale_TargetPublishedWithoutMountIsLeftAlone(t *testing.T) {
+	h := newHarness(t)
+	h.fake.PublishWithoutMount = true
+	target := h.setupData()
+	fi, err := os.Lstat(target)
+	must.NoError(t, err)
+	must.True(t, fi.Mode().IsRegular())
+
+	for range 3 {
+		h.fake.ResetCalls()
+		rep, err := h.m.RepairStale(context.Background(), "p")
+		must.NoError(t, err)
+		must.SliceEmpty(t, rep)
+		must.SliceEmpty(t, h.fake.Methods())
+	}
+	must.False(t, containsEvent(h.eventMsgs(), `is stale`), must.Sprint(h.eventMsgs()))
+
+	// Gone from its path (the plugin removed it) or a symlink, it is dead
+	// as any publish target is.
+	must.NoError(t, os.Remove(target))
+	h.fake.ResetCalls()
+	rep, err := h.m.RepairStale(context.Background(), "p")
+	must.NoError(t, err)
+	must.Len(t, 1, rep)
+	must.Eq(t, []string{MethodNodeUnpublishVolume, MethodNodePublishVolume}, h.fake.Methods())
+	_, err = os.Lstat(target)
+	must.NoError(t, err)
+
+	must.NoError(t, h.m.Teardown(context.Background(), "task-a"))
+	must.SliceEmpty(t, h.journalRecords())
+}
+
+// A driver restart does not publish again a live task's volume that its
+// plugin published without a mount (a device node at the target): the
+// target is no mount because it never was one, not because it was lost.
+func TestRecover_TargetPublishedWithoutMountIsKept(t *testing.T) {
+	h := newHarness(t)
+	h.fake.PublishWithoutMount = true
+	target := h.setupData()
+
+	h.restart()
+	h.fake.ResetCalls()
+	must.NoError(t, h.m.Recover(func(id string) bool { return id == "task-a" }))
+	h.waitIdle()
+	must.SliceEmpty(t, h.fake.Methods())
+	must.False(t, containsEvent(h.eventMsgs(), `Re-publishing volume`), must.Sprint(h.eventMsgs()))
+	_, err := os.Lstat(target)
+	must.NoError(t, err)
+
+	must.NoError(t, h.m.Teardown(context.Background(), "task-a"))
+	must.SliceEmpty(t, h.journalRecords())
 }

@@ -645,7 +645,8 @@ func (m *Manager) ensurePublished(ctx context.Context, info PluginInfo, vol volR
 	// Creating target_path is the plugin's job (CSI spec); a plugin that
 	// answers OK without it did not publish anything, and the task must
 	// not start on an empty directory of ours.
-	if _, err := m.cfg.Mounter.IsMountPoint(tr.Target); errors.Is(err, fs.ErrNotExist) {
+	mounted, err := m.cfg.Mounter.IsMountPoint(tr.Target)
+	if errors.Is(err, fs.ErrNotExist) {
 		return o.internal(fmt.Sprintf("the plugin reported success but did not create the target path %q, which the CSI spec leaves to the plugin", tr.Target),
 			fmt.Sprintf("plugin %q did not publish the volume on this node (a mock plugin does not); check the plugin's logs, "+
 				"or use a plugin that mounts volumes at target_path", o.pluginID))
@@ -653,6 +654,10 @@ func (m *Manager) ensurePublished(ctx context.Context, info PluginInfo, vol volR
 	if targetIsSymlink(tr.Target) {
 		return symlinkTargetError(o, tr.Target)
 	}
+	// A publish without a mount (a device node made there) is the
+	// plugin's to make: what it is, not whether it is a mount, says it
+	// is alive later (RepairStale).
+	tr.Unmounted = err == nil && !mounted
 	if tr.ApplyGroup != "" {
 		if err := applyVolumeGroup(tr.Target, tr.ApplyGroup); err != nil {
 			return fmt.Errorf("volume %q: mount_group = true: %w", tr.Name, err)
