@@ -25,6 +25,7 @@ echo "size=$(stty size)"
 echo "fs=$(stat -L -c %d /proc/self/fd/0)"
 echo "pts=$(stat -c %d /dev/pts)"
 echo "owner=$(stat -L -c %u /proc/self/fd/0)"
+echo "group=$(stat -L -c %g /proc/self/fd/0)"
 echo "uid=$(id -u)"
 `
 
@@ -74,14 +75,17 @@ func TestProcess_ExecTty_Root(t *testing.T) {
 		tt := isolatedSpec(t, "sleep 100")
 		p := startTest(t, tt)
 		t.Cleanup(func() { _ = p.Kill(); _ = p.Destroy() })
-		requireTaskTerminal(t, execTty(t, p, ttyScript))
+		got := execTty(t, p, ttyScript)
+		requireTaskTerminal(t, got)
+		must.Eq(t, "5", got["group"], must.Sprint("the terminal is not of the tty group"))
 		// As another user, whose terminal it is.
 		prof := *p.state.Profile
 		prof.User, prof.Credential = "nobody", &Credential{UID: 65534, GID: 65534}
 		p.state.Profile = &prof
-		got := execTty(t, p, ttyScript)
+		got = execTty(t, p, ttyScript)
 		must.Eq(t, "65534", got["uid"])
 		requireTaskTerminal(t, got)
+		must.Eq(t, "5", got["group"], must.Sprint("the terminal is not of the tty group"))
 	})
 	t.Run("not isolated", func(t *testing.T) {
 		tt := newTestSpec(t, "sleep", "100")

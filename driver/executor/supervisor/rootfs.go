@@ -32,6 +32,10 @@ var devLinks = [][2]string{
 // kernel.pty.reserve (3072 by default) together.
 const taskPtyMax = 128
 
+// ttyGID is the group of the terminals of a task's devpts: 5, tty's by
+// convention (Debian's base-passwd, the kernel's docs, runc's default).
+const ttyGID = 5
+
 // procReadOnly are parts of /proc a task may read but never write: a root
 // task could otherwise change the host's kernel settings (/proc/sys, such
 // as kernel.core_pattern, which runs a program on the host) or reboot it
@@ -213,9 +217,11 @@ func buildDev(m mounter.Interface, root string, privateIPC bool) error {
 	// A devpts of its own: the task sees its own terminals, not the host's,
 	// and holds at most taskPtyMax of them: every devpts but the host's
 	// draws on one pool for the node, and a task that took it all would
-	// leave every other task without a terminal.
+	// leave every other task without a terminal. Its terminals are of
+	// group 5 (tty, by convention, as on the host and in runc), not of
+	// the group of whoever opened them (the exec stage, still root).
 	if err := m.Mount("devpts", filepath.Join(dev, "pts"), "devpts", unix.MS_NOSUID|unix.MS_NOEXEC,
-		fmt.Sprintf("newinstance,ptmxmode=0666,mode=0620,max=%d", taskPtyMax)); err != nil {
+		fmt.Sprintf("newinstance,ptmxmode=0666,mode=0620,gid=%d,max=%d", ttyGID, taskPtyMax)); err != nil {
 		return err
 	}
 	if privateIPC {

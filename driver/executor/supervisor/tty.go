@@ -58,8 +58,16 @@ func takeTerminal(uid uint32) error {
 	}); err != nil {
 		return fmt.Errorf("the task's terminal: %w", err)
 	}
-	if err := unix.Fchown(pts, int(uid), -1); err != nil {
-		return fmt.Errorf("failed to give the task's terminal to uid %d: %w", uid, err)
+	// Given to the command's user, unless it has it already (a task may
+	// have remounted its devpts read-only, where a change fails).
+	var st unix.Stat_t
+	if err := unix.Fstat(pts, &st); err != nil {
+		return fmt.Errorf("failed to stat the task's terminal: %w", err)
+	}
+	if st.Uid != uid {
+		if err := unix.Fchown(pts, int(uid), -1); err != nil {
+			return fmt.Errorf("failed to give the task's terminal to uid %d: %w", uid, err)
+		}
 	}
 	if err := unix.Sendmsg(wire.StageTtyFD, []byte{0}, unix.UnixRights(ptmx), nil, 0); err != nil {
 		return fmt.Errorf("failed to hand the task's terminal to the driver: %w", err)
