@@ -285,6 +285,7 @@ func validate(reqs []VolumeRequest) error {
 				break
 			}
 		}
+		protoStrings(req, fail)
 		for k := range req.Context {
 			if k == "" {
 				fail("context must not have an empty key")
@@ -327,6 +328,52 @@ func validate(reqs []VolumeRequest) error {
 	}
 	return errors.Join(errs...)
 }
+
+// protoStrings reports what a request would send the plugin that cannot
+// go as it is. Every value goes as a protobuf string, which must be UTF-8:
+// a request holding other bytes is not sent at all (grpc fails to marshal
+// it, Internal, on every retry). Secret keys are held to the CSI spec's
+// Secrets Requirements: "Each key MUST consist of alphanumeric characters,
+// '-', '_' or '.'", the keys a Kubernetes Secret may have. A secret key or
+// value is never quoted; a secrets_file's bytes are what a template
+// rendered.
+func protoStrings(req VolumeRequest, fail func(format string, args ...any)) {
+	for i, f := range req.MountFlags {
+		if !utf8.ValidString(f) {
+			fail("mount_options.mount_flags: flag %d is not valid UTF-8: the plugin gets it as a string, which must be", i+1)
+			break
+		}
+	}
+	stringMap := func(field string, m map[string]string) {
+		for _, k := range slices.Sorted(maps.Keys(m)) {
+			switch {
+			case !utf8.ValidString(k):
+				fail("%s: a key is not valid UTF-8: the plugin gets it as a string, which must be", field)
+				return
+			case !utf8.ValidString(m[k]):
+				fail("%s: key %s has a value that is not valid UTF-8: the plugin gets it as a string, which must be", field, Quoted(k))
+				return
+			}
+		}
+	}
+	stringMap("context", req.Context)
+	if req.Create != nil {
+		stringMap("create.parameters", req.Create.Parameters)
+	}
+	for _, k := range slices.Sorted(maps.Keys(req.Secrets)) {
+		if k != "" && !secretKey.MatchString(k) {
+			fail("secrets: a key holds a character other than letters, digits, '-', '_' or '.', which the CSI spec allows in secret keys (the key is not shown: it may be secret)")
+			break
+		}
+		if !utf8.ValidString(req.Secrets[k]) {
+			fail("secrets: a value is not valid UTF-8 (neither key nor value is shown: they may be secret): the CSI spec sends secrets as strings; encode binary secrets (as base64, say) the way the plugin documents")
+			break
+		}
+	}
+}
+
+// secretKey is a secret's key as the CSI spec allows it.
+var secretKey = regexp.MustCompile(`^[A-Za-z0-9._-]+$`)
 
 // badID says what is wrong with an id a job wrote (plugin_id, volume_id,
 // fs_type), or "". A plugin compares ids byte for byte: "db " or "db\n"
