@@ -322,7 +322,17 @@ func (m *Manager) setupVolume(ctx context.Context, taskID string, p plan) (Publi
 	if vol, pending, err = m.ensureVolume(ctx, taskID, req.Name, info, vol, false, pending, parent); err != nil {
 		return Published{}, err
 	}
-	if err := m.ensurePublished(ctx, info, vol, tr, req.Namespace, pending, parent); err != nil {
+	err = m.ensurePublished(ctx, info, vol, tr, req.Namespace, pending, parent)
+	if m.notStaged(err, vol, tr) {
+		// Staged again (idempotent for the plugin: the same path,
+		// capability and secrets), then published once more.
+		m.logger.Info("plugin says the volume is not staged; staging it again", "task_id", taskID, "plugin_id", vol.PluginID,
+			"volume_id", vol.VolumeID, "staging_path", vol.StagingPath)
+		if vol, pending, err = m.ensureVolume(ctx, taskID, req.Name, info, vol, true, nil, parent); err == nil {
+			err = m.ensurePublished(ctx, info, vol, tr, req.Namespace, pending, parent)
+		}
+	}
+	if err != nil {
 		return Published{}, err
 	}
 	if err := m.expandNode(ctx, taskID, req, info, o, vol, tr); err != nil {
@@ -701,27 +711,7 @@ func (m *Manager) publishedElsewhere(err error, tr taskRecord) error {
 	if !errors.As(err, &oe) || oe.Code != codes.FailedPrecondition {
 		return err
 	}
-	multi := false
-	switch tr.AccessMode {
-	case AccessMultiNodeReaderOnly, AccessMultiNodeSingleWriter, AccessMultiNodeMultiWriter:
-		multi = true
-	}
-	m.mu.Lock()
-	var (
-		holder taskRecord
-		found  bool
-	)
-	for _, ref := range m.byVolume[tr.key()] {
-		if ref == (taskRef{tr.TaskID, tr.Name}) {
-			continue
-		}
-		t, ok := m.tasks[ref.taskID][ref.name]
-		if ok && t.State == phasePublished && (!multi || !slices.Equal(t.MountFlags, tr.MountFlags)) {
-			holder, found = t, true
-			break
-		}
-	}
-	m.mu.Unlock()
+	holder, multi, found := m.publishHolder(tr)
 	if !found {
 		return err
 	}
@@ -744,6 +734,44 @@ func (m *Manager) publishedElsewhere(err error, tr taskRecord) error {
 	oe.Hint = fmt.Sprintf("volume %q is published on this node for %s already, and plugin %q publishes a volume of access_mode = %q at one path per node (CSI spec): "+
 		"%s, or use access_mode = %q if the storage allows it", tr.VolumeID, what, tr.PluginID, tr.AccessMode, stop, instead)
 	return oe
+}
+
+// publishHolder finds the task (or block) whose publish of tr's volume on
+// this node explains a FAILED_PRECONDITION answer to tr's publish: any
+// publish in a single-node access mode, one with other mount_flags in a
+// MULTI_NODE_... mode. multi says which.
+func (m *Manager) publishHolder(tr taskRecord) (holder taskRecord, multi, found bool) {
+	switch tr.AccessMode {
+	case AccessMultiNodeReaderOnly, AccessMultiNodeSingleWriter, AccessMultiNodeMultiWriter:
+		multi = true
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, ref := range m.byVolume[tr.key()] {
+		if ref == (taskRef{tr.TaskID, tr.Name}) {
+			continue
+		}
+		t, ok := m.tasks[ref.taskID][ref.name]
+		if ok && t.State == phasePublished && (!multi || !slices.Equal(t.MountFlags, tr.MountFlags)) {
+			return t, multi, true
+		}
+	}
+	return taskRecord{}, multi, false
+}
+
+// notStaged reports a FAILED_PRECONDITION answer to NodePublishVolume of
+// a volume the driver staged, that no other publish on the node explains
+// (publishHolder): the CSI spec's "Staging target path not set", whose
+// recovery is NodeStageVolume before the publish is retried. A plugin
+// restarted without what it kept of its stages answers so while the
+// staging mount is still there.
+func (m *Manager) notStaged(err error, vol volRecord, tr taskRecord) bool {
+	var oe *OpError
+	if !errors.As(err, &oe) || oe.Code != codes.FailedPrecondition || oe.Method != MethodNodePublishVolume || vol.Stage != phaseStaged {
+		return false
+	}
+	_, _, held := m.publishHolder(tr)
+	return !held
 }
 
 // targetIsSymlink reports whether a publish target is a symbolic link (not

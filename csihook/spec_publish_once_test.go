@@ -168,3 +168,108 @@ func TestSpec_SecondPublishWithOtherMountFlags(t *testing.T) {
 	must.SliceEmpty(t, h.mountPaths())
 	must.SliceEmpty(t, h.journalRecords())
 }
+
+// stageForgetting is a FakeClient that keeps what it staged in memory, as
+// many plugins do, and answers NodePublishVolume of a volume it has not
+// staged at staging_target_path with FAILED_PRECONDITION, the CSI spec's
+// "Staging target path not set" condition. forget is its restart: the
+// staging mounts stay on the node, its memory of them is gone; amnesiac
+// forgets every stage at once.
+type stageForgetting struct {
+	*FakeClient
+	mu       sync.Mutex
+	staged   map[string]bool
+	amnesiac bool
+	refused  int
+}
+
+func (p *stageForgetting) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequest) (*csi.NodeStageVolumeResponse, error) {
+	resp, err := p.FakeClient.NodeStageVolume(ctx, req)
+	p.mu.Lock()
+	if err == nil && !p.amnesiac {
+		p.staged[req.GetVolumeId()+"@"+req.GetStagingTargetPath()] = true
+	}
+	p.mu.Unlock()
+	return resp, err
+}
+
+func (p *stageForgetting) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
+	p.mu.Lock()
+	ok := p.staged[req.GetVolumeId()+"@"+req.GetStagingTargetPath()]
+	p.mu.Unlock()
+	if !ok {
+		p.mu.Lock()
+		p.refused++
+		p.mu.Unlock()
+		return nil, status.Errorf(codes.FailedPrecondition, "volume %s is not staged at %q", req.GetVolumeId(), req.GetStagingTargetPath())
+	}
+	return p.FakeClient.NodePublishVolume(ctx, req)
+}
+
+func (p *stageForgetting) forget() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	clear(p.staged)
+}
+
+// NodePublishVolume answered FAILED_PRECONDITION "Staging target path not
+// set": "Caller MUST make sure call to NodeStageVolume is made and returns
+// success before retrying with valid staging_target_path" (CSI spec). A
+// plugin restarted without its state answers so for a volume the driver
+// staged before, whose staging mount is still there: the driver stages it
+// again (idempotent: the same path, capability, secrets and contexts) and
+// publishes once more, beside a task that has the volume. Refused again
+// after that, the failure is the task's, and the other task keeps the
+// volume.
+func TestSpec_PublishNotStagedStagesAgain(t *testing.T) {
+	var p *stageForgetting
+	h := newHarness(t, func(c *Config) { c.Dial = func(string) (Client, error) { return p, nil } })
+	p = &stageForgetting{FakeClient: h.fake, staged: map[string]bool{}}
+	ctx := context.Background()
+	multi := func(r VolumeRequest) VolumeRequest { r.AccessMode = AccessMultiNodeMultiWriter; return r }
+
+	_, err := h.m.Setup(ctx, "a", []VolumeRequest{multi(req("data", "vol1", "/data"))})
+	must.NoError(t, err)
+	var first FakeCall
+	for _, c := range h.fake.Calls() {
+		if c.Method == MethodNodeStageVolume {
+			first = c
+		}
+	}
+	must.NotEq(t, "", first.StagingPath)
+	p.forget()
+	h.fake.ResetCalls()
+
+	_, err = h.m.Setup(ctx, "b", []VolumeRequest{multi(req("data", "vol1", "/data"))})
+	must.NoError(t, err)
+	// The wrapper's refusal is not among the fake's calls.
+	must.Eq(t, 1, p.refused)
+	must.Eq(t, []string{MethodNodeStageVolume, MethodNodePublishVolume}, h.fake.Methods())
+	calls := h.fake.Calls()
+	must.Eq(t, first.StagingPath, calls[0].StagingPath)
+	must.True(t, proto.Equal(first.Capability, calls[0].Capability))
+	must.Eq(t, first.Secrets, calls[0].Secrets)
+	must.Eq(t, first.VolumeContext, calls[0].VolumeContext)
+	must.Eq(t, first.PublishContext, calls[0].PublishContext)
+	must.Eq(t, first.StagingPath, calls[1].StagingPath)
+	must.True(t, h.m.publishedAt(h.m.TargetPath("b", "data")))
+
+	p.mu.Lock()
+	p.amnesiac = true
+	p.mu.Unlock()
+	p.forget()
+	h.fake.ResetCalls()
+	_, err = h.m.Setup(ctx, "c", []VolumeRequest{multi(req("data", "vol1", "/data"))})
+	must.ErrorContains(t, err, "FailedPrecondition")
+	must.Eq(t, 3, p.refused)
+	// The failed publish is undone (NodeUnpublishVolume, which the spec
+	// allows after a failure); the volume stays staged for the others.
+	must.Eq(t, []string{MethodNodeStageVolume, MethodNodeUnpublishVolume}, h.fake.Methods())
+	must.True(t, h.m.publishedAt(h.m.TargetPath("a", "data")))
+	must.Eq(t, 2, h.m.Users("p", "vol1"))
+
+	must.NoError(t, h.m.Teardown(ctx, "a"))
+	must.NoError(t, h.m.Teardown(ctx, "b"))
+	must.SliceEmpty(t, h.journalRecords())
+	must.SliceEmpty(t, h.mountPaths())
+}
