@@ -43,6 +43,28 @@ func (k *keyLocks) lock(ctx context.Context, key string) (func(), error) {
 	}
 }
 
+// tryLock takes key's lock if nobody holds it, without waiting.
+func (k *keyLocks) tryLock(key string) (func(), bool) {
+	k.mu.Lock()
+	l, ok := k.locks[key]
+	if !ok {
+		l = &keyLock{ch: make(chan struct{}, 1)}
+		k.locks[key] = l
+	}
+	l.refs++
+	k.mu.Unlock()
+	select {
+	case l.ch <- struct{}{}:
+		return func() {
+			<-l.ch
+			k.release(key, l)
+		}, true
+	default:
+		k.release(key, l)
+		return nil, false
+	}
+}
+
 func (k *keyLocks) release(key string, l *keyLock) {
 	k.mu.Lock()
 	defer k.mu.Unlock()

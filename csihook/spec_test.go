@@ -441,3 +441,84 @@ func TestSpec_ResourceExhaustedFinalForCreateAndAttach(t *testing.T) {
 		})
 	}
 }
+
+// "The CO is responsible for ensuring that there is no more than one call
+// 'in-flight' per volume at a given time" (CSI spec, Concurrency). The
+// stats loop's NodeGetVolumeStats is a call on the volume too: while
+// another call on it is in flight (a second task's NodePublishVolume of a
+// volume a task has, a teardown's NodeUnpublishVolume), its sample is
+// skipped and the volume keeps its place; it is sampled at its next turn.
+// And no call on the volume starts while a sample is in flight.
+func TestSpec_StatsNotBesideAnotherCallOnTheVolume(t *testing.T) {
+	h := newHarness(t)
+	h.setPlugin(statsPlugin("p"))
+	ctx := context.Background()
+	multi := req("data", "vol1", "/data")
+	multi.AccessMode = AccessMultiNodeMultiWriter
+	_, err := h.m.Setup(ctx, "a", []VolumeRequest{multi})
+	must.NoError(t, err)
+	h.m.stats = newStatsLoop(time.Minute)
+	now := time.Now()
+	statsPassWait(h.m, ctx, now)
+	waitCount := func(method string, n int) {
+		t.Helper()
+		for deadline := time.Now().Add(20 * time.Second); h.fake.Count(method) < n; time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s was not called %d times", method, n)
+			}
+		}
+	}
+
+	// A second task's publish in flight: no sample.
+	release := h.fake.HangMethod(MethodNodePublishVolume)
+	defer release()
+	setupDone := make(chan error, 1)
+	go func() {
+		_, err := h.m.Setup(ctx, "b", []VolumeRequest{multi})
+		setupDone <- err
+	}()
+	waitCount(MethodNodePublishVolume, 2)
+	now = now.Add(time.Minute)
+	statsPassWait(h.m, ctx, now)
+	must.Eq(t, 0, h.fake.Count(MethodNodeGetVolumeStats))
+	release()
+	must.NoError(t, <-setupDone)
+
+	// The next turn samples it.
+	now = now.Add(time.Minute)
+	statsPassWait(h.m, ctx, now)
+	must.Eq(t, 1, h.fake.Count(MethodNodeGetVolumeStats))
+
+	// A sample in flight: a teardown's NodeUnpublishVolume waits for it.
+	releaseStats := h.fake.HangMethod(MethodNodeGetVolumeStats)
+	defer releaseStats()
+	now = now.Add(time.Minute)
+	h.m.statsPass(ctx, now)
+	waitCount(MethodNodeGetVolumeStats, 2)
+	tornDown := make(chan error, 1)
+	go func() { tornDown <- h.m.Teardown(ctx, "b") }()
+	// The teardown waits for the volume's lock, which the sample holds:
+	// seen waiting there, it has called nothing.
+	key := volKey{"p", "vol1"}.String()
+	for deadline := time.Now().Add(20 * time.Second); lockRefs(h.m.locks, key) < 2; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the teardown did not wait for the volume's lock")
+		}
+	}
+	must.Eq(t, 0, h.fake.Count(MethodNodeUnpublishVolume))
+	releaseStats()
+	must.NoError(t, <-tornDown)
+	h.m.stats.wg.Wait()
+	must.Eq(t, 1, h.fake.Count(MethodNodeUnpublishVolume))
+	must.NoError(t, h.m.Teardown(ctx, "a"))
+}
+
+// lockRefs is how many hold or wait for key's lock.
+func lockRefs(k *keyLocks, key string) int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if l, ok := k.locks[key]; ok {
+		return l.refs
+	}
+	return 0
+}

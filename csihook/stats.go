@@ -319,6 +319,15 @@ func (m *Manager) statsPass(ctx context.Context, now time.Time) time.Time {
 					return
 				}
 			}
+			// One call in flight per volume (CSI spec, Concurrency): a
+			// volume another call is on is skipped, keeping its place,
+			// and a call on the volume waits for the sample (bounded by
+			// its deadline).
+			unlock, ok := m.locks.tryLock(t.key.String())
+			if !ok {
+				return
+			}
+			defer unlock()
 			m.sample(ctx, t, infos[t.key.plugin])
 		}()
 	}
