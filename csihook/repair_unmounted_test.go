@@ -205,3 +205,48 @@ func TestRecover_TargetPublishedWithoutMountIsKept(t *testing.T) {
 	must.NoError(t, h.m.Teardown(context.Background(), "task-a"))
 	must.SliceEmpty(t, h.journalRecords())
 }
+
+// A publish its plugin made without a mount (Unmounted) is a publish for
+// every setup that asks whether the target is published: the tasks of an
+// allocation share it (a read-only sidecar binds it read-only) rather than
+// publish it a second time at the same target, where a plugin that checks
+// would refuse another readonly flag (ALREADY_EXISTS, CSI spec); and a
+// task's setup run again finds it published and calls nothing.
+func TestSetup_TargetPublishedWithoutMountIsShared(t *testing.T) {
+	h := newHarness(t)
+	h.fake.PublishWithoutMount = true
+	ctx := context.Background()
+	const (
+		app     = "alloc-a/app/11111111"
+		sidecar = "alloc-a/backup/22222222"
+	)
+	first, err := h.m.Setup(ctx, app, []VolumeRequest{req("data", "vol1", "/data")})
+	must.NoError(t, err)
+
+	h.fake.ResetCalls()
+	_, err = h.m.Setup(ctx, app, []VolumeRequest{req("data", "vol1", "/data")})
+	must.NoError(t, err)
+	must.SliceEmpty(t, h.fake.Methods())
+
+	reader := req("backup", "vol1", "/backup")
+	reader.ReadOnly = true
+	second, err := h.m.Setup(ctx, sidecar, []VolumeRequest{reader})
+	must.NoError(t, err)
+	must.SliceEmpty(t, h.fake.Methods())
+	must.Eq(t, first[0].HostPath, second[0].HostPath)
+	must.True(t, second[0].ReadOnly)
+	must.True(t, containsEvent(h.eventMsgs(), `sharing its publish for task "`+app+`"`), must.Sprint(h.eventMsgs()))
+
+	// The sidecar's record is one of a publish without a mount too: a
+	// check leaves it alone.
+	rep, err := h.m.RepairStale(ctx, "p")
+	must.NoError(t, err)
+	must.SliceEmpty(t, rep)
+	must.SliceEmpty(t, h.fake.Methods())
+
+	must.NoError(t, h.m.Teardown(ctx, app))
+	must.SliceEmpty(t, h.fake.Methods())
+	must.NoError(t, h.m.Teardown(ctx, sidecar))
+	must.Eq(t, []string{MethodNodeUnpublishVolume, MethodNodeUnstageVolume, MethodControllerUnpublishVolume}, h.fake.Methods())
+	must.SliceEmpty(t, h.journalRecords())
+}

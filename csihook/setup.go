@@ -216,7 +216,7 @@ func (m *Manager) setupVolume(ctx context.Context, taskID string, p plan) (Publi
 	pub := Published{Name: req.Name, HostPath: target, Destination: req.Destination,
 		ReadOnly: req.ReadOnly || !writerMode(req.AccessMode), Block: attachment(req) == AttachmentBlockDevice}
 
-	if ok && tr.State == phasePublished && m.publishedAt(target) {
+	if ok && tr.State == phasePublished && m.published(tr) {
 		m.logger.Debug("volume already published", "task_id", taskID, "volume", req.Name, "volume_id", volumeID, "target_path", target)
 		return pub, nil
 	}
@@ -278,12 +278,12 @@ func (m *Manager) setupVolume(ctx context.Context, taskID string, p plan) (Publi
 	}
 	if existing, ok := m.taskRec(taskID, req.Name); ok {
 		tr = existing
-	} else if holder.TaskID != "" && m.publishedAt(target) {
+	} else if holder.TaskID != "" && m.published(holder) {
 		// Shared: the task's record names the publish, which it keeps
 		// until the last task of the allocation using it is gone. No
 		// call is made; the record is durable before the task binds it.
 		tr = m.newTaskRecord(taskID, p, target, pub, vctx, volumeID)
-		tr.State = phasePublished
+		tr.State, tr.Unmounted = phasePublished, holder.Unmounted
 		if err := m.commit(append(pending, taskPut(tr))...); err != nil {
 			return Published{}, err
 		}
@@ -364,6 +364,17 @@ func (m *Manager) publishedAt(target string) bool {
 	}
 	mounted, err := m.cfg.Mounter.IsMountPoint(target)
 	return err == nil && mounted
+}
+
+// published is publishedAt of tr's target; one its plugin published
+// without a mount (Unmounted) only has to be there and no symbolic link,
+// as RepairStale finds it alive.
+func (m *Manager) published(tr taskRecord) bool {
+	if !tr.Unmounted {
+		return m.publishedAt(tr.Target)
+	}
+	_, err := os.Lstat(tr.Target)
+	return err == nil && !targetIsSymlink(tr.Target)
 }
 
 // create calls CreateVolume named after the request's volume id and returns
