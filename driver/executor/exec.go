@@ -1,6 +1,7 @@
 package executor
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -144,17 +145,28 @@ func (p *Process) Exec(ctx context.Context, opts ExecOptions) (int, error) {
 		cfg.Tty = true
 		stageMore = []*os.File{stageTty}
 	} else {
+		// Never nil: os/exec gives a nil one the host's /dev/null, opened
+		// on the host's mount of /dev, through which a root command would
+		// chmod or chown the node's /dev/null (/proc/self/fd/0). A pipe
+		// instead, empty for stdin, read and dropped for output.
 		cmd.Stdout, cmd.Stderr = opts.Stdout, opts.Stderr
-		if opts.Stdin != nil {
-			// A pipe of our own: os/exec would wait for an interactive
-			// stdin to end before Wait returns.
-			r, w, err := os.Pipe()
-			if err != nil {
-				return 0, fmt.Errorf("failed to exec in task pid %d: %w", p.state.TaskPID, err)
-			}
-			defer r.Close()
-			cmd.Stdin, stdinW = r, w
+		if cmd.Stdout == nil {
+			cmd.Stdout = io.Discard
 		}
+		if cmd.Stderr == nil {
+			cmd.Stderr = io.Discard
+		}
+		if opts.Stdin == nil {
+			opts.Stdin = bytes.NewReader(nil)
+		}
+		// A pipe of our own: os/exec would wait for an interactive stdin
+		// to end before Wait returns.
+		r, w, err := os.Pipe()
+		if err != nil {
+			return 0, fmt.Errorf("failed to exec in task pid %d: %w", p.state.TaskPID, err)
+		}
+		defer r.Close()
+		cmd.Stdin, stdinW = r, w
 	}
 
 	// setns(2) changes only the calling thread: start the stage from a
