@@ -157,6 +157,11 @@ type taskRecord struct {
 	// unpublishes, which is harmless), while this process, which knows
 	// better, does not unpublish what it never published.
 	notCalled bool
+	// mustMount marks, in memory only, a record a repair publishes again
+	// that was published with a mount: the plugin's OK that leaves none
+	// this time is a failed repair, not a verdict that it never mounts
+	// (see ensurePublished).
+	mustMount bool
 }
 
 func (t taskRecord) key() volKey { return volKey{t.PluginID, t.VolumeID} }

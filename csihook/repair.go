@@ -286,6 +286,7 @@ func (m *Manager) repairVolume(ctx context.Context, k volKey, retry bool) ([]Rep
 	published := map[string]bool{}
 	for _, tr := range dead {
 		if !published[tr.Target] || tr.State != phasePublished {
+			tr.mustMount = !tr.Unmounted
 			if err := m.ensurePublished(ctx, info, vol, tr, "", pending, nil); err != nil {
 				errs = append(errs, m.repairCallFailed([]taskRecord{tr}, err))
 				continue

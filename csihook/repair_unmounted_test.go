@@ -250,3 +250,45 @@ func TestSetup_TargetPublishedWithoutMountIsShared(t *testing.T) {
 	must.Eq(t, []string{MethodNodeUnpublishVolume, MethodNodeUnstageVolume, MethodControllerUnpublishVolume}, h.fake.Methods())
 	must.SliceEmpty(t, h.journalRecords())
 }
+
+// Which kind a target is (a mount, or a publish without one) is decided at
+// its publish, not at a repair's: a target that had a mount, repaired by a
+// plugin that answers OK and mounts nothing, is a failed repair, tried
+// again, and never taken for a publish without a mount, which would leave
+// the task on an empty directory no check looks at again.
+func TestRepairStale_RepairWithoutMountOfAMountFails(t *testing.T) {
+	h := newHarness(t, noRepairBackoff)
+	ctx := context.Background()
+	target := h.setupData()
+	must.NoError(t, h.mnt.Unmount(target))
+
+	h.fake.PublishWithoutMount = true
+	for pass := range 2 {
+		h.fake.ResetCalls()
+		rep, err := h.m.RepairStale(ctx, "p")
+		must.Error(t, err, must.Sprintf("pass %d", pass))
+		must.ErrorContains(t, err, "left no mount")
+		must.SliceEmpty(t, rep)
+		must.Eq(t, []string{MethodNodeUnpublishVolume, MethodNodePublishVolume}, h.fake.Methods(), must.Sprintf("pass %d", pass))
+	}
+	must.True(t, containsEvent(h.eventMsgs(), `left no mount`), must.Sprint(h.eventMsgs()))
+
+	// The plugin mounts again: the next pass repairs it, and the one
+	// after finds it alive.
+	h.fake.PublishWithoutMount = false
+	h.fake.ResetCalls()
+	rep, err := h.m.RepairStale(ctx, "p")
+	must.NoError(t, err)
+	must.Len(t, 1, rep)
+	mounted, err := h.mnt.IsMountPoint(target)
+	must.NoError(t, err)
+	must.True(t, mounted)
+	h.fake.ResetCalls()
+	rep, err = h.m.RepairStale(ctx, "p")
+	must.NoError(t, err)
+	must.SliceEmpty(t, rep)
+	must.SliceEmpty(t, h.fake.Methods())
+
+	must.NoError(t, h.m.Teardown(ctx, "task-a"))
+	must.SliceEmpty(t, h.journalRecords())
+}

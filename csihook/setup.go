@@ -678,7 +678,16 @@ func (m *Manager) ensurePublished(ctx context.Context, info PluginInfo, vol volR
 	// A publish without a mount (a device node made there) is the
 	// plugin's to make: what it is, not whether it is a mount, says it
 	// is alive later (RepairStale).
-	tr.Unmounted = err == nil && !mounted
+	if err == nil && !mounted && tr.mustMount {
+		// A repair: the target had a mount that died, and an empty
+		// directory is no repair. Which kind a target is was decided at
+		// its first publish (or a driver restart's), not here, so that a
+		// plugin answering OK without mounting cannot leave a task on an
+		// empty directory that is never checked again.
+		return o.internal(fmt.Sprintf("the plugin reported success but left no mount at %q, where it had mounted the volume before", tr.Target),
+			fmt.Sprintf("check plugin %q's logs: it published the volume again without mounting it", o.pluginID))
+	}
+	tr.Unmounted, tr.mustMount = err == nil && !mounted, false
 	if tr.ApplyGroup != "" {
 		if err := applyVolumeGroup(tr.Target, tr.ApplyGroup); err != nil {
 			return fmt.Errorf("volume %q: mount_group = true: %w", tr.Name, err)
