@@ -22,21 +22,10 @@ func newKeyLocks() *keyLocks { return &keyLocks{locks: map[string]*keyLock{}} }
 
 // lock takes key's lock, or returns ctx's error if it ends first.
 func (k *keyLocks) lock(ctx context.Context, key string) (func(), error) {
-	k.mu.Lock()
-	l, ok := k.locks[key]
-	if !ok {
-		l = &keyLock{ch: make(chan struct{}, 1)}
-		k.locks[key] = l
-	}
-	l.refs++
-	k.mu.Unlock()
-
+	l := k.ref(key)
 	select {
 	case l.ch <- struct{}{}:
-		return func() {
-			<-l.ch
-			k.release(key, l)
-		}, nil
+		return k.unlocker(key, l), nil
 	case <-ctx.Done():
 		k.release(key, l)
 		return nil, ctx.Err()
@@ -45,23 +34,35 @@ func (k *keyLocks) lock(ctx context.Context, key string) (func(), error) {
 
 // tryLock takes key's lock if nobody holds it, without waiting.
 func (k *keyLocks) tryLock(key string) (func(), bool) {
+	l := k.ref(key)
+	select {
+	case l.ch <- struct{}{}:
+		return k.unlocker(key, l), true
+	default:
+		k.release(key, l)
+		return nil, false
+	}
+}
+
+// ref is key's lock, made if needed, with one more reference; release
+// drops it.
+func (k *keyLocks) ref(key string) *keyLock {
 	k.mu.Lock()
+	defer k.mu.Unlock()
 	l, ok := k.locks[key]
 	if !ok {
 		l = &keyLock{ch: make(chan struct{}, 1)}
 		k.locks[key] = l
 	}
 	l.refs++
-	k.mu.Unlock()
-	select {
-	case l.ch <- struct{}{}:
-		return func() {
-			<-l.ch
-			k.release(key, l)
-		}, true
-	default:
+	return l
+}
+
+// unlocker gives back the lock l of key, taken, and drops its reference.
+func (k *keyLocks) unlocker(key string, l *keyLock) func() {
+	return func() {
+		<-l.ch
 		k.release(key, l)
-		return nil, false
 	}
 }
 
