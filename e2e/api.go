@@ -327,11 +327,46 @@ func (a *Agent) RunJob(t testing.TB, name string, vars map[string]string) Job {
 }
 
 // StopJob stops a job (without purging it, so its allocations stay
-// readable).
+// readable). Nomad's scheduler can reconcile the stop's evaluation with
+// nothing to stop when a deployment watcher's evaluation of the job is
+// planned beside it (seen on a slow guest: the deregistration's
+// evaluation stopped 0 allocations, which stayed desired running), so
+// the stop is sent again while an allocation that has not finished is
+// still desired running; what the driver does with a stop is what the
+// callers check.
 func (a *Agent) StopJob(t testing.TB, jobID string) {
 	t.Helper()
-	if _, _, err := a.api.Jobs().Deregister(jobID, false, nil); err != nil {
-		t.Fatalf("failed to stop job %s: %v", jobID, err)
+	for try := 0; ; try++ {
+		if _, _, err := a.api.Jobs().Deregister(jobID, false, nil); err != nil {
+			t.Fatalf("failed to stop job %s: %v", jobID, err)
+		}
+		if try == 2 {
+			return
+		}
+		deadline := time.Now().Add(Scaled(10 * time.Second))
+		for {
+			allocs, err := a.JobAllocations(jobID)
+			if err != nil {
+				t.Fatalf("%v", err)
+			}
+			running := false
+			for _, al := range allocs {
+				// A finished allocation keeps "run": it has nothing to
+				// stop.
+				finished := al.ClientStatus == StatusComplete || al.ClientStatus == StatusFailed || al.ClientStatus == "lost"
+				if al.DesiredStatus == "run" && !finished {
+					running = true
+				}
+			}
+			if !running {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Logf("job %s: an allocation is still desired running after its stop; stopping it again", jobID)
+				break
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
 	}
 }
 
