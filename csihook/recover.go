@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"math/rand/v2"
-	"os"
 	"path/filepath"
 	"time"
 
@@ -126,8 +124,7 @@ func (m *Manager) Recover(live func(taskID string) bool) error {
 			// is lost only when gone or a symbolic link.
 			lost := !mounted[t.Target]
 			if t.Unmounted {
-				_, err := os.Lstat(t.Target)
-				lost = errors.Is(err, fs.ErrNotExist) || targetIsSymlink(t.Target)
+				lost, _ = notMounted(m.cfg.Mounter, t.Target, false)
 			}
 			if listErr == nil && t.State == phasePublished && lost && live(t.TaskID) {
 				if repair[t.key()] == nil {

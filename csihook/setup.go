@@ -373,8 +373,8 @@ func (m *Manager) published(tr taskRecord) bool {
 	if !tr.Unmounted {
 		return m.publishedAt(tr.Target)
 	}
-	_, err := os.Lstat(tr.Target)
-	return err == nil && !targetIsSymlink(tr.Target)
+	dead, err := notMounted(m.cfg.Mounter, tr.Target, false)
+	return err == nil && !dead
 }
 
 // create calls CreateVolume named after the request's volume id and returns
