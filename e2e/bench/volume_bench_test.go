@@ -33,6 +33,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -393,11 +394,23 @@ func volWaitIdle(b *testing.B, a *e2e.Agent, timeout time.Duration) {
 	}
 }
 
-// volStopAll stops the workloads still registered, then checks nothing
-// is left mounted under the staging and publish roots.
+// volStopAll stops the workloads still registered (through StopJob, which
+// stops a job again when Nomad's scheduler left an allocation of it
+// running), purges them, then checks nothing is left mounted under the
+// staging and publish roots.
 func volStopAll(b *testing.B, a *e2e.Agent, jobs []string) {
 	for _, id := range jobs {
-		_ = a.PutJSON("DELETE", "/v1/job/"+id+"?purge=true", nil, nil)
+		path := "/v1/job/" + url.PathEscape(id)
+		if err := a.GetJSON(path, &map[string]any{}); err != nil {
+			if !strings.Contains(err.Error(), "404") {
+				b.Errorf("failed to read job %s: %v", id, err)
+			}
+			continue // purged already
+		}
+		a.StopJob(b, id)
+		if err := a.PutJSON("DELETE", path+"?purge=true", nil, nil); err != nil {
+			b.Errorf("failed to purge job %s: %v", id, err)
+		}
 	}
 	if left := a.WaitVolMountsGone(time.Minute); len(left) > 0 {
 		b.Errorf("volume mounts left under %s: %v", a.DriverRoot, left)
