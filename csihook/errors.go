@@ -96,6 +96,29 @@ func permanent(err error) bool {
 	return true
 }
 
+// stageRefused reports whether err, from NodeStageVolume, is the
+// plugin's final answer that it did not stage the volume: a code the
+// driver never retries for the call (csiclient.Rules), such as
+// InvalidArgument, NotFound, FailedPrecondition, PermissionDenied or
+// Internal. Not so an outcome the driver cannot know: a retryable code
+// whose retries ran out (DeadlineExceeded, the plugin gone or busy:
+// Unavailable, ResourceExhausted, Aborted), Canceled (the driver's own
+// context ended mid-call) and Unknown (an answer with no status, from
+// gRPC or the connection as much as from the plugin): the plugin may
+// have staged, so the record stays staging for recovery to settle (see
+// volRecord.needsSecrets).
+func stageRefused(err error) bool {
+	var oe *OpError
+	if !errors.As(err, &oe) || oe.Method != MethodNodeStageVolume {
+		return false
+	}
+	switch oe.Code {
+	case codes.OK, codes.Canceled, codes.Unknown:
+		return false
+	}
+	return !csiclient.Retryable(MethodNodeStageVolume, oe.Code)
+}
+
 var verbs = map[string][2]string{
 	MethodNodeGetInfo:               {"read node info for volume", "Reading node info for volume"},
 	MethodCreateVolume:              {"create volume", "Creating volume"},

@@ -34,6 +34,15 @@ const (
 	phaseStaging      = "staging"
 	phaseStaged       = "staged"
 	phaseUnstaging    = "unstaging"
+	// phaseStageRefused: the plugin refused the last NodeStageVolume with
+	// a final code (see stageRefused), so it holds no stage it told the
+	// driver of. Nothing is re-issued for it: recovery leaves it alone
+	// while the volume's live tasks keep their mounts, the next setup of
+	// the volume stages it with that request's secrets, and the last
+	// teardown still sends NodeUnstageVolume (no secrets, idempotent for
+	// the plugin) for whatever the plugin or a stage before it left at
+	// the staging path. It needs no secrets (needsSecrets).
+	phaseStageRefused = "refused"
 )
 
 // volKey identifies a volume on this node by value.
@@ -64,7 +73,7 @@ type volRecord struct {
 	HadSecrets bool `json:"had_secrets,omitempty"`
 	// Controller is "", publishing, published or unpublishing.
 	Controller string `json:"controller,omitempty"`
-	// Stage is "", staging, staged or unstaging.
+	// Stage is "", staging, staged, refused or unstaging.
 	Stage string `json:"stage,omitempty"`
 	// Server is PluginInfo.Server when the volume was set up: who served
 	// the plugin id. Records written before it was kept have none; the
@@ -90,6 +99,25 @@ func (v volRecord) key() volKey { return volKey{v.PluginID, v.VolumeID} }
 // volume. NodeUnstageVolume takes none. A record that needs none is
 // written without them (journalOp.forDisk), so that secrets stay on disk
 // only as long as a call needs them.
+//
+// Which outcome of NodeStageVolume keeps them: one whose outcome is
+// unknown leaves the record staging, with its secrets, as the call left
+// it: an attempt that ran out of time, a plugin gone or busy until the
+// retries ran out, a call given up when its context ended, an answer
+// without a status. The plugin may have staged the volume, and recovery
+// settles it by staging again, which needs them. A final answer
+// (stageRefused) makes the record refused at once, without them: the
+// plugin said it did not stage, and what is owed then is only the
+// NodeUnstageVolume of the last teardown. A refusal the plugin did not
+// mean (it staged and answered an error) is still unstaged then; only
+// recovery does not stage it again for the live tasks, which keep their
+// mounts.
+//
+// Controller keeps them in every phase but none: a ControllerPublishVolume
+// refused leaves the record publishing, since the ControllerUnpublishVolume
+// that undoes it (at once, in the failed setup's rollback) takes them, and
+// a refusal such as ALREADY_EXISTS says that an attachment to this node
+// exists.
 func (v volRecord) needsSecrets() bool {
 	return v.Controller != phaseNone || v.Stage == phaseStaging
 }

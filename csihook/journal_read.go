@@ -38,7 +38,9 @@ type JournalVolume struct {
 	VolumeID    string
 	StagingPath string
 	NodeID      string
-	// Stage is "", "staging", "staged" or "unstaging".
+	// Stage is "", "staging", "staged", "refused" (the plugin refused
+	// the last NodeStageVolume; it is unstaged when the last task using
+	// it stops) or "unstaging".
 	Stage string
 	// Controller is "", "publishing", "published" or "unpublishing".
 	Controller string

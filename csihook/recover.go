@@ -94,7 +94,7 @@ func roundDuration(d time.Duration) time.Duration {
 // start: it checks published targets against the mount table, tears down
 // the volumes of tasks that are gone, settles calls a crash left uncertain
 // (re-issuing NodeStage for a volume still in use, unstaging one that is
-// not), and re-publishes live task volumes whose mount is missing. The
+// not; a NodeStage the plugin refused is not re-issued), and re-publishes live task volumes whose mount is missing. The
 // work runs in the background, one worker per volume, retrying until the
 // plugins answer; WaitIdle waits for it. The error reports only a mount
 // table that cannot be read.
@@ -280,6 +280,28 @@ func (m *Manager) reconcile(ctx context.Context, k volKey, live func(string) boo
 	for _, t := range keep {
 		if len(vol.Secrets) == 0 && len(t.Secrets) > 0 {
 			vol.Secrets = t.Secrets
+		}
+	}
+	if vol.Stage == phaseStageRefused && vol.Controller != phasePublishing {
+		// The plugin refused the volume's last NodeStageVolume: nothing
+		// is uncertain, and staging it again would repeat what was
+		// refused. The live tasks keep their mounts, and the last
+		// teardown unstages it.
+		if len(fix) == 0 {
+			return nil
+		}
+		// A live task lost its mount: publishing it again needs a
+		// stage, made with the job's secrets or not at all (as a
+		// repair's, see repairVolume). The journal dropped them with
+		// the refusal.
+		if vol.HadSecrets && len(vol.Secrets) == 0 {
+			for _, t := range fix {
+				m.event(t.TaskID, fmt.Sprintf("Volume %q is not mounted after a driver restart and is not published again: plugin %q refused to stage it before the restart, and staging it again needs its secrets, which the driver no longer holds: restart the task to set the volume up again",
+					t.Name, t.PluginID), annotations(t.Name, t.PluginID, t.VolumeID))
+			}
+			m.logger.Warn("not staging a volume whose stage the plugin refused: its secrets are no longer held",
+				"plugin_id", k.plugin, "volume_id", k.volume, "tasks", len(fix))
+			return nil
 		}
 	}
 	info, _ := m.cfg.Lookup(k.plugin)

@@ -583,6 +583,21 @@ func (m *Manager) ensureVolume(ctx context.Context, taskID, name string, info Pl
 			})
 			return err
 		})
+		if err != nil && stageRefused(err) {
+			// The plugin said no: it holds no stage it told of, and
+			// nothing is re-issued for it (see phaseStageRefused). The
+			// record says so at once, and the journal drops its
+			// secrets: left staging, it kept them until the last
+			// teardown, and recovery staged again with them what was
+			// refused. The volume's other tasks keep their mounts, and
+			// the last teardown still unstages it. An outcome the driver
+			// cannot know stays staging, for recovery to settle.
+			vol.Stage = phaseStageRefused
+			m.setVerified(vol.key(), false)
+			if cerr := m.commit(volPut(vol)); cerr != nil {
+				err = errors.Join(err, cerr)
+			}
+		}
 		if err != nil {
 			return vol, nil, err
 		}
