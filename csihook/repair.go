@@ -202,12 +202,16 @@ func (m *Manager) repairVolume(ctx context.Context, k volKey, retry bool) ([]Rep
 	if len(dead) == 0 && (!stagingDead || held) {
 		return nil, nil
 	}
+	// A volume whose last stage the plugin refused (an earlier repair's,
+	// say) is staged again before its dead targets are published: a
+	// publish needs it. Its live targets are left alone.
+	restage := stagingDead || (vol.Stage == phaseStageRefused && len(dead) > 0)
 	// A volume set up with secrets is staged and published again with
 	// them, or not at all: after a restart the driver has none (they are
 	// kept only while a call needs them), and a call without them would
 	// fail or, worse, publish with less than the job gave.
 	for _, tr := range dead {
-		if (tr.HadSecrets && len(tr.Secrets) == 0) || (stagingDead && vol.HadSecrets && len(vol.Secrets) == 0) {
+		if (tr.HadSecrets && len(tr.Secrets) == 0) || (restage && vol.HadSecrets && len(vol.Secrets) == 0) {
 			return nil, m.repairFailed(dead, fmt.Errorf("volume %q needs its secrets to be staged or published again, and the driver no longer holds them (it keeps them only while a call needs them, and restarted since): restart the task to set the volume up again", tr.Name))
 		}
 	}
@@ -219,7 +223,7 @@ func (m *Manager) repairVolume(ctx context.Context, k volKey, retry bool) ([]Rep
 	// and not set up again; left dead, they are found again once the
 	// volume's own server is back.
 	o := op{method: MethodNodePublishVolume, pluginID: vol.PluginID, volumeID: vol.VolumeID}
-	if stagingDead {
+	if restage {
 		o.method = MethodNodeStageVolume
 	}
 	if len(dead) > 0 {
@@ -271,6 +275,8 @@ func (m *Manager) repairVolume(ctx context.Context, k volKey, retry bool) ([]Rep
 		if err := m.takeDeadStaging(ctx, vol); err != nil {
 			return nil, m.repairCallFailed(dead, err)
 		}
+	}
+	if restage {
 		name, taskID := "", ""
 		if len(dead) > 0 {
 			name, taskID = dead[0].Name, dead[0].TaskID

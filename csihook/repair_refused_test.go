@@ -95,3 +95,44 @@ func TestRepairStale_RefusedRestageDropsSecrets(t *testing.T) {
 		})
 	}
 }
+
+// The next repair of a volume whose repair's stage was refused stages it
+// again, with the secrets this process still holds, before it publishes
+// the dead targets: a publish needs the stage. Before, it published them
+// without one.
+func TestRepairStale_NextRepairStagesARefusedVolume(t *testing.T) {
+	h := newHarness(t, noRepairBackoff)
+	stagingPlugin(h)
+	ctx := context.Background()
+	for _, id := range []string{"a", "b"} {
+		_, err := h.m.Setup(ctx, id, []VolumeRequest{multi(req("data", "vol1", "/data"))})
+		must.NoError(t, err)
+	}
+	staging := h.m.StagingPath("p", "vol1")
+	h.mnt.SetStale(staging, true)
+	h.fake.SetNextError(MethodNodeStageVolume, status.Error(codes.Internal, "mount failed"))
+	_, err := h.m.RepairStale(ctx, "p")
+	must.ErrorContains(t, err, "Internal: mount failed")
+	must.Eq(t, []string{"task a/data published", "task b/data published", "vol p/vol1 refused/"}, h.journalRecords())
+
+	h.fake.ResetCalls()
+	rep, err := h.m.RepairStale(ctx, "p")
+	must.NoError(t, err)
+	must.SliceLen(t, 2, rep)
+	// The dead targets are taken again first (the plugin finds nothing
+	// there).
+	must.Eq(t, []string{MethodNodeUnpublishVolume, MethodNodeUnpublishVolume,
+		MethodNodeStageVolume, MethodNodePublishVolume, MethodNodePublishVolume}, h.fake.Methods())
+	for _, c := range h.fake.Calls()[2:] {
+		must.Eq(t, staging, c.StagingPath, must.Sprint(c.Method))
+		must.Eq(t, canary, c.Secrets["token"], must.Sprint(c.Method))
+	}
+	must.Eq(t, []string{"task a/data published", "task b/data published", "vol p/vol1 staged/"}, h.journalRecords())
+	must.True(t, h.m.publishedAt(h.m.TargetPath("a", "data")))
+	must.True(t, h.m.publishedAt(h.m.TargetPath("b", "data")))
+
+	must.NoError(t, h.m.Teardown(ctx, "a"))
+	must.NoError(t, h.m.Teardown(ctx, "b"))
+	must.SliceEmpty(t, h.journalRecords())
+	must.SliceEmpty(t, h.mountPaths())
+}
