@@ -235,10 +235,15 @@ func (m *Manager) setupVolume(ctx context.Context, taskID string, p plan) (Publi
 		}
 		ok = false
 	}
-	if ok && len(vol.Secrets) == 0 {
+	if ok && (len(vol.Secrets) == 0 || vol.Stage == phaseStageRefused) {
 		// The log keeps secrets only while a call needs them: loaded
 		// after a restart, a staged volume has none, and staging it
-		// again takes the request's.
+		// again takes the request's. A volume whose last stage the
+		// plugin refused is staged with the request's too, not with
+		// those this process still holds of the refused stage: they may
+		// be what the plugin refused (an expired token, another job's
+		// wrong one), and would keep the volume refused for every job
+		// that uses it after.
 		vol.Secrets = req.Secrets
 	}
 	// New records go out in one batch with the first record of a call,
