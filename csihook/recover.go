@@ -282,27 +282,45 @@ func (m *Manager) reconcile(ctx context.Context, k volKey, live func(string) boo
 			vol.Secrets = t.Secrets
 		}
 	}
-	if vol.Stage == phaseStageRefused && vol.Controller != phasePublishing {
+	if vol.Stage == phaseStageRefused && vol.Controller != phasePublishing && len(fix) == 0 {
 		// The plugin refused the volume's last NodeStageVolume: nothing
 		// is uncertain, and staging it again would repeat what was
 		// refused. The live tasks keep their mounts, and the last
 		// teardown unstages it.
-		if len(fix) == 0 {
-			return nil
+		return nil
+	}
+	// A stage made again (a live task lost its mount, or a staged
+	// volume's staging path is no mount after the restart) and a publish
+	// made again take the secrets the volume was set up with, or are not
+	// made, as a repair's are not (see repairVolume): the journal keeps
+	// them only while a call needs them, and a NodeStageVolume or
+	// NodePublishVolume without them would be refused (a refused stage
+	// then leaves the volume refused for its other tasks) or, worse, set
+	// the volume up with less than the job gave. The live tasks keep what
+	// they have; the next setup of the volume stages it with its own
+	// request's secrets.
+	restaged := (vol.Stage == phaseStaged || vol.Stage == phaseStageRefused) && len(fix) > 0
+	if vol.Stage == phaseStaged && !restaged && !m.stagingHeld(vol) {
+		restaged = true
+	}
+	lacks := restaged && vol.HadSecrets && len(vol.Secrets) == 0
+	for _, t := range fix {
+		if t.HadSecrets && len(t.Secrets) == 0 && len(vol.Secrets) == 0 {
+			lacks = true
 		}
-		// A live task lost its mount: publishing it again needs a
-		// stage, made with the job's secrets or not at all (as a
-		// repair's, see repairVolume). The journal dropped them with
-		// the refusal.
-		if vol.HadSecrets && len(vol.Secrets) == 0 {
-			for _, t := range fix {
-				m.event(t.TaskID, fmt.Sprintf("Volume %q is not mounted after a driver restart and is not published again: plugin %q refused to stage it before the restart, and staging it again needs its secrets, which the driver no longer holds: restart the task to set the volume up again",
-					t.Name, t.PluginID), annotations(t.Name, t.PluginID, t.VolumeID))
-			}
-			m.logger.Warn("not staging a volume whose stage the plugin refused: its secrets are no longer held",
-				"plugin_id", k.plugin, "volume_id", k.volume, "tasks", len(fix))
-			return nil
+	}
+	if lacks {
+		why := "staging or publishing it again needs its secrets"
+		if vol.Stage == phaseStageRefused {
+			why = fmt.Sprintf("plugin %q refused to stage it before the restart, and staging it again needs its secrets", k.plugin)
 		}
+		for _, t := range fix {
+			m.event(t.TaskID, fmt.Sprintf("Volume %q is not mounted after a driver restart and is not published again: %s, which the driver no longer holds: restart the task to set the volume up again",
+				t.Name, why), annotations(t.Name, t.PluginID, t.VolumeID))
+		}
+		m.logger.Warn("not staging or publishing a volume again: its secrets are no longer held",
+			"plugin_id", k.plugin, "volume_id", k.volume, "stage", vol.Stage, "tasks", len(fix))
+		return nil
 	}
 	info, _ := m.cfg.Lookup(k.plugin)
 	if !info.Healthy && (len(fix) > 0 || vol.Controller == phasePublishing || vol.Stage == phaseStaging) {

@@ -613,6 +613,17 @@ func (m *Manager) ensureVolume(ctx context.Context, taskID, name string, info Pl
 	return vol, pending, nil
 }
 
+// stagingHeld reports whether a staged volume's staging path is known to
+// be there: verified by this process, or a mount point now. ensureVolume
+// stages again a staged volume for which it is not.
+func (m *Manager) stagingHeld(vol volRecord) bool {
+	if m.isVerified(vol.key()) {
+		return true
+	}
+	ok, err := m.cfg.Mounter.IsMountPoint(vol.StagingPath)
+	return err == nil && ok
+}
+
 func (m *Manager) isVerified(k volKey) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
