@@ -107,7 +107,7 @@
 //	   "access_mode", "attachment_mode", "fs_type", "mount_flags",
 //	   "volume_context", "publish_context", "secrets",
 //	   "controller": ""|"publishing"|"published"|"unpublishing",
-//	   "stage": ""|"staging"|"staged"|"unstaging",
+//	   "stage": ""|"staging"|"staged"|"refused"|"unstaging",
 //	   "server" (who served the plugin id, may be absent),
 //	   "namespace" (the namespace claiming the volume, may be absent),
 //	   "updated"}
