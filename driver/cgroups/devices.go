@@ -72,6 +72,14 @@ func (r DeviceRule) validate() error {
 	return nil
 }
 
+// PtsMajor is the major of every terminal of a devpts (/dev/pts/N).
+// Documentation/admin-guide/devices.txt reserves majors 136-143 for
+// Unix98 PTY slaves, a range from when a minor had 8 bits; the kernel's
+// devpts makes each terminal MKDEV(UNIX98_PTY_SLAVE_MAJOR, index) with its
+// index below NR_UNIX98_PTY_MAX (1 << MINORBITS), so every one is 136 with
+// its index as minor, and 137-143 are never used.
+const PtsMajor = 136
+
 // DefaultDevices is what every non-privileged task may open: /dev/null,
 // zero, full, random, urandom, tty (the process's controlling terminal),
 // ptmx and the pseudo-terminals of /dev/pts (major 136), for reading and
@@ -89,14 +97,14 @@ func (r DeviceRule) validate() error {
 //   - /dev/console (5:1), which no runtime gives a task: runc makes the
 //     task's console a pseudo-terminal.
 var DefaultDevices = []DeviceRule{
-	{Type: 'c', Major: 1, Minor: 3, Access: "rw"},    // /dev/null
-	{Type: 'c', Major: 1, Minor: 5, Access: "rw"},    // /dev/zero
-	{Type: 'c', Major: 1, Minor: 7, Access: "rw"},    // /dev/full
-	{Type: 'c', Major: 1, Minor: 8, Access: "rw"},    // /dev/random
-	{Type: 'c', Major: 1, Minor: 9, Access: "rw"},    // /dev/urandom
-	{Type: 'c', Major: 5, Minor: 0, Access: "rw"},    // /dev/tty
-	{Type: 'c', Major: 5, Minor: 2, Access: "rw"},    // /dev/ptmx, /dev/pts/ptmx
-	{Type: 'c', Major: 136, Minor: -1, Access: "rw"}, // /dev/pts/*
+	{Type: 'c', Major: 1, Minor: 3, Access: "rw"},         // /dev/null
+	{Type: 'c', Major: 1, Minor: 5, Access: "rw"},         // /dev/zero
+	{Type: 'c', Major: 1, Minor: 7, Access: "rw"},         // /dev/full
+	{Type: 'c', Major: 1, Minor: 8, Access: "rw"},         // /dev/random
+	{Type: 'c', Major: 1, Minor: 9, Access: "rw"},         // /dev/urandom
+	{Type: 'c', Major: 5, Minor: 0, Access: "rw"},         // /dev/tty
+	{Type: 'c', Major: 5, Minor: 2, Access: "rw"},         // /dev/ptmx, /dev/pts/ptmx
+	{Type: 'c', Major: PtsMajor, Minor: -1, Access: "rw"}, // /dev/pts/*
 }
 
 // DeviceRuleFor returns the rule that allows access ("rwm" or part of it)

@@ -6,6 +6,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/cgroups"
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor/wire"
 )
 
@@ -16,12 +17,11 @@ const (
 	ptmxMinor = 2
 )
 
-// ptsMajorFirst and ptsMajorLast bound the majors of a devpts's terminals
-// (UNIX98_PTY_SLAVE_MAJOR and the majors after it).
-const (
-	ptsMajorFirst = 136
-	ptsMajorLast  = 136 + 7
-)
+// isPtsDevice reports whether major:minor is a devpts's terminal: major
+// cgroups.PtsMajor (136), the only one the kernel gives them and the only
+// one an isolated task's device filter allows (see cgroups.PtsMajor for
+// why not the 136-143 of devices.txt).
+func isPtsDevice(major, _ uint32) bool { return major == cgroups.PtsMajor }
 
 // takeTerminal gives the exec stage, in the task's mount namespace and
 // still holding every capability, a terminal of the task's own devpts as
@@ -53,9 +53,7 @@ func takeTerminal(uid uint32) error {
 	}
 	pts := int(r)
 	defer unix.Close(pts)
-	if err := checkDevpts(pts, func(major, _ uint32) bool {
-		return major >= ptsMajorFirst && major <= ptsMajorLast
-	}); err != nil {
+	if err := checkDevpts(pts, isPtsDevice); err != nil {
 		return fmt.Errorf("the task's terminal: %w", err)
 	}
 	// Given to the command's user, unless it has it already (a task may
