@@ -444,6 +444,18 @@ func (m *mounter) List() ([]MountPoint, error) {
 	return ParseMountInfo(f)
 }
 
+// ListProcess returns the mount table of process pid as the host's /proc
+// shows it (paths relative to that process's root).
+func ListProcess(pid int) ([]MountPoint, error) {
+	path := fmt.Sprintf("/proc/%d/mountinfo", pid)
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("failed to open %q: %w", path, err)
+	}
+	defer f.Close()
+	return ParseMountInfo(f)
+}
+
 func (m *mounter) IsMountPoint(path string) (bool, error) {
 	real, err := resolve(path)
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -194,6 +195,9 @@ func (p *Process) Exec(ctx context.Context, opts ExecOptions) (int, error) {
 	if err := <-started; err != nil {
 		if stdinW != nil {
 			_ = stdinW.Close()
+		}
+		if opts.Tty && strings.HasPrefix(err.Error(), wire.StageNoTerminal) {
+			err = noTerminalError(p.state.TaskPID)
 		}
 		return 0, fmt.Errorf("failed to exec in task pid %d: %w", p.state.TaskPID, err)
 	}

@@ -204,7 +204,9 @@ sleep 600;
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	_, err := p.Exec(ctx, ExecOptions{Command: []string{"/bin/sh", "-c", "tty"}, Tty: true})
-	must.ErrorContains(t, err, "the task holds every terminal its devpts allows (at most 128): no space left on device")
+	// The bound read on the host: the task's own devpts's max=, which the
+	// supervisor set to its taskPtyMax.
+	must.ErrorContains(t, err, "the task has no terminal left in its /dev/pts: its own devpts holds at most 128 terminals (its max=128): no space left on device")
 	must.NoError(t, ctx.Err())
 }
 

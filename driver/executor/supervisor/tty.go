@@ -109,7 +109,9 @@ func openTaskPtmx() (int, error) {
 	}
 	ptmx, err := unix.Openat2(dir, "ptmx", &how)
 	if errors.Is(err, unix.ENOSPC) {
-		return -1, fmt.Errorf("the task holds every terminal its devpts allows (at most %d): %w", taskPtyMax, err)
+		// Which bound was reached (the devpts's max= or the node's
+		// kernel.pty.max) is read by the driver, on the host.
+		return -1, fmt.Errorf("%s: %w", wire.StageNoTerminal, err)
 	}
 	if err != nil {
 		return -1, fmt.Errorf("failed to open the task's devpts multiplexer /dev/pts/ptmx: %w", err)

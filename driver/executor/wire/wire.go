@@ -87,6 +87,12 @@ const (
 	StageTtyFD = 7
 )
 
+// StageNoTerminal begins the exec stage's error when the task's devpts
+// gives it no terminal (ENOSPC): the driver then reads, on the host, which
+// bound was reached (the devpts's max= or the node's kernel.pty.max) and
+// says so instead.
+const StageNoTerminal = "no terminal left in the task's /dev/pts"
+
 // Files in Spec.StateDir.
 const (
 	SpecFile = "spec.json"
