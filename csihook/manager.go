@@ -74,6 +74,11 @@ type Manager struct {
 	// passes (repairState, see repair.go). Its entries leave with their
 	// task records (forgetRepairLocked).
 	repairs map[taskRef]repairState
+	// returned holds the plugins that became healthy again
+	// (ResetRepairBackoff) since a repair pass last checked all their
+	// volumes: a dead mount such a pass finds died with the plugin's
+	// restart, and the task is told so. Guarded by mu.
+	returned map[string]bool
 	// now is the repairs' clock (their back-off); time.Now but in tests.
 	now func() time.Time
 	// staleChecks holds the paths whose stat by a repair has not returned
@@ -150,6 +155,7 @@ func New(cfg Config) (*Manager, error) {
 		unreleased: map[string]map[volKey]string{},
 		expandHeld: map[volKey]bool{},
 		repairs:    map[taskRef]repairState{},
+		returned:   map[string]bool{},
 		now:        time.Now,
 	}
 	j.mu.Lock()

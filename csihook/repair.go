@@ -71,16 +71,28 @@ func (m *Manager) repairStale(ctx context.Context, pluginID string, retry bool) 
 	sort.Slice(keys, func(i, j int) bool { return keys[i].String() < keys[j].String() })
 
 	var (
-		out  []Repaired
-		errs []error
+		out    []Repaired
+		errs   []error
+		failed = map[string]bool{}
 	)
 	for _, k := range keys {
 		rep, err := m.repairVolume(ctx, k, retry)
 		out = append(out, rep...)
 		if err != nil {
 			errs = append(errs, err)
+			failed[k.plugin] = true
 		}
 	}
+	// A plugin whose volumes this pass all found alive or repaired has
+	// had its return dealt with: a mount of it found dead later did not
+	// die with that restart.
+	m.mu.Lock()
+	for p := range m.returned {
+		if (pluginID == "" || p == pluginID) && !failed[p] {
+			delete(m.returned, p)
+		}
+	}
+	m.mu.Unlock()
 	return out, errors.Join(errs...)
 }
 
@@ -162,6 +174,7 @@ func (m *Manager) repairVolume(ctx context.Context, k volKey, retry bool) ([]Rep
 		}
 	}
 	var dead []taskRecord
+	deadTarget := map[string]bool{}
 	for _, tr := range recs {
 		// A publish target that is no mount any more is dead too: a
 		// plugin that unmounted its targets when it restarted, an
@@ -180,6 +193,7 @@ func (m *Manager) repairVolume(ctx context.Context, k volKey, retry bool) ([]Rep
 		// Every publish of a dead staging is a bind of it: dead too. One
 		// an earlier repair unmounted is published again whatever it is.
 		if stale || stagingDead || tr.State != phasePublished {
+			deadTarget[tr.Target] = deadTarget[tr.Target] || stale
 			dead = append(dead, tr)
 			continue
 		}
@@ -244,6 +258,7 @@ func (m *Manager) repairVolume(ctx context.Context, k volKey, retry bool) ([]Rep
 	// fails another way (repairFailed).
 	tell := map[taskRef]bool{}
 	m.mu.Lock()
+	restarted := m.returned[vol.PluginID]
 	for _, tr := range dead {
 		st := m.repairs[tr.ref()]
 		// A relapse was told when its back-off began (holdRelapses).
@@ -259,8 +274,13 @@ func (m *Manager) repairVolume(ctx context.Context, k volKey, retry bool) ([]Rep
 	groupFirst(dead)
 	for _, tr := range dead {
 		if tell[tr.ref()] {
-			m.event(tr.TaskID, fmt.Sprintf("Volume %q is stale (its mount is dead after plugin %q restarted); repairing", tr.Name, tr.PluginID),
-				annotations(tr.Name, tr.PluginID, tr.VolumeID))
+			// The publish target when it was found dead, else the
+			// staging mount it is a bind of.
+			path := tr.Target
+			if stagingDead && !deadTarget[tr.Target] {
+				path = vol.StagingPath
+			}
+			m.event(tr.TaskID, staleEvent(tr, path, restarted), annotations(tr.Name, tr.PluginID, tr.VolumeID))
 		}
 		if taken[tr.Target] {
 			continue
@@ -317,6 +337,18 @@ func (m *Manager) repairVolume(ctx context.Context, k volKey, retry bool) ([]Rep
 		}
 	}
 	return out, errors.Join(errs...)
+}
+
+// staleEvent tells a task that its volume's mount at path was found dead
+// or gone. The plugin's restart is named only when the driver saw one
+// (restarted: the plugin became healthy again since a pass last checked
+// all its volumes); a mount unmounted by an operator, or by a plugin that
+// stayed up, was simply gone.
+func staleEvent(tr taskRecord, path string, restarted bool) string {
+	if restarted {
+		return fmt.Sprintf("Volume %q is stale (its mount at %s was gone after plugin %q restarted); repairing", tr.Name, path, tr.PluginID)
+	}
+	return fmt.Sprintf("Volume %q is stale (its mount at %s was gone); repairing", tr.Name, path)
 }
 
 // checkAhead checks the staging path and the published targets of volume
@@ -422,8 +454,8 @@ func (m *Manager) holdRelapses(dead []taskRecord, stagingDead, retry bool) (repa
 	for _, h := range holds {
 		tr := h.tr
 		if h.firstTime {
-			m.event(tr.TaskID, fmt.Sprintf("Volume %q died again soon after its repair (plugin %q keeps losing the mount): it is repaired again in %v, and less often (up to every %v) while this goes on; check the plugin, or restart the task",
-				tr.Name, tr.PluginID, h.wait, m.cfg.RepairBackoffMax), annotations(tr.Name, tr.PluginID, tr.VolumeID))
+			m.event(tr.TaskID, fmt.Sprintf("Volume %q died again soon after its repair (its mount at %s was gone again; plugin %q stayed healthy): it is repaired again in %v, and less often (up to every %v) while this goes on; check the plugin, or restart the task",
+				tr.Name, tr.Target, tr.PluginID, h.wait, m.cfg.RepairBackoffMax), annotations(tr.Name, tr.PluginID, tr.VolumeID))
 		}
 		if now.Before(h.st.notBefore) {
 			m.logger.Debug("dead volume mount not repaired in this pass: it died again soon after its last repair",
@@ -451,7 +483,9 @@ func (m *Manager) relapseWait(n int) time.Duration {
 // a plugin back after its process died is a new one, whose first repair
 // of them is not held back by its predecessor's relapses (Nomad's restart
 // policy paces a plugin that crash-loops). The driver calls it when a
-// plugin becomes healthy again, before the repair that follows.
+// plugin becomes healthy again, before the repair that follows; the tasks
+// whose mounts that repair (or any pass before all the plugin's volumes
+// are dealt with) finds dead are told they died with its restart.
 func (m *Manager) ResetRepairBackoff(pluginID string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -467,6 +501,7 @@ func (m *Manager) ResetRepairBackoff(pluginID string) {
 			m.repairs[ref] = st
 		}
 	}
+	m.returned[pluginID] = true
 }
 
 // repairCallFailed is repairFailed of a repair whose call to the plugin
