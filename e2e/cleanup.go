@@ -352,11 +352,19 @@ const ownerFile = ".owner"
 // ownedPrefixes are the OwnedTempDir prefixes SweepStale looks at.
 var ownedPrefixes = []string{"ncsp-", "ncsb-", "ncsr-"}
 
-// OwnedTempDir makes a directory /tmp/<prefix>* that SweepStale removes
-// only once the process that made it is gone: the process holds an flock
-// on <dir>/.owner until tb's cleanups have run, and the kernel drops it
-// when the process dies, however it dies. The caller still cleans the
-// directory up itself (its cleanup, registered later, runs first).
+// OwnedTempDir makes a directory /tmp/<prefix>* and removes it when tb
+// ends, passed or failed: its cleanup, registered here, runs after every
+// cleanup the caller registers later (an agent's Close among them), and
+// does what a sweep does to a dead run's directory (sweepOwned): whatever
+// still names the directory is killed (a driver that outlived its agent,
+// still writing its debug stats there), what is mounted under it
+// unmounted, and the directory removed; a failure fails tb. Until then the
+// process holds an flock on <dir>/.owner, which the kernel drops when the
+// process dies, however it dies: SweepStale removes the directory of a
+// run that died before its cleanups, and never one whose maker lives. A
+// caller that needs the directory gone earlier, or a failure of its own
+// when something is left in it, removes it in a cleanup of its own
+// (registered later, it runs first).
 func OwnedTempDir(tb testing.TB, prefix string) string {
 	tb.Helper()
 	if !slices.Contains(ownedPrefixes, prefix) {
@@ -370,9 +378,16 @@ func OwnedTempDir(tb testing.TB, prefix string) string {
 	// owner file unlocked while its maker lives.
 	f, err := os.Create(filepath.Join(dir, ownerFile+".new"))
 	if err != nil {
+		_ = os.RemoveAll(dir)
 		tb.Fatalf("failed to make the owner file of %s: %v", dir, err)
 	}
-	tb.Cleanup(func() { f.Close() })
+	// The lock is let go only once the directory is gone.
+	tb.Cleanup(func() {
+		defer f.Close()
+		if err := sweepOwned(dir, tb.Logf); err != nil {
+			tb.Errorf("%v", err)
+		}
+	})
 	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		tb.Fatalf("failed to lock the owner file of %s: %v", dir, err)
 	}

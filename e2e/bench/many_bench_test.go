@@ -130,18 +130,7 @@ func BenchmarkManyTasks(b *testing.B) {
 	}
 	setup(b, e2e.VolBuildCSIBinaries)
 	n := *manyN
-	// The driver's debug stats go to a directory of the benchmark's own,
-	// removed after the agent: its cleanup is registered first, so it
-	// runs after the agent's Close, once the driver wrote them for the
-	// last time. (OwnedTempDir's owner lock only lets a later run's
-	// sweep take the directory of a run that died.)
-	statsDir := e2e.OwnedTempDir(b, "ncsb-")
-	b.Cleanup(func() {
-		if err := os.RemoveAll(statsDir); err != nil {
-			b.Errorf("failed to remove %s: %v", statsDir, err)
-		}
-	})
-	stats := filepath.Join(statsDir, "stats.json")
+	stats := manyStatsFile(b)
 	env := []string{debugstats.Env + "=" + stats}
 	if *manyProfiles != "" {
 		// Only then: the CPU profile costs the driver about 1 MiB.
@@ -755,6 +744,15 @@ func manyWait(b *testing.B, a *e2e.Agent, jobID string, n int, timeout time.Dura
 	}
 	b.Fatalf("job %s: fewer than %d tasks there after %v (%d allocations by client status: %v)", jobID, n, timeout, len(last), states)
 	return nil
+}
+
+// manyStatsFile is where the driver writes its debug stats: in a
+// directory of the benchmark's own, made before the agent starts, so that
+// it is removed after the agent's Close (see e2e.OwnedTempDir), passed or
+// failed, together with any process that still writes there.
+func manyStatsFile(tb testing.TB) string {
+	tb.Helper()
+	return filepath.Join(e2e.OwnedTempDir(tb, "ncsb-"), "stats.json")
 }
 
 // manyStats reads the driver's debug stats file, waiting for one written
