@@ -77,8 +77,13 @@ type Manager struct {
 	// returned holds the plugins that became healthy again
 	// (ResetRepairBackoff) since a repair pass last checked all their
 	// volumes: a dead mount such a pass finds died with the plugin's
-	// restart, and the task is told so. Guarded by mu.
-	returned map[string]bool
+	// restart, and the task is told so. Each return is numbered
+	// (returns counts them): a pass forgets only the returns it saw
+	// before it began, never one that came while it ran, which may
+	// have killed volumes the pass had already found alive. Guarded by
+	// mu.
+	returned map[string]uint64
+	returns  uint64
 	// now is the repairs' clock (their back-off); time.Now but in tests.
 	now func() time.Time
 	// staleChecks holds the paths whose stat by a repair has not returned
@@ -155,7 +160,7 @@ func New(cfg Config) (*Manager, error) {
 		unreleased: map[string]map[volKey]string{},
 		expandHeld: map[volKey]bool{},
 		repairs:    map[taskRef]repairState{},
-		returned:   map[string]bool{},
+		returned:   map[string]uint64{},
 		now:        time.Now,
 	}
 	j.mu.Lock()

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"sort"
@@ -57,6 +58,8 @@ func (m *Manager) repairStale(ctx context.Context, pluginID string, retry bool) 
 		seen = map[volKey]bool{}
 	)
 	m.mu.Lock()
+	// The plugins' returns this pass can deal with: those before it began.
+	returns := maps.Clone(m.returned)
 	for _, recs := range m.tasks {
 		for _, tr := range recs {
 			k := tr.key()
@@ -85,10 +88,11 @@ func (m *Manager) repairStale(ctx context.Context, pluginID string, retry bool) 
 	}
 	// A plugin whose volumes this pass all found alive or repaired has
 	// had its return dealt with: a mount of it found dead later did not
-	// die with that restart.
+	// die with that restart. Not a return that came during the pass: the
+	// pass may have found the plugin's volumes alive before it.
 	m.mu.Lock()
-	for p := range m.returned {
-		if (pluginID == "" || p == pluginID) && !failed[p] {
+	for p, n := range returns {
+		if (pluginID == "" || p == pluginID) && !failed[p] && m.returned[p] == n {
 			delete(m.returned, p)
 		}
 	}
@@ -258,7 +262,7 @@ func (m *Manager) repairVolume(ctx context.Context, k volKey, retry bool) ([]Rep
 	// fails another way (repairFailed).
 	tell := map[taskRef]bool{}
 	m.mu.Lock()
-	restarted := m.returned[vol.PluginID]
+	restarted := m.returned[vol.PluginID] != 0
 	for _, tr := range dead {
 		st := m.repairs[tr.ref()]
 		// A relapse was told when its back-off began (holdRelapses).
@@ -501,7 +505,8 @@ func (m *Manager) ResetRepairBackoff(pluginID string) {
 			m.repairs[ref] = st
 		}
 	}
-	m.returned[pluginID] = true
+	m.returns++
+	m.returned[pluginID] = m.returns
 }
 
 // repairCallFailed is repairFailed of a repair whose call to the plugin

@@ -3,9 +3,9 @@ package csihook
 import (
 	"context"
 	"fmt"
-	"maps"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/shoenig/test/must"
 	"google.golang.org/grpc/codes"
@@ -80,7 +80,11 @@ func TestRepairStale_RestartKeptUntilItsVolumesAreDealtWith(t *testing.T) {
 	returned := func() map[string]bool {
 		h.m.mu.Lock()
 		defer h.m.mu.Unlock()
-		return maps.Clone(h.m.returned)
+		out := map[string]bool{}
+		for p := range h.m.returned {
+			out[p] = true
+		}
+		return out
 	}
 	h.m.ResetRepairBackoff("p")
 	h.m.ResetRepairBackoff("q")
@@ -117,4 +121,70 @@ func TestRepairStale_RelapseEventSaysWhatWasSeen(t *testing.T) {
 	}
 	must.Eq(t, []string{fmt.Sprintf(`Volume "data" died again soon after its repair (its mount at %s was gone again; plugin "p" stayed healthy): it is repaired again in 20s, and less often (up to every 5m0s) while this goes on; check the plugin, or restart the task`, target)}, got)
 	must.NoError(t, h.m.Teardown(context.Background(), "task-a"))
+}
+
+// A plugin that comes back while a pass is under way (the periodic check,
+// held up by another volume) has not had its return dealt with by that
+// pass: the pass may have found its volumes alive before the restart
+// killed them. The repair that follows the return still tells the task
+// its mount died with the restart, also when the plugin had come back
+// once before the pass began (that return the pass did deal with).
+func TestRepairStale_ReturnDuringAPassOutlivesIt(t *testing.T) {
+	for _, returnedBefore := range []bool{false, true} {
+		t.Run(fmt.Sprintf("returned before the pass too: %v", returnedBefore), func(t *testing.T) {
+			testReturnDuringAPass(t, returnedBefore)
+		})
+	}
+}
+
+func testReturnDuringAPass(t *testing.T, returnedBefore bool) {
+	ctx := context.Background()
+	h := newHarness(t, noRepairBackoff)
+	target := h.setupData()
+	_, err := h.m.Setup(ctx, "task-b", []VolumeRequest{req("logs", "vol2", "/logs")})
+	must.NoError(t, err)
+	other := h.m.TargetPath("task-b", "logs")
+	if returnedBefore {
+		h.m.ResetRepairBackoff("p")
+	}
+	// The periodic pass: vol1 is found alive, then the repair of vol2
+	// (unmounted) hangs in its first call to the plugin.
+	must.NoError(t, h.mnt.Unmount(other))
+	release := h.fake.Hang("vol2")
+	h.fake.ResetCalls()
+	done := make(chan error, 1)
+	go func() {
+		_, err := h.m.RepairStale(ctx, "")
+		done <- err
+	}()
+	calledVol2 := func() bool {
+		for _, c := range h.fake.Calls() {
+			if c.VolumeID == "vol2" {
+				return true
+			}
+		}
+		return false
+	}
+	for !calledVol2() {
+		select {
+		case err := <-done:
+			t.Fatalf("the pass ended before it called the plugin for vol2: %v", err)
+		default:
+			time.Sleep(time.Millisecond)
+		}
+	}
+	// Meanwhile the plugin's process dies, taking vol1's mount, and it
+	// comes back healthy.
+	h.mnt.SetStale(target, true)
+	h.m.ResetRepairBackoff("p")
+	release()
+	must.NoError(t, <-done)
+
+	// The repair on its return.
+	_, err = h.m.RepairStale(ctx, "p")
+	must.NoError(t, err)
+	got := h.staleEvents()
+	must.SliceNotEmpty(t, got)
+	must.Eq(t, fmt.Sprintf(`Volume "data" is stale (its mount at %s was gone after plugin "p" restarted); repairing`, target),
+		got[len(got)-1], must.Sprint(h.eventMsgs()))
 }
