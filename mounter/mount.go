@@ -7,6 +7,7 @@ package mounter
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -158,16 +159,18 @@ func FindMount(mounts []MountPoint, path string) (MountPoint, bool) {
 		found bool
 	)
 	for _, mp := range mounts {
-		if !PathWithin(path, mp.Path) {
-			continue
-		}
-		// Longer mount paths win; among equal ones the later line is the
-		// one on top.
-		if !found || len(mp.Path) >= len(best.Path) {
+		if onTop(path, best, found, mp) {
 			best, found = mp, true
 		}
 	}
 	return best, found
+}
+
+// onTop reports whether mp, a line after best's, is the mount path lives
+// on rather than best: longer mount paths win; among equal ones the later
+// line is the one on top.
+func onTop(path string, best MountPoint, found bool, mp MountPoint) bool {
+	return PathWithin(path, mp.Path) && (!found || len(mp.Path) >= len(best.Path))
 }
 
 // PathWithin reports whether path is dir or below it. Both must be clean.
@@ -444,16 +447,53 @@ func (m *mounter) List() ([]MountPoint, error) {
 	return ParseMountInfo(f)
 }
 
-// ListProcess returns the mount table of process pid as the host's /proc
-// shows it (paths relative to that process's root).
-func ListProcess(pid int) ([]MountPoint, error) {
-	path := fmt.Sprintf("/proc/%d/mountinfo", pid)
-	f, err := os.Open(path)
+// MaxProcessMountInfo bounds how much of another process's mount table
+// ProcessMountAt reads: far more than a node's (a few hundred bytes a
+// mount), far less than a process allowed to mount can make its own (up
+// to fs.mount-max mounts, each line up to tens of KiB).
+const MaxProcessMountInfo = 16 << 20
+
+// ProcessMountAt returns the mount that path lives on (FindMount) in the
+// mount table of process pid as the host's /proc shows it (paths relative
+// to that process's root). The table may be a hostile task's: it is read
+// a line at a time, keeping only that mount, and no further than
+// MaxProcessMountInfo bytes. The caller checks that pid was still the
+// process it meant once this returns (its pidfd).
+func ProcessMountAt(pid int, path string) (MountPoint, bool, error) {
+	name := fmt.Sprintf("/proc/%d/mountinfo", pid)
+	f, err := os.Open(name)
 	if err != nil {
-		return nil, fmt.Errorf("failed to open %q: %w", path, err)
+		return MountPoint{}, false, fmt.Errorf("failed to open %q: %w", name, err)
 	}
 	defer f.Close()
-	return ParseMountInfo(f)
+	mp, ok, err := findMountIn(f, path, MaxProcessMountInfo)
+	if err != nil {
+		return MountPoint{}, false, fmt.Errorf("failed to read %q: %w", name, err)
+	}
+	return mp, ok, nil
+}
+
+// findMountIn is FindMount over the mountinfo read from r, holding one line
+// at a time, and an error once more than limit bytes are read.
+func findMountIn(r io.Reader, path string, limit int64) (MountPoint, bool, error) {
+	lr := &io.LimitedReader{R: r, N: limit + 1}
+	var (
+		best  MountPoint
+		found bool
+	)
+	err := eachMountInfo(lr, func(mp MountPoint) {
+		if onTop(path, best, found, mp) {
+			best, found = mp, true
+		}
+	})
+	// Checked first: the line cut at the limit may not parse.
+	if lr.N <= 0 {
+		return MountPoint{}, false, fmt.Errorf("the mount table is longer than %d bytes", limit)
+	}
+	if err != nil {
+		return MountPoint{}, false, err
+	}
+	return best, found, nil
 }
 
 func (m *mounter) IsMountPoint(path string) (bool, error) {

@@ -66,6 +66,15 @@ func (m MountPoint) Propagation() string {
 // \011, \012 and \134).
 func ParseMountInfo(r io.Reader) ([]MountPoint, error) {
 	var out []MountPoint
+	if err := eachMountInfo(r, func(mp MountPoint) { out = append(out, mp) }); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// eachMountInfo parses a mountinfo file a line at a time, calling fn with
+// each mount, so that a caller that keeps only some holds no more.
+func eachMountInfo(r io.Reader, fn func(MountPoint)) error {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 64*1024), 1024*1024)
 	sc.Split(scanLines)
@@ -78,14 +87,14 @@ func ParseMountInfo(r io.Reader) ([]MountPoint, error) {
 		}
 		mp, err := parseMountInfoLine(line)
 		if err != nil {
-			return nil, fmt.Errorf("failed to parse mountinfo line %d %q: %w", lineNo, line, err)
+			return fmt.Errorf("failed to parse mountinfo line %d %q: %w", lineNo, line, err)
 		}
-		out = append(out, mp)
+		fn(mp)
 	}
 	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("failed to read mountinfo: %w", err)
+		return fmt.Errorf("failed to read mountinfo: %w", err)
 	}
-	return out, nil
+	return nil
 }
 
 // scanLines splits at '\n' only: unlike bufio.ScanLines it keeps a '\r'

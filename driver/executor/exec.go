@@ -197,7 +197,7 @@ func (p *Process) Exec(ctx context.Context, opts ExecOptions) (int, error) {
 			_ = stdinW.Close()
 		}
 		if opts.Tty && strings.HasPrefix(err.Error(), wire.StageNoTerminal) {
-			err = noTerminalError(p.state.TaskPID)
+			err = noTerminalError(int(pidfd.Fd()), p.state.TaskPID)
 		}
 		return 0, fmt.Errorf("failed to exec in task pid %d: %w", p.state.TaskPID, err)
 	}

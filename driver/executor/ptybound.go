@@ -53,8 +53,9 @@ func (b ptyBound) String() string {
 }
 
 // readPtyBound finds the devpts at /dev/pts in taskMounts (the task's
-// mount table, paths relative to its root) and the driver's own in
-// hostMounts, and reads the kernel.pty sysctls with sysctl.
+// mount table, paths relative to its root, or only its mount there) and
+// the driver's own in hostMounts, and reads the kernel.pty sysctls with
+// sysctl.
 func readPtyBound(taskMounts, hostMounts []mounter.MountPoint, sysctl func(name string) (int, error)) (ptyBound, error) {
 	var b ptyBound
 	task, ok := devptsAt(taskMounts)
@@ -111,20 +112,33 @@ func ptySysctl(name string) (int, error) {
 	return n, nil
 }
 
-// noTerminalError is the error of `alloc exec -t` when the task's /dev/pts
-// gave no terminal: it names the bound that was reached, read on the host
-// (the task's mount table from the host's /proc, never its own /proc).
-func noTerminalError(taskPID int) error {
+// noTerminalError is the error of `alloc exec -t` on a task out of
+// terminals: it names the bound that was reached, read on the host (the
+// task's mount table from the host's /proc, never its own /proc). The pid
+// is the task's only while pidfd, the task's, says it is alive: a task
+// that exited may have left its pid to another process (another task's, a
+// host process), whose mount table would be read instead.
+func noTerminalError(pidfd, taskPID int) error {
 	b, err := func() (ptyBound, error) {
-		task, err := mounter.ListProcess(taskPID)
+		task, ok, err := mounter.ProcessMountAt(taskPID, "/dev/pts")
 		if err != nil {
 			return ptyBound{}, err
 		}
-		host, err := mounter.ListProcess(os.Getpid())
+		if err := unix.PidfdSendSignal(pidfd, 0, nil, 0); err != nil {
+			return ptyBound{}, fmt.Errorf("the task exited: %w", err)
+		}
+		var taskMounts, hostMounts []mounter.MountPoint
+		if ok {
+			taskMounts = append(taskMounts, task)
+		}
+		host, ok, err := mounter.ProcessMountAt(os.Getpid(), "/dev/pts")
 		if err != nil {
 			return ptyBound{}, err
 		}
-		return readPtyBound(task, host, ptySysctl)
+		if ok {
+			hostMounts = append(hostMounts, host)
+		}
+		return readPtyBound(taskMounts, hostMounts, ptySysctl)
 	}()
 	if err != nil {
 		return fmt.Errorf("the task has no terminal left in its /dev/pts (which bound was reached is unknown: %v): %w", err, unix.ENOSPC)

@@ -2,10 +2,13 @@ package executor
 
 import (
 	"fmt"
+	"os"
+	"os/exec"
 	"strings"
 	"testing"
 
 	"github.com/shoenig/test/must"
+	"golang.org/x/sys/unix"
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/mounter"
 )
@@ -94,4 +97,23 @@ func TestPtyBound(t *testing.T) {
 		})
 		must.ErrorContains(t, err, "failed to read kernel.pty.max")
 	})
+}
+
+// The task's pid names the task only while its pidfd says it is alive: a
+// task that exited may have left its pid to another process (here, the
+// test's own, on the host's devpts), whose mount table would be read and
+// told to the user of `alloc exec` as the task's.
+func TestNoTerminalError_TaskExited(t *testing.T) {
+	cmd := exec.Command("true")
+	must.NoError(t, cmd.Start())
+	pidfd, err := unix.PidfdOpen(cmd.Process.Pid, 0)
+	must.NoError(t, err)
+	t.Cleanup(func() { unix.Close(pidfd) })
+	must.NoError(t, cmd.Wait())
+
+	err = noTerminalError(pidfd, os.Getpid())
+	must.ErrorIs(t, err, unix.ENOSPC)
+	must.ErrorContains(t, err, "which bound was reached is unknown: the task exited")
+	must.StrNotContains(t, err.Error(), "devpts")
+	must.StrNotContains(t, err.Error(), "kernel.pty")
 }
