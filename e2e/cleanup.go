@@ -12,11 +12,13 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor/wire"
 	"github.com/nomad-driver-csi/nomad-driver-csi/mounter"
 )
 
@@ -356,15 +358,16 @@ var ownedPrefixes = []string{"ncsp-", "ncsb-", "ncsr-"}
 // ends, passed or failed: its cleanup, registered here, runs after every
 // cleanup the caller registers later (an agent's Close among them), and
 // does what a sweep does to a dead run's directory (sweepOwned): whatever
-// still names the directory is killed (a driver that outlived its agent,
-// still writing its debug stats there), what is mounted under it
-// unmounted, and the directory removed; a failure fails tb. Until then the
-// process holds an flock on <dir>/.owner, which the kernel drops when the
-// process dies, however it dies: SweepStale removes the directory of a
-// run that died before its cleanups, and never one whose maker lives. A
-// caller that needs the directory gone earlier, or a failure of its own
-// when something is left in it, removes it in a cleanup of its own
-// (registered later, it runs first).
+// of this run still names the directory is killed (a driver that outlived
+// its agent, still writing its debug stats there; never a process of
+// another test or run that merely names it, killOwnedLeftovers), what is
+// mounted under it unmounted, and the directory removed; a failure fails
+// tb. Until then the process holds an flock on <dir>/.owner, which the
+// kernel drops when the process dies, however it dies: SweepStale removes
+// the directory of a run that died before its cleanups, and never one
+// whose maker lives. A caller that needs the directory gone earlier, or a
+// failure of its own when something is left in it, removes it in a
+// cleanup of its own (registered later, it runs first).
 func OwnedTempDir(tb testing.TB, prefix string) string {
 	tb.Helper()
 	if !slices.Contains(ownedPrefixes, prefix) {
@@ -391,10 +394,94 @@ func OwnedTempDir(tb testing.TB, prefix string) string {
 	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		tb.Fatalf("failed to lock the owner file of %s: %v", dir, err)
 	}
+	// The run the processes to kill in it belong to (runMark).
+	if _, err := f.WriteString(runMark()); err != nil {
+		tb.Fatalf("failed to write the owner file of %s: %v", dir, err)
+	}
 	if err := os.Rename(f.Name(), filepath.Join(dir, ownerFile)); err != nil {
 		tb.Fatalf("failed to name the owner file of %s: %v", dir, err)
 	}
 	return dir
+}
+
+// runEnv names, in the environment of the processes a test run starts,
+// the run (runMark): a process that names an OwnedTempDir is killed with
+// it only when it is the run's own, never one of a test beside it (another
+// package's, which go test runs at the same time, or another CI job's)
+// that merely has the path on its command line or as its directory.
+const runEnv = "NCSI_E2E_RUN"
+
+var (
+	runMarkOnce sync.Once
+	runMarkKV   string
+)
+
+// runMark is "NCSI_E2E_RUN=<pid>.<start time>" of this process, set in its
+// environment on first use, so that every process started after, and
+// every one they start in turn with their environment (an agent, its
+// driver), carries it, also once the process between them died (a driver
+// that outlived its agent).
+func runMark() string {
+	runMarkOnce.Do(func() {
+		start, _ := wire.ProcStartTime(os.Getpid())
+		v := fmt.Sprintf("%d.%d", os.Getpid(), start)
+		os.Setenv(runEnv, v)
+		runMarkKV = runEnv + "=" + v
+	})
+	return runMarkKV
+}
+
+// killOwnedLeftovers SIGKILLs, by PID, every process that names dir (its
+// command line, working directory or environment) and is of the run that
+// made it: a descendant of this process, or one whose environment holds
+// mark, the run's runMark (empty: none). Another run's process, or any
+// other, that names dir is left alone.
+func killOwnedLeftovers(dir, mark string, logf func(format string, args ...any)) {
+	self := os.Getpid()
+	named := &Agent{Dir: dir, DataDir: filepath.Join(dir, "no-data")}
+	for round := 0; round < 3; round++ {
+		procs := listProcs()
+		parent := make(map[int]int, len(procs))
+		for _, p := range procs {
+			parent[p.PID] = p.PPID
+		}
+		var victims []int
+		for _, p := range procs {
+			if p.PID == self || p.PID == 1 || procState(p.PID) == "Z" || !named.belongs(p.PID, nil) {
+				continue
+			}
+			if descendsFrom(p.PID, self, parent) || (mark != "" && hasEnv(p.PID, mark)) {
+				victims = append(victims, p.PID)
+			}
+		}
+		if len(victims) == 0 {
+			return
+		}
+		for _, pid := range victims {
+			cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+			logf("killing leftover process pid=%d state=%s cmdline=%q", pid, procState(pid), strings.ReplaceAll(string(cmdline), "\x00", " "))
+			_ = unix.Kill(pid, unix.SIGKILL)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+// descendsFrom reports whether pid is a descendant of ancestor in the
+// process tree parent (pid to parent pid).
+func descendsFrom(pid, ancestor int, parent map[int]int) bool {
+	for n := 0; pid > 1 && n < len(parent); n++ {
+		pid = parent[pid]
+		if pid == ancestor {
+			return true
+		}
+	}
+	return false
+}
+
+// hasEnv reports whether kv is one of the variables of pid's environment.
+func hasEnv(pid int, kv string) bool {
+	env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+	return err == nil && contains(strings.Split(string(env), "\x00"), kv)
 }
 
 // ownerGone reports whether dir is an OwnedTempDir whose maker is gone:
@@ -419,8 +506,10 @@ func ownerGone(dir string) bool {
 // logs have not changed for two minutes — gets the same treatment as
 // Close: its processes killed by PID, its cgroups removed, its mounts
 // unmounted, and then the directory removed. Then every OwnedTempDir
-// whose maker is gone: the processes that name it killed, its mounts
-// unmounted, the directory removed.
+// whose maker is gone: the processes of that run that name it killed
+// (those whose environment holds the mark its owner file keeps; a
+// directory of an older harness has none, and its processes are left),
+// its mounts unmounted, the directory removed.
 func SweepStale(logf func(format string, args ...any)) {
 	sweepAgents(logf)
 	for _, prefix := range ownedPrefixes {
@@ -434,12 +523,11 @@ func SweepStale(logf func(format string, args ...any)) {
 	}
 }
 
-// sweepOwned kills what is left of the processes that name dir, unmounts
-// everything under it and removes it.
+// sweepOwned kills what is left of the processes of the run that made dir
+// (killOwnedLeftovers), unmounts everything under it and removes it.
 func sweepOwned(dir string, logf func(format string, args ...any)) error {
-	leftovers := &Agent{Dir: dir, DataDir: filepath.Join(dir, "no-data"), children: map[int]string{},
-		opts: AgentOptions{Logf: logf}}
-	leftovers.killLeftovers()
+	mark, _ := os.ReadFile(filepath.Join(dir, ownerFile))
+	killOwnedLeftovers(dir, string(mark), logf)
 	if err := UnmountUnder(dir); err != nil {
 		return fmt.Errorf("mounts left under %s, not removing it: %w", dir, err)
 	}

@@ -801,8 +801,10 @@ func (p *proc) pid() int {
 
 // cleanEnv is the test's environment without NOMAD_* variables (a token or
 // address from the caller's shell must not leak in) and without
-// AWS_CA_BUNDLE, which makes the agent fail at start.
+// AWS_CA_BUNDLE, which makes the agent fail at start. It holds the run's
+// mark (runMark), which the agent passes on to its plugins.
 func cleanEnv() []string {
+	runMark()
 	var env []string
 	for _, kv := range os.Environ() {
 		if strings.HasPrefix(kv, "NOMAD_") || strings.HasPrefix(kv, "AWS_CA_BUNDLE=") {
