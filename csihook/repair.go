@@ -224,6 +224,19 @@ func (m *Manager) repairVolume(ctx context.Context, k volKey, retry bool) ([]Rep
 	// say) is staged again before its dead targets are published: a
 	// publish needs it. Its live targets are left alone.
 	restage := stagingDead || (vol.Stage == phaseStageRefused && len(dead) > 0)
+	if vol.Stage == phaseStageRefused {
+		// Staged with the secrets of a task it is repaired for, as a
+		// setup stages it with its own request's (setupVolume): those
+		// this process holds of the refused stage may be what the plugin
+		// refused, another job's wrong token, and sent again would keep
+		// the volume refused for these tasks until they restart.
+		for _, tr := range dead {
+			if len(tr.Secrets) > 0 {
+				vol.Secrets = tr.Secrets
+				break
+			}
+		}
+	}
 	// A volume set up with secrets is staged and published again with
 	// them, or not at all: after a restart the driver has none (they are
 	// kept only while a call needs them), and a call without them would

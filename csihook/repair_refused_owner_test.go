@@ -1,0 +1,53 @@
+package csihook
+
+import (
+	"context"
+	"testing"
+
+	"github.com/shoenig/test/must"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// A repair stages a refused volume again with the secrets of a task it
+// repairs, not with those of the refused stage: another job of the
+// namespace whose setup staged the volume with a wrong token, refused,
+// would otherwise have every later repair of the tasks that use the
+// volume send that token again, and refused again, until they restart.
+func TestRepairStale_RestagesARefusedVolumeWithATasksSecrets(t *testing.T) {
+	h := newHarness(t, noRepairBackoff)
+	stagingPlugin(h)
+	ctx := context.Background()
+	_, err := h.m.Setup(ctx, "a", []VolumeRequest{multi(req("data", "vol1", "/data"))})
+	must.NoError(t, err)
+
+	// The plugin refuses a repair's stage once: the volume is refused,
+	// and task a's mount is dead.
+	h.mnt.SetStale(h.m.StagingPath("p", "vol1"), true)
+	h.fake.SetNextError(MethodNodeStageVolume, status.Error(codes.Internal, "mount failed"))
+	_, err = h.m.RepairStale(ctx, "p")
+	must.ErrorContains(t, err, "Internal: mount failed")
+	must.Eq(t, []string{"task a/data published", "vol p/vol1 refused/"}, h.journalRecords())
+
+	// Task b of another job stages it with a wrong token, refused.
+	rb := multi(req("data", "vol1", "/data"))
+	rb.Secrets = map[string]string{"token": "wrong"}
+	h.fake.SetNextError(MethodNodeStageVolume, status.Error(codes.PermissionDenied, "bad token"))
+	_, err = h.m.Setup(ctx, "b", []VolumeRequest{rb})
+	must.ErrorContains(t, err, "PermissionDenied")
+	must.Eq(t, []string{"task a/data published", "vol p/vol1 refused/"}, h.journalRecords())
+
+	h.fake.ResetCalls()
+	rep, err := h.m.RepairStale(ctx, "p")
+	must.NoError(t, err)
+	must.SliceLen(t, 1, rep)
+	must.Eq(t, []map[string]string{{"token": canary}}, stageSecrets(h))
+	must.Eq(t, []string{"task a/data published", "vol p/vol1 staged/"}, h.journalRecords())
+	must.True(t, h.m.publishedAt(h.m.TargetPath("a", "data")))
+
+	h.fake.ResetCalls()
+	must.NoError(t, h.m.Teardown(ctx, "a"))
+	must.Eq(t, []string{MethodNodeUnpublishVolume, MethodNodeUnstageVolume}, h.fake.Methods())
+	must.SliceEmpty(t, h.journalRecords())
+	must.SliceEmpty(t, h.mountPaths())
+}
