@@ -234,7 +234,7 @@ func (m *Manager) reconcile(ctx context.Context, k volKey, live func(string) boo
 	release := len(keep) == 0 && len(errs) == 0
 	isStaged := false
 	if vol, ok := m.vol(k); ok {
-		isStaged = vol.Stage != phaseNone
+		isStaged = vol.keptStaged()
 	}
 	var lastUnpublished bool
 	for _, t := range unpublished {

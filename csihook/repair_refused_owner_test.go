@@ -2,6 +2,8 @@ package csihook
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/shoenig/test/must"
@@ -50,4 +52,47 @@ func TestRepairStale_RestagesARefusedVolumeWithATasksSecrets(t *testing.T) {
 	must.Eq(t, []string{MethodNodeUnpublishVolume, MethodNodeUnstageVolume}, h.fake.Methods())
 	must.SliceEmpty(t, h.journalRecords())
 	must.SliceEmpty(t, h.mountPaths())
+}
+
+// A task's teardown beside another task that still uses a volume whose
+// stage was refused does not say the volume stays staged: the plugin said
+// it holds no stage of it. Nor does it after a driver restart, whose
+// recovery tears down the volume of a task that is gone.
+func TestTeardown_RefusedVolumeIsNotSaidToStayStaged(t *testing.T) {
+	for _, restart := range []bool{false, true} {
+		t.Run(fmt.Sprintf("restart=%v", restart), func(t *testing.T) {
+			h := newHarness(t, noRepairBackoff)
+			stagingPlugin(h)
+			ctx := context.Background()
+			for _, id := range []string{"a", "b"} {
+				_, err := h.m.Setup(ctx, id, []VolumeRequest{multi(req("data", "vol1", "/data"))})
+				must.NoError(t, err)
+			}
+			h.mnt.SetStale(h.m.StagingPath("p", "vol1"), true)
+			h.fake.SetNextError(MethodNodeStageVolume, status.Error(codes.Internal, "mount failed"))
+			_, err := h.m.RepairStale(ctx, "p")
+			must.ErrorContains(t, err, "Internal: mount failed")
+			must.Eq(t, []string{"task a/data published", "task b/data published", "vol p/vol1 refused/"}, h.journalRecords())
+
+			if restart {
+				h.restart()
+				must.NoError(t, h.m.Recover(func(id string) bool { return id != "a" }))
+				h.waitIdle()
+			} else {
+				must.NoError(t, h.m.Teardown(ctx, "a"))
+			}
+			var torn []string
+			for _, e := range h.eventMsgs() {
+				if strings.HasPrefix(e, "Unpublished") {
+					torn = append(torn, e)
+				}
+			}
+			must.Eq(t, []string{`Unpublished volume "data"`}, torn)
+			must.Eq(t, []string{"task b/data published", "vol p/vol1 refused/"}, h.journalRecords())
+
+			must.NoError(t, h.m.Teardown(ctx, "b"))
+			must.SliceEmpty(t, h.journalRecords())
+			must.SliceEmpty(t, h.mountPaths())
+		})
+	}
 }

@@ -99,6 +99,13 @@ func (m *Manager) teardownVolume(ctx context.Context, taskID, name string) error
 	return nil
 }
 
+// keptStaged reports whether the volume stays staged for the tasks that
+// still use it, as a teardown beside them tells: not one whose last stage
+// the plugin refused, which holds no stage it told of.
+func (v volRecord) keptStaged() bool {
+	return v.Stage != phaseNone && v.Stage != phaseStageRefused
+}
+
 // tornSteps are the calls one volume's teardown made, told in one event
 // when it is done: an event is a write to Nomad's state and a sync to its
 // servers, and a node stopping hundreds of tasks at once pays for each.
@@ -243,7 +250,7 @@ func (m *Manager) releaseLocked(ctx context.Context, taskID, name string, k volK
 	var steps tornSteps
 	vol, ok := m.vol(k)
 	if !ok || m.usersAfter(k, pending) > 0 {
-		steps.kept = ok && vol.Stage != phaseNone
+		steps.kept = ok && vol.keptStaged()
 		return steps, m.commitLazy(pending...)
 	}
 	o := op{taskID: taskID, name: name, pluginID: vol.PluginID, volumeID: vol.VolumeID, nodeID: vol.NodeID,
