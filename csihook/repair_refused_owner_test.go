@@ -96,3 +96,38 @@ func TestTeardown_RefusedVolumeIsNotSaidToStayStaged(t *testing.T) {
 		})
 	}
 }
+
+// A volume attached by ControllerPublishVolume keeps in its record the
+// secrets it was attached with when a stage with other secrets is
+// refused: the ControllerUnpublishVolume of its last teardown takes them.
+// A job of the namespace that staged a refused volume with a wrong token
+// left the record with that token, and the detach of the other job's
+// volume was refused, retried for ever.
+func TestSetup_RefusedStageKeepsTheSecretsTheVolumeWasAttachedWith(t *testing.T) {
+	h := newHarness(t, noRepairBackoff)
+	ctx := context.Background()
+	_, err := h.m.Setup(ctx, "a", []VolumeRequest{multi(req("data", "vol1", "/data"))})
+	must.NoError(t, err)
+	h.mnt.SetStale(h.m.StagingPath("p", "vol1"), true)
+	h.fake.SetNextError(MethodNodeStageVolume, status.Error(codes.Internal, "mount failed"))
+	_, err = h.m.RepairStale(ctx, "p")
+	must.ErrorContains(t, err, "Internal: mount failed")
+	must.Eq(t, []string{"task a/data published", "vol p/vol1 refused/published"}, h.journalRecords())
+
+	rb := multi(req("data", "vol1", "/data"))
+	rb.Secrets = map[string]string{"token": "wrong"}
+	h.fake.ResetCalls()
+	h.fake.SetNextError(MethodNodeStageVolume, status.Error(codes.PermissionDenied, "bad token"))
+	_, err = h.m.Setup(ctx, "b", []VolumeRequest{rb})
+	must.ErrorContains(t, err, "PermissionDenied")
+	must.Eq(t, []map[string]string{rb.Secrets}, stageSecrets(h))
+	must.Eq(t, []string{"task a/data published", "vol p/vol1 refused/published"}, h.journalRecords())
+	must.Eq(t, canary, diskVolSecrets(t, h.root)["token"])
+
+	h.fake.ResetCalls()
+	must.NoError(t, h.m.Teardown(ctx, "a"))
+	must.Eq(t, []string{MethodNodeUnpublishVolume, MethodNodeUnstageVolume, MethodControllerUnpublishVolume}, h.fake.Methods())
+	must.Eq(t, canary, h.fake.Calls()[2].Secrets["token"])
+	must.SliceEmpty(t, h.journalRecords())
+	must.SliceEmpty(t, h.mountPaths())
+}

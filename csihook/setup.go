@@ -494,6 +494,16 @@ func (m *Manager) ensureVolume(ctx context.Context, taskID, name string, info Pl
 	if (!needCtrl || vol.Controller == phasePublished) && (!needStage || (vol.Stage == phaseStaged && !restage)) {
 		return vol, pending, nil
 	}
+	// The secrets the volume was attached with, which the
+	// ControllerUnpublishVolume of its last teardown takes: a stage made
+	// with others (a setup's or a repair's of a refused volume, see
+	// setupVolume) that the plugin refuses leaves the record with these,
+	// not with what was refused.
+	var attachedWith map[string]string
+	attached := false
+	if cur, ok := m.vol(vol.key()); ok && cur.Controller == phasePublished && vol.Controller == phasePublished {
+		attachedWith, attached = cur.Secrets, true
+	}
 	o.method = MethodNodeStageVolume
 	info, node, ctrl, err := m.pluginClients(o)
 	if err != nil {
@@ -549,6 +559,7 @@ func (m *Manager) ensureVolume(ctx context.Context, taskID, name string, info Pl
 			return vol, nil, answerTooLarge(o, "publish_context", n, MaxMapBytes, "bytes of keys and values together")
 		}
 		vol.PublishContext, vol.Controller = pctx, phasePublished
+		attachedWith, attached = vol.Secrets, true
 		pending = []journalOp{volPut(vol)}
 	}
 
@@ -592,12 +603,17 @@ func (m *Manager) ensureVolume(ctx context.Context, taskID, name string, info Pl
 			// The plugin said no: it holds no stage it told of, and
 			// nothing is re-issued for it (see phaseStageRefused). The
 			// record says so at once, and the journal drops its
-			// secrets: left staging, it kept them until the last
-			// teardown, and recovery staged again with them what was
-			// refused. The volume's other tasks keep their mounts, and
-			// the last teardown still unstages it. An outcome the driver
-			// cannot know stays staging, for recovery to settle.
+			// secrets (an attached volume's record keeps those it was
+			// attached with, for its detach): left staging, it kept
+			// them until the last teardown, and recovery staged again
+			// with them what was refused. The volume's other tasks
+			// keep their mounts, and the last teardown still unstages
+			// it. An outcome the driver cannot know stays staging, for
+			// recovery to settle.
 			vol.Stage = phaseStageRefused
+			if attached {
+				vol.Secrets = attachedWith
+			}
 			m.setVerified(vol.key(), false)
 			if cerr := m.commit(volPut(vol)); cerr != nil {
 				err = errors.Join(err, cerr)
