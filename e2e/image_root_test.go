@@ -153,50 +153,13 @@ func TestImageTasks(t *testing.T) {
 		DriverConfig: fmt.Sprintf("    registry_ca_file = %q\n    auth {\n      config = %q\n    }", reg.CAFile, reg.DockerConfig(t, reg.Password))}))
 	t.Cleanup(func() { volFinalCheck(t, a) })
 
-	// The fixture from its image becomes healthy, and the volume it stages
-	// and publishes for a workload is a mount on the host, its writes in
-	// the fixture's backing directory, gone again once the workload ends:
-	// from an OCI archive with no registry, and from a registry.
-	servesVolumes := func(t *testing.T, fx *VolFixture) {
-		name := "img-vol-" + escUniq()
-		w := a.RunVolJob(t, VolJob{Type: "service", Script: `echo from-the-workload > /data/hello && echo written && exec sleep 3600`,
-			Volumes: []VolSpec{{Name: "data", Plugin: fx.ID, ID: name, Dest: "/data", Create: true, CreateType: "dir"}}})
-		t.Cleanup(func() { a.stopJobs([]string{w.ID}, time.Minute) })
-		al := a.WaitAlloc(t, w.ID, volTimeout, StatusRunning)
-		a.WaitLogs(t, al.ID, "t", "written", volTimeout)
-		volID := fx.VolumeID(name)
-		must.NotEq(t, "", volID, must.Sprintf("the fixture has no volume %s", name))
-		mounts := volumeMountsOnHost(t, a, volID)
-		must.SliceNotEmpty(t, mounts, must.Sprint("the volume the plugin in its image published is no mount on the host"))
-		t.Logf("the volume's mounts on the host: %v", mounts)
-		b, err := os.ReadFile(filepath.Join(fx.StateDir, "volumes", volID, "hello"))
-		must.NoError(t, err)
-		must.Eq(t, "from-the-workload\n", string(b))
-		a.stopJobs([]string{w.ID}, time.Minute)
-		deadline := time.Now().Add(time.Minute)
-		for len(volumeMountsOnHost(t, a, volID)) > 0 {
-			if time.Now().After(deadline) {
-				t.Fatalf("the volume's mounts are still on the host a minute after its workload stopped: %v", volumeMountsOnHost(t, a, volID))
-			}
-			time.Sleep(200 * time.Millisecond)
-		}
-	}
-	t.Run("plugin_from_oci_archive", func(t *testing.T) {
-		t.Parallel()
-		servesVolumes(t, startImageFixture(t, a, dirs, "img-archive", "oci-archive:"+archive+":plugin"))
-	})
-	// The same from a registry (TLS with the test CA, the plugin's auth
-	// config), run beside the archive's case as a second plugin.
-	t.Run("plugin_from_registry", func(t *testing.T) {
-		t.Parallel()
-		servesVolumes(t, startImageFixture(t, a, dirs, "img-registry", regRef))
-	})
-
 	// Nomad's own csi_plugin block on a task from the image: Nomad counts
 	// the plugin healthy, creates a volume through it, and a workload
-	// (group volume block, volume_mount) writes into it.
+	// (group volume block, volume_mount) writes into it. It runs first and
+	// alone: waiting for Nomad to release the volume's claims runs the
+	// servers' garbage collection, which would remove the finished
+	// allocations of the cases beside it while they read them.
 	t.Run("native_plugin_from_image", func(t *testing.T) {
-		t.Parallel()
 		const id = "img-native"
 		dir := filepath.Join(dirs.state, id)
 		must.NoError(t, os.MkdirAll(dir, 0o755))
@@ -234,6 +197,45 @@ func TestImageTasks(t *testing.T) {
 		b, err := os.ReadFile(matches[0])
 		must.NoError(t, err)
 		must.Eq(t, token+"\n", string(b))
+	})
+
+	// The fixture from its image becomes healthy, and the volume it stages
+	// and publishes for a workload is a mount on the host, its writes in
+	// the fixture's backing directory, gone again once the workload ends:
+	// from an OCI archive with no registry, and from a registry.
+	servesVolumes := func(t *testing.T, fx *VolFixture) {
+		name := "img-vol-" + escUniq()
+		w := a.RunVolJob(t, VolJob{Type: "service", Script: `echo from-the-workload > /data/hello && echo written && exec sleep 3600`,
+			Volumes: []VolSpec{{Name: "data", Plugin: fx.ID, ID: name, Dest: "/data", Create: true, CreateType: "dir"}}})
+		t.Cleanup(func() { a.stopJobs([]string{w.ID}, time.Minute) })
+		al := a.WaitAlloc(t, w.ID, volTimeout, StatusRunning)
+		a.WaitLogs(t, al.ID, "t", "written", volTimeout)
+		volID := fx.VolumeID(name)
+		must.NotEq(t, "", volID, must.Sprintf("the fixture has no volume %s", name))
+		mounts := volumeMountsOnHost(t, a, volID)
+		must.SliceNotEmpty(t, mounts, must.Sprint("the volume the plugin in its image published is no mount on the host"))
+		t.Logf("the volume's mounts on the host: %v", mounts)
+		b, err := os.ReadFile(filepath.Join(fx.StateDir, "volumes", volID, "hello"))
+		must.NoError(t, err)
+		must.Eq(t, "from-the-workload\n", string(b))
+		a.stopJobs([]string{w.ID}, time.Minute)
+		deadline := time.Now().Add(time.Minute)
+		for len(volumeMountsOnHost(t, a, volID)) > 0 {
+			if time.Now().After(deadline) {
+				t.Fatalf("the volume's mounts are still on the host a minute after its workload stopped: %v", volumeMountsOnHost(t, a, volID))
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+	t.Run("plugin_from_oci_archive", func(t *testing.T) {
+		t.Parallel()
+		servesVolumes(t, startImageFixture(t, a, dirs, "img-archive", "oci-archive:"+archive+":plugin"))
+	})
+	// The same from a registry (TLS with the test CA, the plugin's auth
+	// config), run beside the archive's case as a second plugin.
+	t.Run("plugin_from_registry", func(t *testing.T) {
+		t.Parallel()
+		servesVolumes(t, startImageFixture(t, a, dirs, "img-registry", regRef))
 	})
 
 	// A privileged plugin job from an image the grant does not pin is
