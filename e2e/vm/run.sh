@@ -52,24 +52,35 @@ case "${1:-}" in
 esac
 
 say() { printf '==> %s\n' "$*"; }
-# failures prints, for each test that failed in go test -v output, the
-# first line of each of its log entries (its t.Log, t.Error and t.Fatal
-# calls, without the agent log tails they carry), the last 25 of them: a
-# failure's message is otherwise far up, above the logs its cleanup
-# prints and the output of the cases that ran beside it.
+# failures prints, for each test that failed in go test -v output, its
+# log entries (its t.Log, t.Error and t.Fatal calls), the last 25 of them,
+# each with at most 15 of its further lines (an allocation's events), and
+# the agent log tails they carry left out: a failure's message is
+# otherwise far up, above the logs its cleanup prints and the output of
+# the cases that ran beside it.
 failures() {
 	awk '
-	/^=== (RUN|CONT|NAME|PAUSE) / { cur = $3; next }
-	/^ *--- FAIL: / { order[++n] = $3; next }
+	/^=== (RUN|CONT|NAME|PAUSE) / { cur = $3; keep = 0; next }
+	/^ *--- FAIL: / { order[++n] = $3; keep = 0; next }
 	/^ +[A-Za-z0-9_.-]+\.go:[0-9]+: / && cur != "" {
 		line = $0; sub(/^ +/, "", line)
 		if (length(line) > 400) line = substr(line, 1, 400) "..."
 		c = ++count[cur]; lines[cur, c] = line
+		keep = line ~ /log tail/ ? 0 : 15
+		next
 	}
+	/^        / && cur != "" && keep > 0 {
+		line = $0; sub(/^ +/, "", line)
+		if (length(line) > 200) line = substr(line, 1, 200) "..."
+		lines[cur, count[cur]] = lines[cur, count[cur]] "\n        " line
+		keep--
+		next
+	}
+	{ keep = 0 }
 	END {
 		if (n == 0) exit
 		print ""
-		print "the failures, in short (each failed test'"'"'s last log entries, first lines only):"
+		print "the failures, in short (each failed test'"'"'s last log entries):"
 		for (i = 1; i <= n; i++) {
 			t = order[i]; print "--- " t
 			from = count[t] > 25 ? count[t] - 24 : 1
