@@ -71,7 +71,10 @@ type Process struct {
 // after that. An error from late stops the supervisor, and Start returns
 // that error as it is.
 //
-// On error, no process and no cgroup are left (files in StateDir may be).
+// On error, no process and no cgroup are left (files in StateDir may be),
+// and the command never ran. Once the supervisor may have let it run (it
+// took the go token: see wire.GoTokenFD), Start returns the task instead,
+// even when the supervisor never reports; such a task has no TaskPID.
 func Start(logger hclog.Logger, spec *Spec, late func() ([]Mount, error)) (*Process, error) {
 	return start(logger, spec, late, nil)
 }
@@ -101,11 +104,18 @@ func start(logger hclog.Logger, spec *Spec, late func() ([]Mount, error), sp *sp
 	if err := wire.ReserveExit(filepath.Join(spec.StateDir, wire.ExitFile)); err != nil {
 		return fail(fmt.Errorf("failed to start task: %w", err))
 	}
+	// The go token: the supervisor lets the command run only once it took
+	// it, and a start that gives up takes it first (see takeGoToken).
+	token, err := newGoToken()
+	if err != nil {
+		return fail(fmt.Errorf("failed to start task: %w", err))
+	}
+	defer token.Close()
 	logPath := filepath.Join(spec.StateDir, wire.SupervisorLogFile)
 	if sp != nil {
 		err := recordSupervisor(spec.StateDir, sp.cmd.Process.Pid)
 		if err == nil {
-			err = sp.hand(spec.StateDir)
+			err = sp.hand(spec.StateDir, token)
 		}
 		if err != nil {
 			logger.Debug("spare supervisor unusable, starting one", "error", err)
@@ -125,7 +135,7 @@ func start(logger hclog.Logger, spec *Spec, late func() ([]Mount, error), sp *sp
 		if err != nil {
 			return nil, fmt.Errorf("failed to start task: failed to open %q: %w", logPath, err)
 		}
-		sp, err = startSupervisor(spec.Supervisor, []string{spec.StateDir}, logFile, len(spec.LateMounts) > 0, privatePID(spec.Isolation), "", nil, logger)
+		sp, err = startSupervisor(spec.Supervisor, []string{spec.StateDir}, logFile, len(spec.LateMounts) > 0, privatePID(spec.Isolation), "", nil, token, logger)
 		_ = logFile.Close()
 		if err != nil {
 			return nil, fmt.Errorf("failed to start task: %w", err)
@@ -170,7 +180,30 @@ func start(logger hclog.Logger, spec *Spec, late func() ([]Mount, error), sp *sp
 	}
 
 	rep, err := readReport(reportR, startTimeout)
+	if err != nil && !takeGoToken(token) {
+		// The supervisor took the token: the command runs, or ran, or
+		// its go-ahead failed. A start whose command may have run is
+		// never reported as failed: a late report is waited for once
+		// more, and without one the task is taken as started, with
+		// what is known of it (its cgroup, found by name), and ends
+		// when its supervisor does.
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			logger.Warn("supervisor let the task's command run but did not report in time; waiting once more", "timeout", startTimeout)
+			rep, err = readReport(reportR, startTimeout)
+		}
+		if err != nil {
+			logger.Error("supervisor let the task's command run but never reported; taking the task as started", "error", err)
+			rep, err = &wire.ReadyReport{}, nil
+			if g, gerr := cgroups.Find(spec.CgroupParent, spec.GroupName(), spec.Limits); gerr == nil {
+				rep.Cgroup = g.State()
+			} else {
+				logger.Warn("failed to find the cgroup of a task whose supervisor never reported", "error", gerr)
+			}
+		}
+	}
 	if err != nil {
+		// The start took the go token: the command never ran, and the
+		// supervisor never lets it now.
 		_ = cmd.Process.Kill()
 		<-reaped
 		// A supervisor that died (or was killed here) before its report
@@ -320,7 +353,7 @@ func readReport(r *os.File, timeout time.Duration) (*wire.ReadyReport, error) {
 	}
 	line, err := bufio.NewReader(r).ReadBytes('\n')
 	if errors.Is(err, os.ErrDeadlineExceeded) {
-		return nil, fmt.Errorf("supervisor did not report within %s", timeout)
+		return nil, noReportError{timeout}
 	}
 	if len(line) == 0 {
 		return nil, fmt.Errorf("supervisor exited before reporting: %w", err)
@@ -330,6 +363,49 @@ func readReport(r *os.File, timeout time.Duration) (*wire.ReadyReport, error) {
 		return nil, fmt.Errorf("failed to decode the supervisor's report %q: %w", line, err)
 	}
 	return &rep, nil
+}
+
+// noReportError is readReport's error when its time is up; it is
+// os.ErrDeadlineExceeded.
+type noReportError struct{ timeout time.Duration }
+
+func (e noReportError) Error() string {
+	return fmt.Sprintf("supervisor did not report within %s", e.timeout)
+}
+
+func (noReportError) Unwrap() error { return os.ErrDeadlineExceeded }
+
+// newGoToken makes a task's go token (see wire.GoTokenFD): the read end of
+// a pipe that holds wire.GoToken and whose write end is closed.
+func newGoToken() (*os.File, error) {
+	var fds [2]int
+	if err := unix.Pipe2(fds[:], unix.O_CLOEXEC); err != nil {
+		return nil, fmt.Errorf("failed to make the go token: %w", err)
+	}
+	_, err := unix.Write(fds[1], []byte{wire.GoToken})
+	_ = unix.Close(fds[1])
+	if err != nil {
+		_ = unix.Close(fds[0])
+		return nil, fmt.Errorf("failed to make the go token: %w", err)
+	}
+	return os.NewFile(uintptr(fds[0]), "go-token"), nil
+}
+
+// takeGoToken takes the go token for a start that gives up, and says
+// whether it got it: then the supervisor never lets the command run. When
+// it did not, the supervisor took it first, and the command may run. The
+// read never blocks (the pipe's write end is closed); an error that is not
+// EINTR reads as the supervisor having it, which never claims a start
+// failed when its command may run.
+func takeGoToken(token *os.File) bool {
+	var b [1]byte
+	for {
+		n, err := unix.Read(int(token.Fd()), b[:])
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		return err == nil && n == 1
+	}
 }
 
 // logTail returns the end of the supervisor log, for an error message.

@@ -476,7 +476,7 @@ func startSpare(binary, dir string, iso *Isolation, group *wire.SpareGroup, logg
 			}
 		}
 	}
-	sp, err := startSupervisor(binary, args, nil, true, privatePID(iso), root, ahead, logger)
+	sp, err := startSupervisor(binary, args, nil, true, privatePID(iso), root, ahead, nil, logger)
 	if err != nil {
 		_ = removeRoot(root)
 		if ahead != nil {
@@ -500,8 +500,9 @@ func privatePID(iso *Isolation) bool { return iso != nil && iso.PrivatePID }
 // namespace, as its init: its task will be the namespace's second process.
 // root is a spare's root directory ("" for none) and group the cgroup it
 // makes ahead (nil for none), removed once the supervisor is reaped;
-// logger says when that fails.
-func startSupervisor(binary string, args []string, out *os.File, control, pidNS bool, root string, group *wire.SpareGroup, logger hclog.Logger) (*spare, error) {
+// logger says when that fails. token is the task's go token (see
+// wire.GoTokenFD), nil for a spare, which gets it with its task.
+func startSupervisor(binary string, args []string, out *os.File, control, pidNS bool, root string, group *wire.SpareGroup, token *os.File, logger hclog.Logger) (*spare, error) {
 	if binary == "" {
 		binary = "/proc/self/exe"
 	}
@@ -509,7 +510,9 @@ func startSupervisor(binary string, args []string, out *os.File, control, pidNS 
 	if err != nil {
 		return nil, fmt.Errorf("failed to make a pipe: %w", err)
 	}
-	extra := []*os.File{reportW}
+	// At fixed numbers: wire.ReportFD, wire.ControlFD (nil: none),
+	// wire.GoTokenFD.
+	extra := []*os.File{reportW, nil}
 	var ctl *os.File
 	if control {
 		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
@@ -519,7 +522,10 @@ func startSupervisor(binary string, args []string, out *os.File, control, pidNS 
 			return nil, fmt.Errorf("failed to make a socket pair: %w", err)
 		}
 		ctl = os.NewFile(uintptr(fds[0]), "control-socket")
-		extra = append(extra, os.NewFile(uintptr(fds[1]), "control-socket"))
+		extra[1] = os.NewFile(uintptr(fds[1]), "control-socket")
+	}
+	if token != nil {
+		extra = append(extra, token)
 	}
 	cmd := &exec.Cmd{
 		Path:        binary,
@@ -535,8 +541,11 @@ func startSupervisor(binary string, args []string, out *os.File, control, pidNS 
 		cmd.Stdout, cmd.Stderr = out, out
 	}
 	err = cmd.Start()
-	for _, f := range extra {
-		_ = f.Close()
+	// The supervisor's ends; the token's read end stays Start's too.
+	for _, f := range extra[:2] {
+		if f != nil {
+			_ = f.Close()
+		}
 	}
 	if err != nil {
 		_ = reportR.Close()
@@ -550,9 +559,9 @@ func startSupervisor(binary string, args []string, out *os.File, control, pidNS 
 	return sp, nil
 }
 
-// hand gives the spare its task's state directory.
-func (sp *spare) hand(stateDir string) error {
-	if err := sendControl(sp.ctl, wire.SpareHello{StateDir: stateDir}, nil); err != nil {
+// hand gives the spare its task's state directory and go token.
+func (sp *spare) hand(stateDir string, token *os.File) error {
+	if err := sendControl(sp.ctl, wire.SpareHello{StateDir: stateDir}, []int{int(token.Fd())}); err != nil {
 		return fmt.Errorf("failed to hand the task to a spare supervisor: %w", err)
 	}
 	return nil

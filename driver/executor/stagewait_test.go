@@ -120,9 +120,10 @@ func threadStates(pid int) string {
 	return states.String()
 }
 
-// A supervisor that never reports (stopped while its stage waits, after
-// the volumes came) is killed once startTimeout passes, and the start
-// leaves nothing: no stage, no command, no cgroup.
+// A supervisor that never reports (stopped while its stage waits for the
+// volumes, which are sent once it is stopped) is killed once startTimeout
+// passes: it never took the go token, the start takes it, and the start
+// fails leaving nothing: no stage, no command, no cgroup.
 func TestStart_SupervisorSilent_Root(t *testing.T) {
 	requireTaskRoot(t)
 	defer func(d time.Duration) { startTimeout = d }(startTimeout)

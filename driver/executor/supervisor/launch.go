@@ -37,7 +37,10 @@ import (
 // it ends). On error nothing forked is left (a seccomp stage forked ahead
 // of the late mounts was killed and reaped), and the thread has left the
 // group.
-func launchTask(spec *wire.Spec, group *cgroups.Group, stdio func() ([]*os.File, error), ctl *os.File, started func(*exec.Cmd), pre *prebuilt) (cmd *exec.Cmd, left <-chan error, err error) {
+//
+// claim is called as the last step before the command may run (see
+// claimGo); when it fails, the command does not run.
+func launchTask(spec *wire.Spec, group *cgroups.Group, stdio func() ([]*os.File, error), ctl *os.File, claim func() error, started func(*exec.Cmd), pre *prebuilt) (cmd *exec.Cmd, left <-chan error, err error) {
 	type result struct {
 		cmd *exec.Cmd
 		err error
@@ -45,7 +48,7 @@ func launchTask(spec *wire.Spec, group *cgroups.Group, stdio func() ([]*os.File,
 	done := make(chan result, 1)
 	leftCh := make(chan error, 1)
 	job := func(pivoted bool) {
-		cmd, leave, err := launchOnThread(spec, group, stdio, ctl, pivoted)
+		cmd, leave, err := launchOnThread(spec, group, stdio, ctl, claim, pivoted)
 		var lerr error
 		if err == nil && leave != nil {
 			// Out of the task's cgroup before the driver hears of the
@@ -168,7 +171,7 @@ func (p *prebuilt) discard() { close(p.jobs) }
 
 // launchOnThread runs on launchTask's thread. It does what does not depend
 // on the late mounts before it waits for them.
-func launchOnThread(spec *wire.Spec, group *cgroups.Group, stdio func() ([]*os.File, error), ctl *os.File, pivoted bool) (cmd *exec.Cmd, leave func() error, err error) {
+func launchOnThread(spec *wire.Spec, group *cgroups.Group, stdio func() ([]*os.File, error), ctl *os.File, claim func() error, pivoted bool) (cmd *exec.Cmd, leave func() error, err error) {
 	// The thread enters the task's root (or has already): the host's
 	// cgroup file systems, which an isolated root does not mount, are
 	// reached through the supervisor's handle on the host's root, before
@@ -313,7 +316,7 @@ func launchOnThread(spec *wire.Spec, group *cgroups.Group, stdio func() ([]*os.F
 			leftEarly, leftErr = true, leave()
 		}
 	}
-	cmd, err = forkTask(m, spec, attr, root, after, trees, stdio, ctl, pivoted, allowDevices, held, forked)
+	cmd, err = forkTask(m, spec, attr, root, after, trees, stdio, ctl, claim, pivoted, allowDevices, held, forked)
 	switch {
 	case leftEarly && err != nil:
 		err = errors.Join(err, leftErr)
@@ -335,7 +338,9 @@ func launchOnThread(spec *wire.Spec, group *cgroups.Group, stdio func() ([]*os.F
 // late mounts come (it waits for its go-ahead: see wire.SeccompGoFD), and
 // forked is called once it is; the go-ahead gives it the working
 // directory, the command's path and its stdio once the mounts are there.
-func forkTask(m mounter.Interface, spec *wire.Spec, attr *syscall.SysProcAttr, root string, after []wire.Mount, early []*os.File, stdio func() ([]*os.File, error), ctl *os.File, pivoted bool, allowDevices func([]cgroups.DeviceRule) error, held capSet, forked func()) (_ *exec.Cmd, err error) {
+// claim comes right before the go-ahead, or the fork of a privileged
+// command: only once it succeeded may the command run.
+func forkTask(m mounter.Interface, spec *wire.Spec, attr *syscall.SysProcAttr, root string, after []wire.Mount, early []*os.File, stdio func() ([]*os.File, error), ctl *os.File, claim func() error, pivoted bool, allowDevices func([]cgroups.DeviceRule) error, held capSet, forked func()) (_ *exec.Cmd, err error) {
 	// The root is entered before the wait, so that what is left after the
 	// volumes come is short: their trees are attached at their targets in
 	// the entered root, which is sealed after that. Mounts inside a
@@ -472,6 +477,11 @@ func forkTask(m mounter.Interface, spec *wire.Spec, attr *syscall.SysProcAttr, r
 	}
 	files, err := stdio()
 	if err != nil {
+		return nil, err
+	}
+	// Start may have given up on the task meanwhile: the command runs
+	// only when this process, not Start, took the go token.
+	if err := claim(); err != nil {
 		return nil, err
 	}
 	if stage != nil {

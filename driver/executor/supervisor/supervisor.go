@@ -39,6 +39,8 @@ func runSupervisor(args []string) int {
 		// task claims it (see startTask); removed on the way out when
 		// it did not.
 		ahead *cgroups.Ahead
+		// token is the task's go token (wire.GoTokenFD).
+		token *os.File
 	)
 	defer func() {
 		if err := ahead.Destroy(); err != nil {
@@ -121,7 +123,7 @@ func runSupervisor(args []string) int {
 			}
 		}
 		warmUp()
-		dir, err := awaitTask(ctl)
+		dir, tok, err := awaitTask(ctl)
 		if err != nil {
 			logger.Error("spare supervisor got no task", "error", err)
 			return 2
@@ -130,9 +132,11 @@ func runSupervisor(args []string) int {
 			// The driver went away or did not need this spare.
 			return 0
 		}
-		stateDir = dir
+		stateDir, token = dir, tok
 	case len(args) == 1:
 		stateDir = args[0]
+		token = os.NewFile(wire.GoTokenFD, "go-token")
+		unix.CloseOnExec(wire.GoTokenFD)
 	default:
 		logger.Error("supervisor needs the state directory as its only argument", "args", args)
 		return 2
@@ -191,7 +195,7 @@ func runSupervisor(args []string) int {
 	}
 	taken := ahead
 	ahead = nil
-	cmd, group, left, err := startTask(logger, &spec, ctl, started, pre, taken)
+	cmd, group, left, err := startTask(logger, &spec, ctl, func() error { return claimGo(token) }, started, pre, taken)
 	if ctl != nil {
 		_ = ctl.Close()
 	}
@@ -222,13 +226,13 @@ func runSupervisor(args []string) int {
 }
 
 // startTask makes the task's cgroup and starts the task (see launchTask),
-// with its late mounts from ctl, calling started as soon as it runs. It
-// returns once the command runs. On error
-// nothing is left: no process and no cgroup.
+// with its late mounts from ctl, calling started as soon as it runs, and
+// claim right before it may run (see launchTask). It returns once the
+// command runs. On error nothing is left: no process and no cgroup.
 //
 // The supervisor, not Start, makes the cgroup, so that everything the task
 // owns is made and removed by the one process that outlives the driver.
-func startTask(logger hclog.Logger, spec *wire.Spec, ctl *os.File, started func(*exec.Cmd, *cgroups.Group), pre *prebuilt, ahead *cgroups.Ahead) (*exec.Cmd, *cgroups.Group, <-chan error, error) {
+func startTask(logger hclog.Logger, spec *wire.Spec, ctl *os.File, claim func() error, started func(*exec.Cmd, *cgroups.Group), pre *prebuilt, ahead *cgroups.Ahead) (*exec.Cmd, *cgroups.Group, <-chan error, error) {
 	if pre != nil {
 		// Until launchTask takes it, an error leaves the thread to go.
 		defer func() {
@@ -278,7 +282,7 @@ func startTask(logger hclog.Logger, spec *wire.Spec, ctl *os.File, started func(
 	}
 	taken := pre
 	pre = nil
-	cmd, left, err := launchTask(spec, group, stdio, ctl,
+	cmd, left, err := launchTask(spec, group, stdio, ctl, claim,
 		func(cmd *exec.Cmd) { started(cmd, group) }, taken)
 	if err != nil {
 		err = pidsRefusedStart(spec, group, err)

@@ -124,6 +124,22 @@ type ReadyReport struct {
 // only when the spec has late mounts).
 const ControlFD = 4
 
+// GoTokenFD is where a supervisor started for its task finds its go token
+// (ExtraFiles 2 of the supervisor); a spare gets the token with its
+// SpareHello, as SCM_RIGHTS. The token is the read end of a pipe that holds
+// one byte (GoToken) and whose write end Start closed before handing it
+// over, so a read of it never blocks. Start keeps a read end of its own.
+// The supervisor takes the byte as the very last step before the task's
+// command may run (the seccomp stage's go-ahead, or the fork of a
+// privileged command), and lets the command run only when it got it; Start
+// takes it when its wait for the report ends without one. Exactly one of
+// them gets it: a start Start gave up on never runs its command, and one
+// whose command may have run is never reported as failed.
+const GoTokenFD = 5
+
+// GoToken is the byte of the go token.
+const GoToken = 'g'
+
 // LateMessage is what Start sends the supervisor once the late mounts are
 // ready: the mounts, in Spec.LateMounts' order and with its targets, and
 // their trees (mounter.CloneTree of each Source) attached as SCM_RIGHTS in
@@ -169,7 +185,8 @@ type SpareGroup struct {
 // with the allocation's UUID).
 const SpareGroupPrefix = "ncsi-spare-"
 
-// SpareHello is the first message a spare supervisor gets.
+// SpareHello is the first message a spare supervisor gets, with the task's
+// go token (see GoTokenFD) attached as SCM_RIGHTS.
 type SpareHello struct {
 	StateDir string `json:"state_dir"`
 }
