@@ -71,10 +71,12 @@ type Process struct {
 // after that. An error from late stops the supervisor, and Start returns
 // that error as it is.
 //
-// On error, no process and no cgroup are left (files in StateDir may be),
-// and the command never ran. Once the supervisor may have let it run (it
-// took the go token: see wire.GoTokenFD), Start returns the task instead,
-// even when the supervisor never reports; such a task has no TaskPID.
+// On error, no process and no cgroup are left (files in StateDir may be).
+// A supervisor that does not report within startTimeout and has not let
+// the command run yet never does (Start takes the go token: see
+// wire.GoTokenFD). One that has let it run (it took the token) gets one
+// more startTimeout to report; when it still has not, it and everything
+// in the task's cgroup are killed, and the error says so.
 func Start(logger hclog.Logger, spec *Spec, late func() ([]Mount, error)) (*Process, error) {
 	return start(logger, spec, late, nil)
 }
@@ -180,30 +182,24 @@ func start(logger hclog.Logger, spec *Spec, late func() ([]Mount, error), sp *sp
 	}
 
 	rep, err := readReport(reportR, startTimeout)
-	if err != nil && !takeGoToken(token) {
-		// The supervisor took the token: the command runs, or ran, or
-		// its go-ahead failed. A start whose command may have run is
-		// never reported as failed: a late report is waited for once
-		// more, and without one the task is taken as started, with
-		// what is known of it (its cgroup, found by name), and ends
-		// when its supervisor does.
+	if err != nil && !takeGoToken(token) && errors.Is(err, os.ErrDeadlineExceeded) {
+		// The supervisor took the token: it got past its last step
+		// before the command runs and is close to reporting, unless the
+		// host is badly overloaded. It gets one more startTimeout; a
+		// supervisor still silent after that is killed with its task
+		// below, for a task without a pid, whose supervisor never
+		// reported, could be neither signalled nor watched.
+		logger.Warn("supervisor let the task's command run but did not report in time; waiting once more", "timeout", startTimeout)
+		rep, err = readReport(reportR, startTimeout)
 		if errors.Is(err, os.ErrDeadlineExceeded) {
-			logger.Warn("supervisor let the task's command run but did not report in time; waiting once more", "timeout", startTimeout)
-			rep, err = readReport(reportR, startTimeout)
-		}
-		if err != nil {
-			logger.Error("supervisor let the task's command run but never reported; taking the task as started", "error", err)
-			rep, err = &wire.ReadyReport{}, nil
-			if g, gerr := cgroups.Find(spec.CgroupParent, spec.GroupName(), spec.Limits); gerr == nil {
-				rep.Cgroup = g.State()
-			} else {
-				logger.Warn("failed to find the cgroup of a task whose supervisor never reported", "error", gerr)
-			}
+			err = fmt.Errorf("the supervisor let the command run but never reported (waited twice %s), so the task was killed: %w", startTimeout, err)
 		}
 	}
 	if err != nil {
-		// The start took the go token: the command never ran, and the
-		// supervisor never lets it now.
+		// Either the start took the go token, and the command never ran
+		// and never will, or the supervisor took it and failed or never
+		// reported: the supervisor and everything in the task's cgroup
+		// are killed.
 		_ = cmd.Process.Kill()
 		<-reaped
 		// A supervisor that died (or was killed here) before its report

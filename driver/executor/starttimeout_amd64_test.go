@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -20,110 +21,149 @@ import (
 
 // A start whose supervisor goes silent after the go-ahead (stuck between
 // the go-ahead and its report) has a command that runs, and that may have
-// forked and daemonised: it is never reported as a failed start, which
-// would have Nomad start the task again beside it. The supervisor took
-// the go token, so Start, once it waited for the report twice, returns the
-// task, with its cgroup and without its main process's pid, and killing
-// it ends all of it; once the supervisor is gone the task has exited, and
-// Destroy leaves nothing. With a PID namespace of the task's and without,
-// in a group made for the task and in one a spare made ahead under its
-// own name and the task claimed.
+// forked and daemonised. The supervisor took the go token, so Start waits
+// for the report once more. A supervisor still silent after the second
+// wait is killed with everything in the task's cgroup, and the start fails
+// saying so, leaving nothing: no process of the task, no cgroup, no mount.
+// One that reports during the second wait gives a task like any other,
+// with its pid. With a PID namespace of the task's and without, in a group
+// made for the task and in one a spare made ahead under its own name and
+// the task claimed.
 //
 // The supervisor's launching thread is held (ptrace) as it is about to
 // write its report, after the go-ahead, until the command and what it
-// forked run; it never writes the report.
+// forked run; it is let go once Start says it waits once more, or never.
 func TestStart_TimeoutAfterGoAhead_Root(t *testing.T) {
 	requireTaskRoot(t)
 	defer func(d time.Duration) { startTimeout = d }(startTimeout)
 	startTimeout = 4 * time.Second
-	for _, spared := range []bool{false, true} {
-		for _, privatePID := range []bool{true, false} {
-			t.Run(fmt.Sprintf("spare=%v,private_pid=%v", spared, privatePID), func(t *testing.T) {
-				if spared && !cgroups.AheadAvailable() {
-					t.Skip("groups are made ahead on cgroup v1 only")
-				}
-				marker := fmt.Sprintf("late-timeout-%d-%d", os.Getpid(), time.Now().UnixNano())
-				// A child, and a grandchild daemonised in a session of
-				// its own; neither is exec'd over, so both keep the
-				// marker in their command lines.
-				tt := isolatedSpec(t, fmt.Sprintf(
-					`sh -c 'sleep 1000; :' child-%[1]s & (setsid sh -c 'sleep 1000; :' daemon-%[1]s &); echo ran-%[1]s; sleep 1000; : %[1]s`, marker))
-				tt.spec.Isolation.PrivatePID = privatePID
-				tt.spec.Limits = cgroups.Limits{Devices: cgroups.DefaultDevices}
-				tt.spec.LateMounts = []Mount{{Target: "/vol"}}
-				t.Cleanup(func() {
-					for _, pid := range processesMentioning(t, marker) {
-						var n int
-						if _, err := fmt.Sscan(pid, &n); err == nil {
-							_ = unix.Kill(n, unix.SIGKILL)
-						}
+	for _, released := range []bool{false, true} {
+		for _, spared := range []bool{false, true} {
+			for _, privatePID := range []bool{true, false} {
+				t.Run(fmt.Sprintf("released=%v,spare=%v,private_pid=%v", released, spared, privatePID), func(t *testing.T) {
+					if spared && !cgroups.AheadAvailable() {
+						t.Skip("groups are made ahead on cgroup v1 only")
 					}
+					testTimeoutAfterGoAhead(t, released, spared, privatePID)
 				})
-				start := Start
-				if spared {
-					s := &Spares{}
-					s.SetDir(t.TempDir(), tt.spec.Isolation)
-					s.SetGroup(tt.spec.CgroupParent, cgroups.Limits{Devices: cgroups.DefaultDevices}, hclog.NewNullLogger())
-					t.Cleanup(s.Close)
-					s.Fill("", hclog.NewNullLogger())
-					waitSpare(t, s, "")
-					start = s.Start
-				}
-				vol := t.TempDir()
-				held := make(chan error, 1)
-				var sup wire.SupervisorRecord
-				p, err := start(hclog.NewNullLogger(), tt.spec, func() ([]Mount, error) {
-					if !pollFor(func() bool {
-						return len(processesMentioning(t, wire.StageSeccomp+"\x00/bin/sh\x00-c\x00sh -c")) > 0 &&
-							len(processesMentioning(t, marker)) > 0
-					}) {
-						return nil, errors.New("no seccomp stage waited for the volume")
-					}
-					if err := wire.ReadJSON(filepath.Join(tt.spec.StateDir, wire.SupervisorFile), &sup); err != nil {
-						return nil, err
-					}
-					seized := make(chan error, 1)
-					go holdReport(sup.PID, seized, held, func() bool {
-						return len(processesMentioning(t, "child-"+marker)) > 0 &&
-							len(processesMentioning(t, "daemon-"+marker)) > 0
-					})
-					if err := <-seized; err != nil {
-						return nil, err
-					}
-					return []Mount{{Source: vol, Target: "/vol"}}, nil
-				})
-				must.NoError(t, err, must.Sprint("a start whose command ran was reported as failed"))
-				must.NotNil(t, p)
-				// Nothing of the supervisor is left held, whatever fails.
-				supFD, ferr := unix.PidfdOpen(sup.PID, 0)
-				must.NoError(t, ferr)
-				t.Cleanup(func() {
-					_ = unix.PidfdSendSignal(supFD, unix.SIGKILL, nil, 0)
-					_ = unix.Close(supFD)
-				})
-				must.NoError(t, <-held, must.Sprint("the supervisor was not held between its go-ahead and its report"))
-				must.StrContains(t, readFile(t, tt.stdout), "ran-"+marker)
-				must.Eq(t, 0, p.Pid())
-				must.NoError(t, p.Kill())
-				must.True(t, pollFor(func() bool { return len(processesMentioning(t, marker)) == 0 }),
-					must.Sprintf("processes of the task left after Kill: %v", processesMentioning(t, marker)))
-				// The held thread is let go by the supervisor's end: the
-				// task has exited then, without a recorded status.
-				must.NoError(t, unix.PidfdSendSignal(supFD, unix.SIGKILL, nil, 0))
-				st := waitExit(t, p)
-				must.Eq(t, -1, st.ExitCode, must.Sprintf("status: %+v", st))
-				if spared {
-					must.StrContains(t, readFile(t, filepath.Join(tt.spec.StateDir, wire.SupervisorLogFile)),
-						"the task took the cgroup made ahead")
-				}
-				must.NoError(t, p.Destroy())
-				must.False(t, cgroupExists(tt.spec.CgroupParent, tt.spec.TaskID))
-				b, err := os.ReadFile("/proc/self/mountinfo")
-				must.NoError(t, err)
-				must.StrNotContains(t, string(b), vol)
-			})
+			}
 		}
 	}
+}
+
+func testTimeoutAfterGoAhead(t *testing.T, released, spared, privatePID bool) {
+	marker := fmt.Sprintf("late-timeout-%d-%d", os.Getpid(), time.Now().UnixNano())
+	// A child, and a grandchild daemonised in a session of its own;
+	// neither is exec'd over, so both keep the marker in their command
+	// lines.
+	tt := isolatedSpec(t, fmt.Sprintf(
+		`sh -c 'sleep 1000; :' child-%[1]s & (setsid sh -c 'sleep 1000; :' daemon-%[1]s &); echo ran-%[1]s; sleep 1000; : %[1]s`, marker))
+	tt.spec.Isolation.PrivatePID = privatePID
+	tt.spec.Limits = cgroups.Limits{Devices: cgroups.DefaultDevices}
+	tt.spec.LateMounts = []Mount{{Target: "/vol"}}
+	t.Cleanup(func() {
+		for _, pid := range processesMentioning(t, marker) {
+			var n int
+			if _, err := fmt.Sscan(pid, &n); err == nil {
+				_ = unix.Kill(n, unix.SIGKILL)
+			}
+		}
+	})
+	start := Start
+	if spared {
+		s := &Spares{}
+		s.SetDir(t.TempDir(), tt.spec.Isolation)
+		s.SetGroup(tt.spec.CgroupParent, cgroups.Limits{Devices: cgroups.DefaultDevices}, hclog.NewNullLogger())
+		t.Cleanup(s.Close)
+		s.Fill("", hclog.NewNullLogger())
+		waitSpare(t, s, "")
+		start = s.Start
+	}
+	// Start's warning that it waits once more lets the held thread go
+	// when released.
+	again := &logWatch{want: "waiting once more", seen: make(chan struct{})}
+	var release <-chan struct{}
+	if released {
+		release = again.seen
+	}
+	logger := hclog.New(&hclog.LoggerOptions{Output: again, Level: hclog.Warn})
+	vol := t.TempDir()
+	held := make(chan error, 1)
+	var sup wire.SupervisorRecord
+	p, err := start(logger, tt.spec, func() ([]Mount, error) {
+		if !pollFor(func() bool {
+			return len(processesMentioning(t, wire.StageSeccomp+"\x00/bin/sh\x00-c\x00sh -c")) > 0 &&
+				len(processesMentioning(t, marker)) > 0
+		}) {
+			return nil, errors.New("no seccomp stage waited for the volume")
+		}
+		if err := wire.ReadJSON(filepath.Join(tt.spec.StateDir, wire.SupervisorFile), &sup); err != nil {
+			return nil, err
+		}
+		seized := make(chan error, 1)
+		go holdReport(sup.PID, seized, held, func() bool {
+			return len(processesMentioning(t, "child-"+marker)) > 0 &&
+				len(processesMentioning(t, "daemon-"+marker)) > 0
+		}, release)
+		if err := <-seized; err != nil {
+			return nil, err
+		}
+		return []Mount{{Source: vol, Target: "/vol"}}, nil
+	})
+	must.NoError(t, <-held, must.Sprint("the supervisor was not held between its go-ahead and its report"))
+	must.StrContains(t, readFile(t, tt.stdout), "ran-"+marker)
+	select {
+	case <-again.seen:
+	default:
+		t.Fatalf("start did not wait once more for a supervisor that took the go token (err: %v)", err)
+	}
+	if spared {
+		must.StrContains(t, readFile(t, filepath.Join(tt.spec.StateDir, wire.SupervisorLogFile)),
+			"the task took the cgroup made ahead")
+	}
+	if !released {
+		must.Nil(t, p)
+		must.ErrorContains(t, err, "the supervisor let the command run but never reported")
+		must.ErrorContains(t, err, "so the task was killed")
+		must.ErrorContains(t, err, startTimeout.String())
+		// Start returns once the supervisor is reaped, and its
+		// clean-up killed the task's cgroup: nothing of the task runs.
+		must.Eq(t, []string(nil), processesMentioning(t, marker))
+		must.True(t, unix.Kill(sup.PID, 0) == unix.ESRCH, must.Sprintf("supervisor %d still exists", sup.PID))
+	} else {
+		must.NoError(t, err, must.Sprint("a supervisor that reported in the second wait failed its start"))
+		must.NotNil(t, p)
+		must.Positive(t, p.Pid())
+		must.SliceContains(t, processesMentioning(t, marker), fmt.Sprint(p.Pid()))
+		must.NoError(t, p.Kill())
+		st := waitExit(t, p)
+		must.Eq(t, 9, st.Signal, must.Sprintf("status: %+v", st))
+		must.True(t, pollFor(func() bool { return len(processesMentioning(t, marker)) == 0 }),
+			must.Sprintf("processes of the task left after Kill: %v", processesMentioning(t, marker)))
+		must.NoError(t, p.Destroy())
+	}
+	must.False(t, cgroupExists(tt.spec.CgroupParent, tt.spec.TaskID))
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	must.NoError(t, err)
+	must.StrNotContains(t, string(b), vol)
+}
+
+// logWatch is a logger's output that closes seen once a line has want.
+type logWatch struct {
+	mu   sync.Mutex
+	want string
+	seen chan struct{}
+	done bool
+}
+
+func (w *logWatch) Write(b []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.done && strings.Contains(string(b), w.want) {
+		w.done = true
+		close(w.seen)
+	}
+	return len(b), nil
 }
 
 // holdReport seizes (ptrace) the thread of the supervisor pid that waits
@@ -131,8 +171,9 @@ func TestStart_TimeoutAfterGoAhead_Root(t *testing.T) {
 // to its report's write, where it is held: once ready() says what the
 // command forked runs, held gets nil, and the thread stays stopped until
 // the supervisor is killed, when it is reaped here (a traced thread is
-// reaped by its tracer, and its process only after).
-func holdReport(pid int, seized, held chan<- error, ready func() bool) {
+// reaped by its tracer, and its process only after), or until release
+// is closed, when it is let go to write its report (nil: never).
+func holdReport(pid int, seized, held chan<- error, ready func() bool, release <-chan struct{}) {
 	runtime.LockOSThread() // ptrace requests come from the tracing thread
 	defer runtime.UnlockOSThread()
 	// The stage is forked before the thread goes on to wait for the
@@ -219,5 +260,27 @@ func holdReport(pid int, seized, held chan<- error, ready func() bool) {
 	} else {
 		held <- nil
 	}
-	reap()
+	if release == nil {
+		reap()
+		return
+	}
+	// Let go once released, unless the thread ends first (its
+	// supervisor killed): then it is reaped here.
+	for {
+		select {
+		case <-release:
+			// A thread its supervisor's end woke is no longer
+			// stopped, and is reaped here.
+			if err := unix.PtraceDetach(tid); err != nil {
+				reap()
+			}
+			return
+		default:
+		}
+		wpid, err := unix.Wait4(tid, &ws, unix.WALL|unix.WNOHANG, nil)
+		if err != nil || (wpid == tid && (ws.Exited() || ws.Signaled())) {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }

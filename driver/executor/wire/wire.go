@@ -133,8 +133,9 @@ const ControlFD = 4
 // command may run (the seccomp stage's go-ahead, or the fork of a
 // privileged command), and lets the command run only when it got it; Start
 // takes it when its wait for the report ends without one. Exactly one of
-// them gets it: a start Start gave up on never runs its command, and one
-// whose command may have run is never reported as failed.
+// them gets it: a start Start gave up on never runs its command. When the
+// supervisor got it, Start waits once more for the report, and kills the
+// supervisor and the task's cgroup when none comes.
 const GoTokenFD = 5
 
 // GoToken is the byte of the go token.
