@@ -1,0 +1,125 @@
+package executor
+
+import (
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"testing"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/shoenig/test/must"
+)
+
+// The go token never reaches the task: a running task's only descriptors
+// are its stdio, whether it is privileged or isolated, in a PID namespace
+// of its own or not, with late mounts or without, under a supervisor of
+// its own or a spare.
+func TestStart_GoTokenNotInTask_Root(t *testing.T) {
+	requireTaskRoot(t)
+	for _, kind := range []string{"privileged", "isolated", "isolated-shared-pid"} {
+		for _, late := range []bool{false, true} {
+			for _, spared := range []bool{false, true} {
+				t.Run(fmt.Sprintf("%s,late=%v,spare=%v", kind, late, spared), func(t *testing.T) {
+					var tt *testTask
+					if kind == "privileged" {
+						tt = newTestSpec(t, "/bin/sleep", "1000")
+					} else {
+						tt = isolatedSpec(t, "exec sleep 1000")
+						tt.spec.Isolation.PrivatePID = kind == "isolated"
+					}
+					start, spare := Start, 0
+					if spared {
+						s := &Spares{}
+						t.Cleanup(s.Close)
+						s.SetDir(t.TempDir(), tt.spec.Isolation)
+						s.Fill("", hclog.NewNullLogger())
+						spare = waitSpare(t, s, "")
+						start = s.Start
+					}
+					var late2 func() ([]Mount, error)
+					if late {
+						vol := t.TempDir()
+						tt.spec.LateMounts = []Mount{{Target: "/vol"}}
+						late2 = func() ([]Mount, error) { return []Mount{{Source: vol, Target: "/vol"}}, nil }
+					}
+					p, err := start(hclog.NewNullLogger(), tt.spec, late2)
+					must.NoError(t, err)
+					t.Cleanup(func() { _ = p.Kill(); waitExit(t, p); _ = p.Destroy() })
+					if spared {
+						must.Eq(t, spare, p.State().SupervisorPID)
+					}
+					// The command's loader opens its libraries a moment:
+					// its descriptors settle, or stay wrong.
+					dir := "/proc/" + strconv.Itoa(p.Pid()) + "/fd"
+					var got []string
+					settled := pollFor(func() bool {
+						fds, err := os.ReadDir(dir)
+						must.NoError(t, err)
+						got = got[:0]
+						for _, fd := range fds {
+							l, _ := os.Readlink(dir + "/" + fd.Name())
+							got = append(got, fd.Name()+"->"+l)
+						}
+						return slices.Equal(names(fds), []string{"0", "1", "2"})
+					})
+					must.True(t, settled, must.Sprintf("the task's descriptors: %v", got))
+				})
+			}
+		}
+	}
+}
+
+func names(es []os.DirEntry) []string {
+	var out []string
+	for _, e := range es {
+		out = append(out, e.Name())
+	}
+	return out
+}
+
+// Starts leave no descriptor behind in the driver: fifty tasks started and
+// destroyed, each under a supervisor of its own and each under a spare,
+// with late mounts, leave the driver's open files as they were.
+func TestStart_NoDescriptorLeak_Root(t *testing.T) {
+	requireTaskRoot(t)
+	for _, spared := range []bool{false, true} {
+		t.Run(fmt.Sprintf("spare=%v", spared), func(t *testing.T) {
+			first := isolatedSpec(t, "true")
+			start := Start
+			var s *Spares
+			if spared {
+				s = &Spares{}
+				t.Cleanup(s.Close)
+				s.SetDir(t.TempDir(), first.spec.Isolation)
+				s.Fill("", hclog.NewNullLogger())
+				waitSpare(t, s, "")
+				start = s.Start
+			}
+			run := func(tt *testTask) {
+				vol := t.TempDir()
+				tt.spec.LateMounts = []Mount{{Target: "/vol"}}
+				p, err := start(hclog.NewNullLogger(), tt.spec, func() ([]Mount, error) {
+					return []Mount{{Source: vol, Target: "/vol"}}, nil
+				})
+				must.NoError(t, err)
+				must.Eq(t, 0, waitExit(t, p).ExitCode)
+				must.NoError(t, p.Destroy())
+			}
+			// One start first: what a process opens once (its set of
+			// exit waits) is open before the count.
+			run(first)
+			if spared {
+				waitSpare(t, s, "")
+			}
+			before := openFiles(t)
+			for range 50 {
+				run(isolatedSpec(t, "true"))
+			}
+			if spared {
+				waitSpare(t, s, "")
+			}
+			must.Eq(t, before, openFiles(t))
+		})
+	}
+}
