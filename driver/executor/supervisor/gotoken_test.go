@@ -37,3 +37,75 @@ func TestClaimGo(t *testing.T) {
 	must.ErrorContains(t, claimGo(nil), "has no go token")
 	must.ErrorContains(t, claimGo(goToken(t, "x")), "want")
 }
+
+// A spare's task message must carry exactly one descriptor, its go token:
+// with it the spare may let the command run; with none, two, or more than
+// its buffer holds, the spare takes no task, closes what came, and none of
+// it waits.
+func TestAwaitTask_GoToken(t *testing.T) {
+	openFiles := func() int {
+		entries, err := os.ReadDir("/proc/self/fd")
+		must.NoError(t, err)
+		return len(entries)
+	}
+	for _, tc := range []struct {
+		name    string
+		tokens  int
+		wantErr string
+	}{
+		{"one", 1, ""},
+		{"none", 0, "carried 0 descriptors, want 1"},
+		{"two", 2, "carried 2 descriptors, want 1"},
+		{"three", 3, "truncated"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var err error
+			// awaitTask sends the process's stdout and stderr to the
+			// task's supervisor log: the test's own are put back
+			// before anything is reported.
+			var saved [2]int
+			for i, fd := range []int{1, 2} {
+				saved[i], err = unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 10)
+				must.NoError(t, err)
+			}
+			restore := func() {
+				for i, fd := range []int{1, 2} {
+					_ = unix.Dup3(saved[i], fd, 0)
+					_ = unix.Close(saved[i])
+				}
+			}
+			dir := t.TempDir()
+			fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+			must.NoError(t, err)
+			driver, ctl := os.NewFile(uintptr(fds[0]), "driver"), os.NewFile(uintptr(fds[1]), "control")
+			defer driver.Close()
+			defer ctl.Close()
+			var sent []int
+			for range tc.tokens {
+				tok := goToken(t, string(rune(wire.GoToken)))
+				defer tok.Close()
+				sent = append(sent, int(tok.Fd()))
+			}
+			before := openFiles()
+			var oob []byte
+			if len(sent) > 0 {
+				oob = unix.UnixRights(sent...)
+			}
+			must.NoError(t, unix.Sendmsg(fds[0], []byte(`{"state_dir":"`+dir+`"}`), oob, nil, 0))
+			got, token, err := awaitTask(ctl)
+			if err == nil {
+				err = claimGo(token)
+			}
+			after := openFiles()
+			restore()
+			if tc.wantErr == "" {
+				must.NoError(t, err)
+				must.Eq(t, dir, got)
+			} else {
+				must.ErrorContains(t, err, tc.wantErr)
+			}
+			// Whatever came is closed: by claimGo, or by awaitTask.
+			must.Eq(t, before, after)
+		})
+	}
+}

@@ -23,6 +23,7 @@ func awaitTask(ctl *os.File) (string, *os.File, error) {
 		return "", nil, fmt.Errorf("failed to read the task from the control socket: %w", err)
 	}
 	var token *os.File
+	received := 0
 	fail := func(err error) (string, *os.File, error) {
 		if token != nil {
 			_ = token.Close()
@@ -36,6 +37,7 @@ func awaitTask(ctl *os.File) (string, *os.File, error) {
 				continue
 			}
 			for _, fd := range fds {
+				received++
 				if token == nil {
 					token = os.NewFile(uintptr(fd), "go-token")
 				} else {
@@ -49,6 +51,11 @@ func awaitTask(ctl *os.File) (string, *os.File, error) {
 	}
 	if flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 {
 		return fail(errors.New("the task's message on the control socket was truncated"))
+	}
+	// Exactly the go token: a message with none, or with more, is not
+	// the driver's, and the task's command must not run on it.
+	if received != 1 {
+		return fail(fmt.Errorf("the task's message on the control socket carried %d descriptors, want 1 (its go token)", received))
 	}
 	var h wire.SpareHello
 	if err := json.Unmarshal(buf[:n], &h); err != nil {

@@ -187,7 +187,8 @@ type SpareGroup struct {
 const SpareGroupPrefix = "ncsi-spare-"
 
 // SpareHello is the first message a spare supervisor gets, with the task's
-// go token (see GoTokenFD) attached as SCM_RIGHTS.
+// go token (see GoTokenFD) attached as SCM_RIGHTS, its one descriptor: a
+// spare refuses a message with none or more.
 type SpareHello struct {
 	StateDir string `json:"state_dir"`
 }
