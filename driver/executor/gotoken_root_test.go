@@ -1,14 +1,19 @@
 package executor
 
 import (
+	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/shoenig/test/must"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor/wire"
 )
 
 // The go token never reaches the task: a running task's only descriptors
@@ -120,6 +125,35 @@ func TestStart_NoDescriptorLeak_Root(t *testing.T) {
 				waitSpare(t, s, "")
 			}
 			must.Eq(t, before, openFiles(t))
+		})
+	}
+}
+
+// A supervisor started for its task without a go token refuses to run the
+// command, at once: its report says it has none (it reads no other file
+// that took the token's descriptor number), and the command never ran.
+func TestStart_SupervisorWithoutToken_Root(t *testing.T) {
+	requireTaskRoot(t)
+	for _, privileged := range []bool{true, false} {
+		t.Run(fmt.Sprintf("privileged=%v", privileged), func(t *testing.T) {
+			ran := filepath.Join(t.TempDir(), "ran")
+			tt := newTestSpec(t, "/bin/sh", "-c", "echo > "+ran)
+			if !privileged {
+				tt = isolatedSpec(t, "echo ran")
+			}
+			must.NoError(t, wire.WriteJSON(filepath.Join(tt.spec.StateDir, wire.SpecFile), tt.spec, 0o600, false))
+			must.NoError(t, wire.ReserveExit(filepath.Join(tt.spec.StateDir, wire.ExitFile)))
+			sp, err := startSupervisor(tt.spec.Supervisor, []string{tt.spec.StateDir}, nil, false, privatePID(tt.spec.Isolation), "", nil, nil, hclog.NewNullLogger())
+			must.NoError(t, err)
+			defer sp.stop()
+			rep, err := readReport(sp.reportR, time.Minute)
+			must.NoError(t, err)
+			must.StrContains(t, rep.Error, "the supervisor has no go token")
+			must.Eq(t, 0, rep.TaskPID)
+			<-sp.reaped
+			_, err = os.Stat(ran)
+			must.True(t, errors.Is(err, os.ErrNotExist), must.Sprintf("the command ran: %v", err))
+			must.Eq(t, "", readFile(t, tt.stdout))
 		})
 	}
 }

@@ -42,3 +42,16 @@ func claimGo(token *os.File) error {
 		}
 	}
 }
+
+// inheritedToken is the go token at wire.GoTokenFD of a supervisor started
+// for its task, or nil when that descriptor is not a pipe: the driver
+// passed none, and claimGo then refuses the start. It must be called
+// before the supervisor opens anything.
+func inheritedToken() *os.File {
+	var st unix.Stat_t
+	if err := unix.Fstat(wire.GoTokenFD, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFIFO {
+		return nil
+	}
+	unix.CloseOnExec(wire.GoTokenFD)
+	return os.NewFile(wire.GoTokenFD, "go-token")
+}

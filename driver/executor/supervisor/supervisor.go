@@ -72,6 +72,14 @@ func runSupervisor(args []string) int {
 		}
 	}()
 
+	// A supervisor started for its task finds its go token at GoTokenFD,
+	// taken before the supervisor opens anything: without one that number
+	// is free, and a file opened below would take it.
+	var inherited *os.File
+	if len(args) == 1 {
+		inherited = inheritedToken()
+	}
+
 	// The host's root, for what the supervisor reads of its task in the
 	// host's /proc (the launching thread's own /proc is the task's by then,
 	// in the task's PID namespace) and for the host's cgroup file systems.
@@ -135,8 +143,7 @@ func runSupervisor(args []string) int {
 		stateDir, token = dir, tok
 	case len(args) == 1:
 		stateDir = args[0]
-		token = os.NewFile(wire.GoTokenFD, "go-token")
-		unix.CloseOnExec(wire.GoTokenFD)
+		token = inherited
 	default:
 		logger.Error("supervisor needs the state directory as its only argument", "args", args)
 		return 2
