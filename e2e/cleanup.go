@@ -184,9 +184,9 @@ func (a *Agent) killLeftovers() {
 	}
 	a.mu.Unlock()
 
-	for round := 0; round < 3; round++ {
+	killRounds(a.opts.Logf, func(procs []Proc) []int {
 		var victims []int
-		for _, p := range listProcs() {
+		for _, p := range procs {
 			if ancestors[p.PID] || p.PID == 1 || procState(p.PID) == "Z" {
 				continue
 			}
@@ -198,12 +198,23 @@ func (a *Agent) killLeftovers() {
 				victims = append(victims, p.PID)
 			}
 		}
+		return victims
+	})
+}
+
+// killRounds kills, in up to three rounds half a second apart, the
+// processes pick chooses from the process table read afresh each round
+// (a killed parent's children may show up reparented), logging each
+// one's command line; it stops at the first round that chooses none.
+func killRounds(logf func(format string, args ...any), pick func([]Proc) []int) {
+	for round := 0; round < 3; round++ {
+		victims := pick(listProcs())
 		if len(victims) == 0 {
 			return
 		}
 		for _, pid := range victims {
 			cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-			a.opts.Logf("killing leftover process pid=%d state=%s cmdline=%q", pid, procState(pid), strings.ReplaceAll(string(cmdline), "\x00", " "))
+			logf("killing leftover process pid=%d state=%s cmdline=%q", pid, procState(pid), strings.ReplaceAll(string(cmdline), "\x00", " "))
 			_ = unix.Kill(pid, unix.SIGKILL)
 		}
 		time.Sleep(500 * time.Millisecond)
@@ -439,8 +450,7 @@ func runMark() string {
 func killOwnedLeftovers(dir, mark string, logf func(format string, args ...any)) {
 	self := os.Getpid()
 	named := &Agent{Dir: dir, DataDir: filepath.Join(dir, "no-data")}
-	for round := 0; round < 3; round++ {
-		procs := listProcs()
+	killRounds(logf, func(procs []Proc) []int {
 		parent := make(map[int]int, len(procs))
 		for _, p := range procs {
 			parent[p.PID] = p.PPID
@@ -454,16 +464,8 @@ func killOwnedLeftovers(dir, mark string, logf func(format string, args ...any))
 				victims = append(victims, p.PID)
 			}
 		}
-		if len(victims) == 0 {
-			return
-		}
-		for _, pid := range victims {
-			cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-			logf("killing leftover process pid=%d state=%s cmdline=%q", pid, procState(pid), strings.ReplaceAll(string(cmdline), "\x00", " "))
-			_ = unix.Kill(pid, unix.SIGKILL)
-		}
-		time.Sleep(500 * time.Millisecond)
-	}
+		return victims
+	})
 }
 
 // descendsFrom reports whether pid is a descendant of ancestor in the
