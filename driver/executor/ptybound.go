@@ -35,7 +35,9 @@ type ptyBound struct {
 
 // String names the bound that was reached: the node's pool when it is
 // used up (the kernel counts the new terminal first, so the pool is full
-// at one less than its limit), the devpts's max= otherwise.
+// at one less than its limit), the devpts's max= otherwise. A devpts
+// without max= whose pool has room when it is read was refused by the
+// pool, since emptied a little, and the text says that.
 func (b ptyBound) String() string {
 	pool, poolText := b.PtyMax, fmt.Sprintf("kernel.pty.max %d", b.PtyMax)
 	if !b.Host {
@@ -48,6 +50,11 @@ func (b ptyBound) String() string {
 			which = "the host's devpts"
 		}
 		return fmt.Sprintf("%s holds at most %d terminals (its max=%d)", which, b.DevptsMax, b.DevptsMax)
+	}
+	if b.PtyNr+1 < pool {
+		// No max= bounds this devpts and the pool has room now: it was
+		// full when the open was refused, and terminals went since.
+		return fmt.Sprintf("the node's terminals were all taken (%s; kernel.pty.nr %d now, some freed since)", poolText, b.PtyNr)
 	}
 	return fmt.Sprintf("the node's terminals are all taken (%s; kernel.pty.nr %d)", poolText, b.PtyNr)
 }

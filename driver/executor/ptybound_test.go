@@ -68,6 +68,14 @@ func TestPtyBound(t *testing.T) {
 		nr:   4095,
 		want: "the node's terminals are all taken (kernel.pty.max 4096; kernel.pty.nr 4095)",
 	}, {
+		// Terminals freed between the refused open and the read: the
+		// bound that applied is still the pool, but it is not full now.
+		name: "task on the host's devpts, terminals freed since",
+		task: host,
+		host: host,
+		nr:   4000,
+		want: "the node's terminals were all taken (kernel.pty.max 4096; kernel.pty.nr 4000 now, some freed since)",
+	}, {
 		name: "task on the host's devpts that has a max",
 		task: rootLine + fmt.Sprintf(hostLine, ",max=64"),
 		host: rootLine + fmt.Sprintf(hostLine, ",max=64"),
