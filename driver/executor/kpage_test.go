@@ -32,3 +32,29 @@ func TestIsolation_PhysicalPagesMasked_Root(t *testing.T) {
 		must.Eq(t, "0", got[f], must.Sprintf("a root task read /proc/%s", f))
 	}
 }
+
+// The kernel's own allocations are masked from a task running as root:
+// /proc/slabinfo (the slab caches' fill), /proc/vmallocinfo (the kernel's
+// vmalloc areas, their callers and sizes) and /proc/pagetypeinfo (free
+// pages by type; reading it holds each zone's lock). Their mode (0400)
+// alone guards them.
+func TestIsolation_KernelAllocationsMasked_Root(t *testing.T) {
+	requireTaskRoot(t)
+	var files []string
+	for _, f := range []string{"slabinfo", "vmallocinfo", "pagetypeinfo"} {
+		if _, err := os.Stat("/proc/" + f); err == nil {
+			files = append(files, f)
+		}
+	}
+	if len(files) == 0 {
+		t.Skip("this kernel has none of /proc/slabinfo, vmallocinfo, pagetypeinfo")
+	}
+	script := ""
+	for _, f := range files {
+		script += `echo "` + f + `=$(head -c 64 /proc/` + f + ` 2>/dev/null | wc -c)"` + "\n"
+	}
+	got := runLines(t, isolatedSpec(t, script))
+	for _, f := range files {
+		must.Eq(t, "0", got[f], must.Sprintf("a root task read /proc/%s", f))
+	}
+}

@@ -48,9 +48,13 @@ var procReadOnly = []string{"bus", "fs", "irq", "sys", "sysrq-trigger"}
 // disk and network traffic, timed by sampling them), its sound cards, and
 // the state of every physical page of the host and the control group
 // (another task's) it is charged to (kpage*, guarded by their mode alone:
-// a root task reads them).
+// a root task reads them), and the kernel's own allocations: the slab
+// caches' fill (slabinfo: what a heap exploit grooms by), the kernel's
+// vmalloc areas with their callers and sizes (vmallocinfo), and the free
+// pages by type (pagetypeinfo, whose read holds each zone's lock for
+// long: made root's alone for that). All three are 0400, root's.
 var procMasked = []string{"kcore", "keys", "timer_list", "sched_debug", "latency_stats", "acpi", "scsi",
-	"interrupts", "asound", "kpageflags", "kpagecount", "kpagecgroup"}
+	"interrupts", "asound", "kpageflags", "kpagecount", "kpagecgroup", "slabinfo", "vmallocinfo", "pagetypeinfo"}
 
 // buildIsolatedRoot assembles the root of a task that is not privileged at
 // root, in the task's mount namespace, before pivot_root: a tmpfs holding
