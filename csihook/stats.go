@@ -507,24 +507,44 @@ func (m *Manager) VolumeStats() []VolumeStats {
 	return out
 }
 
-// VolumeCounts returns how many volumes are staged on this node and how
-// many task volumes are published.
-func (m *Manager) VolumeCounts() (staged, published int) {
+// VolumeCounts is how many volumes of this node are in each stage an
+// operator looks for, and how many task volumes are published.
+type VolumeCounts struct {
+	// Staged are the volumes staged on this node.
+	Staged int
+	// Refused are the volumes whose last NodeStageVolume the plugin
+	// refused with a final code (stage "refused"): not staged, and
+	// staged again only by the next setup that uses them; tasks that had
+	// them before keep their mounts.
+	Refused int
+	// Published are the task volumes published on this node.
+	Published int
+}
+
+// VolumeCounts returns how many volumes are staged on this node, how many
+// the plugin refused to stage, and how many task volumes are published.
+// A volume staging or unstaging (a call under way, or a step a crash left
+// for recovery to settle) is in neither count.
+func (m *Manager) VolumeCounts() VolumeCounts {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	var c VolumeCounts
 	for _, v := range m.vols {
-		if v.Stage == phaseStaged {
-			staged++
+		switch v.Stage {
+		case phaseStaged:
+			c.Staged++
+		case phaseStageRefused:
+			c.Refused++
 		}
 	}
 	for _, recs := range m.tasks {
 		for _, t := range recs {
 			if t.State == phasePublished {
-				published++
+				c.Published++
 			}
 		}
 	}
-	return staged, published
+	return c
 }
 
 // cleanMessage makes a plugin's text safe to keep and show: secrets

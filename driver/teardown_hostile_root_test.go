@@ -15,6 +15,8 @@ import (
 	"github.com/hashicorp/nomad/plugins/drivers"
 	"github.com/shoenig/test/must"
 	"golang.org/x/sys/unix"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/csihook"
 )
 
 // hostileHolderMark is an argument only the hostile task's holders run
@@ -134,8 +136,8 @@ func TestDriver_hostileTaskCannotKeepItsVolume_Root(t *testing.T) {
 			eventually(t, 20*time.Second, fileHas(filepath.Join(task.TaskDir().LogDir, "hostile.stdout.0"), "ready\n"))
 			vols, err := d.volumes()
 			must.NoError(t, err)
-			if staged, published := vols.VolumeCounts(); staged != 1 || published != 1 {
-				t.Fatalf("before the stop: %d staged, %d published, want 1 and 1", staged, published)
+			if n := vols.VolumeCounts(); n != (csihook.VolumeCounts{Staged: 1, Published: 1}) {
+				t.Fatalf("before the stop: %+v, want 1 staged and 1 published", n)
 			}
 			if len(hostileHolderPids(t)) == 0 {
 				b, _ := os.ReadFile(filepath.Join(task.TaskDir().LogDir, "hostile.stderr.0"))
@@ -150,8 +152,7 @@ func TestDriver_hostileTaskCannotKeepItsVolume_Root(t *testing.T) {
 				must.SliceEmpty(t, left, must.Sprintf("left mounted under the driver's %s directory", dir))
 			}
 			must.SliceEmpty(t, mountsUnder(t, work), must.Sprint("left mounted at the task's destination on the host"))
-			staged, published := vols.VolumeCounts()
-			must.Eq(t, [2]int{0, 0}, [2]int{staged, published}, must.Sprint("staged and published volumes left in the journal"))
+			must.Eq(t, csihook.VolumeCounts{}, vols.VolumeCounts(), must.Sprint("staged, refused and published volumes left in the journal"))
 			must.SliceEmpty(t, vols.Tasks(), must.Sprint("task records left in the journal"))
 			out, err := exec.Command("losetup", "-a").Output()
 			must.NoError(t, err)

@@ -179,11 +179,11 @@ func (d *Driver) telemetryMetrics() *metrics.Metrics {
 				}
 				return nil
 			},
-			Counts: func() (int, int) {
+			Counts: func() csihook.VolumeCounts {
 				if m := d.openedVolumes(); m != nil {
 					return m.VolumeCounts()
 				}
-				return 0, 0
+				return csihook.VolumeCounts{}
 			},
 			Plugins: func() []metrics.PluginHealth {
 				p := d.currentProber()

@@ -46,6 +46,7 @@ func TestMetricsScrape(t *testing.T) {
 		`nomad_driver_csi_csi_calls_total{code="OK",method="NodeGetVolumeStats",` + p + `}`,
 		`nomad_driver_csi_plugin_healthy{` + p + `}`,
 		`nomad_driver_csi_volumes_staged`,
+		`nomad_driver_csi_volumes_refused`,
 		`nomad_driver_csi_volumes_published`,
 		fmt.Sprintf(`nomad_driver_csi_volume_bytes{%s,state="available",volume_id=%q}`, p, id),
 		fmt.Sprintf(`nomad_driver_csi_volume_inodes{%s,state="total",volume_id=%q}`, p, id),

@@ -1,6 +1,6 @@
 // Package metrics is the driver's opt-in Prometheus endpoint: CSI call
 // counts and latencies by plugin, method and gRPC code (heard through
-// csiclient.Policy.Observe), retries, volumes staged and published, plugin
+// csiclient.Policy.Observe), retries, volumes staged, refused and published, plugin
 // health, and the last sampled usage and condition of each volume (the
 // csihook stats loop). It uses a registry of its own, never Prometheus's
 // global one, so nothing else in the process adds to what it serves.
@@ -55,8 +55,9 @@ type PluginHealth struct {
 type Source struct {
 	// Volumes returns the last stats of each sampled volume.
 	Volumes func() []csihook.VolumeStats
-	// Counts returns the volumes staged and the task volumes published.
-	Counts func() (staged, published int)
+	// Counts returns the volumes staged, those whose stage the plugin
+	// refused, and the task volumes published.
+	Counts func() csihook.VolumeCounts
 	// Plugins returns every plugin's health.
 	Plugins func() []PluginHealth
 }
@@ -132,6 +133,8 @@ func Label(s string) string {
 var (
 	descStaged = prometheus.NewDesc(namespace+"_volumes_staged",
 		"Volumes staged on this node.", nil, nil)
+	descRefused = prometheus.NewDesc(namespace+"_volumes_refused",
+		"Volumes whose last NodeStageVolume the plugin refused: not staged until a task sets them up again.", nil, nil)
 	descPublished = prometheus.NewDesc(namespace+"_volumes_published",
 		"Task volumes published on this node.", nil, nil)
 	descPlugin = prometheus.NewDesc(namespace+"_plugin_healthy",
@@ -154,7 +157,7 @@ var (
 type collector struct{ src Source }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descStaged, descPublished, descPlugin, descBytes, descInodes, descAbn, descSampled, descErr, descDropped} {
+	for _, d := range []*prometheus.Desc{descStaged, descRefused, descPublished, descPlugin, descBytes, descInodes, descAbn, descSampled, descErr, descDropped} {
 		ch <- d
 	}
 }
@@ -164,9 +167,10 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
 	}
 	if c.src.Counts != nil {
-		staged, published := c.src.Counts()
-		gauge(descStaged, float64(staged))
-		gauge(descPublished, float64(published))
+		n := c.src.Counts()
+		gauge(descStaged, float64(n.Staged))
+		gauge(descRefused, float64(n.Refused))
+		gauge(descPublished, float64(n.Published))
 	}
 	if c.src.Plugins != nil {
 		seen := map[string]bool{}

@@ -49,7 +49,7 @@ func (f *fakeSource) source() Source {
 			defer f.mu.Unlock()
 			return f.vols
 		},
-		Counts:  func() (int, int) { return 2, 3 },
+		Counts:  func() csihook.VolumeCounts { return csihook.VolumeCounts{Staged: 2, Refused: 1, Published: 3} },
 		Plugins: func() []PluginHealth { return []PluginHealth{{ID: "fixture", Healthy: true}, {ID: "sick"}} },
 	}
 }
@@ -72,6 +72,7 @@ func TestMetrics(t *testing.T) {
 		`nomad_driver_csi_csi_call_duration_seconds_count{code="OK",method="NodeStageVolume",plugin_id="fixture"} 1`,
 		`nomad_driver_csi_csi_call_duration_seconds_bucket{code="OK",method="NodeStageVolume",plugin_id="fixture",le="0.0025"} 1`,
 		`nomad_driver_csi_volumes_staged 2`,
+		`nomad_driver_csi_volumes_refused 1`,
 		`nomad_driver_csi_volumes_published 3`,
 		`nomad_driver_csi_plugin_healthy{plugin_id="fixture"} 1`,
 		`nomad_driver_csi_plugin_healthy{plugin_id="sick"} 0`,

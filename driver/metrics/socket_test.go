@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/shoenig/test/must"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/csihook"
 )
 
 // unixGet GETs /metrics over the unix socket at path, with the bearer
@@ -49,7 +51,7 @@ func requireRoot(t *testing.T) {
 
 // A TCP endpoint with a token serves only requests that carry it.
 func TestServe_token(t *testing.T) {
-	m := New(Source{Counts: func() (int, int) { return 1, 2 }})
+	m := New(Source{Counts: func() csihook.VolumeCounts { return csihook.VolumeCounts{Staged: 1, Published: 2} }})
 	srv, err := m.Serve(Listen{Address: "127.0.0.1:0", Token: "0123456789abcdef-token"})
 	must.NoError(t, err)
 	defer srv.Close()
@@ -90,7 +92,7 @@ func TestServe_unixSocket(t *testing.T) {
 	requireRoot(t)
 	dir := filepath.Join(t.TempDir(), "run")
 	path := filepath.Join(dir, "m.sock")
-	m := New(Source{Counts: func() (int, int) { return 1, 2 }})
+	m := New(Source{Counts: func() csihook.VolumeCounts { return csihook.VolumeCounts{Staged: 1, Published: 2} }})
 
 	// A socket left by an earlier process is replaced.
 	must.NoError(t, os.Mkdir(dir, 0o700))
