@@ -162,15 +162,11 @@ func (m *Manager) expandNode(ctx context.Context, taskID string, req VolumeReque
 	if err != nil {
 		return err
 	}
-	staging := ""
-	if vol.Stage == phaseStaged {
-		staging = vol.StagingPath
-	}
 	var resp *csi.NodeExpandVolumeResponse
 	err = m.call(ctx, o, func(ctx context.Context) error {
 		var err error
 		resp, err = node.NodeExpandVolume(ctx, &csi.NodeExpandVolumeRequest{
-			VolumeId: vol.VolumeID, VolumePath: tr.Target, StagingTargetPath: staging,
+			VolumeId: vol.VolumeID, VolumePath: tr.Target, StagingTargetPath: vol.stagingTarget(),
 			CapacityRange:    &csi.CapacityRange{RequiredBytes: c.Requested, LimitBytes: req.Create.CapacityMax},
 			VolumeCapability: withGroup(capability(tr.AccessMode, tr.AttachmentMode, tr.FSType, tr.MountFlags), tr.MountGroup),
 			Secrets:          tr.Secrets,

@@ -122,6 +122,18 @@ func (v volRecord) needsSecrets() bool {
 	return v.Controller != phaseNone || v.Stage == phaseStaging
 }
 
+// stagingTarget is the staging_target_path the node calls after
+// NodeStageVolume send (NodePublishVolume, NodeExpandVolume,
+// NodeGetVolumeStats): the staging path of a staged volume, and none
+// otherwise. Not of a refused one: the plugin said it holds no stage
+// there, and its tasks' mounts are from a stage before the refusal.
+func (v volRecord) stagingTarget() string {
+	if v.Stage == phaseStaged {
+		return v.StagingPath
+	}
+	return ""
+}
+
 // diskSecrets are the secrets the log holds for the record.
 func (v volRecord) diskSecrets() map[string]string {
 	if v.needsSecrets() {

@@ -695,13 +695,9 @@ func (m *Manager) ensurePublished(ctx context.Context, info PluginInfo, vol volR
 	}
 	m.markCalled(tr.TaskID, tr.Name)
 	tr.notCalled = false
-	staging := ""
-	if vol.Stage == phaseStaged {
-		staging = vol.StagingPath
-	}
 	err = m.call(ctx, o, func(ctx context.Context) error {
 		_, err := node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{
-			VolumeId: tr.VolumeID, PublishContext: vol.PublishContext, StagingTargetPath: staging,
+			VolumeId: tr.VolumeID, PublishContext: vol.PublishContext, StagingTargetPath: vol.stagingTarget(),
 			TargetPath: tr.Target, VolumeCapability: withGroup(capability(tr.AccessMode, tr.AttachmentMode, tr.FSType, tr.MountFlags), tr.MountGroup),
 			Readonly: publishReadOnly(tr), Secrets: tr.Secrets, VolumeContext: tr.VolumeContext,
 		})

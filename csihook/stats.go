@@ -215,9 +215,7 @@ func (m *Manager) statsTargets(keys map[volKey]bool) map[volKey]*statsTarget {
 			if st == nil {
 				st = &statsTarget{key: k, path: t.Target, tasks: map[string]string{}}
 				if v, ok := m.vols[k]; ok {
-					if v.Stage == phaseStaged {
-						st.staging = v.StagingPath
-					}
+					st.staging = v.stagingTarget()
 					st.secrets = append(st.secrets, v.Secrets)
 				}
 				out[k] = st
