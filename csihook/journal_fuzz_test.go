@@ -26,11 +26,28 @@ func fuzzOps() []journalOp {
 		AttachmentMode: AttachmentFileSystem, State: phasePublished, Updated: at}
 	created := createdRecord{Version: journalVersion, PluginID: "p", Name: "scratch", VolumeID: "v2", Updated: at}
 	owner := ownerRecord{Version: journalVersion, PluginID: "p", VolumeID: "v1", Namespace: "default", Updated: at}
+	// A stage the plugin refused, as the log holds it: without secrets.
+	refused := vol
+	refused.VolumeID, refused.StagingPath, refused.Stage, refused.Controller, refused.Secrets = "v3", "/staging/v3", phaseStageRefused, phaseNone, nil
 	return []journalOp{
 		{Op: opPutVol, Vol: &vol}, {Op: opPutTask, Task: &task}, {Op: opPutCreated, Created: &created},
 		{Op: opPutOwner, Owner: &owner}, taskDrop("alloc/web/0", "old"), volDrop(volKey{"p", "v0"}),
-		createdDrop("p", "gone"),
+		createdDrop("p", "gone"), {Op: opPutVol, Vol: &refused},
 	}
+}
+
+// refusedFrame is a log frame written by hand, not by the code: a volume
+// record in stage "refused". Its bytes are the encoding the journal
+// reads; a change of it fails FuzzScanLog's seeds.
+func refusedFrame(tb testing.TB) []byte {
+	tb.Helper()
+	frame, err := wal.EncodeFrame([]byte(`{"ops":[{"op":"put_vol","vol":{"version":1,"plugin_id":"p","volume_id":"vr",` +
+		`"staging_path":"/staging/vr","access_mode":"single-node-writer","attachment_mode":"file-system",` +
+		`"had_secrets":true,"stage":"refused","updated":"2026-01-02T03:04:05Z"}}]}`))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return frame
 }
 
 func mustFrame(tb testing.TB, ops []journalOp) []byte {
@@ -76,6 +93,12 @@ func FuzzScanLog(f *testing.F) {
 	f.Add(mustFrame(f, []journalOp{{Op: opPutVol}, {Op: opPutTask, Task: &taskRecord{Version: journalVersion}}}))
 	f.Add(mustFrame(f, nil))
 	f.Add([]byte(wal.Magic + wal.Magic + wal.Magic))
+	refused := refusedFrame(f)
+	if v := scanLog(refused, hclog.NewNullLogger()).state.vols[volKey{"p", "vr"}]; v.Stage != phaseStageRefused || v.needsSecrets() {
+		f.Fatalf("a record written with stage \"refused\" reads back as stage %q (the code's refused is %q), needing secrets %v", v.Stage, phaseStageRefused, v.needsSecrets())
+	}
+	f.Add(refused)
+	f.Add(append(append([]byte{}, frame...), refused...))
 
 	at := time.Date(2026, 1, 2, 0, 0, 0, 0, time.UTC)
 	marker := volRecord{Version: journalVersion, PluginID: "fuzz", VolumeID: "marker", StagingPath: "/s", Updated: at}

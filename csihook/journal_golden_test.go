@@ -53,6 +53,10 @@ func goldenBatches() []struct {
 		{false, []journalOp{createdDrop("p", "gone"), taskDrop("t2", "data"), volDrop(volKey{"p", "v2"})}},
 		// Within a batch the last op of a record wins.
 		{false, []journalOp{vol("v4", phaseStaging, phaseNone), vol("v4", phaseStaged, phaseNone), task("t4", "v4", phasePending), taskDrop("t4", "data")}},
+		// Stages the plugin refused: on disk without the secrets, but
+		// for those an attached volume's detach takes.
+		{false, []journalOp{vol("v5", phaseStaging, phaseNone), vol("v6", phaseStaging, phasePublished)}},
+		{false, []journalOp{vol("v5", phaseStageRefused, phaseNone), vol("v6", phaseStageRefused, phasePublished)}},
 	}
 }
 
@@ -99,8 +103,10 @@ func TestJournal_GoldenLog(t *testing.T) {
 		must.Eq(t, 0, scan.torn+scan.damaged+scan.badOps, must.Sprint(tc.path))
 		g, logs := openTestJournal(t, gdir)
 		must.Eq(t, live, g.state.encoded(t), must.Sprint(tc.path))
-		must.Eq(t, []string{"created p/made v-made", "task t1/data v1 published", "vol p/v1 staged", "vol p/v3 staged", "vol p/v4 staged"},
-			g.state.summary())
+		must.Eq(t, []string{"created p/made v-made", "task t1/data v1 published", "vol p/v1 staged", "vol p/v3 staged", "vol p/v4 staged",
+			"vol p/v5 refused", "vol p/v6 refused"}, g.state.summary())
+		must.MapEmpty(t, g.state.vols[volKey{"p", "v5"}].Secrets, must.Sprint(tc.path))
+		must.Eq(t, canary, g.state.vols[volKey{"p", "v6"}].Secrets["token"], must.Sprint(tc.path))
 		ns, ok := g.owner("p", "v1")
 		must.True(t, ok)
 		must.Eq(t, "default", ns)
