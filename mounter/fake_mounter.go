@@ -69,6 +69,9 @@ type Fake struct {
 	// Stale blocks (SetStaleHang).
 	stale     map[string]bool
 	staleHang map[string]chan struct{}
+	// checks counts the IsMountPoint calls of each path
+	// (MountPointChecks).
+	checks map[string]int
 }
 
 var _ Interface = (*Fake)(nil)
@@ -91,11 +94,23 @@ func (f *Fake) GetActions() []FakeAction {
 	return append([]FakeAction(nil), f.Actions...)
 }
 
-// ResetActions forgets the recorded actions.
+// ResetActions forgets the recorded actions and the counts of
+// MountPointChecks.
 func (f *Fake) ResetActions() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.Actions = nil
+	f.checks = nil
+}
+
+// MountPointChecks returns how many times IsMountPoint was asked about
+// path (cleaned), failed calls included, since the Fake was made or its
+// actions reset. A look-up is no action: it is counted here, not in
+// Actions.
+func (f *Fake) MountPointChecks(path string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.checks[filepath.Clean(path)]
 }
 
 func (f *Fake) record(a FakeAction) { f.Actions = append(f.Actions, a) }
@@ -278,10 +293,14 @@ func (f *Fake) List() ([]MountPoint, error) {
 func (f *Fake) IsMountPoint(path string) (bool, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	path = filepath.Clean(path)
+	if f.checks == nil {
+		f.checks = map[string]int{}
+	}
+	f.checks[path]++
 	if f.ListErr != nil {
 		return false, f.ListErr
 	}
-	path = filepath.Clean(path)
 	if err := f.IsMountPointErrs[path]; err != nil {
 		return false, err
 	}

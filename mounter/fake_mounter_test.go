@@ -43,8 +43,13 @@ func TestFake_RecordsAndTracksMounts(t *testing.T) {
 	must.NoError(t, err)
 	must.False(t, ok)
 
+	// Every IsMountPoint is counted by its cleaned path, none an action.
+	must.Eq(t, 2, f.MountPointChecks("/task/data"))
+	must.Eq(t, 0, f.MountPointChecks("/task/nfs"))
+
 	f.ResetActions()
 	must.Len(t, 0, f.GetActions())
+	must.Eq(t, 0, f.MountPointChecks("/task/data"))
 }
 
 func TestFake_PerPathErrors(t *testing.T) {
