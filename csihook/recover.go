@@ -337,7 +337,14 @@ func (m *Manager) reconcile(ctx context.Context, k volKey, live func(string) boo
 		}
 		return unreachable(o, fmt.Sprintf("CSI plugin %q is not healthy yet, so its capabilities are not known", k.plugin))
 	}
-	restage := len(fix) > 0 && vol.Stage == phaseStaged
+	// A staged volume staged again goes with restage, as stagingHeld
+	// found it: ensureVolume does not ask the mount table again. A
+	// refused one is staged again whatever restage says.
+	restage := restaged && vol.Stage == phaseStaged
+	if restage && len(fix) == 0 {
+		m.logger.Info("staging from before a restart not found mounted; staging again", "plugin_id", vol.PluginID,
+			"volume_id", vol.VolumeID, "staging_path", vol.StagingPath)
+	}
 	var staged []journalOp
 	if vol, staged, err = m.ensureVolume(ctx, first.TaskID, first.Name, info, vol, restage, nil, nil); err != nil {
 		return err

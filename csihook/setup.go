@@ -482,14 +482,10 @@ func (m *Manager) ensureVolume(ctx context.Context, taskID, name string, info Pl
 	stageVC := withGroup(capability(vol.AccessMode, vol.AttachmentMode, vol.FSType, vol.MountFlags), vol.MountGroup)
 	needCtrl := info.ControllerPublish || vol.Controller != phaseNone
 	needStage := info.StageUnstage || vol.Stage != phaseNone
-	if vol.Stage == phaseStaged && !restage && !m.isVerified(vol.key()) {
-		if ok, err := m.cfg.Mounter.IsMountPoint(vol.StagingPath); err == nil && ok {
-			m.setVerified(vol.key(), true)
-		} else {
-			m.logger.Info("staging from before a restart not found mounted; staging again", "plugin_id", vol.PluginID,
-				"volume_id", vol.VolumeID, "staging_path", vol.StagingPath)
-			restage = true
-		}
+	if vol.Stage == phaseStaged && !restage && !m.stagingHeld(vol) {
+		m.logger.Info("staging from before a restart not found mounted; staging again", "plugin_id", vol.PluginID,
+			"volume_id", vol.VolumeID, "staging_path", vol.StagingPath)
+		restage = true
 	}
 	if (!needCtrl || vol.Controller == phasePublished) && (!needStage || (vol.Stage == phaseStaged && !restage)) {
 		return vol, pending, nil
@@ -630,14 +626,19 @@ func (m *Manager) ensureVolume(ctx context.Context, taskID, name string, info Pl
 }
 
 // stagingHeld reports whether a staged volume's staging path is known to
-// be there: verified by this process, or a mount point now. ensureVolume
-// stages again a staged volume for which it is not.
+// be there: verified by this process, or a mount point now, which it then
+// records as verified, so that the mount table is asked once per volume
+// (recovery's check, then ensureVolume's). ensureVolume stages again a
+// staged volume for which it is not. The caller holds the volume's lock.
 func (m *Manager) stagingHeld(vol volRecord) bool {
 	if m.isVerified(vol.key()) {
 		return true
 	}
-	ok, err := m.cfg.Mounter.IsMountPoint(vol.StagingPath)
-	return err == nil && ok
+	if ok, err := m.cfg.Mounter.IsMountPoint(vol.StagingPath); err != nil || !ok {
+		return false
+	}
+	m.setVerified(vol.key(), true)
+	return true
 }
 
 func (m *Manager) isVerified(k volKey) bool {
