@@ -299,10 +299,12 @@ func (m *Manager) reconcile(ctx context.Context, k volKey, live func(string) boo
 	// the volume up with less than the job gave. The live tasks keep what
 	// they have; the next setup of the volume stages it with its own
 	// request's secrets.
-	restaged := (vol.Stage == phaseStaged || vol.Stage == phaseStageRefused) && len(fix) > 0
-	if vol.Stage == phaseStaged && !restaged && !m.stagingHeld(vol) {
-		restaged = true
-	}
+	//
+	// A staged volume is staged again when a live task lost its mount or
+	// its staging path is no mount (stagingHeld, whose check ensureVolume
+	// then goes by); a refused one when a live task lost its mount.
+	restaged := len(fix) > 0 && (vol.Stage == phaseStaged || vol.Stage == phaseStageRefused) ||
+		vol.Stage == phaseStaged && !m.stagingHeld(vol)
 	lacks := restaged && vol.HadSecrets && len(vol.Secrets) == 0
 	for _, t := range fix {
 		if t.HadSecrets && len(t.Secrets) == 0 && len(vol.Secrets) == 0 {
