@@ -317,8 +317,15 @@ func (m *Manager) reconcile(ctx context.Context, k volKey, live func(string) boo
 			why = fmt.Sprintf("plugin %q refused to stage it before the restart, and staging it again needs its secrets", k.plugin)
 		}
 		for _, t := range fix {
-			m.event(t.TaskID, fmt.Sprintf("Volume %q is not mounted after a driver restart and is not published again: %s, which the driver no longer holds: restart the task to set the volume up again",
-				t.Name, why), annotations(t.Name, t.PluginID, t.VolumeID))
+			msg := fmt.Sprintf("Volume %q is not mounted after a driver restart and is not published again: %s, which the driver no longer holds: restart the task to set the volume up again",
+				t.Name, why)
+			// Told once, as a repair failing the same way is: another
+			// Recover of the same journal in this process finds nothing
+			// new to tell. What is remembered goes with the task's
+			// record, or once a check finds its mount alive again.
+			if m.repairFailureNew(t, msg) {
+				m.event(t.TaskID, msg, annotations(t.Name, t.PluginID, t.VolumeID))
+			}
 		}
 		m.logger.Warn("not staging or publishing a volume again: its secrets are no longer held",
 			"plugin_id", k.plugin, "volume_id", k.volume, "stage", vol.Stage, "tasks", len(fix))

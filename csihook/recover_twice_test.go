@@ -1,0 +1,55 @@
+package csihook
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/shoenig/test/must"
+)
+
+// restartEvents are the events that tell a task to restart to get its
+// volume back.
+func restartEvents(h *harness) []string {
+	var out []string
+	for _, e := range h.eventMsgs() {
+		if strings.Contains(e, "restart the task") {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// A task whose volume recovery cannot publish again (its secrets are no
+// longer held) is told once to restart, however many times Recover
+// settles the same journal: a second Recover of the same state finds
+// nothing new to tell. A driver restart (a new manager) tells it again.
+func TestRecover_TwiceTellsRestartOnce(t *testing.T) {
+	h := newHarness(t)
+	stagingPlugin(h)
+	ctx := context.Background()
+	_, err := h.m.Setup(ctx, "a", []VolumeRequest{multi(req("data", "vol1", "/data"))})
+	must.NoError(t, err)
+
+	h.restart()
+	must.NoError(t, h.mnt.Unmount(h.m.TargetPath("a", "data")))
+	h.fake.ResetCalls()
+	live := func(string) bool { return true }
+	must.NoError(t, h.m.Recover(live))
+	h.waitIdle()
+	must.Len(t, 1, restartEvents(h))
+
+	must.NoError(t, h.m.Recover(live))
+	h.waitIdle()
+	must.Len(t, 1, restartEvents(h), must.Sprint(h.eventMsgs()))
+	must.SliceEmpty(t, h.fake.Methods())
+	must.Eq(t, []string{"task a/data published", "vol p/vol1 staged/"}, h.journalRecords())
+
+	// A new driver process knows nothing of what was told: the task
+	// hears it after that restart as well.
+	h.restart()
+	must.NoError(t, h.m.Recover(live))
+	h.waitIdle()
+	must.Len(t, 2, restartEvents(h), must.Sprint(h.eventMsgs()))
+	must.SliceEmpty(t, h.fake.Methods())
+}
