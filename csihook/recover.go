@@ -302,7 +302,8 @@ func (m *Manager) reconcile(ctx context.Context, k volKey, live func(string) boo
 	//
 	// A staged volume is staged again when a live task lost its mount or
 	// its staging path is no mount (stagingHeld, whose check ensureVolume
-	// then goes by); a refused one when a live task lost its mount.
+	// then goes by, see restage below); a refused one when a live task
+	// lost its mount.
 	restaged := len(fix) > 0 && (vol.Stage == phaseStaged || vol.Stage == phaseStageRefused) ||
 		vol.Stage == phaseStaged && !m.stagingHeld(vol)
 	lacks := restaged && vol.HadSecrets && len(vol.Secrets) == 0
@@ -347,12 +348,18 @@ func (m *Manager) reconcile(ctx context.Context, k volKey, live func(string) boo
 		return unreachable(o, fmt.Sprintf("CSI plugin %q is not healthy yet, so its capabilities are not known", k.plugin))
 	}
 	// A staged volume staged again goes with restage, as stagingHeld
-	// found it: ensureVolume does not ask the mount table again. A
+	// found it: ensureVolume does not ask the mount table again. One
+	// stagingHeld found held is recorded as verified only here, as it is
+	// used: an attempt that stopped above (the plugin not healthy yet)
+	// leaves no mark, and the next one looks at the mount again. A
 	// refused one is staged again whatever restage says.
 	restage := restaged && vol.Stage == phaseStaged
 	if restage && len(fix) == 0 {
 		m.logger.Info("staging from before a restart not found mounted; staging again", "plugin_id", vol.PluginID,
 			"volume_id", vol.VolumeID, "staging_path", vol.StagingPath)
+	}
+	if vol.Stage == phaseStaged && !restaged {
+		m.setVerified(vol.key(), true)
 	}
 	var staged []journalOp
 	if vol, staged, err = m.ensureVolume(ctx, first.TaskID, first.Name, info, vol, restage, nil, nil); err != nil {

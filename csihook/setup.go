@@ -482,10 +482,14 @@ func (m *Manager) ensureVolume(ctx context.Context, taskID, name string, info Pl
 	stageVC := withGroup(capability(vol.AccessMode, vol.AttachmentMode, vol.FSType, vol.MountFlags), vol.MountGroup)
 	needCtrl := info.ControllerPublish || vol.Controller != phaseNone
 	needStage := info.StageUnstage || vol.Stage != phaseNone
-	if vol.Stage == phaseStaged && !restage && !m.stagingHeld(vol) {
-		m.logger.Info("staging from before a restart not found mounted; staging again", "plugin_id", vol.PluginID,
-			"volume_id", vol.VolumeID, "staging_path", vol.StagingPath)
-		restage = true
+	if vol.Stage == phaseStaged && !restage {
+		if !m.stagingHeld(vol) {
+			m.logger.Info("staging from before a restart not found mounted; staging again", "plugin_id", vol.PluginID,
+				"volume_id", vol.VolumeID, "staging_path", vol.StagingPath)
+			restage = true
+		} else {
+			m.setVerified(vol.key(), true)
+		}
 	}
 	if (!needCtrl || vol.Controller == phasePublished) && (!needStage || (vol.Stage == phaseStaged && !restage)) {
 		return vol, pending, nil
@@ -626,19 +630,19 @@ func (m *Manager) ensureVolume(ctx context.Context, taskID, name string, info Pl
 }
 
 // stagingHeld reports whether a staged volume's staging path is known to
-// be there: verified by this process, or a mount point now, which it then
-// records as verified, so that the mount table is asked once per volume
-// (recovery's check, then ensureVolume's). ensureVolume stages again a
-// staged volume for which it is not. The caller holds the volume's lock.
+// be there: verified by this process, or a mount point now. ensureVolume
+// stages again a staged volume for which it is not. A mount found here is
+// not recorded as verified: the caller that goes on to use the volume at
+// once does that (ensureVolume, reconcile just before it), so that a
+// caller that stops before (a recovery waiting for its plugin) leaves no
+// mark a later attempt would trust after the mount is gone. The caller
+// holds the volume's lock.
 func (m *Manager) stagingHeld(vol volRecord) bool {
 	if m.isVerified(vol.key()) {
 		return true
 	}
-	if ok, err := m.cfg.Mounter.IsMountPoint(vol.StagingPath); err != nil || !ok {
-		return false
-	}
-	m.setVerified(vol.key(), true)
-	return true
+	ok, err := m.cfg.Mounter.IsMountPoint(vol.StagingPath)
+	return err == nil && ok
 }
 
 func (m *Manager) isVerified(k volKey) bool {
