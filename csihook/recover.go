@@ -167,6 +167,21 @@ func (m *Manager) Recover(live func(taskID string) bool) error {
 	return nil
 }
 
+// recoverTellNew records msg as what a recovery told tr's task of its
+// volume (repairState.recoverTold) and reports whether it differs from
+// what it told before.
+func (m *Manager) recoverTellNew(tr taskRecord, msg string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	st := m.repairs[tr.ref()]
+	if st.recoverTold == msg {
+		return false
+	}
+	st.recoverTold = msg
+	m.repairs[tr.ref()] = st
+	return true
+}
+
 // volUser is a task's volume by the task's id and the volume's name in it.
 type volUser struct{ taskID, name string }
 
@@ -323,8 +338,9 @@ func (m *Manager) reconcile(ctx context.Context, k volKey, live func(string) boo
 			// Told once, as a repair failing the same way is: another
 			// Recover of the same journal in this process finds nothing
 			// new to tell. What is remembered goes with the task's
-			// record, or once a check finds its mount alive again.
-			if m.repairFailureNew(t, msg) {
+			// record, or once a repair's check finds its mount alive
+			// again.
+			if m.recoverTellNew(t, msg) {
 				m.event(t.TaskID, msg, annotations(t.Name, t.PluginID, t.VolumeID))
 			}
 		}

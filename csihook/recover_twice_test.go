@@ -53,3 +53,32 @@ func TestRecover_TwiceTellsRestartOnce(t *testing.T) {
 	must.Len(t, 2, restartEvents(h), must.Sprint(h.eventMsgs()))
 	must.SliceEmpty(t, h.fake.Methods())
 }
+
+// What a Recover tells a task and what a repair remembers of its own
+// failure are kept apart: a repair that fails the same way pass after
+// pass tells the task once, though a Recover told it something else in
+// between.
+func TestRecover_RepairFailureToldOnceAcrossRecover(t *testing.T) {
+	h := newHarness(t)
+	stagingPlugin(h)
+	ctx := context.Background()
+	_, err := h.m.Setup(ctx, "a", []VolumeRequest{multi(req("data", "vol1", "/data"))})
+	must.NoError(t, err)
+
+	h.restart()
+	must.NoError(t, h.mnt.Unmount(h.m.TargetPath("a", "data")))
+	h.fake.ResetCalls()
+	repairFailures := func() int { return countEvents(h, "Repair of stale volume") }
+	_, err = h.m.RepairStale(ctx, "p")
+	must.ErrorContains(t, err, "needs its secrets")
+	must.Eq(t, 1, repairFailures())
+
+	must.NoError(t, h.m.Recover(func(string) bool { return true }))
+	h.waitIdle()
+	must.Eq(t, 1, countEvents(h, "is not mounted after a driver restart"), must.Sprint(h.eventMsgs()))
+
+	_, err = h.m.RepairStale(ctx, "p")
+	must.ErrorContains(t, err, "needs its secrets")
+	must.Eq(t, 1, repairFailures(), must.Sprint(h.eventMsgs()))
+	must.SliceEmpty(t, h.fake.Methods())
+}

@@ -652,11 +652,15 @@ type repairState struct {
 	// repairing: a repair unmounted the volume (or began to) and has not
 	// published it again yet. The task was told it is stale.
 	repairing bool
-	// failure is how the last repair failed (failureKind), or the
-	// event of a recovery that would not publish the volume again
-	// (reconcile), so that a repair failing the same way pass after pass
-	// tells the task once (Nomad keeps a task's last ten events).
+	// failure is how the last repair failed (failureKind), so that a
+	// repair failing the same way pass after pass tells the task once
+	// (Nomad keeps a task's last ten events).
 	failure string
+	// recoverTold is the event of a recovery that would not publish the
+	// volume again (reconcile), so that another Recover finding the same
+	// tells it once. Apart from failure: neither makes the other's next
+	// event look new.
+	recoverTold string
 	// repaired: the last repair published the volume again, and no check
 	// has seen the fresh mount alive since. Found dead so, it relapsed.
 	repaired bool
