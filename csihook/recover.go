@@ -126,6 +126,11 @@ func (m *Manager) Recover(live func(taskID string) bool) error {
 			if t.Unmounted {
 				lost, _ = notMounted(m.cfg.Mounter, t.Target, false)
 			}
+			if listErr == nil && t.State == phasePublished && !lost && live(t.TaskID) {
+				// Mounted again since a Recover told the task it was
+				// not: a later loss is told as the first was.
+				m.forgetRecoverToldLocked(t.ref())
+			}
 			if listErr == nil && t.State == phasePublished && lost && live(t.TaskID) {
 				if repair[t.key()] == nil {
 					repair[t.key()] = map[string]bool{}
@@ -180,6 +185,20 @@ func (m *Manager) recoverTellNew(tr taskRecord, msg string) bool {
 	st.recoverTold = msg
 	m.repairs[tr.ref()] = st
 	return true
+}
+
+// forgetRecoverToldLocked forgets what a recovery told of ref's volume,
+// and nothing a repair remembers. The caller holds m.mu.
+func (m *Manager) forgetRecoverToldLocked(ref taskRef) {
+	st, ok := m.repairs[ref]
+	if !ok || st.recoverTold == "" {
+		return
+	}
+	if st.recoverTold = ""; st == (repairState{}) {
+		delete(m.repairs, ref)
+	} else {
+		m.repairs[ref] = st
+	}
 }
 
 // volUser is a task's volume by the task's id and the volume's name in it.
@@ -338,8 +357,8 @@ func (m *Manager) reconcile(ctx context.Context, k volKey, live func(string) boo
 			// Told once, as a repair failing the same way is: another
 			// Recover of the same journal in this process finds nothing
 			// new to tell. What is remembered goes with the task's
-			// record, or once a repair's check finds its mount alive
-			// again.
+			// record, or once a check (a Recover's, a repair's) finds
+			// its mount there again.
 			if m.recoverTellNew(t, msg) {
 				m.event(t.TaskID, msg, annotations(t.Name, t.PluginID, t.VolumeID))
 			}

@@ -54,6 +54,41 @@ func TestRecover_TwiceTellsRestartOnce(t *testing.T) {
 	must.SliceEmpty(t, h.fake.Methods())
 }
 
+// A mount a Recover finds alive again has what an earlier one told of it
+// forgotten, as a repair's check that finds it alive forgets it: lost a
+// second time, the task is told again to restart, not kept silent by what
+// was told of the first loss.
+func TestRecover_AliveAgainThenLostTellsRestartAgain(t *testing.T) {
+	h := newHarness(t)
+	stagingPlugin(h)
+	ctx := context.Background()
+	_, err := h.m.Setup(ctx, "a", []VolumeRequest{multi(req("data", "vol1", "/data"))})
+	must.NoError(t, err)
+
+	h.restart()
+	target := h.m.TargetPath("a", "data")
+	must.NoError(t, h.mnt.Unmount(target))
+	live := func(string) bool { return true }
+	must.NoError(t, h.m.Recover(live))
+	h.waitIdle()
+	must.Len(t, 1, restartEvents(h))
+
+	// Mounted again (by hand, say): a Recover finds it alive.
+	must.NoError(t, h.mnt.BindMount(h.m.StagingPath("p", "vol1"), target, false, false))
+	h.fake.ResetCalls()
+	must.NoError(t, h.m.Recover(live))
+	h.waitIdle()
+	must.Len(t, 1, restartEvents(h))
+	must.SliceEmpty(t, h.fake.Methods())
+
+	// Lost again: told again.
+	must.NoError(t, h.mnt.Unmount(target))
+	must.NoError(t, h.m.Recover(live))
+	h.waitIdle()
+	must.Len(t, 2, restartEvents(h), must.Sprint(h.eventMsgs()))
+	must.SliceEmpty(t, h.fake.Methods())
+}
+
 // What a Recover tells a task and what a repair remembers of its own
 // failure are kept apart: a repair that fails the same way pass after
 // pass tells the task once, though a Recover told it something else in

@@ -659,7 +659,7 @@ type repairState struct {
 	// recoverTold is the event of a recovery that would not publish the
 	// volume again (reconcile), so that another Recover finding the same
 	// tells it once. Apart from failure: neither makes the other's next
-	// event look new.
+	// event look new. A Recover that finds the target mounted forgets it.
 	recoverTold string
 	// repaired: the last repair published the volume again, and no check
 	// has seen the fresh mount alive since. Found dead so, it relapsed.
