@@ -640,7 +640,9 @@ func (m *Manager) removeIfEmpty(dir string) {
 	_ = os.Remove(dir)
 }
 
-// summary is the first line of a failure for an event.
+// summary is the first line of a failure for an event: its first CSI
+// call's failure, else "Tearing down volumes failed (err)", the failure
+// of a teardown (repairSummary is a repair's).
 func summary(err error) string {
 	if oes := opErrors(err); len(oes) > 0 {
 		e := oes[0]
@@ -651,6 +653,16 @@ func summary(err error) string {
 		return msg + ")"
 	}
 	return fmt.Sprintf("Tearing down volumes failed (%v)", err)
+}
+
+// repairSummary is summary for a failed repair, whose event names the
+// repair itself: an error that no CSI call gave (the volume's secrets
+// missing, its plugin gone) is told as it is.
+func repairSummary(err error) string {
+	if len(opErrors(err)) > 0 {
+		return summary(err)
+	}
+	return err.Error()
 }
 
 // opErrors returns every OpError in err's tree.

@@ -107,6 +107,15 @@ func TestRecover_RepairFailureToldOnceAcrossRecover(t *testing.T) {
 	_, err = h.m.RepairStale(ctx, "p")
 	must.ErrorContains(t, err, "needs its secrets")
 	must.Eq(t, 1, repairFailures())
+	// No CSI call failed: the event tells the repair's own error, not a
+	// teardown's.
+	for _, e := range h.eventMsgs() {
+		if strings.HasPrefix(e, "Repair of stale volume") {
+			must.StrContains(t, e, `Repair of stale volume "data" failed: `)
+			must.StrContains(t, e, "needs its secrets")
+			must.StrNotContains(t, e, "Tearing down")
+		}
+	}
 
 	must.NoError(t, h.m.Recover(func(string) bool { return true }))
 	h.waitIdle()

@@ -550,11 +550,11 @@ func (m *Manager) repairCallFailed(dead []taskRecord, err error) error {
 // mount, and returns err.
 func (m *Manager) repairFailed(dead []taskRecord, err error) error {
 	for _, tr := range dead {
-		msg := fmt.Sprintf("Repair of stale volume %q failed: %s", tr.Name, summary(err))
+		msg := fmt.Sprintf("Repair of stale volume %q failed: %s", tr.Name, repairSummary(err))
 		if m.repairFailureNew(tr, failureKind(err)) {
 			m.event(tr.TaskID, msg, annotations(tr.Name, tr.PluginID, tr.VolumeID))
 		} else {
-			m.logger.Debug("repair failed as before", "task_id", tr.TaskID, "volume", tr.Name, "error", summary(err))
+			m.logger.Debug("repair failed as before", "task_id", tr.TaskID, "volume", tr.Name, "error", repairSummary(err))
 		}
 	}
 	return err
