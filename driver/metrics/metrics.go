@@ -134,7 +134,7 @@ var (
 	descStaged = prometheus.NewDesc(namespace+"_volumes_staged",
 		"Volumes staged on this node.", nil, nil)
 	descRefused = prometheus.NewDesc(namespace+"_volumes_refused",
-		"Volumes whose last NodeStageVolume the plugin refused: not staged until a task sets them up again.", nil, nil)
+		"Volumes whose last NodeStageVolume the plugin refused: not staged until a task, a repair or a driver restart stages them again.", nil, nil)
 	descPublished = prometheus.NewDesc(namespace+"_volumes_published",
 		"Task volumes published on this node.", nil, nil)
 	descPlugin = prometheus.NewDesc(namespace+"_plugin_healthy",
