@@ -388,7 +388,21 @@ func (d *Driver) fingerprintLoop(ctx context.Context, ch chan<- *drivers.Fingerp
 }
 
 // StartTask starts a task and returns the handle Nomad stores for recovery.
+// A start that failed for a passing reason (a registry down, a plugin
+// restarting) says it is recoverable, so that Nomad's restart policy
+// starts the task again (recoverable.go); nothing else changes the error.
 func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drivers.DriverNetwork, error) {
+	h, n, err := d.startTask(cfg)
+	if err != nil {
+		return nil, nil, startError(err)
+	}
+	return h, n, nil
+}
+
+// startTask is StartTask; on error it leaves nothing behind but what a
+// later start of the task, with this task ID or another of the same
+// allocation's task, ends first (endEarlierInvocations).
+func (d *Driver) startTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drivers.DriverNetwork, error) {
 	defer d.churn.begin()()
 	called := time.Now()
 	if _, ok := d.tasks.Get(cfg.ID); ok {

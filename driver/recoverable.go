@@ -1,0 +1,125 @@
+package driver
+
+import (
+	"errors"
+
+	"github.com/hashicorp/nomad/nomad/structs"
+	"google.golang.org/grpc/codes"
+
+	"github.com/nomad-driver-csi/nomad-driver-csi/csihook"
+	"github.com/nomad-driver-csi/nomad-driver-csi/driver/image"
+)
+
+// Nomad's task runner restarts a task whose start failed, by the job's
+// restart block, only when the driver's error is a structs.Recoverable
+// that says so; any other start error fails the task at once. startError
+// is the one place StartTask's error becomes one: recoverable when the
+// start failed for a passing reason, the error as it is otherwise. Its
+// text does not change either way.
+func startError(err error) error {
+	if err == nil || !passing(err) {
+		return err
+	}
+	return structs.NewRecoverableError(err, true)
+}
+
+// passing reports whether a failed start may succeed if started again
+// unchanged, by nothing but time: some error of its chain is a passing
+// cause and none is final (see cause). When unsure it says no: a start
+// retried in vain costs the job its restart attempts and the operator
+// the time to read the same error again; a final answer to a passing
+// failure costs only an earlier end.
+//
+// Every error the chain holds is looked at, the joined ones of a volume
+// setup's checks too: one final cause makes the whole final (a volume
+// whose plugin is not running yet beside another refused for its
+// namespace is refused).
+func passing(err error) bool {
+	found, final := false, false
+	walkErrors(err, func(e error) {
+		switch cause(e) {
+		case causePassing:
+			found = true
+		case causeFinal:
+			final = true
+		}
+	})
+	return found && !final
+}
+
+type causeKind int
+
+const (
+	// causeNone is an error that says nothing either way: a wrapper (its
+	// causes are looked at on their own) or an error the driver does not
+	// know. Alone, it is final.
+	causeNone causeKind = iota
+	causePassing
+	causeFinal
+)
+
+// cause says what kind of cause e, one error of a start's chain, is.
+//
+// Passing:
+//   - a pull whose registry was unreachable, timed out, answered 5xx or
+//     429, or whose image lost a layer to another pull meanwhile, or that
+//     waited for the store past image_pull_timeout (image.ErrUnreachable,
+//     after the store's own retries);
+//   - a CSI call that ended Unavailable, DeadlineExceeded,
+//     ResourceExhausted or Aborted after the volume lifecycle's own
+//     retries (the plugin restarting, busy, not running on the node);
+//   - a volume's plugin not running or not healthy yet, once plugin_wait
+//     is spent (csihook.ErrPluginNotFound).
+//
+// Final: an image error of any other kind (not found, unauthorized,
+// untrusted certificate, digest mismatch, platform, too large, not
+// allowed, invalid, store full), a CSI call ended with any other code
+// (InvalidArgument, NotFound, PermissionDenied, FailedPrecondition,
+// Internal, ..., and Canceled and Unknown, which the driver cannot tell
+// apart from a refusal), a volume request that can never work
+// (csihook.ErrInvalid), another namespace's volume, a volume in use in a
+// way the request cannot share, root_dir full.
+func cause(e error) causeKind {
+	switch e := e.(type) {
+	case *image.Error:
+		if e.Kind == image.ErrUnreachable {
+			return causePassing
+		}
+		return causeFinal
+	case *csihook.OpError:
+		switch e.Code {
+		case codes.Unavailable, codes.DeadlineExceeded, codes.ResourceExhausted, codes.Aborted:
+			return causePassing
+		}
+		return causeFinal
+	case *fullError:
+		return causeFinal
+	case interface{ Unwrap() error }, interface{ Unwrap() []error }:
+		return causeNone
+	}
+	switch {
+	case errors.Is(e, csihook.ErrInvalid), errors.Is(e, csihook.ErrOtherNamespace), errors.Is(e, csihook.ErrConflict):
+		return causeFinal
+	case errors.Is(e, csihook.ErrPluginNotFound):
+		return causePassing
+	}
+	return causeNone
+}
+
+// walkErrors calls fn on err and on every error it wraps, through
+// Unwrap() error and Unwrap() []error (errors.Join, fmt.Errorf with
+// several %w), depth first.
+func walkErrors(err error, fn func(error)) {
+	if err == nil {
+		return
+	}
+	fn(err)
+	switch u := err.(type) {
+	case interface{ Unwrap() error }:
+		walkErrors(u.Unwrap(), fn)
+	case interface{ Unwrap() []error }:
+		for _, e := range u.Unwrap() {
+			walkErrors(e, fn)
+		}
+	}
+}
