@@ -378,3 +378,43 @@ func TestStartTask_pluginNotRunningYetIsRecoverable(t *testing.T) {
 	must.NoError(t, d.DestroyTask(work.ID, true))
 	must.Eq(t, 0, journalTasks(t, d))
 }
+
+// A publish the plugin keeps answering Unavailable fails the start
+// recoverably once the lifecycle's retries are spent, with nothing of the
+// volume left (no mount, no journal record); the task's next start, under
+// the new task ID Nomad gives each start, sets the volume up.
+func TestStartTask_pluginUnavailableIsRecoverable(t *testing.T) {
+	d := newTestDriver(t, Config{Enabled: true, AllowPrivileged: true, PrivilegedGrants: grantAll})
+	fp := withFakePlugins(t, d)
+	plugin := jobTask(t, TaskConfig{Command: "/bin/plugin", Privileged: true, CSIPlugin: &PluginTaskConfig{ID: "hp", Type: "monolith", MountDir: "/csi"}}, "alloc-p", "default", "plugin")
+	_, _, err := d.StartTask(plugin)
+	must.NoError(t, err)
+	waitHealthy(t, d, "hp")
+	mnt := d.mounter.(*mounter.Fake)
+	before, err := mnt.List()
+	must.NoError(t, err)
+	started := len(d.started)
+
+	fp.vols.SetError(csihook.MethodNodePublishVolume, status.Error(codes.Unavailable, "plugin restarting"))
+	first := volumeWorkload(t, "alloc-w", "first")
+	_, _, err = d.StartTask(first)
+	must.ErrorContains(t, err, `failed to publish volume "data"`)
+	must.ErrorContains(t, err, "Unavailable: plugin restarting")
+	must.True(t, structs.IsRecoverable(err), must.Sprintf("%T %v", err, err))
+	must.Greater(t, 1, fp.vols.Count(csihook.MethodNodePublishVolume), must.Sprint("the lifecycle did not retry"))
+	must.Eq(t, 0, journalTasks(t, d))
+	after, err := mnt.List()
+	must.NoError(t, err)
+	must.Eq(t, before, after, must.Sprint("the failed start left mounts"))
+	must.Eq(t, started, len(d.started))
+	_, err = os.Stat(d.currentConfig().taskStateDir(first.ID))
+	must.True(t, os.IsNotExist(err), must.Sprint("the failed start left its state directory"))
+
+	fp.vols.SetError(csihook.MethodNodePublishVolume, nil)
+	second := volumeWorkload(t, "alloc-w", "second")
+	_, _, err = d.StartTask(second)
+	must.NoError(t, err)
+	must.Eq(t, 1, journalTasks(t, d))
+	must.NoError(t, d.DestroyTask(second.ID, true))
+	must.Eq(t, 0, journalTasks(t, d))
+}
