@@ -84,7 +84,7 @@ func (m *Manager) checkOffline(req VolumeRequest, info PluginInfo, c createdReco
 	if _, inUse := m.vol(volKey{req.PluginID, c.VolumeID}); !inUse {
 		return nil
 	}
-	return &conflictError{fmt.Sprintf("volume %q: CSI plugin %q expands volumes only offline (no ONLINE volume expansion) and volume_id %q is in use on node %q: stop the tasks using it, or keep create.capacity_min at %s",
+	return &conflictError{msg: fmt.Sprintf("volume %q: CSI plugin %q expands volumes only offline (no ONLINE volume expansion) and volume_id %q is in use on node %q: stop the tasks using it, or keep create.capacity_min at %s",
 		req.Name, req.PluginID, c.VolumeID, m.cfg.NodeName, size(c.Requested))}
 }
 

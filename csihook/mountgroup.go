@@ -130,7 +130,7 @@ func (m *Manager) checkGroupShareLocked(taskID string, req VolumeRequest, k volK
 		t := m.tasks[ref.taskID][ref.name]
 		if got := effectiveGroup(t.MountGroup, t.ApplyGroup); got != "" && got != want {
 			tid := ref.taskID
-			return &conflictError{fmt.Sprintf("volume %q: volume_id %q is in use on this node by task %q, writable by group %s; this task runs as group %s: run both tasks with the same group (the task's user) or stop task %q",
+			return &conflictError{msg: fmt.Sprintf("volume %q: volume_id %q is in use on this node by task %q, writable by group %s; this task runs as group %s: run both tasks with the same group (the task's user) or stop task %q",
 				req.Name, k.volume, tid, got, want, tid)}
 		}
 	}

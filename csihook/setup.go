@@ -201,14 +201,14 @@ func (m *Manager) setupVolume(ctx context.Context, taskID string, p plan) (Publi
 	} else if req.AccessMode == AccessSingleNodeWriter && m.users(k) > 0 {
 		h, found := m.allocShare(taskID, req.Name, k)
 		if !found {
-			return Published{}, &conflictError{fmt.Sprintf("volume %q: volume_id %q is single-node-writer and is being published or unpublished on this node for another task of this allocation: wait for that to finish and start the task again",
-				req.Name, volumeID)}
+			return Published{}, &conflictError{msg: fmt.Sprintf("volume %q: volume_id %q is single-node-writer and is being published or unpublished on this node for another task of this allocation: wait for that to finish and start the task again",
+				req.Name, volumeID), unsettled: true}
 		}
 		// The context goes with NodePublishVolume, which the sharing
 		// task does not make: another one would be silently the first
 		// task's.
 		if !maps.Equal(h.VolumeContext, vctx) {
-			return Published{}, &conflictError{fmt.Sprintf("volume %q: volume_id %q is single-node-writer and published once on this node for the tasks of an allocation, and task %q of this allocation uses it with another context: use the same context in every task of the allocation",
+			return Published{}, &conflictError{msg: fmt.Sprintf("volume %q: volume_id %q is single-node-writer and published once on this node for the tasks of an allocation, and task %q of this allocation uses it with another context: use the same context in every task of the allocation",
 				req.Name, volumeID, h.TaskID)}
 		}
 		holder, target = h, h.Target

@@ -67,10 +67,16 @@ func (m *Manager) claimOwner(req VolumeRequest, volumeID string) []journalOp {
 	return []journalOp{ownerPut(ownerRecord{PluginID: req.PluginID, VolumeID: volumeID, Namespace: ns})}
 }
 
-type conflictError struct{ msg string }
+type conflictError struct {
+	msg string
+	// unsettled: the conflict passes by itself (ErrUnsettled).
+	unsettled bool
+}
 
-func (e *conflictError) Error() string        { return e.msg }
-func (e *conflictError) Is(target error) bool { return target == ErrConflict }
+func (e *conflictError) Error() string { return e.msg }
+func (e *conflictError) Is(target error) bool {
+	return target == ErrConflict || (e.unsettled && target == ErrUnsettled)
+}
 
 // checkShare refuses a request that cannot share a volume with the tasks
 // already using it on this node: another access mode, attachment mode or
@@ -86,7 +92,7 @@ func (m *Manager) checkShare(taskID string, req VolumeRequest, volumeID string) 
 	}
 	other := others[0].taskID
 	if v, ok := m.vols[k]; ok && (v.AccessMode != req.AccessMode || v.AttachmentMode != attachment(req) || v.FSType != req.FSType) {
-		return &conflictError{fmt.Sprintf("volume %q: volume_id %q is in use on this node with access_mode = %q, attachment_mode = %q, fs_type = %q: use the same values or stop task %q",
+		return &conflictError{msg: fmt.Sprintf("volume %q: volume_id %q is in use on this node with access_mode = %q, attachment_mode = %q, fs_type = %q: use the same values or stop task %q",
 			req.Name, volumeID, v.AccessMode, v.AttachmentMode, v.FSType, other)}
 	}
 	if err := m.checkGroupShareLocked(taskID, req, k); err != nil {
@@ -101,7 +107,7 @@ func (m *Manager) checkShare(taskID string, req VolumeRequest, volumeID string) 
 		// on this node only the driver can keep a second allocation
 		// from writing; tasks of one allocation share its claim.
 		if ref, ok := m.otherAllocationLocked(taskID, others, true); ok {
-			return &conflictError{fmt.Sprintf("volume %q: volume_id %q is multi-node-single-writer and task %q%s has it published writable on this node, and one allocation may write it: set read_only = true to read it, stop that allocation first, or use access_mode = %q",
+			return &conflictError{msg: fmt.Sprintf("volume %q: volume_id %q is multi-node-single-writer and task %q%s has it published writable on this node, and one allocation may write it: set read_only = true to read it, stop that allocation first, or use access_mode = %q",
 				req.Name, volumeID, ref.taskID, ofAlloc(ref.taskID), AccessMultiNodeMultiWriter)}
 		}
 	}
@@ -141,7 +147,7 @@ func (m *Manager) checkAllocShareLocked(taskID string, req VolumeRequest, volume
 		has = "already has it published on this node (read-only in that task; the one publish serves that task's allocation)"
 	}
 	if ok {
-		return &conflictError{fmt.Sprintf("volume %q: volume_id %q is single-node-writer and task %q%s %s: stop that allocation first (its tasks share the volume), or use a multi-node access mode",
+		return &conflictError{msg: fmt.Sprintf("volume %q: volume_id %q is single-node-writer and task %q%s %s: stop that allocation first (its tasks share the volume), or use a multi-node access mode",
 			req.Name, volumeID, ref.taskID, ofAlloc(ref.taskID), has)}
 	}
 	// Whether the publish can be shared yet is for the setup to see,
@@ -149,7 +155,7 @@ func (m *Manager) checkAllocShareLocked(taskID string, req VolumeRequest, volume
 	// publishing it meanwhile (Nomad starts a group's tasks together).
 	holder := m.tasks[others[0].taskID][others[0].name]
 	if !slices.Equal(holder.MountFlags, req.MountFlags) {
-		return &conflictError{fmt.Sprintf("volume %q: volume_id %q is single-node-writer and published once on this node for the tasks of an allocation, and task %q of this allocation uses it with other mount_flags: use the same mount_options.mount_flags in every task of the allocation",
+		return &conflictError{msg: fmt.Sprintf("volume %q: volume_id %q is single-node-writer and published once on this node for the tasks of an allocation, and task %q of this allocation uses it with other mount_flags: use the same mount_options.mount_flags in every task of the allocation",
 			req.Name, volumeID, holder.TaskID)}
 	}
 	// A plugin with VOLUME_MOUNT_GROUP made the volume writable by the
@@ -157,7 +163,7 @@ func (m *Manager) checkAllocShareLocked(taskID string, req VolumeRequest, volume
 	// a task of another group sharing that publish would get none of its
 	// own, which only its own publish could send.
 	if v, ok := m.vols[volKey{req.PluginID, volumeID}]; ok && req.MountGroup != "" && v.MountGroup != req.MountGroup {
-		return &conflictError{fmt.Sprintf("volume %q: volume_id %q is single-node-writer and published once on this node for the tasks of an allocation, by CSI plugin %q %s; this task runs as group %s, which the plugin applies only when it publishes: run the tasks of the allocation that use the volume with the same group",
+		return &conflictError{msg: fmt.Sprintf("volume %q: volume_id %q is single-node-writer and published once on this node for the tasks of an allocation, by CSI plugin %q %s; this task runs as group %s, which the plugin applies only when it publishes: run the tasks of the allocation that use the volume with the same group",
 			req.Name, volumeID, req.PluginID, groupOrNone(v.MountGroup), req.MountGroup)}
 	}
 	return nil

@@ -154,7 +154,7 @@ func (m *Manager) checkVolumeLimit(plans []plan) error {
 		return nil
 	}
 	sort.Strings(errs)
-	return &conflictError{fmt.Sprintf("volumes %s: %s", strings.Join(names, ", "), strings.Join(errs, "; "))}
+	return &conflictError{msg: fmt.Sprintf("volumes %s: %s", strings.Join(names, ", "), strings.Join(errs, "; "))}
 }
 
 // releaseReserved ends the reservations checkVolumeLimit made for plans.
