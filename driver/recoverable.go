@@ -69,7 +69,9 @@ const (
 //     ResourceExhausted or Aborted after the volume lifecycle's own
 //     retries (the plugin restarting, busy, not running on the node);
 //   - a volume's plugin not running or not healthy yet, once plugin_wait
-//     is spent (csihook.ErrPluginNotFound).
+//     is spent (csihook.ErrPluginNotFound);
+//   - a single-node-writer volume whose publish for another task of the
+//     allocation is being made or undone (csihook.ErrUnsettled).
 //
 // Final: an image error of any other kind (not found, unauthorized,
 // untrusted certificate, digest mismatch, platform, too large, not
@@ -78,7 +80,8 @@ const (
 // Internal, ..., and Canceled and Unknown, which the driver cannot tell
 // apart from a refusal), a volume request that can never work
 // (csihook.ErrInvalid), another namespace's volume, a volume in use in a
-// way the request cannot share, root_dir full.
+// way the request cannot share (csihook.ErrConflict but ErrUnsettled),
+// root_dir full.
 func cause(e error) causeKind {
 	switch e := e.(type) {
 	case *image.Error:
@@ -98,6 +101,9 @@ func cause(e error) causeKind {
 		return causeNone
 	}
 	switch {
+	case errors.Is(e, csihook.ErrUnsettled):
+		// A conflict too, but one that passes.
+		return causePassing
 	case errors.Is(e, csihook.ErrInvalid), errors.Is(e, csihook.ErrOtherNamespace), errors.Is(e, csihook.ErrConflict):
 		return causeFinal
 	case errors.Is(e, csihook.ErrPluginNotFound):

@@ -100,6 +100,36 @@ func setupError(t *testing.T, stageErr error, plugins map[string]csihook.PluginI
 	return err
 }
 
+// unsettledError is the error of a setup of a single-node-writer volume
+// whose unpublish for another task of the allocation failed (it is
+// retried in the background); with volumeContext set, the request's
+// volume context differs from that task's, and the publish is left in place.
+func unsettledError(t *testing.T, volumeContext string) error {
+	t.Helper()
+	mnt := mounter.NewFake()
+	fake := csihook.NewFakeClient(mnt)
+	m, err := csihook.New(csihook.Config{
+		Root: t.TempDir(), Mounter: mnt, Dial: fake.Dial, RetryAttempts: 1, NodeName: "n1",
+		Lookup: func(id string) (csihook.PluginInfo, error) { return healthyPlugin(id), nil },
+	})
+	must.NoError(t, err)
+	t.Cleanup(m.Close)
+	ctx := t.Context()
+	pubs, err := m.Setup(ctx, "alloc-1/app/abc", []csihook.VolumeRequest{volumeRequest("data", "hp", "v1")})
+	must.NoError(t, err)
+	must.NoError(t, os.MkdirAll(pubs[0].HostPath, 0o750))
+	r := volumeRequest("data", "hp", "v1")
+	if volumeContext != "" {
+		r.Context = map[string]string{"k": volumeContext}
+	} else {
+		fake.SetError(csihook.MethodNodeUnpublishVolume, status.Error(codes.Internal, "stuck"))
+		must.Error(t, m.Teardown(ctx, "alloc-1/app/abc"))
+	}
+	_, err = m.Setup(ctx, "alloc-1/web/def", []csihook.VolumeRequest{r})
+	must.ErrorIs(t, err, csihook.ErrConflict)
+	return err
+}
+
 func volumeRequest(name, plugin, id string) csihook.VolumeRequest {
 	return csihook.VolumeRequest{Name: name, PluginID: plugin, VolumeID: id, Destination: "/" + name,
 		AccessMode: csihook.AccessSingleNodeWriter, AttachmentMode: csihook.AttachmentFileSystem, Namespace: "default"}
@@ -224,6 +254,12 @@ func TestStartError_classifiesRealErrors(t *testing.T) {
 				volumeRequest("a", "hp", "v1"), volumeRequest("b", "ctl", "v2"))
 			must.ErrorIs(t, err, csihook.ErrPluginNotFound)
 			return err
+		}},
+		{name: "another task's unpublish not settled", recoverable: true, kind: csihook.ErrUnsettled, err: func(t *testing.T) error {
+			return unsettledError(t, "")
+		}},
+		{name: "another task's publish with another context", kind: csihook.ErrConflict, err: func(t *testing.T) error {
+			return unsettledError(t, "other")
 		}},
 		{name: "invalid request", kind: csihook.ErrInvalid, err: func(t *testing.T) error {
 			bad := volumeRequest("data", "hp", "v1")
