@@ -445,6 +445,8 @@ func TestStartTask_pluginUnavailableIsRecoverable(t *testing.T) {
 	must.Eq(t, started, len(d.started))
 	_, err = os.Stat(d.currentConfig().taskStateDir(first.ID))
 	must.True(t, os.IsNotExist(err), must.Sprint("the failed start left its state directory"))
+	_, targeted := d.eventTargets.Load(first.ID)
+	must.False(t, targeted, must.Sprint("the failed start left its event target"))
 
 	fp.vols.SetError(csihook.MethodNodePublishVolume, nil)
 	second := volumeWorkload(t, "alloc-w", "second")
