@@ -24,27 +24,52 @@ func startError(err error) error {
 }
 
 // passing reports whether a failed start may succeed if started again
-// unchanged, by nothing but time: some error of its chain is a passing
-// cause and none is final (see cause). When unsure it says no: a start
-// retried in vain costs the job its restart attempts and the operator
-// the time to read the same error again; a final answer to a passing
-// failure costs only an earlier end.
-//
-// Every error the chain holds is looked at, the joined ones of a volume
-// setup's checks too: one final cause makes the whole final (a volume
-// whose plugin is not running yet beside another refused for its
-// namespace is refused).
+// unchanged, by nothing but time (see verdict). When unsure it says no: a
+// start retried in vain costs the job its restart attempts and the
+// operator the time to read the same error again; a final answer to a
+// passing failure costs only an earlier end.
 func passing(err error) bool {
-	found, final := false, false
-	walkErrors(err, func(e error) {
-		switch cause(e) {
-		case causePassing:
-			found = true
-		case causeFinal:
-			final = true
+	return verdict(err) == causePassing
+}
+
+// verdict judges err and every error it holds. A final cause anywhere
+// makes the whole final (a volume whose plugin is not running yet beside
+// another refused for its namespace is refused). Along one chain of
+// wrappers a passing cause is enough: the wrappers only say where it
+// happened. Errors joined side by side (errors.Join, fmt.Errorf with
+// several %w: a volume setup's checks, the teardown of an earlier start's
+// volumes) are failures of their own, and pass only when each of them
+// does: one of no known kind beside a plugin restarting is not explained
+// by it, and the next start would meet it again.
+func verdict(err error) causeKind {
+	if err == nil {
+		return causeNone
+	}
+	self := cause(err)
+	if self == causeFinal {
+		return causeFinal
+	}
+	switch u := err.(type) {
+	case interface{ Unwrap() error }:
+		if inner := verdict(u.Unwrap()); inner != causeNone {
+			return inner
 		}
-	})
-	return found && !final
+	case interface{ Unwrap() []error }:
+		joined := u.Unwrap()
+		all := causePassing
+		for _, e := range joined {
+			switch verdict(e) {
+			case causeFinal:
+				return causeFinal
+			case causeNone:
+				all = causeNone
+			}
+		}
+		if all == causePassing && len(joined) > 0 {
+			return causePassing
+		}
+	}
+	return self
 }
 
 type causeKind int
@@ -110,22 +135,4 @@ func cause(e error) causeKind {
 		return causePassing
 	}
 	return causeNone
-}
-
-// walkErrors calls fn on err and on every error it wraps, through
-// Unwrap() error and Unwrap() []error (errors.Join, fmt.Errorf with
-// several %w), depth first.
-func walkErrors(err error, fn func(error)) {
-	if err == nil {
-		return
-	}
-	fn(err)
-	switch u := err.(type) {
-	case interface{ Unwrap() error }:
-		walkErrors(u.Unwrap(), fn)
-	case interface{ Unwrap() []error }:
-		for _, e := range u.Unwrap() {
-			walkErrors(e, fn)
-		}
-	}
 }

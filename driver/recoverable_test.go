@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -455,4 +456,41 @@ func TestStartTask_pluginUnavailableIsRecoverable(t *testing.T) {
 	must.Eq(t, 1, journalTasks(t, d))
 	must.NoError(t, d.DestroyTask(second.ID, true))
 	must.Eq(t, 0, journalTasks(t, d))
+}
+
+// Failures joined together (a volume setup's checks, the teardown of an
+// earlier start's volumes) pass only when each of them passes: one that
+// is of no kind the driver knows (a journal write the disk refused) is
+// not explained by a plugin restarting beside it, and a restart would
+// meet it again.
+func TestStartError_joinedFailuresPassOnlyWhenEachPasses(t *testing.T) {
+	hp := map[string]csihook.PluginInfo{"hp": healthyPlugin("hp")}
+	unavailable := setupError(t, status.Error(codes.Unavailable, "restarting"), hp)
+	notRunning := setupError(t, nil, nil)
+	journal := &os.PathError{Op: "write", Path: "/var/lib/csi/journal/wal", Err: syscall.ENOSPC}
+	refused := setupError(t, status.Error(codes.InvalidArgument, "bad"), hp)
+
+	cases := []struct {
+		name        string
+		err         error
+		recoverable bool
+	}{
+		{name: "two passing failures", recoverable: true, err: errors.Join(unavailable, notRunning)},
+		{name: "a passing failure wrapped twice", recoverable: true,
+			err: fmt.Errorf("an earlier start of this task still holds volumes: %w", fmt.Errorf("retrying in the background: %w", unavailable))},
+		{name: "a passing failure beside a refusal", err: errors.Join(unavailable, refused)},
+		{name: "a passing failure beside one of no known kind", err: errors.Join(unavailable, journal)},
+		{name: "the same, wrapped", err: fmt.Errorf("an earlier start of this task (task ID %q) still holds volumes: %w",
+			"alloc-1/web/abc", fmt.Errorf("failed to tear down the volumes of task %q, retrying in the background: %w",
+				"alloc-1/web/abc", errors.Join(unavailable, journal)))},
+		{name: "the same, a level down", err: errors.Join(errors.Join(notRunning, journal), unavailable)},
+		{name: "one of no known kind alone", err: errors.Join(journal)},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			got := startError(c.err)
+			must.Eq(t, c.err.Error(), got.Error())
+			must.Eq(t, c.recoverable, structs.IsRecoverable(got), must.Sprintf("error: %v", c.err))
+		})
+	}
 }
