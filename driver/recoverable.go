@@ -90,9 +90,13 @@ const (
 //     429, or whose image lost a layer to another pull meanwhile, or that
 //     waited for the store past image_pull_timeout (image.ErrUnreachable,
 //     after the store's own retries);
-//   - a CSI call that ended Unavailable, DeadlineExceeded,
-//     ResourceExhausted or Aborted after the volume lifecycle's own
-//     retries (the plugin restarting, busy, not running on the node);
+//   - a CSI call that ended Unavailable or DeadlineExceeded (the plugin
+//     restarting, not running on the node, not answering in time),
+//     Aborted (CSI's "operation pending for volume": another call for
+//     the volume still runs in the plugin) or ResourceExhausted (the
+//     node's attach limit or a quota reached, passing once a volume is
+//     detached or the quota raised, which the lifecycle does not wait
+//     for), after the volume lifecycle's own retries;
 //   - a volume's plugin not running or not healthy yet, once plugin_wait
 //     is spent (csihook.ErrPluginNotFound);
 //   - a single-node-writer volume whose publish for another task of the
