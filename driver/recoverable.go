@@ -77,7 +77,7 @@ type causeKind int
 const (
 	// causeNone is an error that says nothing either way: a wrapper (its
 	// causes are looked at on their own) or an error the driver does not
-	// know. Alone, it is final.
+	// know. Alone, or joined beside other failures, it is final (verdict).
 	causeNone causeKind = iota
 	causePassing
 	causeFinal
