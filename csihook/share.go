@@ -107,6 +107,9 @@ func (m *Manager) checkShare(taskID string, req VolumeRequest, volumeID string) 
 		// on this node only the driver can keep a second allocation
 		// from writing; tasks of one allocation share its claim.
 		if ref, ok := m.otherAllocationLocked(taskID, others, true); ok {
+			if m.leavingLocked(taskID, others, true) {
+				return unpublishingConflict(req, volumeID, "multi-node-single-writer", ref)
+			}
 			return &conflictError{msg: fmt.Sprintf("volume %q: volume_id %q is multi-node-single-writer and task %q%s has it published writable on this node, and one allocation may write it: set read_only = true to read it, stop that allocation first, or use access_mode = %q",
 				req.Name, volumeID, ref.taskID, ofAlloc(ref.taskID), AccessMultiNodeMultiWriter)}
 		}
@@ -130,6 +133,33 @@ func (m *Manager) otherAllocationLocked(taskID string, others []taskRef, writers
 	return taskRef{}, false
 }
 
+// leavingLocked reports whether every one of others that is a task of
+// another allocation than taskID's (only those that write, when writers
+// is set) is being unpublished: that allocation is stopping, and its
+// teardown, retried in the background when it failed, ends its use of
+// the volume by itself. The caller holds m.mu.
+func (m *Manager) leavingLocked(taskID string, others []taskRef, writers bool) bool {
+	alloc := allocOf(taskID)
+	for _, ref := range others {
+		t := m.tasks[ref.taskID][ref.name]
+		if allocOf(ref.taskID) == alloc || (writers && t.ReadOnly) {
+			continue
+		}
+		if t.State != phaseUnpublishing {
+			return false
+		}
+	}
+	return true
+}
+
+// unpublishingConflict is the refusal of a volume that another
+// allocation's task, ref, is still unpublishing (leavingLocked): it passes
+// once that is done (ErrUnsettled).
+func unpublishingConflict(req VolumeRequest, volumeID, mode string, ref taskRef) error {
+	return &conflictError{msg: fmt.Sprintf("volume %q: volume_id %q is %s and task %q%s, which had it published on this node, is still unpublishing it (a failed unpublish is retried in the background): wait for that to finish and start the task again",
+		req.Name, volumeID, mode, ref.taskID, ofAlloc(ref.taskID)), unsettled: true}
+}
+
 // checkAllocShareLocked refuses a task a single-node-writer volume that
 // others use, unless they are all tasks of its allocation holding the
 // one publish it can share (allocShare). Nomad claims a volume per
@@ -145,6 +175,9 @@ func (m *Manager) checkAllocShareLocked(taskID string, req VolumeRequest, volume
 	if !ok {
 		ref, ok = m.otherAllocationLocked(taskID, others, false)
 		has = "already has it published on this node (read-only in that task; the one publish serves that task's allocation)"
+	}
+	if ok && m.leavingLocked(taskID, others, false) {
+		return unpublishingConflict(req, volumeID, "single-node-writer", ref)
 	}
 	if ok {
 		return &conflictError{msg: fmt.Sprintf("volume %q: volume_id %q is single-node-writer and task %q%s %s: stop that allocation first (its tasks share the volume), or use a multi-node access mode",

@@ -30,11 +30,13 @@ var ErrOtherNamespace = errors.New("volume belongs to another namespace")
 // this node in a way the new request cannot share.
 var ErrConflict = errors.New("volume in use")
 
-// ErrUnsettled is matched, beside ErrConflict, by the Setup error about a
+// ErrUnsettled is matched, beside ErrConflict, by the Setup errors about a
 // single-node-writer volume whose publish for another task of the
-// allocation is being made or undone (an unpublish that failed is retried
-// in the background): unlike the other conflicts it passes once that
-// settles, and the same request may then work.
+// allocation is being made or undone, and about a single-node-writer or
+// multi-node-single-writer volume that a task of another allocation (one
+// that is stopping) is still unpublishing (an unpublish that failed is
+// retried in the background): unlike the other conflicts they pass once
+// that settles, and the same request may then work.
 var ErrUnsettled = errors.New("volume publish not settled")
 
 type invalidError struct{ msg string }

@@ -100,7 +100,10 @@ const (
 //   - a volume's plugin not running or not healthy yet, once plugin_wait
 //     is spent (csihook.ErrPluginNotFound);
 //   - a single-node-writer volume whose publish for another task of the
-//     allocation is being made or undone (csihook.ErrUnsettled).
+//     allocation is being made or undone, or that a task of another
+//     allocation is still unpublishing, and a multi-node-single-writer
+//     one that another allocation's writer is still unpublishing
+//     (csihook.ErrUnsettled).
 //
 // Final: an image error of any other kind (not found, unauthorized,
 // untrusted certificate, digest mismatch, platform, too large, not
