@@ -86,10 +86,10 @@ const (
 // cause says what kind of cause e, one error of a start's chain, is.
 //
 // Passing:
-//   - a pull whose registry was unreachable, timed out, answered 5xx or
-//     429, or whose image lost a layer to another pull meanwhile, or that
-//     waited for the store past image_pull_timeout (image.ErrUnreachable,
-//     after the store's own retries);
+//   - a pull whose registry was unreachable, timed out, answered 5xx,
+//     408 or 429, or whose image lost a layer to another pull meanwhile,
+//     or that waited for the store past image_pull_timeout
+//     (image.ErrUnreachable, after the store's own retries);
 //   - a CSI call that ended Unavailable or DeadlineExceeded (the plugin
 //     restarting, not running on the node, not answering in time),
 //     Aborted (CSI's "operation pending for volume": another call for
@@ -105,19 +105,20 @@ const (
 //     one that another allocation's writer is still unpublishing
 //     (csihook.ErrUnsettled).
 //
-// Final: an image error of any other kind (not found, unauthorized,
-// untrusted certificate, digest mismatch, platform, too large, not
-// allowed, invalid, store full), a CSI call ended with any other code
-// (InvalidArgument, NotFound, PermissionDenied, FailedPrecondition,
-// Internal, ..., and Canceled and Unknown, which the driver cannot tell
-// apart from a refusal), a volume request that can never work
+// Final: a registry's answer that refuses the request itself (400, 405,
+// 410, ...: image.Refused), an image error of any other kind (not found,
+// unauthorized, untrusted certificate, digest mismatch, platform, too
+// large, not allowed, invalid, store full), a CSI call ended with any
+// other code (InvalidArgument, NotFound, PermissionDenied,
+// FailedPrecondition, Internal, ..., and Canceled and Unknown, which the
+// driver cannot tell apart from a refusal), a volume request that can never work
 // (csihook.ErrInvalid), another namespace's volume, a volume in use in a
 // way the request cannot share (csihook.ErrConflict but ErrUnsettled),
 // root_dir full.
 func cause(e error) causeKind {
 	switch e := e.(type) {
 	case *image.Error:
-		if e.Kind == image.ErrUnreachable {
+		if e.Kind == image.ErrUnreachable && !image.Refused(e) {
 			return causePassing
 		}
 		return causeFinal

@@ -148,6 +148,8 @@ func TestStartError_classifiesRealErrors(t *testing.T) {
 	unavailable := statusRegistry(t, http.StatusServiceUnavailable)
 	tooMany := statusRegistry(t, http.StatusTooManyRequests)
 	missing := statusRegistry(t, http.StatusNotFound)
+	badRequest := statusRegistry(t, http.StatusBadRequest)
+	gone := statusRegistry(t, http.StatusGone)
 	denied := statusRegistry(t, http.StatusUnauthorized)
 	forbidden := statusRegistry(t, http.StatusForbidden)
 	tlsSrv := httptest.NewUnstartedServer(http.NotFoundHandler())
@@ -177,6 +179,15 @@ func TestStartError_classifiesRealErrors(t *testing.T) {
 		}},
 		{name: "registry 429", recoverable: true, kind: image.ErrUnreachable, err: func(t *testing.T) error {
 			return pullError(t, tooMany+"/csi/x:1", []string{tooMany}, nil, time.Second)
+		}},
+		// A registry that refuses the request itself: unreachable to
+		// the store (a tag pulled before is served from it), but asking
+		// again gets the same answer.
+		{name: "registry 400", kind: image.ErrUnreachable, err: func(t *testing.T) error {
+			return pullError(t, badRequest+"/csi/x:1", []string{badRequest}, nil, 10*time.Second)
+		}},
+		{name: "registry 410", kind: image.ErrUnreachable, err: func(t *testing.T) error {
+			return pullError(t, gone+"/csi/x:1", []string{gone}, nil, 10*time.Second)
 		}},
 		{name: "image not found", kind: image.ErrNotFound, err: func(t *testing.T) error {
 			return pullError(t, missing+"/csi/x:1", []string{missing}, nil, 10*time.Second)

@@ -59,6 +59,17 @@ func kindOf(err error) error {
 	return nil
 }
 
+// Refused reports whether err, a pull's error, is a registry's answer
+// that refuses the request itself: a 4xx status other than 401, 403 and
+// 404 (which have kinds of their own), 408 and 429. The store counts it
+// as unreachable all the same (an earlier pull of the tag is served from
+// the store, see fallback), but asking again later gets the same answer.
+func Refused(err error) bool {
+	var se *statusError
+	return errors.As(err, &se) && se.code >= 400 && se.code < 500 &&
+		se.code != http.StatusRequestTimeout && se.code != http.StatusTooManyRequests
+}
+
 // statusError is a registry's answer that is not what was asked for.
 type statusError struct {
 	code int
@@ -167,7 +178,10 @@ func classify(ref Reference, what string, err error) error {
 		case http.StatusNotFound:
 			return errorf(ErrNotFound, "image %q not found: registry %s has no such repository, tag or digest; check the reference", ref.Raw, reg)
 		}
-		return errorf(ErrUnreachable, "failed to pull image %q: registry %s unreachable: it answered %s for %s; retry later or ask its operator", ref.Raw, reg, se, what)
+		// The status goes along (Refused): not its text, which the
+		// message has.
+		return &Error{Kind: ErrUnreachable, cause: se,
+			msg: fmt.Sprintf("failed to pull image %q: registry %s unreachable: it answered %s for %s; retry later or ask its operator", ref.Raw, reg, se, what)}
 	}
 	var ra *refusedAddrError
 	if errors.As(err, &ra) {
