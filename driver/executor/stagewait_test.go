@@ -152,6 +152,9 @@ func TestStart_SupervisorSilent_Root(t *testing.T) {
 			})
 			must.Nil(t, p)
 			must.ErrorContains(t, err, "did not report within")
+			// The start got the token: it did not wait a second time,
+			// as for a supervisor that let the command run.
+			must.StrNotContains(t, err.Error(), "let the command run")
 			must.True(t, pollFor(func() bool { return len(processesMentioning(t, marker)) == 0 }),
 				must.Sprintf("processes left: %v", processesMentioning(t, marker)))
 			must.Eq(t, "", readFile(t, tt.stdout))
