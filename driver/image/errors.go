@@ -60,10 +60,11 @@ func kindOf(err error) error {
 }
 
 // Refused reports whether err, a pull's error, is a registry's answer
-// that refuses the request itself: a 4xx status other than 401, 403 and
-// 404 (which have kinds of their own), 408 and 429. The store counts it
-// as unreachable all the same (an earlier pull of the tag is served from
-// the store, see fallback), but asking again later gets the same answer.
+// that refuses the request itself: any 4xx status but 408 and 429. Of
+// these, 401, 403 and 404 get kinds of their own (classify); the rest the
+// store counts as unreachable all the same (an earlier pull of the tag is
+// served from the store, see fallback), but asking again later gets the
+// same answer.
 func Refused(err error) bool {
 	var se *statusError
 	return errors.As(err, &se) && se.code >= 400 && se.code < 500 &&
