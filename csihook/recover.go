@@ -194,11 +194,8 @@ func (m *Manager) forgetRecoverToldLocked(ref taskRef) {
 	if !ok || st.recoverTold == "" {
 		return
 	}
-	if st.recoverTold = ""; st == (repairState{}) {
-		delete(m.repairs, ref)
-	} else {
-		m.repairs[ref] = st
-	}
+	st.recoverTold = ""
+	m.putRepairLocked(ref, st)
 }
 
 // volUser is a task's volume by the task's id and the volume's name in it.

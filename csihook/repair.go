@@ -460,11 +460,8 @@ func (m *Manager) holdRelapses(dead []taskRecord, stagingDead, retry bool) (repa
 			// Repaired with another record's mount: the relapse
 			// is not counted, only the repair it had is spent.
 			st := m.repairs[tr.ref()]
-			if st.repaired = false; st == (repairState{}) {
-				delete(m.repairs, tr.ref())
-			} else {
-				m.repairs[tr.ref()] = st
-			}
+			st.repaired = false
+			m.putRepairLocked(tr.ref(), st)
 		}
 	}
 	m.mu.Unlock()
@@ -512,11 +509,7 @@ func (m *Manager) ResetRepairBackoff(pluginID string) {
 		}
 		st.repaired, st.relapses, st.notBefore = false, 0, time.Time{}
 		st.failures, st.retryAt = 0, time.Time{}
-		if st == (repairState{}) {
-			delete(m.repairs, ref)
-		} else {
-			m.repairs[ref] = st
-		}
+		m.putRepairLocked(ref, st)
 	}
 	m.returns++
 	m.returned[pluginID] = m.returns
@@ -673,6 +666,17 @@ type repairState struct {
 	// the volume may be repaired again after them.
 	failures int
 	retryAt  time.Time
+}
+
+// putRepairLocked records st as what the repairs of ref's volume
+// remember, and no entry for the zero state, which remembers nothing. The
+// caller holds m.mu.
+func (m *Manager) putRepairLocked(ref taskRef, st repairState) {
+	if st == (repairState{}) {
+		delete(m.repairs, ref)
+		return
+	}
+	m.repairs[ref] = st
 }
 
 // forgetRepairLocked forgets what repairs left of a task volume whose
