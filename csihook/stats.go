@@ -511,9 +511,11 @@ type VolumeCounts struct {
 	// Staged are the volumes staged on this node.
 	Staged int
 	// Refused are the volumes whose last NodeStageVolume the plugin
-	// refused with a final code (stage "refused"): not staged, and
-	// staged again only by the next setup that uses them; tasks that had
-	// them before keep their mounts.
+	// refused with a final code (stage "refused"): not staged. The next
+	// setup that uses one stages it again, as does a repair or a driver
+	// restart that finds a mount of one of its tasks gone (when the
+	// secrets that stage needs are still held); tasks that had them
+	// before keep their mounts.
 	Refused int
 	// Published are the task volumes published on this node.
 	Published int
