@@ -4,14 +4,17 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/shoenig/test/must"
+	"golang.org/x/sys/unix"
 
 	"github.com/nomad-driver-csi/nomad-driver-csi/driver/executor/wire"
 )
@@ -131,15 +134,26 @@ func TestStart_NoDescriptorLeak_Root(t *testing.T) {
 
 // A supervisor started for its task without a go token refuses to run the
 // command, at once: its report says it has none (it reads no other file
-// that took the token's descriptor number), and the command never ran.
+// that took the token's descriptor number), and the command was never
+// exec'd, not even for a moment before the supervisor killed it: the
+// command is a copy of true of its own, which an inotify watch sees
+// opened by any exec of it (checked at the end by one of the test's own).
 func TestStart_SupervisorWithoutToken_Root(t *testing.T) {
 	requireTaskRoot(t)
 	for _, privileged := range []bool{true, false} {
 		t.Run(fmt.Sprintf("privileged=%v", privileged), func(t *testing.T) {
-			ran := filepath.Join(t.TempDir(), "ran")
-			tt := newTestSpec(t, "/bin/sh", "-c", "echo > "+ran)
+			probe := t.TempDir()
+			bin := filepath.Join(probe, "true")
+			b, err := os.ReadFile("/bin/true")
+			must.NoError(t, err)
+			must.NoError(t, os.WriteFile(bin, b, 0o755))
+			execs := watchOpens(t, bin)
+
+			tt := newTestSpec(t, bin)
 			if !privileged {
-				tt = isolatedSpec(t, "echo ran")
+				tt = isolatedSpec(t, "")
+				tt.spec.Command, tt.spec.Args = "/probe/true", nil
+				tt.spec.Mounts = []Mount{{Source: probe, Target: "/probe", ReadOnly: true}}
 			}
 			must.NoError(t, wire.WriteJSON(filepath.Join(tt.spec.StateDir, wire.SpecFile), tt.spec, 0o600, false))
 			must.NoError(t, wire.ReserveExit(filepath.Join(tt.spec.StateDir, wire.ExitFile)))
@@ -151,9 +165,42 @@ func TestStart_SupervisorWithoutToken_Root(t *testing.T) {
 			must.StrContains(t, rep.Error, "the supervisor has no go token")
 			must.Eq(t, 0, rep.TaskPID)
 			<-sp.reaped
-			_, err = os.Stat(ran)
-			must.True(t, errors.Is(err, os.ErrNotExist), must.Sprintf("the command ran: %v", err))
-			must.Eq(t, "", readFile(t, tt.stdout))
+			// An exec's open is noted as it happens: with the
+			// supervisor reaped, any there was is queued.
+			must.Eq(t, 0, execs(), must.Sprint("the command was exec'd"))
+
+			must.NoError(t, exec.Command(bin).Run())
+			must.Positive(t, execs(), must.Sprint("the watch did not see the test's own exec of the command"))
 		})
+	}
+}
+
+// watchOpens watches path with inotify and returns a function that says
+// how many times it was opened (an exec of it included) since the last
+// call, without waiting.
+func watchOpens(t *testing.T, path string) func() int {
+	t.Helper()
+	fd, err := unix.InotifyInit1(unix.IN_NONBLOCK | unix.IN_CLOEXEC)
+	must.NoError(t, err)
+	t.Cleanup(func() { _ = unix.Close(fd) })
+	_, err = unix.InotifyAddWatch(fd, path, unix.IN_OPEN)
+	must.NoError(t, err)
+	return func() int {
+		opens := 0
+		buf := make([]byte, 64*unix.SizeofInotifyEvent)
+		for {
+			n, err := unix.Read(fd, buf)
+			if errors.Is(err, unix.EAGAIN) {
+				return opens
+			}
+			must.NoError(t, err)
+			for off := 0; off+unix.SizeofInotifyEvent <= n; {
+				ev := (*unix.InotifyEvent)(unsafe.Pointer(&buf[off]))
+				if ev.Mask&unix.IN_OPEN != 0 {
+					opens++
+				}
+				off += unix.SizeofInotifyEvent + int(ev.Len)
+			}
+		}
 	}
 }
