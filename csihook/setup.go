@@ -169,8 +169,13 @@ func (m *Manager) setupVolume(ctx context.Context, taskID string, p plan) (Publi
 	k := volKey{req.PluginID, volumeID}
 	unlock, err := m.locks.lock(ctx, k.String())
 	if err != nil {
-		return Published{}, fmt.Errorf("gave up waiting for another operation on volume %q (volume_id %q, plugin %q) to finish: %w",
-			req.Name, volumeID, req.PluginID, err)
+		what := fmt.Sprintf("gave up waiting for another operation on volume %q (volume_id %q, plugin %q) to finish", req.Name, volumeID, req.PluginID)
+		// The setup's time ran out: the operation holding the volume
+		// ends in time, and the same request may then work (ErrBusy).
+		if errors.Is(err, context.DeadlineExceeded) {
+			return Published{}, &busyError{what + ": " + err.Error()}
+		}
+		return Published{}, fmt.Errorf("%s: %w", what, err)
 	}
 	defer unlock()
 	// Checked again under the volume's lock: a task of another namespace

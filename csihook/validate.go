@@ -39,6 +39,17 @@ var ErrConflict = errors.New("volume in use")
 // that settles, and the same request may then work.
 var ErrUnsettled = errors.New("volume publish not settled")
 
+// ErrBusy is matched by the Setup errors of a setup whose deadline passed
+// while another operation on its volume (another task's stage, publish or
+// teardown of it) held the volume: it passes once that operation ends, as
+// a plugin's ABORTED ("operation pending for volume") does.
+var ErrBusy = errors.New("volume busy with another operation")
+
+type busyError struct{ msg string }
+
+func (e *busyError) Error() string        { return e.msg }
+func (e *busyError) Is(target error) bool { return target == ErrBusy }
+
 type invalidError struct{ msg string }
 
 func (e *invalidError) Error() string        { return e.msg }

@@ -103,7 +103,9 @@ const (
 //     allocation is being made or undone, or that a task of another
 //     allocation is still unpublishing, and a multi-node-single-writer
 //     one that another allocation's writer is still unpublishing
-//     (csihook.ErrUnsettled).
+//     (csihook.ErrUnsettled);
+//   - a volume another operation (another task's stage, publish or
+//     teardown of it) held until the setup's deadline (csihook.ErrBusy).
 //
 // Final: a registry's answer that refuses the request itself (400, 405,
 // 410, ...: image.Refused), an image error of any other kind (not found,
@@ -139,7 +141,7 @@ func cause(e error) causeKind {
 		return causePassing
 	case errors.Is(e, csihook.ErrInvalid), errors.Is(e, csihook.ErrOtherNamespace), errors.Is(e, csihook.ErrConflict):
 		return causeFinal
-	case errors.Is(e, csihook.ErrPluginNotFound):
+	case errors.Is(e, csihook.ErrPluginNotFound), errors.Is(e, csihook.ErrBusy):
 		return causePassing
 	}
 	return causeNone

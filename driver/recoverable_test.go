@@ -131,6 +131,43 @@ func unsettledError(t *testing.T, volumeContext string) error {
 	return err
 }
 
+// lockWaitError is the error of a setup that waited for its volume while
+// another task's stage of it hung in the plugin, until the setup's own
+// context ended: by its deadline (passed), or canceled (the driver
+// shutting down).
+func lockWaitError(t *testing.T, canceled bool) error {
+	t.Helper()
+	mnt := mounter.NewFake()
+	fake := csihook.NewFakeClient(mnt)
+	m, err := csihook.New(csihook.Config{
+		Root: t.TempDir(), Mounter: mnt, Dial: fake.Dial, RetryAttempts: 1, NodeName: "n1",
+		Lookup: func(id string) (csihook.PluginInfo, error) { return healthyPlugin(id), nil },
+	})
+	must.NoError(t, err)
+	t.Cleanup(m.Close)
+	release := fake.Hang("v1")
+	first := make(chan error, 1)
+	go func() {
+		_, err := m.Setup(context.Background(), "alloc-1/app/abc", []csihook.VolumeRequest{volumeRequest("data", "hp", "v1")})
+		first <- err
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for fake.Count(csihook.MethodNodeStageVolume) == 0 {
+		must.True(t, time.Now().Before(deadline), must.Sprint("the first setup's NodeStageVolume never came"))
+		time.Sleep(time.Millisecond)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	if canceled {
+		cancel()
+	}
+	defer cancel()
+	_, err = m.Setup(ctx, "alloc-1/web/def", []csihook.VolumeRequest{volumeRequest("data", "hp", "v1")})
+	release()
+	must.NoError(t, <-first)
+	must.ErrorContains(t, err, "gave up waiting for another operation on volume")
+	return err
+}
+
 func volumeRequest(name, plugin, id string) csihook.VolumeRequest {
 	return csihook.VolumeRequest{Name: name, PluginID: plugin, VolumeID: id, Destination: "/" + name,
 		AccessMode: csihook.AccessSingleNodeWriter, AttachmentMode: csihook.AttachmentFileSystem, Namespace: "default"}
@@ -272,6 +309,12 @@ func TestStartError_classifiesRealErrors(t *testing.T) {
 		}},
 		{name: "another task's publish with another context", kind: csihook.ErrConflict, err: func(t *testing.T) error {
 			return unsettledError(t, "other")
+		}},
+		{name: "volume held by another task's stage past the setup's deadline", recoverable: true, kind: csihook.ErrBusy, err: func(t *testing.T) error {
+			return lockWaitError(t, false)
+		}},
+		{name: "volume held by another task's stage, the setup canceled", err: func(t *testing.T) error {
+			return lockWaitError(t, true)
 		}},
 		{name: "invalid request", kind: csihook.ErrInvalid, err: func(t *testing.T) error {
 			bad := volumeRequest("data", "hp", "v1")
