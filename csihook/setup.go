@@ -167,7 +167,15 @@ func (m *Manager) setupVolume(ctx context.Context, taskID string, p plan) (Publi
 		o.volumeID = volumeID
 	}
 	k := volKey{req.PluginID, volumeID}
-	unlock, err := m.locks.lock(ctx, k.String())
+	// A volume nobody holds is taken without waiting, whatever the
+	// context says: the wait below, with the lock free and the context
+	// ended (the task's earlier volumes spent the setup's time), would
+	// take either by chance, and tell of another operation on the volume
+	// that nobody runs.
+	unlock, free := m.locks.tryLock(k.String())
+	if !free {
+		unlock, err = m.locks.lock(ctx, k.String())
+	}
 	if err != nil {
 		what := fmt.Sprintf("gave up waiting for another operation on volume %q (volume_id %q, plugin %q) to finish", req.Name, volumeID, req.PluginID)
 		// The setup's time ran out: the operation holding the volume
@@ -178,6 +186,14 @@ func (m *Manager) setupVolume(ctx context.Context, taskID string, p plan) (Publi
 		return Published{}, fmt.Errorf("%s: %w", what, err)
 	}
 	defer unlock()
+	if err := ctx.Err(); err != nil {
+		what := "ran out of time"
+		if !errors.Is(err, context.DeadlineExceeded) {
+			what = "was canceled"
+		}
+		return Published{}, fmt.Errorf("the setup %s before volume %q (volume_id %q, plugin %q) was set up: %w",
+			what, req.Name, volumeID, req.PluginID, err)
+	}
 	// Checked again under the volume's lock: a task of another namespace
 	// may have claimed the volume since preflight.
 	if err := m.checkNamespace(req, volumeID); err != nil {
