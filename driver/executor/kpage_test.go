@@ -37,7 +37,8 @@ func TestIsolation_PhysicalPagesMasked_Root(t *testing.T) {
 // /proc/slabinfo (the slab caches' fill), /proc/vmallocinfo (the kernel's
 // vmalloc areas, their callers and sizes) and /proc/pagetypeinfo (free
 // pages by type; reading it holds each zone's lock). Their mode (0400)
-// alone guards them.
+// alone guards them. A task whose root is an image has them masked too:
+// its /proc is made as a chroot_env task's.
 func TestIsolation_KernelAllocationsMasked_Root(t *testing.T) {
 	requireTaskRoot(t)
 	var files []string
@@ -53,8 +54,21 @@ func TestIsolation_KernelAllocationsMasked_Root(t *testing.T) {
 	for _, f := range files {
 		script += `echo "` + f + `=$(head -c 64 /proc/` + f + ` 2>/dev/null | wc -c)"` + "\n"
 	}
-	got := runLines(t, isolatedSpec(t, script))
-	for _, f := range files {
-		must.Eq(t, "0", got[f], must.Sprintf("a root task read /proc/%s", f))
+	roots := []struct {
+		name string
+		spec func(t *testing.T) *testTask
+	}{
+		{"chroot_env", func(t *testing.T) *testTask { return isolatedSpec(t, script) }},
+		{"image", func(t *testing.T) *testTask { return imageSpec(t, script, false) }},
+	}
+	for _, root := range roots {
+		t.Run(root.name, func(t *testing.T) {
+			tt := root.spec(t)
+			must.Nil(t, tt.spec.Credential, must.Sprint("the task runs as the driver's user, root"))
+			got := runLines(t, tt)
+			for _, f := range files {
+				must.Eq(t, "0", got[f], must.Sprintf("a root task read /proc/%s", f))
+			}
+		})
 	}
 }
