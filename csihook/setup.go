@@ -177,13 +177,7 @@ func (m *Manager) setupVolume(ctx context.Context, taskID string, p plan) (Publi
 		unlock, err = m.locks.lock(ctx, k.String())
 	}
 	if err != nil {
-		what := fmt.Sprintf("gave up waiting for another operation on volume %q (volume_id %q, plugin %q) to finish", req.Name, volumeID, req.PluginID)
-		// The setup's time ran out: the operation holding the volume
-		// ends in time, and the same request may then work (ErrBusy).
-		if errors.Is(err, context.DeadlineExceeded) {
-			return Published{}, &busyError{what + ": " + err.Error()}
-		}
-		return Published{}, fmt.Errorf("%s: %w", what, err)
+		return Published{}, lockWaitError(req.Name, volumeID, req.PluginID, err)
 	}
 	defer unlock()
 	if err := ctx.Err(); err != nil {

@@ -72,8 +72,7 @@ func (m *Manager) teardownVolume(ctx context.Context, taskID, name string) error
 	}
 	unlock, err := m.locks.lock(ctx, tr.key().String())
 	if err != nil {
-		return fmt.Errorf("gave up waiting for another operation on volume %q (volume_id %q, plugin %q) to finish: %w",
-			name, tr.VolumeID, tr.PluginID, err)
+		return lockWaitError(name, tr.VolumeID, tr.PluginID, err)
 	}
 	defer unlock()
 	if tr, ok = m.taskRec(taskID, name); !ok {
@@ -156,8 +155,7 @@ func (m *Manager) tornDown(taskID, name, pluginID, volumeID string, s tornSteps)
 func (m *Manager) releaseAgain(ctx context.Context, taskID, name string, k volKey) error {
 	unlock, err := m.locks.lock(ctx, k.String())
 	if err != nil {
-		return fmt.Errorf("gave up waiting for another operation on volume %q (volume_id %q, plugin %q) to finish: %w",
-			name, k.volume, k.plugin, err)
+		return lockWaitError(name, k.volume, k.plugin, err)
 	}
 	defer unlock()
 	steps, err := m.releaseLocked(ctx, taskID, name, k, nil)

@@ -1,6 +1,7 @@
 package csihook
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"maps"
@@ -39,13 +40,28 @@ var ErrConflict = errors.New("volume in use")
 // that settles, and the same request may then work.
 var ErrUnsettled = errors.New("volume publish not settled")
 
-// ErrBusy is matched by the Setup errors of a setup whose deadline passed
-// while another operation on its volume (another task's stage, publish or
-// teardown of it) held the volume: it passes once that operation ends, as
-// a plugin's ABORTED ("operation pending for volume") does.
+// ErrBusy is matched by the Setup and Teardown errors of a setup or
+// teardown whose deadline passed while another operation on its volume
+// (another task's stage, publish or teardown of it, a repair) held the
+// volume: it passes once that operation ends, as a plugin's ABORTED
+// ("operation pending for volume") does.
 var ErrBusy = errors.New("volume busy with another operation")
 
 type busyError struct{ msg string }
+
+// lockWaitError is the error of a wait for volume's lock (the plugin's
+// volumeID) that ended with the waiter's context. Its deadline passed:
+// ErrBusy, for a setup and for the teardown of an earlier start that a
+// start waits for alike, since the operation holding the volume ends in
+// time and the same request may then work. Canceled (the driver shutting
+// down): the context's error, wrapped.
+func lockWaitError(volume, volumeID, pluginID string, err error) error {
+	what := fmt.Sprintf("gave up waiting for another operation on volume %q (volume_id %q, plugin %q) to finish", volume, volumeID, pluginID)
+	if errors.Is(err, context.DeadlineExceeded) {
+		return &busyError{what + ": " + err.Error()}
+	}
+	return fmt.Errorf("%s: %w", what, err)
+}
 
 func (e *busyError) Error() string        { return e.msg }
 func (e *busyError) Is(target error) bool { return target == ErrBusy }

@@ -105,7 +105,9 @@ const (
 //     one that another allocation's writer is still unpublishing
 //     (csihook.ErrUnsettled);
 //   - a volume another operation (another task's stage, publish or
-//     teardown of it) held until the setup's deadline (csihook.ErrBusy).
+//     teardown of it) held until the setup's deadline, or until the
+//     deadline of the teardown of an earlier start of the task that the
+//     start waits for (csihook.ErrBusy).
 //
 // Final: a registry's answer that refuses the request itself (400, 405,
 // 410, ...: image.Refused), an image error of any other kind (not found,

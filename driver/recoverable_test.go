@@ -168,6 +168,45 @@ func lockWaitError(t *testing.T, canceled bool) error {
 	return err
 }
 
+// earlierTeardownWaitError is the error of a start whose earlier
+// invocation's volume could not be torn down before the teardown's
+// deadline, another task's publish of the volume hung in the plugin
+// meanwhile, as endEarlierInvocations returns it.
+func earlierTeardownWaitError(t *testing.T) error {
+	t.Helper()
+	mnt := mounter.NewFake()
+	fake := csihook.NewFakeClient(mnt)
+	m, err := csihook.New(csihook.Config{
+		Root: t.TempDir(), Mounter: mnt, Dial: fake.Dial, RetryAttempts: 1, NodeName: "n1",
+		Lookup: func(id string) (csihook.PluginInfo, error) { return healthyPlugin(id), nil },
+	})
+	must.NoError(t, err)
+	t.Cleanup(m.Close)
+	shared := volumeRequest("data", "hp", "v1")
+	shared.AccessMode = csihook.AccessMultiNodeMultiWriter
+	const earlier = "alloc-1/app/old"
+	_, err = m.Setup(context.Background(), earlier, []csihook.VolumeRequest{shared})
+	must.NoError(t, err)
+	release := fake.Hang("v1")
+	other := make(chan error, 1)
+	go func() {
+		_, err := m.Setup(context.Background(), "alloc-2/web/abc", []csihook.VolumeRequest{shared})
+		other <- err
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for fake.Count(csihook.MethodNodePublishVolume) < 2 {
+		must.True(t, time.Now().Before(deadline), must.Sprint("the other task's NodePublishVolume never came"))
+		time.Sleep(time.Millisecond)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	err = m.Teardown(ctx, earlier)
+	release()
+	must.NoError(t, <-other)
+	must.ErrorContains(t, err, "gave up waiting for another operation on volume")
+	return fmt.Errorf("an earlier start of this task (task ID %q) still holds volumes: %w", earlier, err)
+}
+
 func volumeRequest(name, plugin, id string) csihook.VolumeRequest {
 	return csihook.VolumeRequest{Name: name, PluginID: plugin, VolumeID: id, Destination: "/" + name,
 		AccessMode: csihook.AccessSingleNodeWriter, AttachmentMode: csihook.AttachmentFileSystem, Namespace: "default"}
@@ -315,6 +354,9 @@ func TestStartError_classifiesRealErrors(t *testing.T) {
 		}},
 		{name: "volume held by another task's stage, the setup canceled", err: func(t *testing.T) error {
 			return lockWaitError(t, true)
+		}},
+		{name: "earlier start's volume held by another task's publish past the teardown's deadline", recoverable: true, kind: csihook.ErrBusy, err: func(t *testing.T) error {
+			return earlierTeardownWaitError(t)
 		}},
 		{name: "invalid request", kind: csihook.ErrInvalid, err: func(t *testing.T) error {
 			bad := volumeRequest("data", "hp", "v1")
