@@ -46,7 +46,6 @@ func TestMetricsScrape(t *testing.T) {
 		`nomad_driver_csi_csi_calls_total{code="OK",method="NodeGetVolumeStats",` + p + `}`,
 		`nomad_driver_csi_plugin_healthy{` + p + `}`,
 		`nomad_driver_csi_volumes_staged`,
-		`nomad_driver_csi_volumes_refused`,
 		`nomad_driver_csi_volumes_published`,
 		fmt.Sprintf(`nomad_driver_csi_volume_bytes{%s,state="available",volume_id=%q}`, p, id),
 		fmt.Sprintf(`nomad_driver_csi_volume_inodes{%s,state="total",volume_id=%q}`, p, id),
@@ -60,6 +59,11 @@ func TestMetricsScrape(t *testing.T) {
 	v, ok := metricValue(text, `nomad_driver_csi_csi_calls_total{code="Unavailable",method="NodeStageVolume",`+p+`}`)
 	must.True(t, ok)
 	must.Eq(t, 1, v)
+	// Served, and no volume here was refused its stage (the one staged
+	// after an Unavailable is staged, not refused).
+	v, ok = metricValue(text, `nomad_driver_csi_volumes_refused`)
+	must.True(t, ok, must.Sprint("no nomad_driver_csi_volumes_refused series"))
+	must.Eq(t, 0, v)
 	// A private registry: none of the Go runtime's or Nomad's metrics.
 	must.StrNotContains(t, text, "go_goroutines")
 }
